@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kvr needs to build, test and run, skipping those already present.
+# Used by deploy/test.sh and deploy/quickstart.sh; safe to run repeatedly.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libcaf-dev libnats-dev nats-server
+  libyaml-cpp-dev libprotobuf-dev protobuf-compiler
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libabsl-dev libxxhash-dev libspdlog-dev libfmt-dev libcli11-dev libcpp-httplib-dev
+  python3 python3-matplotlib
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$package")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+echo "kvr: installing ${missing[*]}" >&2
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then
+  sudo_cmd=(sudo)
+fi
+"${sudo_cmd[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

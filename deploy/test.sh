@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# README command two: installs what is missing, builds a Debug build with AddressSanitizer and
+# UndefinedBehaviorSanitizer (warnings are errors), and runs the whole ctest suite.
+# Extra arguments go to ctest, e.g. `./deploy/test.sh -L unit` or `-R Selection`.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_dir=${KVR_TEST_BUILD_DIR:-"$root/build/test"}
+jobs=${KVR_BUILD_JOBS:-$(nproc)}
+
+"$root/deploy/install_deps.sh"
+
+cmake -S "$root" -B "$build_dir" -G Ninja \
+  -DCMAKE_BUILD_TYPE=Debug -DKVR_SANITIZE=ON -DKVR_WERROR=ON \
+  -DKVR_BUILD_TESTS=ON -DKVR_BUILD_BENCHMARKS=ON
+cmake --build "$build_dir" -j "$jobs"
+ctest --test-dir "$build_dir" --output-on-failure --no-tests=error -j "$jobs" "$@"

@@ -1,0 +1,43 @@
+#include "messages/subjects.hpp"
+
+#include <algorithm>
+#include <cctype>
+
+namespace kvr::subjects {
+namespace {
+
+std::string under(std::string_view ns, std::string_view suffix) {
+  std::string subject;
+  subject.reserve(4 + ns.size() + 1 + suffix.size());
+  subject.append("kvr.").append(ns).append(".").append(suffix);
+  return subject;
+}
+
+}  // namespace
+
+std::string worker_register(std::string_view ns) { return under(ns, "workers.register"); }
+std::string worker_heartbeat(std::string_view ns) { return under(ns, "workers.heartbeat"); }
+std::string worker_deregister(std::string_view ns) { return under(ns, "workers.deregister"); }
+std::string worker_load(std::string_view ns) { return under(ns, "workers.load"); }
+std::string worker_discover(std::string_view ns) { return under(ns, "workers.discover"); }
+std::string kv_events(std::string_view ns, WorkerId worker) {
+  return under(ns, "kv." + std::to_string(worker));
+}
+std::string kv_events_all(std::string_view ns) { return under(ns, "kv.*"); }
+std::string router_route(std::string_view ns) { return under(ns, "router.route"); }
+std::string router_generate(std::string_view ns) { return under(ns, "router.generate"); }
+std::string router_report(std::string_view ns) { return under(ns, "router.report"); }
+std::string worker_generate(std::string_view ns, WorkerId worker) {
+  return under(ns, "worker." + std::to_string(worker) + ".generate");
+}
+std::string worker_dump(std::string_view ns, WorkerId worker) {
+  return under(ns, "worker." + std::to_string(worker) + ".dump");
+}
+
+bool is_valid_namespace(std::string_view ns) {
+  return !ns.empty() && std::ranges::all_of(ns, [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '-';
+  });
+}
+
+}  // namespace kvr::subjects

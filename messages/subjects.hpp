@@ -1,0 +1,43 @@
+// The NATS subjects of the kvr protocol. Every subject lives under kvr.<namespace>.
+// Used by the NATS bridge, the simulated worker and any client that speaks kvr over NATS.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "messages/ids.hpp"
+
+namespace kvr::subjects {
+
+/// WorkerRegistration, published by each worker at start and on request.
+std::string worker_register(std::string_view ns);
+/// WorkerHeartbeat.
+std::string worker_heartbeat(std::string_view ns);
+/// WorkerDeregistration, on clean shutdown.
+std::string worker_deregister(std::string_view ns);
+/// LoadMetrics.
+std::string worker_load(std::string_view ns);
+/// KvEventBatch of one worker: kvr.<ns>.kv.<worker_id>.
+std::string kv_events(std::string_view ns, WorkerId worker);
+/// Wildcard matching every worker's KV events.
+std::string kv_events_all(std::string_view ns);
+/// Routers publish an empty message here to ask every worker to register again (router start).
+std::string worker_discover(std::string_view ns);
+/// RouteRequest → RouteDecision (request/reply, queue group "kvr-router").
+std::string router_route(std::string_view ns);
+/// GenerateRequest → stream of GenerateChunk on the request's stream subject.
+std::string router_generate(std::string_view ns);
+/// LifecycleReport → LifecycleAck.
+std::string router_report(std::string_view ns);
+/// Default worker generate subject: kvr.<ns>.worker.<worker_id>.generate.
+std::string worker_generate(std::string_view ns, WorkerId worker);
+/// Default worker dump subject: kvr.<ns>.worker.<worker_id>.dump.
+std::string worker_dump(std::string_view ns, WorkerId worker);
+
+/// Queue group shared by every router node, so that each request reaches one node.
+inline constexpr std::string_view kRouterQueueGroup = "kvr-router";
+
+/// True when `ns` is a valid namespace token: non-empty, [A-Za-z0-9_-] only.
+bool is_valid_namespace(std::string_view ns);
+
+}  // namespace kvr::subjects

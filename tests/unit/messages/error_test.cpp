@@ -1,0 +1,32 @@
+#include "messages/error.hpp"
+
+#include <gtest/gtest.h>
+
+#include "messages/caf_error.hpp"
+
+namespace kvr {
+namespace {
+
+TEST(ErrorTest, MapsToWireCodes) {
+  EXPECT_EQ(to_route_error_code(Error::no_workers), v1::ROUTE_ERROR_NO_WORKERS);
+  EXPECT_EQ(to_route_error_code(Error::all_filtered), v1::ROUTE_ERROR_ALL_FILTERED);
+  EXPECT_EQ(to_route_error_code(Error::rejected), v1::ROUTE_ERROR_REJECTED);
+  EXPECT_EQ(to_route_error_code(Error::bad_message), v1::ROUTE_ERROR_INVALID_REQUEST);
+}
+
+TEST(ErrorTest, EveryCodeHasAName) {
+  for (int code = static_cast<int>(Error::invalid_request);
+       code <= static_cast<int>(Error::unknown_lease); ++code) {
+    EXPECT_NE(as_str(static_cast<Error>(code)), "unknown_error") << code;
+  }
+}
+
+TEST(ErrorTest, CarriedByCafErrorWithKvrCategory) {
+  caf::error error = caf::make_error(Error::all_filtered, "every worker filtered");
+  EXPECT_EQ(error.category(), caf::atom("kvr"));
+  EXPECT_EQ(error.code(), static_cast<std::uint8_t>(Error::all_filtered));
+  EXPECT_TRUE(error == Error::all_filtered);
+}
+
+}  // namespace
+}  // namespace kvr
