@@ -9,7 +9,7 @@ packages=(
   libyaml-cpp-dev libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev libbenchmark-dev
   libabsl-dev libxxhash-dev libspdlog-dev libfmt-dev libcli11-dev libcpp-httplib-dev
-  python3 python3-matplotlib
+  nlohmann-json3-dev python3 python3-matplotlib
 )
 
 missing=()
