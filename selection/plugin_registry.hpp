@@ -1,0 +1,91 @@
+// The router plugin registry (PLUGIN_API.md): worker-selection policies and request classifiers
+// registered by type name, then resolved once at startup against the router-policy YAML.
+// Built-ins and catalogs register from one function each; afterwards the registry is read-only.
+#pragma once
+
+#include <array>
+#include <expected>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "classifiers/request_classifier.hpp"
+#include "selection/worker_selection.hpp"
+
+namespace kvr::selection {
+struct RouterPolicyConfig;
+}  // namespace kvr::selection
+
+namespace kvr::plugins {
+
+/// A registration or resolution failure, worded for the operator (names key, lists what exists).
+class RegistryError {
+ public:
+  explicit RegistryError(std::string message) : message_(std::move(message)) {}
+  std::string_view message() const { return message_; }
+
+ private:
+  std::string message_;
+};
+
+/// The reserved type and instance name that selects the built-in policy (kv-cost).
+inline constexpr std::string_view kDefaultPolicyName = "default";
+/// The type name of the built-in default policy.
+inline constexpr std::string_view kBuiltinDefaultPolicyType = "kv-cost";
+
+/// What resolve_plugins produced: a ready factory per worker type, and the classifier.
+struct RouterPlugins {
+  struct WorkerSelection {
+    std::string instance_name;  ///< the YAML instance name, or "default"
+    std::string type;           ///< the registered type name
+    worker_selection::WorkerSelectionPolicyFactory factory;
+  };
+  struct RequestClassifier {
+    std::string type;
+    request_classifier::RequestClassifierFactory factory;
+  };
+
+  /// One entry per WorkerType, indexed by its value.
+  std::array<WorkerSelection, 4> worker_selection;
+  /// Empty: every request is admitted at once.
+  std::optional<RequestClassifier> request_classifier;
+
+  const WorkerSelection& selection_for(WorkerType type) const {
+    return worker_selection[static_cast<std::size_t>(type)];
+  }
+};
+
+/// Registered providers by type name.
+class RouterPluginRegistry {
+ public:
+  /// An empty registry; call register_builtin_policies (selection/policies/builtin_policies.hpp)
+  /// and any catalog's register_catalog before resolving.
+  RouterPluginRegistry() = default;
+
+  /// Fails on an empty or reserved name, or a name already registered.
+  std::expected<void, RegistryError> register_worker_selection(
+      std::string type, worker_selection::WorkerSelectionPolicyProvider provider);
+  /// Fails on an empty or reserved name, or a name already registered.
+  std::expected<void, RegistryError> register_request_classifier(
+      std::string type, request_classifier::RequestClassifierProvider provider);
+
+  /// Runs each configured instance's provider once and picks a factory per role following the
+  /// config's (already merged) selection; unknown types or instances and provider errors fail
+  /// naming the key and listing what is available.
+  std::expected<RouterPlugins, RegistryError> resolve_plugins(
+      const selection::RouterPolicyConfig& config) const;
+
+  /// Registered type names, sorted.
+  std::vector<std::string> worker_selection_types() const;
+  std::vector<std::string> request_classifier_types() const;
+
+ private:
+  std::map<std::string, worker_selection::WorkerSelectionPolicyProvider, std::less<>>
+      worker_selection_;
+  std::map<std::string, request_classifier::RequestClassifierProvider, std::less<>>
+      request_classifiers_;
+};
+
+}  // namespace kvr::plugins

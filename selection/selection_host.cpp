@@ -1,0 +1,329 @@
+#include "selection/selection_host.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <exception>
+#include <typeinfo>
+
+#include <cxxabi.h>
+#include <fmt/format.h>
+
+namespace kvr::selection {
+namespace {
+
+using plugins::worker_selection::ScoredWorkerCandidate;
+using plugins::worker_selection::WorkerInputView;
+using plugins::worker_selection::WorkerSelectionContext;
+using Kind = WorkerSelectionPolicyError::Kind;
+
+// Readable component names for error messages and per-scorer cost reports.
+template <class T>
+std::string type_name_of(const T& component) {
+  const char* mangled = typeid(component).name();
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string name = status == 0 && demangled != nullptr ? demangled : mangled;
+  std::free(
+      demangled);  // NOLINT(cppcoreguidelines-no-malloc): __cxa_demangle allocates with malloc
+  return name;
+}
+
+std::string describe_exception(std::exception_ptr thrown) {
+  try {
+    std::rethrow_exception(std::move(thrown));
+  } catch (const std::exception& error) {
+    return fmt::format("{}{}", "threw: ", error.what());
+  } catch (...) {
+    return "threw a non-standard exception";
+  }
+}
+
+std::string row_name(std::size_t row, WorkerWithDpRank worker) {
+  return fmt::format("{}{}{}{}{}{}{}", "row ", row, " (worker ", worker.worker_id, " rank ",
+                     worker.dp_rank, ")");
+}
+
+WorkerSelectionPolicyError component_failure(std::string_view role, std::size_t index,
+                                             std::string_view name, std::string_view detail) {
+  return WorkerSelectionPolicyError::failed(
+      fmt::format("{}{}{}{}{}{}{}", role, " ", index, " (", name, ") failed: ", detail));
+}
+
+}  // namespace
+
+double preferred_taint_multiplier(std::span<const PreferredTaint> preferred,
+                                  std::span<const std::string> worker_taints) {
+  double matching_weight = 0;
+  for (const PreferredTaint& taint : preferred) {
+    if (std::ranges::find(worker_taints, taint.taint) != worker_taints.end()) {
+      matching_weight += taint.weight;
+    }
+  }
+  return std::exp(-std::tanh(matching_weight));
+}
+
+SelectionHost::SelectionHost(const RouterConfig& config, WorkerType worker_type,
+                             std::vector<std::unique_ptr<WorkerFilter>> filters,
+                             std::vector<std::unique_ptr<WorkerScorer>> scorers,
+                             std::unique_ptr<WorkerPicker> picker)
+    : config_(config),
+      worker_type_(worker_type),
+      filters_(std::move(filters)),
+      scorers_(std::move(scorers)),
+      picker_(std::move(picker)) {
+  // A policy without a picker or with null components cannot be used: fail at construction,
+  // which happens at startup inside the factory, never on the data path.
+  if (!picker_) throw std::invalid_argument("WorkerSelectionPolicy needs a picker");
+  for (const auto& filter : filters_) {
+    if (!filter) throw std::invalid_argument("WorkerSelectionPolicy got a null filter");
+    filter_names_.push_back(type_name_of(*filter));
+    declared_inputs_ |= filter->required_worker_inputs();
+  }
+  for (const auto& scorer : scorers_) {
+    if (!scorer) throw std::invalid_argument("WorkerSelectionPolicy got a null scorer");
+    scorer_names_.push_back(type_name_of(*scorer));
+    declared_inputs_ |= scorer->required_worker_inputs();
+  }
+  picker_name_ = type_name_of(*picker_);
+  declared_inputs_ |= picker_->required_worker_inputs();
+}
+
+bool SelectionHost::eligible(const SelectionRequest& request,
+                             const WorkerDescriptor& descriptor) const {
+  if (!descriptor.available) return false;
+  const WorkerWithDpRank worker = descriptor.worker;
+  if (request.pinned_worker && !request.pinned_worker->matches(worker)) return false;
+  if (!request.allowed_workers.empty() &&
+      std::ranges::find(request.allowed_workers, worker.worker_id) ==
+          request.allowed_workers.end()) {
+    return false;
+  }
+  for (const std::string& taint : request.required_taints) {
+    if (std::ranges::find(descriptor.taints, taint) == descriptor.taints.end()) return false;
+  }
+  if (config_.busy_kv_usage_threshold && descriptor.kv_usage &&
+      *descriptor.kv_usage > *config_.busy_kv_usage_threshold) {
+    return false;
+  }
+  if (config_.busy_prefill_tokens_threshold &&
+      descriptor.active_prefill_tokens > *config_.busy_prefill_tokens_threshold) {
+    return false;
+  }
+  return true;
+}
+
+std::span<const WorkerCandidate> SelectionHost::candidates_for(WorkerInputs inputs) {
+  const bool with_cache = inputs.contains(WorkerInputs::CACHE);
+  const bool with_load = inputs.contains(WorkerInputs::LOAD);
+  const bool with_taint = inputs.contains(WorkerInputs::PREFERRED_TAINT);
+  candidates_.resize(rows_.size());
+  for (std::size_t i = 0; i < rows_.size(); ++i) {
+    candidates_[i] =
+        WorkerCandidate{descriptors_[rows_[i]].worker, with_cache ? &cache_[i] : nullptr,
+                        with_load ? &load_[i] : nullptr,
+                        with_taint ? std::optional<double>{taint_multipliers_[i]} : std::nullopt};
+  }
+  return candidates_;
+}
+
+void SelectionHost::compact_rows() {
+  const bool with_cache = !cache_.empty();
+  const bool with_load = !load_.empty();
+  const bool with_taint = !taint_multipliers_.empty();
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < rows_.size(); ++i) {
+    if (keep_[i] == 0) continue;
+    rows_[kept] = rows_[i];
+    if (with_cache) cache_[kept] = cache_[i];
+    if (with_load) load_[kept] = load_[i];
+    if (with_taint) taint_multipliers_[kept] = taint_multipliers_[i];
+    ++kept;
+  }
+  rows_.resize(kept);
+  if (with_cache) cache_.resize(kept);
+  if (with_load) load_.resize(kept);
+  if (with_taint) taint_multipliers_.resize(kept);
+}
+
+std::expected<void, WorkerSelectionPolicyError> SelectionHost::run_filters(
+    const WorkerSelectionContext& context) {
+  for (std::size_t f = 0; f < filters_.size() && !rows_.empty(); ++f) {
+    WorkerFilter& filter = *filters_[f];
+    const auto candidates = candidates_for(filter.required_worker_inputs());
+    keep_.assign(candidates.size(), 0);
+    for (std::size_t i = 0; i < candidates.size(); ++i) {
+      PolicyResult<bool> kept = false;
+      try {
+        kept = filter.keep(context, candidates[i]);
+      } catch (...) {
+        return std::unexpected(
+            component_failure("filter", f, filter_names_[f],
+                              fmt::format("{}{}{}", row_name(i, candidates[i].worker()), " ",
+                                          describe_exception(std::current_exception()))));
+      }
+      if (!kept) {
+        return std::unexpected(
+            component_failure("filter", f, filter_names_[f], kept.error().message()));
+      }
+      keep_[i] = *kept ? 1 : 0;
+    }
+    compact_rows();
+  }
+  return {};
+}
+
+std::expected<void, WorkerSelectionPolicyError> SelectionHost::run_scorers(
+    const WorkerSelectionContext& context) {
+  const std::size_t count = rows_.size();
+  total_costs_.assign(count, 0.0);
+  scorer_costs_.resize(scorers_.size() * count);
+  for (std::size_t s = 0; s < scorers_.size(); ++s) {
+    WorkerScorer& scorer = *scorers_[s];
+    const auto candidates = candidates_for(scorer.required_worker_inputs());
+    const std::span<double> costs{scorer_costs_.data() + s * count, count};
+    std::ranges::fill(costs, std::numeric_limits<double>::quiet_NaN());
+    PolicyResult<void> scored;
+    try {
+      scored = scorer.score_all(context, candidates, costs);
+    } catch (...) {
+      return std::unexpected(component_failure("scorer", s, scorer_names_[s],
+                                               describe_exception(std::current_exception())));
+    }
+    if (!scored) {
+      return std::unexpected(
+          component_failure("scorer", s, scorer_names_[s], scored.error().message()));
+    }
+    for (std::size_t i = 0; i < count; ++i) {
+      total_costs_[i] += costs[i];
+      if (!std::isfinite(costs[i])) {
+        return std::unexpected(WorkerSelectionPolicyError::host(
+            Kind::NonFiniteCost,
+            fmt::format("{}{}{}{}{}{}{}{}{}", "scorer ", s, " (", scorer_names_[s], ") gave ",
+                        row_name(i, candidates[i].worker()), " a non-finite or unwritten cost (",
+                        costs[i], ")")));
+      }
+      if (!std::isfinite(total_costs_[i])) {
+        return std::unexpected(WorkerSelectionPolicyError::host(
+            Kind::NonFiniteCost,
+            fmt::format("{}{}{}{}{}{}{}", "the total cost of ", row_name(i, candidates[i].worker()),
+                        " is not finite after scorer ", s, " (", scorer_names_[s], ")")));
+      }
+    }
+  }
+  return {};
+}
+
+std::expected<SelectionResult, WorkerSelectionPolicyError> SelectionHost::select(
+    const SelectionRequest& request, const RoutingPartition& partition,
+    WorkerSignalSource& signals) {
+  descriptors_ = signals.workers(worker_type_);
+  if (descriptors_.empty()) {
+    return std::unexpected(WorkerSelectionPolicyError::host(
+        Kind::NoEndpoints,
+        fmt::format("{}{}{}{}{}{}{}", "no ", as_str(worker_type_), " workers serve model '",
+                    partition.model, "' group '", partition.routing_group, "'")));
+  }
+
+  rows_.clear();
+  for (std::size_t row = 0; row < descriptors_.size(); ++row) {
+    if (eligible(request, descriptors_[row])) rows_.push_back(static_cast<std::uint32_t>(row));
+  }
+  if (rows_.empty()) {
+    return std::unexpected(WorkerSelectionPolicyError::host(
+        Kind::NoEligibleWorkers,
+        fmt::format("{}{}{}{}{}", "none of ", descriptors_.size(), " ", as_str(worker_type_),
+                    " workers is eligible (pin, allow-list, required taints, busy thresholds or "
+                    "availability)")));
+  }
+  const std::size_t eligible_count = rows_.size();
+
+  // Compute only the signal groups some component declared.
+  const bool with_cache = declared_inputs_.contains(WorkerInputs::CACHE);
+  const bool with_load = declared_inputs_.contains(WorkerInputs::LOAD);
+  cache_.resize(with_cache ? rows_.size() : 0);
+  load_.resize(with_load ? rows_.size() : 0);
+  if (with_cache || with_load) {
+    signals.compute_signals(request, worker_type_, rows_, cache_, load_);
+  }
+  taint_multipliers_.clear();
+  if (declared_inputs_.contains(WorkerInputs::PREFERRED_TAINT)) {
+    taint_multipliers_.resize(rows_.size());
+    for (std::size_t i = 0; i < rows_.size(); ++i) {
+      taint_multipliers_[i] =
+          preferred_taint_multiplier(request.preferred_taints, descriptors_[rows_[i]].taints);
+    }
+  }
+
+  const WorkerSelectionContext context{request, config_.block_size, worker_type_, partition};
+  if (auto filtered = run_filters(context); !filtered) return std::unexpected(filtered.error());
+  if (rows_.empty()) {
+    return std::unexpected(WorkerSelectionPolicyError::host(
+        Kind::AllFiltered,
+        fmt::format("{}{}{}{}{}", "all eligible workers filtered (", eligible_count, " eligible, ",
+                    filters_.size(), " filters)")));
+  }
+  if (auto scored = run_scorers(context); !scored) return std::unexpected(scored.error());
+
+  const std::size_t count = rows_.size();
+  const WorkerInputs picker_inputs = picker_->required_worker_inputs();
+  const bool picker_taint = picker_inputs.contains(WorkerInputs::PREFERRED_TAINT);
+  scored_.resize(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    scored_[i] = ScoredWorkerCandidate{
+        descriptors_[rows_[i]].worker, total_costs_[i],
+        picker_taint ? std::optional<double>{taint_multipliers_[i]} : std::nullopt};
+  }
+  const WorkerInputView view{scored_,
+                             picker_inputs.contains(WorkerInputs::CACHE)
+                                 ? std::optional<std::span<const WorkerCacheInput>>{cache_}
+                                 : std::nullopt,
+                             picker_inputs.contains(WorkerInputs::LOAD)
+                                 ? std::optional<std::span<const WorkerLoadInput>>{load_}
+                                 : std::nullopt};
+  PolicyResult<std::size_t> picked = std::size_t{0};
+  try {
+    picked = picker_->pick(context, view);
+  } catch (...) {
+    return std::unexpected(
+        component_failure("picker", 0, picker_name_, describe_exception(std::current_exception())));
+  }
+  if (!picked) {
+    return std::unexpected(component_failure("picker", 0, picker_name_, picked.error().message()));
+  }
+  if (*picked >= count) {
+    return std::unexpected(WorkerSelectionPolicyError::host(
+        Kind::InvalidPickerRow,
+        fmt::format("{}{}{}{}{}{}{}", "picker (", picker_name_, ") returned row ", *picked, " of ",
+                    count, " candidates")));
+  }
+
+  const std::size_t row = *picked;
+  SelectionResult result;
+  result.worker = scored_[row].worker();
+  result.total_cost = total_costs_[row];
+  for (std::size_t s = 0; s < scorers_.size(); ++s) {
+    result.scorer_costs.push_back(scorer_costs_[s * count + row]);
+  }
+  if (with_cache) result.cache = cache_[row];
+  if (with_load) result.load = load_[row];
+  result.eligible_workers = eligible_count;
+  result.kept_workers = count;
+  return result;
+}
+
+std::expected<SelectionResult, WorkerSelectionPolicyError> select_worker(
+    WorkerSelectionPolicy& policy, const SelectionRequest& request,
+    const RoutingPartition& partition, WorkerSignalSource& signals) {
+  return SelectionHost::of(policy).select(request, partition, signals);
+}
+
+std::span<const std::string> scorer_names(const WorkerSelectionPolicy& policy) {
+  return SelectionHost::of(policy).scorer_names();
+}
+
+WorkerInputs declared_inputs(const WorkerSelectionPolicy& policy) {
+  return SelectionHost::of(policy).declared_inputs();
+}
+
+}  // namespace kvr::selection

@@ -1,0 +1,179 @@
+// The selection host: runs a WorkerSelectionPolicy for one request (eligibility → filters →
+// scorers → picker) over the workers and signals a WorkerSignalSource provides. Used by the
+// selector actor and by replay; it knows no indexer, no actor and no network.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "selection/worker_selection.hpp"
+
+namespace kvr::selection {
+
+using plugins::worker_selection::PolicyResult;
+using plugins::worker_selection::RouterConfig;
+using plugins::worker_selection::RoutingPartition;
+using plugins::worker_selection::SessionContext;
+using plugins::worker_selection::WorkerAffinityTarget;
+using plugins::worker_selection::WorkerCacheInput;
+using plugins::worker_selection::WorkerCandidate;
+using plugins::worker_selection::WorkerFilter;
+using plugins::worker_selection::WorkerInputs;
+using plugins::worker_selection::WorkerLoadInput;
+using plugins::worker_selection::WorkerPicker;
+using plugins::worker_selection::WorkerScorer;
+using plugins::worker_selection::WorkerSelectionPolicy;
+using plugins::worker_selection::WorkerSelectionPolicyError;
+
+/// A preferred worker taint and its weight; matching weights lower the kv-cost.
+struct PreferredTaint {
+  std::string taint;
+  double weight = 0;
+};
+
+/// One request as the host sees it. Spans and pointers refer to storage the caller keeps alive
+/// for the duration of the selection.
+struct SelectionRequest {
+  std::string_view request_id;
+  std::size_t prompt_tokens = 0;
+  /// Chained block hashes of the prompt's full blocks.
+  std::span<const BlockHash> block_hashes;
+  std::optional<std::uint32_t> expected_output_tokens;
+  const SessionContext* session = nullptr;
+  /// Soft target offered to the policy (session affinity or a classifier's choice).
+  std::optional<WorkerAffinityTarget> affinity_target;
+  /// Hard restriction: only this worker (or rank) is eligible.
+  std::optional<WorkerAffinityTarget> pinned_worker;
+  std::uint32_t strict_priority = 0;
+  /// Non-empty: only these workers are eligible.
+  std::span<const WorkerId> allowed_workers;
+  /// A worker must carry every one of these taints.
+  std::span<const std::string> required_taints;
+  std::span<const PreferredTaint> preferred_taints;
+  std::chrono::steady_clock::time_point now;
+};
+
+/// What the host needs to know of a (worker, rank) before any signal is computed.
+struct WorkerDescriptor {
+  WorkerWithDpRank worker;
+  /// Labels matched against required and preferred taints; storage owned by the source.
+  std::span<const std::string> taints;
+  /// False while the worker is unhealthy, draining or not yet ready.
+  bool available = true;
+  /// Fraction of KV blocks in use, bookings included; empty without a load observation.
+  std::optional<double> kv_usage;
+  /// Prompt tokens waiting for prefill, bookings included.
+  std::uint64_t active_prefill_tokens = 0;
+};
+
+/// Where workers and their signal groups come from (the selector's catalog, index and predicted
+/// load; replay's simulated fleet; a test fixture).
+class WorkerSignalSource {
+ public:
+  virtual ~WorkerSignalSource() = default;
+
+  /// Every (worker, rank) of the partition that serves `worker_type`.
+  virtual std::span<const WorkerDescriptor> workers(WorkerType worker_type) const = 0;
+
+  /// Fills the requested groups for `rows` (indices into workers(worker_type)). `cache_out` and
+  /// `load_out` are index-aligned with `rows`, and empty when that group was not requested.
+  virtual void compute_signals(const SelectionRequest& request, WorkerType worker_type,
+                               std::span<const std::uint32_t> rows,
+                               std::span<WorkerCacheInput> cache_out,
+                               std::span<WorkerLoadInput> load_out) = 0;
+};
+
+/// The outcome of one selection: which worker, why, and at what cost.
+struct SelectionResult {
+  WorkerWithDpRank worker;
+  /// Sum of the scorer contributions for the chosen worker.
+  double total_cost = 0;
+  /// Each scorer's contribution for the chosen worker, in declaration order (scorer_names()).
+  absl::InlinedVector<double, 4> scorer_costs;
+  /// The chosen worker's cache and load inputs, when some component declared those groups.
+  std::optional<WorkerCacheInput> cache;
+  std::optional<WorkerLoadInput> load;
+  /// Workers that passed eligibility, and of those, the ones every filter kept.
+  std::size_t eligible_workers = 0;
+  std::size_t kept_workers = 0;
+};
+
+/// Runs one selection with `policy`; never throws. A failure names the component and row.
+std::expected<SelectionResult, WorkerSelectionPolicyError> select_worker(
+    WorkerSelectionPolicy& policy, const SelectionRequest& request,
+    const RoutingPartition& partition, WorkerSignalSource& signals);
+
+/// Readable names of the policy's scorers (their C++ type names), index-aligned with
+/// SelectionResult::scorer_costs.
+std::span<const std::string> scorer_names(const WorkerSelectionPolicy& policy);
+
+/// The union of the signal groups the policy's components declared.
+WorkerInputs declared_inputs(const WorkerSelectionPolicy& policy);
+
+/// exp(−tanh(Σ weights of `preferred` taints that `worker_taints` carries)).
+double preferred_taint_multiplier(std::span<const PreferredTaint> preferred,
+                                  std::span<const std::string> worker_taints);
+
+/// The host behind a WorkerSelectionPolicy: its components and reusable scratch buffers.
+class SelectionHost {
+ public:
+  SelectionHost(const RouterConfig& config, WorkerType worker_type,
+                std::vector<std::unique_ptr<WorkerFilter>> filters,
+                std::vector<std::unique_ptr<WorkerScorer>> scorers,
+                std::unique_ptr<WorkerPicker> picker);
+
+  static SelectionHost& of(WorkerSelectionPolicy& policy) { return *policy.host_; }
+  static const SelectionHost& of(const WorkerSelectionPolicy& policy) { return *policy.host_; }
+
+  std::expected<SelectionResult, WorkerSelectionPolicyError> select(
+      const SelectionRequest& request, const RoutingPartition& partition,
+      WorkerSignalSource& signals);
+
+  WorkerType worker_type() const { return worker_type_; }
+  std::span<const std::string> scorer_names() const { return scorer_names_; }
+  WorkerInputs declared_inputs() const { return declared_inputs_; }
+
+ private:
+  bool eligible(const SelectionRequest& request, const WorkerDescriptor& descriptor) const;
+  /// Rebuilds candidates_ for the current rows, exposing only the groups in `inputs`.
+  std::span<const WorkerCandidate> candidates_for(WorkerInputs inputs);
+  /// Keeps only rows whose keep_ flag is set, in every row-aligned buffer.
+  void compact_rows();
+
+  std::expected<void, WorkerSelectionPolicyError> run_filters(
+      const plugins::worker_selection::WorkerSelectionContext& context);
+  std::expected<void, WorkerSelectionPolicyError> run_scorers(
+      const plugins::worker_selection::WorkerSelectionContext& context);
+
+  RouterConfig config_;
+  WorkerType worker_type_;
+  std::vector<std::unique_ptr<WorkerFilter>> filters_;
+  std::vector<std::unique_ptr<WorkerScorer>> scorers_;
+  std::unique_ptr<WorkerPicker> picker_;
+  std::vector<std::string> filter_names_;
+  std::vector<std::string> scorer_names_;
+  std::string picker_name_;
+  WorkerInputs declared_inputs_;
+
+  // Row-aligned scratch, reused across selections so that a warm selection does not allocate.
+  std::span<const WorkerDescriptor> descriptors_;
+  std::vector<std::uint32_t> rows_;
+  std::vector<WorkerCacheInput> cache_;
+  std::vector<WorkerLoadInput> load_;
+  std::vector<double> taint_multipliers_;
+  std::vector<WorkerCandidate> candidates_;
+  std::vector<char> keep_;
+  std::vector<double> scorer_costs_;  // scorer-major: scorer s, row i at s * rows + i
+  std::vector<double> total_costs_;
+  std::vector<plugins::worker_selection::ScoredWorkerCandidate> scored_;
+};
+
+}  // namespace kvr::selection

@@ -1,0 +1,400 @@
+// The public worker-selection plugin API (PLUGIN_API.md): the types a custom filter, scorer or
+// picker is written against, and the host-side policy that composes them. A plugin includes this
+// header and selection/plugin_registry.hpp only.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <expected>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "messages/ids.hpp"
+#include "selection/router_config.hpp"
+
+namespace kvr::selection {
+class ParameterSource;
+class SelectionHost;
+struct SelectionRequest;
+}  // namespace kvr::selection
+
+namespace kvr::plugins::worker_selection {
+
+using kvr::as_str;
+using kvr::DpRank;
+using kvr::WorkerId;
+using kvr::WorkerType;
+using kvr::WorkerWithDpRank;
+
+/// A soft routing target: a worker, or one data-parallel rank of it.
+struct WorkerAffinityTarget {
+  WorkerId worker_id = 0;
+  std::optional<DpRank> dp_rank;  ///< empty: matches every rank of the worker
+
+  /// True when `worker` is this target (any rank when dp_rank is empty).
+  bool matches(WorkerWithDpRank worker) const {
+    return worker.worker_id == worker_id && (!dp_rank || *dp_rank == worker.dp_rank);
+  }
+  friend bool operator==(const WorkerAffinityTarget&, const WorkerAffinityTarget&) = default;
+};
+
+/// The routing partition a policy instance serves: one model and routing group.
+struct RoutingPartition {
+  std::string model;
+  std::string routing_group = "default";
+
+  friend bool operator==(const RoutingPartition&, const RoutingPartition&) = default;
+};
+
+/// The signal groups a component asks the host to compute; combine with |.
+class WorkerInputs {
+ public:
+  static const WorkerInputs NONE;
+  static const WorkerInputs CACHE;
+  static const WorkerInputs LOAD;
+  static const WorkerInputs PREFERRED_TAINT;
+
+  constexpr WorkerInputs() = default;
+  /// True when every group of `other` is in this set.
+  constexpr bool contains(WorkerInputs other) const { return (bits_ & other.bits_) == other.bits_; }
+  constexpr WorkerInputs operator|(WorkerInputs other) const {
+    return WorkerInputs{static_cast<std::uint8_t>(bits_ | other.bits_)};
+  }
+  constexpr WorkerInputs& operator|=(WorkerInputs other) { return *this = *this | other; }
+  constexpr bool empty() const { return bits_ == 0; }
+  friend constexpr bool operator==(WorkerInputs, WorkerInputs) = default;
+
+ private:
+  constexpr explicit WorkerInputs(std::uint8_t bits) : bits_(bits) {}
+  std::uint8_t bits_ = 0;
+};
+
+inline constexpr WorkerInputs WorkerInputs::NONE{0};
+inline constexpr WorkerInputs WorkerInputs::CACHE{1};
+inline constexpr WorkerInputs WorkerInputs::LOAD{2};
+inline constexpr WorkerInputs WorkerInputs::PREFERRED_TAINT{4};
+
+/// How much of the request's prompt a worker already holds, per tier, in blocks. The matched
+/// prefix counts each block once, on the cheapest tier holding it; a missing tier or worker is 0.
+class WorkerCacheInput {
+ public:
+  constexpr WorkerCacheInput() = default;
+  constexpr WorkerCacheInput(double device, double host, double disk)
+      : device_(device), host_(host), disk_(disk) {}
+
+  double device_overlap_blocks() const { return device_; }
+  double host_overlap_blocks() const { return host_; }
+  double disk_overlap_blocks() const { return disk_; }
+
+ private:
+  double device_ = 0;
+  double host_ = 0;
+  double disk_ = 0;
+};
+
+/// The projected load of a worker if it takes the request: confirmed metrics plus bookings.
+class WorkerLoadInput {
+ public:
+  /// Field values of a load observation; the host fills them from its load tracking.
+  struct Values {
+    std::size_t active_requests = 0;
+    std::size_t active_prefill_tokens = 0;
+    double decode_cost_blocks = 0;
+    std::optional<std::uint64_t> total_kv_blocks;
+  };
+
+  /// A worker with no load observation yet (not the same as idle).
+  constexpr WorkerLoadInput() = default;
+  constexpr explicit WorkerLoadInput(const Values& values) : values_(values), available_(true) {}
+
+  /// False: no load observation yet (not the same as idle).
+  bool is_available() const { return available_; }
+  std::size_t active_requests() const { return values_.active_requests; }
+  /// Prompt tokens waiting for prefill on the worker, in-flight reservations included.
+  std::size_t active_prefill_tokens() const { return values_.active_prefill_tokens; }
+  /// Projected decode footprint in blocks, including this request's new blocks.
+  double decode_cost_blocks() const { return values_.decode_cost_blocks; }
+  std::optional<std::uint64_t> total_kv_blocks() const { return values_.total_kv_blocks; }
+
+ private:
+  Values values_;
+  bool available_ = false;
+};
+
+/// One candidate row, restricted to the signal groups its component declared.
+class WorkerCandidate {
+ public:
+  WorkerCandidate() = default;
+  WorkerCandidate(WorkerWithDpRank worker, const WorkerCacheInput* cache,
+                  const WorkerLoadInput* load, std::optional<double> preferred_taint_multiplier)
+      : worker_(worker),
+        cache_(cache),
+        load_(load),
+        preferred_taint_multiplier_(preferred_taint_multiplier) {}
+
+  WorkerWithDpRank worker() const { return worker_; }
+  /// nullptr unless the component requested CACHE.
+  const WorkerCacheInput* cache() const { return cache_; }
+  /// nullptr unless the component requested LOAD.
+  const WorkerLoadInput* load() const { return load_; }
+  /// exp(−tanh(Σ weights of the request's preferred taints the worker carries)), in (0.46, 1];
+  /// empty unless the component requested PREFERRED_TAINT.
+  std::optional<double> preferred_taint_multiplier() const { return preferred_taint_multiplier_; }
+
+ private:
+  WorkerWithDpRank worker_;
+  const WorkerCacheInput* cache_ = nullptr;
+  const WorkerLoadInput* load_ = nullptr;
+  std::optional<double> preferred_taint_multiplier_;
+};
+
+/// A row after scoring, as the picker sees it.
+class ScoredWorkerCandidate {
+ public:
+  ScoredWorkerCandidate() = default;
+  ScoredWorkerCandidate(WorkerWithDpRank worker, double cost,
+                        std::optional<double> preferred_taint_multiplier)
+      : worker_(worker), cost_(cost), preferred_taint_multiplier_(preferred_taint_multiplier) {}
+
+  WorkerWithDpRank worker() const { return worker_; }
+  /// Sum of all scorer contributions; lower is better by convention of the built-in pickers.
+  double cost() const { return cost_; }
+  /// Empty unless the picker requested PREFERRED_TAINT.
+  std::optional<double> preferred_taint_multiplier() const { return preferred_taint_multiplier_; }
+
+ private:
+  WorkerWithDpRank worker_;
+  double cost_ = 0;
+  std::optional<double> preferred_taint_multiplier_;
+};
+
+/// What a picker sees; the cache and load arrays are index-aligned with candidates().
+class WorkerInputView {
+ public:
+  WorkerInputView(std::span<const ScoredWorkerCandidate> candidates,
+                  std::optional<std::span<const WorkerCacheInput>> cache,
+                  std::optional<std::span<const WorkerLoadInput>> load)
+      : candidates_(candidates), cache_(cache), load_(load) {}
+
+  std::span<const ScoredWorkerCandidate> candidates() const { return candidates_; }
+  /// Present only when the picker requested CACHE.
+  std::optional<std::span<const WorkerCacheInput>> cache() const { return cache_; }
+  /// Present only when the picker requested LOAD.
+  std::optional<std::span<const WorkerLoadInput>> load() const { return load_; }
+
+ private:
+  std::span<const ScoredWorkerCandidate> candidates_;
+  std::optional<std::span<const WorkerCacheInput>> cache_;
+  std::optional<std::span<const WorkerLoadInput>> load_;
+};
+
+/// What started a session turn.
+enum class InputTrigger { UserMessage, ToolResult, Other };
+
+/// Session metadata a request carried.
+class SessionContext {
+ public:
+  SessionContext(std::string session_id, std::optional<std::string> parent_session_id,
+                 std::optional<bool> session_final, std::optional<InputTrigger> input_trigger)
+      : session_id_(std::move(session_id)),
+        parent_session_id_(std::move(parent_session_id)),
+        session_final_(session_final),
+        input_trigger_(input_trigger) {}
+
+  std::string_view session_id() const { return session_id_; }
+  std::optional<std::string_view> parent_session_id() const {
+    if (!parent_session_id_) return std::nullopt;
+    return std::string_view{*parent_session_id_};
+  }
+  /// True: the session ends with this request.
+  std::optional<bool> session_final() const { return session_final_; }
+  std::optional<InputTrigger> input_trigger() const { return input_trigger_; }
+
+ private:
+  std::string session_id_;
+  std::optional<std::string> parent_session_id_;
+  std::optional<bool> session_final_;
+  std::optional<InputTrigger> input_trigger_;
+};
+
+/// The request being routed and where; always available to every component.
+class WorkerSelectionContext {
+ public:
+  WorkerSelectionContext(const selection::SelectionRequest& request, std::uint32_t block_size,
+                         WorkerType worker_type, const RoutingPartition& partition);
+
+  std::size_t prompt_tokens() const;
+  /// prompt_tokens rounded up to whole blocks.
+  std::size_t request_blocks() const;
+  std::size_t block_size() const { return block_size_; }
+  /// The request's chained block hashes (full blocks only).
+  std::span<const std::uint64_t> block_hashes() const;
+  std::optional<std::uint32_t> expected_output_tokens() const;
+  /// nullptr without session metadata.
+  const SessionContext* session_context() const;
+  /// A soft session binding or a classifier's target; the policy may honour it.
+  std::optional<WorkerAffinityTarget> affinity_target() const;
+  /// The worker the request is pinned to (rank 0 when the pin names no rank; eligibility then
+  /// admits every rank of the worker).
+  std::optional<WorkerWithDpRank> pinned_worker() const;
+  std::uint32_t strict_priority() const;
+  WorkerType worker_type() const { return worker_type_; }
+  const RoutingPartition& partition() const { return *partition_; }
+  /// Logical time in replay, the steady clock in a node.
+  std::chrono::steady_clock::time_point now() const;
+
+ private:
+  const selection::SelectionRequest* request_;
+  std::uint32_t block_size_;
+  WorkerType worker_type_;
+  const RoutingPartition* partition_;
+};
+
+/// Why a selection failed: a component's own failure or one of the host's checks.
+class WorkerSelectionPolicyError {
+ public:
+  enum class Kind {
+    Failed,             ///< a component returned failed(...) or threw
+    NonFiniteCost,      ///< a scorer's contribution or the total is not finite, or unwritten
+    InvalidPickerRow,   ///< the picker returned a row outside the candidates
+    AllFiltered,        ///< filters removed every eligible worker
+    NoEligibleWorkers,  ///< eligibility (allow-list, pin, ranks, taints, busy, availability)
+                        ///< left no worker
+    NoEndpoints,        ///< the partition has no worker of the requested type
+  };
+
+  /// A component's own failure, with its message.
+  static WorkerSelectionPolicyError failed(std::string message) {
+    return {Kind::Failed, std::move(message)};
+  }
+  /// Host-raised errors.
+  static WorkerSelectionPolicyError host(Kind kind, std::string message) {
+    return {kind, std::move(message)};
+  }
+
+  Kind kind() const { return kind_; }
+  std::string_view message() const { return message_; }
+
+ private:
+  WorkerSelectionPolicyError(Kind kind, std::string message)
+      : kind_(kind), message_(std::move(message)) {}
+  Kind kind_;
+  std::string message_;
+};
+
+template <class T>
+using PolicyResult = std::expected<T, WorkerSelectionPolicyError>;
+
+/// A hard yes/no per candidate; filters run in declaration order and a worker must pass all.
+class WorkerFilter {
+ public:
+  virtual ~WorkerFilter() = default;
+  virtual WorkerInputs required_worker_inputs() const { return WorkerInputs::NONE; }
+  /// True keeps the candidate.
+  virtual PolicyResult<bool> keep(const WorkerSelectionContext&, const WorkerCandidate&) = 0;
+};
+
+/// A cost contribution per candidate; contributions of all scorers are added.
+class WorkerScorer {
+ public:
+  virtual ~WorkerScorer() = default;
+  virtual WorkerInputs required_worker_inputs() const { return WorkerInputs::NONE; }
+  virtual PolicyResult<double> score(const WorkerSelectionContext&, const WorkerCandidate&) = 0;
+  /// Optional batch form for speed; the default calls score() per row. `costs` is pre-filled
+  /// with NaN and index-aligned with `candidates`.
+  virtual PolicyResult<void> score_all(const WorkerSelectionContext& context,
+                                       std::span<const WorkerCandidate> candidates,
+                                       std::span<double> costs);
+};
+
+/// Chooses the final row among the scored candidates.
+class WorkerPicker {
+ public:
+  virtual ~WorkerPicker() = default;
+  virtual WorkerInputs required_worker_inputs() const { return WorkerInputs::NONE; }
+  /// Returns an index into view.candidates(); the host bounds-checks it.
+  virtual PolicyResult<std::size_t> pick(const WorkerSelectionContext&, const WorkerInputView&) = 0;
+};
+
+/// Host-side composition of filters, scorers and a picker, created per partition and role by a
+/// factory. Move-only; owned by one selector, so it is never used from two threads at once.
+class WorkerSelectionPolicy {
+ public:
+  WorkerSelectionPolicy(const RouterConfig& config, WorkerType worker_type,
+                        std::vector<std::unique_ptr<WorkerScorer>> scorers,
+                        std::unique_ptr<WorkerPicker> picker);
+  WorkerSelectionPolicy(const RouterConfig& config, WorkerType worker_type,
+                        std::vector<std::unique_ptr<WorkerFilter>> filters,
+                        std::vector<std::unique_ptr<WorkerScorer>> scorers,
+                        std::unique_ptr<WorkerPicker> picker);
+  WorkerSelectionPolicy(WorkerSelectionPolicy&&) noexcept;
+  WorkerSelectionPolicy& operator=(WorkerSelectionPolicy&&) noexcept;
+  WorkerSelectionPolicy(const WorkerSelectionPolicy&) = delete;
+  WorkerSelectionPolicy& operator=(const WorkerSelectionPolicy&) = delete;
+  ~WorkerSelectionPolicy();
+
+  WorkerType worker_type() const;
+
+ private:
+  friend class selection::SelectionHost;
+  std::unique_ptr<selection::SelectionHost> host_;
+};
+
+/// A startup diagnostic shown to the operator (bad parameters, unsupported role ...).
+class WorkerSelectionPolicyProviderError {
+ public:
+  explicit WorkerSelectionPolicyProviderError(std::string message) : message_(std::move(message)) {}
+  std::string_view message() const { return message_; }
+
+ private:
+  std::string message_;
+};
+
+/// Reads one instance's `parameters` mapping strictly. T is bool, an integer type, double,
+/// std::string, or a std::vector of those.
+class ParameterReader {
+ public:
+  explicit ParameterReader(std::shared_ptr<const selection::ParameterSource> source);
+  ~ParameterReader();
+  ParameterReader(ParameterReader&&) noexcept;
+  ParameterReader& operator=(ParameterReader&&) noexcept;
+
+  /// The value at `key`; an error names the key when it is missing or of the wrong type.
+  template <class T>
+  std::expected<T, WorkerSelectionPolicyProviderError> required(std::string_view key);
+  /// The value at `key`, or `fallback` when absent; an error when present with the wrong type.
+  template <class T>
+  std::expected<T, WorkerSelectionPolicyProviderError> optional(std::string_view key, T fallback);
+  /// Fails naming every key that no required()/optional() call read (misspellings stop startup).
+  std::expected<void, WorkerSelectionPolicyProviderError> finish() const;
+
+ private:
+  std::shared_ptr<const selection::ParameterSource> source_;
+  std::vector<std::string> read_keys_;
+};
+
+/// The instance's YAML `parameters` mapping (may be absent: then every key is absent).
+class WorkerSelectionPolicyParameters {
+ public:
+  explicit WorkerSelectionPolicyParameters(
+      std::shared_ptr<const selection::ParameterSource> source);
+  /// A fresh strict reader over the mapping.
+  ParameterReader reader() const;
+
+ private:
+  std::shared_ptr<const selection::ParameterSource> source_;
+};
+
+using WorkerSelectionPolicyFactory =
+    std::function<WorkerSelectionPolicy(const RouterConfig&, WorkerType, const RoutingPartition&)>;
+using WorkerSelectionPolicyProvider =
+    std::function<std::expected<WorkerSelectionPolicyFactory, WorkerSelectionPolicyProviderError>(
+        const WorkerSelectionPolicyParameters&)>;
+
+}  // namespace kvr::plugins::worker_selection
