@@ -1,0 +1,491 @@
+// The host rules of PLUGIN_API.md: eligibility, filter order, scorer sums and checks, picker
+// bounds, lazy and restricted signal groups, and exception containment.
+#include "selection/selection_host.hpp"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+
+#include <gtest/gtest.h>
+
+#include "tests/testing/fake_worker_signals.hpp"
+
+namespace kvr::selection {
+namespace {
+
+using plugins::worker_selection::ScoredWorkerCandidate;
+using plugins::worker_selection::WorkerInputView;
+using plugins::worker_selection::WorkerSelectionContext;
+using testing::FakeWorker;
+using testing::FakeWorkerSignals;
+using Kind = WorkerSelectionPolicyError::Kind;
+
+// A scorer whose cost is a function of the candidate.
+class FunctionScorer final : public WorkerScorer {
+ public:
+  FunctionScorer(WorkerInputs inputs,
+                 std::function<PolicyResult<double>(const WorkerCandidate&)> fn)
+      : inputs_(inputs), fn_(std::move(fn)) {}
+  WorkerInputs required_worker_inputs() const override { return inputs_; }
+  PolicyResult<double> score(const WorkerSelectionContext&, const WorkerCandidate& c) override {
+    return fn_(c);
+  }
+
+ private:
+  WorkerInputs inputs_;
+  std::function<PolicyResult<double>(const WorkerCandidate&)> fn_;
+};
+
+class FunctionFilter final : public WorkerFilter {
+ public:
+  FunctionFilter(WorkerInputs inputs, std::function<PolicyResult<bool>(const WorkerCandidate&)> fn)
+      : inputs_(inputs), fn_(std::move(fn)) {}
+  WorkerInputs required_worker_inputs() const override { return inputs_; }
+  PolicyResult<bool> keep(const WorkerSelectionContext&, const WorkerCandidate& c) override {
+    return fn_(c);
+  }
+
+ private:
+  WorkerInputs inputs_;
+  std::function<PolicyResult<bool>(const WorkerCandidate&)> fn_;
+};
+
+// Picks the lowest cost (first on ties), or a fixed row when one is set.
+class LowestCostPicker final : public WorkerPicker {
+ public:
+  explicit LowestCostPicker(WorkerInputs inputs = WorkerInputs::NONE,
+                            std::optional<std::size_t> fixed_row = std::nullopt)
+      : inputs_(inputs), fixed_row_(fixed_row) {}
+  WorkerInputs required_worker_inputs() const override { return inputs_; }
+  PolicyResult<std::size_t> pick(const WorkerSelectionContext&,
+                                 const WorkerInputView& view) override {
+    last_view_had_cache = view.cache().has_value();
+    last_view_had_load = view.load().has_value();
+    last_candidate_count = view.candidates().size();
+    if (fixed_row_) return *fixed_row_;
+    std::size_t best = 0;
+    for (std::size_t i = 1; i < view.candidates().size(); ++i) {
+      if (view.candidates()[i].cost() < view.candidates()[best].cost()) best = i;
+    }
+    return best;
+  }
+  bool last_view_had_cache = false;
+  bool last_view_had_load = false;
+  std::size_t last_candidate_count = 0;
+
+ private:
+  WorkerInputs inputs_;
+  std::optional<std::size_t> fixed_row_;
+};
+
+FakeWorker worker(WorkerId id, DpRank rank = 0) {
+  FakeWorker fake;
+  fake.worker = {id, rank};
+  fake.load = WorkerLoadInput::Values{.active_requests = static_cast<std::size_t>(id)};
+  return fake;
+}
+
+std::vector<std::unique_ptr<WorkerScorer>> scorers_of(std::unique_ptr<WorkerScorer> scorer) {
+  std::vector<std::unique_ptr<WorkerScorer>> scorers;
+  scorers.push_back(std::move(scorer));
+  return scorers;
+}
+
+// Cost = worker id, so the lowest id wins unless eligibility or filters remove it.
+std::unique_ptr<WorkerScorer> id_scorer() {
+  return std::make_unique<FunctionScorer>(WorkerInputs::NONE, [](const WorkerCandidate& c) {
+    return PolicyResult<double>{static_cast<double>(c.worker().worker_id)};
+  });
+}
+
+class SelectionHostTest : public ::testing::Test {
+ protected:
+  WorkerSelectionPolicy id_policy() {
+    return WorkerSelectionPolicy{config_, WorkerType::Aggregated, scorers_of(id_scorer()),
+                                 std::make_unique<LowestCostPicker>()};
+  }
+  std::expected<SelectionResult, WorkerSelectionPolicyError> select(WorkerSelectionPolicy& policy) {
+    return select_worker(policy, request_, partition_, signals_);
+  }
+
+  RouterConfig config_;
+  RoutingPartition partition_{.model = "m"};
+  SelectionRequest request_{.request_id = "r", .prompt_tokens = 64};
+  FakeWorkerSignals signals_;
+};
+
+TEST_F(SelectionHostTest, PicksLowestCostAndReportsPerScorerCosts) {
+  signals_.set_workers({worker(3), worker(1), worker(2)});
+  std::vector<std::unique_ptr<WorkerScorer>> scorers;
+  scorers.push_back(id_scorer());
+  scorers.push_back(std::make_unique<FunctionScorer>(
+      WorkerInputs::NONE, [](const WorkerCandidate&) { return PolicyResult<double>{0.5}; }));
+  WorkerSelectionPolicy policy{config_, WorkerType::Aggregated, std::move(scorers),
+                               std::make_unique<LowestCostPicker>()};
+  auto result = select(policy);
+  ASSERT_TRUE(result) << result.error().message();
+  EXPECT_EQ(result->worker, (WorkerWithDpRank{1, 0}));
+  EXPECT_DOUBLE_EQ(result->total_cost, 1.5);
+  ASSERT_EQ(result->scorer_costs.size(), 2U);
+  EXPECT_DOUBLE_EQ(result->scorer_costs[0], 1.0);
+  EXPECT_DOUBLE_EQ(result->scorer_costs[1], 0.5);
+  EXPECT_EQ(result->eligible_workers, 3U);
+  ASSERT_EQ(scorer_names(policy).size(), 2U);
+  EXPECT_NE(scorer_names(policy)[0].find("FunctionScorer"), std::string::npos);
+}
+
+TEST_F(SelectionHostTest, NoWorkersOfTheTypeIsNoEndpoints) {
+  FakeWorker prefill = worker(1);
+  prefill.type = WorkerType::Prefill;
+  signals_.set_workers({prefill});
+  auto policy = id_policy();
+  auto result = select(policy);
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind(), Kind::NoEndpoints);
+}
+
+TEST_F(SelectionHostTest, AllowListRestrictsEligibility) {
+  signals_.set_workers({worker(1), worker(2), worker(3)});
+  const std::vector<WorkerId> allowed{3, 2};
+  request_.allowed_workers = allowed;
+  auto policy = id_policy();
+  auto result = select(policy);
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->worker.worker_id, 2U);
+  EXPECT_EQ(result->eligible_workers, 2U);
+}
+
+TEST_F(SelectionHostTest, PinnedWorkerWithoutRankAdmitsEveryRank) {
+  signals_.set_workers({worker(1), worker(5, 0), worker(5, 1)});
+  request_.pinned_worker = WorkerAffinityTarget{.worker_id = 5};
+  auto policy = id_policy();
+  auto result = select(policy);
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->worker.worker_id, 5U);
+  EXPECT_EQ(result->eligible_workers, 2U);
+}
+
+TEST_F(SelectionHostTest, PinnedRankSelectsExactlyThatRank) {
+  signals_.set_workers({worker(1), worker(5, 0), worker(5, 1)});
+  request_.pinned_worker = WorkerAffinityTarget{.worker_id = 5, .dp_rank = 1};
+  auto policy = id_policy();
+  auto result = select(policy);
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->worker, (WorkerWithDpRank{5, 1}));
+}
+
+TEST_F(SelectionHostTest, PinToAbsentWorkerIsNoEligibleWorkers) {
+  signals_.set_workers({worker(1)});
+  request_.pinned_worker = WorkerAffinityTarget{.worker_id = 9};
+  auto policy = id_policy();
+  auto result = select(policy);
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind(), Kind::NoEligibleWorkers);
+}
+
+TEST_F(SelectionHostTest, RequiredTaintsMustAllBeCarried) {
+  FakeWorker a = worker(1);
+  a.taints = {"gpu=h100"};
+  FakeWorker b = worker(2);
+  b.taints = {"gpu=h100", "region=eu"};
+  signals_.set_workers({a, b});
+  const std::vector<std::string> required{"region=eu", "gpu=h100"};
+  request_.required_taints = required;
+  auto policy = id_policy();
+  auto result = select(policy);
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->worker.worker_id, 2U);
+}
+
+TEST_F(SelectionHostTest, BusyWorkersAreNotEligible) {
+  FakeWorker full = worker(1);
+  full.kv_usage = 0.97;
+  FakeWorker prefilling = worker(2);
+  prefilling.active_prefill_tokens = 50'000;
+  FakeWorker unobserved = worker(4);  // no kv usage known: not judged busy
+  signals_.set_workers({full, prefilling, worker(3), unobserved});
+  config_.busy_kv_usage_threshold = 0.95;
+  config_.busy_prefill_tokens_threshold = 10'000;
+  auto policy = id_policy();
+  auto result = select(policy);
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->worker.worker_id, 3U);
+  EXPECT_EQ(result->eligible_workers, 2U);
+}
+
+TEST_F(SelectionHostTest, UnavailableWorkersAreNotEligible) {
+  FakeWorker down = worker(1);
+  down.available = false;
+  signals_.set_workers({down, worker(2)});
+  auto policy = id_policy();
+  auto result = select(policy);
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->worker.worker_id, 2U);
+}
+
+TEST_F(SelectionHostTest, FiltersRunInDeclarationOrderAndAllMustPass) {
+  signals_.set_workers({worker(1), worker(2), worker(3), worker(4)});
+  std::vector<std::string> calls;
+  std::vector<std::unique_ptr<WorkerFilter>> filters;
+  filters.push_back(
+      std::make_unique<FunctionFilter>(WorkerInputs::NONE, [&](const WorkerCandidate& c) {
+        calls.push_back("first:" + std::to_string(c.worker().worker_id));
+        return PolicyResult<bool>{c.worker().worker_id != 1};
+      }));
+  filters.push_back(
+      std::make_unique<FunctionFilter>(WorkerInputs::NONE, [&](const WorkerCandidate& c) {
+        calls.push_back("second:" + std::to_string(c.worker().worker_id));
+        return PolicyResult<bool>{c.worker().worker_id != 2};
+      }));
+  WorkerSelectionPolicy policy{config_, WorkerType::Aggregated, std::move(filters),
+                               scorers_of(id_scorer()), std::make_unique<LowestCostPicker>()};
+  auto result = select(policy);
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->worker.worker_id, 3U);
+  EXPECT_EQ(result->kept_workers, 2U);
+  // The second filter sees only what the first kept.
+  EXPECT_EQ(calls, (std::vector<std::string>{"first:1", "first:2", "first:3", "first:4", "second:2",
+                                             "second:3", "second:4"}));
+}
+
+TEST_F(SelectionHostTest, AllFilteredFailsTheSelection) {
+  signals_.set_workers({worker(1), worker(2)});
+  std::vector<std::unique_ptr<WorkerFilter>> filters;
+  filters.push_back(std::make_unique<FunctionFilter>(
+      WorkerInputs::NONE, [](const WorkerCandidate&) { return PolicyResult<bool>{false}; }));
+  WorkerSelectionPolicy policy{config_, WorkerType::Aggregated, std::move(filters),
+                               scorers_of(id_scorer()), std::make_unique<LowestCostPicker>()};
+  auto result = select(policy);
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind(), Kind::AllFiltered);
+  EXPECT_NE(result.error().message().find("all eligible workers filtered"), std::string::npos);
+}
+
+TEST_F(SelectionHostTest, FilterFailurePropagatesItsMessage) {
+  signals_.set_workers({worker(1)});
+  std::vector<std::unique_ptr<WorkerFilter>> filters;
+  filters.push_back(
+      std::make_unique<FunctionFilter>(WorkerInputs::NONE, [](const WorkerCandidate&) {
+        return PolicyResult<bool>{
+            std::unexpected(WorkerSelectionPolicyError::failed("quota store unavailable"))};
+      }));
+  WorkerSelectionPolicy policy{config_, WorkerType::Aggregated, std::move(filters),
+                               scorers_of(id_scorer()), std::make_unique<LowestCostPicker>()};
+  auto result = select(policy);
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind(), Kind::Failed);
+  EXPECT_NE(result.error().message().find("quota store unavailable"), std::string::npos);
+  EXPECT_NE(result.error().message().find("filter 0"), std::string::npos);
+}
+
+TEST_F(SelectionHostTest, NonFiniteContributionNamesScorerAndRow) {
+  signals_.set_workers({worker(1), worker(2)});
+  std::vector<std::unique_ptr<WorkerScorer>> scorers;
+  scorers.push_back(id_scorer());
+  scorers.push_back(
+      std::make_unique<FunctionScorer>(WorkerInputs::NONE, [](const WorkerCandidate& c) {
+        return PolicyResult<double>{c.worker().worker_id == 2 ? std::nan("") : 0.0};
+      }));
+  WorkerSelectionPolicy policy{config_, WorkerType::Aggregated, std::move(scorers),
+                               std::make_unique<LowestCostPicker>()};
+  auto result = select(policy);
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind(), Kind::NonFiniteCost);
+  EXPECT_NE(result.error().message().find("scorer 1"), std::string::npos);
+  EXPECT_NE(result.error().message().find("row 1 (worker 2"), std::string::npos);
+}
+
+TEST_F(SelectionHostTest, InfiniteTotalFailsEvenWhenEachContributionIsFinite) {
+  signals_.set_workers({worker(1)});
+  std::vector<std::unique_ptr<WorkerScorer>> scorers;
+  for (int i = 0; i < 2; ++i) {
+    scorers.push_back(
+        std::make_unique<FunctionScorer>(WorkerInputs::NONE, [](const WorkerCandidate&) {
+          return PolicyResult<double>{std::numeric_limits<double>::max()};
+        }));
+  }
+  WorkerSelectionPolicy policy{config_, WorkerType::Aggregated, std::move(scorers),
+                               std::make_unique<LowestCostPicker>()};
+  auto result = select(policy);
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind(), Kind::NonFiniteCost);
+  EXPECT_NE(result.error().message().find("total cost"), std::string::npos);
+}
+
+// A batch scorer that forgets the last row.
+class ForgetfulBatchScorer final : public WorkerScorer {
+ public:
+  PolicyResult<double> score(const WorkerSelectionContext&, const WorkerCandidate&) override {
+    return 0.0;
+  }
+  PolicyResult<void> score_all(const WorkerSelectionContext&, std::span<const WorkerCandidate> rows,
+                               std::span<double> costs) override {
+    for (std::size_t i = 0; i + 1 < rows.size(); ++i) costs[i] = 1.0;
+    return {};
+  }
+};
+
+TEST_F(SelectionHostTest, UnwrittenScoreSlotFailsTheSelection) {
+  signals_.set_workers({worker(1), worker(2), worker(3)});
+  WorkerSelectionPolicy policy{config_, WorkerType::Aggregated,
+                               scorers_of(std::make_unique<ForgetfulBatchScorer>()),
+                               std::make_unique<LowestCostPicker>()};
+  auto result = select(policy);
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind(), Kind::NonFiniteCost);
+  EXPECT_NE(result.error().message().find("row 2"), std::string::npos);
+}
+
+TEST_F(SelectionHostTest, PickerRowIsBoundsChecked) {
+  signals_.set_workers({worker(1), worker(2)});
+  WorkerSelectionPolicy policy{config_, WorkerType::Aggregated, scorers_of(id_scorer()),
+                               std::make_unique<LowestCostPicker>(WorkerInputs::NONE, 2)};
+  auto result = select(policy);
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind(), Kind::InvalidPickerRow);
+  EXPECT_NE(result.error().message().find("row 2 of 2"), std::string::npos);
+}
+
+TEST_F(SelectionHostTest, SignalGroupsAreComputedOnlyWhenDeclared) {
+  signals_.set_workers({worker(1), worker(2)});
+  auto plain = id_policy();
+  ASSERT_TRUE(select(plain));
+  EXPECT_EQ(signals_.cache_requests(), 0);
+  EXPECT_EQ(signals_.load_requests(), 0);
+
+  WorkerSelectionPolicy with_load{
+      config_, WorkerType::Aggregated,
+      scorers_of(std::make_unique<FunctionScorer>(WorkerInputs::LOAD,
+                                                  [](const WorkerCandidate& c) {
+                                                    return PolicyResult<double>{static_cast<double>(
+                                                        c.load()->active_requests())};
+                                                  })),
+      std::make_unique<LowestCostPicker>()};
+  ASSERT_TRUE(select(with_load));
+  EXPECT_EQ(signals_.cache_requests(), 0);
+  EXPECT_EQ(signals_.load_requests(), 1);
+}
+
+TEST_F(SelectionHostTest, EachComponentSeesOnlyItsOwnGroups) {
+  signals_.set_workers({worker(1), worker(2)});
+  bool scorer_saw_cache = true;
+  bool scorer_saw_load = false;
+  bool filter_saw_load = true;
+  bool filter_saw_taint = false;
+  std::vector<std::unique_ptr<WorkerFilter>> filters;
+  filters.push_back(std::make_unique<FunctionFilter>(
+      WorkerInputs::PREFERRED_TAINT, [&](const WorkerCandidate& c) {
+        filter_saw_load = c.load() != nullptr;
+        filter_saw_taint = c.preferred_taint_multiplier().has_value();
+        return PolicyResult<bool>{true};
+      }));
+  auto picker = std::make_unique<LowestCostPicker>(WorkerInputs::CACHE);
+  auto* picker_view = picker.get();
+  WorkerSelectionPolicy policy{
+      config_, WorkerType::Aggregated, std::move(filters),
+      scorers_of(std::make_unique<FunctionScorer>(WorkerInputs::LOAD,
+                                                  [&](const WorkerCandidate& c) {
+                                                    scorer_saw_cache = c.cache() != nullptr;
+                                                    scorer_saw_load = c.load() != nullptr;
+                                                    return PolicyResult<double>{0.0};
+                                                  })),
+      std::move(picker)};
+  ASSERT_TRUE(select(policy));
+  EXPECT_FALSE(filter_saw_load);
+  EXPECT_TRUE(filter_saw_taint);
+  EXPECT_FALSE(scorer_saw_cache);
+  EXPECT_TRUE(scorer_saw_load);
+  EXPECT_TRUE(picker_view->last_view_had_cache);
+  EXPECT_FALSE(picker_view->last_view_had_load);
+}
+
+TEST_F(SelectionHostTest, LoadWithoutObservationIsUnavailableNotIdle) {
+  FakeWorker fresh = worker(1);
+  fresh.load.reset();
+  signals_.set_workers({fresh});
+  std::optional<bool> available;
+  WorkerSelectionPolicy policy{
+      config_, WorkerType::Aggregated,
+      scorers_of(std::make_unique<FunctionScorer>(WorkerInputs::LOAD,
+                                                  [&](const WorkerCandidate& c) {
+                                                    available = c.load()->is_available();
+                                                    return PolicyResult<double>{0.0};
+                                                  })),
+      std::make_unique<LowestCostPicker>()};
+  ASSERT_TRUE(select(policy));
+  EXPECT_EQ(available, false);
+}
+
+TEST_F(SelectionHostTest, ExceptionFailsOnlyThatSelection) {
+  signals_.set_workers({worker(1), worker(2)});
+  bool throw_next = true;
+  WorkerSelectionPolicy policy{config_, WorkerType::Aggregated,
+                               scorers_of(std::make_unique<FunctionScorer>(
+                                   WorkerInputs::NONE,
+                                   [&](const WorkerCandidate& c) -> PolicyResult<double> {
+                                     if (throw_next) throw std::runtime_error("boom");
+                                     return static_cast<double>(c.worker().worker_id);
+                                   })),
+                               std::make_unique<LowestCostPicker>()};
+  auto failed = select(policy);
+  ASSERT_FALSE(failed);
+  EXPECT_EQ(failed.error().kind(), Kind::Failed);
+  EXPECT_NE(failed.error().message().find("boom"), std::string::npos);
+  throw_next = false;
+  auto next = select(policy);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->worker.worker_id, 1U);
+}
+
+TEST_F(SelectionHostTest, PreferredTaintMultiplierFollowsTheFormula) {
+  const std::vector<PreferredTaint> preferred{{"gpu=h100", 0.5}, {"region=eu", 0.25}};
+  const std::vector<std::string> both{"gpu=h100", "region=eu"};
+  const std::vector<std::string> one{"gpu=h100"};
+  const std::vector<std::string> none;
+  EXPECT_DOUBLE_EQ(preferred_taint_multiplier(preferred, both), std::exp(-std::tanh(0.75)));
+  EXPECT_DOUBLE_EQ(preferred_taint_multiplier(preferred, one), std::exp(-std::tanh(0.5)));
+  EXPECT_DOUBLE_EQ(preferred_taint_multiplier(preferred, none), 1.0);
+}
+
+TEST_F(SelectionHostTest, ContextCarriesTheRequest) {
+  signals_.set_workers({worker(1)});
+  const std::vector<BlockHash> hashes{11, 22, 33, 44};
+  request_.block_hashes = hashes;
+  request_.prompt_tokens = 70;
+  config_.block_size = 16;
+  request_.affinity_target = WorkerAffinityTarget{.worker_id = 1};
+  std::size_t seen_blocks = 0;
+  std::size_t seen_hashes = 0;
+  std::optional<WorkerAffinityTarget> seen_target;
+
+  class ContextScorer final : public WorkerScorer {
+   public:
+    explicit ContextScorer(std::function<void(const WorkerSelectionContext&)> fn)
+        : fn_(std::move(fn)) {}
+    PolicyResult<double> score(const WorkerSelectionContext& context,
+                               const WorkerCandidate&) override {
+      fn_(context);
+      return 0.0;
+    }
+
+   private:
+    std::function<void(const WorkerSelectionContext&)> fn_;
+  };
+  WorkerSelectionPolicy policy{
+      config_, WorkerType::Aggregated,
+      scorers_of(std::make_unique<ContextScorer>([&](const WorkerSelectionContext& context) {
+        seen_blocks = context.request_blocks();
+        seen_hashes = context.block_hashes().size();
+        seen_target = context.affinity_target();
+      })),
+      std::make_unique<LowestCostPicker>()};
+  ASSERT_TRUE(select(policy));
+  EXPECT_EQ(seen_blocks, 5U);  // 70 tokens at 16 per block, rounded up
+  EXPECT_EQ(seen_hashes, 4U);
+  ASSERT_TRUE(seen_target);
+  EXPECT_EQ(seen_target->worker_id, 1U);
+}
+
+}  // namespace
+}  // namespace kvr::selection
