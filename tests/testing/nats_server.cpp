@@ -1,0 +1,76 @@
+#include "tests/testing/nats_server.hpp"
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+namespace kvr::testing {
+
+std::unique_ptr<NatsServer> NatsServer::start(std::string* error,
+                                              std::optional<std::uint16_t> port) {
+  std::unique_ptr<NatsServer> server{new NatsServer()};
+  server->directory_ = std::make_unique<TemporaryDirectory>();
+  if (!server->launch(port, error)) return nullptr;
+  return server;
+}
+
+NatsServer::~NatsServer() { stop(); }
+
+std::string NatsServer::url() const { return "nats://127.0.0.1:" + std::to_string(port_); }
+
+void NatsServer::stop() {
+  if (process_) {
+    process_->stop();
+    process_.reset();
+  }
+}
+
+bool NatsServer::restart(std::string* error) {
+  stop();
+  return launch(port_, error);
+}
+
+bool NatsServer::launch(std::optional<std::uint16_t> port, std::string* error) {
+  const auto& dir = directory_->path();
+  const auto ports_dir = dir / ("ports-" + std::to_string(++launches_));
+  std::filesystem::create_directories(ports_dir);
+  // -p -1 asks for a random free port; the ports file is the reliable way to learn it. A private
+  // store dir keeps parallel servers apart.
+  std::vector<std::string> argv{"nats-server",
+                                "-a",
+                                "127.0.0.1",
+                                "-p",
+                                port ? std::to_string(*port) : "-1",
+                                "--ports_file_dir",
+                                ports_dir.string(),
+                                "-sd",
+                                (dir / "store").string()};
+  process_ = ChildProcess::start(argv, dir / "nats-server.log");
+  if (!process_) {
+    if (error != nullptr) *error = "cannot start nats-server (is it installed?)";
+    return false;
+  }
+  const auto ports_file = ports_dir / ("nats-server_" + std::to_string(process_->pid()) + ".ports");
+  std::string contents;
+  const bool ready = wait_until(
+      [&] {
+        std::ifstream input{ports_file};
+        if (!input) return false;
+        std::stringstream text;
+        text << input.rdbuf();
+        contents = text.str();
+        return contents.find("nats://") != std::string::npos;
+      },
+      std::chrono::milliseconds(10'000));
+  std::smatch match;
+  static const std::regex kPort{R"(nats://127\.0\.0\.1:(\d+))"};
+  if (!ready || !std::regex_search(contents, match, kPort)) {
+    if (error != nullptr) *error = "nats-server did not come up: " + process_->log();
+    stop();
+    return false;
+  }
+  port_ = static_cast<std::uint16_t>(std::stoi(match[1].str()));
+  return true;
+}
+
+}  // namespace kvr::testing

@@ -1,0 +1,42 @@
+// A real nats-server on 127.0.0.1 with a free port, for integration tests. Stopped and its
+// files removed when the handle is destroyed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "tests/testing/child_process.hpp"
+
+namespace kvr::testing {
+
+/// One nats-server process listening on loopback only.
+class NatsServer {
+ public:
+  /// Starts a server on a free port (or on `port` when given, e.g. to restart on the same port);
+  /// nullopt, with the reason in `error`, when it does not come up within a few seconds.
+  static std::unique_ptr<NatsServer> start(std::string* error,
+                                           std::optional<std::uint16_t> port = {});
+
+  ~NatsServer();
+
+  std::uint16_t port() const { return port_; }
+  /// "nats://127.0.0.1:<port>".
+  std::string url() const;
+  /// Stops the server (SIGTERM, then SIGKILL).
+  void stop();
+  /// Starts it again on the same port after stop().
+  bool restart(std::string* error);
+  ChildProcess& process() { return *process_; }
+
+ private:
+  NatsServer() = default;
+  bool launch(std::optional<std::uint16_t> port, std::string* error);
+  std::unique_ptr<TemporaryDirectory> directory_;
+  std::optional<ChildProcess> process_;
+  std::uint16_t port_ = 0;
+  int launches_ = 0;
+};
+
+}  // namespace kvr::testing
