@@ -1,0 +1,344 @@
+#include "deploy/simulation/engine.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "messages/check.hpp"
+
+namespace kvr::simulation {
+
+std::string_view as_str(RequestError error) {
+  switch (error) {
+    case RequestError::duplicate_id:
+      return "duplicate_id";
+    case RequestError::empty_prompt:
+      return "empty_prompt";
+    case RequestError::no_output_tokens:
+      return "no_output_tokens";
+    case RequestError::too_many_block_hashes:
+      return "too_many_block_hashes";
+    case RequestError::exceeds_kv_capacity:
+      return "exceeds_kv_capacity";
+  }
+  return "unknown";
+}
+
+std::expected<Engine, EngineConfigError> Engine::create(const EngineConfig& config) {
+  if (auto valid = config.validate(); !valid) return std::unexpected(std::move(valid.error()));
+  return Engine(config);
+}
+
+Engine::Engine(const EngineConfig& config)
+    : config_(config), timing_(config.timing), pool_(config.num_gpu_blocks) {}
+
+std::expected<void, RequestError> Engine::add_request(EngineRequest request, double now_ms) {
+  if (request.prompt_tokens == 0) return std::unexpected(RequestError::empty_prompt);
+  if (request.output_tokens == 0) return std::unexpected(RequestError::no_output_tokens);
+  if (request.block_hashes.size() > request.prompt_tokens / config_.block_size) {
+    return std::unexpected(RequestError::too_many_block_hashes);
+  }
+  // The last token's KV is never computed, so a request holds at most prompt + output - 1
+  // tokens. A request that cannot fit in the whole pool would be preempted forever.
+  if (blocks_for(request.prompt_tokens + request.output_tokens - 1) > config_.num_gpu_blocks) {
+    return std::unexpected(RequestError::exceeds_kv_capacity);
+  }
+  auto [slot, inserted] = requests_.try_emplace(request.id);
+  if (!inserted) return std::unexpected(RequestError::duplicate_id);
+
+  slot->second = std::make_unique<Sequence>();
+  Sequence& sequence = *slot->second;
+  sequence.id = request.id;
+  sequence.block_hashes = std::move(request.block_hashes);
+  sequence.prompt_tokens = request.prompt_tokens;
+  sequence.output_tokens = request.output_tokens;
+  sequence.arrival_ms = now_ms;
+  sequence.blocks.reserve(blocks_for(sequence.prompt_tokens + sequence.output_tokens - 1));
+  set_pending_prefill(sequence, estimate_pending_prefill(sequence));
+  waiting_.push_back(&sequence);
+  return {};
+}
+
+bool Engine::abort_request(EngineRequestId id) {
+  const auto found = requests_.find(id);
+  if (found == requests_.end()) return false;
+  Sequence* sequence = found->second.get();
+  if (const auto running = std::ranges::find(running_, sequence); running != running_.end()) {
+    running_.erase(running);
+    release_blocks(*sequence);
+  } else {
+    waiting_.erase(std::ranges::find(waiting_, sequence));
+  }
+  set_pending_prefill(*sequence, 0);
+  requests_.erase(found);
+  return true;
+}
+
+StepResult Engine::step(double now_ms) {
+  StepResult result;
+  result.start_ms = now_ms;
+  if (!has_work()) return result;
+
+  ++step_count_;
+  scheduled_.clear();
+  preempted_this_step_ = false;
+  std::uint64_t budget = config_.max_num_batched_tokens;
+  schedule_decodes(budget, result);
+  schedule_running_prefills(budget, result);
+  // As in vLLM, a step that had to preempt admits nobody: the preempted requests are at the front
+  // of the queue and would otherwise be readmitted into the very shortage that evicted them.
+  if (!preempted_this_step_) admit_waiting(budget);
+  KVR_ASSERT(!scheduled_.empty());
+
+  for (const ScheduledWork& work : scheduled_) {
+    if (work.prefill) {
+      result.prefill_tokens += work.tokens;
+    } else {
+      ++result.decode_requests;
+    }
+  }
+  // Measured after this step's allocations: the KV the batch's attention actually reads.
+  result.kv_utilisation =
+      static_cast<double>(pool_.active_blocks()) / static_cast<double>(pool_.total_blocks());
+  result.duration_ms =
+      timing_.step_ms(result.prefill_tokens, result.decode_requests, result.kv_utilisation);
+  finish_step(result.end_ms(), result);
+  result.kv_events = pool_.take_events();
+  return result;
+}
+
+EngineLoad Engine::load() const {
+  EngineLoad load;
+  load.active_requests = running_.size();
+  load.waiting_requests = waiting_.size();
+  load.active_decode_blocks = pool_.active_blocks();
+  load.active_prefill_tokens = pending_prefill_tokens_;
+  load.kv_blocks_used = pool_.active_blocks() + pool_.cached_blocks();
+  load.total_blocks = pool_.total_blocks();
+  return load;
+}
+
+std::uint64_t Engine::cached_prefix_tokens(std::span<const BlockHash> block_hashes) const {
+  if (!config_.enable_prefix_caching) return 0;
+  return pool_.match_prefix(block_hashes).blocks * config_.block_size;
+}
+
+ResetResult Engine::reset() {
+  ResetResult result;
+  result.aborted.reserve(running_.size() + waiting_.size());
+  for (const Sequence* sequence : running_) result.aborted.push_back(sequence->id);
+  for (const Sequence* sequence : waiting_) result.aborted.push_back(sequence->id);
+  running_.clear();
+  waiting_.clear();
+  requests_.clear();
+  pending_prefill_tokens_ = 0;
+  pool_.clear();
+  result.kv_events = pool_.take_events();
+  return result;
+}
+
+std::uint64_t Engine::blocks_for(std::uint64_t tokens) const {
+  return (tokens + config_.block_size - 1) / config_.block_size;
+}
+
+std::size_t Engine::max_reusable_blocks(const Sequence& sequence) const {
+  if (!config_.enable_prefix_caching) return 0;
+  // At least one token must be computed to produce the next token, so a fully cached prompt
+  // still recomputes its last block (vLLM does the same).
+  const std::uint64_t limit = (sequence.total_tokens() - 1) / config_.block_size;
+  return static_cast<std::size_t>(std::min<std::uint64_t>(sequence.block_hashes.size(), limit));
+}
+
+std::uint64_t Engine::estimate_pending_prefill(const Sequence& sequence) const {
+  const std::span<const BlockHash> reusable(sequence.block_hashes.data(),
+                                            max_reusable_blocks(sequence));
+  return sequence.total_tokens() - pool_.match_prefix(reusable).blocks * config_.block_size;
+}
+
+void Engine::set_pending_prefill(Sequence& sequence, std::uint64_t tokens) {
+  pending_prefill_tokens_ = pending_prefill_tokens_ - sequence.pending_prefill_tokens + tokens;
+  sequence.pending_prefill_tokens = tokens;
+}
+
+void Engine::schedule(Sequence& sequence, std::uint64_t tokens, bool prefill) {
+  sequence.scheduled_in_step = step_count_;
+  scheduled_.push_back(ScheduledWork{&sequence, tokens, prefill});
+}
+
+void Engine::schedule_decodes(std::uint64_t& budget, StepResult& result) {
+  for (std::size_t index = 0; index < running_.size() && budget > 0; ++index) {
+    Sequence& sequence = *running_[index];
+    if (sequence.prefilling) continue;
+    // Without a slot the request preempted itself; it was the newest, so nothing follows it.
+    if (!reserve_slots(index, 1, result)) break;
+    schedule(sequence, 1, false);
+    --budget;
+  }
+}
+
+void Engine::schedule_running_prefills(std::uint64_t& budget, StepResult& result) {
+  for (std::size_t index = 0; index < running_.size() && budget > 0; ++index) {
+    Sequence& sequence = *running_[index];
+    if (!sequence.prefilling) continue;
+    const std::uint64_t wanted =
+        std::min(sequence.total_tokens() - sequence.computed_tokens, budget);
+    // A prefilling request never preempts itself, so a value is always returned.
+    const std::uint64_t granted = reserve_slots(index, wanted, result).value_or(0);
+    if (granted == 0) continue;
+    schedule(sequence, granted, true);
+    budget -= granted;
+  }
+}
+
+void Engine::admit_waiting(std::uint64_t& budget) {
+  while (budget > 0 && !waiting_.empty() && running_.size() < config_.max_num_seqs) {
+    Sequence& sequence = *waiting_.front();
+    const std::span<const BlockHash> reusable(sequence.block_hashes.data(),
+                                              max_reusable_blocks(sequence));
+    const PrefixMatch match = pool_.match_prefix(reusable);
+    const std::uint64_t cached_tokens = match.blocks * config_.block_size;
+    const std::uint64_t wanted = std::min(sequence.total_tokens() - cached_tokens, budget);
+    const std::uint64_t new_blocks = blocks_for(cached_tokens + wanted) - match.blocks;
+    // Reused blocks that are cached now stop being evictable once acquired, so they do not count
+    // towards the room for new blocks. Admission never preempts: first come, first served.
+    if (pool_.available_blocks() - match.unreferenced < new_blocks) break;
+    waiting_.pop_front();
+
+    for (std::size_t block = 0; block < match.blocks; ++block) {
+      sequence.blocks.push_back(pool_.acquire(sequence.block_hashes[block]));
+    }
+    for (std::uint64_t block = 0; block < new_blocks; ++block) {
+      const std::optional<BlockIndex> allocated = pool_.allocate();
+      KVR_ASSERT(allocated.has_value());
+      sequence.blocks.push_back(*allocated);
+    }
+    sequence.computed_tokens = cached_tokens;
+    sequence.committed_blocks = match.blocks;
+    sequence.prefilling = true;
+    if (!sequence.admitted_before) {
+      sequence.admitted_before = true;
+      sequence.cached_prompt_tokens = cached_tokens;
+    }
+    set_pending_prefill(sequence, sequence.total_tokens() - cached_tokens);
+    running_.push_back(&sequence);
+    schedule(sequence, wanted, true);
+    budget -= wanted;
+  }
+}
+
+std::optional<std::uint64_t> Engine::reserve_slots(std::size_t running_index, std::uint64_t wanted,
+                                                   StepResult& result) {
+  Sequence& sequence = *running_[running_index];
+  const std::uint64_t needed_blocks = blocks_for(sequence.computed_tokens + wanted);
+  while (sequence.blocks.size() < needed_blocks) {
+    if (const std::optional<BlockIndex> block = pool_.allocate()) {
+      sequence.blocks.push_back(*block);
+      continue;
+    }
+    if (const std::optional<std::size_t> victim = newest_unscheduled_after(running_index)) {
+      preempt(*victim, result);
+      continue;
+    }
+    if (!sequence.prefilling) {
+      // A decode is the newest request without a slot: vLLM preempts it rather than stall.
+      preempt(running_index, result);
+      return std::nullopt;
+    }
+    // A prefill chunk shrinks to the blocks it holds; the decodes around it will free more.
+    break;
+  }
+  const std::uint64_t capacity = sequence.blocks.size() * std::uint64_t{config_.block_size};
+  return std::min(wanted, capacity - sequence.computed_tokens);
+}
+
+std::optional<std::size_t> Engine::newest_unscheduled_after(std::size_t running_index) const {
+  // Victims are newer than the request that needs room (lower priority, as in vLLM) and not yet
+  // part of this step, so no scheduled work has to be undone.
+  for (std::size_t index = running_.size(); index > running_index + 1; --index) {
+    if (running_[index - 1]->scheduled_in_step != step_count_) return index - 1;
+  }
+  return std::nullopt;
+}
+
+void Engine::preempt(std::size_t running_index, StepResult& result) {
+  Sequence* sequence = running_[running_index];
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(running_index));
+  release_blocks(*sequence);
+  sequence->computed_tokens = 0;
+  sequence->committed_blocks = 0;
+  sequence->prefilling = true;
+  ++sequence->preemptions;
+  // Estimated after the release: the hashed blocks just freed are cached and likely reused.
+  set_pending_prefill(*sequence, estimate_pending_prefill(*sequence));
+  waiting_.push_front(sequence);
+  result.preempted.push_back(sequence->id);
+  preempted_this_step_ = true;
+}
+
+void Engine::release_blocks(Sequence& sequence) {
+  // Tail first: the LRU then evicts a prompt's last blocks before its first ones, which other
+  // prompts are more likely to share.
+  for (auto block = sequence.blocks.rbegin(); block != sequence.blocks.rend(); ++block) {
+    pool_.release(*block);
+  }
+  sequence.blocks.clear();
+}
+
+void Engine::commit_full_blocks(Sequence& sequence) {
+  if (!config_.enable_prefix_caching) return;
+  const std::size_t full_blocks = static_cast<std::size_t>(std::min<std::uint64_t>(
+      sequence.computed_tokens / config_.block_size, sequence.block_hashes.size()));
+  for (; sequence.committed_blocks < full_blocks; ++sequence.committed_blocks) {
+    const std::size_t block = sequence.committed_blocks;
+    const std::optional<BlockHash> parent =
+        block == 0 ? std::nullopt : std::optional(sequence.block_hashes[block - 1]);
+    pool_.commit(sequence.blocks[block], sequence.block_hashes[block], parent);
+  }
+}
+
+void Engine::finish_step(double end_ms, StepResult& result) {
+  bool any_finished = false;
+  for (const ScheduledWork& work : scheduled_) {
+    Sequence& sequence = *work.sequence;
+    sequence.computed_tokens += work.tokens;
+    if (work.prefill) {
+      // Blocks become reusable only once computed, so requests admitted in this same step could
+      // not have matched them (vLLM caches blocks after the forward pass too).
+      commit_full_blocks(sequence);
+      set_pending_prefill(sequence, sequence.total_tokens() - sequence.computed_tokens);
+    }
+    if (sequence.computed_tokens < sequence.total_tokens()) continue;  // more prefill chunks
+
+    ++sequence.generated_tokens;
+    sequence.prefilling = false;
+    if (sequence.generated_tokens == 1) {
+      sequence.first_token_ms = end_ms;
+      result.first_tokens.push_back(FirstToken{sequence.id, end_ms, sequence.cached_prompt_tokens});
+    } else {
+      sequence.max_inter_token_ms =
+          std::max(sequence.max_inter_token_ms, end_ms - sequence.last_token_ms);
+      result.next_tokens.push_back(sequence.id);
+    }
+    sequence.last_token_ms = end_ms;
+    if (sequence.generated_tokens < sequence.output_tokens) continue;
+
+    release_blocks(sequence);
+    sequence.finished = true;
+    any_finished = true;
+    result.completions.push_back(RequestStats{
+        .id = sequence.id,
+        .arrival_ms = sequence.arrival_ms,
+        .first_token_ms = sequence.first_token_ms,
+        .completion_ms = end_ms,
+        .prompt_tokens = sequence.prompt_tokens,
+        .cached_prompt_tokens = sequence.cached_prompt_tokens,
+        .output_tokens = sequence.generated_tokens,
+        .max_inter_token_ms = sequence.max_inter_token_ms,
+        .preemptions = sequence.preemptions,
+    });
+  }
+  if (!any_finished) return;
+  std::erase_if(running_, [](const Sequence* sequence) { return sequence->finished; });
+  for (const RequestStats& completed : result.completions) requests_.erase(completed.id);
+}
+
+}  // namespace kvr::simulation

@@ -1,0 +1,166 @@
+#include "deploy/simulation/replay_report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace kvr::simulation {
+namespace {
+
+double percentile(const std::vector<double>& sorted, double fraction) {
+  if (sorted.empty()) return 0;
+  // Nearest rank: the smallest value with at least `fraction` of the values at or below it.
+  const auto rank =
+      static_cast<std::size_t>(std::ceil(fraction * static_cast<double>(sorted.size())));
+  return sorted[std::clamp<std::size_t>(rank, 1, sorted.size()) - 1];
+}
+
+// Rounds to a fixed number of decimals so that JSON output is byte-stable across platforms.
+double rounded(double value, int decimals = 6) {
+  const double scale = std::pow(10.0, decimals);
+  return std::round(value * scale) / scale;
+}
+
+nlohmann::ordered_json latency_json(const LatencySummary& summary) {
+  nlohmann::ordered_json json;
+  json["max"] = rounded(summary.max);
+  json["mean"] = rounded(summary.mean);
+  json["p50"] = rounded(summary.p50);
+  json["p90"] = rounded(summary.p90);
+  json["p99"] = rounded(summary.p99);
+  return json;
+}
+
+}  // namespace
+
+LatencySummary summarize(std::vector<double> values) {
+  LatencySummary summary;
+  if (values.empty()) return summary;
+  std::ranges::sort(values);
+  summary.mean =
+      std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
+  summary.p50 = percentile(values, 0.50);
+  summary.p90 = percentile(values, 0.90);
+  summary.p99 = percentile(values, 0.99);
+  summary.max = values.back();
+  return summary;
+}
+
+PolicyReport make_policy_report(std::string policy, std::size_t requests,
+                                const std::vector<ReplayRequestOutcome>& outcomes,
+                                std::size_t workers) {
+  PolicyReport report;
+  report.policy = std::move(policy);
+  report.requests = requests;
+  report.completed = outcomes.size();
+  report.failed = requests - std::min(requests, outcomes.size());
+  std::vector<double> ttft;
+  std::vector<double> itl;
+  std::vector<double> e2e;
+  ttft.reserve(outcomes.size());
+  e2e.reserve(outcomes.size());
+  std::uint64_t prompt_tokens = 0;
+  std::uint64_t cached_tokens = 0;
+  std::uint64_t output_tokens = 0;
+  double first_arrival = outcomes.empty() ? 0 : outcomes.front().stats.arrival_ms;
+  double last_completion = 0;
+  std::map<WorkerWithDpRank, double> served;
+  for (const auto& outcome : outcomes) {
+    const RequestStats& stats = outcome.stats;
+    ttft.push_back(stats.ttft_ms());
+    if (stats.output_tokens > 1) itl.push_back(stats.mean_inter_token_ms());
+    e2e.push_back(stats.completion_ms - stats.arrival_ms);
+    prompt_tokens += stats.prompt_tokens;
+    cached_tokens += stats.cached_prompt_tokens;
+    output_tokens += stats.output_tokens;
+    first_arrival = std::min(first_arrival, stats.arrival_ms);
+    last_completion = std::max(last_completion, stats.completion_ms);
+    served[outcome.worker] += static_cast<double>(stats.prompt_tokens + stats.output_tokens);
+  }
+  report.hit_rate = prompt_tokens == 0
+                        ? 0
+                        : static_cast<double>(cached_tokens) / static_cast<double>(prompt_tokens);
+  report.ttft_ms = summarize(std::move(ttft));
+  report.itl_ms = summarize(std::move(itl));
+  report.e2e_ms = summarize(std::move(e2e));
+  report.makespan_s = std::max(0.0, last_completion - first_arrival) / 1000.0;
+  if (report.makespan_s > 0) {
+    report.output_tokens_per_s = static_cast<double>(output_tokens) / report.makespan_s;
+    report.requests_per_s = static_cast<double>(outcomes.size()) / report.makespan_s;
+  }
+  if (workers > 0 && !served.empty()) {
+    double total = 0;
+    double largest = 0;
+    for (const auto& [worker, tokens] : served) {
+      total += tokens;
+      largest = std::max(largest, tokens);
+    }
+    const double mean = total / static_cast<double>(workers);
+    report.load_imbalance = mean > 0 ? largest / mean : 0;
+  }
+  return report;
+}
+
+std::string format_table(const ReplayReport& report) {
+  std::string table = fmt::format(
+      "trace {}: {} requests, {} workers, speedup {}, block size {}; infinite-cache hit rate "
+      "{:.3f}\n",
+      report.trace, report.requests, report.workers, report.speedup, report.block_size,
+      report.infinite_cache_hit_rate);
+  table += fmt::format(
+      "{:<26} {:>9} {:>8} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>9} {:>6}\n", "policy",
+      "completed", "hit", "ttft mean", "ttft p50", "ttft p90", "ttft p99", "itl", "e2e p50",
+      "e2e p99", "out tok/s", "imbal");
+  for (const PolicyReport& policy : report.policies) {
+    table += fmt::format(
+        "{:<26} {:>9} {:>8.3f} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>8.2f} {:>10.1f} "
+        "{:>10.1f} {:>9.0f} {:>6.2f}\n",
+        policy.policy, fmt::format("{}/{}", policy.completed, policy.requests), policy.hit_rate,
+        policy.ttft_ms.mean, policy.ttft_ms.p50, policy.ttft_ms.p90, policy.ttft_ms.p99,
+        policy.itl_ms.mean, policy.e2e_ms.p50, policy.e2e_ms.p99, policy.output_tokens_per_s,
+        policy.load_imbalance);
+  }
+  table +=
+      "(latencies in ms of simulated time; hit = prompt tokens served from cache / prompt "
+      "tokens; imbal = max/mean tokens served per worker)\n";
+  return table;
+}
+
+std::string to_json(const ReplayReport& report) {
+  nlohmann::ordered_json json;
+  json["block_size"] = report.block_size;
+  json["infinite_cache_hit_rate"] = rounded(report.infinite_cache_hit_rate);
+  json["requests"] = report.requests;
+  json["seed"] = report.seed;
+  json["speedup"] = rounded(report.speedup);
+  json["trace"] = report.trace;
+  json["workers"] = report.workers;
+  nlohmann::ordered_json policies = nlohmann::ordered_json::array();
+  for (const PolicyReport& policy : report.policies) {
+    nlohmann::ordered_json entry;
+    entry["completed"] = policy.completed;
+    entry["e2e_ms"] = latency_json(policy.e2e_ms);
+    entry["failed"] = policy.failed;
+    nlohmann::ordered_json failures = nlohmann::ordered_json::object();
+    for (const auto& [message, count] : policy.failures) failures[message] = count;
+    entry["failures"] = failures;
+    entry["hit_rate"] = rounded(policy.hit_rate);
+    entry["itl_ms"] = latency_json(policy.itl_ms);
+    entry["load_imbalance"] = rounded(policy.load_imbalance);
+    entry["makespan_s"] = rounded(policy.makespan_s);
+    entry["output_tokens_per_s"] = rounded(policy.output_tokens_per_s);
+    entry["policy"] = policy.policy;
+    entry["requests"] = policy.requests;
+    entry["requests_per_s"] = rounded(policy.requests_per_s);
+    entry["ttft_ms"] = latency_json(policy.ttft_ms);
+    policies.push_back(std::move(entry));
+  }
+  json["policies"] = std::move(policies);
+  return json.dump(2) + "\n";
+}
+
+}  // namespace kvr::simulation

@@ -1,0 +1,81 @@
+// Summaries of a trace replay: per-policy KV hit rate, latency percentiles, throughput and load
+// balance, rendered as a text table and as JSON. Used by `kvr replay` (offline and live).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "deploy/simulation/engine.hpp"
+
+namespace kvr::simulation {
+
+/// Mean and percentiles of one latency, in milliseconds.
+struct LatencySummary {
+  double mean = 0;
+  double p50 = 0;
+  double p90 = 0;
+  double p99 = 0;
+  double max = 0;
+};
+
+/// Summarises `values` (empty: all zero). Percentiles use the nearest-rank method.
+LatencySummary summarize(std::vector<double> values);
+
+/// One request's outcome in a replay, whichever way it was served.
+struct ReplayRequestOutcome {
+  std::size_t trace_index = 0;
+  WorkerWithDpRank worker;
+  RequestStats stats;
+};
+
+/// The result of one policy over one trace.
+struct PolicyReport {
+  std::string policy;
+  std::size_t requests = 0;
+  std::size_t completed = 0;
+  /// Requests the router could not place (explicit selection errors).
+  std::size_t failed = 0;
+  /// Prompt tokens served from cache / prompt tokens.
+  double hit_rate = 0;
+  LatencySummary ttft_ms;
+  /// Mean inter-token latency per request, summarised over requests.
+  LatencySummary itl_ms;
+  LatencySummary e2e_ms;
+  /// Simulated span from the first arrival to the last completion.
+  double makespan_s = 0;
+  double output_tokens_per_s = 0;
+  double requests_per_s = 0;
+  /// max / mean of prompt+output tokens served per worker (1.0 is perfectly even).
+  double load_imbalance = 0;
+  /// Selection failures by message, for diagnosis.
+  std::vector<std::pair<std::string, std::size_t>> failures;
+  /// Wall-clock seconds the replay of this policy took (not part of the JSON: it varies).
+  double wall_seconds = 0;
+};
+
+/// Builds a report from outcomes; `workers` is the fleet size, for the imbalance figure.
+PolicyReport make_policy_report(std::string policy, std::size_t requests,
+                                const std::vector<ReplayRequestOutcome>& outcomes,
+                                std::size_t workers);
+
+/// Everything one replay run produced.
+struct ReplayReport {
+  std::string trace;
+  std::size_t requests = 0;
+  std::size_t workers = 0;
+  double speedup = 1;
+  std::uint64_t seed = 0;
+  std::uint32_t block_size = 0;
+  /// The hit rate of one infinite shared cache: an upper bound for any router.
+  double infinite_cache_hit_rate = 0;
+  std::vector<PolicyReport> policies;
+};
+
+/// A fixed-width table with one row per policy.
+std::string format_table(const ReplayReport& report);
+
+/// Deterministic JSON (keys sorted, fixed float formatting): equal inputs give equal bytes.
+std::string to_json(const ReplayReport& report);
+
+}  // namespace kvr::simulation
