@@ -15,11 +15,12 @@
 #include <string_view>
 #include <vector>
 
+#include "classifiers/plugin_parameters.hpp"
 #include "messages/ids.hpp"
+#include "messages/session_context.hpp"
 #include "selection/router_config.hpp"
 
 namespace kvr::selection {
-class ParameterSource;
 class SelectionHost;
 struct SelectionRequest;
 }  // namespace kvr::selection
@@ -28,6 +29,8 @@ namespace kvr::plugins::worker_selection {
 
 using kvr::as_str;
 using kvr::DpRank;
+using kvr::InputTrigger;
+using kvr::SessionContext;
 using kvr::WorkerId;
 using kvr::WorkerType;
 using kvr::WorkerWithDpRank;
@@ -194,35 +197,6 @@ class WorkerInputView {
   std::optional<std::span<const WorkerLoadInput>> load_;
 };
 
-/// What started a session turn.
-enum class InputTrigger { UserMessage, ToolResult, Other };
-
-/// Session metadata a request carried.
-class SessionContext {
- public:
-  SessionContext(std::string session_id, std::optional<std::string> parent_session_id,
-                 std::optional<bool> session_final, std::optional<InputTrigger> input_trigger)
-      : session_id_(std::move(session_id)),
-        parent_session_id_(std::move(parent_session_id)),
-        session_final_(session_final),
-        input_trigger_(input_trigger) {}
-
-  std::string_view session_id() const { return session_id_; }
-  std::optional<std::string_view> parent_session_id() const {
-    if (!parent_session_id_) return std::nullopt;
-    return std::string_view{*parent_session_id_};
-  }
-  /// True: the session ends with this request.
-  std::optional<bool> session_final() const { return session_final_; }
-  std::optional<InputTrigger> input_trigger() const { return input_trigger_; }
-
- private:
-  std::string session_id_;
-  std::optional<std::string> parent_session_id_;
-  std::optional<bool> session_final_;
-  std::optional<InputTrigger> input_trigger_;
-};
-
 /// The request being routed and where; always available to every component.
 class WorkerSelectionContext {
  public:
@@ -356,39 +330,24 @@ class WorkerSelectionPolicyProviderError {
   std::string message_;
 };
 
-/// Reads one instance's `parameters` mapping strictly. T is bool, an integer type, double,
-/// std::string, or a std::vector of those.
-class ParameterReader {
- public:
-  explicit ParameterReader(std::shared_ptr<const selection::ParameterSource> source);
-  ~ParameterReader();
-  ParameterReader(ParameterReader&&) noexcept;
-  ParameterReader& operator=(ParameterReader&&) noexcept;
-
-  /// The value at `key`; an error names the key when it is missing or of the wrong type.
-  template <class T>
-  std::expected<T, WorkerSelectionPolicyProviderError> required(std::string_view key);
-  /// The value at `key`, or `fallback` when absent; an error when present with the wrong type.
-  template <class T>
-  std::expected<T, WorkerSelectionPolicyProviderError> optional(std::string_view key, T fallback);
-  /// Fails naming every key that no required()/optional() call read (misspellings stop startup).
-  std::expected<void, WorkerSelectionPolicyProviderError> finish() const;
-
- private:
-  std::shared_ptr<const selection::ParameterSource> source_;
-  std::vector<std::string> read_keys_;
-};
+/// Reads one instance's `parameters` mapping strictly: required<T>(key), optional<T>(key,
+/// fallback), or optional<T>(key) for a std::optional; then finish() rejects keys nobody read. T is
+/// bool, std::int32_t, std::int64_t, std::uint32_t, std::uint64_t, double, std::string, or a
+/// std::vector of one of those (classifiers/plugin_parameters.hpp).
+using ParameterReader = plugins::BasicParameterReader<WorkerSelectionPolicyProviderError>;
 
 /// The instance's YAML `parameters` mapping (may be absent: then every key is absent).
 class WorkerSelectionPolicyParameters {
  public:
+  /// A null `source` means no parameters.
   explicit WorkerSelectionPolicyParameters(
-      std::shared_ptr<const selection::ParameterSource> source);
+      std::shared_ptr<const classifiers::ParameterSource> source)
+      : source_(std::move(source)) {}
   /// A fresh strict reader over the mapping.
-  ParameterReader reader() const;
+  ParameterReader reader() const { return ParameterReader{source_}; }
 
  private:
-  std::shared_ptr<const selection::ParameterSource> source_;
+  std::shared_ptr<const classifiers::ParameterSource> source_;
 };
 
 using WorkerSelectionPolicyFactory =

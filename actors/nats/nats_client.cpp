@@ -150,6 +150,9 @@ std::expected<std::unique_ptr<NatsClient>, std::string> NatsClient::connect(
     set = check(natsOptions_SetMaxPendingMsgs(opts.get(), options.max_pending_messages),
                 "invalid max pending messages");
   }
+  if (set && options.use_global_message_delivery) {
+    set = check(natsOptions_UseGlobalMessageDelivery(opts.get(), true), "global delivery");
+  }
   if (set && options.retry_on_failed_connect) {
     set = check(natsOptions_SetRetryOnFailedConnect(opts.get(), true, nullptr, nullptr),
                 "cannot retry on failed connect");

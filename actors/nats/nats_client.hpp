@@ -45,6 +45,9 @@ struct NatsOptions {
   bool send_asap = true;
   /// Pending-message limits per subscription before messages are dropped as a slow consumer.
   int max_pending_messages = 65536;
+  /// Deliver every subscription's messages on a shared thread pool instead of one thread per
+  /// subscription; for processes with many subscriptions.
+  bool use_global_message_delivery = false;
 };
 
 /// A received message. Owns copies of its subject, reply and payload.

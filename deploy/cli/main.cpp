@@ -1,0 +1,18 @@
+// The kvr command: one executable, one subcommand per job (mocker, replay, ...).
+#include <CLI/CLI.hpp>
+
+#include "deploy/cli/mocker_command.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvr: a KV-cache-aware request router for LLM inference fleets"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "kvr 0.1.0");
+  int exit_code = 0;
+  kvr::cli::add_mocker_command(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error);
+  }
+  return exit_code;
+}

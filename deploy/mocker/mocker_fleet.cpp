@@ -1,0 +1,553 @@
+#include "deploy/mocker/mocker_fleet.hpp"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <random>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/container/flat_hash_map.h"
+#include "deploy/simulation/engine.hpp"
+#include "discovery/block_hash.hpp"
+#include "kvr/v1/kv_events.pb.h"
+#include "kvr/v1/routing.pb.h"
+#include "kvr/v1/worker.pb.h"
+#include "messages/kv_event_codec.hpp"
+#include "messages/subjects.hpp"
+
+namespace kvr::mocker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using simulation::Engine;
+using simulation::EngineRequest;
+using simulation::EngineRequestId;
+using simulation::StepResult;
+
+// Hard bounds on what one generate request may ask for; beyond them it is rejected as absurd.
+constexpr std::size_t kMaxPromptTokens = 1 << 22;
+constexpr std::uint32_t kMaxOutputTokens = 1 << 20;
+
+v1::WorkerRole to_wire(WorkerType type) {
+  switch (type) {
+    case WorkerType::Aggregated:
+      return v1::WORKER_ROLE_AGGREGATED;
+    case WorkerType::Prefill:
+      return v1::WORKER_ROLE_PREFILL;
+    case WorkerType::Decode:
+      return v1::WORKER_ROLE_DECODE;
+    case WorkerType::Encode:
+      return v1::WORKER_ROLE_ENCODE;
+  }
+  return v1::WORKER_ROLE_UNSPECIFIED;
+}
+
+std::uint64_t unix_ms() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count());
+}
+
+// What a NATS callback hands to the fleet thread.
+enum class InboxKind : std::uint8_t { Generate, Cancel, Dump, Discover };
+
+struct InboxItem {
+  InboxKind kind;
+  WorkerId worker = 0;
+  actors::nats::NatsMessage message;
+};
+
+struct RankState {
+  Engine engine;
+  EventId next_event_id = 1;
+  // A step runs from its start to step_end_ms; its tokens appear (are published) at the end.
+  std::optional<StepResult> in_flight;
+};
+
+struct WorkerState {
+  WorkerId id = 0;
+  Incarnation incarnation = 0;
+  std::vector<RankState> ranks;
+  std::vector<actors::nats::NatsSubscription> subscriptions;
+};
+
+// A generation being streamed back to its caller.
+struct Stream {
+  std::string request_id;
+  std::string stream_subject;
+  WorkerId worker = 0;
+  DpRank rank = 0;
+  std::uint32_t next_index = 0;
+  std::uint64_t cached_prompt_tokens = 0;
+};
+
+}  // namespace
+
+std::expected<void, std::string> MockerOptions::validate() const {
+  if (!subjects::is_valid_namespace(ns)) {
+    return std::unexpected("--namespace must be non-empty and use only [A-Za-z0-9_-]");
+  }
+  if (workers == 0 || workers > 4096) return std::unexpected("--workers must be in [1, 4096]");
+  if (data_parallel_size == 0 || data_parallel_size > 64) {
+    return std::unexpected("--data-parallel-size must be in [1, 64]");
+  }
+  if (model.empty()) return std::unexpected("--model must not be empty");
+  if (lease_ttl < std::chrono::milliseconds(100)) {
+    return std::unexpected("--lease-ttl-ms must be at least 100");
+  }
+  if (load_interval < std::chrono::milliseconds(1)) {
+    return std::unexpected("--load-interval-ms must be at least 1");
+  }
+  if (auto valid = engine.validate(); !valid) return std::unexpected(valid.error().message());
+  return {};
+}
+
+struct MockerFleet::State {
+  MockerOptions options;
+  std::unique_ptr<actors::nats::NatsClient> nats;
+  std::vector<WorkerState> workers;
+  absl::flat_hash_map<WorkerId, std::size_t> worker_index;
+  std::optional<actors::nats::NatsSubscription> discover_subscription;
+
+  std::mutex inbox_mutex;
+  std::condition_variable inbox_signal;
+  std::deque<InboxItem> inbox;
+
+  absl::flat_hash_map<EngineRequestId, Stream> streams;
+  // (worker, caller's request id) → engine request id, for cancellation.
+  absl::flat_hash_map<std::pair<WorkerId, std::string>, EngineRequestId> by_request_id;
+  EngineRequestId next_request_id = 1;
+  Clock::time_point start = Clock::now();
+  MockerStats stats;
+
+  double now_ms() const {
+    return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  }
+
+  void enqueue(InboxKind kind, WorkerId worker, actors::nats::NatsMessage message) {
+    {
+      std::lock_guard lock{inbox_mutex};
+      inbox.push_back(InboxItem{kind, worker, std::move(message)});
+    }
+    inbox_signal.notify_one();
+  }
+
+  void publish(const std::string& subject, const google::protobuf::MessageLite& message) {
+    if (auto sent = nats->publish(subject, message.SerializeAsString()); !sent) {
+      spdlog::warn("mocker: {}", sent.error());
+    }
+  }
+
+  void publish_registration(const WorkerState& worker) {
+    v1::WorkerRegistration registration;
+    registration.set_worker_id(worker.id);
+    registration.set_incarnation(worker.incarnation);
+    registration.set_model(options.model);
+    registration.set_role(to_wire(options.role));
+    registration.set_routing_group(options.routing_group);
+    registration.set_block_size(options.engine.block_size);
+    registration.set_total_kv_blocks(options.engine.num_gpu_blocks);
+    registration.set_data_parallel_size(options.data_parallel_size);
+    for (const auto& taint : options.taints) registration.add_taints(taint);
+    registration.set_max_num_batched_tokens(options.engine.max_num_batched_tokens);
+    registration.set_max_num_seqs(options.engine.max_num_seqs);
+    registration.set_publishes_kv_events(options.publish_kv_events);
+    registration.set_lease_ttl_ms(static_cast<std::uint32_t>(options.lease_ttl.count()));
+    registration.set_generate_subject(subjects::worker_generate(options.ns, worker.id));
+    registration.set_dump_subject(subjects::worker_dump(options.ns, worker.id));
+    publish(subjects::worker_register(options.ns), registration);
+  }
+
+  void publish_heartbeats() {
+    for (const WorkerState& worker : workers) {
+      v1::WorkerHeartbeat heartbeat;
+      heartbeat.set_worker_id(worker.id);
+      heartbeat.set_incarnation(worker.incarnation);
+      heartbeat.set_sent_at_unix_ms(unix_ms());
+      publish(subjects::worker_heartbeat(options.ns), heartbeat);
+    }
+  }
+
+  void publish_load() {
+    for (const WorkerState& worker : workers) {
+      v1::LoadMetrics metrics;
+      metrics.set_worker_id(worker.id);
+      metrics.set_incarnation(worker.incarnation);
+      metrics.set_sent_at_unix_ms(unix_ms());
+      for (std::size_t rank = 0; rank < worker.ranks.size(); ++rank) {
+        const auto load = worker.ranks[rank].engine.load();
+        v1::RankLoad* wire = metrics.add_ranks();
+        wire->set_dp_rank(static_cast<std::uint32_t>(rank));
+        wire->set_active_requests(
+            static_cast<std::uint32_t>(load.active_requests + load.waiting_requests));
+        wire->set_waiting_requests(static_cast<std::uint32_t>(load.waiting_requests));
+        wire->set_active_decode_blocks(load.active_decode_blocks);
+        wire->set_active_prefill_tokens(load.active_prefill_tokens);
+        wire->set_kv_blocks_used(load.kv_blocks_used);
+      }
+      publish(subjects::worker_load(options.ns), metrics);
+    }
+  }
+
+  void publish_deregistrations() {
+    for (const WorkerState& worker : workers) {
+      v1::WorkerDeregistration deregistration;
+      deregistration.set_worker_id(worker.id);
+      deregistration.set_incarnation(worker.incarnation);
+      deregistration.set_reason("mocker shutting down");
+      publish(subjects::worker_deregister(options.ns), deregistration);
+    }
+  }
+
+  void publish_kv_events(WorkerState& worker, DpRank rank, std::vector<KvEvent>& events) {
+    if (events.empty() || !options.publish_kv_events) {
+      events.clear();
+      return;
+    }
+    RankState& state = worker.ranks[rank];
+    KvEventBatch batch{.worker = {worker.id, rank},
+                       .incarnation = worker.incarnation,
+                       .event_id = state.next_event_id++,
+                       .events = std::move(events)};
+    events.clear();
+    publish(subjects::kv_events(options.ns, worker.id), encode_kv_event_batch(batch));
+    ++stats.kv_event_batches;
+  }
+
+  void publish_chunk(const Stream& stream, std::uint32_t index, std::vector<std::uint32_t> tokens,
+                     bool finished, std::string_view finish_reason,
+                     const v1::RouteError* error = nullptr) {
+    v1::GenerateChunk chunk;
+    chunk.set_request_id(stream.request_id);
+    chunk.set_index(index);
+    for (std::uint32_t token : tokens) chunk.add_token_ids(token);
+    chunk.set_worker_id(stream.worker);
+    chunk.set_dp_rank(stream.rank);
+    if (index == 0)
+      chunk.set_cached_prompt_tokens(static_cast<std::uint32_t>(stream.cached_prompt_tokens));
+    chunk.set_finished(finished);
+    chunk.set_finish_reason(std::string{finish_reason});
+    if (error != nullptr) *chunk.mutable_error() = *error;
+    publish(stream.stream_subject, chunk);
+  }
+
+  void reject_generate(const std::string& stream_subject, const std::string& request_id,
+                       WorkerId worker, std::string_view reason) {
+    ++stats.rejected_requests;
+    spdlog::warn("mocker: worker {} rejects generate '{}': {}", worker, request_id, reason);
+    if (stream_subject.empty()) return;
+    v1::RouteError error;
+    error.set_code(v1::ROUTE_ERROR_INVALID_REQUEST);
+    error.set_message(std::string{reason});
+    publish_chunk(
+        Stream{.request_id = request_id, .stream_subject = stream_subject, .worker = worker}, 0, {},
+        true, "error", &error);
+  }
+
+  void handle_generate(WorkerState& worker, const actors::nats::NatsMessage& message) {
+    v1::GenerateRequest request;
+    if (!request.ParseFromString(message.data)) {
+      ++stats.bad_messages;
+      spdlog::warn("mocker: worker {} dropped a malformed GenerateRequest", worker.id);
+      return;
+    }
+    ++stats.generate_requests;
+    const auto& route = request.route();
+    const std::string& stream_subject = request.stream_subject();
+    if (stream_subject.empty()) {
+      reject_generate({}, route.request_id(), worker.id, "stream_subject is empty");
+      return;
+    }
+    if (request.dp_rank() >= worker.ranks.size()) {
+      reject_generate(stream_subject, route.request_id(), worker.id, "dp_rank out of range");
+      return;
+    }
+    std::uint32_t output_tokens = request.max_output_tokens();
+    if (output_tokens == 0 && route.has_expected_output_tokens()) {
+      output_tokens = route.expected_output_tokens();
+    }
+    if (output_tokens == 0 || output_tokens > kMaxOutputTokens) {
+      reject_generate(stream_subject, route.request_id(), worker.id,
+                      "max_output_tokens must be in [1, 1048576]");
+      return;
+    }
+    EngineRequest engine_request{.id = next_request_id, .output_tokens = output_tokens};
+    if (route.has_tokens()) {
+      const auto& ids = route.tokens().ids();
+      if (ids.empty() || static_cast<std::size_t>(ids.size()) > kMaxPromptTokens) {
+        reject_generate(stream_subject, route.request_id(), worker.id, "prompt is empty or absurd");
+        return;
+      }
+      const discovery::BlockHasher hasher{options.engine.block_size, route.cache_namespace()};
+      engine_request.block_hashes = hasher.sequence_hashes(
+          std::span<const std::uint32_t>{ids.data(), static_cast<std::size_t>(ids.size())});
+      engine_request.prompt_tokens = static_cast<std::uint64_t>(ids.size());
+    } else if (route.has_block_hashes()) {
+      const auto& hashes = route.block_hashes();
+      engine_request.prompt_tokens = hashes.prompt_tokens();
+      engine_request.block_hashes.assign(hashes.hashes().begin(), hashes.hashes().end());
+      if (engine_request.prompt_tokens == 0 || engine_request.prompt_tokens > kMaxPromptTokens) {
+        reject_generate(stream_subject, route.request_id(), worker.id,
+                        "prompt_tokens is 0 or absurd");
+        return;
+      }
+    } else {
+      reject_generate(stream_subject, route.request_id(), worker.id, "the request has no prompt");
+      return;
+    }
+    const auto key = std::make_pair(worker.id, route.request_id());
+    if (by_request_id.contains(key)) {
+      reject_generate(stream_subject, route.request_id(), worker.id, "duplicate request id");
+      return;
+    }
+    RankState& rank = worker.ranks[request.dp_rank()];
+    if (auto added = rank.engine.add_request(std::move(engine_request), now_ms()); !added) {
+      reject_generate(stream_subject, route.request_id(), worker.id,
+                      simulation::as_str(added.error()));
+      return;
+    }
+    streams.emplace(next_request_id, Stream{.request_id = route.request_id(),
+                                            .stream_subject = stream_subject,
+                                            .worker = worker.id,
+                                            .rank = request.dp_rank()});
+    by_request_id.emplace(key, next_request_id);
+    ++next_request_id;
+  }
+
+  void handle_cancel(WorkerState& worker, const actors::nats::NatsMessage& message) {
+    v1::GenerateCancel cancel;
+    if (!cancel.ParseFromString(message.data)) {
+      ++stats.bad_messages;
+      spdlog::warn("mocker: worker {} dropped a malformed GenerateCancel", worker.id);
+      return;
+    }
+    auto found = by_request_id.find(std::make_pair(worker.id, cancel.request_id()));
+    if (found == by_request_id.end()) return;  // already finished: nothing to cancel
+    const EngineRequestId id = found->second;
+    by_request_id.erase(found);
+    auto stream = streams.extract(id);
+    if (stream.empty()) return;
+    worker.ranks[stream.mapped().rank].engine.abort_request(id);
+    publish_chunk(stream.mapped(), stream.mapped().next_index, {}, true, "cancelled");
+    ++stats.cancelled_requests;
+  }
+
+  void handle_dump(WorkerState& worker, const actors::nats::NatsMessage& message) {
+    v1::KvDumpRequest request;
+    if (!request.ParseFromString(message.data) || message.reply.empty() ||
+        request.dp_rank() >= worker.ranks.size()) {
+      ++stats.bad_messages;
+      spdlog::warn("mocker: worker {} dropped a malformed KvDumpRequest", worker.id);
+      return;
+    }
+    const DpRank rank_id = request.dp_rank();
+    RankState& rank = worker.ranks[rank_id];
+    // The running step already changed the pool: announce its events before the dump so that
+    // last_event_id covers everything the dump contains.
+    if (rank.in_flight) publish_kv_events(worker, rank_id, rank.in_flight->kv_events);
+    KvDump dump{.worker = {worker.id, rank_id},
+                .incarnation = worker.incarnation,
+                .last_event_id = rank.next_event_id - 1,
+                .stored = rank.engine.dump()};
+    if (auto sent = nats->publish(message.reply, encode_kv_dump(dump).SerializeAsString()); !sent) {
+      spdlog::warn("mocker: {}", sent.error());
+    }
+    ++stats.dumps_served;
+  }
+
+  std::uint32_t token_for(EngineRequestId id, std::uint32_t index) const {
+    // Synthetic output tokens; deterministic so streams are reproducible.
+    return static_cast<std::uint32_t>((id * 7919 + index) % 32000);
+  }
+
+  // Publishes what a finished step produced.
+  void deliver(WorkerState& worker, DpRank rank_id, StepResult& result) {
+    publish_kv_events(worker, rank_id, result.kv_events);
+    absl::flat_hash_map<EngineRequestId, bool> finished;
+    for (const auto& done : result.completions) finished[done.id] = true;
+    auto emit = [&](EngineRequestId id, std::optional<std::uint64_t> cached) {
+      auto stream = streams.find(id);
+      if (stream == streams.end()) return;  // cancelled while the step ran
+      if (cached) stream->second.cached_prompt_tokens = *cached;
+      const std::uint32_t index = stream->second.next_index++;
+      const bool last = finished.contains(id);
+      publish_chunk(stream->second, index, {token_for(id, index)}, last, last ? "length" : "");
+      if (last) {
+        by_request_id.erase(std::make_pair(worker.id, stream->second.request_id));
+        streams.erase(stream);
+        ++stats.completed_requests;
+      }
+    };
+    for (const auto& first : result.first_tokens) emit(first.id, first.cached_prompt_tokens);
+    for (EngineRequestId id : result.next_tokens) emit(id, std::nullopt);
+  }
+
+  // Advances every engine to `now`; returns when the next step ends (or nullopt when idle).
+  std::optional<double> advance(double now) {
+    std::optional<double> next_wake;
+    for (WorkerState& worker : workers) {
+      for (std::size_t r = 0; r < worker.ranks.size(); ++r) {
+        RankState& rank = worker.ranks[r];
+        double step_start = now;
+        if (rank.in_flight) {
+          if (rank.in_flight->end_ms() > now) {
+            next_wake =
+                std::min(next_wake.value_or(rank.in_flight->end_ms()), rank.in_flight->end_ms());
+            continue;
+          }
+          step_start = rank.in_flight->end_ms();
+          StepResult done = std::move(*rank.in_flight);
+          rank.in_flight.reset();
+          deliver(worker, static_cast<DpRank>(r), done);
+        }
+        if (rank.engine.has_work()) {
+          // Steps run back to back from the previous step's end, so a late wake-up does not
+          // stretch simulated time; an idle engine starts at once.
+          rank.in_flight = rank.engine.step(step_start);
+          next_wake =
+              std::min(next_wake.value_or(rank.in_flight->end_ms()), rank.in_flight->end_ms());
+        }
+      }
+    }
+    return next_wake;
+  }
+};
+
+MockerFleet::MockerFleet(std::unique_ptr<State> state) : state_(std::move(state)) {}
+MockerFleet::~MockerFleet() {
+  if (state_) {
+    state_->discover_subscription.reset();
+    for (auto& worker : state_->workers) worker.subscriptions.clear();
+  }
+}
+
+std::expected<std::unique_ptr<MockerFleet>, std::string> MockerFleet::create(
+    MockerOptions options) {
+  if (auto valid = options.validate(); !valid) return std::unexpected(valid.error());
+  auto state = std::make_unique<State>();
+  options.nats.use_global_message_delivery = true;  // 3 subscriptions per worker share threads
+  auto client = actors::nats::NatsClient::connect(options.nats);
+  if (!client) return std::unexpected(client.error());
+  state->nats = std::move(*client);
+  state->options = std::move(options);
+  const MockerOptions& opts = state->options;
+
+  std::random_device entropy;
+  std::mt19937_64 random{(static_cast<std::uint64_t>(entropy()) << 32) ^ entropy()};
+  const WorkerId base = opts.worker_id_base != 0 ? opts.worker_id_base : (random() >> 16) + 1;
+  State* raw = state.get();
+  for (std::uint32_t i = 0; i < opts.workers; ++i) {
+    WorkerState worker;
+    worker.id = base + i;
+    worker.incarnation = random() | 1;
+    for (std::uint32_t r = 0; r < opts.data_parallel_size; ++r) {
+      auto engine = Engine::create(opts.engine);
+      if (!engine) return std::unexpected(engine.error().message());
+      worker.ranks.push_back(RankState{.engine = std::move(*engine)});
+    }
+    const WorkerId id = worker.id;
+    const std::string generate = subjects::worker_generate(opts.ns, id);
+    struct Route {
+      std::string subject;
+      InboxKind kind;
+    };
+    for (const Route& route :
+         {Route{generate, InboxKind::Generate}, Route{generate + ".cancel", InboxKind::Cancel},
+          Route{subjects::worker_dump(opts.ns, id), InboxKind::Dump}}) {
+      auto subscription = raw->nats->subscribe(
+          route.subject, [raw, id, kind = route.kind](actors::nats::NatsMessage message) {
+            raw->enqueue(kind, id, std::move(message));
+          });
+      if (!subscription) return std::unexpected(subscription.error());
+      worker.subscriptions.push_back(std::move(*subscription));
+    }
+    state->worker_index.emplace(id, state->workers.size());
+    state->workers.push_back(std::move(worker));
+  }
+  auto discover = raw->nats->subscribe(subjects::worker_discover(opts.ns),
+                                       [raw](actors::nats::NatsMessage message) {
+                                         raw->enqueue(InboxKind::Discover, 0, std::move(message));
+                                       });
+  if (!discover) return std::unexpected(discover.error());
+  state->discover_subscription = std::move(*discover);
+  if (auto flushed = state->nats->flush(std::chrono::seconds(5)); !flushed) {
+    return std::unexpected(flushed.error());
+  }
+  return std::unique_ptr<MockerFleet>(new MockerFleet(std::move(state)));
+}
+
+std::vector<WorkerId> MockerFleet::worker_ids() const {
+  std::vector<WorkerId> ids;
+  for (const auto& worker : state_->workers) ids.push_back(worker.id);
+  return ids;
+}
+
+MockerStats MockerFleet::run(std::stop_token stop) {
+  State& state = *state_;
+  const auto heartbeat_interval = state.options.lease_ttl / 3;
+  for (const WorkerState& worker : state.workers) state.publish_registration(worker);
+  state.publish_heartbeats();
+  state.publish_load();
+  auto next_heartbeat = Clock::now() + heartbeat_interval;
+  auto next_load = Clock::now() + state.options.load_interval;
+
+  std::stop_callback wake_on_stop{stop, [&state] { state.inbox_signal.notify_all(); }};
+  std::deque<InboxItem> batch;
+  while (!stop.stop_requested()) {
+    {
+      std::lock_guard lock{state.inbox_mutex};
+      batch.swap(state.inbox);
+    }
+    for (InboxItem& item : batch) {
+      if (item.kind == InboxKind::Discover) {
+        for (const WorkerState& worker : state.workers) state.publish_registration(worker);
+        continue;
+      }
+      WorkerState& worker = state.workers[state.worker_index.at(item.worker)];
+      switch (item.kind) {
+        case InboxKind::Generate:
+          state.handle_generate(worker, item.message);
+          break;
+        case InboxKind::Cancel:
+          state.handle_cancel(worker, item.message);
+          break;
+        case InboxKind::Dump:
+          state.handle_dump(worker, item.message);
+          break;
+        case InboxKind::Discover:
+          break;
+      }
+    }
+    batch.clear();
+
+    const std::optional<double> next_step_ms = state.advance(state.now_ms());
+    const auto now = Clock::now();
+    if (now >= next_heartbeat) {
+      state.publish_heartbeats();
+      next_heartbeat = now + heartbeat_interval;
+    }
+    if (now >= next_load) {
+      state.publish_load();
+      next_load = now + state.options.load_interval;
+    }
+    auto wake = std::min(next_heartbeat, next_load);
+    if (next_step_ms) {
+      wake = std::min(wake,
+                      state.start + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double, std::milli>(*next_step_ms)));
+    }
+    std::unique_lock lock{state.inbox_mutex};
+    state.inbox_signal.wait_until(lock, wake,
+                                  [&] { return !state.inbox.empty() || stop.stop_requested(); });
+  }
+  state.publish_deregistrations();
+  if (auto flushed = state.nats->flush(std::chrono::seconds(2)); !flushed) {
+    spdlog::warn("mocker: {}", flushed.error());
+  }
+  return state.stats;
+}
+
+}  // namespace kvr::mocker

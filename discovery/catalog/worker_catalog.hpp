@@ -1,0 +1,71 @@
+// The worker catalog: registered workers and their leases (heartbeats, TTL expiry). Plain state
+// owned by a selector actor's partition (through DiscoveryState) or by the discovery actor.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <string_view>
+#include <vector>
+
+#include <absl/container/flat_hash_map.h>
+
+#include "discovery/catalog/worker_registration.hpp"
+#include "messages/ids.hpp"
+
+namespace kvr::discovery {
+
+/// Why a catalog operation was refused.
+enum class CatalogError : std::uint8_t {
+  unknown_worker,     ///< no registration for this worker id
+  stale_incarnation,  ///< the message comes from another process start than the registered one
+};
+
+/// The snake_case name of a catalog error.
+std::string_view as_str(CatalogError error);
+
+/// What a registration did to the catalog.
+enum class RegistrationChange : std::uint8_t {
+  added,      ///< a worker not known before
+  restarted,  ///< a known worker with a new incarnation (or a new shape): its state was reset
+  refreshed,  ///< the same registration again: the lease was renewed
+};
+
+/// One registered worker and its lease.
+struct CatalogEntry {
+  WorkerRegistration registration;
+  std::chrono::steady_clock::time_point lease_expires_at;
+};
+
+/// Registered workers keyed by id, with leases renewed by heartbeats.
+class WorkerCatalog {
+ public:
+  explicit WorkerCatalog(RegistrationLimits limits = {}) : limits_(std::move(limits)) {}
+
+  /// Validates and records a registration; its lease runs from `now`.
+  std::expected<RegistrationChange, RegistrationError> register_worker(
+      WorkerRegistration registration, std::chrono::steady_clock::time_point now);
+
+  /// Renews a lease.
+  std::expected<void, CatalogError> heartbeat(WorkerId worker_id, Incarnation incarnation,
+                                              std::chrono::steady_clock::time_point now);
+
+  /// Removes a worker (clean shutdown); refuses another incarnation's deregistration.
+  std::expected<void, CatalogError> deregister(WorkerId worker_id, Incarnation incarnation);
+
+  /// Removes every worker whose lease ended at or before `now`, appending their ids to `expired`.
+  void expire(std::chrono::steady_clock::time_point now, std::vector<WorkerId>& expired);
+
+  /// The entry of a worker, or nullptr.
+  const CatalogEntry* find(WorkerId worker_id) const;
+
+  std::size_t size() const { return entries_.size(); }
+  const absl::flat_hash_map<WorkerId, CatalogEntry>& entries() const { return entries_; }
+  const RegistrationLimits& limits() const { return limits_; }
+
+ private:
+  RegistrationLimits limits_;
+  absl::flat_hash_map<WorkerId, CatalogEntry> entries_;
+};
+
+}  // namespace kvr::discovery

@@ -1,0 +1,99 @@
+#include "discovery/catalog/worker_registration.hpp"
+
+#include <string_view>
+
+namespace kvr::discovery {
+namespace {
+
+std::unexpected<RegistrationError> bad(std::string field, std::string reason) {
+  return std::unexpected(RegistrationError{std::move(field), std::move(reason)});
+}
+
+std::optional<WorkerType> role_from_proto(v1::WorkerRole role) {
+  switch (role) {
+    case v1::WORKER_ROLE_AGGREGATED:
+      return WorkerType::Aggregated;
+    case v1::WORKER_ROLE_PREFILL:
+      return WorkerType::Prefill;
+    case v1::WORKER_ROLE_DECODE:
+      return WorkerType::Decode;
+    case v1::WORKER_ROLE_ENCODE:
+      return WorkerType::Encode;
+    default:
+      return std::nullopt;
+  }
+}
+
+}  // namespace
+
+std::expected<WorkerRegistration, RegistrationError> validate_registration(
+    WorkerRegistration registration, const RegistrationLimits& limits) {
+  if (registration.worker_id == 0) return bad("worker_id", "must be non-zero");
+  if (registration.model.empty()) return bad("model", "must not be empty");
+  const std::pair<std::string_view, const std::string*> strings[] = {
+      {"model", &registration.model},
+      {"routing_group", &registration.routing_group},
+      {"generate_subject", &registration.generate_subject},
+      {"dump_subject", &registration.dump_subject}};
+  for (const auto& [field, value] : strings) {
+    if (value->size() > limits.max_string_length) {
+      return bad(std::string(field), "longer than " + std::to_string(limits.max_string_length));
+    }
+  }
+  if (registration.routing_group.empty()) registration.routing_group = "default";
+  if (registration.block_size == 0) return bad("block_size", "must be positive");
+  if (limits.required_block_size != 0 && registration.block_size != limits.required_block_size) {
+    return bad("block_size", std::to_string(registration.block_size) +
+                                 " differs from the router's " +
+                                 std::to_string(limits.required_block_size));
+  }
+  if (registration.total_kv_blocks == 0) return bad("total_kv_blocks", "must be positive");
+  if (registration.total_kv_blocks > limits.max_kv_blocks_per_rank) {
+    return bad("total_kv_blocks",
+               "more than " + std::to_string(limits.max_kv_blocks_per_rank) + " per rank");
+  }
+  if (registration.data_parallel_size == 0) return bad("data_parallel_size", "must be positive");
+  if (registration.data_parallel_size > limits.max_data_parallel_size) {
+    return bad("data_parallel_size", "more than " + std::to_string(limits.max_data_parallel_size));
+  }
+  if (registration.taints.size() > limits.max_taints) {
+    return bad("taints", "more than " + std::to_string(limits.max_taints));
+  }
+  for (const std::string& taint : registration.taints) {
+    if (taint.empty() || taint.size() > limits.max_string_length) {
+      return bad("taints", "empty or overlong taint");
+    }
+  }
+  if (registration.lease_ttl.count() == 0) registration.lease_ttl = limits.default_lease_ttl;
+  if (registration.lease_ttl < limits.min_lease_ttl ||
+      registration.lease_ttl > limits.max_lease_ttl) {
+    return bad("lease_ttl_ms", "outside [" + std::to_string(limits.min_lease_ttl.count()) + ", " +
+                                   std::to_string(limits.max_lease_ttl.count()) + "] ms");
+  }
+  return registration;
+}
+
+std::expected<WorkerRegistration, RegistrationError> registration_from_proto(
+    const v1::WorkerRegistration& wire, const RegistrationLimits& limits) {
+  const auto role = role_from_proto(wire.role());
+  if (!role) return bad("role", "unspecified or unknown role " + std::to_string(wire.role()));
+  WorkerRegistration registration;
+  registration.worker_id = wire.worker_id();
+  registration.incarnation = wire.incarnation();
+  registration.model = wire.model();
+  registration.role = *role;
+  registration.routing_group = wire.routing_group();
+  registration.block_size = wire.block_size();
+  registration.total_kv_blocks = wire.total_kv_blocks();
+  registration.data_parallel_size = wire.data_parallel_size() == 0 ? 1 : wire.data_parallel_size();
+  registration.taints.assign(wire.taints().begin(), wire.taints().end());
+  registration.max_num_batched_tokens = wire.max_num_batched_tokens();
+  registration.max_num_seqs = wire.max_num_seqs();
+  registration.publishes_kv_events = wire.publishes_kv_events();
+  registration.lease_ttl = std::chrono::milliseconds(wire.lease_ttl_ms());
+  registration.generate_subject = wire.generate_subject();
+  registration.dump_subject = wire.dump_subject();
+  return validate_registration(std::move(registration), limits);
+}
+
+}  // namespace kvr::discovery

@@ -1,0 +1,55 @@
+#include "discovery/discovery_state.hpp"
+
+namespace kvr::discovery {
+
+DiscoveryState::DiscoveryState(RegistrationLimits limits, IndexerConfig index_config)
+    : catalog_(std::move(limits)), index_(index_config) {}
+
+std::expected<RegistrationChange, RegistrationError> DiscoveryState::register_worker(
+    WorkerRegistration registration, std::chrono::steady_clock::time_point now) {
+  const WorkerId worker_id = registration.worker_id;
+  auto change = catalog_.register_worker(std::move(registration), now);
+  if (!change) return change;
+  if (*change == RegistrationChange::refreshed) return change;
+  if (*change == RegistrationChange::restarted) drop_worker(worker_id);
+  add_ranks(catalog_.find(worker_id)->registration);
+  return change;
+}
+
+std::expected<void, CatalogError> DiscoveryState::heartbeat(
+    WorkerId worker_id, Incarnation incarnation, std::chrono::steady_clock::time_point now) {
+  return catalog_.heartbeat(worker_id, incarnation, now);
+}
+
+std::expected<void, CatalogError> DiscoveryState::deregister(WorkerId worker_id,
+                                                             Incarnation incarnation) {
+  auto result = catalog_.deregister(worker_id, incarnation);
+  if (result) drop_worker(worker_id);
+  return result;
+}
+
+void DiscoveryState::expire(std::chrono::steady_clock::time_point now,
+                            std::vector<WorkerId>& removed) {
+  const std::size_t first = removed.size();
+  catalog_.expire(now, removed);
+  for (std::size_t i = first; i < removed.size(); ++i) drop_worker(removed[i]);
+  load_.expire(now);
+  index_.expire(now);
+}
+
+void DiscoveryState::add_ranks(const WorkerRegistration& registration) {
+  for (DpRank rank = 0; rank < registration.data_parallel_size; ++rank) {
+    const WorkerWithDpRank worker{registration.worker_id, rank};
+    // Validation guarantees a positive capacity and a fresh (worker, rank) after drop_worker.
+    (void)index_.add_worker(worker, {registration.total_kv_blocks, registration.incarnation,
+                                     !registration.publishes_kv_events});
+    (void)load_.add_rank(worker, registration.total_kv_blocks);
+  }
+}
+
+void DiscoveryState::drop_worker(WorkerId worker_id) {
+  index_.remove_worker(worker_id);
+  load_.remove_worker(worker_id);
+}
+
+}  // namespace kvr::discovery

@@ -1,0 +1,52 @@
+// Everything kvr knows about the workers of one routing partition: catalog, KV index and
+// predicted load, kept in step (a removal cascades to the index and to the bookings). Owned by
+// the partition's selector actor; plain C++ with an injected clock.
+#pragma once
+
+#include <chrono>
+#include <expected>
+#include <vector>
+
+#include "discovery/catalog/worker_catalog.hpp"
+#include "discovery/indexer/kv_indexer.hpp"
+#include "discovery/load/predicted_load.hpp"
+
+namespace kvr::discovery {
+
+/// Catalog, KV index and predicted load of one partition.
+class DiscoveryState {
+ public:
+  explicit DiscoveryState(RegistrationLimits limits = {}, IndexerConfig index_config = {});
+
+  /// Registers a worker, or resets it when it restarted (new incarnation or shape): its index
+  /// contents and bookings are dropped and its ranks re-added empty.
+  std::expected<RegistrationChange, RegistrationError> register_worker(
+      WorkerRegistration registration, std::chrono::steady_clock::time_point now);
+
+  /// Renews a worker's lease.
+  std::expected<void, CatalogError> heartbeat(WorkerId worker_id, Incarnation incarnation,
+                                              std::chrono::steady_clock::time_point now);
+
+  /// Removes a worker that shut down cleanly, with its index contents and bookings.
+  std::expected<void, CatalogError> deregister(WorkerId worker_id, Incarnation incarnation);
+
+  /// Removes workers whose lease ended, releases expired bookings and approximate blocks;
+  /// appends the removed worker ids to `removed`.
+  void expire(std::chrono::steady_clock::time_point now, std::vector<WorkerId>& removed);
+
+  const WorkerCatalog& catalog() const { return catalog_; }
+  KvIndexer& index() { return index_; }
+  const KvIndexer& index() const { return index_; }
+  PredictedLoad& load() { return load_; }
+  const PredictedLoad& load() const { return load_; }
+
+ private:
+  void add_ranks(const WorkerRegistration& registration);
+  void drop_worker(WorkerId worker_id);
+
+  WorkerCatalog catalog_;
+  KvIndexer index_;
+  PredictedLoad load_;
+};
+
+}  // namespace kvr::discovery

@@ -1,0 +1,168 @@
+// Predicted load per (worker, rank): confirmed load metrics plus in-flight bookings, and the
+// projection of a candidate request onto each rank that feeds the selection layer's LOAD signals.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <absl/container/flat_hash_map.h>
+
+#include "discovery/indexer/kv_indexer.hpp"
+#include "messages/ids.hpp"
+
+namespace kvr::discovery {
+
+/// Load a rank reported itself (kvr.v1.RankLoad).
+struct ConfirmedLoad {
+  std::uint32_t active_requests = 0;
+  std::uint32_t waiting_requests = 0;
+  std::uint64_t active_decode_blocks = 0;
+  std::uint64_t active_prefill_tokens = 0;
+  std::uint64_t kv_blocks_used = 0;
+
+  friend bool operator==(const ConfirmedLoad&, const ConfirmedLoad&) = default;
+};
+
+/// Why a load operation was refused.
+enum class LoadError : std::uint8_t {
+  unknown_rank,              ///< the (worker, rank) is not tracked
+  duplicate_rank,            ///< the (worker, rank) is already tracked
+  duplicate_booking,         ///< a booking with this request id is open
+  unknown_booking,           ///< no open booking has this request id (never booked or released)
+  prefill_already_released,  ///< first token was already reported for this booking
+};
+
+/// The snake_case name of a load error.
+std::string_view as_str(LoadError error);
+
+/// A routed request's reservation on a rank, held until the request ends.
+struct BookingRequest {
+  std::string request_id;
+  WorkerWithDpRank worker;
+  std::vector<BlockHash> prompt_blocks;              ///< chained hashes of the prompt's full blocks
+  std::uint64_t uncached_prefill_tokens = 0;         ///< prompt tokens the rank must compute
+  std::chrono::steady_clock::time_point expires_at;  ///< released then if nothing else did
+};
+
+/// How a booking ended.
+enum class BookingEnd : std::uint8_t { completed, cancelled, failed };
+
+/// What one rank carries now, confirmed and booked.
+struct RankLoadView {
+  std::optional<ConfirmedLoad> confirmed;  ///< none until the rank reports metrics
+  std::uint64_t total_kv_blocks = 0;
+  std::uint32_t open_bookings = 0;
+  std::uint64_t booked_prefill_tokens = 0;  ///< uncached prefill tokens before first token
+  std::uint64_t booked_blocks = 0;          ///< distinct prompt blocks of open bookings
+};
+
+/// A candidate request as the projection sees it.
+struct CandidateRequest {
+  std::uint64_t prompt_blocks = 0;            ///< full blocks of the prompt
+  std::uint64_t uncached_prefill_tokens = 0;  ///< on this rank: prompt tokens minus cached ones
+};
+
+/// A rank's load if it took the candidate request; the selection layer's LOAD inputs.
+struct LoadProjection {
+  bool is_available = false;                ///< the rank has reported load at least once
+  std::uint64_t active_requests = 0;        ///< confirmed + open bookings (without the candidate)
+  std::uint64_t active_prefill_tokens = 0;  ///< confirmed + booked + the candidate's uncached
+  std::uint64_t decode_cost_blocks = 0;     ///< confirmed decode + booked blocks + the new blocks
+  std::uint64_t new_blocks = 0;             ///< candidate blocks not already active on the rank
+  std::uint64_t total_kv_blocks = 0;
+
+  friend bool operator==(const LoadProjection&, const LoadProjection&) = default;
+};
+
+/// Per-request scratch of the projection: which prefix of the candidate's prompt is already
+/// active (booked) on each rank. Reuse one across requests; a warm prepare allocates nothing.
+class ProjectionScratch {
+ private:
+  friend class PredictedLoad;
+  MatchResult active_prefix_;
+  std::uint64_t prompt_blocks_ = 0;
+};
+
+/// Uncached prompt tokens when `cached_blocks` leading blocks of `block_size` tokens are reused.
+constexpr std::uint64_t uncached_prefill_tokens(std::uint64_t prompt_tokens,
+                                                std::uint64_t cached_blocks,
+                                                std::uint64_t block_size) {
+  const std::uint64_t cached = cached_blocks * block_size;
+  return cached >= prompt_tokens ? 0 : prompt_tokens - cached;
+}
+
+/// Confirmed metrics and bookings of every tracked rank. Each booking is released exactly once:
+/// its prefill tokens at first token (or at its end, if that comes first) and everything else at
+/// completion, cancellation, failure, worker removal or expiry.
+class PredictedLoad {
+ public:
+  PredictedLoad();
+
+  /// Starts tracking a rank with no load.
+  std::expected<void, LoadError> add_rank(WorkerWithDpRank worker, std::uint64_t total_kv_blocks);
+
+  /// Stops tracking every rank of a worker, releasing its bookings; returns how many.
+  std::size_t remove_worker(WorkerId worker_id);
+
+  /// Records a rank's latest load report.
+  std::expected<void, LoadError> update_confirmed(WorkerWithDpRank worker, ConfirmedLoad load);
+
+  /// Books a routed request on its rank.
+  std::expected<void, LoadError> book(BookingRequest request);
+
+  /// The request produced its first token: its prefill tokens are done.
+  std::expected<void, LoadError> first_token(std::string_view request_id);
+
+  /// The request ended: releases what it still holds.
+  std::expected<void, LoadError> release(std::string_view request_id, BookingEnd end);
+
+  /// Releases bookings whose expiry is at or before `now`; returns how many.
+  std::size_t expire(std::chrono::steady_clock::time_point now);
+
+  /// Once per request, before projecting: finds on every rank the longest prefix of
+  /// `prompt_blocks` already active in open bookings.
+  void prepare(std::span<const BlockHash> prompt_blocks, ProjectionScratch& scratch) const;
+
+  /// The rank's load if it took the candidate prepared in `scratch`; nullopt for unknown ranks.
+  std::optional<LoadProjection> project(WorkerWithDpRank worker, const CandidateRequest& candidate,
+                                        const ProjectionScratch& scratch) const;
+
+  /// What a rank carries now.
+  std::optional<RankLoadView> rank_load(WorkerWithDpRank worker) const;
+
+  std::size_t open_bookings() const { return bookings_.size(); }
+  /// Index of blocks active in open bookings (tests check it drains).
+  const KvIndexer& active_blocks() const { return active_blocks_; }
+
+ private:
+  struct RankState {
+    SlotId slot = 0;  // in active_blocks_
+    RankLoadView view;
+    absl::flat_hash_map<BlockHash, std::uint32_t> block_refs;  // prompt block -> open bookings
+  };
+  struct BookingState {
+    WorkerWithDpRank worker;
+    std::vector<BlockHash> prompt_blocks;
+    std::uint64_t prefill_tokens = 0;
+    bool prefill_released = false;
+    std::multimap<std::chrono::steady_clock::time_point, std::string>::iterator expiry;
+  };
+
+  void release_booking(absl::flat_hash_map<std::string, BookingState>::iterator booking);
+
+  absl::flat_hash_map<WorkerWithDpRank, RankState> ranks_;
+  absl::flat_hash_map<std::string, BookingState> bookings_;
+  std::multimap<std::chrono::steady_clock::time_point, std::string> expiries_;
+  // Active prompt blocks per rank, as an index, so one prefix walk per request answers every
+  // rank's "how much of this prompt is already active here".
+  KvIndexer active_blocks_;
+};
+
+}  // namespace kvr::discovery

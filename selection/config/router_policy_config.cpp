@@ -1,0 +1,304 @@
+#include "selection/config/router_policy_config.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <span>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include "selection/plugin_registry.hpp"
+
+namespace kvr::selection {
+namespace {
+
+constexpr std::string_view kTopLevelKeys[] = {"worker_selection", "request_classifier"};
+constexpr std::string_view kWorkerSelectionKeys[] = {"aggregated", "prefill", "decode", "encode",
+                                                     "instances"};
+constexpr std::string_view kInstanceKeys[] = {"name", "type", "parameters"};
+constexpr std::string_view kRequestClassifierKeys[] = {"type", "parameters"};
+
+std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Undefined:
+    case YAML::NodeType::Null:
+      return "nothing";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Scalar:
+      break;
+  }
+  return fmt::format("'{}'", node.Scalar());
+}
+
+std::string join(std::span<const std::string_view> names) {
+  std::string joined;
+  for (std::string_view name : names) {
+    if (!joined.empty()) joined += ", ";
+    joined += name;
+  }
+  return joined;
+}
+
+std::string child_path(std::string_view parent, std::string_view key) {
+  return parent.empty() ? std::string{key} : fmt::format("{}.{}", parent, key);
+}
+
+struct MappingEntry {
+  std::string key;
+  YAML::Node key_node;
+  YAML::Node value;
+};
+
+// Walks one router-policy document; every message names the source, the line and the key path.
+class Parser {
+ public:
+  explicit Parser(RouterPolicyConfig& config) : config_(config) {}
+
+  std::expected<void, std::string> parse_document(const YAML::Node& root) {
+    if (root.IsNull()) return {};
+    if (!root.IsMap()) {
+      return fail(root, "",
+                  fmt::format("expected a mapping with the keys {}, got {}", join(kTopLevelKeys),
+                              describe(root)));
+    }
+    auto entries = mapping_entries(root, "", kTopLevelKeys);
+    if (!entries) return std::unexpected(std::move(entries.error()));
+    for (const MappingEntry& entry : *entries) {
+      auto parsed = entry.key == "worker_selection" ? parse_worker_selection(entry.value)
+                                                    : parse_request_classifier(entry.value);
+      if (!parsed) return parsed;
+    }
+    return {};
+  }
+
+ private:
+  std::unexpected<std::string> fail(const YAML::Node& where, std::string_view path,
+                                    std::string_view problem) const {
+    const YAML::Mark mark = where.Mark();
+    const std::string location = mark.is_null()
+                                     ? config_.source_name
+                                     : fmt::format("{}:{}", config_.source_name, mark.line + 1);
+    if (path.empty()) return std::unexpected(fmt::format("{}: {}", location, problem));
+    return std::unexpected(fmt::format("{}: {}: {}", location, path, problem));
+  }
+
+  // The entries of a mapping, refusing non-string keys, duplicates and keys not in `allowed`.
+  std::expected<std::vector<MappingEntry>, std::string> mapping_entries(
+      const YAML::Node& node, std::string_view path,
+      std::span<const std::string_view> allowed) const {
+    std::vector<MappingEntry> entries;
+    for (auto entry = node.begin(); entry != node.end(); ++entry) {
+      if (!entry->first.IsScalar()) {
+        return fail(entry->first, path,
+                    fmt::format("keys must be strings, got {}", describe(entry->first)));
+      }
+      std::string key = entry->first.Scalar();
+      const std::string key_path = child_path(path, key);
+      if (std::ranges::find(allowed, key) == allowed.end()) {
+        return fail(entry->first, key_path, fmt::format("unknown key; allowed: {}", join(allowed)));
+      }
+      if (std::ranges::find(entries, key, &MappingEntry::key) != entries.end()) {
+        return fail(entry->first, key_path, "duplicate key");
+      }
+      entries.push_back({std::move(key), entry->first, entry->second});
+    }
+    return entries;
+  }
+
+  // A non-empty string scalar.
+  std::expected<std::string, std::string> name_value(const YAML::Node& node, std::string_view path,
+                                                     std::string_view what) const {
+    if (!node.IsScalar()) {
+      return fail(node, path, fmt::format("expected {}, got {}", what, describe(node)));
+    }
+    if (node.Scalar().empty()) return fail(node, path, fmt::format("{} must not be empty", what));
+    return node.Scalar();
+  }
+
+  std::expected<std::shared_ptr<const ParameterSource>, std::string> parameters_value(
+      const YAML::Node& node, std::string_view path) const {
+    if (!node.IsNull() && !node.IsMap()) {
+      return fail(node, path, fmt::format("expected a mapping, got {}", describe(node)));
+    }
+    // The context stays short: resolution prefixes it with the instance's place in this file.
+    auto source = ParameterSource::from_yaml(node, "parameters");
+    if (!source) return fail(node, path, source.error());
+    return source;
+  }
+
+  std::expected<void, std::string> parse_worker_selection(const YAML::Node& node) {
+    constexpr std::string_view path = "worker_selection";
+    if (node.IsNull()) return {};
+    if (!node.IsMap()) {
+      return fail(node, path,
+                  fmt::format("expected a mapping with the keys {}, got {}",
+                              join(kWorkerSelectionKeys), describe(node)));
+    }
+    auto entries = mapping_entries(node, path, kWorkerSelectionKeys);
+    if (!entries) return std::unexpected(std::move(entries.error()));
+    for (const MappingEntry& entry : *entries) {
+      if (entry.key == "instances") {
+        if (auto parsed = parse_instances(entry.value); !parsed) return parsed;
+        continue;
+      }
+      const WorkerType role = *parse_worker_type(entry.key);  // mapping_entries allowed only roles
+      auto value = name_value(entry.value, child_path(path, entry.key),
+                              "a policy: an instance name, a policy type or 'default'");
+      if (!value) return std::unexpected(std::move(value.error()));
+      config_.worker_selection[static_cast<std::size_t>(role)] = std::move(*value);
+      config_.worker_selection_sources[static_cast<std::size_t>(role)] = SelectionSource::Yaml;
+    }
+    return {};
+  }
+
+  std::expected<void, std::string> parse_instances(const YAML::Node& node) {
+    constexpr std::string_view path = "worker_selection.instances";
+    if (node.IsNull()) return {};
+    if (!node.IsSequence()) {
+      return fail(node, path, fmt::format("expected a list of instances, got {}", describe(node)));
+    }
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      const YAML::Node item = node[i];
+      const std::string item_path = fmt::format("{}[{}]", path, i);
+      if (!item.IsMap()) {
+        return fail(item, item_path,
+                    fmt::format("expected a mapping with the keys {}, got {}", join(kInstanceKeys),
+                                describe(item)));
+      }
+      auto entries = mapping_entries(item, item_path, kInstanceKeys);
+      if (!entries) return std::unexpected(std::move(entries.error()));
+
+      WorkerSelectionInstanceConfig instance;
+      bool has_name = false;
+      bool has_type = false;
+      for (const MappingEntry& entry : *entries) {
+        const std::string entry_path = child_path(item_path, entry.key);
+        if (entry.key == "parameters") {
+          auto parameters = parameters_value(entry.value, entry_path);
+          if (!parameters) return std::unexpected(std::move(parameters.error()));
+          instance.parameters = std::move(*parameters);
+          continue;
+        }
+        auto value = name_value(entry.value, entry_path,
+                                entry.key == "name" ? "an instance name" : "a policy type");
+        if (!value) return std::unexpected(std::move(value.error()));
+        if (*value == plugins::kDefaultPolicyName) {
+          return fail(entry.value, entry_path,
+                      entry.key == "name"
+                          ? std::string{"'default' is reserved (it selects the built-in policy); "
+                                        "choose another instance name"}
+                          : fmt::format("'default' is reserved and is not a type; use type: {} "
+                                        "to configure the built-in policy",
+                                        plugins::kBuiltinDefaultPolicyType));
+        }
+        if (entry.key == "name") {
+          instance.name = std::move(*value);
+          has_name = true;
+        } else {
+          instance.type = std::move(*value);
+          has_type = true;
+        }
+      }
+      if (!has_name) return fail(item, item_path, "missing key 'name'");
+      if (!has_type) return fail(item, item_path, "missing key 'type'");
+
+      const auto previous =
+          std::ranges::find(config_.instances, instance.name, &WorkerSelectionInstanceConfig::name);
+      if (previous != config_.instances.end()) {
+        return fail(item, child_path(item_path, "name"),
+                    fmt::format("duplicate instance name '{}' (also {}[{}])", instance.name, path,
+                                previous - config_.instances.begin()));
+      }
+      if (!instance.parameters) instance.parameters = ParameterSource::empty("parameters");
+      config_.instances.push_back(std::move(instance));
+    }
+    return {};
+  }
+
+  std::expected<void, std::string> parse_request_classifier(const YAML::Node& node) {
+    constexpr std::string_view path = "request_classifier";
+    if (node.IsNull()) return {};
+    if (!node.IsMap()) {
+      return fail(node, path,
+                  fmt::format("expected a mapping with the keys {}, got {}",
+                              join(kRequestClassifierKeys), describe(node)));
+    }
+    auto entries = mapping_entries(node, path, kRequestClassifierKeys);
+    if (!entries) return std::unexpected(std::move(entries.error()));
+
+    RequestClassifierConfig classifier;
+    bool has_type = false;
+    for (const MappingEntry& entry : *entries) {
+      const std::string entry_path = child_path(path, entry.key);
+      if (entry.key == "parameters") {
+        auto parameters = parameters_value(entry.value, entry_path);
+        if (!parameters) return std::unexpected(std::move(parameters.error()));
+        classifier.parameters = std::move(*parameters);
+        continue;
+      }
+      auto type = name_value(entry.value, entry_path, "a request-classifier type");
+      if (!type) return std::unexpected(std::move(type.error()));
+      classifier.type = std::move(*type);
+      has_type = true;
+    }
+    if (!has_type) return fail(node, path, "missing key 'type'");
+    if (!classifier.parameters) classifier.parameters = ParameterSource::empty("parameters");
+    config_.request_classifier = std::move(classifier);
+    return {};
+  }
+
+  RouterPolicyConfig& config_;
+};
+
+}  // namespace
+
+std::expected<RouterPolicyConfig, std::string> parse_router_policy_config(
+    std::string_view yaml_text, std::string source_name) {
+  RouterPolicyConfig config;
+  config.source_name = std::move(source_name);
+  std::vector<YAML::Node> documents;
+  try {
+    documents = YAML::LoadAll(std::string{yaml_text});
+  } catch (const YAML::Exception& error) {
+    return std::unexpected(fmt::format("{}:{}:{}: invalid YAML: {}", config.source_name,
+                                       error.mark.line + 1, error.mark.column + 1, error.msg));
+  }
+  if (documents.empty()) return config;
+  if (documents.size() > 1) {
+    return std::unexpected(fmt::format("{}: expected one YAML document, found {}",
+                                       config.source_name, documents.size()));
+  }
+  try {
+    Parser parser{config};
+    if (auto parsed = parser.parse_document(documents.front()); !parsed) {
+      return std::unexpected(std::move(parsed.error()));
+    }
+  } catch (const YAML::Exception& error) {
+    // Not expected from a parsed document; kept so that no yaml-cpp exception escapes.
+    return std::unexpected(fmt::format("{}: {}", config.source_name, error.what()));
+  }
+  return config;
+}
+
+std::expected<RouterPolicyConfig, std::string> load_router_policy_config(
+    const std::filesystem::path& path) {
+  std::ifstream file{path, std::ios::binary};
+  if (!file) {
+    return std::unexpected(fmt::format("{}: cannot open the router-policy config: {}",
+                                       path.string(), std::strerror(errno)));
+  }
+  std::ostringstream text;
+  text << file.rdbuf();
+  if (file.bad()) {
+    return std::unexpected(fmt::format("{}: cannot read the router-policy config", path.string()));
+  }
+  return parse_router_policy_config(text.str(), path.string());
+}
+
+}  // namespace kvr::selection

@@ -1,0 +1,292 @@
+// `kvr mocker` as a real process against a real nats-server, observed from the NATS side:
+// registration, heartbeats, load, KV events, generate (streaming, cancellation), dumps,
+// re-registration on discovery, bad input, and clean shutdown.
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <set>
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include "actors/nats/nats_client.hpp"
+#include "discovery/block_hash.hpp"
+#include "kvr/v1/kv_events.pb.h"
+#include "kvr/v1/routing.pb.h"
+#include "kvr/v1/worker.pb.h"
+#include "messages/subjects.hpp"
+#include "tests/testing/nats_server.hpp"
+
+namespace kvr {
+namespace {
+
+using namespace std::chrono_literals;
+using actors::nats::NatsClient;
+using actors::nats::NatsMessage;
+using actors::nats::NatsSubscription;
+using testing::ChildProcess;
+using testing::NatsServer;
+using testing::wait_until;
+
+constexpr std::string_view kNamespace = "mock";
+constexpr WorkerId kFirstWorker = 100;
+constexpr std::uint32_t kBlockSize = 16;
+
+// Collects every message on a subject.
+class Recorder {
+ public:
+  Recorder(NatsClient& client, const std::string& subject) {
+    auto subscription = client.subscribe(subject, [this](NatsMessage message) {
+      std::lock_guard lock{mutex_};
+      messages_.push_back(std::move(message));
+    });
+    EXPECT_TRUE(subscription) << subscription.error();
+    if (subscription) subscription_.emplace(std::move(*subscription));
+  }
+  std::vector<NatsMessage> messages() const {
+    std::lock_guard lock{mutex_};
+    return messages_;
+  }
+  std::size_t size() const {
+    std::lock_guard lock{mutex_};
+    return messages_.size();
+  }
+  template <class Proto>
+  std::vector<Proto> decoded() const {
+    std::vector<Proto> result;
+    for (const auto& message : messages()) {
+      Proto proto;
+      if (proto.ParseFromString(message.data)) result.push_back(std::move(proto));
+    }
+    return result;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<NatsMessage> messages_;
+  std::optional<NatsSubscription> subscription_;
+};
+
+std::vector<std::uint32_t> prompt(std::size_t tokens, std::uint32_t first) {
+  std::vector<std::uint32_t> ids(tokens);
+  std::iota(ids.begin(), ids.end(), first);
+  return ids;
+}
+
+class MockerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string error;
+    server_ = NatsServer::start(&error);
+    ASSERT_TRUE(server_) << error;
+    actors::nats::NatsOptions options;
+    options.url = server_->url();
+    auto client = NatsClient::connect(options);
+    ASSERT_TRUE(client) << client.error();
+    client_ = std::move(*client);
+    registrations_ = std::make_unique<Recorder>(*client_, subjects::worker_register(kNamespace));
+    heartbeats_ = std::make_unique<Recorder>(*client_, subjects::worker_heartbeat(kNamespace));
+    loads_ = std::make_unique<Recorder>(*client_, subjects::worker_load(kNamespace));
+    deregistrations_ =
+        std::make_unique<Recorder>(*client_, subjects::worker_deregister(kNamespace));
+    kv_events_ = std::make_unique<Recorder>(*client_, subjects::kv_events_all(kNamespace));
+    ASSERT_TRUE(client_->flush(2s));
+
+    mocker_ = ChildProcess::start({KVR_BINARY,
+                                   "mocker",
+                                   "--nats",
+                                   server_->url(),
+                                   "--namespace",
+                                   std::string{kNamespace},
+                                   "--workers",
+                                   "2",
+                                   "--worker-id-base",
+                                   std::to_string(kFirstWorker),
+                                   "--block-size",
+                                   std::to_string(kBlockSize),
+                                   "--num-gpu-blocks",
+                                   "512",
+                                   "--time-scale",
+                                   "20",
+                                   "--lease-ttl-ms",
+                                   "600",
+                                   "--load-interval-ms",
+                                   "50"},
+                                  directory_.path() / "mocker.log");
+    ASSERT_TRUE(mocker_);
+    ASSERT_TRUE(wait_until([&] { return registrations_->size() >= 2; }, 10s)) << mocker_->log();
+  }
+
+  // Sends a generate request and collects its chunks until the finished one (or the timeout).
+  std::vector<v1::GenerateChunk> generate(
+      WorkerId worker, const std::string& request_id, const std::vector<std::uint32_t>& tokens,
+      std::uint32_t output_tokens, std::function<void(const v1::GenerateChunk&)> on_chunk = {}) {
+    const std::string stream = client_->new_inbox();
+    std::mutex mutex;
+    std::vector<v1::GenerateChunk> chunks;
+    std::atomic<bool> finished{false};
+    auto subscription = client_->subscribe(stream, [&](NatsMessage message) {
+      v1::GenerateChunk chunk;
+      if (!chunk.ParseFromString(message.data)) return;
+      if (on_chunk) on_chunk(chunk);
+      std::lock_guard lock{mutex};
+      chunks.push_back(chunk);
+      if (chunk.finished()) finished = true;
+    });
+    EXPECT_TRUE(subscription);
+    EXPECT_TRUE(client_->flush(2s));
+    v1::GenerateRequest request;
+    request.mutable_route()->set_request_id(request_id);
+    for (std::uint32_t token : tokens) request.mutable_route()->mutable_tokens()->add_ids(token);
+    request.set_max_output_tokens(output_tokens);
+    request.set_stream_subject(stream);
+    EXPECT_TRUE(client_->publish(subjects::worker_generate(kNamespace, worker),
+                                 request.SerializeAsString()));
+    EXPECT_TRUE(wait_until([&] { return finished.load(); }, 20s)) << mocker_->log();
+    std::lock_guard lock{mutex};
+    return chunks;
+  }
+
+  testing::TemporaryDirectory directory_;
+  std::unique_ptr<NatsServer> server_;
+  std::unique_ptr<NatsClient> client_;
+  std::unique_ptr<Recorder> registrations_, heartbeats_, loads_, deregistrations_, kv_events_;
+  std::optional<ChildProcess> mocker_;
+};
+
+TEST_F(MockerTest, RegistersEveryWorkerWithItsEngineShape) {
+  std::map<WorkerId, v1::WorkerRegistration> by_id;
+  for (auto& registration : registrations_->decoded<v1::WorkerRegistration>()) {
+    by_id[registration.worker_id()] = registration;
+  }
+  ASSERT_EQ(by_id.size(), 2U);
+  const auto& first = by_id.at(kFirstWorker);
+  EXPECT_EQ(first.block_size(), kBlockSize);
+  EXPECT_EQ(first.total_kv_blocks(), 512U);
+  EXPECT_EQ(first.role(), v1::WORKER_ROLE_AGGREGATED);
+  EXPECT_EQ(first.generate_subject(), subjects::worker_generate(kNamespace, kFirstWorker));
+  EXPECT_TRUE(first.publishes_kv_events());
+  EXPECT_NE(first.incarnation(), 0U);
+  EXPECT_TRUE(by_id.contains(kFirstWorker + 1));
+}
+
+TEST_F(MockerTest, SendsHeartbeatsAndLoadMetrics) {
+  ASSERT_TRUE(wait_until([&] { return heartbeats_->size() >= 4 && loads_->size() >= 4; }, 5s));
+  const auto loads = loads_->decoded<v1::LoadMetrics>();
+  ASSERT_FALSE(loads.empty());
+  ASSERT_EQ(loads.front().ranks_size(), 1);
+  EXPECT_EQ(loads.front().ranks(0).active_requests(), 0U);
+}
+
+TEST_F(MockerTest, GenerateStreamsEveryTokenThenStoresThePromptBlocks) {
+  const auto tokens = prompt(64, 1000);
+  const auto chunks = generate(kFirstWorker, "r1", tokens, 5);
+  ASSERT_EQ(chunks.size(), 5U);
+  for (std::uint32_t i = 0; i < chunks.size(); ++i) {
+    EXPECT_EQ(chunks[i].index(), i);
+    EXPECT_EQ(chunks[i].token_ids_size(), 1);
+    EXPECT_EQ(chunks[i].request_id(), "r1");
+    EXPECT_EQ(chunks[i].worker_id(), kFirstWorker);
+  }
+  EXPECT_TRUE(chunks.back().finished());
+  EXPECT_EQ(chunks.back().finish_reason(), "length");
+  EXPECT_EQ(chunks.front().cached_prompt_tokens(), 0U);
+
+  // The prompt's full blocks were announced, hashed by kvr's rule, on the worker's subject.
+  const auto expected = discovery::BlockHasher{kBlockSize}.sequence_hashes(tokens);
+  ASSERT_TRUE(wait_until([&] { return kv_events_->size() >= 1; }, 5s));
+  std::vector<BlockHash> stored;
+  std::uint64_t last_event_id = 0;
+  for (const auto& batch : kv_events_->decoded<v1::KvEventBatch>()) {
+    EXPECT_EQ(batch.worker_id(), kFirstWorker);
+    EXPECT_GT(batch.event_id(), last_event_id);
+    last_event_id = batch.event_id();
+    for (const auto& event : batch.events()) {
+      if (event.has_stored()) {
+        stored.insert(stored.end(), event.stored().block_hashes().begin(),
+                      event.stored().block_hashes().end());
+      }
+    }
+  }
+  EXPECT_EQ(stored, expected);
+}
+
+TEST_F(MockerTest, RepeatedPromptIsServedFromCache) {
+  const auto tokens = prompt(96, 7);
+  generate(kFirstWorker, "first", tokens, 2);
+  const auto again = generate(kFirstWorker, "second", tokens, 2);
+  ASSERT_FALSE(again.empty());
+  EXPECT_GE(again.front().cached_prompt_tokens(), 80U);
+}
+
+TEST_F(MockerTest, DumpReturnsTheCachedChains) {
+  const auto tokens = prompt(48, 50);
+  generate(kFirstWorker + 1, "d1", tokens, 2);
+  v1::KvDumpRequest request;
+  request.set_worker_id(kFirstWorker + 1);
+  auto reply = client_->request(subjects::worker_dump(kNamespace, kFirstWorker + 1),
+                                request.SerializeAsString(), 5s);
+  ASSERT_TRUE(reply) << reply.error();
+  v1::KvDumpReply dump;
+  ASSERT_TRUE(dump.ParseFromString(reply->data));
+  EXPECT_EQ(dump.worker_id(), kFirstWorker + 1);
+  EXPECT_GE(dump.last_event_id(), 1U);
+  std::vector<BlockHash> dumped;
+  for (const auto& chain : dump.stored()) {
+    dumped.insert(dumped.end(), chain.block_hashes().begin(), chain.block_hashes().end());
+  }
+  EXPECT_EQ(dumped, discovery::BlockHasher{kBlockSize}.sequence_hashes(tokens));
+}
+
+TEST_F(MockerTest, CancelEndsTheStreamEarly) {
+  std::atomic<bool> cancelled{false};
+  const auto chunks =
+      generate(kFirstWorker, "long", prompt(32, 3), 5000, [&](const v1::GenerateChunk& chunk) {
+        if (chunk.index() == 2 && !cancelled.exchange(true)) {
+          v1::GenerateCancel cancel;
+          cancel.set_request_id("long");
+          (void)client_->publish(subjects::worker_generate(kNamespace, kFirstWorker) + ".cancel",
+                                 cancel.SerializeAsString());
+        }
+      });
+  ASSERT_FALSE(chunks.empty());
+  EXPECT_TRUE(chunks.back().finished());
+  EXPECT_EQ(chunks.back().finish_reason(), "cancelled");
+  EXPECT_LT(chunks.size(), 1000U);
+}
+
+TEST_F(MockerTest, BadInputIsDroppedAndServingContinues) {
+  ASSERT_TRUE(
+      client_->publish(subjects::worker_generate(kNamespace, kFirstWorker), "\xff\xff garbage"));
+  // A request that cannot fit the pool gets an explicit error, not silence.
+  const auto rejected = generate(kFirstWorker, "huge", prompt(512 * kBlockSize + 1, 0), 1);
+  ASSERT_EQ(rejected.size(), 1U);
+  EXPECT_EQ(rejected.front().finish_reason(), "error");
+  EXPECT_EQ(rejected.front().error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
+  const auto served = generate(kFirstWorker, "after", prompt(20, 1), 3);
+  EXPECT_EQ(served.size(), 3U);
+}
+
+TEST_F(MockerTest, ReRegistersWhenARouterAsksForDiscovery) {
+  const std::size_t before = registrations_->size();
+  ASSERT_TRUE(client_->publish(subjects::worker_discover(kNamespace), ""));
+  EXPECT_TRUE(wait_until([&] { return registrations_->size() >= before + 2; }, 5s));
+}
+
+TEST_F(MockerTest, DeregistersOnCleanShutdown) {
+  mocker_->signal(SIGTERM);
+  const auto status = mocker_->wait(10s);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(*status, 0) << mocker_->log();
+  ASSERT_TRUE(client_->flush(2s));
+  ASSERT_TRUE(wait_until([&] { return deregistrations_->size() >= 2; }, 5s));
+  std::set<WorkerId> ids;
+  for (const auto& message : deregistrations_->decoded<v1::WorkerDeregistration>()) {
+    ids.insert(message.worker_id());
+  }
+  EXPECT_EQ(ids, (std::set<WorkerId>{kFirstWorker, kFirstWorker + 1}));
+}
+
+}  // namespace
+}  // namespace kvr

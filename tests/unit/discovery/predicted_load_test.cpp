@@ -1,0 +1,212 @@
+// Predicted load: bookings add shared prompt blocks once and uncached prefill tokens, first token
+// and the request's end release them, each booking exactly once under random interleavings.
+#include "discovery/load/predicted_load.hpp"
+
+#include <map>
+#include <random>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "discovery/block_hash.hpp"
+
+namespace kvr::discovery {
+namespace {
+
+constexpr WorkerWithDpRank kRank0{5, 0};
+constexpr WorkerWithDpRank kRank1{5, 1};
+const std::chrono::steady_clock::time_point kStart{};
+
+std::vector<BlockHash> prompt(std::size_t length, std::uint64_t branch, std::size_t shared = 0) {
+  std::vector<BlockHash> hashes;
+  std::optional<BlockHash> parent;
+  for (std::size_t i = 0; i < length; ++i) {
+    parent = BlockHasher::chain(parent, i < shared ? i : branch * 100 + i);
+    hashes.push_back(*parent);
+  }
+  return hashes;
+}
+
+BookingRequest booking(std::string id, WorkerWithDpRank worker, std::vector<BlockHash> blocks,
+                       std::uint64_t tokens, std::chrono::seconds ttl = std::chrono::seconds(60)) {
+  return BookingRequest{std::move(id), worker, std::move(blocks), tokens, kStart + ttl};
+}
+
+class PredictedLoadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(load_.add_rank(kRank0, 1000));
+    ASSERT_TRUE(load_.add_rank(kRank1, 1000));
+  }
+  PredictedLoad load_;
+};
+
+TEST_F(PredictedLoadTest, SharedPromptBlocksCountOnce) {
+  ASSERT_TRUE(load_.book(booking("a", kRank0, prompt(6, 1, 4), 96)));
+  ASSERT_TRUE(load_.book(booking("b", kRank0, prompt(6, 2, 4), 32)));
+  const auto view = load_.rank_load(kRank0).value();
+  EXPECT_EQ(view.booked_blocks, 8U);
+  EXPECT_EQ(view.booked_prefill_tokens, 128U);
+  EXPECT_EQ(view.open_bookings, 2U);
+  EXPECT_EQ(load_.book(booking("a", kRank0, {}, 0)).error(), LoadError::duplicate_booking);
+  EXPECT_EQ(load_.book(booking("z", {9, 0}, {}, 0)).error(), LoadError::unknown_rank);
+}
+
+TEST_F(PredictedLoadTest, FirstTokenReleasesPrefillAndTheEndReleasesTheRest) {
+  ASSERT_TRUE(load_.book(booking("a", kRank0, prompt(4, 1), 64)));
+  ASSERT_TRUE(load_.first_token("a"));
+  EXPECT_EQ(load_.rank_load(kRank0)->booked_prefill_tokens, 0U);
+  EXPECT_EQ(load_.rank_load(kRank0)->booked_blocks, 4U);
+  EXPECT_EQ(load_.first_token("a").error(), LoadError::prefill_already_released);
+  ASSERT_TRUE(load_.release("a", BookingEnd::completed));
+  EXPECT_EQ(load_.rank_load(kRank0)->booked_blocks, 0U);
+  EXPECT_EQ(load_.release("a", BookingEnd::cancelled).error(), LoadError::unknown_booking);
+  EXPECT_EQ(load_.active_blocks().node_count(), 0U);
+}
+
+TEST_F(PredictedLoadTest, ExpiryReleasesUnreportedBookings) {
+  ASSERT_TRUE(load_.book(booking("a", kRank0, prompt(4, 1), 64, std::chrono::seconds(5))));
+  ASSERT_TRUE(load_.book(booking("b", kRank1, prompt(4, 1), 64, std::chrono::seconds(9))));
+  EXPECT_EQ(load_.expire(kStart + std::chrono::seconds(5)), 1U);
+  EXPECT_EQ(load_.rank_load(kRank0)->open_bookings, 0U);
+  EXPECT_EQ(load_.rank_load(kRank1)->open_bookings, 1U);
+  EXPECT_EQ(load_.release("a", BookingEnd::completed).error(), LoadError::unknown_booking);
+}
+
+TEST_F(PredictedLoadTest, ProjectionAddsTheCandidatesNewBlocksAndPrefill) {
+  ASSERT_TRUE(load_.update_confirmed(kRank0, ConfirmedLoad{3, 1, 40, 500, 60}));
+  ASSERT_TRUE(load_.book(booking("a", kRank0, prompt(6, 1, 4), 96)));
+  const auto candidate_prompt = prompt(10, 2, 4);
+  ProjectionScratch scratch;
+  load_.prepare(candidate_prompt, scratch);
+  const auto busy = load_.project(kRank0, {10, 200}, scratch).value();
+  EXPECT_TRUE(busy.is_available);
+  EXPECT_EQ(busy.active_requests, 4U);
+  EXPECT_EQ(busy.active_prefill_tokens, 500U + 96U + 200U);
+  EXPECT_EQ(busy.new_blocks, 6U);  // the first four blocks are already active
+  EXPECT_EQ(busy.decode_cost_blocks, 40U + 6U + 6U);
+  EXPECT_EQ(busy.total_kv_blocks, 1000U);
+  const auto idle = load_.project(kRank1, {10, 200}, scratch).value();
+  EXPECT_FALSE(idle.is_available);
+  EXPECT_EQ(idle.new_blocks, 10U);
+  EXPECT_EQ(idle.decode_cost_blocks, 10U);
+  EXPECT_FALSE(load_.project({9, 0}, {10, 200}, scratch));
+  EXPECT_EQ(uncached_prefill_tokens(1000, 3, 256), 232U);
+  EXPECT_EQ(uncached_prefill_tokens(500, 3, 256), 0U);
+}
+
+TEST_F(PredictedLoadTest, RemovingAWorkerReleasesItsBookings) {
+  ASSERT_TRUE(load_.book(booking("a", kRank0, prompt(4, 1), 64)));
+  ASSERT_TRUE(load_.book(booking("b", kRank1, prompt(4, 2), 64)));
+  EXPECT_EQ(load_.remove_worker(5), 2U);
+  EXPECT_EQ(load_.open_bookings(), 0U);
+  EXPECT_FALSE(load_.rank_load(kRank0));
+  EXPECT_EQ(load_.first_token("a").error(), LoadError::unknown_booking);
+}
+
+// Random book / first-token / complete / cancel / fail / expire / remove-worker interleavings:
+// every release succeeds exactly once, and the counters always equal those recomputed from the
+// bookings the test believes open.
+TEST(PredictedLoadPropertyTest, EveryBookingIsReleasedExactlyOnce) {
+  std::mt19937_64 rng(42);
+  PredictedLoad load;
+  const std::vector<WorkerWithDpRank> ranks{{1, 0}, {1, 1}, {2, 0}, {3, 0}};
+  for (const auto rank : ranks) ASSERT_TRUE(load.add_rank(rank, 100));
+  struct Open {
+    WorkerWithDpRank worker;
+    std::vector<BlockHash> blocks;
+    std::uint64_t tokens;
+    bool prefill_done;
+    std::chrono::steady_clock::time_point expires_at;
+  };
+  std::map<std::string, Open> open;
+  std::set<std::string> closed;
+  auto now = kStart;
+  int next_id = 0;
+  for (int step = 0; step < 4000; ++step) {
+    const auto roll = rng() % 100;
+    if (roll < 35 || open.empty()) {
+      const std::string id = "r" + std::to_string(next_id++);
+      const WorkerWithDpRank worker = ranks[rng() % ranks.size()];
+      auto blocks = prompt(1 + rng() % 8, rng() % 5, rng() % 5);
+      const std::uint64_t tokens = rng() % 500;
+      const auto expires_at = now + std::chrono::seconds(1 + rng() % 50);
+      ASSERT_TRUE(load.book(BookingRequest{id, worker, blocks, tokens, expires_at}));
+      open[id] = Open{worker, blocks, tokens, false, expires_at};
+    } else if (roll < 90) {
+      auto it = open.begin();
+      std::advance(it, static_cast<std::ptrdiff_t>(rng() % open.size()));
+      const std::string id = it->first;
+      if (roll < 55) {
+        const auto result = load.first_token(id);
+        ASSERT_EQ(result.has_value(), !it->second.prefill_done);
+        it->second.prefill_done = true;
+      } else {
+        const auto end = static_cast<BookingEnd>(rng() % 3);
+        ASSERT_TRUE(load.release(id, end));
+        open.erase(it);
+        closed.insert(id);
+      }
+    } else if (roll < 97) {
+      now += std::chrono::seconds(rng() % 10);
+      std::size_t due = 0;
+      for (auto it = open.begin(); it != open.end();) {
+        if (it->second.expires_at <= now) {
+          closed.insert(it->first);
+          it = open.erase(it);
+          ++due;
+        } else {
+          ++it;
+        }
+      }
+      ASSERT_EQ(load.expire(now), due);
+    } else {
+      const WorkerId worker_id = 1 + rng() % 3;
+      std::size_t doomed = 0;
+      for (auto it = open.begin(); it != open.end();) {
+        if (it->second.worker.worker_id == worker_id) {
+          closed.insert(it->first);
+          it = open.erase(it);
+          ++doomed;
+        } else {
+          ++it;
+        }
+      }
+      ASSERT_EQ(load.remove_worker(worker_id), doomed);
+      for (const auto rank : ranks) {
+        if (rank.worker_id == worker_id) {
+          ASSERT_TRUE(load.add_rank(rank, 100));
+        }
+      }
+    }
+    // A closed booking can never be released again.
+    if (!closed.empty() && rng() % 10 == 0) {
+      auto it = closed.begin();
+      std::advance(it, static_cast<std::ptrdiff_t>(rng() % closed.size()));
+      ASSERT_EQ(load.release(*it, BookingEnd::completed).error(), LoadError::unknown_booking);
+      ASSERT_EQ(load.first_token(*it).error(), LoadError::unknown_booking);
+    }
+    for (const auto rank : ranks) {
+      std::uint32_t bookings = 0;
+      std::uint64_t tokens = 0;
+      std::set<BlockHash> blocks;
+      for (const auto& [id, booking_state] : open) {
+        if (booking_state.worker != rank) continue;
+        ++bookings;
+        if (!booking_state.prefill_done) tokens += booking_state.tokens;
+        blocks.insert(booking_state.blocks.begin(), booking_state.blocks.end());
+      }
+      const auto view = load.rank_load(rank).value();
+      ASSERT_EQ(view.open_bookings, bookings) << "step " << step;
+      ASSERT_EQ(view.booked_prefill_tokens, tokens) << "step " << step;
+      ASSERT_EQ(view.booked_blocks, blocks.size()) << "step " << step;
+    }
+    ASSERT_TRUE(load.active_blocks().check_consistency());
+  }
+  for (const auto& [id, booking_state] : open) ASSERT_TRUE(load.release(id, BookingEnd::completed));
+  EXPECT_EQ(load.open_bookings(), 0U);
+  EXPECT_EQ(load.active_blocks().node_count(), 0U);
+}
+
+}  // namespace
+}  // namespace kvr::discovery

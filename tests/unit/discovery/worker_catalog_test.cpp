@@ -1,0 +1,155 @@
+// Worker registration validation (plain and from the wire), leases, and the discovery state's
+// cascade of removals to the KV index and the bookings.
+#include "discovery/catalog/worker_catalog.hpp"
+
+#include <gtest/gtest.h>
+
+#include "discovery/block_hash.hpp"
+#include "discovery/discovery_state.hpp"
+
+namespace kvr::discovery {
+namespace {
+
+const std::chrono::steady_clock::time_point kStart{};
+using std::chrono::milliseconds;
+
+WorkerRegistration registration(WorkerId id = 7, Incarnation incarnation = 1) {
+  WorkerRegistration worker;
+  worker.worker_id = id;
+  worker.incarnation = incarnation;
+  worker.model = "llama";
+  worker.block_size = 16;
+  worker.total_kv_blocks = 1000;
+  worker.data_parallel_size = 2;
+  worker.lease_ttl = milliseconds(1000);
+  return worker;
+}
+
+v1::WorkerRegistration wire_registration() {
+  v1::WorkerRegistration wire;
+  wire.set_worker_id(7);
+  wire.set_incarnation(3);
+  wire.set_model("llama");
+  wire.set_role(v1::WORKER_ROLE_PREFILL);
+  wire.set_block_size(16);
+  wire.set_total_kv_blocks(500);
+  wire.add_taints("gpu=h100");
+  wire.set_publishes_kv_events(true);
+  return wire;
+}
+
+TEST(WorkerRegistrationTest, ConvertsTheWireFormWithDefaults) {
+  const auto converted = registration_from_proto(wire_registration(), {});
+  ASSERT_TRUE(converted) << converted.error().message();
+  EXPECT_EQ(converted->role, WorkerType::Prefill);
+  EXPECT_EQ(converted->data_parallel_size, 1U);
+  EXPECT_EQ(converted->routing_group, "default");
+  EXPECT_EQ(converted->lease_ttl, RegistrationLimits{}.default_lease_ttl);
+  EXPECT_EQ(converted->taints, std::vector<std::string>{"gpu=h100"});
+}
+
+TEST(WorkerRegistrationTest, NamesTheBadField) {
+  auto wire = wire_registration();
+  wire.set_role(v1::WORKER_ROLE_UNSPECIFIED);
+  EXPECT_EQ(registration_from_proto(wire, {}).error().field, "role");
+  wire = wire_registration();
+  wire.set_worker_id(0);
+  EXPECT_EQ(registration_from_proto(wire, {}).error().field, "worker_id");
+  wire = wire_registration();
+  wire.set_total_kv_blocks(0);
+  EXPECT_EQ(registration_from_proto(wire, {}).error().field, "total_kv_blocks");
+  RegistrationLimits strict;
+  strict.required_block_size = 32;
+  const auto error = registration_from_proto(wire_registration(), strict).error();
+  EXPECT_EQ(error.field, "block_size");
+  EXPECT_EQ(error.message(), "block_size: 16 differs from the router's 32");
+  wire = wire_registration();
+  wire.set_lease_ttl_ms(5);
+  EXPECT_EQ(registration_from_proto(wire, {}).error().field, "lease_ttl_ms");
+  wire = wire_registration();
+  wire.set_data_parallel_size(100000);
+  EXPECT_EQ(registration_from_proto(wire, {}).error().field, "data_parallel_size");
+  wire = wire_registration();
+  wire.add_taints("");
+  EXPECT_EQ(registration_from_proto(wire, {}).error().field, "taints");
+}
+
+TEST(WorkerCatalogTest, LeasesRenewOnHeartbeatAndExpire) {
+  WorkerCatalog catalog;
+  ASSERT_EQ(catalog.register_worker(registration(), kStart), RegistrationChange::added);
+  ASSERT_TRUE(catalog.heartbeat(7, 1, kStart + milliseconds(800)));
+  EXPECT_EQ(catalog.heartbeat(7, 2, kStart).error(), CatalogError::stale_incarnation);
+  EXPECT_EQ(catalog.heartbeat(8, 1, kStart).error(), CatalogError::unknown_worker);
+  std::vector<WorkerId> expired;
+  catalog.expire(kStart + milliseconds(1000), expired);
+  EXPECT_TRUE(expired.empty());
+  catalog.expire(kStart + milliseconds(1800), expired);
+  EXPECT_EQ(expired, std::vector<WorkerId>{7});
+  EXPECT_EQ(catalog.find(7), nullptr);
+}
+
+TEST(WorkerCatalogTest, TellsRefreshFromRestart) {
+  WorkerCatalog catalog;
+  ASSERT_TRUE(catalog.register_worker(registration(), kStart));
+  EXPECT_EQ(catalog.register_worker(registration(), kStart), RegistrationChange::refreshed);
+  EXPECT_EQ(catalog.register_worker(registration(7, 2), kStart), RegistrationChange::restarted);
+  EXPECT_EQ(catalog.deregister(7, 1).error(), CatalogError::stale_incarnation);
+  EXPECT_TRUE(catalog.deregister(7, 2));
+  EXPECT_EQ(catalog.size(), 0U);
+}
+
+class DiscoveryStateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(state_.register_worker(registration(), kStart));
+    ASSERT_TRUE(state_.index().apply_event({7, 1}, KvStoredEvent{std::nullopt, prompt_, {}}));
+    ASSERT_TRUE(
+        state_.load().book(BookingRequest{"r", {7, 0}, prompt_, 64, kStart + milliseconds(60000)}));
+  }
+
+  std::size_t matches() {
+    state_.index().find_matches(prompt_, result_);
+    return result_.matches().size();
+  }
+
+  std::vector<BlockHash> prompt_{BlockHasher::chain(std::nullopt, 1)};
+  DiscoveryState state_;
+  MatchResult result_;
+};
+
+TEST_F(DiscoveryStateTest, RegistrationCreatesEveryRank) {
+  EXPECT_EQ(state_.index().rank_count(), 2U);
+  EXPECT_TRUE(state_.load().rank_load({7, 1}));
+  EXPECT_EQ(matches(), 1U);
+}
+
+TEST_F(DiscoveryStateTest, ExpiryCascadesToTheIndexAndTheBookings) {
+  std::vector<WorkerId> removed;
+  state_.expire(kStart + milliseconds(1000), removed);
+  EXPECT_EQ(removed, std::vector<WorkerId>{7});
+  EXPECT_EQ(matches(), 0U);
+  EXPECT_EQ(state_.index().rank_count(), 0U);
+  EXPECT_EQ(state_.load().open_bookings(), 0U);
+  EXPECT_EQ(state_.load().release("r", BookingEnd::completed).error(), LoadError::unknown_booking);
+}
+
+TEST_F(DiscoveryStateTest, RestartResetsTheWorkersState) {
+  ASSERT_EQ(state_.register_worker(registration(7, 2), kStart), RegistrationChange::restarted);
+  EXPECT_EQ(matches(), 0U);
+  EXPECT_EQ(state_.load().open_bookings(), 0U);
+  EXPECT_EQ(state_.index().rank_count(), 2U);
+  // Events of the old process are refused.
+  EXPECT_EQ(state_.index().apply(KvEventBatch{{7, 0}, 1, 1, {}}).error(),
+            IndexError::incarnation_mismatch);
+  EXPECT_TRUE(state_.index().apply(KvEventBatch{{7, 0}, 2, 1, {}}));
+}
+
+TEST_F(DiscoveryStateTest, DeregistrationCascades) {
+  ASSERT_TRUE(state_.deregister(7, 1));
+  EXPECT_EQ(matches(), 0U);
+  EXPECT_EQ(state_.load().open_bookings(), 0U);
+  EXPECT_EQ(state_.catalog().size(), 0U);
+}
+
+}  // namespace
+}  // namespace kvr::discovery
