@@ -225,10 +225,20 @@ std::expected<SelectionResult, WorkerSelectionPolicyError> SelectionHost::select
                     partition.model, "' group '", partition.routing_group, "'")));
   }
 
-  rows_.clear();
+  // Most requests carry no restriction and no busy threshold is set: then availability is the
+  // only rule, checked without branches.
+  const bool restricted = request.pinned_worker || !request.allowed_workers.empty() ||
+                          !request.required_taints.empty() || config_.busy_kv_usage_threshold ||
+                          config_.busy_prefill_tokens_threshold;
+  rows_.resize(descriptors_.size());
+  std::size_t eligible_rows = 0;
   for (std::size_t row = 0; row < descriptors_.size(); ++row) {
-    if (eligible(request, descriptors_[row])) rows_.push_back(static_cast<std::uint32_t>(row));
+    rows_[eligible_rows] = static_cast<std::uint32_t>(row);
+    const bool keep =
+        restricted ? eligible(request, descriptors_[row]) : descriptors_[row].available;
+    eligible_rows += keep ? 1 : 0;
   }
+  rows_.resize(eligible_rows);
   if (rows_.empty()) {
     return std::unexpected(WorkerSelectionPolicyError::host(
         Kind::NoEligibleWorkers,
@@ -248,10 +258,14 @@ std::expected<SelectionResult, WorkerSelectionPolicyError> SelectionHost::select
   }
   taint_multipliers_.clear();
   if (declared_inputs_.contains(WorkerInputs::PREFERRED_TAINT)) {
-    taint_multipliers_.resize(rows_.size());
-    for (std::size_t i = 0; i < rows_.size(); ++i) {
-      taint_multipliers_[i] =
-          preferred_taint_multiplier(request.preferred_taints, descriptors_[rows_[i]].taints);
+    if (request.preferred_taints.empty()) {
+      taint_multipliers_.assign(rows_.size(), 1.0);  // exp(-tanh(0)): skip the per-row maths
+    } else {
+      taint_multipliers_.resize(rows_.size());
+      for (std::size_t i = 0; i < rows_.size(); ++i) {
+        taint_multipliers_[i] =
+            preferred_taint_multiplier(request.preferred_taints, descriptors_[rows_[i]].taints);
+      }
     }
   }
 

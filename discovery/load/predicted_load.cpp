@@ -5,6 +5,13 @@
 namespace kvr::discovery {
 namespace {
 
+// A reported count adjusted by the bookings' change since the report; never below zero, since a
+// report that missed some requests cannot make a rank carry negative load.
+std::uint64_t plus_change(std::uint64_t reported, std::int64_t change) {
+  const std::int64_t total = static_cast<std::int64_t>(reported) + change;
+  return total < 0 ? 0 : static_cast<std::uint64_t>(total);
+}
+
 // Bookings are kvr's own decisions, not a publisher's claims, so the active-block index needs
 // no capacity bound beyond the bookings themselves.
 constexpr std::uint64_t kUnboundedBlocks = std::uint64_t{1} << 40;
@@ -64,7 +71,11 @@ std::expected<void, LoadError> PredictedLoad::update_confirmed(WorkerWithDpRank 
                                                                ConfirmedLoad load) {
   const auto it = ranks_.find(worker);
   if (it == ranks_.end()) return std::unexpected(LoadError::unknown_rank);
-  it->second.view.confirmed = load;
+  RankLoadView& view = it->second.view;
+  view.confirmed = load;
+  view.requests_since_report = 0;
+  view.prefill_tokens_since_report = 0;
+  view.blocks_since_report = 0;
   return {};
 }
 
@@ -82,6 +93,7 @@ std::expected<void, LoadError> PredictedLoad::book(BookingRequest request) {
     const BlockHash hash = request.prompt_blocks[i];
     if (++state.block_refs[hash] == 1) {
       ++state.view.booked_blocks;
+      ++state.view.blocks_since_report;
       if (stored.block_hashes.empty() && i > 0) stored.parent_hash = request.prompt_blocks[i - 1];
       stored.block_hashes.push_back(hash);
     } else if (!stored.block_hashes.empty()) {
@@ -93,7 +105,10 @@ std::expected<void, LoadError> PredictedLoad::book(BookingRequest request) {
   // and only that rank's new-block estimate is less precise.
   if (!stored.block_hashes.empty()) (void)active_blocks_.apply_event(request.worker, stored);
   ++state.view.open_bookings;
+  ++state.view.requests_since_report;
   state.view.booked_prefill_tokens += request.uncached_prefill_tokens;
+  state.view.prefill_tokens_since_report +=
+      static_cast<std::int64_t>(request.uncached_prefill_tokens);
   const auto expiry = expiries_.emplace(request.expires_at, request.request_id);
   bookings_.emplace(std::move(request.request_id),
                     BookingState{request.worker, std::move(request.prompt_blocks),
@@ -107,7 +122,9 @@ std::expected<void, LoadError> PredictedLoad::first_token(std::string_view reque
   BookingState& booking = it->second;
   if (booking.prefill_released) return std::unexpected(LoadError::prefill_already_released);
   booking.prefill_released = true;
-  ranks_[booking.worker].view.booked_prefill_tokens -= booking.prefill_tokens;
+  RankLoadView& view = ranks_[booking.worker].view;
+  view.booked_prefill_tokens -= booking.prefill_tokens;
+  view.prefill_tokens_since_report -= static_cast<std::int64_t>(booking.prefill_tokens);
   return {};
 }
 
@@ -132,8 +149,12 @@ void PredictedLoad::release_booking(
     absl::flat_hash_map<std::string, BookingState>::iterator booking) {
   BookingState& state = booking->second;
   RankState& rank = ranks_[state.worker];
-  if (!state.prefill_released) rank.view.booked_prefill_tokens -= state.prefill_tokens;
+  if (!state.prefill_released) {
+    rank.view.booked_prefill_tokens -= state.prefill_tokens;
+    rank.view.prefill_tokens_since_report -= static_cast<std::int64_t>(state.prefill_tokens);
+  }
   --rank.view.open_bookings;
+  --rank.view.requests_since_report;
   // Leaf first, so that dropping a block never cascades over blocks other bookings still hold.
   KvRemovedEvent removed;
   for (auto it = state.prompt_blocks.rbegin(); it != state.prompt_blocks.rend(); ++it) {
@@ -142,6 +163,7 @@ void PredictedLoad::release_booking(
     if (--ref->second == 0) {
       rank.block_refs.erase(ref);
       --rank.view.booked_blocks;
+      --rank.view.blocks_since_report;
       removed.block_hashes.push_back(*it);
     }
   }
@@ -167,14 +189,16 @@ std::optional<LoadProjection> PredictedLoad::project(WorkerWithDpRank worker,
   LoadProjection projection;
   projection.is_available = state.view.confirmed.has_value();
   const ConfirmedLoad confirmed = state.view.confirmed.value_or(ConfirmedLoad{});
-  projection.active_requests = confirmed.active_requests + state.view.open_bookings;
-  projection.active_prefill_tokens = confirmed.active_prefill_tokens +
-                                     state.view.booked_prefill_tokens +
-                                     candidate.uncached_prefill_tokens;
+  projection.active_requests =
+      plus_change(confirmed.active_requests, state.view.requests_since_report);
+  projection.active_prefill_tokens =
+      plus_change(confirmed.active_prefill_tokens, state.view.prefill_tokens_since_report) +
+      candidate.uncached_prefill_tokens;
   projection.new_blocks =
       candidate.prompt_blocks - std::min(candidate.prompt_blocks, active_prefix);
   projection.decode_cost_blocks =
-      confirmed.active_decode_blocks + state.view.booked_blocks + projection.new_blocks;
+      plus_change(confirmed.active_decode_blocks, state.view.blocks_since_report) +
+      projection.new_blocks;
   projection.total_kv_blocks = state.view.total_kv_blocks;
   return projection;
 }

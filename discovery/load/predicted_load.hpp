@@ -1,5 +1,10 @@
 // Predicted load per (worker, rank): confirmed load metrics plus in-flight bookings, and the
 // projection of a candidate request onto each rank that feeds the selection layer's LOAD signals.
+//
+// A worker's report already counts the requests it had received when it sent it, so adding every
+// open booking to it would count those twice. The projection is therefore the last report plus
+// what changed in the bookings since that report (bookings made minus bookings released); each
+// report resets that change. Until the first report, the open bookings are the whole estimate.
 #pragma once
 
 #include <chrono>
@@ -61,6 +66,11 @@ struct RankLoadView {
   std::uint32_t open_bookings = 0;
   std::uint64_t booked_prefill_tokens = 0;  ///< uncached prefill tokens before first token
   std::uint64_t booked_blocks = 0;          ///< distinct prompt blocks of open bookings
+  /// Booking changes since the last confirmed report (or since tracking began): each booking
+  /// adds, each release subtracts. May be negative: releases of requests the report counted.
+  std::int64_t requests_since_report = 0;
+  std::int64_t prefill_tokens_since_report = 0;
+  std::int64_t blocks_since_report = 0;
 };
 
 /// A candidate request as the projection sees it.
@@ -72,9 +82,9 @@ struct CandidateRequest {
 /// A rank's load if it took the candidate request; the selection layer's LOAD inputs.
 struct LoadProjection {
   bool is_available = false;                ///< the rank has reported load at least once
-  std::uint64_t active_requests = 0;        ///< confirmed + open bookings (without the candidate)
-  std::uint64_t active_prefill_tokens = 0;  ///< confirmed + booked + the candidate's uncached
-  std::uint64_t decode_cost_blocks = 0;     ///< confirmed decode + booked blocks + the new blocks
+  std::uint64_t active_requests = 0;        ///< confirmed + bookings since (without the candidate)
+  std::uint64_t active_prefill_tokens = 0;  ///< confirmed + booked since + the candidate's uncached
+  std::uint64_t decode_cost_blocks = 0;     ///< confirmed decode + booked since + the new blocks
   std::uint64_t new_blocks = 0;             ///< candidate blocks not already active on the rank
   std::uint64_t total_kv_blocks = 0;
 

@@ -8,10 +8,12 @@ void FakeWorkerSignals::set_workers(std::vector<FakeWorker> workers) {
 }
 
 void FakeWorkerSignals::refresh() {
-  for (auto& descriptors : descriptors_) descriptors.clear();
-  for (auto& index : worker_index_) index.clear();
-  for (std::size_t i = 0; i < workers_.size(); ++i) {
-    const FakeWorker& fake = workers_[i];
+  for (std::size_t type = 0; type < descriptors_.size(); ++type) {
+    descriptors_[type].clear();
+    cache_inputs_[type].clear();
+    load_inputs_[type].clear();
+  }
+  for (const FakeWorker& fake : workers_) {
     const auto type = static_cast<std::size_t>(fake.type);
     descriptors_[type].push_back(selection::WorkerDescriptor{
         .worker = fake.worker,
@@ -20,7 +22,9 @@ void FakeWorkerSignals::refresh() {
         .kv_usage = fake.kv_usage,
         .active_prefill_tokens = fake.active_prefill_tokens,
     });
-    worker_index_[type].push_back(i);
+    cache_inputs_[type].push_back(fake.cache);
+    load_inputs_[type].push_back(fake.load ? selection::WorkerLoadInput{*fake.load}
+                                           : selection::WorkerLoadInput{});
   }
 }
 
@@ -33,16 +37,16 @@ void FakeWorkerSignals::compute_signals(const selection::SelectionRequest& /*req
                                         WorkerType worker_type, std::span<const std::uint32_t> rows,
                                         std::span<selection::WorkerCacheInput> cache_out,
                                         std::span<selection::WorkerLoadInput> load_out) {
-  const auto& index = worker_index_[static_cast<std::size_t>(worker_type)];
-  if (!cache_out.empty()) ++cache_requests_;
-  if (!load_out.empty()) ++load_requests_;
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const FakeWorker& fake = workers_[index[rows[i]]];
-    if (!cache_out.empty()) cache_out[i] = fake.cache;
-    if (!load_out.empty()) {
-      load_out[i] =
-          fake.load ? selection::WorkerLoadInput{*fake.load} : selection::WorkerLoadInput{};
-    }
+  const auto type = static_cast<std::size_t>(worker_type);
+  if (!cache_out.empty()) {
+    ++cache_requests_;
+    const auto& cache = cache_inputs_[type];
+    for (std::size_t i = 0; i < rows.size(); ++i) cache_out[i] = cache[rows[i]];
+  }
+  if (!load_out.empty()) {
+    ++load_requests_;
+    const auto& load = load_inputs_[type];
+    for (std::size_t i = 0; i < rows.size(); ++i) load_out[i] = load[rows[i]];
   }
 }
 

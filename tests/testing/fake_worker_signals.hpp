@@ -50,9 +50,11 @@ class FakeWorkerSignals final : public selection::WorkerSignalSource {
 
  private:
   std::vector<FakeWorker> workers_;
-  // Per worker type: descriptors and the index of each descriptor's FakeWorker.
+  // Per worker type, aligned with the descriptors: the signals to hand out, precomputed so that
+  // compute_signals is a plain gather (benchmarks then measure the host, not the fake).
   std::array<std::vector<selection::WorkerDescriptor>, 4> descriptors_;
-  std::array<std::vector<std::size_t>, 4> worker_index_;
+  std::array<std::vector<selection::WorkerCacheInput>, 4> cache_inputs_;
+  std::array<std::vector<selection::WorkerLoadInput>, 4> load_inputs_;
   int cache_requests_ = 0;
   int load_requests_ = 0;
 };

@@ -210,3 +210,60 @@ TEST(PredictedLoadPropertyTest, EveryBookingIsReleasedExactlyOnce) {
 
 }  // namespace
 }  // namespace kvr::discovery
+
+namespace kvr::discovery {
+namespace {
+
+class PredictedLoadReportTest : public PredictedLoadTest {
+ protected:
+  LoadProjection project_empty_candidate() {
+    ProjectionScratch scratch;
+    load_.prepare({}, scratch);
+    return load_.project(kRank0, CandidateRequest{}, scratch).value();
+  }
+};
+
+TEST_F(PredictedLoadReportTest, ReportThatCountsTheBookingsIsNotAddedTwice) {
+  ASSERT_TRUE(load_.book(booking("a", kRank0, prompt(4, 1), 64)));
+  ASSERT_TRUE(load_.book(booking("b", kRank0, prompt(4, 2), 32)));
+  EXPECT_EQ(project_empty_candidate().active_requests, 2U);  // bookings alone before any report
+  // The worker reports both requests; the projection follows the report, not report + bookings.
+  ASSERT_TRUE(load_.update_confirmed(kRank0, ConfirmedLoad{.active_requests = 2,
+                                                            .active_decode_blocks = 8,
+                                                            .active_prefill_tokens = 96}));
+  const auto projection = project_empty_candidate();
+  EXPECT_EQ(projection.active_requests, 2U);
+  EXPECT_EQ(projection.active_prefill_tokens, 96U);
+  EXPECT_EQ(projection.decode_cost_blocks, 8U);
+}
+
+TEST_F(PredictedLoadReportTest, BookingsAfterTheReportAddAndReleasesSubtract) {
+  ASSERT_TRUE(load_.book(booking("a", kRank0, prompt(4, 1), 64)));
+  ASSERT_TRUE(load_.update_confirmed(kRank0, ConfirmedLoad{.active_requests = 1,
+                                                            .active_decode_blocks = 4,
+                                                            .active_prefill_tokens = 64}));
+  ASSERT_TRUE(load_.book(booking("b", kRank0, prompt(4, 2), 32)));
+  auto projection = project_empty_candidate();
+  EXPECT_EQ(projection.active_requests, 2U);
+  EXPECT_EQ(projection.active_prefill_tokens, 96U);
+  EXPECT_EQ(projection.decode_cost_blocks, 8U);
+  // "a" (counted by the report) finishes before the next report: the rank is lighter now.
+  ASSERT_TRUE(load_.release("a", BookingEnd::completed));
+  projection = project_empty_candidate();
+  EXPECT_EQ(projection.active_requests, 1U);
+  EXPECT_EQ(projection.active_prefill_tokens, 32U);
+  EXPECT_EQ(projection.decode_cost_blocks, 4U);
+}
+
+TEST_F(PredictedLoadReportTest, ReleasesBeyondTheReportNeverGoBelowZero) {
+  ASSERT_TRUE(load_.book(booking("a", kRank0, prompt(4, 1), 64)));
+  ASSERT_TRUE(load_.update_confirmed(kRank0, ConfirmedLoad{}));  // the report missed "a"
+  ASSERT_TRUE(load_.release("a", BookingEnd::cancelled));
+  const auto projection = project_empty_candidate();
+  EXPECT_EQ(projection.active_requests, 0U);
+  EXPECT_EQ(projection.active_prefill_tokens, 0U);
+  EXPECT_EQ(projection.decode_cost_blocks, 0U);
+}
+
+}  // namespace
+}  // namespace kvr::discovery
