@@ -48,6 +48,11 @@ std::string terminated(std::string_view text) { return std::string{text}; }
 struct NatsClient::Callbacks {
   NatsEventHandlers handlers;
   std::atomic<std::uint64_t> reconnects{0};
+  // The client calls the closed handler on its own thread after natsConnection_Close returns;
+  // until then this object must stay alive.
+  std::mutex mutex;
+  std::condition_variable closed_signal;
+  bool closed = false;
 };
 
 struct NatsSubscription::State {
@@ -184,6 +189,9 @@ std::expected<std::unique_ptr<NatsClient>, std::string> NatsClient::connect(
                     [](natsConnection*, void* data) {
                       auto* cb = static_cast<Callbacks*>(data);
                       if (cb->handlers.on_closed) cb->handlers.on_closed();
+                      std::lock_guard lock{cb->mutex};
+                      cb->closed = true;
+                      cb->closed_signal.notify_all();
                     },
                     closure),
                 "closed callback");
@@ -212,9 +220,18 @@ NatsClient::NatsClient(natsConnection* connection, std::unique_ptr<Callbacks> ca
     : connection_(connection), callbacks_(std::move(callbacks)) {}
 
 NatsClient::~NatsClient() {
-  // Closing waits for in-flight callbacks, so the closures stay valid until it returns.
   natsConnection_Close(connection_);
+  // Connection callbacks run on the client's own thread, the closed one last: wait for it
+  // before freeing what they use. Should it never come, leak the callbacks rather than risk a
+  // use after free.
+  bool closed = false;
+  {
+    std::unique_lock lock{callbacks_->mutex};
+    closed = callbacks_->closed_signal.wait_for(lock, std::chrono::seconds(5),
+                                                [this] { return callbacks_->closed; });
+  }
   natsConnection_Destroy(connection_);
+  if (!closed) static_cast<void>(callbacks_.release());
 }
 
 std::expected<void, std::string> NatsClient::publish(std::string_view subject,

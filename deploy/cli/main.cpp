@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include "deploy/cli/mocker_command.hpp"
+#include "deploy/cli/replay_command.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvr: a KV-cache-aware request router for LLM inference fleets"};
@@ -9,6 +10,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "kvr 0.1.0");
   int exit_code = 0;
   kvr::cli::add_mocker_command(app, exit_code);
+  kvr::cli::add_replay_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

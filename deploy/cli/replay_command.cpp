@@ -1,0 +1,258 @@
+#include "deploy/cli/replay_command.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "deploy/cli/cli_options.hpp"
+#include "deploy/replay/trace_replay.hpp"
+#include "selection/config/router_policy_config.hpp"
+#include "selection/policies/builtin_policies.hpp"
+
+extern char** environ;
+
+namespace kvr::cli {
+extern const char kPlotReplayScript[];
+
+namespace {
+
+struct ReplayCommandOptions {
+  std::string trace = KVR_DEFAULT_TRACE;
+  std::size_t limit = 0;
+  std::string policies = "kv-cost,round-robin,random,least-loaded";
+  std::string router_policy_config;
+  std::string json_path;
+  std::string plot_path;
+  bool quiet = false;
+  replay::ReplayOptions replay;
+};
+
+std::vector<std::string> split_names(const std::string& text) {
+  std::vector<std::string> names;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    std::string name =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!name.empty()) names.push_back(std::move(name));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return names;
+}
+
+// Redraws one progress line on stderr at most every percent.
+class ProgressBar {
+ public:
+  ProgressBar(std::vector<std::string> labels, std::size_t total, bool enabled)
+      : labels_(std::move(labels)), total_(total), enabled_(enabled) {}
+
+  void update(std::size_t policy, std::size_t done) {
+    if (!enabled_ || total_ == 0) return;
+    const std::size_t percent = done * 100 / total_;
+    if (policy == last_policy_ && percent == last_percent_ && done != total_) return;
+    last_policy_ = policy;
+    last_percent_ = percent;
+    constexpr std::size_t kWidth = 30;
+    const std::size_t filled = percent * kWidth / 100;
+    std::cerr << fmt::format("\r  {:<26} [{}{}] {:>3}% {}/{}", labels_[policy],
+                             std::string(filled, '#'), std::string(kWidth - filled, '.'), percent,
+                             done, total_);
+    if (done == total_) std::cerr << '\n';
+    std::cerr.flush();
+  }
+
+ private:
+  std::vector<std::string> labels_;
+  std::size_t total_;
+  bool enabled_;
+  std::size_t last_policy_ = SIZE_MAX;
+  std::size_t last_percent_ = SIZE_MAX;
+};
+
+bool write_file(const std::string& path, const std::string& contents) {
+  std::ofstream output{path, std::ios::binary};
+  output << contents;
+  return static_cast<bool>(output);
+}
+
+// Runs the embedded plot script with Debian's python3-matplotlib.
+bool draw_plot(const std::string& json_path, const std::string& plot_path) {
+  char script_path[] = "/tmp/kvr-plot-XXXXXX.py";
+  const int fd = mkstemps(script_path, 3);
+  if (fd < 0) return false;
+  const std::string_view script{kPlotReplayScript};
+  const bool written =
+      write(fd, script.data(), script.size()) == static_cast<ssize_t>(script.size());
+  close(fd);
+  bool drawn = false;
+  if (written) {
+    std::vector<std::string> argv{"python3", script_path, json_path, plot_path};
+    std::vector<char*> args;
+    for (auto& arg : argv) args.push_back(arg.data());
+    args.push_back(nullptr);
+    pid_t pid = -1;
+    if (posix_spawnp(&pid, "python3", nullptr, nullptr, args.data(), environ) == 0) {
+      int status = 0;
+      waitpid(pid, &status, 0);
+      drawn = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+  }
+  unlink(script_path);
+  return drawn;
+}
+
+int run_replay(const ReplayCommandOptions& options) {
+  auto trace = simulation::load_mooncake_trace(options.trace, options.limit);
+  if (!trace) {
+    std::cerr << "kvr replay: " << trace.error() << '\n';
+    return 2;
+  }
+  plugins::RouterPluginRegistry registry;
+  if (auto registered = selection::register_builtin_policies(registry); !registered) {
+    std::cerr << "kvr replay: " << registered.error().message() << '\n';
+    return 2;
+  }
+  selection::RouterPolicyConfig base_config;
+  if (!options.router_policy_config.empty()) {
+    auto loaded = selection::load_router_policy_config(options.router_policy_config);
+    if (!loaded) {
+      std::cerr << "kvr replay: " << loaded.error() << '\n';
+      return 2;
+    }
+    base_config = std::move(*loaded);
+  }
+  const std::vector<std::string> names = split_names(options.policies);
+  if (names.empty()) {
+    std::cerr << "kvr replay: --policies names no policy\n";
+    return 2;
+  }
+  // Every name is resolved before anything runs, so a typo stops the run at once.
+  std::vector<plugins::RouterPlugins> resolved;
+  for (const std::string& name : names) {
+    selection::RouterPolicyConfig config = base_config;
+    config.worker_selection[static_cast<std::size_t>(WorkerType::Aggregated)] = name;
+    auto plugins = registry.resolve_plugins(config);
+    if (!plugins) {
+      std::cerr << "kvr replay: --policies " << name << ": " << plugins.error().message() << '\n';
+      return 2;
+    }
+    resolved.push_back(std::move(*plugins));
+  }
+
+  ProgressBar progress{names, trace->size(), !options.quiet};
+  replay::ReplayOptions replay_options = options.replay;
+  replay_options.on_progress = [&progress](std::size_t policy, std::size_t done) {
+    progress.update(policy, done);
+  };
+  const std::string trace_name = std::filesystem::path{options.trace}.filename().string();
+  replay::TraceReplay replay{trace_name, std::move(*trace), replay_options};
+
+  simulation::ReplayReport report;
+  report.trace = trace_name;
+  report.requests = replay.size();
+  report.workers = replay_options.workers;
+  report.speedup = replay_options.speedup;
+  report.seed = replay_options.seed;
+  report.block_size = replay_options.engine.block_size;
+  report.infinite_cache_hit_rate = replay.infinite_cache_hit_rate();
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto started = std::chrono::steady_clock::now();
+    simulation::PolicyReport policy = replay.run(names[i], resolved[i], i);
+    policy.wall_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (!options.quiet) {
+      std::cerr << fmt::format("  {:<26} replayed in {:.2f} s\n", names[i], policy.wall_seconds);
+    }
+    report.policies.push_back(std::move(policy));
+  }
+
+  std::cout << simulation::format_table(report);
+  for (const auto& policy : report.policies) {
+    for (const auto& [message, count] : policy.failures) {
+      std::cout << fmt::format("  {}: {} requests not routed: {}\n", policy.policy, count, message);
+    }
+  }
+  const std::string json = simulation::to_json(report);
+  std::string json_path = options.json_path;
+  if (!json_path.empty() && !write_file(json_path, json)) {
+    std::cerr << "kvr replay: cannot write " << json_path << '\n';
+    return 1;
+  }
+  if (!options.plot_path.empty()) {
+    std::string temporary_json;
+    if (json_path.empty()) {
+      temporary_json = options.plot_path + ".json.tmp";
+      if (!write_file(temporary_json, json)) return 1;
+      json_path = temporary_json;
+    }
+    const bool drawn = draw_plot(json_path, options.plot_path);
+    if (!temporary_json.empty()) std::filesystem::remove(temporary_json);
+    if (!drawn) {
+      std::cerr << "kvr replay: plotting failed (is python3-matplotlib installed?)\n";
+      return 1;
+    }
+    std::cout << "plot written to " << options.plot_path << '\n';
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_replay_command(CLI::App& app, int& exit_code) {
+  auto* command = app.add_subcommand(
+      "replay", "replay a Mooncake trace through kvr's selection pipeline and simulated workers");
+  auto options = std::make_shared<ReplayCommandOptions>();
+  command->add_option("--trace", options->trace, "Mooncake JSONL trace")
+      ->capture_default_str()
+      ->check(CLI::ExistingFile);
+  command->add_option("--workers", options->replay.workers, "simulated workers")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{100'000}));
+  command->add_option("--speedup", options->replay.speedup, "divides inter-arrival times")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command->add_option("--limit", options->limit, "replay only the first N requests (0: all)")
+      ->capture_default_str();
+  command->add_option("--seed", options->replay.seed, "seed of every random choice")
+      ->capture_default_str();
+  command
+      ->add_option("--policies", options->policies,
+                   "comma-separated policy types or router-policy instances, run side by side")
+      ->capture_default_str();
+  command
+      ->add_option("--router-policy-config", options->router_policy_config,
+                   "router-policy YAML whose instances --policies may name")
+      ->check(CLI::ExistingFile);
+  command->add_option("--json", options->json_path, "write the report as JSON");
+  command->add_option("--plot", options->plot_path, "write a PNG plot (python3-matplotlib)");
+  command
+      ->add_option("--kv-event-delay-ms", options->replay.kv_event_delay_ms,
+                   "delay from a worker's KV event or load report to the router")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  command
+      ->add_option("--temperature", options->replay.router.temperature,
+                   "kv-cost softmax temperature (0: lowest cost)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  command->add_flag("--quiet", options->quiet, "no progress bar");
+  add_engine_options(*command, options->replay.engine);
+  command->callback([options, &exit_code] {
+    if (auto valid = options->replay.engine.validate(); !valid) {
+      std::cerr << "kvr replay: " << valid.error().message() << '\n';
+      exit_code = 2;
+      return;
+    }
+    exit_code = run_replay(*options);
+  });
+}
+
+}  // namespace kvr::cli
