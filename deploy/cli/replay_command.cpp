@@ -52,20 +52,22 @@ std::vector<std::string> split_names(const std::string& text) {
 class ProgressBar {
  public:
   ProgressBar(std::vector<std::string> labels, std::size_t total, bool enabled)
-      : labels_(std::move(labels)), total_(total), enabled_(enabled) {}
+      : labels_(std::move(labels)), total_(total), enabled_(enabled), terminal_(isatty(2) == 1) {}
 
   void update(std::size_t policy, std::size_t done) {
     if (!enabled_ || total_ == 0) return;
-    const std::size_t percent = done * 100 / total_;
+    // A terminal gets a bar redrawn every percent; a log file a line every quarter.
+    const std::size_t step = terminal_ ? 1 : 25;
+    const std::size_t percent = done * 100 / total_ / step * step;
     if (policy == last_policy_ && percent == last_percent_ && done != total_) return;
     last_policy_ = policy;
     last_percent_ = percent;
     constexpr std::size_t kWidth = 30;
     const std::size_t filled = percent * kWidth / 100;
-    std::cerr << fmt::format("\r  {:<26} [{}{}] {:>3}% {}/{}", labels_[policy],
-                             std::string(filled, '#'), std::string(kWidth - filled, '.'), percent,
-                             done, total_);
-    if (done == total_) std::cerr << '\n';
+    std::cerr << fmt::format("{}  {:<26} [{}{}] {:>3}% {}/{}", terminal_ ? "\r" : "",
+                             labels_[policy], std::string(filled, '#'),
+                             std::string(kWidth - filled, '.'), percent, done, total_);
+    if (done == total_ || !terminal_) std::cerr << '\n';
     std::cerr.flush();
   }
 
@@ -73,6 +75,7 @@ class ProgressBar {
   std::vector<std::string> labels_;
   std::size_t total_;
   bool enabled_;
+  bool terminal_;
   std::size_t last_policy_ = SIZE_MAX;
   std::size_t last_percent_ = SIZE_MAX;
 };

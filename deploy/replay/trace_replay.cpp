@@ -127,6 +127,7 @@ class PolicyRun {
       stepping_.push_back(false);
       in_flight_.emplace_back();
       next_event_id_.push_back(1);
+      last_load_report_.push_back(0);
     }
   }
 
@@ -183,19 +184,24 @@ class PolicyRun {
       schedule(delivery, EventKind::KvDelivery, w,
                static_cast<std::uint32_t>(pending_batches_.size() - 1));
     }
-    const simulation::EngineLoad load = engines_[w].load();
-    pending_loads_.push_back(discovery::ConfirmedLoad{
-        .active_requests = static_cast<std::uint32_t>(load.active_requests + load.waiting_requests),
-        .waiting_requests = static_cast<std::uint32_t>(load.waiting_requests),
-        .active_decode_blocks = load.active_decode_blocks,
-        .active_prefill_tokens = load.active_prefill_tokens,
-        .kv_blocks_used = load.kv_blocks_used});
-    schedule(delivery, EventKind::LoadReport, w,
-             static_cast<std::uint32_t>(pending_loads_.size() - 1));
-    if (engines_[w].has_work()) {
-      start_step(w, now);
-    } else {
+    const bool idle = !engines_[w].has_work();
+    if (idle || now - last_load_report_[w] >= options_.load_report_interval_ms) {
+      last_load_report_[w] = now;
+      const simulation::EngineLoad load = engines_[w].load();
+      pending_loads_.push_back(discovery::ConfirmedLoad{
+          .active_requests =
+              static_cast<std::uint32_t>(load.active_requests + load.waiting_requests),
+          .waiting_requests = static_cast<std::uint32_t>(load.waiting_requests),
+          .active_decode_blocks = load.active_decode_blocks,
+          .active_prefill_tokens = load.active_prefill_tokens,
+          .kv_blocks_used = load.kv_blocks_used});
+      schedule(delivery, EventKind::LoadReport, w,
+               static_cast<std::uint32_t>(pending_loads_.size() - 1));
+    }
+    if (idle) {
       stepping_[w] = false;
+    } else {
+      start_step(w, now);
     }
   }
 
@@ -218,6 +224,7 @@ class PolicyRun {
   std::vector<bool> stepping_;
   std::vector<StepResult> in_flight_;
   std::vector<EventId> next_event_id_;
+  std::vector<double> last_load_report_;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> queue_;
   std::uint64_t next_sequence_ = 0;
   std::deque<KvEventBatch> pending_batches_;

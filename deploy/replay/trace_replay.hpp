@@ -27,6 +27,9 @@ struct ReplayOptions {
   simulation::EngineConfig engine;
   /// Time from a worker publishing KV events or a load report to the router applying it.
   double kv_event_delay_ms = 5.0;
+  /// A busy worker reports its load at the end of a step at most this often (and always when it
+  /// falls idle), as a live worker reports on a timer.
+  double load_report_interval_ms = 50.0;
   /// Router settings other than the block size (kv-cost defaults, temperature, thresholds).
   plugins::worker_selection::RouterConfig router;
   /// Called after each request is routed: (policy index, requests routed so far).
