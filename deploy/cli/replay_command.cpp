@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 
@@ -95,14 +96,22 @@ bool draw_plot(const std::string& json_path, const std::string& plot_path) {
   const bool written =
       write(fd, script.data(), script.size()) == static_cast<ssize_t>(script.size());
   close(fd);
+  // Debian's interpreter is the one python3-matplotlib installs into; a python3 earlier on PATH
+  // (a virtualenv, pyenv) may lack it. KVR_PYTHON overrides both.
+  std::string python = "python3";
+  if (const char* chosen = std::getenv("KVR_PYTHON"); chosen != nullptr && *chosen != '\0') {
+    python = chosen;
+  } else if (access("/usr/bin/python3", X_OK) == 0) {
+    python = "/usr/bin/python3";
+  }
   bool drawn = false;
   if (written) {
-    std::vector<std::string> argv{"python3", script_path, json_path, plot_path};
+    std::vector<std::string> argv{python, script_path, json_path, plot_path};
     std::vector<char*> args;
     for (auto& arg : argv) args.push_back(arg.data());
     args.push_back(nullptr);
     pid_t pid = -1;
-    if (posix_spawnp(&pid, "python3", nullptr, nullptr, args.data(), environ) == 0) {
+    if (posix_spawnp(&pid, python.c_str(), nullptr, nullptr, args.data(), environ) == 0) {
       int status = 0;
       waitpid(pid, &status, 0);
       drawn = WIFEXITED(status) && WEXITSTATUS(status) == 0;

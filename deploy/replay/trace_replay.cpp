@@ -90,6 +90,9 @@ class PolicyRun {
     return std::move(outcomes_);
   }
 
+  /// Engine time summed over every worker, in ms.
+  double busy_ms() const { return busy_ms_; }
+
  private:
   static actors::SelectorOptions make_selector_options(const ReplayOptions& options) {
     actors::SelectorOptions selector;
@@ -161,6 +164,7 @@ class PolicyRun {
 
   void start_step(std::size_t w, double now) {
     in_flight_[w] = engines_[w].step(now);
+    busy_ms_ += in_flight_[w].duration_ms;
     stepping_[w] = true;
     schedule(in_flight_[w].end_ms(), EventKind::StepEnd, static_cast<std::uint32_t>(w));
   }
@@ -225,6 +229,7 @@ class PolicyRun {
   std::vector<StepResult> in_flight_;
   std::vector<EventId> next_event_id_;
   std::vector<double> last_load_report_;
+  double busy_ms_ = 0;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> queue_;
   std::uint64_t next_sequence_ = 0;
   std::deque<KvEventBatch> pending_batches_;
@@ -276,6 +281,10 @@ simulation::PolicyReport TraceReplay::run(const std::string& label,
   simulation::PolicyReport report =
       simulation::make_policy_report(label, requests_.size(), outcomes, options_.workers);
   report.failures.assign(failures.begin(), failures.end());
+  if (report.makespan_s > 0) {
+    report.utilization =
+        run.busy_ms() / (1000.0 * report.makespan_s * static_cast<double>(options_.workers));
+  }
   return report;
 }
 

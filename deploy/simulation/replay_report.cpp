@@ -117,16 +117,17 @@ std::string format_table(const ReplayReport& report) {
       "e2e p99", "out tok/s", "imbal");
   for (const PolicyReport& policy : report.policies) {
     table += fmt::format(
-        "{:<26} {:>9} {:>8.3f} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>8.2f} {:>10.1f} "
-        "{:>10.1f} {:>9.0f} {:>6.2f}\n",
+        "{:<26} {:>11} {:>6.3f} {:>10.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>7.2f} {:>9.1f} {:>9.1f} "
+        "{:>9.0f} {:>6.2f} {:>5.2f}\n",
         policy.policy, fmt::format("{}/{}", policy.completed, policy.requests), policy.hit_rate,
         policy.ttft_ms.mean, policy.ttft_ms.p50, policy.ttft_ms.p90, policy.ttft_ms.p99,
         policy.itl_ms.mean, policy.e2e_ms.p50, policy.e2e_ms.p99, policy.output_tokens_per_s,
-        policy.load_imbalance);
+        policy.load_imbalance, policy.utilization);
   }
   table +=
       "(latencies in ms of simulated time; hit = prompt tokens served from cache / prompt "
-      "tokens; imbal = max/mean tokens served per worker)\n";
+      "tokens; imbal = max/mean tokens served per worker; busy = share of time workers ran "
+      "steps)\n";
   return table;
 }
 
@@ -157,6 +158,7 @@ std::string to_json(const ReplayReport& report) {
     entry["requests"] = policy.requests;
     entry["requests_per_s"] = rounded(policy.requests_per_s);
     entry["ttft_ms"] = latency_json(policy.ttft_ms);
+    entry["utilization"] = rounded(policy.utilization);
     policies.push_back(std::move(entry));
   }
   json["policies"] = std::move(policies);

@@ -48,6 +48,8 @@ struct PolicyReport {
   double requests_per_s = 0;
   /// max / mean of prompt+output tokens served per worker (1.0 is perfectly even).
   double load_imbalance = 0;
+  /// Mean share of the makespan the workers spent running engine steps (0..1).
+  double utilization = 0;
   /// Selection failures by message, for diagnosis.
   std::vector<std::pair<std::string, std::size_t>> failures;
   /// Wall-clock seconds the replay of this policy took (not part of the JSON: it varies).
