@@ -6,7 +6,7 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build_dir=${KVR_QUICKSTART_BUILD_DIR:-"$root/build/release"}
+build_dir=${KVR_QUICKSTART_BUILD_DIR:-"$root/build/quickstart"}
 out_dir=${KVR_QUICKSTART_OUT:-"$root/out"}
 jobs=${KVR_BUILD_JOBS:-$(nproc)}
 
