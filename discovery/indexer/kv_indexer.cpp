@@ -368,7 +368,16 @@ std::expected<void, IndexError> KvIndexer::remove_blocks(SlotId slot, const KvRe
   const std::uint32_t bit = tier_bit(event.tier);
   SlotState& state = slots_[slot];
   bool unknown = false;
-  for (const BlockHash hash : event.block_hashes) {
+  // Evicted blocks are cold: their hash-set slots and nodes are cache misses. Prefetching a few
+  // blocks ahead overlaps those misses instead of paying them one after another.
+  constexpr std::size_t kPrefetchDistance = 8;
+  const auto& hashes = event.block_hashes;
+  for (std::size_t i = 0; i < std::min(kPrefetchDistance, hashes.size()); ++i) {
+    node_set_.prefetch(hashes[i]);
+  }
+  for (std::size_t i = 0; i < hashes.size(); ++i) {
+    if (i + kPrefetchDistance < hashes.size()) node_set_.prefetch(hashes[i + kPrefetchDistance]);
+    const BlockHash hash = hashes[i];
     const NodeId id = find_node(hash);
     if (id == kNoNode) {
       unknown = true;

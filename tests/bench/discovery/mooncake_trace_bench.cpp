@@ -1,16 +1,16 @@
 // Trace benchmark: the Mooncake conversation trace (12,031 requests) against a fleet whose KV
-// events come from per-worker LRU caches filled by the requests routed to them. Each request is
-// one find_matches; the chosen worker's cache emits Removed (evictions) and Stored (new blocks)
-// batches, applied for every replica of that worker. Only index calls are timed.
+// events come from per-worker caches filled by the requests routed to them: each worker's cache
+// is the simulated engine's block pool (prefix reuse, LRU eviction of unreferenced blocks). Each
+// request is one find_matches; the chosen worker's pool emits Removed (evictions) and Stored (new
+// blocks) batches, applied for every replica of that worker. Only index calls are timed.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <list>
 #include <vector>
 
-#include <absl/container/flat_hash_map.h>
 #include <benchmark/benchmark.h>
 
+#include "deploy/simulation/block_pool.hpp"
 #include "deploy/simulation/mooncake_trace.hpp"
 #include "discovery/indexer/kv_indexer.hpp"
 
@@ -36,36 +36,36 @@ const std::vector<std::vector<BlockHash>>& trace_prompts() {
   return prompts;
 }
 
-// One worker's cache: LRU over block hashes, most recent at the front.
-class LruCache {
+// One worker's cache: the simulated engine's block pool of the advertised capacity.
+class WorkerCache {
  public:
-  // Touches `blocks` (leaf first, so a parent is never older than its children) and fills
-  // `evicted` and the index of the first block that was not cached.
-  std::size_t admit(const std::vector<BlockHash>& blocks, std::vector<BlockHash>& evicted) {
+  WorkerCache() : pool_(kCapacityBlocks) {}
+
+  // Serves `blocks` as an engine would (reuse the cached prefix, compute and store the rest,
+  // release when done), fills `events` with what the pool announced, and returns the number of
+  // leading blocks that were cached.
+  std::size_t admit(const std::vector<BlockHash>& blocks, std::vector<KvEvent>& events) {
     const std::size_t length = std::min<std::size_t>(blocks.size(), kCapacityBlocks);
-    std::size_t cached = 0;
-    while (cached < length && position_.contains(blocks[cached])) ++cached;
-    evicted.clear();
-    for (std::size_t i = length; i-- > 0;) {
-      auto it = position_.find(blocks[i]);
-      if (it != position_.end()) {
-        order_.splice(order_.begin(), order_, it->second);
-      } else {
-        order_.push_front(blocks[i]);
-        position_[blocks[i]] = order_.begin();
-      }
+    const std::span<const BlockHash> prompt{blocks.data(), length};
+    const std::size_t cached = pool_.match_prefix(prompt).blocks;
+    held_.clear();
+    for (std::size_t i = 0; i < cached; ++i) held_.push_back(pool_.acquire(prompt[i]));
+    for (std::size_t i = cached; i < length; ++i) {
+      const auto block = pool_.allocate();
+      if (!block) break;
+      pool_.commit(*block, prompt[i],
+                   i > 0 ? std::optional<BlockHash>{prompt[i - 1]} : std::nullopt);
+      held_.push_back(*block);
     }
-    while (order_.size() > kCapacityBlocks) {
-      evicted.push_back(order_.back());
-      position_.erase(order_.back());
-      order_.pop_back();
-    }
+    // Leaf first, so that a prompt's tail is evicted before its shared prefix.
+    for (auto it = held_.rbegin(); it != held_.rend(); ++it) pool_.release(*it);
+    events = pool_.take_events();
     return cached;
   }
 
  private:
-  std::list<BlockHash> order_;
-  absl::flat_hash_map<BlockHash, std::list<BlockHash>::iterator> position_;
+  simulation::BlockPool pool_;
+  std::vector<simulation::BlockIndex> held_;
 };
 
 void BM_MooncakeTrace(benchmark::State& state) {
@@ -86,14 +86,13 @@ void BM_MooncakeTrace(benchmark::State& state) {
   std::uint64_t rejected = 0;
   for (auto _ : state) {
     KvIndexer index;
-    std::vector<LruCache> caches(kBaseWorkers);
+    std::vector<WorkerCache> caches(kBaseWorkers);
     std::vector<std::uint64_t> assigned(kBaseWorkers, 0);
     std::vector<EventId> next_id(kBaseWorkers * replicas, 1);
     for (std::size_t w = 0; w < kBaseWorkers * replicas; ++w) {
       (void)index.add_worker({w + 1, 0}, {kCapacityBlocks, 1, false});
     }
     MatchResult result;
-    std::vector<BlockHash> evicted;
     KvEventBatch batch;
     std::size_t round_robin = 0;
     lookup_ns.clear();
@@ -123,17 +122,7 @@ void BM_MooncakeTrace(benchmark::State& state) {
       ++assigned[chosen];
       hit_blocks += chosen_overlap;
       prompt_blocks += prompt.size();
-      const std::size_t cached = caches[chosen].admit(prompt, evicted);
-      const std::size_t stored_end = std::min<std::size_t>(prompt.size(), kCapacityBlocks);
-      batch.events.clear();
-      if (!evicted.empty()) batch.events.push_back(KvRemovedEvent{evicted, StorageTier::Device});
-      if (cached < stored_end) {
-        KvStoredEvent stored;
-        if (cached > 0) stored.parent_hash = prompt[cached - 1];
-        stored.block_hashes.assign(prompt.begin() + static_cast<std::ptrdiff_t>(cached),
-                                   prompt.begin() + static_cast<std::ptrdiff_t>(stored_end));
-        batch.events.push_back(std::move(stored));
-      }
+      caches[chosen].admit(prompt, batch.events);
       if (batch.events.empty()) continue;
       batch.incarnation = 1;
       for (std::size_t r = 0; r < replicas; ++r) {
