@@ -10,6 +10,14 @@ namespace {
 using plugins::worker_selection::WorkerSelectionPolicyError;
 using Kind = WorkerSelectionPolicyError::Kind;
 
+// A reported count adjusted by the bookings' change since the report (predicted_load.hpp): the
+// report already counts the requests it had received, so adding every open booking would count
+// them twice. Never below zero.
+std::uint64_t plus_change(std::uint64_t reported, std::int64_t change) {
+  const std::int64_t total = static_cast<std::int64_t>(reported) + change;
+  return total < 0 ? 0 : static_cast<std::uint64_t>(total);
+}
+
 Error to_error(Kind kind) {
   switch (kind) {
     case Kind::NoEndpoints:
@@ -43,9 +51,10 @@ SelectorState::register_worker(discovery::WorkerRegistration registration, TimeP
   if (registration.model != options_.partition.model ||
       registration.routing_group != options_.partition.routing_group) {
     return std::unexpected(discovery::RegistrationError{
-        "model", fmt::format("'{}' group '{}' belongs to another partition than '{}' group '{}'",
-                             registration.model, registration.routing_group,
-                             options_.partition.model, options_.partition.routing_group)});
+        registration.model != options_.partition.model ? "model" : "routing_group",
+        fmt::format("'{}' group '{}' belongs to another partition than '{}' group '{}'",
+                    registration.model, registration.routing_group, options_.partition.model,
+                    options_.partition.routing_group)});
   }
   auto change = discovery_.register_worker(std::move(registration), now);
   if (change) rows_dirty_ = true;
@@ -134,12 +143,14 @@ void SelectorState::refresh_busy_signals(RoleRows& rows) const {
     selection::WorkerDescriptor& descriptor = rows.descriptors[row];
     const auto view = discovery_.load().rank_load(descriptor.worker);
     if (!view) continue;
-    const std::uint64_t reported_prefill =
-        view->confirmed ? view->confirmed->active_prefill_tokens : 0;
-    descriptor.active_prefill_tokens = reported_prefill + view->booked_prefill_tokens;
-    if (view->confirmed && rows.total_kv_blocks[row] > 0) {
-      descriptor.kv_usage = static_cast<double>(view->confirmed->kv_blocks_used) /
-                            static_cast<double>(rows.total_kv_blocks[row]);
+    // Until the first report the bookings' change is the whole estimate.
+    const discovery::ConfirmedLoad confirmed = view->confirmed.value_or(discovery::ConfirmedLoad{});
+    descriptor.active_prefill_tokens =
+        plus_change(confirmed.active_prefill_tokens, view->prefill_tokens_since_report);
+    if ((view->confirmed || view->open_bookings > 0) && rows.total_kv_blocks[row] > 0) {
+      descriptor.kv_usage =
+          static_cast<double>(plus_change(confirmed.kv_blocks_used, view->blocks_since_report)) /
+          static_cast<double>(rows.total_kv_blocks[row]);
     } else {
       descriptor.kv_usage.reset();
     }
@@ -187,7 +198,9 @@ void SelectorState::compute_signals(const selection::SelectionRequest& request,
       const auto projection = discovery_.load().project(
           role_rows.descriptors[row].worker,
           discovery::CandidateRequest{.prompt_blocks = prompt_blocks}, projection_scratch_);
-      if (projection && projection->is_available) {
+      // A rank that has not reported yet but carries bookings is not unknown: its bookings are
+      // the whole estimate, and hiding them would herd a burst onto it.
+      if (projection && (projection->is_available || projection->active_requests > 0)) {
         load_out[i] = selection::WorkerLoadInput{selection::WorkerLoadInput::Values{
             .active_requests = projection->active_requests,
             .active_prefill_tokens = projection->active_prefill_tokens,
@@ -213,6 +226,12 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::route(const RouteInput&
                      fmt::format("{} block hashes exceed the {} full blocks of a {}-token prompt",
                                  input.block_hashes.size(), input.prompt_tokens / block_size,
                                  input.prompt_tokens)});
+  }
+  // Refused before selection, so that a duplicate leaves no trace in stateful policies.
+  if (discovery_.load().has_booking(input.request_id)) {
+    return std::unexpected(RouteFailure{
+        Error::invalid_request,
+        fmt::format("request id '{}' is already routed and not yet released", input.request_id)});
   }
   const selection::SelectionRequest request{
       .request_id = input.request_id,

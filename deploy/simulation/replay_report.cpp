@@ -111,10 +111,11 @@ std::string format_table(const ReplayReport& report) {
       "{:.3f}\n",
       report.trace, report.requests, report.workers, report.speedup, report.block_size,
       report.infinite_cache_hit_rate);
+  // The same widths as the rows below, so that every value sits under its header.
   table += fmt::format(
-      "{:<26} {:>9} {:>8} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>9} {:>6}\n", "policy",
-      "completed", "hit", "ttft mean", "ttft p50", "ttft p90", "ttft p99", "itl", "e2e p50",
-      "e2e p99", "out tok/s", "imbal");
+      "{:<26} {:>11} {:>6} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>6} {:>5}\n",
+      "policy", "completed", "hit", "ttft mean", "ttft p50", "ttft p90", "ttft p99", "itl",
+      "e2e p50", "e2e p99", "out tok/s", "imbal", "busy");
   for (const PolicyReport& policy : report.policies) {
     table += fmt::format(
         "{:<26} {:>11} {:>6.3f} {:>10.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>7.2f} {:>9.1f} {:>9.1f} "
@@ -132,22 +133,17 @@ std::string format_table(const ReplayReport& report) {
 }
 
 std::string to_json(const ReplayReport& report) {
-  nlohmann::ordered_json json;
-  json["block_size"] = report.block_size;
-  json["infinite_cache_hit_rate"] = rounded(report.infinite_cache_hit_rate);
-  json["requests"] = report.requests;
-  json["seed"] = report.seed;
-  json["speedup"] = rounded(report.speedup);
-  json["trace"] = report.trace;
-  json["workers"] = report.workers;
   nlohmann::ordered_json policies = nlohmann::ordered_json::array();
   for (const PolicyReport& policy : report.policies) {
     nlohmann::ordered_json entry;
     entry["completed"] = policy.completed;
     entry["e2e_ms"] = latency_json(policy.e2e_ms);
     entry["failed"] = policy.failed;
+    // Sorted by message whatever the order the report holds them in.
+    std::map<std::string, std::size_t> sorted_failures;
+    for (const auto& [message, count] : policy.failures) sorted_failures[message] += count;
     nlohmann::ordered_json failures = nlohmann::ordered_json::object();
-    for (const auto& [message, count] : policy.failures) failures[message] = count;
+    for (const auto& [message, count] : sorted_failures) failures[message] = count;
     entry["failures"] = failures;
     entry["hit_rate"] = rounded(policy.hit_rate);
     entry["itl_ms"] = latency_json(policy.itl_ms);
@@ -161,7 +157,16 @@ std::string to_json(const ReplayReport& report) {
     entry["utilization"] = rounded(policy.utilization);
     policies.push_back(std::move(entry));
   }
+  // Keys in sorted order: "policies" comes between "infinite_cache_hit_rate" and "requests".
+  nlohmann::ordered_json json;
+  json["block_size"] = report.block_size;
+  json["infinite_cache_hit_rate"] = rounded(report.infinite_cache_hit_rate);
   json["policies"] = std::move(policies);
+  json["requests"] = report.requests;
+  json["seed"] = report.seed;
+  json["speedup"] = rounded(report.speedup);
+  json["trace"] = report.trace;
+  json["workers"] = report.workers;
   return json.dump(2) + "\n";
 }
 

@@ -116,6 +116,10 @@ std::expected<void, LoadError> PredictedLoad::book(BookingRequest request) {
   return {};
 }
 
+bool PredictedLoad::has_booking(std::string_view request_id) const {
+  return bookings_.contains(as_key(request_id));
+}
+
 std::expected<void, LoadError> PredictedLoad::first_token(std::string_view request_id) {
   const auto it = bookings_.find(as_key(request_id));
   if (it == bookings_.end()) return std::unexpected(LoadError::unknown_booking);

@@ -148,6 +148,8 @@ class PredictedLoad {
   std::optional<RankLoadView> rank_load(WorkerWithDpRank worker) const;
 
   std::size_t open_bookings() const { return bookings_.size(); }
+  /// True while a booking with this request id is open.
+  bool has_booking(std::string_view request_id) const;
   /// Index of blocks active in open bookings (tests check it drains).
   const KvIndexer& active_blocks() const { return active_blocks_; }
 
