@@ -8,7 +8,7 @@ packages=(
   libcaf-dev libnats-dev nats-server
   libyaml-cpp-dev libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev libbenchmark-dev
-  libabsl-dev libxxhash-dev libspdlog-dev libfmt-dev libcli11-dev libcpp-httplib-dev
+  libssl-dev libabsl-dev libxxhash-dev libspdlog-dev libfmt-dev libcli11-dev libcpp-httplib-dev
   nlohmann-json3-dev python3 python3-matplotlib
 )
 

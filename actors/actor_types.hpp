@@ -1,0 +1,141 @@
+// The CAF message types and atoms of the router node, in one place: the atoms, the local message
+// structs exchanged between the node's actors, the protobuf wrappers that actor clients send to
+// the published ingress actor, and that actor's typed interface. Include only from actor code:
+// every translation unit that includes CAF costs seconds of compile time and ~0.7 GB.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <string>
+#include <vector>
+
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/atom.hpp>
+#include <caf/error.hpp>
+#include <caf/meta/load_callback.hpp>
+#include <caf/meta/save_callback.hpp>
+#include <caf/meta/type_name.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/type_id.hpp>
+#include <caf/typed_actor.hpp>
+
+#include "actors/discovery/worker_messages.hpp"
+#include "actors/ingress/route_request.hpp"
+#include "actors/selector/selector_state.hpp"
+#include "kvr/v1/routing.pb.h"
+#include "messages/caf_error.hpp"
+
+namespace kvr::actors {
+
+// ---- local messages (never leave the process) -------------------------------------------------
+
+/// A route request on its way from an ingress to the reservation actor.
+struct RouteEnvelope {
+  RouteRequestData request;
+  /// NATS subject the decision is published on; empty for actor clients (they get the reply).
+  std::string reply_subject;
+  std::chrono::steady_clock::time_point received;
+};
+
+/// A selector's answer to a route request: the booked outcome or why there is none.
+struct SelectorReply {
+  std::expected<RouteOutcome, RouteFailure> result;
+  std::string policy;            ///< the instance name serving the request's worker type
+  std::string generate_subject;  ///< the chosen worker's generate subject
+};
+
+/// A lifecycle report on its way to the reservation actor.
+struct ReportEnvelope {
+  LifecycleReportData report;
+  std::string reply_subject;  ///< NATS subject the ack is published on; empty for actors
+};
+
+/// A booking change (first token or release) addressed to one partition's selector.
+struct BookingUpdate {
+  plugins::worker_selection::RoutingPartition partition;
+  std::string request_id;
+  bool release = true;  ///< false: first token (prefill tokens only)
+  discovery::BookingEnd end = discovery::BookingEnd::completed;
+};
+
+/// The selector's answer to a BookingUpdate.
+struct BookingUpdateReply {
+  bool applied = false;
+  std::string message;
+};
+
+// ---- messages of actor clients (cross nodes: registered, serialised as protobuf bytes) -------
+
+/// A protobuf message carried through CAF as its serialised bytes.
+template <class Proto>
+struct ProtoMessage {
+  Proto value;
+};
+
+/// RouteRequest → RouteDecision, LifecycleReport → LifecycleAck (messages/kvr/v1/routing.proto).
+using RouteRequestMessage = ProtoMessage<v1::RouteRequest>;
+using RouteDecisionMessage = ProtoMessage<v1::RouteDecision>;
+using LifecycleReportMessage = ProtoMessage<v1::LifecycleReport>;
+using LifecycleAckMessage = ProtoMessage<v1::LifecycleAck>;
+
+template <class Inspector, class Proto>
+typename Inspector::result_type inspect(Inspector& f, ProtoMessage<Proto>& x) {
+  std::string bytes;
+  return f(caf::meta::type_name("kvr::actors::ProtoMessage"),
+           caf::meta::save_callback([&]() -> caf::error {
+             if (!x.value.SerializeToString(&bytes)) return caf::make_error(Error::bad_message);
+             return caf::none;
+           }),
+           bytes, caf::meta::load_callback([&]() -> caf::error {
+             if (!x.value.ParseFromString(bytes)) return caf::make_error(Error::bad_message);
+             return caf::none;
+           }));
+}
+
+}  // namespace kvr::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::RouteEnvelope)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::SelectorReply)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ReportEnvelope)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::BookingUpdate)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::BookingUpdateReply)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::RouteRequestData)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::WorkerLiveness)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::WorkerLoadReport)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::discovery::WorkerRegistration)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::KvEventBatch)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::KvDump)
+
+// Atoms (at most 10 characters in CAF 0.17) and the types actor clients exchange with a node.
+CAF_BEGIN_TYPE_ID_BLOCK(kvr_actors, caf::first_custom_type_id)
+CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::RouteRequestMessage))
+CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::RouteDecisionMessage))
+CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::LifecycleReportMessage))
+CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::LifecycleAckMessage))
+CAF_ADD_ATOM(kvr_actors, kvr::actors, route_atom, "route")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, report_atom, "report")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, worker_up_atom, "worker_up")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, heartbeat_atom, "heartbeat")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, worker_down_atom, "worker_dn")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, load_atom, "load")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, kv_events_atom, "kv_events")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, kv_dump_atom, "kv_dump")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, booking_atom, "booking")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, expire_atom, "expire")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, resync_atom, "resync")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, removed_atom, "removed")
+CAF_END_TYPE_ID_BLOCK(kvr_actors)
+
+namespace kvr::actors {
+
+/// The published ingress actor, the request API for actor clients (local or remote):
+///  - route: a RouteRequest → its RouteDecision (success with a lease, or an explicit error);
+///  - report: a LifecycleReport against a lease → LifecycleAck.
+/// A remote client registers caf::id_block::kvr_actors with its actor_system_config and
+/// connects with middleman().remote_actor<ingress_actor>(host, port).
+using ingress_actor = caf::typed_actor<
+    caf::replies_to<route_atom, RouteRequestMessage>::with<RouteDecisionMessage>,
+    caf::replies_to<report_atom, LifecycleReportMessage>::with<LifecycleAckMessage>>;
+
+}  // namespace kvr::actors

@@ -1,0 +1,143 @@
+#include "actors/discovery/discovery_actor.hpp"
+
+#include <caf/event_based_actor.hpp>
+#include <caf/response_promise.hpp>
+#include <caf/spawn_options.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "actors/actor_types.hpp"
+
+namespace kvr::actors {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Self = caf::stateful_actor<DiscoveryActorState>*;
+using PartitionKey = std::pair<std::string, std::string>;
+
+// Asks every worker to register again, at most once per throttle period.
+void request_discovery(Self self, bool force) {
+  auto& state = self->state;
+  const auto now = Clock::now();
+  if (!force && now - state.last_discovery_request < state.config.discovery_throttle) return;
+  state.last_discovery_request = now;
+  state.config.selector.metrics->add("kvr_discovery_requests_total");
+  state.config.selector.publisher->request_discovery();
+}
+
+// The selector of a known worker, or an invalid handle (and a discovery request).
+caf::actor selector_of_worker(Self self, WorkerId worker) {
+  auto& state = self->state;
+  const auto partition = state.worker_partition.find(worker);
+  if (partition != state.worker_partition.end()) {
+    const auto selector = state.selectors.find(partition->second);
+    if (selector != state.selectors.end()) return selector->second;
+  }
+  // A worker we never heard register (this node started after it, or the registration was lost).
+  request_discovery(self, false);
+  return {};
+}
+
+caf::actor selector_of_partition(Self self, const PartitionKey& key) {
+  const auto it = self->state.selectors.find(key);
+  return it == self->state.selectors.end() ? caf::actor{} : it->second;
+}
+
+caf::actor spawn_selector(Self self, const PartitionKey& key) {
+  auto& state = self->state;
+  SelectorActorConfig config = state.config.selector;
+  config.options.partition = {key.first, key.second};
+  config.discovery = caf::actor_cast<caf::actor>(self);
+  // Linked: a failing selector takes the node's discovery down visibly, and discovery's exit
+  // ends every selector.
+  auto selector = self->spawn<caf::linked>(selector_actor, std::move(config));
+  state.selectors.emplace(key, selector);
+  spdlog::info("kvr node: serving partition {}/{}", key.first, key.second);
+  return selector;
+}
+
+}  // namespace
+
+caf::behavior discovery_actor(Self self, DiscoveryActorConfig config) {
+  self->state.config = std::move(config);
+  return {
+      [self](worker_up_atom, discovery::WorkerRegistration& registration) {
+        auto& state = self->state;
+        PartitionKey key{registration.model, registration.routing_group};
+        // A worker that moved to another partition (restarted with a new model or group) stops
+        // renewing its old registration there, which then expires with its lease.
+        caf::actor selector = selector_of_partition(self, key);
+        if (!selector) selector = spawn_selector(self, key);
+        state.worker_partition[registration.worker_id] = key;
+        self->send(selector, worker_up_atom::value, std::move(registration));
+      },
+      [self](heartbeat_atom, const WorkerLiveness& heartbeat) {
+        if (auto selector = selector_of_worker(self, heartbeat.worker_id)) {
+          self->send(selector, heartbeat_atom::value, heartbeat);
+        }
+      },
+      [self](worker_down_atom, const WorkerLiveness& deregistration) {
+        if (auto selector = selector_of_worker(self, deregistration.worker_id)) {
+          self->send(selector, worker_down_atom::value, deregistration);
+          self->state.worker_partition.erase(deregistration.worker_id);
+        }
+      },
+      [self](load_atom, WorkerLoadReport& report) {
+        if (auto selector = selector_of_worker(self, report.worker_id)) {
+          self->send(selector, load_atom::value, std::move(report));
+        }
+      },
+      [self](kv_events_atom, KvEventBatch& batch) {
+        if (auto selector = selector_of_worker(self, batch.worker.worker_id)) {
+          self->send(selector, kv_events_atom::value, std::move(batch));
+        }
+      },
+      [self](kv_dump_atom, KvDump& dump) {
+        if (auto selector = selector_of_worker(self, dump.worker.worker_id)) {
+          self->send(selector, kv_dump_atom::value, std::move(dump));
+        }
+      },
+      [self](route_atom, RouteRequestData& request) -> caf::response_promise {
+        auto promise = self->make_response_promise();
+        auto selector =
+            selector_of_partition(self, {request.partition.model, request.partition.routing_group});
+        if (!selector) {
+          promise.deliver(SelectorReply{
+              std::unexpected(RouteFailure{
+                  Error::no_workers,
+                  fmt::format("no worker serves model '{}' in routing group '{}'",
+                              request.partition.model, request.partition.routing_group)}),
+              {},
+              {}});
+          return promise;
+        }
+        promise.delegate(selector, route_atom::value, std::move(request));
+        return promise;
+      },
+      [self](booking_atom, BookingUpdate& update) -> caf::response_promise {
+        auto promise = self->make_response_promise();
+        auto selector =
+            selector_of_partition(self, {update.partition.model, update.partition.routing_group});
+        if (!selector) {
+          promise.deliver(BookingUpdateReply{false, "the partition has no workers any more"});
+          return promise;
+        }
+        promise.delegate(selector, booking_atom::value, std::move(update));
+        return promise;
+      },
+      [self](resync_atom) { request_discovery(self, true); },
+      [self](removed_atom, const std::vector<WorkerId>& removed) {
+        auto& state = self->state;
+        const auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+        for (WorkerId id : removed) {
+          const auto it = state.worker_partition.find(id);
+          if (it != state.worker_partition.end() &&
+              selector_of_partition(self, it->second) == sender) {
+            state.worker_partition.erase(it);
+          }
+        }
+      },
+  };
+}
+
+}  // namespace kvr::actors

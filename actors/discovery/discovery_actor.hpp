@@ -1,0 +1,58 @@
+// The discovery actor: one per node. Receives the validated worker messages from the NATS bridge
+// and forwards each to the selector actor of the worker's partition (model × routing group),
+// spawning (linked) one selector per partition on first registration; a selector serves every
+// worker role of its partition. Also the router's way into the selectors: route requests and
+// booking updates are delegated to the partition's selector.
+//
+// State it owns: partition → selector actor, worker id → partition, and when it last asked the
+// workers to register again.
+// Messages it handles (atoms in actors/actor_types.hpp):
+//   worker_up(WorkerRegistration), heartbeat(WorkerLiveness), worker_dn(WorkerLiveness),
+//   load(WorkerLoadReport), kv_events(KvEventBatch), kv_dump(KvDump)   — forwarded;
+//   route(RouteRequestData) → SelectorReply          — delegated, or a no_workers reply;
+//   booking(BookingUpdate) → BookingUpdateReply      — delegated, or "unknown partition";
+//   resync                                           — after a NATS reconnect: ask every worker
+//                                                      to register again;
+//   removed(std::vector<WorkerId>)                   — from a selector: these workers expired.
+// Messages from a worker it does not know (heartbeat, load, KV events) make it ask the workers to
+// register again (at most once per throttle period). Spawned by the router node. It must never
+// block, throw, touch a selector's state, or call NATS request().
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include <absl/container/flat_hash_map.h>
+#include <caf/actor.hpp>
+#include <caf/behavior.hpp>
+#include <caf/stateful_actor.hpp>
+
+#include "actors/selector/selector_actor.hpp"
+
+namespace kvr::actors {
+
+/// What the discovery actor is spawned with.
+struct DiscoveryActorConfig {
+  /// Template of every selector's configuration; the partition is filled in per selector.
+  SelectorActorConfig selector;
+  /// Workers are asked to register again at most this often.
+  std::chrono::milliseconds discovery_throttle{1000};
+};
+
+/// The discovery actor's state.
+struct DiscoveryActorState {
+  static inline const char* name = "kvr.discovery";
+  DiscoveryActorConfig config;
+  std::map<std::pair<std::string, std::string>, caf::actor> selectors;
+  absl::flat_hash_map<WorkerId, std::pair<std::string, std::string>> worker_partition;
+  std::chrono::steady_clock::time_point last_discovery_request{};
+};
+
+/// The discovery actor's behaviour.
+caf::behavior discovery_actor(caf::stateful_actor<DiscoveryActorState>* self,
+                              DiscoveryActorConfig config);
+
+}  // namespace kvr::actors

@@ -1,0 +1,38 @@
+// The ingress actor: the request API for actor clients, published through CAF's middleman
+// (`kvr node --actor-port`). Its typed interface, `ingress_actor`, is declared with the other
+// message types in actors/actor_types.hpp.
+//
+// State it owns: none (its configuration only).
+// Messages it handles: route(RouteRequestMessage) → RouteDecisionMessage: validates and hashes
+// the request (an invalid one gets an explicit error decision) and hands it to the reservation
+// actor; report(LifecycleReportMessage) → LifecycleAckMessage: validates and hands it on.
+// Spawned by the router node. Every request it makes carries a finite timeout; it must never
+// block, throw, or leave a client without an answer.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+
+#include <caf/actor.hpp>
+
+#include "actors/actor_types.hpp"
+#include "actors/metrics/metrics_registry.hpp"
+
+namespace kvr::actors {
+
+/// What the ingress actor is spawned with.
+struct IngressActorConfig {
+  caf::actor reservation;
+  std::uint32_t block_size = 16;
+  RouteDecodeLimits limits;
+  std::shared_ptr<metrics::MetricsRegistry> metrics;
+  /// How long the reservation actor may take; must exceed its own selector timeout.
+  std::chrono::milliseconds timeout{5'000};
+};
+
+/// The ingress actor's behaviour.
+ingress_actor::behavior_type ingress_actor_impl(ingress_actor::pointer self,
+                                                IngressActorConfig config);
+
+}  // namespace kvr::actors

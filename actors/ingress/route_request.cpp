@@ -1,0 +1,253 @@
+#include "actors/ingress/route_request.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "discovery/block_hash.hpp"
+
+namespace kvr::actors {
+namespace {
+
+std::unexpected<RouteFailure> invalid(std::string message) {
+  return std::unexpected(RouteFailure{Error::invalid_request, std::move(message)});
+}
+
+std::optional<WorkerType> worker_type_from(v1::WorkerRole role) {
+  switch (role) {
+    case v1::WORKER_ROLE_UNSPECIFIED:
+    case v1::WORKER_ROLE_AGGREGATED:
+      return WorkerType::Aggregated;
+    case v1::WORKER_ROLE_PREFILL:
+      return WorkerType::Prefill;
+    case v1::WORKER_ROLE_DECODE:
+      return WorkerType::Decode;
+    case v1::WORKER_ROLE_ENCODE:
+      return WorkerType::Encode;
+    default:
+      return std::nullopt;
+  }
+}
+
+std::optional<InputTrigger> trigger_from(v1::InputTrigger trigger) {
+  switch (trigger) {
+    case v1::INPUT_TRIGGER_USER_MESSAGE:
+      return InputTrigger::UserMessage;
+    case v1::INPUT_TRIGGER_TOOL_RESULT:
+      return InputTrigger::ToolResult;
+    case v1::INPUT_TRIGGER_OTHER:
+      return InputTrigger::Other;
+    default:
+      return std::nullopt;
+  }
+}
+
+}  // namespace
+
+RouteInput RouteRequestData::as_input() const {
+  return RouteInput{
+      .request_id = request_id,
+      .worker_type = worker_type,
+      .prompt_tokens = prompt_tokens,
+      .block_hashes = block_hashes,
+      .expected_output_tokens = expected_output_tokens,
+      .session = session ? &*session : nullptr,
+      .affinity_target = std::nullopt,
+      .pinned_worker = pinned_worker,
+      .priority = priority,
+      .allowed_workers = allowed_workers,
+      .required_taints = required_taints,
+      .preferred_taints = preferred_taints,
+  };
+}
+
+std::expected<RouteRequestData, RouteFailure> decode_route_request(
+    const v1::RouteRequest& wire, std::uint32_t block_size, const RouteDecodeLimits& limits) {
+  const auto too_long = [&](const std::string& value) {
+    return value.size() > limits.max_id_length;
+  };
+  if (wire.request_id().empty()) return invalid("request_id: empty");
+  if (too_long(wire.request_id())) {
+    return invalid(fmt::format("request_id: longer than {} bytes", limits.max_id_length));
+  }
+  if (wire.model().empty()) return invalid("model: empty");
+  if (too_long(wire.model()) || too_long(wire.routing_group()) ||
+      too_long(wire.cache_namespace())) {
+    return invalid(fmt::format("model, routing_group or cache_namespace: longer than {} bytes",
+                               limits.max_id_length));
+  }
+  RouteRequestData data;
+  data.request_id = wire.request_id();
+  data.partition.model = wire.model();
+  data.partition.routing_group = wire.routing_group().empty() ? "default" : wire.routing_group();
+  const auto worker_type = worker_type_from(wire.worker_role());
+  if (!worker_type) {
+    return invalid(
+        fmt::format("worker_role: unknown value {}", static_cast<int>(wire.worker_role())));
+  }
+  data.worker_type = *worker_type;
+
+  switch (wire.prompt_case()) {
+    case v1::RouteRequest::kTokens: {
+      const auto& ids = wire.tokens().ids();
+      if (ids.empty()) return invalid("tokens: empty prompt");
+      if (static_cast<std::size_t>(ids.size()) > limits.max_prompt_tokens) {
+        return invalid(fmt::format("tokens: {} tokens exceed the limit of {}", ids.size(),
+                                   limits.max_prompt_tokens));
+      }
+      data.prompt_tokens = static_cast<std::size_t>(ids.size());
+      const discovery::BlockHasher hasher{block_size, wire.cache_namespace()};
+      hasher.append_sequence_hashes(std::span<const std::uint32_t>{ids.data(), data.prompt_tokens},
+                                    data.block_hashes);
+      break;
+    }
+    case v1::RouteRequest::kBlockHashes: {
+      const auto& hashes = wire.block_hashes();
+      data.prompt_tokens = hashes.prompt_tokens();
+      if (data.prompt_tokens == 0) return invalid("block_hashes.prompt_tokens: zero");
+      if (data.prompt_tokens > limits.max_prompt_tokens) {
+        return invalid(fmt::format("block_hashes.prompt_tokens: {} exceeds the limit of {}",
+                                   data.prompt_tokens, limits.max_prompt_tokens));
+      }
+      const std::size_t full_blocks = data.prompt_tokens / block_size;
+      if (static_cast<std::size_t>(hashes.hashes_size()) > full_blocks) {
+        return invalid(fmt::format(
+            "block_hashes: {} hashes exceed the {} full blocks of {} tokens at block size {}",
+            hashes.hashes_size(), full_blocks, data.prompt_tokens, block_size));
+      }
+      data.block_hashes.assign(hashes.hashes().begin(), hashes.hashes().end());
+      break;
+    }
+    case v1::RouteRequest::PROMPT_NOT_SET:
+      return invalid("prompt: neither tokens nor block_hashes given");
+  }
+
+  if (wire.has_expected_output_tokens()) {
+    data.expected_output_tokens = wire.expected_output_tokens();
+  }
+  if (wire.has_session()) {
+    const auto& session = wire.session();
+    if (session.session_id().empty()) return invalid("session.session_id: empty");
+    if (too_long(session.session_id()) || too_long(session.parent_session_id())) {
+      return invalid(fmt::format("session ids: longer than {} bytes", limits.max_id_length));
+    }
+    data.session.emplace(
+        session.session_id(),
+        session.has_parent_session_id() ? std::optional<std::string>{session.parent_session_id()}
+                                        : std::nullopt,
+        session.has_session_final() ? std::optional<bool>{session.session_final()} : std::nullopt,
+        trigger_from(session.input_trigger()));
+  }
+  data.priority = wire.priority();
+  if (wire.has_pinned_worker()) {
+    const auto& pinned = wire.pinned_worker();
+    if (pinned.worker_id() == 0) return invalid("pinned_worker.worker_id: zero");
+    data.pinned_worker = plugins::worker_selection::WorkerAffinityTarget{
+        .worker_id = pinned.worker_id(),
+        .dp_rank = pinned.has_dp_rank() ? std::optional<DpRank>{pinned.dp_rank()} : std::nullopt};
+  }
+  if (static_cast<std::size_t>(wire.allowed_workers_size()) > limits.max_allowed_workers) {
+    return invalid(fmt::format("allowed_workers: more than {}", limits.max_allowed_workers));
+  }
+  data.allowed_workers.assign(wire.allowed_workers().begin(), wire.allowed_workers().end());
+  if (static_cast<std::size_t>(wire.required_taints_size()) > limits.max_taints ||
+      wire.preferred_taints_size() > static_cast<int>(limits.max_taints)) {
+    return invalid(
+        fmt::format("required_taints or preferred_taints: more than {}", limits.max_taints));
+  }
+  for (const std::string& taint : wire.required_taints()) {
+    if (taint.empty() || too_long(taint)) return invalid("required_taints: empty or too long");
+    data.required_taints.push_back(taint);
+  }
+  for (const auto& [taint, weight] : wire.preferred_taints()) {
+    if (taint.empty() || too_long(taint)) return invalid("preferred_taints: empty or too long");
+    if (!std::isfinite(weight)) {
+      return invalid(fmt::format("preferred_taints.{}: weight is not finite", taint));
+    }
+    data.preferred_taints.push_back(selection::PreferredTaint{taint, weight});
+  }
+  // Map order is unspecified on the wire; sorted, the same request always selects the same way.
+  std::ranges::sort(data.preferred_taints, {}, &selection::PreferredTaint::taint);
+  return data;
+}
+
+v1::RouteDecision make_route_error(std::string_view request_id, Error error,
+                                   std::string_view message) {
+  v1::RouteDecision decision;
+  decision.set_request_id(std::string{request_id});
+  auto* failure = decision.mutable_error();
+  failure->set_code(to_route_error_code(error));
+  failure->set_message(std::string{message});
+  return decision;
+}
+
+v1::RouteDecision make_route_success(std::string_view request_id, const RouteOutcome& outcome,
+                                     const RouteSuccessInfo& info) {
+  v1::RouteDecision decision;
+  decision.set_request_id(std::string{request_id});
+  auto* success = decision.mutable_success();
+  success->set_worker_id(outcome.worker.worker_id);
+  success->set_dp_rank(outcome.worker.dp_rank);
+  success->set_device_overlap_blocks(outcome.device_overlap_blocks);
+  success->set_host_overlap_blocks(outcome.host_overlap_blocks);
+  success->set_disk_overlap_blocks(outcome.disk_overlap_blocks);
+  success->set_lease_id(info.lease_id);
+  success->set_lease_ttl_ms(static_cast<std::uint32_t>(info.lease_ttl.count()));
+  success->set_policy(info.policy);
+  success->set_total_cost(outcome.total_cost);
+  for (std::size_t i = 0; i < outcome.scorer_costs.size(); ++i) {
+    auto* cost = success->add_costs();
+    cost->set_scorer(fmt::format("scorer_{}", i));
+    cost->set_cost(outcome.scorer_costs[i]);
+  }
+  success->set_generate_subject(info.generate_subject);
+  return decision;
+}
+
+std::expected<LifecycleReportData, std::string> decode_lifecycle_report(
+    const v1::LifecycleReport& wire, const RouteDecodeLimits& limits) {
+  if (wire.lease_id().empty()) return std::unexpected("lease_id: empty");
+  if (wire.lease_id().size() > limits.max_id_length) {
+    return std::unexpected(fmt::format("lease_id: longer than {} bytes", limits.max_id_length));
+  }
+  LifecycleReportData data;
+  data.lease_id = wire.lease_id();
+  switch (wire.event()) {
+    case v1::LIFECYCLE_EVENT_FIRST_TOKEN:
+      data.event = LifecycleEventKind::FirstToken;
+      break;
+    case v1::LIFECYCLE_EVENT_COMPLETED:
+      data.event = LifecycleEventKind::Completed;
+      break;
+    case v1::LIFECYCLE_EVENT_ABORTED:
+      data.event = LifecycleEventKind::Aborted;
+      break;
+    default:
+      return std::unexpected(
+          fmt::format("event: unknown or unspecified value {}", static_cast<int>(wire.event())));
+  }
+  data.error = wire.error().substr(0, limits.max_id_length * 4);
+  return data;
+}
+
+v1::LifecycleAck make_lifecycle_ack(bool accepted, std::string_view message) {
+  v1::LifecycleAck ack;
+  ack.set_accepted(accepted);
+  ack.set_message(std::string{message});
+  return ack;
+}
+
+std::string_view as_str(LifecycleEventKind kind) {
+  switch (kind) {
+    case LifecycleEventKind::FirstToken:
+      return "first_token";
+    case LifecycleEventKind::Completed:
+      return "completed";
+    case LifecycleEventKind::Aborted:
+      return "aborted";
+  }
+  return "unknown";
+}
+
+}  // namespace kvr::actors

@@ -1,0 +1,93 @@
+// The router's plain request and reply forms: a validated RouteRequest (tokens hashed into block
+// hashes at the router's block size), a validated LifecycleReport, and the RouteDecision /
+// LifecycleAck builders. Used by the NATS bridge (decode in the callback), the ingress actor and
+// the reservation actor; unit-tested without CAF.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <expected>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "actors/selector/selector_state.hpp"
+#include "kvr/v1/routing.pb.h"
+#include "messages/error.hpp"
+#include "messages/ids.hpp"
+#include "messages/session_context.hpp"
+
+namespace kvr::actors {
+
+/// Bounds above which a request is refused as absurd.
+struct RouteDecodeLimits {
+  std::size_t max_prompt_tokens = std::size_t{1} << 21;
+  std::size_t max_id_length = 256;  ///< request id, model, group, session ids, taints
+  std::size_t max_allowed_workers = 4096;
+  std::size_t max_taints = 64;  ///< required and preferred taints, each
+};
+
+/// A validated route request; owns every value the selector's RouteInput refers to.
+struct RouteRequestData {
+  std::string request_id;
+  plugins::worker_selection::RoutingPartition partition;
+  WorkerType worker_type = WorkerType::Aggregated;
+  std::size_t prompt_tokens = 0;
+  std::vector<BlockHash> block_hashes;
+  std::optional<std::uint32_t> expected_output_tokens;
+  std::optional<SessionContext> session;
+  std::optional<plugins::worker_selection::WorkerAffinityTarget> pinned_worker;
+  std::uint32_t priority = 0;
+  std::vector<WorkerId> allowed_workers;
+  std::vector<std::string> required_taints;
+  std::vector<selection::PreferredTaint> preferred_taints;
+
+  /// The selector's view of this request; valid while this object lives unchanged.
+  RouteInput as_input() const;
+};
+
+/// Validates a wire request and hashes its tokens with discovery::BlockHasher at `block_size`
+/// and the request's cache namespace; block hashes are used as given. The failure's code is
+/// Error::invalid_request and its message names the field.
+std::expected<RouteRequestData, RouteFailure> decode_route_request(
+    const v1::RouteRequest& wire, std::uint32_t block_size, const RouteDecodeLimits& limits = {});
+
+/// A decision that reports `error` for `request_id`.
+v1::RouteDecision make_route_error(std::string_view request_id, Error error,
+                                   std::string_view message);
+
+/// What the caller needs besides the selector's outcome to answer a routed request.
+struct RouteSuccessInfo {
+  std::string lease_id;
+  std::chrono::milliseconds lease_ttl{0};
+  std::string policy;            ///< the policy instance that chose
+  std::string generate_subject;  ///< the chosen worker's generate subject
+};
+
+/// A successful decision.
+v1::RouteDecision make_route_success(std::string_view request_id, const RouteOutcome& outcome,
+                                     const RouteSuccessInfo& info);
+
+/// What a lifecycle report asks for.
+enum class LifecycleEventKind : std::uint8_t { FirstToken, Completed, Aborted };
+
+/// A validated lifecycle report.
+struct LifecycleReportData {
+  std::string lease_id;
+  LifecycleEventKind event = LifecycleEventKind::Completed;
+  std::string error;  ///< reason, for Aborted
+};
+
+/// Validates a wire report: a non-empty, bounded lease id and a known event.
+std::expected<LifecycleReportData, std::string> decode_lifecycle_report(
+    const v1::LifecycleReport& wire, const RouteDecodeLimits& limits = {});
+
+/// An acknowledgement.
+v1::LifecycleAck make_lifecycle_ack(bool accepted, std::string_view message);
+
+/// "first_token", "completed" or "aborted".
+std::string_view as_str(LifecycleEventKind kind);
+
+}  // namespace kvr::actors

@@ -1,0 +1,54 @@
+#include "actors/metrics/metrics_http.hpp"
+
+#include <thread>
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+namespace kvr::actors::metrics {
+
+struct MetricsHttpServer::State {
+  httplib::Server server;
+  std::thread thread;
+};
+
+MetricsHttpServer::MetricsHttpServer(std::unique_ptr<State> state, std::uint16_t port)
+    : state_(std::move(state)), port_(port) {}
+
+std::expected<std::unique_ptr<MetricsHttpServer>, std::string> MetricsHttpServer::start(
+    const std::string& host, std::uint16_t port, std::shared_ptr<const MetricsRegistry> registry,
+    std::function<std::string()> healthy) {
+  auto state = std::make_unique<State>();
+  // Two threads: a scrape and a health probe never wait for each other.
+  state->server.new_task_queue = [] { return new httplib::ThreadPool(2); };
+  state->server.Get("/metrics", [registry](const httplib::Request&, httplib::Response& response) {
+    response.set_content(registry->render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  state->server.Get("/healthz", [healthy](const httplib::Request&, httplib::Response& response) {
+    const std::string problem = healthy ? healthy() : std::string{};
+    if (problem.empty()) {
+      response.set_content("ok\n", "text/plain");
+    } else {
+      response.status = 503;
+      response.set_content(problem + "\n", "text/plain");
+    }
+  });
+  int bound = port;
+  if (port == 0) {
+    bound = state->server.bind_to_any_port(host);
+    if (bound < 0) return std::unexpected(fmt::format("cannot bind HTTP to {}:0", host));
+  } else if (!state->server.bind_to_port(host, port)) {
+    return std::unexpected(fmt::format("cannot bind HTTP to {}:{} (in use?)", host, port));
+  }
+  State* raw = state.get();
+  state->thread = std::thread{[raw] { raw->server.listen_after_bind(); }};
+  return std::unique_ptr<MetricsHttpServer>(
+      new MetricsHttpServer(std::move(state), static_cast<std::uint16_t>(bound)));
+}
+
+MetricsHttpServer::~MetricsHttpServer() {
+  state_->server.stop();
+  if (state_->thread.joinable()) state_->thread.join();
+}
+
+}  // namespace kvr::actors::metrics

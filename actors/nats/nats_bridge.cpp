@@ -1,0 +1,219 @@
+#include "actors/nats/nats_bridge.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "kvr/v1/kv_events.pb.h"
+#include "kvr/v1/routing.pb.h"
+#include "messages/subjects.hpp"
+
+namespace kvr::actors {
+
+NatsBridge::NatsBridge(BridgeOptions options, std::shared_ptr<metrics::MetricsRegistry> registry,
+                       std::shared_ptr<metrics::RateLimitedLog> log)
+    : options_(std::move(options)), registry_(std::move(registry)), log_(std::move(log)) {}
+
+std::expected<std::unique_ptr<NatsBridge>, std::string> NatsBridge::connect(
+    const nats::NatsOptions& nats_options, BridgeOptions options,
+    std::shared_ptr<metrics::MetricsRegistry> registry,
+    std::shared_ptr<metrics::RateLimitedLog> log) {
+  if (!subjects::is_valid_namespace(options.ns)) {
+    return std::unexpected(
+        fmt::format("namespace '{}': use letters, digits, '_' and '-'", options.ns));
+  }
+  std::unique_ptr<NatsBridge> bridge{
+      new NatsBridge(std::move(options), std::move(registry), std::move(log))};
+  NatsBridge* self = bridge.get();
+  nats::NatsEventHandlers handlers;
+  handlers.on_disconnected = [self] {
+    self->registry_->set("kvr_nats_connected", {}, 0);
+    spdlog::warn("kvr node: NATS connection lost; reconnecting");
+  };
+  handlers.on_reconnected = [self] {
+    self->registry_->set("kvr_nats_connected", {}, 1);
+    self->registry_->add("kvr_nats_reconnects_total");
+    spdlog::info("kvr node: NATS reconnected; resynchronising workers");
+    if (self->started_.load(std::memory_order_acquire) && self->sinks_.reconnected) {
+      self->sinks_.reconnected();
+    }
+  };
+  handlers.on_error = [self](std::string_view error) {
+    self->log_->warn("nats-error", fmt::format("kvr node: NATS error: {}", error));
+  };
+  auto client = nats::NatsClient::connect(nats_options, std::move(handlers));
+  if (!client) return std::unexpected(client.error());
+  bridge->client_ = std::move(*client);
+  bridge->registry_->set("kvr_nats_connected", {}, bridge->client_->connected() ? 1 : 0);
+  bridge->dump_inbox_prefix_ = bridge->client_->new_inbox();
+  return bridge;
+}
+
+NatsBridge::~NatsBridge() {
+  stop();
+  // Close the connection while the sinks and the registry the connection callbacks use are alive.
+  client_.reset();
+}
+
+void NatsBridge::drop(const std::string& subscription, std::string_view reason) {
+  registry_->add("kvr_bad_messages_total", {{"subject", subscription}});
+  log_->warn(subscription,
+             fmt::format("kvr node: dropped a bad message on {}: {}", subscription, reason));
+}
+
+std::expected<void, std::string> NatsBridge::subscribe(
+    std::string subject, std::function<void(nats::NatsMessage)> handler,
+    std::string_view queue_group) {
+  auto subscription = client_->subscribe(subject, std::move(handler), queue_group);
+  if (!subscription) return std::unexpected(subscription.error());
+  subscriptions_.push_back(std::move(*subscription));
+  subjects_.push_back(std::move(subject));
+  return {};
+}
+
+std::expected<void, std::string> NatsBridge::start(BridgeSinks sinks) {
+  sinks_ = std::move(sinks);
+  started_.store(true, std::memory_order_release);
+  const std::string& ns = options_.ns;
+  const WorkerMessageLimits& limits = options_.worker_limits;
+
+  // Each handler captures the subject it was subscribed with: that is the metrics label.
+  std::string subject = subjects::worker_register(ns);
+  auto subscribed = subscribe(subject, [this, subject, &limits](nats::NatsMessage message) {
+    auto registration = decode_worker_registration(message.data, limits);
+    if (!registration) return drop(subject, registration.error());
+    sinks_.registration(std::move(*registration));
+  });
+  if (subscribed) {
+    subject = subjects::worker_heartbeat(ns);
+    subscribed = subscribe(subject, [this, subject](nats::NatsMessage message) {
+      auto heartbeat = decode_worker_heartbeat(message.data);
+      if (!heartbeat) return drop(subject, heartbeat.error());
+      sinks_.heartbeat(*heartbeat);
+    });
+  }
+  if (subscribed) {
+    subject = subjects::worker_deregister(ns);
+    subscribed = subscribe(subject, [this, subject](nats::NatsMessage message) {
+      auto deregistration = decode_worker_deregistration(message.data);
+      if (!deregistration) return drop(subject, deregistration.error());
+      sinks_.deregistration(*deregistration);
+    });
+  }
+  if (subscribed) {
+    subject = subjects::worker_load(ns);
+    subscribed = subscribe(subject, [this, subject, &limits](nats::NatsMessage message) {
+      auto load = decode_worker_load(message.data, limits);
+      if (!load) return drop(subject, load.error());
+      sinks_.load(std::move(*load));
+    });
+  }
+  if (subscribed) {
+    subject = subjects::kv_events_all(ns);
+    subscribed = subscribe(subject, [this, subject, &limits](nats::NatsMessage message) {
+      auto batch = decode_kv_events(message.data, limits);
+      if (!batch) return drop(subject, batch.error());
+      // The subject names the publisher: a batch claiming another worker's id is refused.
+      if (message.subject != subjects::kv_events(options_.ns, batch->worker.worker_id)) {
+        return drop(subject, fmt::format("KvEventBatch of worker {} arrived on {}",
+                                         batch->worker.worker_id, message.subject));
+      }
+      sinks_.kv_events(std::move(*batch));
+    });
+  }
+  if (subscribed) {
+    subject = dump_inbox_prefix_ + ".*";
+    subscribed = subscribe(subject, [this, subject, &limits](nats::NatsMessage message) {
+      auto dump = decode_kv_dump_reply(message.data, limits);
+      if (!dump) return drop("kv_dump_reply", dump.error());
+      sinks_.kv_dump(std::move(*dump));
+    });
+  }
+  if (subscribed) {
+    subject = subjects::router_route(ns);
+    subscribed = subscribe(
+        subject,
+        [this, subject](nats::NatsMessage message) {
+          const auto received = std::chrono::steady_clock::now();
+          registry_->add("kvr_route_requests_total", {{"ingress", "nats"}});
+          v1::RouteRequest wire;
+          std::expected<RouteRequestData, RouteFailure> request =
+              wire.ParseFromString(message.data)
+                  ? decode_route_request(wire, options_.block_size, options_.route_limits)
+                  : std::unexpected(RouteFailure{Error::invalid_request,
+                                                 "RouteRequest: not a valid protobuf message"});
+          if (!request) {
+            drop(subject, request.error().message);
+            registry_->add("kvr_route_errors_total",
+                           {{"code", std::string{as_str(request.error().code)}}});
+            if (!message.reply.empty()) {
+              (void)publish(message.reply, make_route_error(wire.request_id(), request.error().code,
+                                                            request.error().message)
+                                               .SerializeAsString());
+            }
+            return;
+          }
+          sinks_.route(std::move(*request), std::move(message.reply), received);
+        },
+        subjects::kRouterQueueGroup);
+  }
+  if (subscribed) {
+    subject = subjects::router_report(ns);
+    subscribed = subscribe(
+        subject,
+        [this, subject](nats::NatsMessage message) {
+          v1::LifecycleReport wire;
+          auto report =
+              wire.ParseFromString(message.data)
+                  ? decode_lifecycle_report(wire, options_.route_limits)
+                  : std::unexpected(std::string{"LifecycleReport: not a valid protobuf message"});
+          if (!report) {
+            drop(subject, report.error());
+            if (!message.reply.empty()) {
+              (void)publish(message.reply,
+                            make_lifecycle_ack(false, report.error()).SerializeAsString());
+            }
+            return;
+          }
+          sinks_.report(std::move(*report), std::move(message.reply));
+        },
+        subjects::kRouterQueueGroup);
+  }
+  if (!subscribed) return std::unexpected(subscribed.error());
+  if (!client_->flush(std::chrono::seconds(5))) {
+    return std::unexpected("NATS server did not confirm the subscriptions");
+  }
+  return {};
+}
+
+void NatsBridge::stop() {
+  // Destroying a subscription waits for its running callback; after this no sink runs.
+  subscriptions_.clear();
+  started_.store(false, std::memory_order_release);
+}
+
+bool NatsBridge::publish(std::string_view subject, std::string_view data) {
+  auto sent = client_->publish(subject, data);
+  if (!sent) log_->warn("publish", fmt::format("kvr node: {}", sent.error()));
+  return sent.has_value();
+}
+
+bool NatsBridge::request_dump(std::string_view dump_subject, WorkerWithDpRank worker) {
+  v1::KvDumpRequest request;
+  request.set_worker_id(worker.worker_id);
+  request.set_dp_rank(worker.dp_rank);
+  const std::string reply = fmt::format("{}.{}", dump_inbox_prefix_,
+                                        next_dump_id_.fetch_add(1, std::memory_order_relaxed));
+  auto sent = client_->publish_request(dump_subject, reply, request.SerializeAsString());
+  if (!sent) log_->warn("dump", fmt::format("kvr node: {}", sent.error()));
+  return sent.has_value();
+}
+
+bool NatsBridge::request_discovery() { return publish(subjects::worker_discover(options_.ns), ""); }
+
+bool NatsBridge::connected() const { return client_ && client_->connected(); }
+
+bool NatsBridge::flush(std::chrono::milliseconds timeout) {
+  return client_->flush(timeout).has_value();
+}
+
+}  // namespace kvr::actors

@@ -1,0 +1,119 @@
+// The router node's NATS bridge: subscribes to the worker subjects (registration, heartbeat,
+// deregistration, load, KV events, dump replies) and to the router's request subjects (route,
+// report, in the shared queue group); each callback only decodes and validates the message and
+// hands the plain result to a sink (which anon_sends to an actor). Bad messages are counted per
+// subject, logged rate-limited and dropped; an invalid route request is answered at once with an
+// explicit RouteDecision error. Actors publish through the RouterPublisher interface.
+// Plain C++ (no CAF): the node wires the sinks to its actors.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "actors/discovery/worker_messages.hpp"
+#include "actors/ingress/route_request.hpp"
+#include "actors/metrics/metrics_registry.hpp"
+#include "actors/metrics/rate_limited_log.hpp"
+#include "actors/nats/nats_client.hpp"
+
+namespace kvr::actors {
+
+/// What actors may publish; thread-safe. An interface so that actor tests can use a fake.
+class RouterPublisher {
+ public:
+  virtual ~RouterPublisher() = default;
+  /// Publishes `data` on `subject` (e.g. a reply); false when it could not be sent.
+  virtual bool publish(std::string_view subject, std::string_view data) = 0;
+  /// Asks one worker rank for a KV dump on its dump subject; the reply reaches the kv_dump sink.
+  virtual bool request_dump(std::string_view dump_subject, WorkerWithDpRank worker) = 0;
+  /// Asks every worker to register again (subjects::worker_discover).
+  virtual bool request_discovery() = 0;
+};
+
+/// Where decoded messages go. Each runs on a NATS delivery thread and must not block.
+struct BridgeSinks {
+  std::function<void(discovery::WorkerRegistration)> registration;
+  std::function<void(WorkerLiveness)> heartbeat;
+  std::function<void(WorkerLiveness)> deregistration;
+  std::function<void(WorkerLoadReport)> load;
+  std::function<void(KvEventBatch)> kv_events;
+  std::function<void(KvDump)> kv_dump;
+  /// A valid route request, the subject to answer on (empty: none), and when it arrived.
+  std::function<void(RouteRequestData, std::string reply,
+                     std::chrono::steady_clock::time_point received)>
+      route;
+  /// A valid lifecycle report and the subject to acknowledge on (empty: none).
+  std::function<void(LifecycleReportData, std::string reply)> report;
+  /// The connection came back after an outage (subscriptions are restored by the client).
+  std::function<void()> reconnected;
+};
+
+/// Settings of the bridge.
+struct BridgeOptions {
+  std::string ns = "default";
+  std::uint32_t block_size = 16;  ///< the router's block size: tokens are hashed with it
+  WorkerMessageLimits worker_limits;
+  RouteDecodeLimits route_limits;
+};
+
+/// One NATS connection with the router's subscriptions.
+class NatsBridge final : public RouterPublisher {
+ public:
+  /// Connects; subscribes nothing yet. Counts reconnects and bad messages in `registry`.
+  static std::expected<std::unique_ptr<NatsBridge>, std::string> connect(
+      const nats::NatsOptions& nats_options, BridgeOptions options,
+      std::shared_ptr<metrics::MetricsRegistry> registry,
+      std::shared_ptr<metrics::RateLimitedLog> log);
+
+  ~NatsBridge() override;
+  NatsBridge(const NatsBridge&) = delete;
+  NatsBridge& operator=(const NatsBridge&) = delete;
+
+  /// Subscribes every subject, delivering to `sinks`; call once.
+  std::expected<void, std::string> start(BridgeSinks sinks);
+  /// Unsubscribes (waiting for running callbacks); afterwards no sink is called again.
+  void stop();
+
+  bool publish(std::string_view subject, std::string_view data) override;
+  bool request_dump(std::string_view dump_subject, WorkerWithDpRank worker) override;
+  bool request_discovery() override;
+
+  /// True while connected to a server.
+  bool connected() const;
+  /// Waits until the server has seen everything published so far.
+  bool flush(std::chrono::milliseconds timeout);
+
+  /// The subjects subscribed, for logs and tests.
+  const std::vector<std::string>& subjects() const { return subjects_; }
+
+ private:
+  NatsBridge(BridgeOptions options, std::shared_ptr<metrics::MetricsRegistry> registry,
+             std::shared_ptr<metrics::RateLimitedLog> log);
+
+  /// Counts, logs (rate-limited) and drops a bad message received on `subscription`.
+  void drop(const std::string& subscription, std::string_view reason);
+  std::expected<void, std::string> subscribe(std::string subject,
+                                             std::function<void(nats::NatsMessage)> handler,
+                                             std::string_view queue_group = {});
+
+  BridgeOptions options_;
+  std::shared_ptr<metrics::MetricsRegistry> registry_;
+  std::shared_ptr<metrics::RateLimitedLog> log_;
+  std::unique_ptr<nats::NatsClient> client_;
+  std::string dump_inbox_prefix_;
+  std::atomic<std::uint64_t> next_dump_id_{1};
+  BridgeSinks sinks_;
+  std::atomic<bool> started_{false};
+  std::vector<std::string> subjects_;
+  std::vector<nats::NatsSubscription> subscriptions_;
+};
+
+}  // namespace kvr::actors

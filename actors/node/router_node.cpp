@@ -1,0 +1,269 @@
+#include "actors/node/router_node.hpp"
+
+#include <random>
+#include <thread>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/send.hpp>
+#include <caf/typed_event_based_actor.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include "actors/actor_types.hpp"
+#include "actors/discovery/discovery_actor.hpp"
+#include "actors/ingress/ingress_actor.hpp"
+#include "actors/metrics/metrics_http.hpp"
+#include "actors/nats/nats_bridge.hpp"
+#include "actors/reservation/reservation_actor.hpp"
+
+namespace kvr::actors {
+namespace {
+
+std::string random_lease_prefix() {
+  std::random_device device;
+  const std::uint64_t bits =
+      (std::uint64_t{device()} << 32) ^ device() ^ static_cast<std::uint64_t>(::getpid());
+  return fmt::format("{:012x}", bits & 0xFFFF'FFFF'FFFFULL);
+}
+
+}  // namespace
+
+std::expected<void, std::string> NodeOptions::validate() const {
+  if (ns.empty()) return std::unexpected("--namespace: empty");
+  if (auto router_ok = router.validate(); !router_ok) return std::unexpected(router_ok.error());
+  if (router.block_size == 0) return std::unexpected("--block-size: must be positive");
+  if (lease_ttl < std::chrono::milliseconds(100) || lease_ttl > std::chrono::hours(24)) {
+    return std::unexpected("--router-lease-ttl-secs: between 0.1 s and 24 h");
+  }
+  if (tick_interval <= std::chrono::milliseconds(0)) return std::unexpected("tick interval: > 0");
+  if (selector_timeout <= std::chrono::milliseconds(0)) {
+    return std::unexpected("selector timeout: > 0");
+  }
+  return {};
+}
+
+void describe_node_metrics(metrics::MetricsRegistry& registry) {
+  using metrics::MetricType;
+  const std::vector<double> latency_buckets{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005,
+                                            0.001,   0.0025,   0.005,   0.01,   0.025,   0.1};
+  registry.describe("kvr_route_requests_total", MetricType::Counter,
+                    "Route requests received, by ingress (nats, actor).");
+  registry.describe("kvr_route_decisions_total", MetricType::Counter,
+                    "Successful route decisions delivered, by chosen worker.");
+  registry.describe("kvr_route_errors_total", MetricType::Counter,
+                    "Route requests answered with an error, by error code.");
+  registry.describe("kvr_selection_latency_seconds", MetricType::Histogram,
+                    "Time a selector spends selecting and booking one request.", latency_buckets);
+  registry.describe("kvr_route_latency_seconds", MetricType::Histogram,
+                    "Time from receiving a route request to answering it.", latency_buckets);
+  registry.describe("kvr_bookings_open", MetricType::Gauge,
+                    "Bookings held in predicted load, by partition.");
+  registry.describe("kvr_leases_open", MetricType::Gauge, "Leases in the reservation ledger.");
+  registry.describe("kvr_leases_expired_total", MetricType::Counter,
+                    "Leases ended by expiry (never reported).");
+  registry.describe("kvr_bookings_rolled_back_total", MetricType::Counter,
+                    "Bookings released because their decision could not be delivered.");
+  registry.describe("kvr_lifecycle_reports_total", MetricType::Counter,
+                    "Lifecycle reports, by event and whether a lease accepted them.");
+  registry.describe("kvr_bad_messages_total", MetricType::Counter,
+                    "Network messages dropped as malformed or absurd, by subscribed subject.");
+  registry.describe("kvr_worker_messages_refused_total", MetricType::Counter,
+                    "Decoded worker messages a partition refused, by partition and kind.");
+  registry.describe("kvr_index_blocks", MetricType::Gauge,
+                    "Distinct blocks in the partition's KV index.");
+  registry.describe("kvr_workers", MetricType::Gauge, "Registered workers, by partition.");
+  registry.describe("kvr_workers_expired_total", MetricType::Counter,
+                    "Workers removed because their heartbeats stopped.");
+  registry.describe("kvr_kv_event_gaps_total", MetricType::Counter,
+                    "KV event batches that skipped event ids.");
+  registry.describe("kvr_kv_dump_requests_total", MetricType::Counter,
+                    "KV dumps asked of workers after event-id gaps.");
+  registry.describe("kvr_discovery_requests_total", MetricType::Counter,
+                    "Requests to every worker to register again.");
+  registry.describe("kvr_nats_reconnects_total", MetricType::Counter,
+                    "Successful NATS reconnects.");
+  registry.describe("kvr_nats_connected", MetricType::Gauge, "1 while connected to NATS.");
+  registry.set("kvr_leases_open", {}, 0);
+  registry.add("kvr_nats_reconnects_total", {}, 0);
+}
+
+struct RouterNode::Impl {
+  NodeOptions options;
+  plugins::RouterPlugins plugins;
+  std::shared_ptr<metrics::MetricsRegistry> registry = std::make_shared<metrics::MetricsRegistry>();
+  std::shared_ptr<metrics::RateLimitedLog> log = std::make_shared<metrics::RateLimitedLog>();
+  std::shared_ptr<NatsBridge> bridge;
+  std::unique_ptr<metrics::MetricsHttpServer> http;
+  // The configuration must outlive the system, which is destroyed first (declared last).
+  caf::actor_system_config config;
+  std::unique_ptr<caf::actor_system> system;
+  caf::actor discovery;
+  caf::actor reservation;
+  ingress_actor ingress;
+  std::uint16_t actor_port = 0;
+
+  void shutdown() {
+    if (bridge) bridge->stop();
+    http.reset();
+    if (system) {
+      if (actor_port != 0) (void)system->middleman().unpublish(ingress, actor_port);
+      for (const caf::actor& actor : {discovery, reservation}) {
+        if (actor) caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+      }
+      if (ingress) caf::anon_send_exit(ingress, caf::exit_reason::user_shutdown);
+      discovery = nullptr;
+      reservation = nullptr;
+      ingress = nullptr;
+      system->await_all_actors_done();
+      system.reset();
+    }
+    bridge.reset();
+  }
+};
+
+RouterNode::RouterNode(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+RouterNode::~RouterNode() { impl_->shutdown(); }
+
+std::uint16_t RouterNode::actor_port() const { return impl_->actor_port; }
+
+std::uint16_t RouterNode::metrics_port() const {
+  return impl_->http ? impl_->http->port() : std::uint16_t{0};
+}
+
+const metrics::MetricsRegistry& RouterNode::metrics() const { return *impl_->registry; }
+
+std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
+    NodeOptions options, plugins::RouterPlugins plugins) {
+  if (auto valid = options.validate(); !valid) return std::unexpected(valid.error());
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  impl->plugins = std::move(plugins);
+  const NodeOptions& opts = impl->options;
+  describe_node_metrics(*impl->registry);
+
+  BridgeOptions bridge_options;
+  bridge_options.ns = opts.ns;
+  bridge_options.block_size = opts.router.block_size;
+  bridge_options.worker_limits.registration.required_block_size = opts.router.block_size;
+  auto bridge = NatsBridge::connect(opts.nats, bridge_options, impl->registry, impl->log);
+  if (!bridge) return std::unexpected(bridge.error());
+  impl->bridge = std::move(*bridge);
+
+  // One scheduler thread per core: the default max(4, cores) oversubscribes small machines.
+  const std::size_t threads = opts.scheduler_threads != 0
+                                  ? opts.scheduler_threads
+                                  : std::max<std::size_t>(1, std::thread::hardware_concurrency());
+  impl->config.set("scheduler.max-threads", threads);
+  impl->config.load<caf::io::middleman>();
+  impl->config.add_message_types<caf::id_block::kvr_actors>();
+  impl->system = std::make_unique<caf::actor_system>(impl->config);
+  caf::actor_system& system = *impl->system;
+
+  SelectorActorConfig selector;
+  selector.options.router = opts.router;
+  selector.options.lease_ttl = opts.lease_ttl;
+  selector.plugins = &impl->plugins;
+  selector.publisher = impl->bridge;
+  selector.metrics = impl->registry;
+  selector.log = impl->log;
+  selector.tick_interval = opts.tick_interval;
+  impl->discovery = system.spawn(discovery_actor, DiscoveryActorConfig{selector, {}});
+
+  ReservationActorConfig reservation;
+  reservation.discovery = impl->discovery;
+  reservation.publisher = impl->bridge;
+  reservation.metrics = impl->registry;
+  reservation.log = impl->log;
+  reservation.lease_prefix = random_lease_prefix();
+  reservation.lease_ttl = opts.lease_ttl;
+  reservation.selector_timeout = opts.selector_timeout;
+  reservation.tick_interval = opts.tick_interval;
+  impl->reservation = system.spawn(reservation_actor, std::move(reservation));
+
+  impl->ingress =
+      system.spawn(ingress_actor_impl, IngressActorConfig{.reservation = impl->reservation,
+                                                          .block_size = opts.router.block_size,
+                                                          .limits = {},
+                                                          .metrics = impl->registry,
+                                                          .timeout = opts.selector_timeout * 2});
+  if (opts.actor_port != 0) {
+    auto published =
+        system.middleman().publish(impl->ingress, opts.actor_port, opts.bind_host.c_str());
+    if (!published) {
+      std::string reason = system.render(published.error());
+      impl->shutdown();
+      return std::unexpected(fmt::format("cannot publish the ingress actor on {}:{}: {}",
+                                         opts.bind_host, opts.actor_port, reason));
+    }
+    impl->actor_port = *published;
+  }
+
+  // Callbacks only decode (in the bridge) and hand over to the actors.
+  BridgeSinks sinks;
+  const caf::actor discovery = impl->discovery;
+  const caf::actor reservation_handle = impl->reservation;
+  sinks.registration = [discovery](discovery::WorkerRegistration registration) {
+    caf::anon_send(discovery, worker_up_atom::value, std::move(registration));
+  };
+  sinks.heartbeat = [discovery](WorkerLiveness heartbeat) {
+    caf::anon_send(discovery, heartbeat_atom::value, heartbeat);
+  };
+  sinks.deregistration = [discovery](WorkerLiveness deregistration) {
+    caf::anon_send(discovery, worker_down_atom::value, deregistration);
+  };
+  sinks.load = [discovery](WorkerLoadReport report) {
+    caf::anon_send(discovery, load_atom::value, std::move(report));
+  };
+  sinks.kv_events = [discovery](KvEventBatch batch) {
+    caf::anon_send(discovery, kv_events_atom::value, std::move(batch));
+  };
+  sinks.kv_dump = [discovery](KvDump dump) {
+    caf::anon_send(discovery, kv_dump_atom::value, std::move(dump));
+  };
+  sinks.route = [reservation_handle](RouteRequestData request, std::string reply,
+                                     std::chrono::steady_clock::time_point received) {
+    caf::anon_send(reservation_handle, route_atom::value,
+                   RouteEnvelope{std::move(request), std::move(reply), received});
+  };
+  sinks.report = [reservation_handle](LifecycleReportData report, std::string reply) {
+    caf::anon_send(reservation_handle, report_atom::value,
+                   ReportEnvelope{std::move(report), std::move(reply)});
+  };
+  sinks.reconnected = [discovery] { caf::anon_send(discovery, resync_atom::value); };
+  if (auto started = impl->bridge->start(std::move(sinks)); !started) {
+    impl->shutdown();
+    return std::unexpected(started.error());
+  }
+
+  if (opts.metrics_port != 0) {
+    std::weak_ptr<NatsBridge> weak_bridge = impl->bridge;
+    auto http = metrics::MetricsHttpServer::start(
+        opts.bind_host, opts.metrics_port, impl->registry, [weak_bridge]() -> std::string {
+          auto connection = weak_bridge.lock();
+          if (!connection) return "stopping";
+          return connection->connected() ? std::string{} : "NATS disconnected";
+        });
+    if (!http) {
+      impl->shutdown();
+      return std::unexpected(http.error());
+    }
+    impl->http = std::move(*http);
+  }
+  // Workers that registered before this node started announce themselves again.
+  caf::anon_send(discovery, resync_atom::value);
+  spdlog::info(
+      "kvr node: namespace '{}', block size {}, lease ttl {} ms, {} scheduler threads; NATS {}; "
+      "metrics {}; actor port {}",
+      opts.ns, opts.router.block_size, opts.lease_ttl.count(), threads, opts.nats.url,
+      impl->http ? fmt::format("http://{}:{}/metrics", opts.bind_host, impl->http->port())
+                 : std::string{"off"},
+      impl->actor_port);
+  return std::unique_ptr<RouterNode>(new RouterNode(std::move(impl)));
+}
+
+}  // namespace kvr::actors

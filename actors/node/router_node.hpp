@@ -1,0 +1,74 @@
+// The router node in route mode (`kvr node`): a CAF actor system fed by NATS. It connects the
+// NATS bridge, spawns the discovery actor (which spawns one selector actor per partition), the
+// reservation actor and the ingress actor (published through CAF's middleman when asked), and
+// serves /metrics and /healthz. Plain interface (no CAF in this header), so that the command
+// line and tests include it cheaply.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <memory>
+#include <string>
+
+#include "actors/metrics/metrics_registry.hpp"
+#include "actors/nats/nats_client.hpp"
+#include "selection/plugin_registry.hpp"
+#include "selection/router_config.hpp"
+
+namespace kvr::actors {
+
+/// Everything a node is configured with (command line, environment, policy YAML).
+struct NodeOptions {
+  nats::NatsOptions nats;
+  /// Subject namespace: kvr.<namespace>.…
+  std::string ns = "default";
+  /// Router settings handed to every policy factory (block size, kv-cost defaults ...).
+  plugins::worker_selection::RouterConfig router;
+  /// An unreported booking (lease) is released after this long.
+  std::chrono::milliseconds lease_ttl{120'000};
+  /// Loopback port of /metrics and /healthz; 0: no HTTP endpoint.
+  std::uint16_t metrics_port = 0;
+  /// Loopback port the ingress actor is published on; 0: not published.
+  std::uint16_t actor_port = 0;
+  /// Address the HTTP endpoint and the published actor bind to.
+  std::string bind_host = "127.0.0.1";
+  /// CAF scheduler threads; 0: the number of cores.
+  std::size_t scheduler_threads = 0;
+  /// How long a selector may take to answer a route or booking request.
+  std::chrono::milliseconds selector_timeout{2'000};
+  /// Period of the selectors' and the ledger's expiry timers.
+  std::chrono::milliseconds tick_interval{100};
+
+  /// Checks ranges; the error names the option.
+  std::expected<void, std::string> validate() const;
+};
+
+/// A running node; stops (unsubscribes, ends its actors, closes NATS) when destroyed.
+class RouterNode {
+ public:
+  /// Connects to NATS, starts the actors and endpoints, and asks the workers to register.
+  /// `plugins` are the resolved policies. The error says what failed.
+  static std::expected<std::unique_ptr<RouterNode>, std::string> start(
+      NodeOptions options, plugins::RouterPlugins plugins);
+
+  ~RouterNode();
+  RouterNode(const RouterNode&) = delete;
+  RouterNode& operator=(const RouterNode&) = delete;
+
+  /// The port the ingress actor is published on (0: not published).
+  std::uint16_t actor_port() const;
+  /// The port of /metrics and /healthz (0: none).
+  std::uint16_t metrics_port() const;
+  const metrics::MetricsRegistry& metrics() const;
+
+ private:
+  struct Impl;
+  explicit RouterNode(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Declares every metric family of a node (help text, types, histogram buckets).
+void describe_node_metrics(metrics::MetricsRegistry& registry);
+
+}  // namespace kvr::actors

@@ -1,0 +1,79 @@
+// The reservation ledger of route mode: lease id → (partition, request id, worker, expiry), so
+// that a lifecycle report finds the selector holding its booking, and every booking is ended
+// exactly once (report, rollback or expiry). Owned by the reservation actor; plain C++ with the
+// time passed in.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <absl/container/flat_hash_map.h>
+
+#include "messages/ids.hpp"
+#include "selection/worker_selection.hpp"
+
+namespace kvr::actors {
+
+/// One open lease.
+struct Lease {
+  std::string lease_id;
+  plugins::worker_selection::RoutingPartition partition;
+  std::string request_id;
+  WorkerWithDpRank worker;
+  std::chrono::steady_clock::time_point expires_at;
+  bool first_token_reported = false;
+};
+
+/// Why a report could not be applied to a lease.
+enum class LeaseError : std::uint8_t {
+  unknown_lease,         ///< never issued, already ended, or expired
+  first_token_repeated,  ///< the first token of this lease was already reported
+};
+
+/// "unknown_lease" or "first_token_repeated".
+std::string_view as_str(LeaseError error);
+
+/// Open leases by id, with an expiry order.
+class LeaseLedger {
+ public:
+  /// Lease ids are "<id_prefix>-<counter>"; give each node (and each start) its own prefix.
+  explicit LeaseLedger(std::string id_prefix);
+
+  /// Records a booked request and returns its new lease id.
+  std::string open(plugins::worker_selection::RoutingPartition partition, std::string request_id,
+                   WorkerWithDpRank worker, std::chrono::steady_clock::time_point expires_at);
+
+  /// Marks the lease's first token; the lease stays open. Fails when unknown or repeated.
+  std::expected<Lease, LeaseError> first_token(std::string_view lease_id);
+
+  /// Ends the lease (completed, aborted, or rolled back) and returns it; the caller releases
+  /// the booking. Fails when the lease is unknown, so a booking is never released twice.
+  std::expected<Lease, LeaseError> close(std::string_view lease_id);
+
+  /// Ends every lease whose expiry is at or before `now` and returns them.
+  std::vector<Lease> expire(std::chrono::steady_clock::time_point now);
+
+  /// The open lease with this id, or nullptr.
+  const Lease* find(std::string_view lease_id) const;
+
+  std::size_t size() const { return leases_.size(); }
+
+ private:
+  using ExpiryIndex = std::multimap<std::chrono::steady_clock::time_point, std::string>;
+  struct Entry {
+    Lease lease;
+    ExpiryIndex::iterator expiry;
+  };
+
+  std::string id_prefix_;
+  std::uint64_t next_id_ = 1;
+  absl::flat_hash_map<std::string, Entry> leases_;
+  ExpiryIndex by_expiry_;
+};
+
+}  // namespace kvr::actors

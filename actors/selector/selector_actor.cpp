@@ -1,0 +1,184 @@
+#include "actors/selector/selector_actor.hpp"
+
+#include <caf/event_based_actor.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "actors/actor_types.hpp"
+#include "messages/subjects.hpp"
+
+namespace kvr::actors {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Self = caf::stateful_actor<SelectorActorState>*;
+
+std::string partition_label(const plugins::worker_selection::RoutingPartition& partition) {
+  return fmt::format("{}/{}", partition.model, partition.routing_group);
+}
+
+// Publishes the partition's gauges after a change.
+void update_gauges(Self self) {
+  auto& state = self->state;
+  const discovery::DiscoveryState& discovery = state.selector->discovery();
+  state.config.metrics->set("kvr_bookings_open", state.labels,
+                            static_cast<double>(discovery.load().open_bookings()));
+  state.config.metrics->set("kvr_workers", state.labels,
+                            static_cast<double>(discovery.catalog().size()));
+  state.config.metrics->set("kvr_index_blocks", state.labels,
+                            static_cast<double>(discovery.index().node_count()));
+}
+
+// Counts and logs (rate-limited) a worker message the partition's state refused.
+void refuse(Self self, std::string_view kind, std::string_view reason) {
+  auto& state = self->state;
+  state.config.metrics->add("kvr_worker_messages_refused_total",
+                            {state.labels.front(), {"kind", std::string{kind}}});
+  state.config.log->warn(fmt::format("{}:{}", state.labels.front().second, kind),
+                         fmt::format("kvr node: partition {} refused a {}: {}",
+                                     state.labels.front().second, kind, reason));
+}
+
+// Asks the worker for a dump of one rank, at most once per retry period.
+void request_dump(Self self, WorkerWithDpRank worker) {
+  auto& state = self->state;
+  const auto now = Clock::now();
+  auto [it, inserted] = state.dump_requested.try_emplace(worker, now);
+  if (!inserted) {
+    if (now - it->second < state.config.dump_retry) return;
+    it->second = now;
+  }
+  const auto* entry = state.selector->discovery().catalog().find(worker.worker_id);
+  if (entry == nullptr || entry->registration.dump_subject.empty()) return;
+  state.config.metrics->add("kvr_kv_dump_requests_total", state.labels);
+  state.config.publisher->request_dump(entry->registration.dump_subject, worker);
+}
+
+// Forgets the dump requests of every rank of a worker.
+void forget_dumps(Self self, WorkerId id) {
+  auto& requested = self->state.dump_requested;
+  for (auto it = requested.begin(); it != requested.end();) {
+    if (it->first.worker_id == id) {
+      requested.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace
+
+caf::behavior selector_actor(Self self, SelectorActorConfig config) {
+  {
+    auto& state = self->state;
+    state.config = std::move(config);
+    state.selector.emplace(state.config.options, *state.config.plugins);
+    state.labels = {{"partition", partition_label(state.config.options.partition)}};
+    update_gauges(self);
+    self->delayed_send(self, state.config.tick_interval, expire_atom::value);
+  }
+
+  return {
+      [self](worker_up_atom, discovery::WorkerRegistration& registration) {
+        auto& state = self->state;
+        const WorkerId id = registration.worker_id;
+        auto change = state.selector->register_worker(std::move(registration), Clock::now());
+        if (!change) return refuse(self, "registration", change.error().message());
+        if (*change != discovery::RegistrationChange::refreshed) {
+          forget_dumps(self, id);
+          spdlog::info("kvr node: worker {} {} in partition {}", id,
+                       *change == discovery::RegistrationChange::added ? "joined" : "restarted",
+                       state.labels.front().second);
+        }
+        update_gauges(self);
+      },
+      [self](heartbeat_atom, const WorkerLiveness& heartbeat) {
+        auto renewed = self->state.selector->heartbeat(heartbeat.worker_id, heartbeat.incarnation,
+                                                       Clock::now());
+        if (!renewed) refuse(self, "heartbeat", discovery::as_str(renewed.error()));
+      },
+      [self](worker_down_atom, const WorkerLiveness& deregistration) {
+        auto removed =
+            self->state.selector->deregister(deregistration.worker_id, deregistration.incarnation);
+        if (!removed) return refuse(self, "deregistration", discovery::as_str(removed.error()));
+        spdlog::info("kvr node: worker {} left partition {}", deregistration.worker_id,
+                     self->state.labels.front().second);
+        update_gauges(self);
+      },
+      [self](load_atom, const WorkerLoadReport& report) {
+        auto& state = self->state;
+        const auto* entry = state.selector->discovery().catalog().find(report.worker_id);
+        if (entry == nullptr || entry->registration.incarnation != report.incarnation) {
+          return refuse(self, "load", "unknown worker or stale incarnation");
+        }
+        for (const auto& [rank, load] : report.ranks) {
+          auto updated = state.selector->update_load({report.worker_id, rank}, load);
+          if (!updated) return refuse(self, "load", discovery::as_str(updated.error()));
+        }
+      },
+      [self](kv_events_atom, const KvEventBatch& batch) {
+        auto& state = self->state;
+        auto outcome = state.selector->apply_kv_events(batch);
+        if (!outcome) return refuse(self, "kv_events", discovery::as_str(outcome.error()));
+        if (outcome->rejected_events > 0 && outcome->first_error) {
+          refuse(self, "kv_event", discovery::as_str(*outcome->first_error));
+        }
+        if (outcome->gap) {
+          state.config.metrics->add("kvr_kv_event_gaps_total", state.labels);
+          request_dump(self, batch.worker);
+        }
+      },
+      [self](kv_dump_atom, const KvDump& dump) {
+        auto& state = self->state;
+        auto loaded = state.selector->load_kv_dump(dump);
+        if (!loaded) return refuse(self, "kv_dump", discovery::as_str(loaded.error()));
+        state.dump_requested.erase(dump.worker);
+        update_gauges(self);
+      },
+      [self](route_atom, const RouteRequestData& request) -> SelectorReply {
+        auto& state = self->state;
+        const auto started = Clock::now();
+        SelectorReply reply{state.selector->route(request.as_input(), started),
+                            state.selector->policy_name(request.worker_type),
+                            {}};
+        const std::chrono::duration<double> elapsed = Clock::now() - started;
+        state.config.metrics->observe("kvr_selection_latency_seconds", {}, elapsed.count());
+        if (reply.result) {
+          const auto* entry =
+              state.selector->discovery().catalog().find(reply.result->worker.worker_id);
+          if (entry != nullptr) reply.generate_subject = entry->registration.generate_subject;
+          state.config.metrics->set(
+              "kvr_bookings_open", state.labels,
+              static_cast<double>(state.selector->discovery().load().open_bookings()));
+        }
+        return reply;
+      },
+      [self](booking_atom, const BookingUpdate& update) -> BookingUpdateReply {
+        auto& state = self->state;
+        auto changed = update.release ? state.selector->release(update.request_id, update.end)
+                                      : state.selector->first_token(update.request_id);
+        update_gauges(self);
+        if (!changed) return {false, std::string{discovery::as_str(changed.error())}};
+        return {true, {}};
+      },
+      [self](expire_atom) {
+        auto& state = self->state;
+        std::vector<WorkerId> removed;
+        state.selector->expire(Clock::now(), removed);
+        if (!removed.empty()) {
+          for (WorkerId id : removed) {
+            spdlog::info("kvr node: worker {} expired (no heartbeat) in partition {}", id,
+                         state.labels.front().second);
+            state.config.metrics->add("kvr_workers_expired_total", state.labels);
+            forget_dumps(self, id);
+          }
+          if (state.config.discovery)
+            self->send(state.config.discovery, removed_atom::value, removed);
+        }
+        update_gauges(self);
+        self->delayed_send(self, state.config.tick_interval, expire_atom::value);
+      },
+  };
+}
+
+}  // namespace kvr::actors

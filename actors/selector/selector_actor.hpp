@@ -1,0 +1,66 @@
+// The selector actor: one per routing partition (model × routing group), a thin shell over that
+// partition's SelectorState. Spawned on demand (linked) by the discovery actor.
+//
+// State it owns: the partition's SelectorState (worker catalog, KV index, predicted load with
+// bookings, the policy instances per worker type) and the dump requests in flight.
+// Messages it handles (atoms in actors/actor_types.hpp):
+//   worker_up(WorkerRegistration), heartbeat(WorkerLiveness), worker_dn(WorkerLiveness),
+//   load(WorkerLoadReport), kv_events(KvEventBatch), kv_dump(KvDump)   — worker state;
+//   route(RouteRequestData) → SelectorReply     — select and book (the pick is in the predicted
+//                                                  load before the next selection runs);
+//   booking(BookingUpdate) → BookingUpdateReply — first token / release of a booking;
+//   expire                                      — its own timer: expires worker leases, unreported
+//                                                  bookings and approximate blocks, and tells the
+//                                                  discovery actor which workers left.
+// It asks a worker for a KV dump (through RouterPublisher, never waiting) when its event ids
+// show a gap. It must never block, throw, share its state, or call NATS request().
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+
+#include <absl/container/flat_hash_map.h>
+#include <caf/actor.hpp>
+#include <caf/behavior.hpp>
+#include <caf/stateful_actor.hpp>
+
+#include "actors/metrics/metrics_registry.hpp"
+#include "actors/metrics/rate_limited_log.hpp"
+#include "actors/nats/nats_bridge.hpp"
+#include "actors/selector/selector_state.hpp"
+
+namespace kvr::actors {
+
+/// What a selector actor is spawned with.
+struct SelectorActorConfig {
+  SelectorOptions options;
+  /// Resolved policies; must outlive the actor system.
+  const plugins::RouterPlugins* plugins = nullptr;
+  std::shared_ptr<RouterPublisher> publisher;
+  std::shared_ptr<metrics::MetricsRegistry> metrics;
+  std::shared_ptr<metrics::RateLimitedLog> log;
+  /// Told about workers that left (expired); may be empty.
+  caf::actor discovery;
+  /// Period of the expiry timer.
+  std::chrono::milliseconds tick_interval{100};
+  /// A rank's dump is not asked for again within this time.
+  std::chrono::milliseconds dump_retry{1000};
+};
+
+/// The selector actor's state.
+struct SelectorActorState {
+  static inline const char* name = "kvr.selector";
+  std::optional<SelectorState> selector;
+  SelectorActorConfig config;
+  /// When a dump was last asked for, per (worker, rank).
+  absl::flat_hash_map<WorkerWithDpRank, std::chrono::steady_clock::time_point> dump_requested;
+  /// Partition label of this selector's metrics.
+  metrics::Labels labels;
+};
+
+/// The selector actor's behaviour.
+caf::behavior selector_actor(caf::stateful_actor<SelectorActorState>* self,
+                             SelectorActorConfig config);
+
+}  // namespace kvr::actors

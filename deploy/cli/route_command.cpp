@@ -1,0 +1,129 @@
+#include "deploy/cli/route_command.hpp"
+
+#include <chrono>
+#include <iostream>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "actors/nats/nats_client.hpp"
+#include "deploy/cli/cli_options.hpp"
+#include "kvr/v1/routing.pb.h"
+#include "messages/subjects.hpp"
+
+namespace kvr::cli {
+namespace {
+
+struct RouteCommandOptions {
+  actors::nats::NatsOptions nats;
+  std::string ns = "default";
+  std::vector<std::uint32_t> tokens;
+  std::string text;
+  std::string model = "mock-model";
+  std::string routing_group;
+  std::string role = "aggregated";
+  std::string request_id;
+  std::string cache_namespace;
+  int timeout_ms = 5000;
+};
+
+v1::WorkerRole wire_role(std::string_view role) {
+  if (role == "prefill") return v1::WORKER_ROLE_PREFILL;
+  if (role == "decode") return v1::WORKER_ROLE_DECODE;
+  if (role == "encode") return v1::WORKER_ROLE_ENCODE;
+  return v1::WORKER_ROLE_AGGREGATED;
+}
+
+std::string print_decision(const v1::RouteDecision& decision) {
+  if (decision.has_error()) {
+    return fmt::format("request {}: error {}: {}", decision.request_id(),
+                       v1::RouteErrorCode_Name(decision.error().code()),
+                       decision.error().message());
+  }
+  const auto& success = decision.success();
+  return fmt::format(
+      "request {}: worker {} rank {}\n  overlap blocks: device {} host {} disk {}\n"
+      "  lease {} (ttl {} ms)\n  policy {} total cost {}\n  generate subject {}",
+      decision.request_id(), success.worker_id(), success.dp_rank(),
+      success.device_overlap_blocks(), success.host_overlap_blocks(), success.disk_overlap_blocks(),
+      success.lease_id(), success.lease_ttl_ms(), success.policy(), success.total_cost(),
+      success.generate_subject());
+}
+
+int run_route(const RouteCommandOptions& options) {
+  v1::RouteRequest request;
+  std::string request_id = options.request_id;
+  if (request_id.empty()) request_id = fmt::format("kvr-route-{:08x}", std::random_device{}());
+  request.set_request_id(request_id);
+  request.set_model(options.model);
+  request.set_routing_group(options.routing_group);
+  request.set_worker_role(wire_role(options.role));
+  request.set_cache_namespace(options.cache_namespace);
+  auto* tokens = request.mutable_tokens();
+  if (!options.text.empty()) {
+    // The stated rule for --text: each UTF-8 byte of the text is one token id (0..255).
+    for (unsigned char byte : options.text) tokens->add_ids(byte);
+  } else {
+    for (std::uint32_t token : options.tokens) tokens->add_ids(token);
+  }
+  auto client = actors::nats::NatsClient::connect(options.nats);
+  if (!client) {
+    std::cerr << "kvr route: " << client.error() << '\n';
+    return 2;
+  }
+  auto reply = (*client)->request(subjects::router_route(options.ns), request.SerializeAsString(),
+                                  std::chrono::milliseconds(options.timeout_ms));
+  if (!reply) {
+    std::cerr << "kvr route: no decision: " << reply.error() << '\n';
+    return 2;
+  }
+  v1::RouteDecision decision;
+  if (!decision.ParseFromString(reply->data)) {
+    std::cerr << "kvr route: the reply is not a RouteDecision\n";
+    return 2;
+  }
+  std::cout << print_decision(decision) << '\n';
+  return decision.has_success() ? 0 : 1;
+}
+
+}  // namespace
+
+void add_route_command(CLI::App& app, int& exit_code) {
+  auto* command = app.add_subcommand(
+      "route", "ask the router nodes for one routing decision (RouteRequest over NATS)");
+  auto options = std::make_shared<RouteCommandOptions>();
+  add_nats_options(*command, options->nats);
+  options->nats.name = "kvr-route";
+  command->add_option("--namespace", options->ns, "subject namespace (kvr.<namespace>.…)")
+      ->envname("KVR_NAMESPACE")
+      ->capture_default_str();
+  auto* tokens =
+      command->add_option("--tokens", options->tokens, "prompt token ids, comma separated (1,2,3)")
+          ->delimiter(',');
+  auto* text = command->add_option(
+      "--text", options->text,
+      "prompt text; each UTF-8 byte becomes one token id (0..255), hashed like --tokens");
+  tokens->excludes(text);
+  text->excludes(tokens);
+  command->add_option("--model", options->model, "model to route for")->capture_default_str();
+  command->add_option("--routing-group", options->routing_group, "routing group (default)");
+  command->add_option("--role", options->role, "worker role")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"aggregated", "prefill", "decode", "encode"}));
+  command->add_option("--request-id", options->request_id, "request id (default: random)");
+  command->add_option("--cache-namespace", options->cache_namespace,
+                      "cache namespace mixed into the block hashes (e.g. a LoRA name)");
+  command->add_option("--timeout-ms", options->timeout_ms, "how long to wait for the decision")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 600'000));
+  command->callback([options, &exit_code] {
+    if (options->tokens.empty() && options->text.empty()) {
+      std::cerr << "kvr route: give the prompt with --tokens or --text\n";
+      exit_code = 2;
+      return;
+    }
+    exit_code = run_route(*options);
+  });
+}
+
+}  // namespace kvr::cli

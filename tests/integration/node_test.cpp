@@ -1,0 +1,423 @@
+// `kvr node` in route mode as a real process, with real `kvr mocker` workers and a real
+// nats-server on loopback: decisions over NATS request/reply, KV-aware routing to the worker that
+// holds a prefix, lifecycle reports and lease expiry (observed on /metrics), a killed worker
+// leaving routing, a nats-server restart, and bad messages on every subscribed subject.
+#include <atomic>
+#include <mutex>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "actors/nats/nats_client.hpp"
+#include "kvr/v1/kv_events.pb.h"
+#include "kvr/v1/routing.pb.h"
+#include "kvr/v1/worker.pb.h"
+#include "messages/subjects.hpp"
+#include "tests/testing/nats_server.hpp"
+
+namespace kvr {
+namespace {
+
+using namespace std::chrono_literals;
+using actors::nats::NatsClient;
+using actors::nats::NatsMessage;
+using testing::ChildProcess;
+using testing::NatsServer;
+using testing::wait_until;
+
+constexpr std::string_view kNamespace = "node";
+constexpr WorkerId kFirstWorker = 100;
+constexpr WorkerId kSecondFleetWorker = 200;
+constexpr std::uint32_t kBlockSize = 16;
+
+// A free loopback TCP port (bound and released; the node binds it right after).
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+// GET http://127.0.0.1:<port><path>; the whole response (status line, headers, body) or "".
+std::string http_get(std::uint16_t port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  timeval timeout{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(port);
+  std::string response;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
+    const std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (::write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buffer[4096];
+      ssize_t received = 0;
+      while ((received = ::read(fd, buffer, sizeof(buffer))) > 0) {
+        response.append(buffer, static_cast<std::size_t>(received));
+      }
+    }
+  }
+  ::close(fd);
+  return response;
+}
+
+// Sum of every sample of a metric whose name and labels start with `prefix`
+// (e.g. `kvr_bad_messages_total{subject="kvr.node.worker.load"`).
+double metric(const std::string& text, const std::string& prefix) {
+  double sum = 0;
+  std::istringstream lines{text};
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line.front() == '#' || line.rfind(prefix, 0) != 0) continue;
+    const char next = line.size() > prefix.size() ? line[prefix.size()] : ' ';
+    if (next != ' ' && next != '{' && next != ',' && next != '}') continue;
+    sum += std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return sum;
+}
+
+std::vector<std::uint32_t> prompt(std::size_t tokens, std::uint32_t first) {
+  std::vector<std::uint32_t> ids(tokens);
+  std::iota(ids.begin(), ids.end(), first);
+  return ids;
+}
+
+class NodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string error;
+    server_ = NatsServer::start(&error);
+    ASSERT_TRUE(server_) << error;
+    actors::nats::NatsOptions options;
+    options.url = server_->url();
+    options.max_reconnects = -1;
+    options.reconnect_wait = 50ms;
+    auto client = NatsClient::connect(options);
+    ASSERT_TRUE(client) << client.error();
+    client_ = std::move(*client);
+  }
+
+  void TearDown() override {
+    // Log files help when something failed.
+    if (HasFailure()) {
+      if (node_) std::cerr << "---- node log\n" << node_->log();
+      if (mocker_) std::cerr << "---- mocker log\n" << mocker_->log();
+    }
+  }
+
+  std::optional<ChildProcess> start_mocker(WorkerId base, int workers, const std::string& log) {
+    return ChildProcess::start({KVR_BINARY,
+                                "mocker",
+                                "--nats",
+                                server_->url(),
+                                "--namespace",
+                                std::string{kNamespace},
+                                "--workers",
+                                std::to_string(workers),
+                                "--worker-id-base",
+                                std::to_string(base),
+                                "--block-size",
+                                std::to_string(kBlockSize),
+                                "--num-gpu-blocks",
+                                "512",
+                                "--time-scale",
+                                "20",
+                                "--lease-ttl-ms",
+                                "600",
+                                "--load-interval-ms",
+                                "50",
+                                "--nats-reconnect-wait-ms",
+                                "50"},
+                               directory_.path() / log);
+  }
+
+  // Starts two mocker workers and the node; returns once a route succeeds.
+  void start_cluster(const std::string& lease_ttl_secs = "60") {
+    mocker_ = start_mocker(kFirstWorker, 2, "mocker.log");
+    ASSERT_TRUE(mocker_);
+    metrics_port_ = free_port();
+    node_ = ChildProcess::start(
+        {KVR_BINARY, "node", "--nats", server_->url(), "--namespace", std::string{kNamespace},
+         "--block-size", std::to_string(kBlockSize), "--router-lease-ttl-secs", lease_ttl_secs,
+         "--metrics-port", std::to_string(metrics_port_), "--nats-reconnect-wait-ms", "50"},
+        directory_.path() / "node.log");
+    ASSERT_TRUE(node_);
+    ASSERT_TRUE(wait_until(
+        [&] { return http_get(metrics_port_, "/healthz").find("200") != std::string::npos; }, 20s))
+        << node_->log();
+    ASSERT_TRUE(wait_until(
+        [&] {
+          auto decision = route(prompt(32, 1), next_id());
+          if (decision && decision->has_success()) {
+            report(decision->success().lease_id(), v1::LIFECYCLE_EVENT_COMPLETED);
+            return true;
+          }
+          return false;
+        },
+        20s))
+        << node_->log();
+  }
+
+  std::string next_id() { return "req-" + std::to_string(++request_counter_); }
+
+  std::optional<v1::RouteDecision> route(const std::vector<std::uint32_t>& tokens,
+                                         const std::string& request_id,
+                                         std::vector<WorkerId> allowed = {}) {
+    v1::RouteRequest request;
+    request.set_request_id(request_id);
+    request.set_model("mock-model");
+    for (std::uint32_t token : tokens) request.mutable_tokens()->add_ids(token);
+    for (WorkerId id : allowed) request.add_allowed_workers(id);
+    return send_route(request.SerializeAsString());
+  }
+
+  std::optional<v1::RouteDecision> send_route(const std::string& bytes) {
+    auto reply = client_->request(subjects::router_route(kNamespace), bytes, 2s);
+    if (!reply) return std::nullopt;
+    v1::RouteDecision decision;
+    if (!decision.ParseFromString(reply->data)) return std::nullopt;
+    return decision;
+  }
+
+  std::optional<v1::LifecycleAck> report(const std::string& lease, v1::LifecycleEvent event) {
+    v1::LifecycleReport report;
+    report.set_lease_id(lease);
+    report.set_event(event);
+    auto reply =
+        client_->request(subjects::router_report(kNamespace), report.SerializeAsString(), 2s);
+    if (!reply) return std::nullopt;
+    v1::LifecycleAck ack;
+    if (!ack.ParseFromString(reply->data)) return std::nullopt;
+    return ack;
+  }
+
+  std::string metrics_text() { return http_get(metrics_port_, "/metrics"); }
+
+  // Sends a generate request straight to a worker and waits for its last chunk.
+  void generate_on(WorkerId worker, const std::vector<std::uint32_t>& tokens) {
+    const std::string stream = client_->new_inbox();
+    std::atomic<bool> finished{false};
+    auto subscription = client_->subscribe(stream, [&](NatsMessage message) {
+      v1::GenerateChunk chunk;
+      if (chunk.ParseFromString(message.data) && chunk.finished()) finished = true;
+    });
+    ASSERT_TRUE(subscription);
+    ASSERT_TRUE(client_->flush(2s));
+    v1::GenerateRequest request;
+    request.mutable_route()->set_request_id(next_id());
+    for (std::uint32_t token : tokens) request.mutable_route()->mutable_tokens()->add_ids(token);
+    request.set_max_output_tokens(2);
+    request.set_stream_subject(stream);
+    ASSERT_TRUE(client_->publish(subjects::worker_generate(kNamespace, worker),
+                                 request.SerializeAsString()));
+    ASSERT_TRUE(wait_until([&] { return finished.load(); }, 10s));
+  }
+
+  testing::TemporaryDirectory directory_;
+  std::unique_ptr<NatsServer> server_;
+  std::unique_ptr<NatsClient> client_;
+  std::optional<ChildProcess> mocker_;
+  std::optional<ChildProcess> node_;
+  std::uint16_t metrics_port_ = 0;
+  int request_counter_ = 0;
+};
+
+TEST_F(NodeTest, RoutesToMockerWorkersAndToTheWorkerHoldingThePrefix) {
+  start_cluster();
+  std::set<WorkerId> chosen;
+  for (int i = 0; i < 6; ++i) {
+    auto decision = route(prompt(48, 1000 + 100 * i), next_id());
+    ASSERT_TRUE(decision && decision->has_success());
+    chosen.insert(decision->success().worker_id());
+    EXPECT_EQ(decision->success().policy(), "default");
+    EXPECT_EQ(decision->success().generate_subject(),
+              subjects::worker_generate(kNamespace, decision->success().worker_id()));
+    report(decision->success().lease_id(), v1::LIFECYCLE_EVENT_COMPLETED);
+  }
+  for (WorkerId id : chosen) EXPECT_TRUE(id == kFirstWorker || id == kFirstWorker + 1) << id;
+
+  // Worker 101 computes a prefix; once its KV events reached the node, kv-cost routes there.
+  const auto tokens = prompt(128, 50'000);
+  generate_on(kFirstWorker + 1, tokens);
+  std::optional<v1::RouteDecision> decision;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        decision = route(tokens, next_id());
+        if (!decision || !decision->has_success()) return false;
+        report(decision->success().lease_id(), v1::LIFECYCLE_EVENT_COMPLETED);
+        return decision->success().device_overlap_blocks() >= 8;
+      },
+      10s));
+  EXPECT_EQ(decision->success().worker_id(), kFirstWorker + 1);
+  EXPECT_GT(metric(metrics_text(), "kvr_index_blocks"), 0);
+}
+
+TEST_F(NodeTest, ReportsReleaseBookingsAndUnreportedLeasesExpire) {
+  start_cluster("1");
+  const auto bookings = [&] { return metric(metrics_text(), "kvr_bookings_open"); };
+  ASSERT_TRUE(wait_until([&] { return bookings() == 0; }, 5s));
+
+  auto decision = route(prompt(40, 7), next_id());
+  ASSERT_TRUE(decision && decision->has_success());
+  EXPECT_EQ(decision->success().lease_ttl_ms(), 1000U);
+  EXPECT_EQ(bookings(), 1);
+  const std::string lease = decision->success().lease_id();
+  auto ack = report(lease, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
+  ASSERT_TRUE(ack);
+  EXPECT_TRUE(ack->accepted()) << ack->message();
+  EXPECT_EQ(bookings(), 1);
+  ack = report(lease, v1::LIFECYCLE_EVENT_COMPLETED);
+  ASSERT_TRUE(ack);
+  EXPECT_TRUE(ack->accepted()) << ack->message();
+  EXPECT_EQ(bookings(), 0);
+  ack = report(lease, v1::LIFECYCLE_EVENT_COMPLETED);
+  ASSERT_TRUE(ack);
+  EXPECT_FALSE(ack->accepted());  // released exactly once
+
+  // Never reported: released by expiry.
+  const double expired_before = metric(metrics_text(), "kvr_leases_expired_total");
+  decision = route(prompt(40, 9), next_id());
+  ASSERT_TRUE(decision && decision->has_success());
+  EXPECT_EQ(bookings(), 1);
+  EXPECT_TRUE(wait_until([&] { return bookings() == 0; }, 5s));
+  EXPECT_TRUE(wait_until(
+      [&] { return metric(metrics_text(), "kvr_leases_expired_total") > expired_before; }, 5s));
+  ack = report(decision->success().lease_id(), v1::LIFECYCLE_EVENT_COMPLETED);
+  ASSERT_TRUE(ack);
+  EXPECT_FALSE(ack->accepted());
+}
+
+TEST_F(NodeTest, AKilledWorkerLeavesRoutingWithinItsTtl) {
+  start_cluster();
+  auto second = start_mocker(kSecondFleetWorker, 1, "second.log");
+  ASSERT_TRUE(second);
+  ASSERT_TRUE(wait_until(
+      [&] {
+        auto decision = route(prompt(20, 1), next_id(), {kSecondFleetWorker});
+        return decision && decision->has_success() &&
+               decision->success().worker_id() == kSecondFleetWorker;
+      },
+      10s));
+  second->signal(SIGKILL);
+  ASSERT_TRUE(second->wait(5s));
+  // The lease is 600 ms; expiry runs every 100 ms.
+  const auto killed = std::chrono::steady_clock::now();
+  ASSERT_TRUE(wait_until(
+      [&] {
+        auto decision = route(prompt(20, 1), next_id(), {kSecondFleetWorker});
+        return decision && decision->has_error();
+      },
+      5s));
+  EXPECT_LT(std::chrono::steady_clock::now() - killed, 3s);
+  for (int i = 0; i < 10; ++i) {
+    auto decision = route(prompt(20, 300 + i), next_id());
+    ASSERT_TRUE(decision && decision->has_success());
+    EXPECT_NE(decision->success().worker_id(), kSecondFleetWorker);
+  }
+}
+
+TEST_F(NodeTest, ServesAgainAfterTheNatsServerRestarts) {
+  start_cluster();
+  server_->stop();
+  std::string error;
+  ASSERT_TRUE(server_->restart(&error)) << error;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        auto decision = route(prompt(32, 5), next_id());
+        return decision && decision->has_success();
+      },
+      20s));
+  ASSERT_TRUE(node_->running());
+  EXPECT_GE(metric(metrics_text(), "kvr_nats_reconnects_total"), 1);
+  EXPECT_EQ(metric(metrics_text(), "kvr_nats_connected"), 1);
+}
+
+TEST_F(NodeTest, BadMessagesOnEverySubjectAreCountedAndDropped) {
+  start_cluster();
+  const std::string garbage = "\xff\xff\xff\x01 not protobuf";
+  const std::vector<std::string> worker_subjects{
+      subjects::worker_register(kNamespace), subjects::worker_heartbeat(kNamespace),
+      subjects::worker_deregister(kNamespace), subjects::worker_load(kNamespace),
+      subjects::kv_events(kNamespace, kFirstWorker)};
+  for (const auto& subject : worker_subjects) ASSERT_TRUE(client_->publish(subject, garbage));
+
+  // Absurd values in well-formed messages.
+  v1::WorkerRegistration registration;
+  registration.set_worker_id(999);
+  registration.set_model("mock-model");
+  registration.set_role(v1::WORKER_ROLE_AGGREGATED);
+  registration.set_block_size(kBlockSize);
+  registration.set_total_kv_blocks(std::uint64_t{1} << 60);
+  ASSERT_TRUE(
+      client_->publish(subjects::worker_register(kNamespace), registration.SerializeAsString()));
+  v1::LoadMetrics load;
+  load.set_worker_id(kFirstWorker);
+  auto* rank = load.add_ranks();
+  rank->set_active_requests(1);
+  rank->set_waiting_requests(1'000'000);
+  ASSERT_TRUE(client_->publish(subjects::worker_load(kNamespace), load.SerializeAsString()));
+  v1::KvEventBatch batch;
+  batch.set_worker_id(kFirstWorker + 1);  // on worker 100's subject
+  batch.set_event_id(1);
+  ASSERT_TRUE(
+      client_->publish(subjects::kv_events(kNamespace, kFirstWorker), batch.SerializeAsString()));
+
+  // Requests get an explicit answer.
+  auto bad_route = send_route(garbage);
+  ASSERT_TRUE(bad_route);
+  ASSERT_TRUE(bad_route->has_error());
+  EXPECT_EQ(bad_route->error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
+  v1::RouteRequest absurd;
+  absurd.set_request_id("absurd");
+  absurd.set_model("mock-model");
+  absurd.mutable_block_hashes()->set_prompt_tokens(4'000'000'000U);
+  bad_route = send_route(absurd.SerializeAsString());
+  ASSERT_TRUE(bad_route && bad_route->has_error());
+  EXPECT_EQ(bad_route->error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
+  EXPECT_EQ(bad_route->request_id(), "absurd");
+  auto reply = client_->request(subjects::router_report(kNamespace), garbage, 2s);
+  ASSERT_TRUE(reply) << reply.error();
+  v1::LifecycleAck ack;
+  ASSERT_TRUE(ack.ParseFromString(reply->data));
+  EXPECT_FALSE(ack.accepted());
+
+  std::vector<std::string> every_subject = worker_subjects;
+  every_subject.push_back(subjects::router_route(kNamespace));
+  every_subject.push_back(subjects::router_report(kNamespace));
+  every_subject[4] = subjects::kv_events_all(kNamespace);  // counted under the subscription
+  ASSERT_TRUE(wait_until(
+      [&] {
+        const std::string text = metrics_text();
+        for (const auto& subject : every_subject) {
+          if (metric(text, "kvr_bad_messages_total{subject=\"" + subject + "\"") < 1) return false;
+        }
+        return true;
+      },
+      5s))
+      << metrics_text();
+  const std::string text = metrics_text();
+  EXPECT_GE(metric(text, "kvr_bad_messages_total{subject=\"" + worker_subjects[0] + "\""), 2);
+  EXPECT_GE(metric(text, "kvr_bad_messages_total{subject=\"" + worker_subjects[3] + "\""), 2);
+  EXPECT_GE(metric(text, "kvr_bad_messages_total{subject=\"" + every_subject[4] + "\""), 2);
+
+  auto decision = route(prompt(32, 77), next_id());
+  ASSERT_TRUE(decision && decision->has_success());
+  EXPECT_TRUE(node_->running());
+}
+
+}  // namespace
+}  // namespace kvr

@@ -1,0 +1,159 @@
+#include "actors/ingress/route_request.hpp"
+
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include <gtest/gtest.h>
+
+#include "discovery/block_hash.hpp"
+
+namespace kvr::actors {
+namespace {
+
+constexpr std::uint32_t kBlockSize = 16;
+
+v1::RouteRequest token_request(std::size_t tokens) {
+  v1::RouteRequest wire;
+  wire.set_request_id("r1");
+  wire.set_model("m");
+  for (std::uint32_t i = 0; i < tokens; ++i) wire.mutable_tokens()->add_ids(i + 1);
+  return wire;
+}
+
+TEST(RouteRequestTest, HashesTokensAtTheRouterBlockSizeAndCacheNamespace) {
+  auto wire = token_request(40);
+  wire.set_cache_namespace("lora-a");
+  auto decoded = decode_route_request(wire, kBlockSize);
+  ASSERT_TRUE(decoded) << decoded.error().message;
+  std::vector<std::uint32_t> tokens(40);
+  std::iota(tokens.begin(), tokens.end(), 1U);
+  EXPECT_EQ(decoded->block_hashes,
+            discovery::BlockHasher(kBlockSize, "lora-a").sequence_hashes(tokens));
+  EXPECT_EQ(decoded->block_hashes.size(), 2U);
+  EXPECT_EQ(decoded->prompt_tokens, 40U);
+  EXPECT_EQ(decoded->partition.routing_group, "default");
+  EXPECT_EQ(decoded->worker_type, WorkerType::Aggregated);
+}
+
+TEST(RouteRequestTest, UsesBlockHashesAsGiven) {
+  v1::RouteRequest wire;
+  wire.set_request_id("r2");
+  wire.set_model("m");
+  wire.set_routing_group("g");
+  wire.set_worker_role(v1::WORKER_ROLE_PREFILL);
+  wire.mutable_block_hashes()->add_hashes(11);
+  wire.mutable_block_hashes()->add_hashes(22);
+  wire.mutable_block_hashes()->set_prompt_tokens(33);
+  auto decoded = decode_route_request(wire, kBlockSize);
+  ASSERT_TRUE(decoded) << decoded.error().message;
+  EXPECT_EQ(decoded->block_hashes, (std::vector<BlockHash>{11, 22}));
+  EXPECT_EQ(decoded->partition.routing_group, "g");
+  EXPECT_EQ(decoded->worker_type, WorkerType::Prefill);
+  const RouteInput input = decoded->as_input();
+  EXPECT_EQ(input.block_hashes.size(), 2U);
+  EXPECT_EQ(input.request_id, "r2");
+}
+
+// Each case breaks one field; the failure names it.
+struct InvalidCase {
+  std::string name;
+  std::function<void(v1::RouteRequest&)> mutate;
+  std::string field;
+};
+
+class RouteRequestInvalidTest : public ::testing::TestWithParam<InvalidCase> {};
+
+TEST_P(RouteRequestInvalidTest, RefusesWithInvalidRequestNamingTheField) {
+  auto wire = token_request(20);
+  GetParam().mutate(wire);
+  auto decoded = decode_route_request(wire, kBlockSize);
+  ASSERT_FALSE(decoded);
+  EXPECT_EQ(decoded.error().code, Error::invalid_request);
+  EXPECT_NE(decoded.error().message.find(GetParam().field), std::string::npos)
+      << decoded.error().message;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, RouteRequestInvalidTest,
+    ::testing::Values(
+        InvalidCase{"EmptyRequestId", [](auto& w) { w.set_request_id(""); }, "request_id"},
+        InvalidCase{"EmptyModel", [](auto& w) { w.set_model(""); }, "model"},
+        InvalidCase{"NoPrompt", [](auto& w) { w.clear_prompt(); }, "prompt"},
+        InvalidCase{"EmptyTokens", [](auto& w) { w.mutable_tokens()->clear_ids(); }, "tokens"},
+        InvalidCase{"UnknownRole",
+                    [](auto& w) { w.set_worker_role(static_cast<v1::WorkerRole>(99)); },
+                    "worker_role"},
+        InvalidCase{"TooManyHashes",
+                    [](auto& w) {
+                      w.mutable_block_hashes()->add_hashes(1);
+                      w.mutable_block_hashes()->add_hashes(2);
+                      w.mutable_block_hashes()->set_prompt_tokens(20);
+                    },
+                    "block_hashes"},
+        InvalidCase{"ZeroPromptTokens",
+                    [](auto& w) { w.mutable_block_hashes()->set_prompt_tokens(0); },
+                    "prompt_tokens"},
+        InvalidCase{"HugePrompt",
+                    [](auto& w) { w.mutable_block_hashes()->set_prompt_tokens(4'000'000'000U); },
+                    "prompt_tokens"},
+        InvalidCase{"PinnedWorkerZero",
+                    [](auto& w) { w.mutable_pinned_worker()->set_worker_id(0); }, "pinned_worker"},
+        InvalidCase{"NonFiniteTaintWeight",
+                    [](auto& w) {
+                      (*w.mutable_preferred_taints())["gpu"] =
+                          std::numeric_limits<double>::infinity();
+                    },
+                    "preferred_taints"},
+        InvalidCase{"SessionWithoutId",
+                    [](auto& w) { w.mutable_session()->set_session_final(true); }, "session_id"},
+        InvalidCase{"LongRequestId", [](auto& w) { w.set_request_id(std::string(300, 'x')); },
+                    "request_id"}),
+    [](const auto& test_case) { return test_case.param.name; });
+
+TEST(RouteRequestTest, ErrorDecisionCarriesTheWireCode) {
+  const auto decision = make_route_error("r", Error::no_workers, "none");
+  EXPECT_EQ(decision.request_id(), "r");
+  ASSERT_TRUE(decision.has_error());
+  EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_NO_WORKERS);
+  EXPECT_EQ(decision.error().message(), "none");
+}
+
+TEST(RouteRequestTest, SuccessDecisionCarriesLeaseAndOverlap) {
+  RouteOutcome outcome;
+  outcome.worker = {42, 1};
+  outcome.device_overlap_blocks = 3;
+  outcome.total_cost = 1.5;
+  outcome.scorer_costs = {1.5};
+  const auto decision = make_route_success("r", outcome,
+                                           {.lease_id = "L-1",
+                                            .lease_ttl = std::chrono::seconds(2),
+                                            .policy = "p",
+                                            .generate_subject = "kvr.ns.worker.42.generate"});
+  ASSERT_TRUE(decision.has_success());
+  EXPECT_EQ(decision.success().worker_id(), 42U);
+  EXPECT_EQ(decision.success().dp_rank(), 1U);
+  EXPECT_EQ(decision.success().device_overlap_blocks(), 3U);
+  EXPECT_EQ(decision.success().lease_id(), "L-1");
+  EXPECT_EQ(decision.success().lease_ttl_ms(), 2000U);
+  EXPECT_EQ(decision.success().costs_size(), 1);
+  EXPECT_EQ(decision.success().generate_subject(), "kvr.ns.worker.42.generate");
+}
+
+TEST(RouteRequestTest, LifecycleReportNeedsLeaseAndKnownEvent) {
+  v1::LifecycleReport wire;
+  EXPECT_FALSE(decode_lifecycle_report(wire));
+  wire.set_lease_id("L-1");
+  EXPECT_FALSE(decode_lifecycle_report(wire));  // unspecified event
+  wire.set_event(static_cast<v1::LifecycleEvent>(42));
+  EXPECT_FALSE(decode_lifecycle_report(wire));
+  wire.set_event(v1::LIFECYCLE_EVENT_ABORTED);
+  wire.set_error("client went away");
+  auto report = decode_lifecycle_report(wire);
+  ASSERT_TRUE(report) << report.error();
+  EXPECT_EQ(report->event, LifecycleEventKind::Aborted);
+  EXPECT_EQ(report->error, "client went away");
+}
+
+}  // namespace
+}  // namespace kvr::actors

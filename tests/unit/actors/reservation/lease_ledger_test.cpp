@@ -1,0 +1,59 @@
+#include "actors/reservation/lease_ledger.hpp"
+
+#include <gtest/gtest.h>
+
+namespace kvr::actors {
+namespace {
+
+using namespace std::chrono_literals;
+const auto kStart = std::chrono::steady_clock::time_point{} + 1h;
+const plugins::worker_selection::RoutingPartition kPartition{"m", "default"};
+
+TEST(LeaseLedgerTest, IssuesUniqueIdsWithThePrefix) {
+  LeaseLedger ledger{"node1"};
+  const std::string a = ledger.open(kPartition, "r1", {7, 0}, kStart + 1s);
+  const std::string b = ledger.open(kPartition, "r1", {7, 0}, kStart + 1s);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a.rfind("node1-", 0), 0U);
+  EXPECT_EQ(ledger.size(), 2U);
+}
+
+TEST(LeaseLedgerTest, CloseReturnsTheLeaseExactlyOnce) {
+  LeaseLedger ledger{"n"};
+  const std::string id = ledger.open(kPartition, "r1", {7, 1}, kStart + 1s);
+  auto closed = ledger.close(id);
+  ASSERT_TRUE(closed);
+  EXPECT_EQ(closed->request_id, "r1");
+  EXPECT_EQ(closed->worker, (WorkerWithDpRank{7, 1}));
+  EXPECT_EQ(closed->partition.model, "m");
+  EXPECT_EQ(ledger.close(id).error(), LeaseError::unknown_lease);
+  EXPECT_EQ(ledger.size(), 0U);
+}
+
+TEST(LeaseLedgerTest, FirstTokenKeepsTheLeaseOpenAndRefusesARepeat) {
+  LeaseLedger ledger{"n"};
+  const std::string id = ledger.open(kPartition, "r1", {7, 0}, kStart + 1s);
+  ASSERT_TRUE(ledger.first_token(id));
+  EXPECT_EQ(ledger.first_token(id).error(), LeaseError::first_token_repeated);
+  EXPECT_TRUE(ledger.close(id));
+  EXPECT_EQ(ledger.first_token(id).error(), LeaseError::unknown_lease);
+}
+
+TEST(LeaseLedgerTest, ExpireEndsOnlyDueLeasesAndNeverAClosedOne) {
+  LeaseLedger ledger{"n"};
+  const std::string early = ledger.open(kPartition, "early", {1, 0}, kStart + 1s);
+  const std::string closed = ledger.open(kPartition, "closed", {1, 0}, kStart + 1s);
+  const std::string late = ledger.open(kPartition, "late", {1, 0}, kStart + 5s);
+  ASSERT_TRUE(ledger.close(closed));
+  EXPECT_TRUE(ledger.expire(kStart).empty());
+  const auto expired = ledger.expire(kStart + 1s);
+  ASSERT_EQ(expired.size(), 1U);
+  EXPECT_EQ(expired.front().lease_id, early);
+  EXPECT_EQ(ledger.close(early).error(), LeaseError::unknown_lease);
+  EXPECT_NE(ledger.find(late), nullptr);
+  EXPECT_EQ(ledger.expire(kStart + 10s).size(), 1U);
+  EXPECT_EQ(ledger.size(), 0U);
+}
+
+}  // namespace
+}  // namespace kvr::actors
