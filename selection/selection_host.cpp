@@ -99,6 +99,10 @@ bool SelectionHost::eligible(const SelectionRequest& request,
           request.allowed_workers.end()) {
     return false;
   }
+  if (std::ranges::find(request.excluded_workers, worker.worker_id) !=
+      request.excluded_workers.end()) {
+    return false;
+  }
   for (const std::string& taint : request.required_taints) {
     if (std::ranges::find(descriptor.taints, taint) == descriptor.taints.end()) return false;
   }
@@ -228,8 +232,8 @@ std::expected<SelectionResult, WorkerSelectionPolicyError> SelectionHost::select
   // Most requests carry no restriction and no busy threshold is set: then availability is the
   // only rule, checked without branches.
   const bool restricted = request.pinned_worker || !request.allowed_workers.empty() ||
-                          !request.required_taints.empty() || config_.busy_kv_usage_threshold ||
-                          config_.busy_prefill_tokens_threshold;
+                          !request.excluded_workers.empty() || !request.required_taints.empty() ||
+                          config_.busy_kv_usage_threshold || config_.busy_prefill_tokens_threshold;
   rows_.resize(descriptors_.size());
   std::size_t eligible_rows = 0;
   for (std::size_t row = 0; row < descriptors_.size(); ++row) {
@@ -243,8 +247,8 @@ std::expected<SelectionResult, WorkerSelectionPolicyError> SelectionHost::select
     return std::unexpected(WorkerSelectionPolicyError::host(
         Kind::NoEligibleWorkers,
         fmt::format("{}{}{}{}{}", "none of ", descriptors_.size(), " ", as_str(worker_type_),
-                    " workers is eligible (pin, allow-list, required taints, busy thresholds or "
-                    "availability)")));
+                    " workers is eligible (pin, allow-list, exclusions, required taints, busy "
+                    "thresholds or availability)")));
   }
   const std::size_t eligible_count = rows_.size();
 

@@ -55,6 +55,8 @@ struct SelectionRequest {
   std::uint32_t strict_priority = 0;
   /// Non-empty: only these workers are eligible.
   std::span<const WorkerId> allowed_workers;
+  /// These workers are never eligible (a retry excludes the worker that failed the request).
+  std::span<const WorkerId> excluded_workers;
   /// A worker must carry every one of these taints.
   std::span<const std::string> required_taints;
   std::span<const PreferredTaint> preferred_taints;

@@ -214,8 +214,7 @@ void SelectorState::compute_signals(const selection::SelectionRequest& request,
   }
 }
 
-std::expected<RouteOutcome, RouteFailure> SelectorState::route(const RouteInput& input,
-                                                               TimePoint now) {
+std::expected<void, RouteFailure> SelectorState::validate(const RouteInput& input) const {
   if (input.prompt_tokens == 0) {
     return std::unexpected(RouteFailure{Error::invalid_request, "the prompt is empty"});
   }
@@ -233,6 +232,12 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::route(const RouteInput&
         Error::invalid_request,
         fmt::format("request id '{}' is already routed and not yet released", input.request_id)});
   }
+  return {};
+}
+
+std::expected<RouteOutcome, RouteFailure> SelectorState::route(const RouteInput& input,
+                                                               TimePoint now) {
+  if (auto valid = validate(input); !valid) return std::unexpected(std::move(valid.error()));
   const selection::SelectionRequest request{
       .request_id = input.request_id,
       .prompt_tokens = input.prompt_tokens,
@@ -243,6 +248,7 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::route(const RouteInput&
       .pinned_worker = input.pinned_worker,
       .strict_priority = input.priority,
       .allowed_workers = input.allowed_workers,
+      .excluded_workers = input.excluded_workers,
       .required_taints = input.required_taints,
       .preferred_taints = input.preferred_taints,
       .now = now,
@@ -274,13 +280,77 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::route(const RouteInput&
     }
   }
   in_route_ = false;
-  const std::uint64_t cached_blocks = std::uint64_t{outcome.device_overlap_blocks} +
-                                      outcome.host_overlap_blocks + outcome.disk_overlap_blocks;
-  outcome.uncached_prefill_tokens =
-      discovery::uncached_prefill_tokens(input.prompt_tokens, cached_blocks, block_size);
   outcome.total_cost = selected->total_cost;
   outcome.scorer_costs = selected->scorer_costs;
   outcome.eligible_workers = selected->eligible_workers;
+  return book(input, std::move(outcome), now);
+}
+
+std::optional<std::string> SelectorState::unroutable_reason(const RouteInput& input,
+                                                            WorkerWithDpRank worker) const {
+  const auto rows = workers(input.worker_type);
+  const auto row = std::ranges::find(rows, worker, &selection::WorkerDescriptor::worker);
+  if (row == rows.end()) {
+    const discovery::CatalogEntry* entry = discovery_.catalog().find(worker.worker_id);
+    if (entry == nullptr) return std::string{"it is not registered in this partition"};
+    const discovery::WorkerRegistration& registration = entry->registration;
+    if (registration.role != input.worker_type) {
+      return fmt::format("it serves {} requests, not {}", as_str(registration.role),
+                         as_str(input.worker_type));
+    }
+    if (worker.dp_rank >= registration.data_parallel_size) {
+      return fmt::format("it has {} data-parallel ranks", registration.data_parallel_size);
+    }
+    return std::string{"the rank is not indexed"};
+  }
+  if (!row->available) return std::string{"it is not available"};
+  if (input.pinned_worker && !input.pinned_worker->matches(worker)) {
+    return fmt::format("the request is pinned to worker {}", input.pinned_worker->worker_id);
+  }
+  if (!input.allowed_workers.empty() &&
+      std::ranges::find(input.allowed_workers, worker.worker_id) == input.allowed_workers.end()) {
+    return std::string{"it is not in the request's allow-list"};
+  }
+  if (std::ranges::find(input.excluded_workers, worker.worker_id) != input.excluded_workers.end()) {
+    return std::string{"the request excludes it"};
+  }
+  for (const std::string& taint : input.required_taints) {
+    if (std::ranges::find(row->taints, taint) == row->taints.end()) {
+      return fmt::format("it lacks the required taint '{}'", taint);
+    }
+  }
+  return std::nullopt;
+}
+
+std::expected<RouteOutcome, RouteFailure> SelectorState::route_to(const RouteInput& input,
+                                                                  WorkerWithDpRank worker,
+                                                                  TimePoint now) {
+  if (auto valid = validate(input); !valid) return std::unexpected(std::move(valid.error()));
+  if (auto reason = unroutable_reason(input, worker)) {
+    return std::unexpected(
+        RouteFailure{Error::no_workers,
+                     fmt::format("worker {} rank {} cannot take request '{}': {}", worker.worker_id,
+                                 worker.dp_rank, input.request_id, *reason)});
+  }
+  RouteOutcome outcome;
+  outcome.worker = worker;
+  outcome.eligible_workers = 1;
+  if (const auto slot = discovery_.index().slot_of(worker)) {
+    if (const discovery::WorkerMatch* match = matches_for(input.block_hashes).find(*slot)) {
+      outcome.device_overlap_blocks = match->device_blocks;
+      outcome.host_overlap_blocks = match->host_blocks;
+      outcome.disk_overlap_blocks = match->disk_blocks;
+    }
+  }
+  return book(input, std::move(outcome), now);
+}
+
+std::expected<RouteOutcome, RouteFailure> SelectorState::book(const RouteInput& input,
+                                                              RouteOutcome outcome, TimePoint now) {
+  const std::uint64_t cached_blocks = std::uint64_t{outcome.device_overlap_blocks} +
+                                      outcome.host_overlap_blocks + outcome.disk_overlap_blocks;
+  outcome.uncached_prefill_tokens = discovery::uncached_prefill_tokens(
+      input.prompt_tokens, cached_blocks, options_.router.block_size);
   outcome.lease_expires_at = now + options_.lease_ttl;
 
   auto booked = discovery_.load().book(discovery::BookingRequest{

@@ -45,6 +45,8 @@ struct RouteInput {
   std::optional<plugins::worker_selection::WorkerAffinityTarget> pinned_worker;
   std::uint32_t priority = 0;
   std::span<const WorkerId> allowed_workers;
+  /// Never eligible: a retry excludes the worker that failed the request before.
+  std::span<const WorkerId> excluded_workers;
   std::span<const std::string> required_taints;
   std::span<const selection::PreferredTaint> preferred_taints;
 };
@@ -99,6 +101,15 @@ class SelectorState final : public selection::WorkerSignalSource {
   /// Selects a worker and books the request on it before returning, so the next selection
   /// already sees this one (no herding on stale metrics).
   std::expected<RouteOutcome, RouteFailure> route(const RouteInput& input, TimePoint now);
+  /// Books the request on exactly `worker` without running the policy (hard session affinity, a
+  /// pinned dispatch). The worker must serve the request's worker type in this partition and pass
+  /// the request's hard restrictions: availability, pin, allow-list, exclusions and required
+  /// taints; busy thresholds do not apply (the caller asked for this worker). Fails with
+  /// Error::no_workers, naming the reason, when `worker` cannot take the request, and as route()
+  /// does for an invalid request. The outcome reports `worker`'s overlap, no costs and one
+  /// eligible worker.
+  std::expected<RouteOutcome, RouteFailure> route_to(const RouteInput& input,
+                                                     WorkerWithDpRank worker, TimePoint now);
   /// The request produced its first token: its prefill tokens are released.
   std::expected<void, discovery::LoadError> first_token(std::string_view request_id);
   /// The request ended (completed, cancelled or failed): its booking is released.
@@ -127,6 +138,14 @@ class SelectorState final : public selection::WorkerSignalSource {
     std::vector<std::uint64_t> total_kv_blocks;
   };
 
+  /// Checks the prompt and that the request id has no open booking.
+  std::expected<void, RouteFailure> validate(const RouteInput& input) const;
+  /// Why `worker` cannot take `input` on its own (empty: it can).
+  std::optional<std::string> unroutable_reason(const RouteInput& input,
+                                               WorkerWithDpRank worker) const;
+  /// Completes `outcome` (uncached tokens, lease) and books the request on outcome.worker.
+  std::expected<RouteOutcome, RouteFailure> book(const RouteInput& input, RouteOutcome outcome,
+                                                 TimePoint now);
   void rebuild_rows() const;
   void refresh_busy_signals(RoleRows& rows) const;
   /// The request's matched prefix on every rank: one index lookup per routed request, shared by

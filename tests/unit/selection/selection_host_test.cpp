@@ -156,6 +156,47 @@ TEST_F(SelectionHostTest, AllowListRestrictsEligibility) {
   EXPECT_EQ(result->eligible_workers, 2U);
 }
 
+TEST_F(SelectionHostTest, ExcludedWorkersAreNeverEligible) {
+  // Worker 1 would win on cost; excluding it (every rank) leaves worker 2.
+  signals_.set_workers({worker(1, 0), worker(1, 1), worker(2), worker(3)});
+  const std::vector<WorkerId> excluded{1};
+  request_.excluded_workers = excluded;
+  auto policy = id_policy();
+  auto result = select(policy);
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->worker.worker_id, 2U);
+  EXPECT_EQ(result->eligible_workers, 2U);
+}
+
+TEST_F(SelectionHostTest, ExclusionWinsOverTheAllowListAndThePin) {
+  signals_.set_workers({worker(1), worker(2), worker(3)});
+  const std::vector<WorkerId> allowed{1, 3};
+  const std::vector<WorkerId> excluded{1};
+  request_.allowed_workers = allowed;
+  request_.excluded_workers = excluded;
+  auto policy = id_policy();
+  auto result = select(policy);
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->worker.worker_id, 3U);
+
+  request_.pinned_worker = WorkerAffinityTarget{.worker_id = 1};
+  auto pinned = select(policy);
+  ASSERT_FALSE(pinned);
+  EXPECT_EQ(pinned.error().kind(), Kind::NoEligibleWorkers);
+}
+
+TEST_F(SelectionHostTest, ExcludingEveryWorkerIsNoEligibleWorkers) {
+  signals_.set_workers({worker(1), worker(2)});
+  const std::vector<WorkerId> excluded{2, 1};
+  request_.excluded_workers = excluded;
+  auto policy = id_policy();
+  auto result = select(policy);
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind(), Kind::NoEligibleWorkers);
+  EXPECT_NE(std::string{result.error().message()}.find("exclusions"), std::string::npos)
+      << result.error().message();
+}
+
 TEST_F(SelectionHostTest, PinnedWorkerWithoutRankAdmitsEveryRank) {
   signals_.set_workers({worker(1), worker(5, 0), worker(5, 1)});
   request_.pinned_worker = WorkerAffinityTarget{.worker_id = 5};
