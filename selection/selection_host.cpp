@@ -177,10 +177,30 @@ std::expected<void, WorkerSelectionPolicyError> SelectionHost::run_filters(
   return {};
 }
 
+WorkerSelectionPolicyError SelectionHost::non_finite_cost(
+    std::size_t scorer, std::span<const WorkerCandidate> candidates,
+    std::span<const double> costs) const {
+  for (std::size_t i = 0; i < costs.size(); ++i) {
+    if (!std::isfinite(costs[i])) {
+      return WorkerSelectionPolicyError::host(
+          Kind::NonFiniteCost,
+          fmt::format("scorer {} ({}) gave {} a non-finite or unwritten cost ({})", scorer,
+                      scorer_names_[scorer], row_name(i, candidates[i].worker()), costs[i]));
+    }
+    if (!std::isfinite(total_costs_[i])) {
+      return WorkerSelectionPolicyError::host(
+          Kind::NonFiniteCost,
+          fmt::format("the total cost of {} is not finite after scorer {} ({})",
+                      row_name(i, candidates[i].worker()), scorer, scorer_names_[scorer]));
+    }
+  }
+  return WorkerSelectionPolicyError::host(Kind::NonFiniteCost, "a cost is not finite");
+}
+
 std::expected<void, WorkerSelectionPolicyError> SelectionHost::run_scorers(
     const WorkerSelectionContext& context) {
   const std::size_t count = rows_.size();
-  total_costs_.assign(count, 0.0);
+  total_costs_.resize(count);
   scorer_costs_.resize(scorers_.size() * count);
   for (std::size_t s = 0; s < scorers_.size(); ++s) {
     WorkerScorer& scorer = *scorers_[s];
@@ -198,22 +218,21 @@ std::expected<void, WorkerSelectionPolicyError> SelectionHost::run_scorers(
       return std::unexpected(
           component_failure("scorer", s, scorer_names_[s], scored.error().message()));
     }
-    for (std::size_t i = 0; i < count; ++i) {
-      total_costs_[i] += costs[i];
-      if (!std::isfinite(costs[i])) {
-        return std::unexpected(WorkerSelectionPolicyError::host(
-            Kind::NonFiniteCost,
-            fmt::format("{}{}{}{}{}{}{}{}{}", "scorer ", s, " (", scorer_names_[s], ") gave ",
-                        row_name(i, candidates[i].worker()), " a non-finite or unwritten cost (",
-                        costs[i], ")")));
+    // One branch-free pass adds the column and notes whether anything was not finite; the row
+    // is looked up for the message only when something was.
+    bool all_finite = true;
+    if (s == 0) {
+      for (std::size_t i = 0; i < count; ++i) {
+        total_costs_[i] = costs[i];
+        all_finite &= std::isfinite(costs[i]);
       }
-      if (!std::isfinite(total_costs_[i])) {
-        return std::unexpected(WorkerSelectionPolicyError::host(
-            Kind::NonFiniteCost,
-            fmt::format("{}{}{}{}{}{}{}", "the total cost of ", row_name(i, candidates[i].worker()),
-                        " is not finite after scorer ", s, " (", scorer_names_[s], ")")));
+    } else {
+      for (std::size_t i = 0; i < count; ++i) {
+        total_costs_[i] += costs[i];
+        all_finite &= std::isfinite(costs[i]) && std::isfinite(total_costs_[i]);
       }
     }
+    if (!all_finite) return std::unexpected(non_finite_cost(s, candidates, costs));
   }
   return {};
 }

@@ -152,6 +152,10 @@ class SelectionHost {
 
   std::expected<void, WorkerSelectionPolicyError> run_filters(
       const plugins::worker_selection::WorkerSelectionContext& context);
+  /// The error for the first non-finite contribution or total of scorer `scorer`.
+  WorkerSelectionPolicyError non_finite_cost(std::size_t scorer,
+                                             std::span<const WorkerCandidate> candidates,
+                                             std::span<const double> costs) const;
   std::expected<void, WorkerSelectionPolicyError> run_scorers(
       const plugins::worker_selection::WorkerSelectionContext& context);
 
