@@ -4,12 +4,13 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <string_view>
 #include <thread>
 #include <utility>
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,30 +18,57 @@ extern char** environ;
 
 namespace kvr::testing {
 
+namespace {
+
+// The executable `name` names: itself when it contains a slash, else the first match on PATH.
+std::optional<std::string> resolve_executable(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = std::getenv("PATH");
+  std::string_view directories = path != nullptr ? path : "/usr/bin:/bin";
+  while (!directories.empty()) {
+    const std::size_t colon = directories.find(':');
+    const std::string directory{directories.substr(0, colon)};
+    const std::string candidate = (directory.empty() ? "." : directory) + "/" + name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    if (colon == std::string_view::npos) break;
+    directories.remove_prefix(colon + 1);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<ChildProcess> ChildProcess::start(const std::vector<std::string>& argv,
                                                 const std::filesystem::path& log_file) {
   if (argv.empty()) return std::nullopt;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_file.c_str(),
-                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  // Own process group: a test's cleanup can never signal the test runner itself.
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attributes, 0);
-
+  const auto executable = resolve_executable(argv[0]);
+  if (!executable) return std::nullopt;
   std::vector<char*> args;
   args.reserve(argv.size() + 1);
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
-  pid_t pid = -1;
-  const int failed = posix_spawnp(&pid, args[0], &actions, &attributes, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attributes);
-  if (failed != 0) return std::nullopt;
+  const std::string log_path = log_file.string();
+  const pid_t parent = getpid();
+
+  // fork + execve rather than posix_spawn, to set a parent-death signal: a test process that
+  // crashes (an assertion, a sanitizer abort) must not leave servers running behind it. Between
+  // fork and exec the child only makes async-signal-safe calls.
+  const pid_t pid = fork();
+  if (pid < 0) return std::nullopt;
+  if (pid == 0) {
+    setpgid(0, 0);  // own group: a test's cleanup can never signal the test runner itself
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the parent died before the signal was armed
+    const int input = open("/dev/null", O_RDONLY);
+    const int output = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (input < 0 || output < 0) _exit(127);
+    dup2(input, STDIN_FILENO);
+    dup2(output, STDOUT_FILENO);
+    dup2(output, STDERR_FILENO);
+    execve(executable->c_str(), args.data(), environ);
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also from the parent, so the group exists before start() returns
   return ChildProcess{pid, log_file};
 }
 
