@@ -22,6 +22,7 @@
 
 #include "actors/discovery/worker_messages.hpp"
 #include "actors/ingress/route_request.hpp"
+#include "actors/lifecycle/generate_messages.hpp"
 #include "actors/selector/selector_state.hpp"
 #include "kvr/v1/routing.pb.h"
 #include "messages/caf_error.hpp"
@@ -51,12 +52,36 @@ struct ReportEnvelope {
   std::string reply_subject;  ///< NATS subject the ack is published on; empty for actors
 };
 
-/// A booking change (first token or release) addressed to one partition's selector.
+/// What a booking change does to the request's session-affinity proposal (SessionAffinity).
+enum class AffinityAction : std::uint8_t {
+  none,
+  commit,   ///< the response stream started (first token)
+  abandon,  ///< the attempt ended before its first token
+  finish,   ///< the request ended (before a commit this is abandon)
+};
+
+/// A booking change (first token or release) addressed to one partition's selector, with what it
+/// means for the request's session affinity (applied even when the booking is already gone).
 struct BookingUpdate {
   plugins::worker_selection::RoutingPartition partition;
   std::string request_id;
   bool release = true;  ///< false: first token (prefill tokens only)
   discovery::BookingEnd end = discovery::BookingEnd::completed;
+  AffinityAction affinity = AffinityAction::none;
+};
+
+/// A generate request on its way from the NATS bridge to the lifecycle actor.
+struct GenerateEnvelope {
+  GenerateRequestData request;
+  /// NATS subject the first RouteDecision is published on; empty: none.
+  std::string reply_subject;
+  std::chrono::steady_clock::time_point received;
+};
+
+/// A worker's chunk that arrived on the node's stream inbox `<prefix>.<stream_id>`.
+struct ChunkEnvelope {
+  std::uint64_t stream_id = 0;
+  v1::GenerateChunk chunk;
 };
 
 /// The selector's answer to a BookingUpdate.
@@ -100,6 +125,8 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::SelectorReply)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ReportEnvelope)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::BookingUpdate)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::BookingUpdateReply)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::GenerateEnvelope)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ChunkEnvelope)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::RouteRequestData)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::WorkerLiveness)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::WorkerLoadReport)
@@ -125,6 +152,11 @@ CAF_ADD_ATOM(kvr_actors, kvr::actors, booking_atom, "booking")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, expire_atom, "expire")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, resync_atom, "resync")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, removed_atom, "removed")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, generate_atom, "generate")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, cancel_atom, "cancel")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, chunk_atom, "chunk")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, deadline_atom, "deadline")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, watch_atom, "watch")
 CAF_END_TYPE_ID_BLOCK(kvr_actors)
 
 namespace kvr::actors {
@@ -132,6 +164,8 @@ namespace kvr::actors {
 /// The published ingress actor, the request API for actor clients (local or remote):
 ///  - route: a RouteRequest → its RouteDecision (success with a lease, or an explicit error);
 ///  - report: a LifecycleReport against a lease → LifecycleAck.
+/// Generate (proxy) mode is served over NATS only (kvr.<ns>.router.generate): actor clients use
+/// route mode and dispatch to the worker themselves.
 /// A remote client registers caf::id_block::kvr_actors with its actor_system_config and
 /// connects with middleman().remote_actor<ingress_actor>(host, port).
 using ingress_actor = caf::typed_actor<

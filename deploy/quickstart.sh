@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # README command one: installs what is missing, builds kvr (Release), then replays the bundled
 # Mooncake conversation trace (12,031 requests) on simulated workers, comparing the built-in
-# kv-cost policy with round-robin, random and least-loaded. Prints the tables and writes JSON
-# reports and PNG plots to out/ (override with KVR_QUICKSTART_OUT).
+# kv-cost policy with round-robin, random and least-loaded; then starts a real local cluster
+# (nats-server, one kvr node, a kvr mocker fleet) and routes a slice of the trace through it live.
+# Prints the tables and writes JSON reports and PNG plots to out/ (override with
+# KVR_QUICKSTART_OUT). The cluster is torn down on exit, failure or Ctrl-C.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,5 +34,72 @@ echo "   (saved prefill compounds through the queues: time to first token drops 
 "$kvr" replay --workers 8 --speedup 6 --policies "$policies" \
   --json "$out_dir/replay_8_workers_6x.json" --plot "$out_dir/replay_8_workers_6x.png"
 
+# ---- 3. live: a real cluster on loopback, torn down on exit, failure or Ctrl-C ----------------
+live_requests=${KVR_QUICKSTART_LIVE_REQUESTS:-200}
+live_dir=$(mktemp -d "${TMPDIR:-/tmp}/kvr-quickstart.XXXXXX")
+live_pids=()
+stop_cluster() {
+  local pid
+  for pid in "${live_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${live_pids[@]}"; do
+    # Each process gets a few seconds to deregister and close; then it is killed.
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  live_pids=()
+  rm -rf "$live_dir"
+}
+trap stop_cluster EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Shows the tail of each log when the live part fails.
+show_logs() {
+  local log
+  for log in "$out_dir"/live_*.log; do
+    [[ -f "$log" ]] && { echo "---- $log"; tail -n 20 "$log"; }
+  done
+}
+
 echo
-echo "Reports and plots are in $out_dir"
+echo "== 3. Live: nats-server, one kvr node and 8 kvr mocker workers on this machine =="
+echo "   (the first $live_requests requests routed for real over NATS; latencies are wall-clock)"
+# -p -1: a free port, learnt from the ports file; a private store directory.
+nats-server -a 127.0.0.1 -p -1 --ports_file_dir "$live_dir" -sd "$live_dir/store" \
+  >"$out_dir/live_nats-server.log" 2>&1 &
+nats_pid=$!
+live_pids+=("$nats_pid")
+nats_url=
+for _ in $(seq 100); do
+  ports_file="$live_dir/nats-server_$nats_pid.ports"
+  if [[ -s "$ports_file" ]]; then
+    nats_url=$(grep -o 'nats://127\.0\.0\.1:[0-9]*' "$ports_file" | head -n 1 || true)
+    [[ -n "$nats_url" ]] && break
+  fi
+  kill -0 "$nats_pid" 2>/dev/null || break
+  sleep 0.1
+done
+if [[ -z "$nats_url" ]]; then
+  echo "quickstart: nats-server did not start" >&2
+  show_logs >&2
+  exit 1
+fi
+echo "   nats-server at $nats_url"
+# 8 workers ten times faster than the modelled GPU; the slice arrives at 4x the trace's rate.
+"$kvr" mocker --nats "$nats_url" --namespace quickstart --workers 8 --time-scale 10 \
+  --block-size 64 >"$out_dir/live_mocker.log" 2>&1 &
+live_pids+=("$!")
+"$kvr" node --nats "$nats_url" --namespace quickstart --block-size 64 \
+  >"$out_dir/live_node.log" 2>&1 &
+live_pids+=("$!")
+if ! "$kvr" replay --live --nats "$nats_url" --namespace quickstart --limit "$live_requests" \
+  --speedup 4 --timeout 60 --json "$out_dir/replay_live.json" --plot "$out_dir/replay_live.png"; then
+  echo "quickstart: the live replay failed" >&2
+  show_logs >&2
+  exit 1
+fi
+stop_cluster
+
+echo
+echo "Reports and plots are in $out_dir (live cluster logs: $out_dir/live_*.log)"

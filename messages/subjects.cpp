@@ -26,6 +26,9 @@ std::string kv_events(std::string_view ns, WorkerId worker) {
 std::string kv_events_all(std::string_view ns) { return under(ns, "kv.*"); }
 std::string router_route(std::string_view ns) { return under(ns, "router.route"); }
 std::string router_generate(std::string_view ns) { return under(ns, "router.generate"); }
+std::string router_generate_cancel(std::string_view ns) {
+  return under(ns, "router.generate.cancel");
+}
 std::string router_report(std::string_view ns) { return under(ns, "router.report"); }
 std::string worker_generate(std::string_view ns, WorkerId worker) {
   return under(ns, "worker." + std::to_string(worker) + ".generate");

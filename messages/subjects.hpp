@@ -25,11 +25,18 @@ std::string kv_events_all(std::string_view ns);
 std::string worker_discover(std::string_view ns);
 /// RouteRequest → RouteDecision (request/reply, queue group "kvr-router").
 std::string router_route(std::string_view ns);
-/// GenerateRequest → stream of GenerateChunk on the request's stream subject.
+/// GenerateRequest → stream of GenerateChunk on the request's stream subject (request/reply, queue
+/// group "kvr-router"; the reply is the first RouteDecision, whose lease id is empty because the
+/// node manages the booking itself).
 std::string router_generate(std::string_view ns);
+/// GenerateCancel{request_id}: kvr.<ns>.router.generate.cancel, published (no reply) by a client
+/// to stop its generate request; every node receives it (no queue group) and the node serving
+/// the request cancels it at the worker and ends the client's stream with "cancelled".
+std::string router_generate_cancel(std::string_view ns);
 /// LifecycleReport → LifecycleAck.
 std::string router_report(std::string_view ns);
-/// Default worker generate subject: kvr.<ns>.worker.<worker_id>.generate.
+/// Default worker generate subject: kvr.<ns>.worker.<worker_id>.generate; a worker serves
+/// GenerateCancel on its generate subject + ".cancel".
 std::string worker_generate(std::string_view ns, WorkerId worker);
 /// Default worker dump subject: kvr.<ns>.worker.<worker_id>.dump.
 std::string worker_dump(std::string_view ns, WorkerId worker);

@@ -136,6 +136,12 @@ caf::behavior discovery_actor(Self self, DiscoveryActorConfig config) {
             state.worker_partition.erase(it);
           }
         }
+        for (const caf::actor& watcher : state.watchers) {
+          self->send(watcher, removed_atom::value, removed);
+        }
+      },
+      [self](watch_atom, const caf::actor& watcher) {
+        if (watcher) self->state.watchers.push_back(watcher);
       },
   };
 }

@@ -4,8 +4,8 @@
 // worker role of its partition. Also the router's way into the selectors: route requests and
 // booking updates are delegated to the partition's selector.
 //
-// State it owns: partition → selector actor, worker id → partition, and when it last asked the
-// workers to register again.
+// State it owns: partition → selector actor, worker id → partition, the actors watching worker
+// removals, and when it last asked the workers to register again.
 // Messages it handles (atoms in actors/actor_types.hpp):
 //   worker_up(WorkerRegistration), heartbeat(WorkerLiveness), worker_dn(WorkerLiveness),
 //   load(WorkerLoadReport), kv_events(KvEventBatch), kv_dump(KvDump)   — forwarded;
@@ -13,7 +13,10 @@
 //   booking(BookingUpdate) → BookingUpdateReply      — delegated, or "unknown partition";
 //   resync                                           — after a NATS reconnect: ask every worker
 //                                                      to register again;
-//   removed(std::vector<WorkerId>)                   — from a selector: these workers expired.
+//   removed(std::vector<WorkerId>)                   — from a selector: these workers expired
+//                                                      or deregistered; forwarded to watchers;
+//   watch(caf::actor)                                — the sender of `actor` (the lifecycle
+//                                                      actor) gets every removed(...) from now.
 // Messages from a worker it does not know (heartbeat, load, KV events) make it ask the workers to
 // register again (at most once per throttle period). Spawned by the router node. It must never
 // block, throw, touch a selector's state, or call NATS request().
@@ -24,6 +27,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <absl/container/flat_hash_map.h>
 #include <caf/actor.hpp>
@@ -49,6 +53,8 @@ struct DiscoveryActorState {
   std::map<std::pair<std::string, std::string>, caf::actor> selectors;
   absl::flat_hash_map<WorkerId, std::pair<std::string, std::string>> worker_partition;
   std::chrono::steady_clock::time_point last_discovery_request{};
+  /// Told of every worker removal (removed_atom).
+  std::vector<caf::actor> watchers;
 };
 
 /// The discovery actor's behaviour.

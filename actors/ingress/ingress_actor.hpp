@@ -4,10 +4,10 @@
 //
 // State it owns: none (its configuration only).
 // Messages it handles: route(RouteRequestMessage) → RouteDecisionMessage: validates and hashes
-// the request (an invalid one gets an explicit error decision) and hands it to the reservation
-// actor; report(LifecycleReportMessage) → LifecycleAckMessage: validates and hands it on.
-// Spawned by the router node. Every request it makes carries a finite timeout; it must never
-// block, throw, or leave a client without an answer.
+// the request (an invalid one gets an explicit error decision) and delegates it to the reservation
+// actor, which answers the client (always: its own request to the selector carries the timeout);
+// report(LifecycleReportMessage) → LifecycleAckMessage: validates and delegates it likewise.
+// Spawned by the router node. It must never block, throw, or leave a client without an answer.
 #pragma once
 
 #include <chrono>
@@ -27,7 +27,8 @@ struct IngressActorConfig {
   std::uint32_t block_size = 16;
   RouteDecodeLimits limits;
   std::shared_ptr<metrics::MetricsRegistry> metrics;
-  /// How long the reservation actor may take; must exceed its own selector timeout.
+  /// Unused since requests are delegated (the reservation actor's selector timeout bounds every
+  /// answer); kept so that existing configurations compile.
   std::chrono::milliseconds timeout{5'000};
 };
 

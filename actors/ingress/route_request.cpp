@@ -57,6 +57,7 @@ RouteInput RouteRequestData::as_input() const {
       .pinned_worker = pinned_worker,
       .priority = priority,
       .allowed_workers = allowed_workers,
+      .excluded_workers = excluded_workers,
       .required_taints = required_taints,
       .preferred_taints = preferred_taints,
   };

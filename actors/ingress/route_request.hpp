@@ -41,6 +41,8 @@ struct RouteRequestData {
   std::optional<plugins::worker_selection::WorkerAffinityTarget> pinned_worker;
   std::uint32_t priority = 0;
   std::vector<WorkerId> allowed_workers;
+  /// Never eligible (not on the wire: the node's retry excludes the workers that failed).
+  std::vector<WorkerId> excluded_workers;
   std::vector<std::string> required_taints;
   std::vector<selection::PreferredTaint> preferred_taints;
 

@@ -1,5 +1,7 @@
 #include "actors/nats/nats_bridge.hpp"
 
+#include <charconv>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -45,6 +47,7 @@ std::expected<std::unique_ptr<NatsBridge>, std::string> NatsBridge::connect(
   bridge->client_ = std::move(*client);
   bridge->registry_->set("kvr_nats_connected", {}, bridge->client_->connected() ? 1 : 0);
   bridge->dump_inbox_prefix_ = bridge->client_->new_inbox();
+  bridge->stream_inbox_prefix_ = bridge->client_->new_inbox();
   return bridge;
 }
 
@@ -178,11 +181,82 @@ std::expected<void, std::string> NatsBridge::start(BridgeSinks sinks) {
         },
         subjects::kRouterQueueGroup);
   }
+  if (subscribed && sinks_.generate) subscribed = subscribe_generate();
   if (!subscribed) return std::unexpected(subscribed.error());
   if (!client_->flush(std::chrono::seconds(5))) {
     return std::unexpected("NATS server did not confirm the subscriptions");
   }
   return {};
+}
+
+std::expected<void, std::string> NatsBridge::subscribe_generate() {
+  const std::string& ns = options_.ns;
+  std::string subject = subjects::router_generate(ns);
+  auto subscribed = subscribe(
+      subject,
+      [this, subject](nats::NatsMessage message) {
+        const auto received = std::chrono::steady_clock::now();
+        registry_->add("kvr_generate_requests_total", {{"ingress", "nats"}});
+        v1::GenerateRequest wire;
+        auto request =
+            wire.ParseFromString(message.data)
+                ? decode_generate_request(wire, options_.block_size, options_.route_limits)
+                : std::unexpected(RouteFailure{Error::invalid_request,
+                                               "GenerateRequest: not a valid protobuf message"});
+        if (!request) {
+          drop(subject, request.error().message);
+          registry_->add("kvr_route_errors_total",
+                         {{"code", std::string{as_str(request.error().code)}}});
+          const std::string& request_id = wire.route().request_id();
+          if (!message.reply.empty()) {
+            (void)publish(message.reply, make_route_error(request_id, request.error().code,
+                                                          request.error().message)
+                                             .SerializeAsString());
+          }
+          // A client that only reads its stream learns of the refusal there.
+          if (!wire.stream_subject().empty() &&
+              wire.stream_subject().find_first_of(" \t\r\n*>") == std::string::npos) {
+            (void)publish(
+                wire.stream_subject(),
+                make_end_chunk(request_id, 0,
+                               StreamEnd{"error", request.error().code, request.error().message},
+                               std::nullopt)
+                    .SerializeAsString());
+          }
+          return;
+        }
+        sinks_.generate(std::move(*request), std::move(message.reply), received);
+      },
+      subjects::kRouterQueueGroup);
+  if (subscribed) {
+    subject = subjects::router_generate_cancel(ns);
+    // No queue group: only the node serving the request acts on it.
+    subscribed = subscribe(subject, [this, subject](nats::NatsMessage message) {
+      v1::GenerateCancel cancel;
+      if (!cancel.ParseFromString(message.data) || cancel.request_id().empty() ||
+          cancel.request_id().size() > options_.route_limits.max_id_length) {
+        return drop(subject, "GenerateCancel: not a valid message or a bad request_id");
+      }
+      sinks_.generate_cancel(std::move(*cancel.mutable_request_id()));
+    });
+  }
+  if (subscribed) {
+    subject = stream_inbox_prefix_ + ".*";
+    subscribed = subscribe(subject, [this](nats::NatsMessage message) {
+      const std::string_view name = message.subject;
+      const std::size_t dot = name.rfind('.');
+      std::uint64_t stream_id = 0;
+      const auto digits = name.substr(dot + 1);
+      const auto parsed = std::from_chars(digits.data(), digits.data() + digits.size(), stream_id);
+      v1::GenerateChunk chunk;
+      if (dot == std::string_view::npos || parsed.ec != std::errc{} ||
+          parsed.ptr != digits.data() + digits.size() || !chunk.ParseFromString(message.data)) {
+        return drop("generate_stream", "GenerateChunk: not a valid message or stream id");
+      }
+      sinks_.chunk(stream_id, std::move(chunk));
+    });
+  }
+  return subscribed;
 }
 
 void NatsBridge::stop() {

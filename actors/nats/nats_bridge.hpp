@@ -1,9 +1,10 @@
 // The router node's NATS bridge: subscribes to the worker subjects (registration, heartbeat,
 // deregistration, load, KV events, dump replies) and to the router's request subjects (route,
-// report, in the shared queue group); each callback only decodes and validates the message and
-// hands the plain result to a sink (which anon_sends to an actor). Bad messages are counted per
-// subject, logged rate-limited and dropped; an invalid route request is answered at once with an
-// explicit RouteDecision error. Actors publish through the RouterPublisher interface.
+// report, generate, in the shared queue group; generate.cancel for every node) and to the node's
+// stream inbox where workers publish generate chunks; each callback only decodes and validates the
+// message and hands the plain result to a sink (which anon_sends to an actor). Bad messages are
+// counted per subject, logged rate-limited and dropped; an invalid route request is answered at
+// once with an explicit RouteDecision error. Actors publish through the RouterPublisher interface.
 // Plain C++ (no CAF): the node wires the sinks to its actors.
 #pragma once
 
@@ -20,6 +21,7 @@
 
 #include "actors/discovery/worker_messages.hpp"
 #include "actors/ingress/route_request.hpp"
+#include "actors/lifecycle/generate_messages.hpp"
 #include "actors/metrics/metrics_registry.hpp"
 #include "actors/metrics/rate_limited_log.hpp"
 #include "actors/nats/nats_client.hpp"
@@ -52,6 +54,15 @@ struct BridgeSinks {
       route;
   /// A valid lifecycle report and the subject to acknowledge on (empty: none).
   std::function<void(LifecycleReportData, std::string reply)> report;
+  /// A valid generate request, the subject its first RouteDecision goes to (empty: none), and
+  /// when it arrived. Without this sink the generate subjects are not subscribed.
+  std::function<void(GenerateRequestData, std::string reply,
+                     std::chrono::steady_clock::time_point received)>
+      generate;
+  /// A client's GenerateCancel: the request id.
+  std::function<void(std::string request_id)> generate_cancel;
+  /// A worker's chunk on the stream inbox `<stream_inbox_prefix()>.<stream id>`.
+  std::function<void(std::uint64_t stream_id, v1::GenerateChunk chunk)> chunk;
   /// The connection came back after an outage (subscriptions are restored by the client).
   std::function<void()> reconnected;
 };
@@ -91,6 +102,9 @@ class NatsBridge final : public RouterPublisher {
   /// Waits until the server has seen everything published so far.
   bool flush(std::chrono::milliseconds timeout);
 
+  /// Workers publish generate chunks for this node on `<prefix>.<stream id>`.
+  const std::string& stream_inbox_prefix() const { return stream_inbox_prefix_; }
+
   /// The subjects subscribed, for logs and tests.
   const std::vector<std::string>& subjects() const { return subjects_; }
 
@@ -100,6 +114,8 @@ class NatsBridge final : public RouterPublisher {
 
   /// Counts, logs (rate-limited) and drops a bad message received on `subscription`.
   void drop(const std::string& subscription, std::string_view reason);
+  /// Subscribes router.generate, router.generate.cancel and the stream inbox.
+  std::expected<void, std::string> subscribe_generate();
   std::expected<void, std::string> subscribe(std::string subject,
                                              std::function<void(nats::NatsMessage)> handler,
                                              std::string_view queue_group = {});
@@ -109,6 +125,7 @@ class NatsBridge final : public RouterPublisher {
   std::shared_ptr<metrics::RateLimitedLog> log_;
   std::unique_ptr<nats::NatsClient> client_;
   std::string dump_inbox_prefix_;
+  std::string stream_inbox_prefix_;
   std::atomic<std::uint64_t> next_dump_id_{1};
   BridgeSinks sinks_;
   std::atomic<bool> started_{false};

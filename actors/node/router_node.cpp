@@ -16,6 +16,7 @@
 #include "actors/actor_types.hpp"
 #include "actors/discovery/discovery_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
+#include "actors/lifecycle/lifecycle_actor.hpp"
 #include "actors/metrics/metrics_http.hpp"
 #include "actors/nats/nats_bridge.hpp"
 #include "actors/reservation/reservation_actor.hpp"
@@ -42,6 +43,13 @@ std::expected<void, std::string> NodeOptions::validate() const {
   if (tick_interval <= std::chrono::milliseconds(0)) return std::unexpected("tick interval: > 0");
   if (selector_timeout <= std::chrono::milliseconds(0)) {
     return std::unexpected("selector timeout: > 0");
+  }
+  if (first_token_timeout < std::chrono::milliseconds(1) ||
+      first_token_timeout > std::chrono::hours(24)) {
+    return std::unexpected("--router-first-token-timeout-ms: between 1 ms and 24 h");
+  }
+  if (auto affinity = session_affinity.validate(); !affinity) {
+    return std::unexpected(affinity.error());
   }
   return {};
 }
@@ -87,6 +95,23 @@ void describe_node_metrics(metrics::MetricsRegistry& registry) {
   registry.describe("kvr_nats_reconnects_total", MetricType::Counter,
                     "Successful NATS reconnects.");
   registry.describe("kvr_nats_connected", MetricType::Gauge, "1 while connected to NATS.");
+  registry.describe("kvr_generate_requests_total", MetricType::Counter,
+                    "Generate requests received, by ingress.");
+  registry.describe("kvr_generate_outcomes_total", MetricType::Counter,
+                    "Generate requests ended, by outcome (completed, error, cancelled).");
+  registry.describe("kvr_generate_retries_total", MetricType::Counter,
+                    "Generate requests retried on another worker after a failure before the "
+                    "first token.");
+  registry.describe("kvr_generate_first_token_timeouts_total", MetricType::Counter,
+                    "Generate attempts that produced no first chunk in time.");
+  registry.describe("kvr_generate_stale_chunks_total", MetricType::Counter,
+                    "Worker chunks for requests that ended or moved to another worker.");
+  registry.describe("kvr_generate_in_flight", MetricType::Gauge,
+                    "Generate requests being served by this node.");
+  registry.describe("kvr_session_bindings", MetricType::Gauge,
+                    "Session-affinity bindings, by partition.");
+  registry.describe("kvr_session_rebinds_total", MetricType::Counter,
+                    "Soft session bindings moved to another worker, by partition.");
   registry.set("kvr_leases_open", {}, 0);
   registry.add("kvr_nats_reconnects_total", {}, 0);
 }
@@ -103,6 +128,7 @@ struct RouterNode::Impl {
   std::unique_ptr<caf::actor_system> system;
   caf::actor discovery;
   caf::actor reservation;
+  caf::actor lifecycle;
   ingress_actor ingress;
   std::uint16_t actor_port = 0;
 
@@ -111,10 +137,12 @@ struct RouterNode::Impl {
     http.reset();
     if (system) {
       if (actor_port != 0) (void)system->middleman().unpublish(ingress, actor_port);
-      for (const caf::actor& actor : {discovery, reservation}) {
+      // The lifecycle actor first: it ends every client's stream with an explicit error.
+      for (const caf::actor& actor : {lifecycle, discovery, reservation}) {
         if (actor) caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
       }
       if (ingress) caf::anon_send_exit(ingress, caf::exit_reason::user_shutdown);
+      lifecycle = nullptr;
       discovery = nullptr;
       reservation = nullptr;
       ingress = nullptr;
@@ -172,6 +200,7 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   selector.metrics = impl->registry;
   selector.log = impl->log;
   selector.tick_interval = opts.tick_interval;
+  selector.affinity = opts.session_affinity;
   impl->discovery = system.spawn(discovery_actor, DiscoveryActorConfig{selector, {}});
 
   ReservationActorConfig reservation;
@@ -184,6 +213,16 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   reservation.selector_timeout = opts.selector_timeout;
   reservation.tick_interval = opts.tick_interval;
   impl->reservation = system.spawn(reservation_actor, std::move(reservation));
+
+  LifecycleActorConfig lifecycle;
+  lifecycle.discovery = impl->discovery;
+  lifecycle.publisher = impl->bridge;
+  lifecycle.metrics = impl->registry;
+  lifecycle.log = impl->log;
+  lifecycle.stream_inbox_prefix = impl->bridge->stream_inbox_prefix();
+  lifecycle.selector_timeout = opts.selector_timeout;
+  lifecycle.first_token_timeout = opts.first_token_timeout;
+  impl->lifecycle = system.spawn(lifecycle_actor, std::move(lifecycle));
 
   impl->ingress =
       system.spawn(ingress_actor_impl, IngressActorConfig{.reservation = impl->reservation,
@@ -234,6 +273,18 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
     caf::anon_send(reservation_handle, report_atom::value,
                    ReportEnvelope{std::move(report), std::move(reply)});
   };
+  const caf::actor lifecycle_handle = impl->lifecycle;
+  sinks.generate = [lifecycle_handle](GenerateRequestData request, std::string reply,
+                                      std::chrono::steady_clock::time_point received) {
+    caf::anon_send(lifecycle_handle, generate_atom::value,
+                   GenerateEnvelope{std::move(request), std::move(reply), received});
+  };
+  sinks.generate_cancel = [lifecycle_handle](std::string request_id) {
+    caf::anon_send(lifecycle_handle, cancel_atom::value, std::move(request_id));
+  };
+  sinks.chunk = [lifecycle_handle](std::uint64_t stream_id, v1::GenerateChunk chunk) {
+    caf::anon_send(lifecycle_handle, chunk_atom::value, ChunkEnvelope{stream_id, std::move(chunk)});
+  };
   sinks.reconnected = [discovery] { caf::anon_send(discovery, resync_atom::value); };
   if (auto started = impl->bridge->start(std::move(sinks)); !started) {
     impl->shutdown();
@@ -257,9 +308,13 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   // Workers that registered before this node started announce themselves again.
   caf::anon_send(discovery, resync_atom::value);
   spdlog::info(
-      "kvr node: namespace '{}', block size {}, lease ttl {} ms, {} scheduler threads; NATS {}; "
-      "metrics {}; actor port {}",
-      opts.ns, opts.router.block_size, opts.lease_ttl.count(), threads, opts.nats.url,
+      "kvr node: namespace '{}', block size {}, lease ttl {} ms, first-token timeout {} ms, "
+      "session affinity {}, {} scheduler threads; NATS {}; metrics {}; actor port {}",
+      opts.ns, opts.router.block_size, opts.lease_ttl.count(), opts.first_token_timeout.count(),
+      opts.session_affinity.ttl ? fmt::format("{} (ttl {} s)", as_str(opts.session_affinity.mode),
+                                              opts.session_affinity.ttl->count())
+                                : std::string{"off"},
+      threads, opts.nats.url,
       impl->http ? fmt::format("http://{}:{}/metrics", opts.bind_host, impl->http->port())
                  : std::string{"off"},
       impl->actor_port);

@@ -1,8 +1,9 @@
-// The router node in route mode (`kvr node`): a CAF actor system fed by NATS. It connects the
-// NATS bridge, spawns the discovery actor (which spawns one selector actor per partition), the
-// reservation actor and the ingress actor (published through CAF's middleman when asked), and
-// serves /metrics and /healthz. Plain interface (no CAF in this header), so that the command
-// line and tests include it cheaply.
+// The router node (`kvr node`): a CAF actor system fed by NATS, serving route mode (decisions
+// with leases) and generate mode (proxied generation). It connects the NATS bridge, spawns the
+// discovery actor (which spawns one selector actor per partition), the reservation actor, the
+// lifecycle actor (generate mode) and the ingress actor (published through CAF's middleman when
+// asked), and serves /metrics and /healthz. Plain interface (no CAF in this header), so that the
+// command line and tests include it cheaply.
 #pragma once
 
 #include <chrono>
@@ -13,6 +14,7 @@
 
 #include "actors/metrics/metrics_registry.hpp"
 #include "actors/nats/nats_client.hpp"
+#include "actors/selector/session_affinity.hpp"
 #include "selection/plugin_registry.hpp"
 #include "selection/router_config.hpp"
 
@@ -39,6 +41,11 @@ struct NodeOptions {
   std::chrono::milliseconds selector_timeout{2'000};
   /// Period of the selectors' and the ledger's expiry timers.
   std::chrono::milliseconds tick_interval{100};
+  /// Generate mode: a dispatched request without a first chunk after this long counts as a
+  /// failure of its worker (retried once elsewhere).
+  std::chrono::milliseconds first_token_timeout{30'000};
+  /// Session affinity (`--router-session-affinity-*`); off unless a TTL is set.
+  SessionAffinityOptions session_affinity;
 
   /// Checks ranges; the error names the option.
   std::expected<void, std::string> validate() const;

@@ -98,8 +98,9 @@ caf::response_promise handle_route(Self self, RouteEnvelope& envelope) {
               // Nobody learnt of this booking: roll it back.
               if (auto lease = state.ledger->close(lease_id)) {
                 state.config.metrics->add("kvr_bookings_rolled_back_total");
-                update_booking(self, BookingUpdate{lease->partition, lease->request_id, true,
-                                                   discovery::BookingEnd::cancelled});
+                update_booking(
+                    self, BookingUpdate{lease->partition, lease->request_id, true,
+                                        discovery::BookingEnd::cancelled, AffinityAction::abandon});
               }
               publish_leases_gauge(self);
             }
@@ -144,7 +145,9 @@ caf::response_promise handle_report(Self self, ReportEnvelope& envelope) {
                        report.event == LifecycleEventKind::Completed
                            ? discovery::BookingEnd::completed
                            : (report.error.empty() ? discovery::BookingEnd::cancelled
-                                                   : discovery::BookingEnd::failed)};
+                                                   : discovery::BookingEnd::failed),
+                       // Session affinity commits at the first token and ends with the request.
+                       first_token ? AffinityAction::commit : AffinityAction::finish};
   self->request(state.config.discovery, state.config.selector_timeout, booking_atom::value,
                 std::move(update))
       .then(

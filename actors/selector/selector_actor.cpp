@@ -27,6 +27,31 @@ void update_gauges(Self self) {
                             static_cast<double>(discovery.catalog().size()));
   state.config.metrics->set("kvr_index_blocks", state.labels,
                             static_cast<double>(discovery.index().node_count()));
+  if (state.affinity.enabled()) {
+    state.config.metrics->set("kvr_session_bindings", state.labels,
+                              static_cast<double>(state.affinity.size()));
+  }
+}
+
+// Applies a lifecycle's affinity action to the request's proposal.
+void apply_affinity(Self self, const std::string& request_id, AffinityAction action) {
+  auto& affinity = self->state.affinity;
+  const auto now = Clock::now();
+  switch (action) {
+    case AffinityAction::none:
+      return;
+    case AffinityAction::commit:
+      if (affinity.commit(request_id, now) == AffinityCommit::rebound) {
+        self->state.config.metrics->add("kvr_session_rebinds_total", self->state.labels);
+      }
+      return;
+    case AffinityAction::abandon:
+      (void)affinity.abandon(request_id, now);
+      return;
+    case AffinityAction::finish:
+      (void)affinity.finish(request_id, now);
+      return;
+  }
 }
 
 // Counts and logs (rate-limited) a worker message the partition's state refused.
@@ -73,6 +98,7 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
     auto& state = self->state;
     state.config = std::move(config);
     state.selector.emplace(state.config.options, *state.config.plugins);
+    state.affinity = SessionAffinity{state.config.affinity};
     state.labels = {{"partition", partition_label(state.config.options.partition)}};
     update_gauges(self);
     self->delayed_send(self, state.config.tick_interval, expire_atom::value);
@@ -103,6 +129,11 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
         if (!removed) return refuse(self, "deregistration", discovery::as_str(removed.error()));
         spdlog::info("kvr node: worker {} left partition {}", deregistration.worker_id,
                      self->state.labels.front().second);
+        forget_dumps(self, deregistration.worker_id);
+        if (self->state.config.discovery) {
+          self->send(self->state.config.discovery, removed_atom::value,
+                     std::vector<WorkerId>{deregistration.worker_id});
+        }
         update_gauges(self);
       },
       [self](load_atom, const WorkerLoadReport& report) {
@@ -138,9 +169,13 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
       [self](route_atom, const RouteRequestData& request) -> SelectorReply {
         auto& state = self->state;
         const auto started = Clock::now();
-        SelectorReply reply{state.selector->route(request.as_input(), started),
-                            state.selector->policy_name(request.worker_type),
-                            {}};
+        auto routed = route_with_session_affinity(*state.selector, state.affinity,
+                                                  request.as_input(), started);
+        SelectorReply reply{
+            routed ? std::expected<RouteOutcome, RouteFailure>{std::move(routed->outcome)}
+                   : std::unexpected(std::move(routed.error())),
+            state.selector->policy_name(request.worker_type),
+            {}};
         const std::chrono::duration<double> elapsed = Clock::now() - started;
         state.config.metrics->observe("kvr_selection_latency_seconds", {}, elapsed.count());
         if (reply.result) {
@@ -150,6 +185,10 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
           state.config.metrics->set(
               "kvr_bookings_open", state.labels,
               static_cast<double>(state.selector->discovery().load().open_bookings()));
+          if (state.affinity.enabled()) {
+            state.config.metrics->set("kvr_session_bindings", state.labels,
+                                      static_cast<double>(state.affinity.size()));
+          }
         }
         return reply;
       },
@@ -157,6 +196,8 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
         auto& state = self->state;
         auto changed = update.release ? state.selector->release(update.request_id, update.end)
                                       : state.selector->first_token(update.request_id);
+        // Even when the booking is gone (its worker left), the proposal must end.
+        apply_affinity(self, update.request_id, update.affinity);
         update_gauges(self);
         if (!changed) return {false, std::string{discovery::as_str(changed.error())}};
         return {true, {}};
@@ -164,7 +205,9 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
       [self](expire_atom) {
         auto& state = self->state;
         std::vector<WorkerId> removed;
-        state.selector->expire(Clock::now(), removed);
+        const auto now = Clock::now();
+        state.selector->expire(now, removed);
+        state.affinity.expire(now);
         if (!removed.empty()) {
           for (WorkerId id : removed) {
             spdlog::info("kvr node: worker {} expired (no heartbeat) in partition {}", id,

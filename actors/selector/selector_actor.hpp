@@ -2,16 +2,23 @@
 // partition's SelectorState. Spawned on demand (linked) by the discovery actor.
 //
 // State it owns: the partition's SelectorState (worker catalog, KV index, predicted load with
-// bookings, the policy instances per worker type) and the dump requests in flight.
+// bookings, the policy instances per worker type), its SessionAffinity table (session → worker
+// bindings; off unless a TTL is configured) and the dump requests in flight.
 // Messages it handles (atoms in actors/actor_types.hpp):
 //   worker_up(WorkerRegistration), heartbeat(WorkerLiveness), worker_dn(WorkerLiveness),
 //   load(WorkerLoadReport), kv_events(KvEventBatch), kv_dump(KvDump)   — worker state;
-//   route(RouteRequestData) → SelectorReply     — select and book (the pick is in the predicted
-//                                                  load before the next selection runs);
-//   booking(BookingUpdate) → BookingUpdateReply — first token / release of a booking;
+//   route(RouteRequestData) → SelectorReply     — select (through route_with_session_affinity)
+//                                                  and book (the pick is in the predicted load
+//                                                  before the next selection runs); the pick is
+//                                                  proposed to the session's binding;
+//   booking(BookingUpdate) → BookingUpdateReply — first token / release of a booking, and the
+//                                                  affinity commit / abandon / finish it carries;
 //   expire                                      — its own timer: expires worker leases, unreported
-//                                                  bookings and approximate blocks, and tells the
-//                                                  discovery actor which workers left.
+//                                                  bookings, approximate blocks and idle session
+//                                                  bindings, and tells the discovery actor which
+//                                                  workers left (removed).
+// A worker that deregistered is also reported to the discovery actor (removed), which tells the
+// lifecycle actor, so that requests in flight on it are retried.
 // It asks a worker for a KV dump (through RouterPublisher, never waiting) when its event ids
 // show a gap. It must never block, throw, share its state, or call NATS request().
 #pragma once
@@ -29,12 +36,15 @@
 #include "actors/metrics/rate_limited_log.hpp"
 #include "actors/nats/nats_bridge.hpp"
 #include "actors/selector/selector_state.hpp"
+#include "actors/selector/session_affinity.hpp"
 
 namespace kvr::actors {
 
 /// What a selector actor is spawned with.
 struct SelectorActorConfig {
   SelectorOptions options;
+  /// Session affinity (off unless options.ttl is set); must be valid.
+  SessionAffinityOptions affinity;
   /// Resolved policies; must outlive the actor system.
   const plugins::RouterPlugins* plugins = nullptr;
   std::shared_ptr<RouterPublisher> publisher;
@@ -52,6 +62,7 @@ struct SelectorActorConfig {
 struct SelectorActorState {
   static inline const char* name = "kvr.selector";
   std::optional<SelectorState> selector;
+  SessionAffinity affinity;
   SelectorActorConfig config;
   /// When a dump was last asked for, per (worker, rank).
   absl::flat_hash_map<WorkerWithDpRank, std::chrono::steady_clock::time_point> dump_requested;

@@ -1,5 +1,6 @@
 #include "deploy/cli/node_command.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <optional>
@@ -21,6 +22,9 @@ struct NodeCommandOptions {
   std::string router_policy_config;
   std::array<std::string, 4> role_policies;  // empty: not given on the command line
   double lease_ttl_secs = 120;
+  std::uint64_t session_affinity_ttl_secs = 0;  // 0: off
+  std::string session_affinity_mode = "hard";
+  std::uint64_t first_token_timeout_ms = 30'000;
 };
 
 // Loads the policy YAML, applies flag/env precedence and resolves the policies; the error names
@@ -68,6 +72,25 @@ int run_node(NodeCommandOptions options) {
   }
   options.node.lease_ttl = std::chrono::milliseconds(
       static_cast<std::int64_t>(std::llround(options.lease_ttl_secs * 1000)));
+  const auto mode = actors::parse_session_affinity_mode(options.session_affinity_mode);
+  if (!mode) {
+    spdlog::error("kvr node: --router-session-affinity-mode: '{}' is not hard or soft",
+                  options.session_affinity_mode);
+    return 2;
+  }
+  options.node.session_affinity.mode = *mode;
+  if (options.session_affinity_ttl_secs > 0) {
+    if (options.session_affinity_ttl_secs >
+        static_cast<std::uint64_t>(actors::kMaxSessionAffinityTtl.count())) {
+      spdlog::error("kvr node: --router-session-affinity-ttl-secs: {} exceeds {}",
+                    options.session_affinity_ttl_secs, actors::kMaxSessionAffinityTtl.count());
+      return 2;
+    }
+    options.node.session_affinity.ttl =
+        std::chrono::seconds(static_cast<std::int64_t>(options.session_affinity_ttl_secs));
+  }
+  options.node.first_token_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(
+      std::min<std::uint64_t>(options.first_token_timeout_ms, std::uint64_t{1} << 40)));
   if (auto valid = options.node.validate(); !valid) {
     spdlog::error("kvr node: {}", valid.error());
     return 2;
@@ -93,7 +116,8 @@ int run_node(NodeCommandOptions options) {
 
 void add_node_command(CLI::App& app, int& exit_code) {
   auto* command = app.add_subcommand(
-      "node", "run a router node: route decisions over NATS request/reply and CAF actors");
+      "node",
+      "run a router node: route decisions and proxied generation over NATS, and CAF actors");
   auto options = std::make_shared<NodeCommandOptions>();
   add_nats_options(*command, options->node.nats);
   options->node.nats.name = "kvr-node";
@@ -126,6 +150,26 @@ void add_node_command(CLI::App& app, int& exit_code) {
                    "an unreported booking (lease) is released after this many seconds")
       ->envname("KVR_ROUTER_LEASE_TTL_SECS")
       ->capture_default_str();
+  command
+      ->add_option("--router-session-affinity-ttl-secs", options->session_affinity_ttl_secs,
+                   "session affinity: a session's binding to a worker expires after this many idle "
+                   "seconds (0: session affinity off)")
+      ->envname("KVR_ROUTER_SESSION_AFFINITY_TTL_SECS")
+      ->capture_default_str();
+  command
+      ->add_option("--router-session-affinity-mode", options->session_affinity_mode,
+                   "hard: a bound session goes exactly to its worker; soft: the binding is offered "
+                   "to the policy as its affinity target")
+      ->envname("KVR_ROUTER_SESSION_AFFINITY_MODE")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"hard", "soft"}));
+  command
+      ->add_option("--router-first-token-timeout-ms", options->first_token_timeout_ms,
+                   "generate mode: a worker that sends no first chunk within this time has failed "
+                   "the request (retried once elsewhere)")
+      ->envname("KVR_ROUTER_FIRST_TOKEN_TIMEOUT_MS")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{86'400'000}));
   command
       ->add_option("--metrics-port", options->node.metrics_port,
                    "serve /metrics and /healthz on 127.0.0.1:P (0: off)")

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "deploy/cli/cli_options.hpp"
+#include "deploy/replay/live_replay.hpp"
 #include "deploy/replay/trace_replay.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
@@ -33,6 +34,11 @@ struct ReplayCommandOptions {
   std::string plot_path;
   bool quiet = false;
   replay::ReplayOptions replay;
+  // Live mode: drive a running cluster instead of simulating one.
+  bool live = false;
+  replay::LiveReplayOptions live_options;
+  double timeout_s = 60;
+  double ready_timeout_s = 15;
 };
 
 std::vector<std::string> split_names(const std::string& text) {
@@ -121,6 +127,38 @@ bool draw_plot(const std::string& json_path, const std::string& plot_path) {
   return drawn;
 }
 
+// Prints the failures, writes the JSON and the plot; the command's exit code.
+int write_report(const ReplayCommandOptions& options, const simulation::ReplayReport& report,
+                 const std::string& json) {
+  for (const auto& policy : report.policies) {
+    for (const auto& [message, count] : policy.failures) {
+      std::cout << fmt::format("  {}: {} requests {}: {}\n", policy.policy, count,
+                               options.live ? "failed" : "not routed", message);
+    }
+  }
+  std::string json_path = options.json_path;
+  if (!json_path.empty() && !write_file(json_path, json)) {
+    std::cerr << "kvr replay: cannot write " << json_path << '\n';
+    return 1;
+  }
+  if (!options.plot_path.empty()) {
+    std::string temporary_json;
+    if (json_path.empty()) {
+      temporary_json = options.plot_path + ".json.tmp";
+      if (!write_file(temporary_json, json)) return 1;
+      json_path = temporary_json;
+    }
+    const bool drawn = draw_plot(json_path, options.plot_path);
+    if (!temporary_json.empty()) std::filesystem::remove(temporary_json);
+    if (!drawn) {
+      std::cerr << "kvr replay: plotting failed (is python3-matplotlib installed?)\n";
+      return 1;
+    }
+    std::cout << "plot written to " << options.plot_path << '\n';
+  }
+  return 0;
+}
+
 int run_replay(const ReplayCommandOptions& options) {
   auto trace = simulation::load_mooncake_trace(options.trace, options.limit);
   if (!trace) {
@@ -187,40 +225,71 @@ int run_replay(const ReplayCommandOptions& options) {
   }
 
   std::cout << simulation::format_table(report);
-  for (const auto& policy : report.policies) {
-    for (const auto& [message, count] : policy.failures) {
-      std::cout << fmt::format("  {}: {} requests not routed: {}\n", policy.policy, count, message);
-    }
-  }
-  const std::string json = simulation::to_json(report);
-  std::string json_path = options.json_path;
-  if (!json_path.empty() && !write_file(json_path, json)) {
-    std::cerr << "kvr replay: cannot write " << json_path << '\n';
-    return 1;
-  }
-  if (!options.plot_path.empty()) {
-    std::string temporary_json;
-    if (json_path.empty()) {
-      temporary_json = options.plot_path + ".json.tmp";
-      if (!write_file(temporary_json, json)) return 1;
-      json_path = temporary_json;
-    }
-    const bool drawn = draw_plot(json_path, options.plot_path);
-    if (!temporary_json.empty()) std::filesystem::remove(temporary_json);
-    if (!drawn) {
-      std::cerr << "kvr replay: plotting failed (is python3-matplotlib installed?)\n";
-      return 1;
-    }
-    std::cout << "plot written to " << options.plot_path << '\n';
-  }
-  return 0;
+  return write_report(options, report, simulation::to_json(report));
 }
 
+int run_live_replay(const ReplayCommandOptions& options) {
+  auto trace = simulation::load_mooncake_trace(options.trace, options.limit);
+  if (!trace) {
+    std::cerr << "kvr replay --live: " << trace.error() << '\n';
+    return 2;
+  }
+  replay::LiveReplayOptions live_options = options.live_options;
+  live_options.speedup = options.replay.speedup;
+  live_options.request_timeout =
+      std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(options.timeout_s * 1000)));
+  live_options.ready_timeout = std::chrono::milliseconds(
+      static_cast<std::int64_t>(std::llround(options.ready_timeout_s * 1000)));
+  ProgressBar progress{{"live"}, trace->size(), !options.quiet};
+  live_options.on_progress = [&progress](std::size_t done) { progress.update(0, done); };
+  auto live = replay::LiveReplay::connect(live_options);
+  if (!live) {
+    std::cerr << "kvr replay --live: " << live.error() << '\n';
+    return 2;
+  }
+  const std::string trace_name = std::filesystem::path{options.trace}.filename().string();
+  if (!options.quiet) {
+    std::cerr << fmt::format(
+        "  live cluster: namespace '{}', model '{}', {} workers announced, block size {}\n",
+        live_options.ns, live_options.model, (*live)->workers(), (*live)->block_size());
+  }
+  const auto started = std::chrono::steady_clock::now();
+  replay::LiveReplayResult result = (*live)->run(*trace);
+  result.report.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (!options.quiet) {
+    std::cerr << fmt::format("  {:<26} replayed in {:.2f} s\n", result.report.policy,
+                             result.report.wall_seconds);
+  }
+
+  simulation::ReplayReport report;
+  report.trace = trace_name;
+  report.requests = trace->size();
+  report.workers = result.workers;
+  report.speedup = options.replay.speedup;
+  report.seed = 0;
+  report.block_size = result.block_size;
+  report.infinite_cache_hit_rate = result.infinite_cache_hit_rate;
+  report.policies.push_back(result.report);
+
+  // The common table; live latencies are wall-clock, as the client measured them.
+  std::string table = simulation::format_table(report);
+  if (const auto at = table.find("ms of simulated time"); at != std::string::npos) {
+    table.replace(at, std::string_view{"ms of simulated time"}.size(),
+                  "ms of wall-clock time, measured by this client");
+  }
+  std::cout << table << replay::format_live_summary(result);
+  const int written = write_report(options, report, replay::live_report_json(report, result));
+  if (written != 0) return written;
+  return result.report.completed > 0 ? 0 : 1;
+}
 }  // namespace
 
 void add_replay_command(CLI::App& app, int& exit_code) {
   auto* command = app.add_subcommand(
-      "replay", "replay a Mooncake trace through kvr's selection pipeline and simulated workers");
+      "replay",
+      "replay a Mooncake trace through kvr's selection pipeline and simulated workers, or "
+      "(--live) against a running cluster");
   auto options = std::make_shared<ReplayCommandOptions>();
   command->add_option("--trace", options->trace, "Mooncake JSONL trace")
       ->capture_default_str()
@@ -257,10 +326,80 @@ void add_replay_command(CLI::App& app, int& exit_code) {
       ->check(CLI::NonNegativeNumber);
   command->add_flag("--quiet", options->quiet, "no progress bar");
   add_engine_options(*command, options->replay.engine);
-  command->callback([options, &exit_code] {
+
+  // Live mode: the same trace and report against a running cluster.
+  const std::string live_group = "Live replay (--live)";
+  auto* live = command
+                   ->add_flag("--live", options->live,
+                              "drive a running cluster (kvr node + workers on NATS) instead of "
+                              "simulating one; latencies are wall-clock")
+                   ->group(live_group);
+  auto& live_options = options->live_options;
+  live_options.nats.name = "kvr-replay";
+  live_options.nats.max_reconnects = 10;
+  add_nats_options(*command, live_options.nats);
+  for (const char* name :
+       {"--nats", "--nats-user", "--nats-password", "--nats-token", "--nats-tls-ca",
+        "--nats-tls-cert", "--nats-tls-key", "--nats-reconnect-wait-ms"}) {
+    command->get_option(name)->group(live_group);
+  }
+  command->add_option("--namespace", live_options.ns, "subject namespace (kvr.<namespace>.…)")
+      ->envname("KVR_NAMESPACE")
+      ->capture_default_str()
+      ->group(live_group);
+  command->add_option("--model", live_options.model, "model every request asks for")
+      ->capture_default_str()
+      ->group(live_group)
+      ->needs(live);
+  command
+      ->add_option("--concurrency", live_options.concurrency,
+                   "most requests in flight; later arrivals wait (the wait counts in TTFT)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1'000'000}))
+      ->group(live_group)
+      ->needs(live);
+  command
+      ->add_option("--timeout", options->timeout_s,
+                   "seconds a request may take from its route request to its last token; then it "
+                   "is cancelled, reported aborted and counted as failed")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 86'400.0))
+      ->group(live_group)
+      ->needs(live);
+  command
+      ->add_option("--ready-timeout", options->ready_timeout_s,
+                   "seconds to wait for the workers to announce themselves and a router to "
+                   "route a probe request")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3'600.0))
+      ->group(live_group)
+      ->needs(live);
+  command
+      ->add_flag("--send-tokens", live_options.send_tokens,
+                 "send the synthesized prompt tokens (the router hashes them) instead of block "
+                 "hashes")
+      ->group(live_group)
+      ->needs(live);
+  // In live mode the cluster decides these: naming one is a mistake worth stopping for.
+  for (const char* name :
+       {"--workers", "--policies", "--router-policy-config", "--seed", "--kv-event-delay-ms",
+        "--temperature", "--num-gpu-blocks", "--max-num-batched-tokens", "--max-num-seqs",
+        "--time-scale", "--no-prefix-caching", "--prefill-quadratic-ms", "--prefill-linear-ms",
+        "--prefill-constant-ms", "--decode-quadratic-ms", "--decode-linear-ms",
+        "--decode-constant-ms", "--decode-floor-ms"}) {
+    live->excludes(command->get_option(name));
+  }
+  command->callback([options, command, &exit_code] {
     if (auto valid = options->replay.engine.validate(); !valid) {
       std::cerr << "kvr replay: " << valid.error().message() << '\n';
       exit_code = 2;
+      return;
+    }
+    if (options->live) {
+      // The block size is the cluster's unless given: the workers announce theirs.
+      options->live_options.block_size =
+          command->count("--block-size") > 0 ? options->replay.engine.block_size : 0;
+      exit_code = run_live_replay(*options);
       return;
     }
     exit_code = run_replay(*options);

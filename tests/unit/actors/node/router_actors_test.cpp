@@ -14,6 +14,7 @@
 #include "actors/actor_types.hpp"
 #include "actors/discovery/discovery_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
+#include "actors/lifecycle/lifecycle_actor.hpp"
 #include "actors/reservation/reservation_actor.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
@@ -48,6 +49,15 @@ class FakePublisher final : public RouterPublisher {
   std::vector<WorkerWithDpRank> dumps() const {
     std::lock_guard lock{mutex_};
     return dumps_;
+  }
+  /// Messages published on `subject` so far.
+  std::vector<std::string> published_on(std::string_view subject) const {
+    std::lock_guard lock{mutex_};
+    std::vector<std::string> result;
+    for (const auto& [published_subject, data] : published_) {
+      if (published_subject == subject) result.push_back(data);
+    }
+    return result;
   }
 
  private:
@@ -104,6 +114,14 @@ class RouterActorsTest : public ::testing::Test {
     reservation.log = log_;
     reservation.lease_ttl = 60s;
     reservation_ = system_.spawn(reservation_actor, reservation);
+    LifecycleActorConfig lifecycle;
+    lifecycle.discovery = discovery_;
+    lifecycle.publisher = publisher_;
+    lifecycle.metrics = metrics_;
+    lifecycle.log = log_;
+    lifecycle.stream_inbox_prefix = "node.streams";
+    lifecycle.first_token_timeout = 60s;
+    lifecycle_ = system_.spawn(lifecycle_actor, lifecycle);
     ingress_ = system_.spawn(ingress_actor_impl, IngressActorConfig{.reservation = reservation_,
                                                                     .block_size = 4,
                                                                     .limits = {},
@@ -112,7 +130,7 @@ class RouterActorsTest : public ::testing::Test {
   }
 
   ~RouterActorsTest() override {
-    for (const caf::actor& actor : {discovery_, reservation_}) {
+    for (const caf::actor& actor : {lifecycle_, discovery_, reservation_}) {
       caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
     }
     caf::anon_send_exit(ingress_, caf::exit_reason::user_shutdown);
@@ -169,6 +187,7 @@ class RouterActorsTest : public ::testing::Test {
   std::shared_ptr<metrics::RateLimitedLog> log_ = std::make_shared<metrics::RateLimitedLog>();
   caf::actor discovery_;
   caf::actor reservation_;
+  caf::actor lifecycle_;
   ingress_actor ingress_;
 };
 
@@ -252,6 +271,193 @@ TEST_F(RouterActorsTest, IngressAnswersActorClientsWithDecisionsAndErrors) {
                [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
   ASSERT_TRUE(decision.has_error());
   EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
+}
+
+TEST_F(RouterActorsTest, GenerateIsRetriedOnceWhenItsWorkerLeavesBeforeTheFirstToken) {
+  register_workers({11, 12});
+  GenerateRequestData generate;
+  generate.route = request("g1");
+  generate.stream_subject = "client.stream";
+  generate.wire.mutable_route()->set_request_id("g1");
+  generate.wire.set_max_output_tokens(2);
+  caf::anon_send(lifecycle_, generate_atom::value,
+                 GenerateEnvelope{generate, "client.reply", std::chrono::steady_clock::now()});
+  // Dispatched to one worker, with the node's own stream subject.
+  WorkerId first = 0;
+  ASSERT_TRUE(testing::wait_until(
+      [&] {
+        for (WorkerId id : {11, 12}) {
+          if (!publisher_->published_on("gen." + std::to_string(id)).empty()) first = id;
+        }
+        return first != 0;
+      },
+      5s));
+  const WorkerId second = first == 11 ? 12 : 11;
+  v1::GenerateRequest dispatched;
+  ASSERT_TRUE(
+      dispatched.ParseFromString(publisher_->published_on("gen." + std::to_string(first))[0]));
+  EXPECT_EQ(dispatched.stream_subject(), "node.streams.1");
+  ASSERT_EQ(publisher_->published_on("client.reply").size(), 1U);
+  EXPECT_EQ(bookings(), 1);
+
+  // The worker deregisters before its first token: the request moves to the other worker.
+  caf::anon_send(discovery_, worker_down_atom::value, WorkerLiveness{first, 1});
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return !publisher_->published_on("gen." + std::to_string(second)).empty(); }, 5s));
+  EXPECT_EQ(metrics_->value("kvr_generate_retries_total"), 1);
+  EXPECT_EQ(bookings(), 1);  // the failed attempt's booking left with its worker
+
+  v1::GenerateChunk chunk;
+  chunk.set_request_id("g1");
+  chunk.set_worker_id(second);
+  chunk.add_token_ids(7);
+  caf::anon_send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  chunk.set_index(1);
+  chunk.set_finished(true);
+  chunk.set_finish_reason("length");
+  caf::anon_send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return publisher_->published_on("client.stream").size() == 2; }, 5s));
+  EXPECT_TRUE(testing::wait_until([&] { return bookings() == 0; }, 5s));
+  EXPECT_TRUE(
+      testing::wait_until([&] { return metrics_->value("kvr_generate_in_flight") == 0; }, 5s));
+  // A chunk after the end changes nothing.
+  caf::anon_send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  EXPECT_TRUE(testing::wait_until(
+      [&] { return metrics_->value("kvr_generate_stale_chunks_total") == 1; }, 5s));
+  EXPECT_EQ(publisher_->published_on("client.stream").size(), 2U);
+}
+
+TEST_F(RouterActorsTest, GenerateWithoutAnyOtherWorkerEndsWithAnExplicitError) {
+  register_workers({11});
+  GenerateRequestData generate;
+  generate.route = request("g2");
+  generate.stream_subject = "client.stream";
+  caf::anon_send(lifecycle_, generate_atom::value,
+                 GenerateEnvelope{generate, {}, std::chrono::steady_clock::now()});
+  ASSERT_TRUE(testing::wait_until([&] { return !publisher_->published_on("gen.11").empty(); }, 5s));
+  caf::anon_send(discovery_, worker_down_atom::value, WorkerLiveness{11, 1});
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return publisher_->published_on("client.stream").size() == 1; }, 5s));
+  v1::GenerateChunk end;
+  ASSERT_TRUE(end.ParseFromString(publisher_->published_on("client.stream")[0]));
+  EXPECT_TRUE(end.finished());
+  EXPECT_EQ(end.finish_reason(), "error");
+  EXPECT_NE(end.error().code(), v1::ROUTE_ERROR_UNSPECIFIED);
+  EXPECT_TRUE(testing::wait_until([&] { return bookings() == 0; }, 5s));
+}
+
+TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
+  // A second set of discovery and reservation actors whose selectors keep hard session affinity.
+  SelectorActorConfig selector;
+  selector.options.router.block_size = 4;
+  selector.options.lease_ttl = 60s;
+  selector.affinity.ttl = std::chrono::seconds(60);
+  selector.affinity.mode = SessionAffinityMode::hard;
+  selector.plugins = &plugins_;
+  selector.publisher = publisher_;
+  selector.metrics = metrics_;
+  selector.log = log_;
+  auto discovery = system_.spawn(discovery_actor, DiscoveryActorConfig{selector, {}});
+  ReservationActorConfig reservation_config;
+  reservation_config.discovery = discovery;
+  reservation_config.publisher = publisher_;
+  reservation_config.metrics = metrics_;
+  reservation_config.log = log_;
+  auto reservation = system_.spawn(reservation_actor, reservation_config);
+  for (WorkerId id : {21, 22, 23}) {
+    auto worker = registration(id);
+    worker.model = "sessions";
+    caf::anon_send(discovery, worker_up_atom::value, worker);
+  }
+  ASSERT_TRUE(testing::wait_until(
+      [&] {
+        return metrics_->value("kvr_workers", {{"partition", "sessions/default"}}) == 3;
+      },
+      5s));
+  const metrics::Labels partition{{"partition", "sessions/default"}};
+  caf::scoped_actor self{system_};
+  int counter = 0;
+  const auto route_session = [&] {
+    RouteRequestData data = request("s-" + std::to_string(++counter), "sessions");
+    data.block_hashes = {static_cast<BlockHash>(1000 + counter)};  // unrelated prompts
+    data.session.emplace("session-1", std::nullopt, std::nullopt, std::nullopt);
+    v1::RouteDecision decision;
+    self->request(reservation, 5s, route_atom::value,
+                  RouteEnvelope{std::move(data), {}, std::chrono::steady_clock::now()})
+        .receive([&](RouteDecisionMessage& message) { decision = std::move(message.value); },
+                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+    return decision;
+  };
+  const auto report_on = [&](const std::string& lease, LifecycleEventKind event,
+                             std::string reason = {}) {
+    v1::LifecycleAck ack;
+    self->request(reservation, 5s, report_atom::value,
+                  ReportEnvelope{LifecycleReportData{lease, event, std::move(reason)}, {}})
+        .receive([&](LifecycleAckMessage& message) { ack = std::move(message.value); },
+                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+    return ack.accepted();
+  };
+
+  // Bound at selection; aborted before its first token: the provisional binding is dropped.
+  auto decision = route_session();
+  ASSERT_TRUE(decision.has_success());
+  EXPECT_EQ(metrics_->value("kvr_session_bindings", partition), 1);
+  EXPECT_TRUE(report_on(decision.success().lease_id(), LifecycleEventKind::Aborted, "failed"));
+  EXPECT_EQ(metrics_->value("kvr_session_bindings", partition), 0);
+
+  // Bound again, confirmed by the first token: every later request goes to the same worker.
+  decision = route_session();
+  ASSERT_TRUE(decision.has_success());
+  const WorkerId bound = decision.success().worker_id();
+  EXPECT_TRUE(report_on(decision.success().lease_id(), LifecycleEventKind::FirstToken));
+  EXPECT_TRUE(report_on(decision.success().lease_id(), LifecycleEventKind::Completed));
+  EXPECT_EQ(metrics_->value("kvr_session_bindings", partition), 1);
+  std::vector<std::string> open_leases;
+  for (int i = 0; i < 6; ++i) {
+    // Left open, so that the bound worker is the busiest: only the binding sends them there.
+    decision = route_session();
+    ASSERT_TRUE(decision.has_success());
+    EXPECT_EQ(decision.success().worker_id(), bound);
+    open_leases.push_back(decision.success().lease_id());
+  }
+  for (const auto& lease : open_leases) {
+    EXPECT_TRUE(report_on(lease, LifecycleEventKind::Completed));
+  }
+  for (const caf::actor& actor : {discovery, reservation}) {
+    caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+  }
+}
+
+TEST_F(RouterActorsTest, NoFirstChunkInTimeCountsAsAFailureRetriedOnceThenAnError) {
+  register_workers({11, 12});
+  LifecycleActorConfig config;
+  config.discovery = discovery_;
+  config.publisher = publisher_;
+  config.metrics = metrics_;
+  config.log = log_;
+  config.stream_inbox_prefix = "fast.streams";
+  config.first_token_timeout = 50ms;
+  auto impatient = system_.spawn(lifecycle_actor, config);
+  GenerateRequestData generate;
+  generate.route = request("g3");
+  generate.stream_subject = "impatient.stream";
+  caf::anon_send(impatient, generate_atom::value,
+                 GenerateEnvelope{generate, {}, std::chrono::steady_clock::now()});
+  // Neither worker answers: both get the request once, then the client gets an error.
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return publisher_->published_on("impatient.stream").size() == 1; }, 5s));
+  EXPECT_EQ(publisher_->published_on("gen.11").size(), 1U);
+  EXPECT_EQ(publisher_->published_on("gen.12").size(), 1U);
+  EXPECT_EQ(publisher_->published_on("gen.11.cancel").size(), 1U);
+  EXPECT_EQ(publisher_->published_on("gen.12.cancel").size(), 1U);
+  v1::GenerateChunk end;
+  ASSERT_TRUE(end.ParseFromString(publisher_->published_on("impatient.stream")[0]));
+  EXPECT_EQ(end.finish_reason(), "error");
+  EXPECT_EQ(end.error().code(), v1::ROUTE_ERROR_WORKER_FAILED);
+  EXPECT_EQ(metrics_->value("kvr_generate_first_token_timeouts_total"), 2);
+  EXPECT_TRUE(testing::wait_until([&] { return bookings() == 0; }, 5s));
+  caf::anon_send_exit(impatient, caf::exit_reason::user_shutdown);
 }
 
 }  // namespace

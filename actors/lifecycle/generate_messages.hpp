@@ -1,0 +1,55 @@
+// The plain forms of generate (proxy) mode: a validated GenerateRequest, the request the node
+// dispatches to a worker, a worker's GenerateChunk as the lifecycle sees it, and the chunk that
+// ends a client's stream when kvr (not the worker) ends it. Used by the NATS bridge (decoding in
+// its callback) and the lifecycle actor; unit-tested without CAF.
+#pragma once
+
+#include <cstdint>
+#include <expected>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "actors/ingress/route_request.hpp"
+#include "actors/lifecycle/request_lifecycle.hpp"
+#include "kvr/v1/routing.pb.h"
+
+namespace kvr::actors {
+
+/// The largest max_output_tokens accepted (the simulated worker's bound).
+inline constexpr std::uint32_t kMaxGenerateOutputTokens = std::uint32_t{1} << 20;
+
+/// A validated generate request.
+struct GenerateRequestData {
+  /// The routing part (tokens hashed at the router's block size).
+  RouteRequestData route;
+  /// Where the client reads its GenerateChunk stream.
+  std::string stream_subject;
+  /// The request as received; re-sent to the worker with the node's stream subject and rank.
+  v1::GenerateRequest wire;
+};
+
+/// Validates a wire request: its route as decode_route_request does, a non-empty bounded
+/// stream subject, and output tokens in [1, kMaxGenerateOutputTokens] (max_output_tokens, else
+/// route.expected_output_tokens). The failure's code is Error::invalid_request.
+std::expected<GenerateRequestData, RouteFailure> decode_generate_request(
+    const v1::GenerateRequest& wire, std::uint32_t block_size,
+    const RouteDecodeLimits& limits = {});
+
+/// The request the node publishes on the chosen worker's generate subject: the client's request
+/// with the node's `stream_subject` and the chosen rank.
+v1::GenerateRequest make_worker_generate_request(const GenerateRequestData& request, DpRank rank,
+                                                 std::string_view stream_subject);
+
+/// A worker's chunk as the lifecycle needs it; an error chunk (finish_reason "error" or an error
+/// set) carries the error's message.
+StreamChunk to_stream_chunk(const v1::GenerateChunk& chunk);
+
+/// The final chunk sent to the client when kvr ends its stream (`index`: chunks sent so far).
+v1::GenerateChunk make_end_chunk(std::string_view request_id, std::uint32_t index,
+                                 const StreamEnd& end, std::optional<WorkerWithDpRank> worker);
+
+/// The subject a worker serves cancellation on: its generate subject + ".cancel".
+std::string worker_cancel_subject(std::string_view generate_subject);
+
+}  // namespace kvr::actors

@@ -1,0 +1,342 @@
+#include "actors/lifecycle/lifecycle_actor.hpp"
+
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/sec.hpp>
+#include <fmt/format.h>
+
+#include "actors/actor_types.hpp"
+
+namespace kvr::actors {
+namespace {
+
+using Self = caf::stateful_actor<LifecycleActorState>*;
+
+// The project error a failed request to a selector stands for.
+Error request_error(const caf::error& error) {
+  if (error.category() == caf::atom("kvr")) return static_cast<Error>(error.code());
+  if (error.category() == caf::atom("system") &&
+      error.code() == static_cast<std::uint8_t>(caf::sec::request_timeout)) {
+    return Error::timeout;
+  }
+  return Error::unavailable;
+}
+
+std::string stream_subject(Self self, std::uint64_t stream_id) {
+  return fmt::format("{}.{}", self->state.config.stream_inbox_prefix, stream_id);
+}
+
+void update_in_flight(Self self) {
+  self->state.config.metrics->set("kvr_generate_in_flight", {},
+                                  static_cast<double>(self->state.flights.size()));
+}
+
+GenerateFlight* find_flight(Self self, std::uint64_t stream_id) {
+  auto it = self->state.flights.find(stream_id);
+  return it == self->state.flights.end() ? nullptr : &it->second;
+}
+
+// Publishes the first RouteDecision on the request's reply subject (once).
+void publish_decision(Self self, GenerateFlight& flight, const v1::RouteDecision& decision) {
+  if (flight.reply_subject.empty()) return;
+  self->state.config.publisher->publish(flight.reply_subject, decision.SerializeAsString());
+  flight.reply_subject.clear();
+}
+
+// Sends a booking change to the partition's selector; a failure is only logged (the selector's
+// lease expiry releases a booking whose update was lost).
+void send_booking(Self self, const GenerateFlight& flight, bool release, discovery::BookingEnd end,
+                  AffinityAction affinity) {
+  auto& config = self->state.config;
+  self->request(config.discovery, config.selector_timeout, booking_atom::value,
+                BookingUpdate{flight.request.route.partition, flight.request.route.request_id,
+                              release, end, affinity})
+      .then([](const BookingUpdateReply&) {},
+            [self](const caf::error& error) {
+              self->state.config.log->warn(
+                  "generate-booking", fmt::format("kvr node: generate booking update failed: {}",
+                                                  self->system().render(error)));
+            });
+}
+
+// Forgets a flight that ended and has no route request in flight.
+void maybe_forget(Self self, std::uint64_t stream_id) {
+  auto& state = self->state;
+  auto it = state.flights.find(stream_id);
+  if (it == state.flights.end()) return;
+  if (!it->second.lifecycle.ended() || it->second.route_pending) return;
+  auto index = state.by_request_id.find(it->second.request.route.request_id);
+  if (index != state.by_request_id.end() && index->second == stream_id) {
+    state.by_request_id.erase(index);
+  }
+  state.flights.erase(it);
+  update_in_flight(self);
+}
+
+void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
+               const v1::GenerateChunk* chunk);
+
+// Feeds the outcome of one lifecycle event; a refused event changes nothing.
+void apply(Self self, std::uint64_t stream_id, LifecycleResult result,
+           const v1::GenerateChunk* chunk = nullptr) {
+  if (!result) {
+    if (result.error().kind == LifecycleError::Kind::after_end ||
+        result.error().kind == LifecycleError::Kind::stale_worker) {
+      // Chunks racing a cancel or a retry: expected, only counted.
+      self->state.config.metrics->add("kvr_generate_stale_chunks_total");
+    } else {
+      self->state.config.log->warn(
+          "generate-lifecycle",
+          fmt::format("kvr node: lifecycle refused an event: {}", result.error().message));
+    }
+    maybe_forget(self, stream_id);
+    return;
+  }
+  carry_out(self, stream_id, std::move(*result), chunk);
+}
+
+void route_flight(Self self, std::uint64_t stream_id);
+
+// Sends the request to the worker it was just routed to and arms its first-token deadline.
+void dispatch(Self self, std::uint64_t stream_id) {
+  GenerateFlight* flight = find_flight(self, stream_id);
+  if (flight == nullptr || !flight->lifecycle.worker()) return;
+  auto& config = self->state.config;
+  const WorkerWithDpRank worker = *flight->lifecycle.worker();
+  ++flight->attempt;
+  bool sent = false;
+  if (!flight->generate_subject.empty()) {
+    sent = config.publisher->publish(flight->generate_subject,
+                                     make_worker_generate_request(flight->request, worker.dp_rank,
+                                                                  stream_subject(self, stream_id))
+                                         .SerializeAsString());
+  }
+  if (!sent) {
+    apply(self, stream_id,
+          flight->lifecycle.worker_failed(
+              worker.worker_id, flight->generate_subject.empty()
+                                    ? "the worker registered no generate subject"
+                                    : "the request could not be published to the worker"));
+    return;
+  }
+  self->delayed_send(self, config.first_token_timeout, deadline_atom::value, stream_id,
+                     flight->attempt);
+}
+
+void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
+               const v1::GenerateChunk* chunk) {
+  GenerateFlight* flight = find_flight(self, stream_id);
+  if (flight == nullptr) return;
+  auto& config = self->state.config;
+  const std::string& request_id = flight->request.route.request_id;
+  const auto worker = flight->lifecycle.worker();
+  if (step.cancel_at_worker && !flight->generate_subject.empty()) {
+    v1::GenerateCancel cancel;
+    cancel.set_request_id(request_id);
+    config.publisher->publish(worker_cancel_subject(flight->generate_subject),
+                              cancel.SerializeAsString());
+  }
+  if (step.first_token) {
+    send_booking(self, *flight, false, discovery::BookingEnd::completed,
+                 step.commit_affinity ? AffinityAction::commit : AffinityAction::none);
+  }
+  if (step.release) {
+    send_booking(self, *flight, true, *step.release,
+                 step.abandon_affinity  ? AffinityAction::abandon
+                 : step.finish_affinity ? AffinityAction::finish
+                                        : AffinityAction::none);
+  }
+  // Classifier events (step.classifier_events) have no receiver yet: the node runs no classifier.
+  if (step.forward_chunk && chunk != nullptr) {
+    config.publisher->publish(flight->request.stream_subject, chunk->SerializeAsString());
+    ++flight->relayed;
+    if (flight->lifecycle.state() == RequestState::Completed) {
+      config.metrics->add("kvr_generate_outcomes_total", {{"outcome", "completed"}});
+    }
+  }
+  if (step.end_stream) {
+    const StreamEnd& end = *step.end_stream;
+    publish_decision(
+        self, *flight,
+        make_route_error(request_id, end.error.value_or(Error::unavailable), end.message));
+    config.publisher->publish(
+        flight->request.stream_subject,
+        make_end_chunk(request_id, flight->relayed, end, worker).SerializeAsString());
+    ++flight->relayed;
+    config.metrics->add("kvr_generate_outcomes_total", {{"outcome", end.finish_reason}});
+  }
+  if (step.dispatch) dispatch(self, stream_id);
+  if (step.reroute) {
+    config.metrics->add("kvr_generate_retries_total");
+    route_flight(self, stream_id);
+  }
+  maybe_forget(self, stream_id);
+}
+
+void on_routed(Self self, std::uint64_t stream_id, SelectorReply& reply) {
+  GenerateFlight* flight = find_flight(self, stream_id);
+  if (flight == nullptr) return;
+  flight->route_pending = false;
+  const std::string request_id = flight->request.route.request_id;
+  if (!reply.result) {
+    const RouteFailure& failure = reply.result.error();
+    self->state.config.metrics->add("kvr_route_errors_total",
+                                    {{"code", std::string{as_str(failure.code)}}});
+    publish_decision(self, *flight, make_route_error(request_id, failure.code, failure.message));
+    apply(self, stream_id, flight->lifecycle.route_failed(failure.code, failure.message));
+    return;
+  }
+  const RouteOutcome& outcome = *reply.result;
+  auto step = flight->lifecycle.routed(outcome.worker);
+  if (!step) {
+    // Booked where the lifecycle cannot go (an excluded worker): undo it and give up.
+    send_booking(self, *flight, true, discovery::BookingEnd::cancelled, AffinityAction::abandon);
+    self->state.config.log->warn("generate-routed",
+                                 fmt::format("kvr node: {}", step.error().message));
+    apply(self, stream_id, flight->lifecycle.abort(Error::policy_failed, step.error().message));
+    return;
+  }
+  if (step->dispatch) {
+    flight->generate_subject = reply.generate_subject;
+    self->state.config.metrics->add("kvr_route_decisions_total",
+                                    {{"worker", std::to_string(outcome.worker.worker_id)}});
+    publish_decision(
+        self, *flight,
+        make_route_success(request_id, outcome,
+                           RouteSuccessInfo{.lease_id = {},
+                                            .lease_ttl = {},
+                                            .policy = reply.policy,
+                                            .generate_subject = reply.generate_subject}));
+  }
+  carry_out(self, stream_id, std::move(*step), nullptr);
+}
+
+// Asks the partition's selector for a worker, excluding those that failed the request.
+void route_flight(Self self, std::uint64_t stream_id) {
+  GenerateFlight* flight = find_flight(self, stream_id);
+  if (flight == nullptr) return;
+  flight->route_pending = true;
+  RouteRequestData request = flight->request.route;
+  const auto excluded = flight->lifecycle.excluded_workers();
+  request.excluded_workers.assign(excluded.begin(), excluded.end());
+  auto& config = self->state.config;
+  self->request(config.discovery, config.selector_timeout, route_atom::value, std::move(request))
+      .then([self, stream_id](SelectorReply& reply) { on_routed(self, stream_id, reply); },
+            [self, stream_id](const caf::error& error) {
+              SelectorReply reply{
+                  std::unexpected(RouteFailure{request_error(error),
+                                               fmt::format("the selector did not answer: {}",
+                                                           self->system().render(error))}),
+                  {},
+                  {}};
+              on_routed(self, stream_id, reply);
+            });
+}
+
+// Refuses a request at once: on its reply subject and its stream.
+void refuse(Self self, const GenerateEnvelope& envelope, Error code, const std::string& message) {
+  auto& config = self->state.config;
+  const std::string& request_id = envelope.request.route.request_id;
+  config.metrics->add("kvr_route_errors_total", {{"code", std::string{as_str(code)}}});
+  if (!envelope.reply_subject.empty()) {
+    config.publisher->publish(envelope.reply_subject,
+                              make_route_error(request_id, code, message).SerializeAsString());
+  }
+  config.publisher->publish(
+      envelope.request.stream_subject,
+      make_end_chunk(request_id, 0, StreamEnd{"error", code, message}, std::nullopt)
+          .SerializeAsString());
+}
+
+}  // namespace
+
+caf::behavior lifecycle_actor(Self self, LifecycleActorConfig config) {
+  self->state.config = std::move(config);
+  update_in_flight(self);
+  if (self->state.config.discovery) {
+    self->send(self->state.config.discovery, watch_atom::value, caf::actor_cast<caf::actor>(self));
+  }
+  // Shutdown: no client is left without an end to its stream.
+  self->set_exit_handler([self](caf::exit_msg& message) {
+    std::vector<std::uint64_t> ids;
+    for (const auto& [id, flight] : self->state.flights) {
+      if (!flight.lifecycle.ended()) ids.push_back(id);
+    }
+    for (std::uint64_t id : ids) {
+      if (GenerateFlight* flight = find_flight(self, id)) {
+        apply(self, id,
+              flight->lifecycle.abort(Error::unavailable, "the router node is shutting down"));
+      }
+    }
+    self->quit(message.reason);
+  });
+  return {
+      [self](generate_atom, GenerateEnvelope& envelope) {
+        auto& state = self->state;
+        const std::string request_id = envelope.request.route.request_id;
+        if (state.by_request_id.contains(request_id)) {
+          refuse(self, envelope, Error::invalid_request,
+                 fmt::format("request '{}' is already being served", request_id));
+          return;
+        }
+        const std::uint64_t stream_id = state.next_stream_id++;
+        auto [it, inserted] = state.flights.try_emplace(stream_id, std::move(envelope.request),
+                                                        state.config.lifecycle);
+        it->second.reply_subject = std::move(envelope.reply_subject);
+        state.by_request_id.emplace(request_id, stream_id);
+        update_in_flight(self);
+        route_flight(self, stream_id);
+      },
+      [self](cancel_atom, const std::string& request_id) {
+        auto& state = self->state;
+        const auto index = state.by_request_id.find(request_id);
+        if (index == state.by_request_id.end()) return;  // served by another node, or ended
+        const std::uint64_t stream_id = index->second;
+        if (GenerateFlight* flight = find_flight(self, stream_id)) {
+          apply(self, stream_id, flight->lifecycle.cancel("cancelled by the client"));
+        }
+      },
+      [self](chunk_atom, ChunkEnvelope& envelope) {
+        GenerateFlight* flight = find_flight(self, envelope.stream_id);
+        if (flight == nullptr) {
+          self->state.config.metrics->add("kvr_generate_stale_chunks_total");
+          return;
+        }
+        apply(self, envelope.stream_id, flight->lifecycle.on_chunk(to_stream_chunk(envelope.chunk)),
+              &envelope.chunk);
+      },
+      [self](removed_atom, const std::vector<WorkerId>& removed) {
+        std::vector<std::uint64_t> ids;
+        for (const auto& [id, flight] : self->state.flights) ids.push_back(id);
+        for (std::uint64_t id : ids) {
+          for (WorkerId worker : removed) {
+            if (GenerateFlight* flight = find_flight(self, id)) {
+              apply(self, id,
+                    flight->lifecycle.worker_failed(
+                        worker, fmt::format("worker {} left the fleet (lease expired or "
+                                            "deregistered)",
+                                            worker)));
+            }
+          }
+        }
+      },
+      [self](deadline_atom, std::uint64_t stream_id, std::uint32_t attempt) {
+        GenerateFlight* flight = find_flight(self, stream_id);
+        if (flight == nullptr || flight->attempt != attempt ||
+            flight->lifecycle.state() != RequestState::Sent || !flight->lifecycle.worker()) {
+          return;
+        }
+        self->state.config.metrics->add("kvr_generate_first_token_timeouts_total");
+        apply(self, stream_id,
+              flight->lifecycle.worker_failed(
+                  flight->lifecycle.worker()->worker_id,
+                  fmt::format("no first chunk within {} ms",
+                              self->state.config.first_token_timeout.count())));
+      },
+  };
+}
+
+}  // namespace kvr::actors

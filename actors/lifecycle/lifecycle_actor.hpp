@@ -1,0 +1,96 @@
+// The lifecycle actor: one per node; serves generate (proxy) mode. For each generate request it
+// keeps a RequestLifecycle (Sent → Responding → Completed | Aborted), routes it through the
+// partition's selector (via the discovery actor), dispatches a GenerateRequest to the chosen
+// worker's generate subject with the node's own stream subject, relays every chunk to the
+// client's stream subject, and carries out each LifecycleStep: bookings are released exactly once
+// (first token: first_token; final, error or cancel: release) together with the session-affinity
+// commit / abandon / finish, a worker that fails before the first token (it left the fleet, it
+// sent an error chunk, or no chunk came within the first-token timeout) gets the request retried
+// once on another worker (excluding it), and after that the client gets an explicit error chunk.
+//
+// State it owns: the requests in flight (stream id → RequestLifecycle, the decoded request, the
+// client's stream and reply subjects, the current worker's generate subject), request id →
+// stream id, and the next stream id.
+// Messages it handles (atoms in actors/actor_types.hpp):
+//   generate(GenerateEnvelope)       — a client's request (from the NATS bridge);
+//   cancel(std::string request_id)   — the client's GenerateCancel (ignored when not served here);
+//   chunk(ChunkEnvelope)             — a worker's chunk on the node's stream inbox;
+//   removed(std::vector<WorkerId>)   — from the discovery actor (it is a watcher): workers left;
+//   deadline(stream id, attempt)     — its own timer: the attempt's first-token timeout;
+//   an exit message (node shutdown)  — every request in flight ends with an explicit error.
+// It registers itself with the discovery actor (watch) when spawned. Spawned by the router node.
+// Every request it makes carries a finite timeout; it must never block, throw, share its state,
+// or call NATS request(). Classifier events of the steps are not delivered yet (the node has no
+// classifier actor).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include <caf/actor.hpp>
+#include <caf/behavior.hpp>
+#include <caf/stateful_actor.hpp>
+
+#include "actors/lifecycle/generate_messages.hpp"
+#include "actors/lifecycle/request_lifecycle.hpp"
+#include "actors/metrics/metrics_registry.hpp"
+#include "actors/metrics/rate_limited_log.hpp"
+#include "actors/nats/nats_bridge.hpp"
+
+namespace kvr::actors {
+
+/// What the lifecycle actor is spawned with.
+struct LifecycleActorConfig {
+  /// Routes (route) and books (booking) through the partition selectors; told of removals.
+  caf::actor discovery;
+  std::shared_ptr<RouterPublisher> publisher;
+  std::shared_ptr<metrics::MetricsRegistry> metrics;
+  std::shared_ptr<metrics::RateLimitedLog> log;
+  /// Workers publish chunks on `<stream_inbox_prefix>.<stream id>` (NatsBridge).
+  std::string stream_inbox_prefix;
+  /// How long a selector may take to answer.
+  std::chrono::milliseconds selector_timeout{2'000};
+  /// A dispatched attempt without a first chunk after this long counts as a worker failure.
+  std::chrono::milliseconds first_token_timeout{30'000};
+  LifecycleOptions lifecycle;
+};
+
+/// One generate request in flight.
+struct GenerateFlight {
+  GenerateFlight(GenerateRequestData request_data, LifecycleOptions options)
+      : lifecycle(request_data.route.request_id, request_data.route.prompt_tokens, options),
+        request(std::move(request_data)) {}
+
+  RequestLifecycle lifecycle;
+  GenerateRequestData request;
+  /// Where the first RouteDecision goes; cleared once sent.
+  std::string reply_subject;
+  /// The current (or last) attempt's worker generate subject.
+  std::string generate_subject;
+  /// Numbers the dispatches; a first-token deadline names the attempt it guards.
+  std::uint32_t attempt = 0;
+  /// Chunks sent to the client so far.
+  std::uint32_t relayed = 0;
+  /// A route request to the selector is in flight (its booking must be undone if it arrives late).
+  bool route_pending = false;
+};
+
+/// The lifecycle actor's state.
+struct LifecycleActorState {
+  static inline const char* name = "kvr.lifecycle";
+  LifecycleActorConfig config;
+  /// By stream id (node-local; names the stream inbox subject). Node-based: references stay valid.
+  std::unordered_map<std::uint64_t, GenerateFlight> flights;
+  std::unordered_map<std::string, std::uint64_t> by_request_id;
+  std::uint64_t next_stream_id = 1;
+};
+
+/// The lifecycle actor's behaviour.
+caf::behavior lifecycle_actor(caf::stateful_actor<LifecycleActorState>* self,
+                              LifecycleActorConfig config);
+
+}  // namespace kvr::actors

@@ -1,0 +1,123 @@
+// `kvr replay --live` against a real cluster on loopback: a nats-server, a `kvr mocker` fleet and a
+// `kvr node`. Every trace request is routed, streamed from its worker and reported; the run ends
+// with the common report, and it stops with an explicit error when no router answers.
+#include <fstream>
+#include <iterator>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/testing/nats_server.hpp"
+
+namespace kvr {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ChildProcess;
+using testing::NatsServer;
+using testing::TemporaryDirectory;
+
+constexpr std::string_view kNamespace = "live";
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream input{path, std::ios::binary};
+  return {std::istreambuf_iterator<char>{input}, std::istreambuf_iterator<char>{}};
+}
+
+class LiveReplayTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string error;
+    server_ = NatsServer::start(&error);
+    ASSERT_TRUE(server_) << error;
+  }
+
+  void TearDown() override {
+    if (HasFailure()) {
+      if (node_) std::cerr << "---- node log\n" << node_->log();
+      if (mocker_) std::cerr << "---- mocker log\n" << mocker_->log();
+    }
+  }
+
+  void start_mocker() {
+    mocker_ = ChildProcess::start(
+        {KVR_BINARY, "mocker", "--nats", server_->url(), "--namespace", std::string{kNamespace},
+         "--workers", "4", "--time-scale", "50", "--block-size", "64"},
+        directory_.path() / "mocker.log");
+    ASSERT_TRUE(mocker_);
+  }
+
+  void start_node() {
+    node_ = ChildProcess::start({KVR_BINARY, "node", "--nats", server_->url(), "--namespace",
+                                 std::string{kNamespace}, "--block-size", "64"},
+                                directory_.path() / "node.log");
+    ASSERT_TRUE(node_);
+  }
+
+  // Runs `kvr replay --live <arguments>` to completion; its exit code (nullopt: it did not end).
+  std::optional<int> replay_live(std::vector<std::string> arguments) {
+    arguments.insert(arguments.begin(), {KVR_BINARY, "replay", "--live", "--nats", server_->url(),
+                                         "--namespace", std::string{kNamespace}, "--quiet"});
+    auto process = ChildProcess::start(arguments, replay_log());
+    if (!process) {
+      ADD_FAILURE() << "cannot start " << KVR_BINARY;
+      return std::nullopt;
+    }
+    const auto status = process->wait(150s);
+    EXPECT_TRUE(status.has_value()) << "kvr replay --live did not finish:\n" << process->log();
+    return status;
+  }
+
+  std::filesystem::path replay_log() const { return directory_.path() / "replay.log"; }
+
+  TemporaryDirectory directory_;
+  std::unique_ptr<NatsServer> server_;
+  std::optional<ChildProcess> mocker_;
+  std::optional<ChildProcess> node_;
+};
+
+TEST_F(LiveReplayTest, RoutesStreamsAndReportsEveryTraceRequest) {
+  start_mocker();
+  start_node();
+  const auto json_path = directory_.path() / "live.json";
+  const auto status = replay_live(
+      {"--limit", "60", "--speedup", "20", "--timeout", "60", "--json", json_path.string()});
+  ASSERT_EQ(status, 0) << read_file(replay_log());
+
+  const auto report = nlohmann::json::parse(read_file(json_path), nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << read_file(json_path);
+  EXPECT_EQ(report["requests"], 60);
+  EXPECT_EQ(report["block_size"], 64);
+  EXPECT_EQ(report["workers"], 4);
+  ASSERT_EQ(report["policies"].size(), 1U);
+  const auto& policy = report["policies"][0];
+  EXPECT_EQ(policy["completed"], 60) << policy.dump(2);
+  EXPECT_EQ(policy["failed"], 0) << policy.dump(2);
+  // The trace's conversations share prefixes: a KV-aware router serves some from cache.
+  EXPECT_GT(policy["hit_rate"].get<double>(), 0.0);
+  EXPECT_GT(policy["ttft_ms"]["p50"].get<double>(), 0.0);
+  // Labelled with the policy instance the node's decisions named.
+  EXPECT_EQ(policy["policy"].get<std::string>().rfind("live:", 0), 0U) << policy["policy"];
+  EXPECT_GT(policy["policy"].get<std::string>().size(), 5U) << policy["policy"];
+
+  const auto& live = report["live"];
+  std::size_t decisions = 0;
+  for (const auto& [worker, count] : live["decisions_per_worker"].items()) {
+    decisions += count.get<std::size_t>();
+  }
+  EXPECT_EQ(decisions, 60U);
+  EXPECT_EQ(live["timed_out"], 0);
+  EXPECT_EQ(live["reports_refused"], 0);
+  EXPECT_EQ(live["reports_unacknowledged"], 0);
+}
+
+TEST_F(LiveReplayTest, StopsWithAnExplicitErrorWhenNoRouterAnswers) {
+  start_mocker();
+  const auto status = replay_live({"--limit", "5", "--ready-timeout", "2"});
+  EXPECT_EQ(status, 2);
+  EXPECT_NE(read_file(replay_log()).find("no router routed a probe request"), std::string::npos)
+      << read_file(replay_log());
+}
+
+}  // namespace
+}  // namespace kvr

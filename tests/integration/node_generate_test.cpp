@@ -1,0 +1,458 @@
+// `kvr node` in generate (proxy) mode as a real process, with real `kvr mocker` workers and a real
+// nats-server on loopback: chunks relayed in order and bookings released (observed on /metrics),
+// client cancellation, a worker killed before its first token (the request completes on another
+// worker), and session affinity in soft mode (the reference's A → B → B walkthrough with
+// `soft-affinity-load-guard`) and hard mode.
+#include <fstream>
+#include <mutex>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "actors/nats/nats_client.hpp"
+#include "kvr/v1/routing.pb.h"
+#include "kvr/v1/worker.pb.h"
+#include "messages/subjects.hpp"
+#include "tests/testing/nats_server.hpp"
+
+namespace kvr {
+namespace {
+
+using namespace std::chrono_literals;
+using actors::nats::NatsClient;
+using actors::nats::NatsMessage;
+using actors::nats::NatsSubscription;
+using testing::ChildProcess;
+using testing::NatsServer;
+using testing::wait_until;
+
+constexpr std::string_view kNamespace = "gen";
+constexpr std::uint32_t kBlockSize = 16;
+// Output tokens of a generation that outlasts a test (minutes at --time-scale 1) and still fits
+// the mockers' 2048 blocks of KV cache.
+constexpr std::uint32_t kLongGeneration = 20'000;
+
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+std::string http_get(std::uint16_t port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  timeval timeout{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(port);
+  std::string response;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
+    const std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (::write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buffer[4096];
+      ssize_t received = 0;
+      while ((received = ::read(fd, buffer, sizeof(buffer))) > 0) {
+        response.append(buffer, static_cast<std::size_t>(received));
+      }
+    }
+  }
+  ::close(fd);
+  return response;
+}
+
+// Sum of every sample of a metric whose name and labels start with `prefix`.
+double metric(const std::string& text, const std::string& prefix) {
+  double sum = 0;
+  std::istringstream lines{text};
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line.front() == '#' || line.rfind(prefix, 0) != 0) continue;
+    const char next = line.size() > prefix.size() ? line[prefix.size()] : ' ';
+    if (next != ' ' && next != '{' && next != ',' && next != '}') continue;
+    sum += std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return sum;
+}
+
+std::vector<std::uint32_t> prompt(std::size_t tokens, std::uint32_t first) {
+  std::vector<std::uint32_t> ids(tokens);
+  std::iota(ids.begin(), ids.end(), first);
+  return ids;
+}
+
+// A client's stream subject and the chunks that arrived on it.
+class Stream {
+ public:
+  Stream(NatsClient& client) : subject_(client.new_inbox()) {
+    auto subscription = client.subscribe(subject_, [this](NatsMessage message) {
+      v1::GenerateChunk chunk;
+      if (!chunk.ParseFromString(message.data)) return;
+      std::lock_guard lock{mutex_};
+      chunks_.push_back(std::move(chunk));
+    });
+    if (subscription) subscription_.emplace(std::move(*subscription));
+  }
+  bool subscribed() const { return subscription_.has_value(); }
+  const std::string& subject() const { return subject_; }
+  std::vector<v1::GenerateChunk> chunks() const {
+    std::lock_guard lock{mutex_};
+    return chunks_;
+  }
+  std::size_t size() const {
+    std::lock_guard lock{mutex_};
+    return chunks_.size();
+  }
+  bool finished() const {
+    std::lock_guard lock{mutex_};
+    return !chunks_.empty() && chunks_.back().finished();
+  }
+
+ private:
+  std::string subject_;
+  mutable std::mutex mutex_;
+  std::vector<v1::GenerateChunk> chunks_;
+  std::optional<NatsSubscription> subscription_;
+};
+
+class NodeGenerateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string error;
+    server_ = NatsServer::start(&error);
+    ASSERT_TRUE(server_) << error;
+    actors::nats::NatsOptions options;
+    options.url = server_->url();
+    auto client = NatsClient::connect(options);
+    ASSERT_TRUE(client) << client.error();
+    client_ = std::move(*client);
+  }
+
+  void TearDown() override {
+    if (HasFailure()) {
+      if (node_) std::cerr << "---- node log\n" << node_->log();
+      for (auto& [name, mocker] : mockers_) std::cerr << "---- " << name << "\n" << mocker.log();
+    }
+    streams_.clear();
+  }
+
+  // Starts a mocker with `workers` workers numbered from `base`; `time_scale` below 1 slows it.
+  ChildProcess& start_mocker(const std::string& name, WorkerId base, int workers,
+                             const std::string& time_scale) {
+    auto mocker = ChildProcess::start({KVR_BINARY,
+                                       "mocker",
+                                       "--nats",
+                                       server_->url(),
+                                       "--namespace",
+                                       std::string{kNamespace},
+                                       "--workers",
+                                       std::to_string(workers),
+                                       "--worker-id-base",
+                                       std::to_string(base),
+                                       "--block-size",
+                                       std::to_string(kBlockSize),
+                                       "--num-gpu-blocks",
+                                       "2048",
+                                       "--time-scale",
+                                       time_scale,
+                                       "--lease-ttl-ms",
+                                       "600",
+                                       "--load-interval-ms",
+                                       "50"},
+                                      directory_.path() / (name + ".log"));
+    EXPECT_TRUE(mocker);
+    return mockers_.emplace(name, std::move(*mocker)).first->second;
+  }
+
+  void start_node(std::vector<std::string> extra = {}) {
+    metrics_port_ = free_port();
+    std::vector<std::string> argv{KVR_BINARY,       "node",
+                                  "--nats",         server_->url(),
+                                  "--namespace",    std::string{kNamespace},
+                                  "--block-size",   std::to_string(kBlockSize),
+                                  "--metrics-port", std::to_string(metrics_port_)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    node_ = ChildProcess::start(argv, directory_.path() / "node.log");
+    ASSERT_TRUE(node_);
+    ASSERT_TRUE(wait_until(
+        [&] { return http_get(metrics_port_, "/healthz").find("200") != std::string::npos; }, 20s))
+        << node_->log();
+  }
+
+  // Waits until the node routes to `worker` (a route-mode probe, reported completed).
+  bool wait_for_worker(WorkerId worker) {
+    return wait_until(
+        [&] {
+          v1::RouteRequest request;
+          request.set_request_id("probe-" + std::to_string(++probes_));
+          request.set_model("mock-model");
+          for (std::uint32_t token : prompt(32, 1)) request.mutable_tokens()->add_ids(token);
+          request.add_allowed_workers(worker);
+          auto reply =
+              client_->request(subjects::router_route(kNamespace), request.SerializeAsString(), 2s);
+          v1::RouteDecision decision;
+          if (!reply || !decision.ParseFromString(reply->data) || !decision.has_success()) {
+            return false;
+          }
+          v1::LifecycleReport report;
+          report.set_lease_id(decision.success().lease_id());
+          report.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
+          (void)client_->request(subjects::router_report(kNamespace), report.SerializeAsString(),
+                                 2s);
+          return decision.success().worker_id() == worker;
+        },
+        20s);
+  }
+
+  // Sends a generate request; returns its stream and the node's first RouteDecision.
+  std::pair<Stream*, v1::RouteDecision> generate(const std::string& request_id,
+                                                 const std::vector<std::uint32_t>& tokens,
+                                                 std::uint32_t max_output_tokens,
+                                                 const std::string& session = {}) {
+    streams_.push_back(std::make_unique<Stream>(*client_));
+    Stream* stream = streams_.back().get();
+    EXPECT_TRUE(stream->subscribed());
+    EXPECT_TRUE(client_->flush(2s));
+    v1::GenerateRequest request;
+    auto* route = request.mutable_route();
+    route->set_request_id(request_id);
+    route->set_model("mock-model");
+    for (std::uint32_t token : tokens) route->mutable_tokens()->add_ids(token);
+    if (!session.empty()) route->mutable_session()->set_session_id(session);
+    request.set_max_output_tokens(max_output_tokens);
+    request.set_stream_subject(stream->subject());
+    v1::RouteDecision decision;
+    auto reply =
+        client_->request(subjects::router_generate(kNamespace), request.SerializeAsString(), 5s);
+    EXPECT_TRUE(reply) << reply.error();
+    if (reply) {
+      EXPECT_TRUE(decision.ParseFromString(reply->data));
+    }
+    return {stream, decision};
+  }
+
+  void cancel(const std::string& request_id) {
+    v1::GenerateCancel cancel;
+    cancel.set_request_id(request_id);
+    ASSERT_TRUE(
+        client_->publish(subjects::router_generate_cancel(kNamespace), cancel.SerializeAsString()));
+  }
+
+  double node_metric(const std::string& prefix) {
+    return metric(http_get(metrics_port_, "/metrics"), prefix);
+  }
+
+  bool bookings_drain() {
+    return wait_until([&] { return node_metric("kvr_bookings_open") == 0; }, 10s);
+  }
+
+  // Waits until every worker in `workers` reported two load reports in a row with no active
+  // request, so that the node's view of their load has drained too.
+  bool wait_for_idle_load(const std::set<WorkerId>& workers) {
+    std::mutex mutex;
+    std::map<WorkerId, int> idle_reports;
+    auto subscription =
+        client_->subscribe(subjects::worker_load(kNamespace), [&](NatsMessage message) {
+          v1::LoadMetrics load;
+          if (!load.ParseFromString(message.data)) return;
+          std::uint32_t active = 0;
+          for (const auto& rank : load.ranks()) active += rank.active_requests();
+          std::lock_guard lock{mutex};
+          idle_reports[load.worker_id()] = active == 0 ? idle_reports[load.worker_id()] + 1 : 0;
+        });
+    if (!subscription) return false;
+    return wait_until(
+        [&] {
+          std::lock_guard lock{mutex};
+          for (WorkerId worker : workers) {
+            if (idle_reports[worker] < 2) return false;
+          }
+          return true;
+        },
+        10s);
+  }
+
+  testing::TemporaryDirectory directory_;
+  std::unique_ptr<NatsServer> server_;
+  std::unique_ptr<NatsClient> client_;
+  std::map<std::string, ChildProcess> mockers_;
+  std::optional<ChildProcess> node_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  std::uint16_t metrics_port_ = 0;
+  int probes_ = 0;
+};
+
+TEST_F(NodeGenerateTest, RelaysEveryChunkInOrderReleasesTheBookingAndCancels) {
+  start_mocker("mocker", 100, 2, "1");
+  start_node();
+  ASSERT_TRUE(wait_for_worker(100));
+  ASSERT_TRUE(wait_for_worker(101));
+  ASSERT_TRUE(bookings_drain());
+
+  auto [stream, decision] = generate("gen-1", prompt(64, 1), 6);
+  ASSERT_TRUE(decision.has_success()) << decision.DebugString();
+  EXPECT_TRUE(decision.success().lease_id().empty());  // the node manages the booking
+  const WorkerId worker = decision.success().worker_id();
+  EXPECT_TRUE(worker == 100 || worker == 101) << worker;
+  ASSERT_TRUE(wait_until([&] { return stream->finished(); }, 10s));
+  const auto chunks = stream->chunks();
+  ASSERT_EQ(chunks.size(), 6U);
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    EXPECT_EQ(chunks[i].index(), i);
+    EXPECT_EQ(chunks[i].request_id(), "gen-1");
+    EXPECT_EQ(chunks[i].worker_id(), worker);
+    EXPECT_EQ(chunks[i].token_ids_size(), 1);
+    EXPECT_EQ(chunks[i].finished(), i + 1 == chunks.size());
+    EXPECT_FALSE(chunks[i].has_error());
+  }
+  EXPECT_EQ(chunks.back().finish_reason(), "length");
+  EXPECT_TRUE(bookings_drain());
+  EXPECT_EQ(node_metric("kvr_generate_outcomes_total{outcome=\"completed\""), 1);
+
+  // A long generation, cancelled by the client once it streams.
+  auto [long_stream, long_decision] = generate("gen-long", prompt(64, 5000), kLongGeneration);
+  ASSERT_TRUE(long_decision.has_success());
+  ASSERT_TRUE(wait_until([&] { return long_stream->size() >= 2; }, 10s));
+  EXPECT_EQ(node_metric("kvr_bookings_open"), 1);
+  cancel("gen-long");
+  ASSERT_TRUE(wait_until([&] { return long_stream->finished(); }, 10s));
+  const auto cancelled = long_stream->chunks();
+  EXPECT_EQ(cancelled.back().finish_reason(), "cancelled");
+  for (std::size_t i = 0; i < cancelled.size(); ++i) EXPECT_EQ(cancelled[i].index(), i);
+  EXPECT_TRUE(bookings_drain());
+  EXPECT_EQ(node_metric("kvr_generate_in_flight"), 0);
+
+  // An invalid request gets an explicit error, on the reply and on its stream.
+  auto [bad_stream, bad_decision] = generate("gen-bad", prompt(64, 1), 0);
+  ASSERT_TRUE(bad_decision.has_error());
+  EXPECT_EQ(bad_decision.error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
+  ASSERT_TRUE(wait_until([&] { return bad_stream->finished(); }, 5s));
+  EXPECT_EQ(bad_stream->chunks().back().finish_reason(), "error");
+  EXPECT_TRUE(node_->running());
+}
+
+TEST_F(NodeGenerateTest, AWorkerKilledBeforeTheFirstTokenIsReplacedAndItsBookingReleased) {
+  // Worker 300 computes prefill 200 times slower than real time: seconds for a long prompt.
+  ChildProcess& slow = start_mocker("slow", 300, 1, "0.005");
+  start_node();
+  ASSERT_TRUE(wait_for_worker(300));
+  ASSERT_TRUE(bookings_drain());
+
+  auto [stream, decision] = generate("victim", prompt(4096, 1), 4);
+  ASSERT_TRUE(decision.has_success()) << decision.DebugString();
+  ASSERT_EQ(decision.success().worker_id(), 300U);
+  start_mocker("fast", 400, 1, "1");
+  ASSERT_TRUE(wait_for_worker(400));
+  ASSERT_EQ(stream->size(), 0U) << "the slow worker answered before it could be killed";
+  EXPECT_EQ(node_metric("kvr_bookings_open"), 1);
+
+  slow.signal(SIGKILL);
+  ASSERT_TRUE(slow.wait(5s));
+  // The node notices within the worker's 600 ms lease, retries on worker 400.
+  ASSERT_TRUE(wait_until([&] { return stream->finished(); }, 20s));
+  const auto chunks = stream->chunks();
+  ASSERT_EQ(chunks.size(), 4U);
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    EXPECT_EQ(chunks[i].index(), i);
+    EXPECT_EQ(chunks[i].worker_id(), 400U);
+    EXPECT_FALSE(chunks[i].has_error());
+  }
+  EXPECT_EQ(chunks.back().finish_reason(), "length");
+  EXPECT_EQ(node_metric("kvr_generate_retries_total"), 1);
+  EXPECT_TRUE(bookings_drain());
+}
+
+TEST_F(NodeGenerateTest, SoftAffinityMovesAnOverloadedSessionAndThenStaysOnItsNewWorker) {
+  start_mocker("mocker-a", 100, 1, "1");
+  start_mocker("mocker-b", 200, 1, "1");
+  const auto config = directory_.path() / "router.yaml";
+  {
+    std::ofstream yaml{config};
+    yaml << "worker_selection:\n"
+            "  aggregated: guard\n"
+            "  instances:\n"
+            "    - name: guard\n"
+            "      type: soft-affinity-load-guard\n"
+            "      parameters: {max_active_requests: 0, margin: 1}\n";
+  }
+  start_node({"--router-policy-config", config.string(), "--router-session-affinity-mode", "soft",
+              "--router-session-affinity-ttl-secs", "60"});
+  ASSERT_TRUE(wait_for_worker(100));
+  ASSERT_TRUE(wait_for_worker(200));
+  ASSERT_TRUE(bookings_drain());
+  ASSERT_TRUE(wait_for_idle_load({100, 200}));
+
+  // 1: the session's first request binds it to A once it streams, and stays open there.
+  auto [first, first_decision] = generate("turn-1", prompt(64, 1), kLongGeneration, "session-s");
+  ASSERT_TRUE(first_decision.has_success());
+  const WorkerId a = first_decision.success().worker_id();
+  const WorkerId b = a == 100 ? 200 : 100;
+  ASSERT_TRUE(wait_until([&] { return first->size() >= 1; }, 10s));
+  ASSERT_FALSE(first->chunks().front().finished()) << first->chunks().front().DebugString();
+  EXPECT_TRUE(wait_until([&] { return node_metric("kvr_session_bindings") == 1; }, 5s));
+
+  // 2: A is above max_active_requests and B is lighter by the margin: the session moves to B.
+  auto [second, second_decision] = generate("turn-2", prompt(96, 1), 4, "session-s");
+  ASSERT_TRUE(second_decision.has_success());
+  EXPECT_EQ(second_decision.success().worker_id(), b);
+  ASSERT_TRUE(wait_until([&] { return second->finished(); }, 10s));
+  EXPECT_EQ(second->chunks().back().worker_id(), b);
+
+  // The load drains: the first request is cancelled.
+  cancel("turn-1");
+  ASSERT_TRUE(wait_until([&] { return first->finished(); }, 10s));
+  ASSERT_TRUE(bookings_drain());
+  ASSERT_TRUE(wait_for_idle_load({100, 200}));
+
+  // 3: the binding now names B, which is not overloaded: the session stays on B.
+  auto [third, third_decision] = generate("turn-3", prompt(128, 1), 4, "session-s");
+  ASSERT_TRUE(third_decision.has_success());
+  EXPECT_EQ(third_decision.success().worker_id(), b);
+  ASSERT_TRUE(wait_until([&] { return third->finished(); }, 10s));
+  EXPECT_GE(node_metric("kvr_session_rebinds_total"), 1);
+  EXPECT_TRUE(bookings_drain());
+}
+
+TEST_F(NodeGenerateTest, HardAffinitySendsEveryRequestOfABoundSessionToItsWorker) {
+  start_mocker("mocker", 100, 2, "1");
+  start_node(
+      {"--router-session-affinity-mode", "hard", "--router-session-affinity-ttl-secs", "60"});
+  ASSERT_TRUE(wait_for_worker(100));
+  ASSERT_TRUE(wait_for_worker(101));
+
+  auto [first, first_decision] = generate("hard-0", prompt(64, 1), 2, "session-h");
+  ASSERT_TRUE(first_decision.has_success());
+  const WorkerId bound = first_decision.success().worker_id();
+  ASSERT_TRUE(wait_until([&] { return first->finished(); }, 10s));
+  for (int i = 1; i <= 8; ++i) {
+    // Unrelated prompts: only the binding keeps them together.
+    auto [stream, decision] =
+        generate("hard-" + std::to_string(i), prompt(64, 10'000U * i), 2, "session-h");
+    ASSERT_TRUE(decision.has_success());
+    EXPECT_EQ(decision.success().worker_id(), bound) << "request " << i;
+    ASSERT_TRUE(wait_until([&] { return stream->finished(); }, 10s));
+    EXPECT_EQ(stream->chunks().back().worker_id(), bound);
+  }
+  // Another session binds on its own.
+  auto [other, other_decision] = generate("other-0", prompt(64, 90'000), 2, "session-k");
+  ASSERT_TRUE(other_decision.has_success());
+  ASSERT_TRUE(wait_until([&] { return other->finished(); }, 10s));
+  EXPECT_EQ(node_metric("kvr_session_bindings"), 2);
+  EXPECT_TRUE(bookings_drain());
+}
+
+}  // namespace
+}  // namespace kvr
