@@ -199,7 +199,8 @@ v1::RouteDecision make_route_success(std::string_view request_id, const RouteOut
   success->set_total_cost(outcome.total_cost);
   for (std::size_t i = 0; i < outcome.scorer_costs.size(); ++i) {
     auto* cost = success->add_costs();
-    cost->set_scorer(fmt::format("scorer_{}", i));
+    const bool named = outcome.scorer_names && i < outcome.scorer_names->size();
+    cost->set_scorer(named ? (*outcome.scorer_names)[i] : fmt::format("scorer_{}", i));
     cost->set_cost(outcome.scorer_costs[i]);
   }
   success->set_generate_subject(info.generate_subject);

@@ -101,6 +101,9 @@ plugins::worker_selection::WorkerSelectionPolicy& SelectorState::policy(WorkerTy
     // The factory runs once per partition and role, so policy state stays partition-local.
     policy.emplace(plugins_->selection_for(worker_type)
                        .factory(options_.router, worker_type, options_.partition));
+    const auto names = selection::scorer_names(*policy);
+    scorer_names_[static_cast<std::size_t>(worker_type)] =
+        std::make_shared<const std::vector<std::string>>(names.begin(), names.end());
   }
   return *policy;
 }
@@ -282,6 +285,7 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::route(const RouteInput&
   in_route_ = false;
   outcome.total_cost = selected->total_cost;
   outcome.scorer_costs = selected->scorer_costs;
+  outcome.scorer_names = scorer_names_[static_cast<std::size_t>(input.worker_type)];
   outcome.eligible_workers = selected->eligible_workers;
   return book(input, std::move(outcome), now);
 }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <expected>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -62,6 +63,8 @@ struct RouteOutcome {
   std::uint64_t uncached_prefill_tokens = 0;
   double total_cost = 0;
   absl::InlinedVector<double, 4> scorer_costs;
+  /// The scorers' names, index-aligned with scorer_costs (shared, built once per policy).
+  std::shared_ptr<const std::vector<std::string>> scorer_names;
   /// The booking is released at this time unless reported earlier.
   TimePoint lease_expires_at;
   std::size_t eligible_workers = 0;
@@ -156,6 +159,7 @@ class SelectorState final : public selection::WorkerSignalSource {
   const plugins::RouterPlugins* plugins_;
   discovery::DiscoveryState discovery_;
   std::array<std::optional<plugins::worker_selection::WorkerSelectionPolicy>, 4> policies_;
+  std::array<std::shared_ptr<const std::vector<std::string>>, 4> scorer_names_;
   mutable std::array<RoleRows, 4> rows_;
   mutable bool rows_dirty_ = true;
 

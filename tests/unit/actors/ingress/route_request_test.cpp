@@ -125,6 +125,8 @@ TEST(RouteRequestTest, SuccessDecisionCarriesLeaseAndOverlap) {
   outcome.device_overlap_blocks = 3;
   outcome.total_cost = 1.5;
   outcome.scorer_costs = {1.5};
+  outcome.scorer_names = std::make_shared<const std::vector<std::string>>(
+      std::vector<std::string>{"kvr::selection::policies::KvCostScorer"});
   const auto decision = make_route_success("r", outcome,
                                            {.lease_id = "L-1",
                                             .lease_ttl = std::chrono::seconds(2),
@@ -136,7 +138,9 @@ TEST(RouteRequestTest, SuccessDecisionCarriesLeaseAndOverlap) {
   EXPECT_EQ(decision.success().device_overlap_blocks(), 3U);
   EXPECT_EQ(decision.success().lease_id(), "L-1");
   EXPECT_EQ(decision.success().lease_ttl_ms(), 2000U);
-  EXPECT_EQ(decision.success().costs_size(), 1);
+  ASSERT_EQ(decision.success().costs_size(), 1);
+  EXPECT_EQ(decision.success().costs(0).scorer(), "kvr::selection::policies::KvCostScorer");
+  EXPECT_DOUBLE_EQ(decision.success().costs(0).cost(), 1.5);
   EXPECT_EQ(decision.success().generate_subject(), "kvr.ns.worker.42.generate");
 }
 

@@ -184,6 +184,16 @@ TEST_F(SelectorStateTest, OutcomeCarriesOverlapByTierAndUncachedPrefillTokens) {
             100U - 4 * kBlockSize);
 }
 
+TEST_F(SelectorStateTest, OutcomeNamesEachScorerOfItsCost) {
+  make_state();
+  add_workers({1});
+  const auto routed = route("r1", prompt_blocks(4, 1));
+  ASSERT_TRUE(routed) << routed.error().message;
+  ASSERT_TRUE(routed->scorer_names);
+  ASSERT_EQ(routed->scorer_names->size(), routed->scorer_costs.size());
+  EXPECT_NE(routed->scorer_names->front().find("KvCostScorer"), std::string::npos);
+}
+
 TEST_F(SelectorStateTest, PolicyWithoutCacheSignalsStillGetsTheChosenWorkersOverlap) {
   auto& state = make_state("round-robin");
   add_workers({1, 2});
