@@ -3,6 +3,8 @@
 // holds a prefix, lifecycle reports and lease expiry (observed on /metrics), a killed worker
 // leaving routing, a nats-server restart, and bad messages on every subscribed subject.
 #include <atomic>
+#include <cstdlib>
+#include <fstream>
 #include <mutex>
 #include <numeric>
 #include <set>
@@ -417,6 +419,82 @@ TEST_F(NodeTest, BadMessagesOnEverySubjectAreCountedAndDropped) {
   auto decision = route(prompt(32, 77), next_id());
   ASSERT_TRUE(decision && decision->has_success());
   EXPECT_TRUE(node_->running());
+}
+
+}  // namespace
+}  // namespace kvr
+
+namespace kvr {
+namespace {
+
+// Resident memory of a process in KiB, from /proc (0 when unreadable).
+std::uint64_t resident_kib(pid_t pid) {
+  std::ifstream status{"/proc/" + std::to_string(pid) + "/status"};
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6));
+  }
+  return 0;
+}
+
+TEST_F(NodeTest, AFloodOfBadMessagesLeavesMemoryBoundedAndServing) {
+  // Under AddressSanitizer freed memory waits in a quarantine (256 MiB by default) and would read
+  // as growth; the node started below gets a small one.
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  const std::string options = asan != nullptr && *asan != '\0' ? std::string{asan} + ":" : "";
+  setenv("ASAN_OPTIONS", (options + "quarantine_size_mb=1").c_str(), 1);
+  start_cluster();
+  const auto bad_total = [&] {
+    const std::string text = metrics_text();
+    double total = 0;
+    for (std::size_t at = text.find("kvr_bad_messages_total{"); at != std::string::npos;
+         at = text.find("kvr_bad_messages_total{", at + 1)) {
+      const std::size_t value = text.find("} ", at);
+      if (value != std::string::npos) total += std::stod(text.substr(value + 2));
+    }
+    return total;
+  };
+  // A first round grows the node to its working size (buffers, log rate limiter, metrics).
+  const auto flood = [&](int rounds, int offset) {
+    for (int i = 0; i < rounds; ++i) {
+      // Garbage, an absurd registration per distinct worker id (never admitted), and an absurd
+      // KV batch for a real worker: none of them may leave state behind.
+      ASSERT_TRUE(client_->publish(subjects::worker_load(kNamespace), "\xff\xfe garbage"));
+      v1::WorkerRegistration registration;
+      registration.set_worker_id(static_cast<WorkerId>(1'000'000 + offset + i));
+      registration.set_model("mock-model");
+      registration.set_role(v1::WORKER_ROLE_AGGREGATED);
+      registration.set_block_size(kBlockSize + 1);  // another block size: refused
+      registration.set_total_kv_blocks(std::uint64_t{1} << 60);
+      ASSERT_TRUE(client_->publish(subjects::worker_register(kNamespace),
+                                   registration.SerializeAsString()));
+      v1::KvEventBatch batch;
+      batch.set_worker_id(kFirstWorker);
+      batch.set_event_id(static_cast<std::uint64_t>(1'000'000 + offset + i));
+      auto* stored = batch.add_events()->mutable_stored();
+      stored->set_has_parent(true);
+      stored->set_parent_hash(0x1234'5678'9ABC'DEF0ULL + static_cast<std::uint64_t>(i));
+      for (int b = 0; b < 64; ++b) stored->add_block_hashes(static_cast<std::uint64_t>(i * 64 + b));
+      ASSERT_TRUE(client_->publish(subjects::kv_events(kNamespace, kFirstWorker),
+                                   batch.SerializeAsString()));
+    }
+    ASSERT_TRUE(client_->flush(5s));
+  };
+  constexpr int kRounds = 3000;
+  flood(kRounds, 0);
+  ASSERT_TRUE(wait_until([&] { return bad_total() >= 2 * kRounds; }, 30s)) << bad_total();
+  const std::uint64_t settled = resident_kib(node_->pid());
+  ASSERT_GT(settled, 0U);
+  const double before = bad_total();
+  flood(kRounds, kRounds);
+  ASSERT_TRUE(wait_until([&] { return bad_total() >= before + 2 * kRounds; }, 30s)) << bad_total();
+  const std::uint64_t after = resident_kib(node_->pid());
+  // Three thousand more rejected messages of each kind may not grow the node by more than a
+  // few MiB (allocator noise), far below what keeping any of them would cost.
+  EXPECT_LT(after, settled + 8 * 1024) << "RSS " << settled << " KiB -> " << after << " KiB";
+  auto decision = route(prompt(32, 7), next_id());
+  ASSERT_TRUE(decision);
+  EXPECT_TRUE(decision->has_success()) << decision->DebugString();
 }
 
 }  // namespace
