@@ -126,7 +126,7 @@ std::span<const WorkerCandidate> SelectionHost::candidates_for(WorkerInputs inpu
     candidates_[i] =
         WorkerCandidate{descriptors_[rows_[i]].worker, with_cache ? &cache_[i] : nullptr,
                         with_load ? &load_[i] : nullptr,
-                        with_taint ? std::optional<double>{taint_multipliers_[i]} : std::nullopt};
+                        with_taint ? std::optional<double>{taint_multiplier(i)} : std::nullopt};
   }
   return candidates_;
 }
@@ -280,10 +280,11 @@ std::expected<SelectionResult, WorkerSelectionPolicyError> SelectionHost::select
     signals.compute_signals(request, worker_type_, rows_, cache_, load_);
   }
   taint_multipliers_.clear();
+  uniform_taint_multiplier_ = false;
   if (declared_inputs_.contains(WorkerInputs::PREFERRED_TAINT)) {
-    if (request.preferred_taints.empty()) {
-      taint_multipliers_.assign(rows_.size(), 1.0);  // exp(-tanh(0)): skip the per-row maths
-    } else {
+    // Without preferred taints every multiplier is exp(-tanh(0)) = 1: no per-row array at all.
+    uniform_taint_multiplier_ = request.preferred_taints.empty();
+    if (!uniform_taint_multiplier_) {
       taint_multipliers_.resize(rows_.size());
       for (std::size_t i = 0; i < rows_.size(); ++i) {
         taint_multipliers_[i] =
@@ -309,7 +310,7 @@ std::expected<SelectionResult, WorkerSelectionPolicyError> SelectionHost::select
   for (std::size_t i = 0; i < count; ++i) {
     scored_[i] = ScoredWorkerCandidate{
         descriptors_[rows_[i]].worker, total_costs_[i],
-        picker_taint ? std::optional<double>{taint_multipliers_[i]} : std::nullopt};
+        picker_taint ? std::optional<double>{taint_multiplier(i)} : std::nullopt};
   }
   const WorkerInputView view{scored_,
                              picker_inputs.contains(WorkerInputs::CACHE)

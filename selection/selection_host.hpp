@@ -147,6 +147,10 @@ class SelectionHost {
   bool eligible(const SelectionRequest& request, const WorkerDescriptor& descriptor) const;
   /// Rebuilds candidates_ for the current rows, exposing only the groups in `inputs`.
   std::span<const WorkerCandidate> candidates_for(WorkerInputs inputs);
+  /// The preferred-taint multiplier of the current row `i`.
+  double taint_multiplier(std::size_t i) const {
+    return uniform_taint_multiplier_ ? 1.0 : taint_multipliers_[i];
+  }
   /// Keeps only rows whose keep_ flag is set, in every row-aligned buffer.
   void compact_rows();
 
@@ -174,7 +178,8 @@ class SelectionHost {
   std::vector<std::uint32_t> rows_;
   std::vector<WorkerCacheInput> cache_;
   std::vector<WorkerLoadInput> load_;
-  std::vector<double> taint_multipliers_;
+  std::vector<double> taint_multipliers_;  // empty when uniform_taint_multiplier_
+  bool uniform_taint_multiplier_ = false;
   std::vector<WorkerCandidate> candidates_;
   std::vector<char> keep_;
   std::vector<double> scorer_costs_;  // scorer-major: scorer s, row i at s * rows + i
