@@ -39,10 +39,12 @@ live_requests=${KVR_QUICKSTART_LIVE_REQUESTS:-200}
 live_dir=$(mktemp -d "${TMPDIR:-/tmp}/kvr-quickstart.XXXXXX")
 live_pids=()
 stop_cluster() {
-  local pid
-  for pid in "${live_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${live_pids[@]}"; do
-    # Each process gets a few seconds to deregister and close; then it is killed.
+  local i pid
+  # Newest first, so that the workers and the node deregister and close while nats-server runs;
+  # each gets a few seconds after SIGTERM, then SIGKILL.
+  for ((i = ${#live_pids[@]} - 1; i >= 0; i--)); do
+    pid=${live_pids[i]}
+    kill "$pid" 2>/dev/null || true
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true

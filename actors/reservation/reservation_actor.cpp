@@ -25,10 +25,10 @@ Error request_error(const caf::error& error) {
   return Error::unavailable;
 }
 
-// Sends a booking change to the partition's selector; the caller only logs a failure.
+// Sends a booking change to the partition's selector; the caller only logs a failure. Nobody
+// waits for the answer, so it needs no timeout (a lost one only goes unlogged).
 void update_booking(Self self, BookingUpdate update) {
-  self->request(self->state.config.discovery, self->state.config.selector_timeout,
-                booking_atom::value, std::move(update))
+  self->request(self->state.config.discovery, caf::infinite, booking_atom::value, std::move(update))
       .then([](const BookingUpdateReply&) {},
             [self](const caf::error& error) {
               self->state.config.log->warn(
@@ -64,52 +64,75 @@ bool deliver_decision(Self self, const RouteEnvelope& envelope, caf::response_pr
   return delivered;
 }
 
+// Registers a request to a selector; the expiry timer fails it after the selector timeout.
+std::uint64_t add_pending(Self self) {
+  auto& state = self->state;
+  const std::uint64_t id = state.next_pending++;
+  state.pending_deadlines.emplace_back(Clock::now() + state.config.selector_timeout, id);
+  return id;
+}
+
+// Answers a route request with the selector's reply.
+void answer_route(Self self, ReservationActorState::PendingRoute& pending, SelectorReply& reply) {
+  auto& state = self->state;
+  const RouteRequestData& request = pending.envelope.request;
+  if (!reply.result) {
+    deliver_decision(self, pending.envelope, pending.promise,
+                     make_route_error(request.request_id, reply.result.error().code,
+                                      reply.result.error().message));
+    return;
+  }
+  const RouteOutcome& outcome = *reply.result;
+  // Booked by the selector; recorded here before the answer leaves.
+  std::string lease_id = state.ledger->open(request.partition, request.request_id, outcome.worker,
+                                            outcome.lease_expires_at);
+  publish_leases_gauge(self);
+  auto decision =
+      make_route_success(request.request_id, outcome,
+                         RouteSuccessInfo{.lease_id = lease_id,
+                                          .lease_ttl = state.config.lease_ttl,
+                                          .policy = std::move(reply.policy),
+                                          .generate_subject = std::move(reply.generate_subject)});
+  if (!deliver_decision(self, pending.envelope, pending.promise, std::move(decision))) {
+    // Nobody learnt of this booking: roll it back.
+    if (auto lease = state.ledger->close(lease_id)) {
+      state.config.metrics->add("kvr_bookings_rolled_back_total");
+      update_booking(self,
+                     BookingUpdate{lease->partition, lease->request_id, true,
+                                   discovery::BookingEnd::cancelled, AffinityAction::abandon});
+    }
+    publish_leases_gauge(self);
+  }
+}
+
 caf::response_promise handle_route(Self self, RouteEnvelope& envelope) {
   auto promise = self->make_response_promise();
-  auto& config = self->state.config;
-  // The selector gets the request; the envelope keeps what answering needs.
+  auto& state = self->state;
+  // The selector gets the request; the pending entry keeps what answering needs.
   RouteRequestData selector_request = std::move(envelope.request);
   envelope.request.request_id = selector_request.request_id;
   envelope.request.partition = selector_request.partition;
-  self->request(config.discovery, config.selector_timeout, route_atom::value,
+  const std::uint64_t id = add_pending(self);
+  state.pending_routes.emplace(id,
+                               ReservationActorState::PendingRoute{std::move(envelope), promise});
+  // No CAF timeout: the expiry timer answers a request its selector leaves unanswered, and a
+  // late reply finds no pending entry (its booking then expires with its lease, as before).
+  self->request(state.config.discovery, caf::infinite, route_atom::value,
                 std::move(selector_request))
       .then(
-          [self, envelope, promise](SelectorReply& reply) mutable {
-            auto& state = self->state;
-            const RouteRequestData& request = envelope.request;
-            if (!reply.result) {
-              deliver_decision(self, envelope, promise,
-                               make_route_error(request.request_id, reply.result.error().code,
-                                                reply.result.error().message));
-              return;
-            }
-            const RouteOutcome& outcome = *reply.result;
-            // Booked by the selector; recorded here before the answer leaves.
-            std::string lease_id = state.ledger->open(request.partition, request.request_id,
-                                                      outcome.worker, outcome.lease_expires_at);
-            publish_leases_gauge(self);
-            auto decision = make_route_success(
-                request.request_id, outcome,
-                RouteSuccessInfo{.lease_id = lease_id,
-                                 .lease_ttl = state.config.lease_ttl,
-                                 .policy = std::move(reply.policy),
-                                 .generate_subject = std::move(reply.generate_subject)});
-            if (!deliver_decision(self, envelope, promise, std::move(decision))) {
-              // Nobody learnt of this booking: roll it back.
-              if (auto lease = state.ledger->close(lease_id)) {
-                state.config.metrics->add("kvr_bookings_rolled_back_total");
-                update_booking(
-                    self, BookingUpdate{lease->partition, lease->request_id, true,
-                                        discovery::BookingEnd::cancelled, AffinityAction::abandon});
-              }
-              publish_leases_gauge(self);
-            }
+          [self, id](SelectorReply& reply) {
+            auto pending = self->state.pending_routes.extract(id);
+            if (!pending.empty()) answer_route(self, pending.mapped(), reply);
           },
-          [self, envelope, promise](caf::error& error) mutable {
-            deliver_decision(self, envelope, promise,
-                             make_route_error(envelope.request.request_id, request_error(error),
-                                              fmt::format("the selector did not answer: {}",
-                                                          self->system().render(error))));
+          [self, id](caf::error& error) {
+            auto pending = self->state.pending_routes.extract(id);
+            if (pending.empty()) return;
+            auto& waiting = pending.mapped();
+            deliver_decision(
+                self, waiting.envelope, waiting.promise,
+                make_route_error(
+                    waiting.envelope.request.request_id, request_error(error),
+                    fmt::format("the selector did not answer: {}", self->system().render(error))));
           });
   return promise;
 }
@@ -148,23 +171,50 @@ caf::response_promise handle_report(Self self, ReportEnvelope& envelope) {
                                                    : discovery::BookingEnd::failed),
                        // Session affinity commits at the first token and ends with the request.
                        first_token ? AffinityAction::commit : AffinityAction::finish};
-  self->request(state.config.discovery, state.config.selector_timeout, booking_atom::value,
-                std::move(update))
+  const std::uint64_t id = add_pending(self);
+  state.pending_reports.emplace(id,
+                                ReservationActorState::PendingReport{std::move(envelope), promise});
+  self->request(state.config.discovery, caf::infinite, booking_atom::value, std::move(update))
       .then(
-          [self, envelope, promise](const BookingUpdateReply& reply) mutable {
+          [self, id](const BookingUpdateReply& reply) {
+            auto pending = self->state.pending_reports.extract(id);
+            if (pending.empty()) return;
             // A booking the selector no longer holds was released already (its worker left):
             // the report is still accepted, since the lease was open.
-            deliver_ack(self, envelope, promise, true,
+            deliver_ack(self, pending.mapped().envelope, pending.mapped().promise, true,
                         reply.applied
                             ? std::string{}
                             : fmt::format("booking already released ({})", reply.message));
           },
-          [self, envelope, promise](caf::error& error) mutable {
-            deliver_ack(self, envelope, promise, true,
+          [self, id](caf::error& error) {
+            auto pending = self->state.pending_reports.extract(id);
+            if (pending.empty()) return;
+            deliver_ack(self, pending.mapped().envelope, pending.mapped().promise, true,
                         fmt::format("lease ended; the selector did not confirm: {}",
                                     self->system().render(error)));
           });
   return promise;
+}
+
+// Answers every request whose selector has not answered within the selector timeout.
+void fail_overdue(Self self, Clock::time_point now) {
+  auto& state = self->state;
+  const auto timeout_ms = state.config.selector_timeout.count();
+  while (!state.pending_deadlines.empty() && state.pending_deadlines.front().first <= now) {
+    const std::uint64_t id = state.pending_deadlines.front().second;
+    state.pending_deadlines.pop_front();
+    if (auto route = state.pending_routes.extract(id); !route.empty()) {
+      auto& [envelope, promise] = route.mapped();
+      deliver_decision(
+          self, envelope, promise,
+          make_route_error(envelope.request.request_id, Error::timeout,
+                           fmt::format("the selector did not answer within {} ms", timeout_ms)));
+    } else if (auto report = state.pending_reports.extract(id); !report.empty()) {
+      deliver_ack(
+          self, report.mapped().envelope, report.mapped().promise, true,
+          fmt::format("lease ended; the selector did not confirm within {} ms", timeout_ms));
+    }
+  }
 }
 
 }  // namespace
@@ -179,6 +229,7 @@ caf::behavior reservation_actor(Self self, ReservationActorConfig config) {
       [self](report_atom, ReportEnvelope& envelope) { return handle_report(self, envelope); },
       [self](expire_atom) {
         auto& state = self->state;
+        fail_overdue(self, Clock::now());
         const auto expired = state.ledger->expire(Clock::now());
         if (!expired.empty()) {
           state.config.metrics->add("kvr_leases_expired_total", {},

@@ -11,19 +11,27 @@
 //   route(RouteEnvelope) → RouteDecisionMessage     — always a decision (success or error);
 //   report(ReportEnvelope) → LifecycleAckMessage     — always an ack;
 //   expire                                           — its own timer.
-// Spawned by the router node. Every request it makes carries a finite timeout; it must never
+// Spawned by the router node. Every route request and report it hands to a selector is answered
+// within the selector timeout: the expiry timer fails those still unanswered (one sweep instead of
+// a CAF clock timer per request, which costs the clock thread a wake-up each). It must never
 // block, throw, or call NATS request().
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
+#include <absl/container/flat_hash_map.h>
 #include <caf/actor.hpp>
 #include <caf/behavior.hpp>
+#include <caf/response_promise.hpp>
 #include <caf/stateful_actor.hpp>
 
+#include "actors/actor_types.hpp"
 #include "actors/metrics/metrics_registry.hpp"
 #include "actors/metrics/rate_limited_log.hpp"
 #include "actors/nats/nats_bridge.hpp"
@@ -42,7 +50,7 @@ struct ReservationActorConfig {
   std::string lease_prefix = "lease";
   /// Reported to callers in each decision (the selectors' booking TTL).
   std::chrono::milliseconds lease_ttl{120'000};
-  /// How long a selector may take to answer.
+  /// How long a selector may take to answer (enforced by the expiry timer: up to one tick late).
   std::chrono::milliseconds selector_timeout{2'000};
   /// Period of the lease-expiry timer.
   std::chrono::milliseconds tick_interval{100};
@@ -53,6 +61,22 @@ struct ReservationActorState {
   static inline const char* name = "kvr.reservation";
   ReservationActorConfig config;
   std::optional<LeaseLedger> ledger;
+
+  /// A route request or lifecycle report waiting for its selector, and how to answer it.
+  struct PendingRoute {
+    RouteEnvelope envelope;
+    caf::response_promise promise;
+  };
+  struct PendingReport {
+    ReportEnvelope envelope;
+    caf::response_promise promise;
+  };
+  /// Waiting requests by sequence number, and their deadlines oldest first (the selector timeout
+  /// is fixed, so deadlines arrive in order); answered ones are skipped when their deadline comes.
+  std::uint64_t next_pending = 1;
+  absl::flat_hash_map<std::uint64_t, PendingRoute> pending_routes;
+  absl::flat_hash_map<std::uint64_t, PendingReport> pending_reports;
+  std::deque<std::pair<std::chrono::steady_clock::time_point, std::uint64_t>> pending_deadlines;
 };
 
 /// The reservation actor's behaviour.

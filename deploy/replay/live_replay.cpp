@@ -109,6 +109,12 @@ struct LiveReplay::State {
   // Declared last: destroyed (unsubscribed, callbacks finished) before what they use.
   std::optional<NatsSubscription> subscription;
 
+  // The subscription, then the connection (whose closed callback queues a message), go first.
+  ~State() {
+    subscription.reset();
+    client.reset();
+  }
+
   // ---- the driver's state during run() ----
   const std::vector<simulation::TraceRequest>* requests = nullptr;
   std::vector<std::vector<BlockHash>> hashes;
@@ -122,6 +128,8 @@ struct LiveReplay::State {
   double first_timestamp_ms = 0;
   std::size_t in_flight = 0;
   std::size_t ended = 0;
+  // Set when the connection closed for good: nothing can be sent or received any more.
+  bool connection_closed = false;
   std::size_t acks_pending = 0;
   std::priority_queue<std::pair<Clock::time_point, std::size_t>,
                       std::vector<std::pair<Clock::time_point, std::size_t>>, std::greater<>>
@@ -205,6 +213,10 @@ struct LiveReplay::State {
     request.phase = Phase::Routing;
     request.sent = now;
     ++in_flight;
+    if (connection_closed) {
+      ++result.route_errors;
+      return fail(index, "the NATS connection is closed");
+    }
     deadlines.emplace(now + options.request_timeout, index);
     auto sent = client->publish_request(subjects::router_route(options.ns),
                                         reply_subject(InboxKind::Route, index),
@@ -318,6 +330,7 @@ struct LiveReplay::State {
   }
 
   void handle(const Incoming& message) {
+    if (message.subject.empty()) return on_connection_closed();
     // <inbox>.<kind>.<index>
     if (message.subject.size() < inbox.size() + 4) return;
     const std::string_view rest = std::string_view{message.subject}.substr(inbox.size() + 1);
@@ -336,6 +349,18 @@ struct LiveReplay::State {
         return on_chunk(index, message);
       case InboxKind::Ack:
         return on_ack(message);
+    }
+  }
+
+  // The client gave up reconnecting: every request in flight fails now instead of at its timeout.
+  void on_connection_closed() {
+    connection_closed = true;
+    acks_pending = 0;
+    for (std::size_t index = 0; index < live.size(); ++index) {
+      if (live[index].phase == Phase::Routing || live[index].phase == Phase::Streaming) {
+        ++result.route_errors;
+        fail(index, "the NATS connection closed");
+      }
     }
   }
 
@@ -465,7 +490,17 @@ std::expected<std::unique_ptr<LiveReplay>, std::string> LiveReplay::connect(
   auto state = std::make_unique<State>();
   state->options = std::move(options);
   const LiveReplayOptions& opts = state->options;
-  auto client = NatsClient::connect(opts.nats);
+  // A closed connection (reconnects exhausted) reaches the driver as a message without subject.
+  State* raw = state.get();
+  actors::nats::NatsEventHandlers handlers;
+  handlers.on_closed = [raw] {
+    {
+      std::lock_guard lock{raw->mutex};
+      raw->incoming.push_back(Incoming{{}, {}, Clock::now()});
+    }
+    raw->signal.notify_one();
+  };
+  auto client = NatsClient::connect(opts.nats, std::move(handlers));
   if (!client) return std::unexpected(client.error());
   state->client = std::move(*client);
   state->inbox = state->client->new_inbox();
@@ -571,7 +606,6 @@ std::expected<std::unique_ptr<LiveReplay>, std::string> LiveReplay::connect(
   }
 
   // 3. One subscription carries every reply: decisions, chunks and acks.
-  State* raw = state.get();
   auto subscription = state->client->subscribe(state->inbox + ".>", [raw](NatsMessage message) {
     Incoming item{std::move(message.subject), std::move(message.data), Clock::now()};
     {

@@ -13,7 +13,6 @@
 #include <mutex>
 
 #include <benchmark/benchmark.h>
-#include <fmt/format.h>
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/event_based_actor.hpp>
@@ -21,6 +20,7 @@
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
+#include <fmt/format.h>
 
 #include "actors/actor_types.hpp"
 #include "actors/discovery/discovery_actor.hpp"
@@ -104,11 +104,7 @@ void issue(Client self) {
   actors::RouteRequestMessage message{shared.prototypes[n % shared.prototypes.size()]};
   message.value.set_request_id(fmt::format("{:016x}", shared.base_sequence + n));
   const Clock::time_point sent = Clock::now();
-  static const bool xp_infinite = std::getenv("XP_INFINITE") != nullptr;  // EXPERIMENT
-  auto send = [&](auto timeout) {
-    return self->request(shared.ingress, timeout, actors::route_atom::value, std::move(message));
-  };
-  (xp_infinite ? send(caf::infinite) : send(caf::duration{std::chrono::seconds(5)}))
+  self->request(shared.ingress, 5s, actors::route_atom::value, std::move(message))
       .then(
           [self, sent](actors::RouteDecisionMessage& decision) {
             auto& state = self->state;
@@ -197,11 +193,6 @@ class LocalNode {
  public:
   LocalNode() {
     config_.set("scheduler.max-threads", 2);
-    // EXPERIMENT
-    if (const char* v = std::getenv("XP_POLICY")) config_.set("scheduler.policy", caf::atom_from_string(v));
-    if (const char* v = std::getenv("XP_MOD_ATTEMPTS")) config_.set("work-stealing.moderate-poll-attempts", static_cast<std::size_t>(std::atoi(v)));
-    if (const char* v = std::getenv("XP_AGG_ATTEMPTS")) config_.set("work-stealing.aggressive-poll-attempts", static_cast<std::size_t>(std::atoi(v)));
-    if (const char* v = std::getenv("XP_MOD_SLEEP_US")) config_.set("work-stealing.moderate-sleep-duration", caf::timespan{std::atoi(v) * 1000L});
     config_.add_message_types<caf::id_block::kvr_actors>();
     system_ = std::make_unique<caf::actor_system>(config_);
     plugins::RouterPluginRegistry registry;

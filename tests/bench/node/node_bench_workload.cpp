@@ -10,9 +10,9 @@
 #include <unordered_set>
 
 #include <arpa/inet.h>
-#include <sys/resource.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 

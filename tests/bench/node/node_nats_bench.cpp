@@ -69,8 +69,6 @@ NodeEnvironment::NodeEnvironment() {
   actors::NodeOptions options;
   options.nats.url = server_->url();
   options.nats.name = "kvr-bench-node";
-  if (std::getenv("XP_NODE_NO_ASAP")) options.nats.send_asap = false;  // EXPERIMENT
-  if (const char* v = std::getenv("XP_THREADS")) options.scheduler_threads = std::atoi(v);  // EXPERIMENT
   options.ns = std::string{kNamespace};
   options.router.block_size = kBlockSize;
   options.lease_ttl = 1s;
@@ -219,8 +217,7 @@ class NatsLoad {
     }
     LoadResult result;
     result.cpu_seconds = process_cpu_seconds() - cpu_before;
-    result.server_cpu_seconds =
-        process_cpu_seconds(environment_.server_pid()) - server_cpu_before;
+    result.server_cpu_seconds = process_cpu_seconds(environment_.server_pid()) - server_cpu_before;
     result.seconds =
         std::max(0.0, std::chrono::duration<double>(last_reply_.load() - start).count());
     // Late replies (after a timed-out run) send nothing more.
