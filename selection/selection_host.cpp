@@ -187,7 +187,7 @@ WorkerSelectionPolicyError SelectionHost::non_finite_cost(
           fmt::format("scorer {} ({}) gave {} a non-finite or unwritten cost ({})", scorer,
                       scorer_names_[scorer], row_name(i, candidates[i].worker()), costs[i]));
     }
-    if (!std::isfinite(total_costs_[i])) {
+    if (!std::isfinite(total_cost(i))) {
       return WorkerSelectionPolicyError::host(
           Kind::NonFiniteCost,
           fmt::format("the total cost of {} is not finite after scorer {} ({})",
@@ -200,7 +200,12 @@ WorkerSelectionPolicyError SelectionHost::non_finite_cost(
 std::expected<void, WorkerSelectionPolicyError> SelectionHost::run_scorers(
     const WorkerSelectionContext& context) {
   const std::size_t count = rows_.size();
-  total_costs_.resize(count);
+  // One scorer: its column is the total. None: every total is 0.
+  if (scorers_.empty()) {
+    total_costs_.assign(count, 0.0);
+  } else {
+    total_costs_.resize(scorers_.size() > 1 ? count : 0);
+  }
   scorer_costs_.resize(scorers_.size() * count);
   for (std::size_t s = 0; s < scorers_.size(); ++s) {
     WorkerScorer& scorer = *scorers_[s];
@@ -222,8 +227,10 @@ std::expected<void, WorkerSelectionPolicyError> SelectionHost::run_scorers(
     // is looked up for the message only when something was.
     bool all_finite = true;
     if (s == 0) {
+      // A single scorer's column is the total (total_cost() reads it there): no copy.
+      const bool copy = scorers_.size() > 1;
       for (std::size_t i = 0; i < count; ++i) {
-        total_costs_[i] = costs[i];
+        if (copy) total_costs_[i] = costs[i];
         all_finite &= std::isfinite(costs[i]);
       }
     } else {
@@ -309,7 +316,7 @@ std::expected<SelectionResult, WorkerSelectionPolicyError> SelectionHost::select
   scored_.resize(count);
   for (std::size_t i = 0; i < count; ++i) {
     scored_[i] = ScoredWorkerCandidate{
-        descriptors_[rows_[i]].worker, total_costs_[i],
+        descriptors_[rows_[i]].worker, total_cost(i),
         picker_taint ? std::optional<double>{taint_multiplier(i)} : std::nullopt};
   }
   const WorkerInputView view{scored_,
@@ -339,7 +346,7 @@ std::expected<SelectionResult, WorkerSelectionPolicyError> SelectionHost::select
   const std::size_t row = *picked;
   SelectionResult result;
   result.worker = scored_[row].worker();
-  result.total_cost = total_costs_[row];
+  result.total_cost = total_cost(row);
   for (std::size_t s = 0; s < scorers_.size(); ++s) {
     result.scorer_costs.push_back(scorer_costs_[s * count + row]);
   }

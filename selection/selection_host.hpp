@@ -147,6 +147,10 @@ class SelectionHost {
   bool eligible(const SelectionRequest& request, const WorkerDescriptor& descriptor) const;
   /// Rebuilds candidates_ for the current rows, exposing only the groups in `inputs`.
   std::span<const WorkerCandidate> candidates_for(WorkerInputs inputs);
+  /// The summed cost of row `i` (with one scorer, its column).
+  double total_cost(std::size_t i) const {
+    return scorers_.size() == 1 ? scorer_costs_[i] : total_costs_[i];
+  }
   /// The preferred-taint multiplier of the current row `i`.
   double taint_multiplier(std::size_t i) const {
     return uniform_taint_multiplier_ ? 1.0 : taint_multipliers_[i];
