@@ -274,14 +274,20 @@ int run_live_replay(const ReplayCommandOptions& options) {
 
   // The common table; live latencies are wall-clock, as the client measured them.
   std::string table = simulation::format_table(report);
-  if (const auto at = table.find("ms of simulated time"); at != std::string::npos) {
-    table.replace(at, std::string_view{"ms of simulated time"}.size(),
-                  "ms of wall-clock time, measured by this client");
+  for (const auto& [simulated, live_text] :
+       {std::pair<std::string_view, std::string_view>{"ms of simulated time",
+                                                      "ms of wall-clock time, measured by this "
+                                                      "client"},
+        {"busy = share of time workers ran steps", "busy: not measured live"}}) {
+    if (const auto at = table.find(simulated); at != std::string::npos) {
+      table.replace(at, simulated.size(), live_text);
+    }
   }
   std::cout << table << replay::format_live_summary(result);
   const int written = write_report(options, report, replay::live_report_json(report, result));
   if (written != 0) return written;
-  return result.report.completed > 0 ? 0 : 1;
+  // The report is out either way; a failed request makes the run fail.
+  return result.report.failed == 0 ? 0 : 1;
 }
 }  // namespace
 

@@ -106,10 +106,11 @@ struct LiveReplay::State {
   std::mutex mutex;
   std::condition_variable signal;
   std::vector<Incoming> incoming;
-  // Declared last: destroyed (unsubscribed, callbacks finished) before what they use.
+  // Its callback uses the members above; ~State ends it (and the connection) first.
   std::optional<NatsSubscription> subscription;
 
-  // The subscription, then the connection (whose closed callback queues a message), go first.
+  // The subscription, then the connection (whose closed callback queues a message), end before
+  // the queue they fill.
   ~State() {
     subscription.reset();
     client.reset();
@@ -215,7 +216,7 @@ struct LiveReplay::State {
     ++in_flight;
     if (connection_closed) {
       ++result.route_errors;
-      return fail(index, "the NATS connection is closed");
+      return fail(index, "the NATS connection closed");
     }
     deadlines.emplace(now + options.request_timeout, index);
     auto sent = client->publish_request(subjects::router_route(options.ns),
@@ -423,8 +424,9 @@ struct LiveReplay::State {
     std::vector<Incoming> batch;
     while (ended < trace.size()) {
       const Clock::time_point now = Clock::now();
-      while (next < trace.size() && due(next) <= now) {
-        if (in_flight >= options.concurrency) {
+      // Once the connection is closed, the arrivals left fail at once instead of at their time.
+      while (next < trace.size() && (connection_closed || due(next) <= now)) {
+        if (!connection_closed && in_flight >= options.concurrency) {
           if (counted_as_delayed != next) {
             ++result.delayed_by_cap;
             counted_as_delayed = next;
@@ -438,7 +440,11 @@ struct LiveReplay::State {
       expire(Clock::now());
       if (ended == trace.size()) break;
       std::optional<Clock::time_point> wake;
-      if (next < trace.size() && in_flight < options.concurrency) wake = due(next);
+      if (next < trace.size() && connection_closed) {
+        wake = Clock::now();
+      } else if (next < trace.size() && in_flight < options.concurrency) {
+        wake = due(next);
+      }
       if (!deadlines.empty()) {
         wake = wake ? std::min(*wake, deadlines.top().first) : deadlines.top().first;
       }
