@@ -228,9 +228,9 @@ TEST_F(PredictedLoadReportTest, ReportThatCountsTheBookingsIsNotAddedTwice) {
   ASSERT_TRUE(load_.book(booking("b", kRank0, prompt(4, 2), 32)));
   EXPECT_EQ(project_empty_candidate().active_requests, 2U);  // bookings alone before any report
   // The worker reports both requests; the projection follows the report, not report + bookings.
-  ASSERT_TRUE(load_.update_confirmed(kRank0, ConfirmedLoad{.active_requests = 2,
-                                                            .active_decode_blocks = 8,
-                                                            .active_prefill_tokens = 96}));
+  ASSERT_TRUE(load_.update_confirmed(
+      kRank0,
+      ConfirmedLoad{.active_requests = 2, .active_decode_blocks = 8, .active_prefill_tokens = 96}));
   const auto projection = project_empty_candidate();
   EXPECT_EQ(projection.active_requests, 2U);
   EXPECT_EQ(projection.active_prefill_tokens, 96U);
@@ -239,9 +239,9 @@ TEST_F(PredictedLoadReportTest, ReportThatCountsTheBookingsIsNotAddedTwice) {
 
 TEST_F(PredictedLoadReportTest, BookingsAfterTheReportAddAndReleasesSubtract) {
   ASSERT_TRUE(load_.book(booking("a", kRank0, prompt(4, 1), 64)));
-  ASSERT_TRUE(load_.update_confirmed(kRank0, ConfirmedLoad{.active_requests = 1,
-                                                            .active_decode_blocks = 4,
-                                                            .active_prefill_tokens = 64}));
+  ASSERT_TRUE(load_.update_confirmed(
+      kRank0,
+      ConfirmedLoad{.active_requests = 1, .active_decode_blocks = 4, .active_prefill_tokens = 64}));
   ASSERT_TRUE(load_.book(booking("b", kRank0, prompt(4, 2), 32)));
   auto projection = project_empty_candidate();
   EXPECT_EQ(projection.active_requests, 2U);
