@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "actors/actor_types.hpp"
+#include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_server.hpp"
 
 namespace kvr {
@@ -19,20 +20,9 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::ChildProcess;
+using testing::free_port;
 using testing::NatsServer;
 using testing::wait_until;
-
-std::uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
 
 TEST(NodeActorClientTest, PublishedIngressRoutesAndAcceptsReports) {
   testing::TemporaryDirectory directory;

@@ -20,6 +20,7 @@
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
 #include "messages/subjects.hpp"
+#include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_server.hpp"
 
 namespace kvr {
@@ -30,6 +31,9 @@ using actors::nats::NatsClient;
 using actors::nats::NatsMessage;
 using actors::nats::NatsSubscription;
 using testing::ChildProcess;
+using testing::free_port;
+using testing::http_get;
+using testing::metric;
 using testing::NatsServer;
 using testing::wait_until;
 
@@ -38,55 +42,6 @@ constexpr std::uint32_t kBlockSize = 16;
 // Output tokens of a generation that outlasts a test (minutes at --time-scale 1) and still fits
 // the mockers' 2048 blocks of KV cache.
 constexpr std::uint32_t kLongGeneration = 20'000;
-
-std::uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
-
-std::string http_get(std::uint16_t port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  timeval timeout{2, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = htons(port);
-  std::string response;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
-    const std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (::write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buffer[4096];
-      ssize_t received = 0;
-      while ((received = ::read(fd, buffer, sizeof(buffer))) > 0) {
-        response.append(buffer, static_cast<std::size_t>(received));
-      }
-    }
-  }
-  ::close(fd);
-  return response;
-}
-
-// Sum of every sample of a metric whose name and labels start with `prefix`.
-double metric(const std::string& text, const std::string& prefix) {
-  double sum = 0;
-  std::istringstream lines{text};
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (line.empty() || line.front() == '#' || line.rfind(prefix, 0) != 0) continue;
-    const char next = line.size() > prefix.size() ? line[prefix.size()] : ' ';
-    if (next != ' ' && next != '{' && next != ',' && next != '}') continue;
-    sum += std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return sum;
-}
 
 std::vector<std::uint32_t> prompt(std::size_t tokens, std::uint32_t first) {
   std::vector<std::uint32_t> ids(tokens);

@@ -22,6 +22,7 @@
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
 #include "messages/subjects.hpp"
+#include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_server.hpp"
 
 namespace kvr {
@@ -31,6 +32,9 @@ using namespace std::chrono_literals;
 using actors::nats::NatsClient;
 using actors::nats::NatsMessage;
 using testing::ChildProcess;
+using testing::free_port;
+using testing::http_get;
+using testing::metric;
 using testing::NatsServer;
 using testing::wait_until;
 
@@ -40,57 +44,8 @@ constexpr WorkerId kSecondFleetWorker = 200;
 constexpr std::uint32_t kBlockSize = 16;
 
 // A free loopback TCP port (bound and released; the node binds it right after).
-std::uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
 
 // GET http://127.0.0.1:<port><path>; the whole response (status line, headers, body) or "".
-std::string http_get(std::uint16_t port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  timeval timeout{2, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = htons(port);
-  std::string response;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
-    const std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (::write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buffer[4096];
-      ssize_t received = 0;
-      while ((received = ::read(fd, buffer, sizeof(buffer))) > 0) {
-        response.append(buffer, static_cast<std::size_t>(received));
-      }
-    }
-  }
-  ::close(fd);
-  return response;
-}
-
-// Sum of every sample of a metric whose name and labels start with `prefix`
-// (e.g. `kvr_bad_messages_total{subject="kvr.node.worker.load"`).
-double metric(const std::string& text, const std::string& prefix) {
-  double sum = 0;
-  std::istringstream lines{text};
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (line.empty() || line.front() == '#' || line.rfind(prefix, 0) != 0) continue;
-    const char next = line.size() > prefix.size() ? line[prefix.size()] : ' ';
-    if (next != ' ' && next != '{' && next != ',' && next != '}') continue;
-    sum += std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return sum;
-}
 
 std::vector<std::uint32_t> prompt(std::size_t tokens, std::uint32_t first) {
   std::vector<std::uint32_t> ids(tokens);
@@ -444,16 +399,7 @@ TEST_F(NodeTest, AFloodOfBadMessagesLeavesMemoryBoundedAndServing) {
   const std::string options = asan != nullptr && *asan != '\0' ? std::string{asan} + ":" : "";
   setenv("ASAN_OPTIONS", (options + "quarantine_size_mb=1").c_str(), 1);
   start_cluster();
-  const auto bad_total = [&] {
-    const std::string text = metrics_text();
-    double total = 0;
-    for (std::size_t at = text.find("kvr_bad_messages_total{"); at != std::string::npos;
-         at = text.find("kvr_bad_messages_total{", at + 1)) {
-      const std::size_t value = text.find("} ", at);
-      if (value != std::string::npos) total += std::stod(text.substr(value + 2));
-    }
-    return total;
-  };
+  const auto bad_total = [&] { return metric(metrics_text(), "kvr_bad_messages_total"); };
   // A first round grows the node to its working size (buffers, log rate limiter, metrics).
   const auto flood = [&](int rounds, int offset) {
     for (int i = 0; i < rounds; ++i) {

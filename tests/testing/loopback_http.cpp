@@ -1,0 +1,62 @@
+#include "tests/testing/loopback_http.hpp"
+
+#include <sstream>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+namespace kvr::testing {
+
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+std::string http_get(std::uint16_t port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  timeval timeout{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(port);
+  std::string response;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
+    const std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (::write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buffer[4096];
+      ssize_t received = 0;
+      while ((received = ::read(fd, buffer, sizeof(buffer))) > 0) {
+        response.append(buffer, static_cast<std::size_t>(received));
+      }
+    }
+  }
+  ::close(fd);
+  return response;
+}
+
+// Sum of every sample of a metric whose name and labels start with `prefix`.
+double metric(const std::string& text, const std::string& prefix) {
+  double sum = 0;
+  std::istringstream lines{text};
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line.front() == '#' || line.rfind(prefix, 0) != 0) continue;
+    const char next = line.size() > prefix.size() ? line[prefix.size()] : ' ';
+    if (next != ' ' && next != '{' && next != ',' && next != '}') continue;
+    sum += std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return sum;
+}
+
+}  // namespace kvr::testing
