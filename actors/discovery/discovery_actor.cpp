@@ -52,6 +52,9 @@ caf::actor spawn_selector(Self self, const PartitionKey& key) {
   // ends every selector.
   auto selector = self->spawn<caf::linked>(selector_actor, std::move(config));
   state.selectors.emplace(key, selector);
+  for (const caf::actor& subscriber : state.selector_subscribers) {
+    self->send(subscriber, selectors_atom::value, key.first, key.second, selector);
+  }
   spdlog::info("kvr node: serving partition {}/{}", key.first, key.second);
   return selector;
 }
@@ -142,6 +145,13 @@ caf::behavior discovery_actor(Self self, DiscoveryActorConfig config) {
       },
       [self](watch_atom, const caf::actor& watcher) {
         if (watcher) self->state.watchers.push_back(watcher);
+      },
+      [self](selectors_atom, const caf::actor& subscriber) {
+        if (!subscriber) return;
+        self->state.selector_subscribers.push_back(subscriber);
+        for (const auto& [key, selector] : self->state.selectors) {
+          self->send(subscriber, selectors_atom::value, key.first, key.second, selector);
+        }
       },
   };
 }

@@ -16,7 +16,11 @@
 //   removed(std::vector<WorkerId>)                   — from a selector: these workers expired
 //                                                      or deregistered; forwarded to watchers;
 //   watch(caf::actor)                                — the sender of `actor` (the lifecycle
-//                                                      actor) gets every removed(...) from now.
+//                                                      actor) gets every removed(...) from now;
+//   selectors(caf::actor)                            — `actor` (the reservation actor) gets
+//                                                      selectors(model, group, selector) for every
+//                                                      partition, now and when one is spawned, so
+//                                                      that it can skip this actor's hop.
 // Messages from a worker it does not know (heartbeat, load, KV events) make it ask the workers to
 // register again (at most once per throttle period). Spawned by the router node. It must never
 // block, throw, touch a selector's state, or call NATS request().
@@ -55,6 +59,8 @@ struct DiscoveryActorState {
   std::chrono::steady_clock::time_point last_discovery_request{};
   /// Told of every worker removal (removed_atom).
   std::vector<caf::actor> watchers;
+  /// Told of every selector (selectors_atom); selectors live as long as this actor.
+  std::vector<caf::actor> selector_subscribers;
 };
 
 /// The discovery actor's behaviour.

@@ -25,10 +25,20 @@ Error request_error(const caf::error& error) {
   return Error::unavailable;
 }
 
+// The partition's selector when the discovery actor announced it, else the discovery actor,
+// which delegates to the selector or answers that the partition has no workers.
+const caf::actor& selector_for(Self self, const plugins::worker_selection::RoutingPartition& p) {
+  auto& state = self->state;
+  const auto it =
+      state.selectors.find(std::pair<std::string_view, std::string_view>{p.model, p.routing_group});
+  return it == state.selectors.end() ? state.config.discovery : it->second;
+}
+
 // Sends a booking change to the partition's selector; the caller only logs a failure. Nobody
 // waits for the answer, so it needs no timeout (a lost one only goes unlogged).
 void update_booking(Self self, BookingUpdate update) {
-  self->request(self->state.config.discovery, caf::infinite, booking_atom::value, std::move(update))
+  const caf::actor& selector = selector_for(self, update.partition);
+  self->request(selector, caf::infinite, booking_atom::value, std::move(update))
       .then([](const BookingUpdateReply&) {},
             [self](const caf::error& error) {
               self->state.config.log->warn(
@@ -117,8 +127,8 @@ caf::response_promise handle_route(Self self, RouteEnvelope& envelope) {
                                ReservationActorState::PendingRoute{std::move(envelope), promise});
   // No CAF timeout: the expiry timer answers a request its selector leaves unanswered, and a
   // late reply finds no pending entry (its booking then expires with its lease, as before).
-  self->request(state.config.discovery, caf::infinite, route_atom::value,
-                std::move(selector_request))
+  const caf::actor& selector = selector_for(self, selector_request.partition);
+  self->request(selector, caf::infinite, route_atom::value, std::move(selector_request))
       .then(
           [self, id](SelectorReply& reply) {
             auto pending = self->state.pending_routes.extract(id);
@@ -174,7 +184,8 @@ caf::response_promise handle_report(Self self, ReportEnvelope& envelope) {
   const std::uint64_t id = add_pending(self);
   state.pending_reports.emplace(id,
                                 ReservationActorState::PendingReport{std::move(envelope), promise});
-  self->request(state.config.discovery, caf::infinite, booking_atom::value, std::move(update))
+  const caf::actor& selector = selector_for(self, update.partition);
+  self->request(selector, caf::infinite, booking_atom::value, std::move(update))
       .then(
           [self, id](const BookingUpdateReply& reply) {
             auto pending = self->state.pending_reports.extract(id);
@@ -223,10 +234,15 @@ caf::behavior reservation_actor(Self self, ReservationActorConfig config) {
   self->state.config = std::move(config);
   self->state.ledger.emplace(self->state.config.lease_prefix);
   publish_leases_gauge(self);
+  self->send(self->state.config.discovery, selectors_atom::value,
+             caf::actor_cast<caf::actor>(self));
   self->delayed_send(self, self->state.config.tick_interval, expire_atom::value);
   return {
       [self](route_atom, RouteEnvelope& envelope) { return handle_route(self, envelope); },
       [self](report_atom, ReportEnvelope& envelope) { return handle_report(self, envelope); },
+      [self](selectors_atom, std::string& model, std::string& group, caf::actor& selector) {
+        self->state.selectors[std::pair{std::move(model), std::move(group)}] = std::move(selector);
+      },
       [self](expire_atom) {
         auto& state = self->state;
         fail_overdue(self, Clock::now());
