@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <caf/actor.hpp>
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
 #include <caf/error.hpp>
@@ -70,12 +71,15 @@ struct BookingUpdate {
   AffinityAction affinity = AffinityAction::none;
 };
 
-/// A generate request on its way from the NATS bridge to the lifecycle actor.
+/// A generate request on its way from the NATS bridge or the ingress actor to the lifecycle actor.
 struct GenerateEnvelope {
   GenerateRequestData request;
   /// NATS subject the first RouteDecision is published on; empty: none.
   std::string reply_subject;
   std::chrono::steady_clock::time_point received;
+  /// An actor client: gets the first RouteDecision as the response to its request and the chunks
+  /// as (chunk_atom, GenerateChunkMessage); the NATS subjects are then unused.
+  caf::actor stream_actor;
 };
 
 /// A worker's chunk that arrived on the node's stream inbox `<prefix>.<stream_id>`.
@@ -98,11 +102,15 @@ struct ProtoMessage {
   Proto value;
 };
 
-/// RouteRequest → RouteDecision, LifecycleReport → LifecycleAck (messages/kvr/v1/routing.proto).
+/// RouteRequest → RouteDecision, LifecycleReport → LifecycleAck, GenerateRequest → RouteDecision
+/// plus a GenerateChunk stream, GenerateCancel (messages/kvr/v1/routing.proto).
 using RouteRequestMessage = ProtoMessage<v1::RouteRequest>;
 using RouteDecisionMessage = ProtoMessage<v1::RouteDecision>;
 using LifecycleReportMessage = ProtoMessage<v1::LifecycleReport>;
 using LifecycleAckMessage = ProtoMessage<v1::LifecycleAck>;
+using GenerateRequestMessage = ProtoMessage<v1::GenerateRequest>;
+using GenerateChunkMessage = ProtoMessage<v1::GenerateChunk>;
+using GenerateCancelMessage = ProtoMessage<v1::GenerateCancel>;
 
 template <class Inspector, class Proto>
 typename Inspector::result_type inspect(Inspector& f, ProtoMessage<Proto>& x) {
@@ -140,6 +148,9 @@ CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::RouteRequestMessage))
 CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::RouteDecisionMessage))
 CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::LifecycleReportMessage))
 CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::LifecycleAckMessage))
+CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::GenerateRequestMessage))
+CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::GenerateChunkMessage))
+CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::GenerateCancelMessage))
 CAF_ADD_ATOM(kvr_actors, kvr::actors, route_atom, "route")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, report_atom, "report")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, worker_up_atom, "worker_up")
@@ -164,13 +175,18 @@ namespace kvr::actors {
 
 /// The published ingress actor, the request API for actor clients (local or remote):
 ///  - route: a RouteRequest → its RouteDecision (success with a lease, or an explicit error);
-///  - report: a LifecycleReport against a lease → LifecycleAck.
-/// Generate (proxy) mode is served over NATS only (kvr.<ns>.router.generate): actor clients use
-/// route mode and dispatch to the worker themselves.
+///  - report: a LifecycleReport against a lease → LifecycleAck;
+///  - generate: a GenerateRequest (its stream_subject is ignored) → the first RouteDecision, and
+///    the response streamed to the requesting actor as (chunk_atom, GenerateChunkMessage)
+///    messages, the last with `finished` set; the node retries a worker failure before the first
+///    token as over NATS. A client that terminates cancels its requests;
+///  - cancel: a GenerateCancel for a request the client started here.
 /// A remote client registers caf::id_block::kvr_actors with its actor_system_config and
 /// connects with middleman().remote_actor<ingress_actor>(host, port).
 using ingress_actor = caf::typed_actor<
     caf::replies_to<route_atom, RouteRequestMessage>::with<RouteDecisionMessage>,
-    caf::replies_to<report_atom, LifecycleReportMessage>::with<LifecycleAckMessage>>;
+    caf::replies_to<report_atom, LifecycleReportMessage>::with<LifecycleAckMessage>,
+    caf::replies_to<generate_atom, GenerateRequestMessage>::with<RouteDecisionMessage>,
+    caf::reacts_to<cancel_atom, GenerateCancelMessage>>;
 
 }  // namespace kvr::actors

@@ -1,5 +1,7 @@
 #include "actors/ingress/ingress_actor.hpp"
 
+#include <caf/actor_cast.hpp>
+#include <caf/send.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/typed_response_promise.hpp>
 
@@ -37,6 +39,39 @@ ingress_actor::behavior_type ingress_actor_impl(ingress_actor::pointer self,
         promise.delegate(config.reservation, report_atom::value,
                          ReportEnvelope{std::move(*report), {}});
         return promise;
+      },
+      [self, config](generate_atom,
+                     GenerateRequestMessage& message) -> caf::result<RouteDecisionMessage> {
+        config.metrics->add("kvr_generate_requests_total", {{"ingress", "actor"}});
+        const std::string& request_id = message.value.route().request_id();
+        const auto refuse = [&](Error code, std::string text) {
+          config.metrics->add("kvr_route_errors_total", {{"code", std::string{as_str(code)}}});
+          return RouteDecisionMessage{make_route_error(request_id, code, text)};
+        };
+        auto client = caf::actor_cast<caf::actor>(self->current_sender());
+        if (!client) {
+          return refuse(Error::invalid_request,
+                        "generate needs a sender actor to stream the response to");
+        }
+        if (!config.lifecycle) return refuse(Error::unavailable, "generate is not served here");
+        auto request = decode_generate_request(message.value, config.block_size, config.limits,
+                                               StreamTo::actor);
+        if (!request) return refuse(request.error().code, request.error().message);
+        // Delegated: the lifecycle actor answers with the first decision (always: a route
+        // failure, a retry's end and shutdown each end the request with an explicit error).
+        auto promise = self->make_response_promise<RouteDecisionMessage>();
+        promise.delegate(
+            config.lifecycle, generate_atom::value,
+            GenerateEnvelope{
+                std::move(*request), {}, std::chrono::steady_clock::now(), std::move(client)});
+        return promise;
+      },
+      [config](cancel_atom, GenerateCancelMessage& message) {
+        // anon_send: a typed actor may only send() to typed actors.
+        if (config.lifecycle && !message.value.request_id().empty()) {
+          caf::anon_send(config.lifecycle, cancel_atom::value,
+                         std::move(*message.value.mutable_request_id()));
+        }
       },
   };
 }

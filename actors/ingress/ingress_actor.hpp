@@ -6,7 +6,10 @@
 // Messages it handles: route(RouteRequestMessage) → RouteDecisionMessage: validates and hashes
 // the request (an invalid one gets an explicit error decision) and delegates it to the reservation
 // actor, which answers the client (always: its own request to the selector carries the timeout);
-// report(LifecycleReportMessage) → LifecycleAckMessage: validates and delegates it likewise.
+// report(LifecycleReportMessage) → LifecycleAckMessage: validates and delegates it likewise;
+// generate(GenerateRequestMessage) → RouteDecisionMessage: validates it and delegates it to the
+// lifecycle actor, which answers with the first decision and streams the chunks to the sender;
+// cancel(GenerateCancelMessage): hands the request id to the lifecycle actor.
 // Spawned by the router node. It must never block, throw, or leave a client without an answer.
 #pragma once
 
@@ -24,12 +27,11 @@ namespace kvr::actors {
 /// What the ingress actor is spawned with.
 struct IngressActorConfig {
   caf::actor reservation;
+  /// Serves generate requests; without it they are refused (unavailable).
+  caf::actor lifecycle;
   std::uint32_t block_size = 16;
   RouteDecodeLimits limits;
   std::shared_ptr<metrics::MetricsRegistry> metrics;
-  /// Unused since requests are delegated (the reservation actor's selector timeout bounds every
-  /// answer); kept so that existing configurations compile.
-  std::chrono::milliseconds timeout{5'000};
 };
 
 /// The ingress actor's behaviour.

@@ -5,18 +5,21 @@
 namespace kvr::actors {
 
 std::expected<GenerateRequestData, RouteFailure> decode_generate_request(
-    const v1::GenerateRequest& wire, std::uint32_t block_size, const RouteDecodeLimits& limits) {
+    const v1::GenerateRequest& wire, std::uint32_t block_size, const RouteDecodeLimits& limits,
+    StreamTo stream_to) {
   const auto invalid = [](std::string message) {
     return std::unexpected(RouteFailure{Error::invalid_request, std::move(message)});
   };
   if (!wire.has_route()) return invalid("route: missing");
-  if (wire.stream_subject().empty()) return invalid("stream_subject: empty");
-  // Subjects are bounded like ids, with room for an inbox prefix.
-  if (wire.stream_subject().size() > limits.max_id_length * 2) {
-    return invalid(fmt::format("stream_subject: longer than {} bytes", limits.max_id_length * 2));
-  }
-  if (wire.stream_subject().find_first_of(" \t\r\n*>") != std::string::npos) {
-    return invalid("stream_subject: contains whitespace or a wildcard");
+  if (stream_to == StreamTo::subject) {
+    if (wire.stream_subject().empty()) return invalid("stream_subject: empty");
+    // Subjects are bounded like ids, with room for an inbox prefix.
+    if (wire.stream_subject().size() > limits.max_id_length * 2) {
+      return invalid(fmt::format("stream_subject: longer than {} bytes", limits.max_id_length * 2));
+    }
+    if (wire.stream_subject().find_first_of(" \t\r\n*>") != std::string::npos) {
+      return invalid("stream_subject: contains whitespace or a wildcard");
+    }
   }
   std::uint32_t output_tokens = wire.max_output_tokens();
   if (output_tokens == 0 && wire.route().has_expected_output_tokens()) {
@@ -29,7 +32,7 @@ std::expected<GenerateRequestData, RouteFailure> decode_generate_request(
   if (!route) return std::unexpected(std::move(route.error()));
   GenerateRequestData data;
   data.route = std::move(*route);
-  data.stream_subject = wire.stream_subject();
+  if (stream_to == StreamTo::subject) data.stream_subject = wire.stream_subject();
   data.wire = wire;
   return data;
 }

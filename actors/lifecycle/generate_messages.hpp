@@ -23,18 +23,25 @@ inline constexpr std::uint32_t kMaxGenerateOutputTokens = std::uint32_t{1} << 20
 struct GenerateRequestData {
   /// The routing part (tokens hashed at the router's block size).
   RouteRequestData route;
-  /// Where the client reads its GenerateChunk stream.
+  /// Where the client reads its GenerateChunk stream; empty when it streams to an actor.
   std::string stream_subject;
   /// The request as received; re-sent to the worker with the node's stream subject and rank.
   v1::GenerateRequest wire;
 };
 
+/// Where a client reads its response stream.
+enum class StreamTo : std::uint8_t {
+  subject,  ///< the request's NATS stream_subject (NATS clients)
+  actor,    ///< the requesting actor (actor clients); stream_subject is ignored
+};
+
 /// Validates a wire request: its route as decode_route_request does, a non-empty bounded
-/// stream subject, and output tokens in [1, kMaxGenerateOutputTokens] (max_output_tokens, else
-/// route.expected_output_tokens). The failure's code is Error::invalid_request.
+/// stream subject when streaming to a subject, and output tokens in [1, kMaxGenerateOutputTokens]
+/// (max_output_tokens, else route.expected_output_tokens). The failure's code is
+/// Error::invalid_request.
 std::expected<GenerateRequestData, RouteFailure> decode_generate_request(
-    const v1::GenerateRequest& wire, std::uint32_t block_size,
-    const RouteDecodeLimits& limits = {});
+    const v1::GenerateRequest& wire, std::uint32_t block_size, const RouteDecodeLimits& limits = {},
+    StreamTo stream_to = StreamTo::subject);
 
 /// The request the node publishes on the chosen worker's generate subject: the client's request
 /// with the node's `stream_subject` and the chosen rank.

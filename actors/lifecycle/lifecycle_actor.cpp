@@ -39,11 +39,39 @@ GenerateFlight* find_flight(Self self, std::uint64_t stream_id) {
   return it == self->state.flights.end() ? nullptr : &it->second;
 }
 
-// Publishes the first RouteDecision on the request's reply subject (once).
+// Sends the first RouteDecision (once): the response to an actor client, else on the request's
+// reply subject.
 void publish_decision(Self self, GenerateFlight& flight, const v1::RouteDecision& decision) {
+  if (flight.stream_actor) {
+    if (flight.decision_promise.pending()) {
+      flight.decision_promise.deliver(RouteDecisionMessage{decision});
+    }
+    return;
+  }
   if (flight.reply_subject.empty()) return;
   self->state.config.publisher->publish(flight.reply_subject, decision.SerializeAsString());
   flight.reply_subject.clear();
+}
+
+// Sends one chunk of the client's stream: to its actor, else on its stream subject.
+void send_chunk(Self self, const GenerateFlight& flight, const v1::GenerateChunk& chunk) {
+  if (flight.stream_actor) {
+    self->send(flight.stream_actor, chunk_atom::value, GenerateChunkMessage{chunk});
+  } else {
+    self->state.config.publisher->publish(flight.request.stream_subject, chunk.SerializeAsString());
+  }
+}
+
+// Counts an actor client's flights: the first is monitored, the last stops the monitoring.
+void track_client(Self self, const caf::actor& client) {
+  if (++self->state.monitored_clients[client.address()] == 1) self->monitor(client);
+}
+void untrack_client(Self self, const caf::actor& client) {
+  auto& clients = self->state.monitored_clients;
+  const auto it = clients.find(client.address());
+  if (it == clients.end() || --it->second > 0) return;
+  self->demonitor(client.address());
+  clients.erase(it);
 }
 
 // Sends a booking change to the partition's selector; a failure is only logged (the selector's
@@ -72,6 +100,7 @@ void maybe_forget(Self self, std::uint64_t stream_id) {
   if (index != state.by_request_id.end() && index->second == stream_id) {
     state.by_request_id.erase(index);
   }
+  if (it->second.stream_actor) untrack_client(self, it->second.stream_actor);
   state.flights.erase(it);
   update_in_flight(self);
 }
@@ -151,7 +180,7 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
   }
   // Classifier events (step.classifier_events) have no receiver yet: the node runs no classifier.
   if (step.forward_chunk && chunk != nullptr) {
-    config.publisher->publish(flight->request.stream_subject, chunk->SerializeAsString());
+    send_chunk(self, *flight, *chunk);
     ++flight->relayed;
     if (flight->lifecycle.state() == RequestState::Completed) {
       config.metrics->add("kvr_generate_outcomes_total", {{"outcome", "completed"}});
@@ -162,9 +191,7 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
     publish_decision(
         self, *flight,
         make_route_error(request_id, end.error.value_or(Error::unavailable), end.message));
-    config.publisher->publish(
-        flight->request.stream_subject,
-        make_end_chunk(request_id, flight->relayed, end, worker).SerializeAsString());
+    send_chunk(self, *flight, make_end_chunk(request_id, flight->relayed, end, worker));
     ++flight->relayed;
     config.metrics->add("kvr_generate_outcomes_total", {{"outcome", end.finish_reason}});
   }
@@ -236,11 +263,20 @@ void route_flight(Self self, std::uint64_t stream_id) {
             });
 }
 
-// Refuses a request at once: on its reply subject and its stream.
+// Refuses a request at once: its decision (the response to an actor client, else on its reply
+// subject) and its stream.
 void refuse(Self self, const GenerateEnvelope& envelope, Error code, const std::string& message) {
   auto& config = self->state.config;
   const std::string& request_id = envelope.request.route.request_id;
   config.metrics->add("kvr_route_errors_total", {{"code", std::string{as_str(code)}}});
+  if (envelope.stream_actor) {
+    self->make_response_promise().deliver(
+        RouteDecisionMessage{make_route_error(request_id, code, message)});
+    self->send(envelope.stream_actor, chunk_atom::value,
+               GenerateChunkMessage{
+                   make_end_chunk(request_id, 0, StreamEnd{"error", code, message}, std::nullopt)});
+    return;
+  }
   if (!envelope.reply_subject.empty()) {
     config.publisher->publish(envelope.reply_subject,
                               make_route_error(request_id, code, message).SerializeAsString());
@@ -273,6 +309,22 @@ caf::behavior lifecycle_actor(Self self, LifecycleActorConfig config) {
     }
     self->quit(message.reason);
   });
+  // An actor client that terminated reads no more: cancel its requests (at the worker too).
+  self->set_down_handler([self](caf::down_msg& message) {
+    std::vector<std::uint64_t> ids;
+    for (const auto& [id, flight] : self->state.flights) {
+      if (flight.stream_actor && flight.stream_actor.address() == message.source &&
+          !flight.lifecycle.ended()) {
+        ids.push_back(id);
+      }
+    }
+    self->state.monitored_clients.erase(message.source);
+    for (std::uint64_t id : ids) {
+      if (GenerateFlight* flight = find_flight(self, id)) {
+        apply(self, id, flight->lifecycle.cancel("the client actor terminated"));
+      }
+    }
+  });
   return {
       [self](generate_atom, GenerateEnvelope& envelope) {
         auto& state = self->state;
@@ -286,6 +338,11 @@ caf::behavior lifecycle_actor(Self self, LifecycleActorConfig config) {
         auto [it, inserted] = state.flights.try_emplace(stream_id, std::move(envelope.request),
                                                         state.config.lifecycle);
         it->second.reply_subject = std::move(envelope.reply_subject);
+        if (envelope.stream_actor) {
+          it->second.decision_promise = self->make_response_promise();
+          it->second.stream_actor = std::move(envelope.stream_actor);
+          track_client(self, it->second.stream_actor);
+        }
         state.by_request_id.emplace(request_id, stream_id);
         update_in_flight(self);
         route_flight(self, stream_id);

@@ -12,12 +12,15 @@
 // client's stream and reply subjects, the current worker's generate subject), request id →
 // stream id, and the next stream id.
 // Messages it handles (atoms in actors/actor_types.hpp):
-//   generate(GenerateEnvelope)       — a client's request (from the NATS bridge);
+//   generate(GenerateEnvelope)       — a client's request (from the NATS bridge, or from the
+//                                      ingress for an actor client: then it responds with the
+//                                      first RouteDecision and streams chunks to that actor);
 //   cancel(std::string request_id)   — the client's GenerateCancel (ignored when not served here);
 //   chunk(ChunkEnvelope)             — a worker's chunk on the node's stream inbox;
 //   removed(std::vector<WorkerId>)   — from the discovery actor (it is a watcher): workers left;
 //   deadline(stream id, attempt)     — its own timer: the attempt's first-token timeout;
-//   an exit message (node shutdown)  — every request in flight ends with an explicit error.
+//   an exit message (node shutdown)  — every request in flight ends with an explicit error;
+//   a down message (actor client)    — the client's requests in flight are cancelled.
 // It registers itself with the discovery actor (watch) when spawned. Spawned by the router node.
 // Every request it makes carries a finite timeout; it must never block, throw, share its state,
 // or call NATS request(). Classifier events of the steps are not delivered yet (the node has no
@@ -26,13 +29,16 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
 
 #include <caf/actor.hpp>
+#include <caf/actor_addr.hpp>
 #include <caf/behavior.hpp>
+#include <caf/response_promise.hpp>
 #include <caf/stateful_actor.hpp>
 
 #include "actors/lifecycle/generate_messages.hpp"
@@ -69,6 +75,10 @@ struct GenerateFlight {
   GenerateRequestData request;
   /// Where the first RouteDecision goes; cleared once sent.
   std::string reply_subject;
+  /// An actor client's stream (instead of the NATS subjects), and the response to its generate
+  /// request, which carries the first RouteDecision (delivered once).
+  caf::actor stream_actor;
+  caf::response_promise decision_promise;
   /// The current (or last) attempt's worker generate subject.
   std::string generate_subject;
   /// Numbers the dispatches; a first-token deadline names the attempt it guards.
@@ -87,6 +97,8 @@ struct LifecycleActorState {
   std::unordered_map<std::uint64_t, GenerateFlight> flights;
   std::unordered_map<std::string, std::uint64_t> by_request_id;
   std::uint64_t next_stream_id = 1;
+  /// Actor clients with requests in flight, monitored so that a client's end cancels them.
+  std::map<caf::actor_addr, std::size_t> monitored_clients;
 };
 
 /// The lifecycle actor's behaviour.

@@ -226,10 +226,10 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
 
   impl->ingress =
       system.spawn(ingress_actor_impl, IngressActorConfig{.reservation = impl->reservation,
+                                                          .lifecycle = impl->lifecycle,
                                                           .block_size = opts.router.block_size,
                                                           .limits = {},
-                                                          .metrics = impl->registry,
-                                                          .timeout = opts.selector_timeout * 2});
+                                                          .metrics = impl->registry});
   if (opts.actor_port != 0) {
     auto published =
         system.middleman().publish(impl->ingress, opts.actor_port, opts.bind_host.c_str());

@@ -98,5 +98,93 @@ TEST(NodeActorClientTest, PublishedIngressRoutesAndAcceptsReports) {
   node->stop();
 }
 
+TEST(NodeActorClientTest, PublishedIngressServesGenerateWithAStreamToTheClientActor) {
+  testing::TemporaryDirectory directory;
+  std::string error;
+  auto server = NatsServer::start(&error);
+  ASSERT_TRUE(server) << error;
+  auto mocker =
+      ChildProcess::start({KVR_BINARY, "mocker", "--nats", server->url(), "--namespace", "actorgen",
+                           "--workers", "1", "--worker-id-base", "310", "--block-size", "16",
+                           "--lease-ttl-ms", "2000", "--time-scale", "20"},
+                          directory.path() / "mocker.log");
+  ASSERT_TRUE(mocker);
+  const std::uint16_t actor_port = free_port();
+  auto node =
+      ChildProcess::start({KVR_BINARY, "node", "--nats", server->url(), "--namespace", "actorgen",
+                           "--block-size", "16", "--actor-port", std::to_string(actor_port)},
+                          directory.path() / "node.log");
+  ASSERT_TRUE(node);
+
+  caf::actor_system_config config;
+  config.set("scheduler.max-threads", 2);
+  config.load<caf::io::middleman>();
+  config.add_message_types<caf::id_block::kvr_actors>();
+  caf::actor_system system{config};
+  caf::expected<actors::ingress_actor> ingress{caf::sec::cannot_connect_to_node};
+  ASSERT_TRUE(wait_until(
+      [&] {
+        ingress = system.middleman().remote_actor<actors::ingress_actor>("127.0.0.1", actor_port);
+        return static_cast<bool>(ingress);
+      },
+      20s))
+      << node->log();
+
+  v1::GenerateRequest request;
+  request.mutable_route()->set_model("mock-model");
+  for (std::uint32_t token = 0; token < 40; ++token) {
+    request.mutable_route()->mutable_tokens()->add_ids(token);
+  }
+  request.set_max_output_tokens(5);
+  {
+    caf::scoped_actor self{system};
+    v1::RouteDecision decision;
+    int attempt = 0;
+    // The worker may not have registered yet: ask until a decision names it.
+    ASSERT_TRUE(wait_until(
+        [&] {
+          request.mutable_route()->set_request_id("actor-gen-" + std::to_string(++attempt));
+          self->request(*ingress, 5s, actors::generate_atom::value,
+                        actors::GenerateRequestMessage{request})
+              .receive([&](actors::RouteDecisionMessage& reply) { decision = reply.value; },
+                       [&](caf::error&) { decision.Clear(); });
+          if (!decision.has_success()) {
+            // A refused request still ends its stream: drain that end chunk.
+            self->receive([](actors::chunk_atom, actors::GenerateChunkMessage&) {},
+                          caf::after(1s) >> [] {});
+          }
+          return decision.has_success();
+        },
+        20s))
+        << node->log();
+    EXPECT_EQ(decision.success().worker_id(), 310U);
+
+    // The stream: every generated token in order, the last chunk finished with "length".
+    std::vector<std::uint32_t> tokens;
+    bool finished = false;
+    std::string finish_reason;
+    std::uint32_t next_index = 0;
+    while (!finished) {
+      bool received = false;
+      self->receive(
+          [&](actors::chunk_atom, actors::GenerateChunkMessage& chunk) {
+            received = true;
+            EXPECT_EQ(chunk.value.request_id(), request.route().request_id());
+            EXPECT_EQ(chunk.value.index(), next_index++);
+            tokens.insert(tokens.end(), chunk.value.token_ids().begin(),
+                          chunk.value.token_ids().end());
+            finished = chunk.value.finished();
+            finish_reason = chunk.value.finish_reason();
+          },
+          caf::after(10s) >> [] {});
+      ASSERT_TRUE(received) << "no chunk within 10 s\n" << node->log();
+    }
+    EXPECT_EQ(tokens.size(), 5U);
+    EXPECT_EQ(finish_reason, "length");
+  }
+  ingress = caf::sec::cannot_connect_to_node;
+  node->stop();
+}
+
 }  // namespace
 }  // namespace kvr

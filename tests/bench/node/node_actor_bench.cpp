@@ -226,8 +226,7 @@ class LocalNode {
                               actors::IngressActorConfig{.reservation = reservation_,
                                                          .block_size = kBlockSize,
                                                          .limits = {},
-                                                         .metrics = metrics_,
-                                                         .timeout = 4s});
+                                                         .metrics = metrics_});
     for (std::size_t w = 0; w < kWorkers; ++w) {
       const auto registration = workload_.registration(w);
       caf::anon_send(discovery_, actors::worker_up_atom::value, registration);

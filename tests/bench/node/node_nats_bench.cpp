@@ -5,6 +5,10 @@
 // round-trip percentiles, and the node's own route latency (NATS callback to published decision)
 // and selection latency from its /metrics histograms (interpolated within buckets).
 //
+// BM_NatsEchoFloor runs the same clients against a responder that answers every request at once
+// from its NATS callback with a fixed decision of the node's size: what NATS request/reply alone
+// costs on this machine (client library, nats-server, loopback TCP), the floor under the node.
+//
 // Unreported decisions keep their bookings until the one-second lease expires; the `report`
 // variant publishes a COMPLETED lifecycle report for every decision, as a real client does.
 #include <atomic>
@@ -155,10 +159,11 @@ struct LoadResult {
 // A closed-loop load: every reply sends the slot's next request from the delivery thread.
 class NatsLoad {
  public:
-  NatsLoad(NodeEnvironment& environment, int connections, int outstanding, bool report)
+  NatsLoad(NodeEnvironment& environment, int connections, int outstanding, bool report,
+           std::string route_subject = subjects::router_route(kNamespace))
       : environment_(environment),
         report_(report),
-        route_subject_(subjects::router_route(kNamespace)),
+        route_subject_(std::move(route_subject)),
         report_subject_(subjects::router_report(kNamespace)) {
     for (int c = 0; c < connections; ++c) {
       actors::nats::NatsOptions options;
@@ -336,6 +341,76 @@ void BM_NatsRouteDecisions(benchmark::State& state) {
   state.counters["cpu_us_per_decision"] = result.cpu_seconds * 1e6 / completed;
   state.counters["server_cpu_us_per_decision"] = result.server_cpu_seconds * 1e6 / completed;
 }
+
+// Answers every request on `subject` with the same serialised decision, from the callback.
+class EchoResponder {
+ public:
+  EchoResponder(const std::string& url, const std::string& subject) {
+    actors::nats::NatsOptions options;
+    options.url = url;
+    options.name = "kvr-bench-echo";
+    auto client = actors::nats::NatsClient::connect(options);
+    if (!client) die(client.error());
+    client_ = std::move(*client);
+    v1::RouteDecision decision;
+    auto* success = decision.mutable_success();
+    success->set_worker_id(kFirstWorker);
+    success->set_lease_id("lease-0123456789abcdef-1");
+    success->set_policy("kv-cost");
+    success->set_lease_ttl_ms(1000);
+    success->set_total_cost(42.5);
+    success->set_generate_subject("kvr.bench.worker.1000.generate");
+    auto* cost = success->add_costs();
+    cost->set_scorer("kv-cost");
+    cost->set_cost(42.5);
+    decision.set_request_id(std::string(RequestTemplates::kIdWidth, '0'));
+    reply_ = decision.SerializeAsString();
+    auto subscription = client_->subscribe(subject, [this](actors::nats::NatsMessage message) {
+      if (!message.reply.empty()) (void)client_->publish(message.reply, reply_);
+    });
+    if (!subscription) die(subscription.error());
+    subscription_ = std::move(*subscription);
+    (void)client_->flush(5s);
+  }
+  ~EchoResponder() { subscription_.reset(); }
+
+ private:
+  std::unique_ptr<actors::nats::NatsClient> client_;
+  std::string reply_;
+  std::optional<actors::nats::NatsSubscription> subscription_;
+};
+
+void BM_NatsEchoFloor(benchmark::State& state) {
+  NodeEnvironment& environment = NodeEnvironment::get();
+  const int connections = static_cast<int>(state.range(0));
+  const int outstanding = static_cast<int>(state.range(1));
+  const std::string subject = "kvr-bench.echo";
+  EchoResponder responder{environment.url(), subject};
+  NatsLoad load{environment, connections, outstanding, false, subject};
+  (void)load.run(2'000, 5s);
+  LoadResult result;
+  for (auto _ : state) {
+    result = load.run(60'000, 8s);
+    state.SetIterationTime(result.seconds);
+  }
+  const LatencyPercentiles client = percentiles(result.latencies_us);
+  const double completed = std::max<double>(1, static_cast<double>(result.completed));
+  state.counters["replies_per_s"] = result.seconds > 0 ? completed / result.seconds : 0;
+  state.counters["in_flight"] = connections * outstanding;
+  state.counters["rtt_p50_us"] = client.p50_us;
+  state.counters["rtt_p99_us"] = client.p99_us;
+  state.counters["errors"] = static_cast<double>(result.errors);
+  state.counters["cpu_us_per_reply"] = result.cpu_seconds * 1e6 / completed;
+  state.counters["server_cpu_us_per_reply"] = result.server_cpu_seconds * 1e6 / completed;
+}
+
+BENCHMARK(BM_NatsEchoFloor)
+    ->ArgNames({"conns", "per_conn"})
+    ->Args({4, 4})
+    ->Args({8, 8})
+    ->UseManualTime()
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 
 // (connections, requests in flight per connection, report each decision)
 BENCHMARK(BM_NatsRouteDecisions)

@@ -47,6 +47,22 @@ TEST(GenerateMessagesTest, RefusesMissingStreamSubjectOutputTokensAndBadRoutes) 
   EXPECT_FALSE(decode_generate_request(wire, kBlockSize));
 }
 
+TEST(GenerateMessagesTest, AnActorStreamNeedsNoStreamSubject) {
+  auto wire = generate_request(40, 8);
+  wire.clear_stream_subject();
+  auto decoded = decode_generate_request(wire, kBlockSize, {}, StreamTo::actor);
+  ASSERT_TRUE(decoded) << decoded.error().message;
+  EXPECT_TRUE(decoded->stream_subject.empty());
+  // A subject an actor client sets anyway is not used (and not validated).
+  wire.set_stream_subject("a.*");
+  decoded = decode_generate_request(wire, kBlockSize, {}, StreamTo::actor);
+  ASSERT_TRUE(decoded) << decoded.error().message;
+  EXPECT_TRUE(decoded->stream_subject.empty());
+  // Everything else is validated as for NATS clients.
+  wire.set_max_output_tokens(0);
+  EXPECT_FALSE(decode_generate_request(wire, kBlockSize, {}, StreamTo::actor));
+}
+
 TEST(GenerateMessagesTest, WorkerRequestCarriesTheNodeStreamSubjectAndRank) {
   auto decoded = decode_generate_request(generate_request(40, 8), kBlockSize);
   ASSERT_TRUE(decoded);

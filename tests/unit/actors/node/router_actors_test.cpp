@@ -1,7 +1,9 @@
 // The node's actors together, in one actor system without NATS: the discovery actor spawns a
 // selector per partition, the reservation actor books and leases, the ingress actor answers
-// actor clients. A fake publisher records what would go out on NATS.
+// actor clients (route, report, and generate with its stream). A fake publisher records what would
+// go out on NATS.
 #include <mutex>
+#include <optional>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -123,10 +125,10 @@ class RouterActorsTest : public ::testing::Test {
     lifecycle.first_token_timeout = 60s;
     lifecycle_ = system_.spawn(lifecycle_actor, lifecycle);
     ingress_ = system_.spawn(ingress_actor_impl, IngressActorConfig{.reservation = reservation_,
+                                                                    .lifecycle = lifecycle_,
                                                                     .block_size = 4,
                                                                     .limits = {},
-                                                                    .metrics = metrics_,
-                                                                    .timeout = 5s});
+                                                                    .metrics = metrics_});
   }
 
   ~RouterActorsTest() override {
@@ -345,6 +347,123 @@ TEST_F(RouterActorsTest, GenerateWithoutAnyOtherWorkerEndsWithAnExplicitError) {
   EXPECT_EQ(end.finish_reason(), "error");
   EXPECT_NE(end.error().code(), v1::ROUTE_ERROR_UNSPECIFIED);
   EXPECT_TRUE(testing::wait_until([&] { return bookings() == 0; }, 5s));
+}
+
+// The wire request an actor client sends for generate: 9 tokens of model "m", 2 output tokens.
+v1::GenerateRequest actor_generate_request(const std::string& id) {
+  v1::GenerateRequest wire;
+  wire.mutable_route()->set_request_id(id);
+  wire.mutable_route()->set_model("m");
+  for (std::uint32_t token = 0; token < 9; ++token) {
+    wire.mutable_route()->mutable_tokens()->add_ids(token);
+  }
+  wire.set_max_output_tokens(2);
+  return wire;
+}
+
+// The next chunk in the scoped actor's mailbox, or none within five seconds.
+std::optional<v1::GenerateChunk> next_chunk(caf::scoped_actor& self) {
+  std::optional<v1::GenerateChunk> chunk;
+  self->receive([&](chunk_atom, GenerateChunkMessage& message) { chunk = message.value; },
+                caf::after(5s) >> [] {});
+  return chunk;
+}
+
+TEST_F(RouterActorsTest, ActorClientGenerateGetsTheDecisionAndTheStream) {
+  register_workers({11});
+  caf::scoped_actor self{system_};
+  v1::RouteDecision decision;
+  self->request(ingress_, 5s, generate_atom::value,
+                GenerateRequestMessage{actor_generate_request("ag1")})
+      .receive([&](RouteDecisionMessage& message) { decision = message.value; },
+               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  ASSERT_TRUE(decision.has_success()) << decision.error().message();
+  EXPECT_EQ(decision.success().worker_id(), 11U);
+  EXPECT_EQ(decision.request_id(), "ag1");
+  // The decision leaves just before the dispatch.
+  ASSERT_TRUE(
+      testing::wait_until([&] { return publisher_->published_on("gen.11").size() == 1; }, 5s));
+  v1::GenerateRequest dispatched;
+  ASSERT_TRUE(dispatched.ParseFromString(publisher_->published_on("gen.11")[0]));
+  EXPECT_EQ(dispatched.stream_subject(), "node.streams.1");
+
+  v1::GenerateChunk chunk;
+  chunk.set_request_id("ag1");
+  chunk.set_worker_id(11);
+  chunk.add_token_ids(7);
+  caf::anon_send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  chunk.set_index(1);
+  chunk.set_finished(true);
+  chunk.set_finish_reason("length");
+  caf::anon_send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  const auto first = next_chunk(self);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->index(), 0U);
+  EXPECT_FALSE(first->finished());
+  const auto last = next_chunk(self);
+  ASSERT_TRUE(last);
+  EXPECT_TRUE(last->finished());
+  EXPECT_EQ(last->finish_reason(), "length");
+  EXPECT_TRUE(testing::wait_until([&] { return bookings() == 0; }, 5s));
+  EXPECT_TRUE(
+      testing::wait_until([&] { return metrics_->value("kvr_generate_in_flight") == 0; }, 5s));
+}
+
+TEST_F(RouterActorsTest, ActorClientCancelEndsTheStreamAndTellsTheWorker) {
+  register_workers({11});
+  caf::scoped_actor self{system_};
+  v1::RouteDecision decision;
+  self->request(ingress_, 5s, generate_atom::value,
+                GenerateRequestMessage{actor_generate_request("ag2")})
+      .receive([&](RouteDecisionMessage& message) { decision = message.value; },
+               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  ASSERT_TRUE(decision.has_success()) << decision.error().message();
+  v1::GenerateCancel cancel;
+  cancel.set_request_id("ag2");
+  self->send(ingress_, cancel_atom::value, GenerateCancelMessage{cancel});
+  const auto end = next_chunk(self);
+  ASSERT_TRUE(end);
+  EXPECT_TRUE(end->finished());
+  EXPECT_EQ(end->finish_reason(), "cancelled");
+  EXPECT_TRUE(testing::wait_until(
+      [&] { return publisher_->published_on("gen.11.cancel").size() == 1; }, 5s));
+  EXPECT_TRUE(testing::wait_until([&] { return bookings() == 0; }, 5s));
+}
+
+TEST_F(RouterActorsTest, ATerminatedActorClientCancelsItsRequests) {
+  register_workers({11});
+  {
+    caf::scoped_actor self{system_};
+    v1::RouteDecision decision;
+    self->request(ingress_, 5s, generate_atom::value,
+                  GenerateRequestMessage{actor_generate_request("ag3")})
+        .receive([&](RouteDecisionMessage& message) { decision = message.value; },
+                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+    ASSERT_TRUE(decision.has_success()) << decision.error().message();
+    EXPECT_EQ(bookings(), 1);
+  }  // the client terminates before any chunk
+  EXPECT_TRUE(testing::wait_until(
+      [&] { return publisher_->published_on("gen.11.cancel").size() == 1; }, 5s));
+  EXPECT_TRUE(testing::wait_until([&] { return bookings() == 0; }, 5s));
+  EXPECT_TRUE(
+      testing::wait_until([&] { return metrics_->value("kvr_generate_in_flight") == 0; }, 5s));
+}
+
+TEST_F(RouterActorsTest, AnInvalidActorGenerateGetsAnErrorDecisionAndNoDispatch) {
+  register_workers({11});
+  caf::scoped_actor self{system_};
+  v1::GenerateRequest wire = actor_generate_request("ag4");
+  wire.set_max_output_tokens(0);
+  wire.mutable_route()->clear_expected_output_tokens();
+  v1::RouteDecision decision;
+  self->request(ingress_, 5s, generate_atom::value, GenerateRequestMessage{wire})
+      .receive([&](RouteDecisionMessage& message) { decision = message.value; },
+               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  ASSERT_TRUE(decision.has_error());
+  EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
+  EXPECT_NE(decision.error().message().find("max_output_tokens"), std::string::npos);
+  EXPECT_TRUE(publisher_->published_on("gen.11").empty());
+  EXPECT_EQ(bookings(), 0);
 }
 
 TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
