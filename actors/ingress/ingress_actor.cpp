@@ -9,10 +9,12 @@ namespace kvr::actors {
 
 ingress_actor::behavior_type ingress_actor_impl(ingress_actor::pointer self,
                                                 IngressActorConfig config) {
+  const metrics::ValueHandle route_requests =
+      config.metrics->counter("kvr_route_requests_total", {{"ingress", "actor"}});
   return {
-      [self, config](route_atom,
-                     RouteRequestMessage& message) -> caf::result<RouteDecisionMessage> {
-        config.metrics->add("kvr_route_requests_total", {{"ingress", "actor"}});
+      [self, config, route_requests](
+          route_atom, RouteRequestMessage& message) -> caf::result<RouteDecisionMessage> {
+        route_requests.add();
         const v1::RouteRequest& wire = message.value;
         auto request = decode_route_request(wire, config.block_size, config.limits);
         if (!request) {

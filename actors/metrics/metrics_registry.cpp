@@ -72,8 +72,10 @@ void MetricsRegistry::describe(std::string name, MetricType type, std::string he
                                std::vector<double> buckets) {
   std::lock_guard lock{mutex_};
   Family& family = families_[std::move(name)];
-  family.type = type;
   family.help = std::move(help);
+  // Handles point at a histogram's buckets and cells: once it has series, its shape stays.
+  if (family.type == MetricType::Histogram && !family.series.empty()) return;
+  family.type = type;
   std::ranges::sort(buckets);
   family.buckets = std::move(buckets);
 }
@@ -88,31 +90,52 @@ MetricsRegistry::Family& MetricsRegistry::family_locked(std::string_view name,
   return it->second;
 }
 
-void MetricsRegistry::add(std::string_view name, const Labels& labels, double delta) {
+ValueHandle MetricsRegistry::value_handle(std::string_view name, const Labels& labels,
+                                          MetricType default_type) {
   std::lock_guard lock{mutex_};
-  Family& family = family_locked(name, MetricType::Counter);
-  if (family.type == MetricType::Histogram) return;
-  family.series[labels].value += delta;
+  Family& family = family_locked(name, default_type);
+  if (family.type == MetricType::Histogram) return {};
+  return ValueHandle{&family.series[labels].value};
+}
+
+ValueHandle MetricsRegistry::counter(std::string_view name, const Labels& labels) {
+  return value_handle(name, labels, MetricType::Counter);
+}
+
+ValueHandle MetricsRegistry::gauge(std::string_view name, const Labels& labels) {
+  return value_handle(name, labels, MetricType::Gauge);
+}
+
+HistogramHandle MetricsRegistry::histogram(std::string_view name, const Labels& labels) {
+  std::lock_guard lock{mutex_};
+  auto it = families_.find(name);
+  if (it == families_.end() || it->second.type != MetricType::Histogram) return {};
+  Family& family = it->second;
+  Series& series = family.series[labels];
+  if (!series.cells) {
+    series.cells = std::make_unique<HistogramHandle::Cells>(family.buckets.size());
+  }
+  return HistogramHandle{series.cells.get(), &family.buckets};
+}
+
+void HistogramHandle::observe(double value) const {
+  if (cells_ == nullptr) return;
+  const auto bucket = std::ranges::lower_bound(*buckets_, value) - buckets_->begin();
+  cells_->counts[static_cast<std::size_t>(bucket)].fetch_add(1, std::memory_order_relaxed);
+  cells_->sum.fetch_add(value, std::memory_order_relaxed);
+  cells_->count.fetch_add(1, std::memory_order_relaxed);
+}
+
+void MetricsRegistry::add(std::string_view name, const Labels& labels, double delta) {
+  value_handle(name, labels, MetricType::Counter).add(delta);
 }
 
 void MetricsRegistry::set(std::string_view name, const Labels& labels, double value) {
-  std::lock_guard lock{mutex_};
-  Family& family = family_locked(name, MetricType::Gauge);
-  if (family.type == MetricType::Histogram) return;
-  family.series[labels].value = value;
+  value_handle(name, labels, MetricType::Gauge).set(value);
 }
 
 void MetricsRegistry::observe(std::string_view name, const Labels& labels, double value) {
-  std::lock_guard lock{mutex_};
-  auto it = families_.find(name);
-  if (it == families_.end() || it->second.type != MetricType::Histogram) return;
-  Family& family = it->second;
-  Series& series = family.series[labels];
-  if (series.counts.empty()) series.counts.assign(family.buckets.size() + 1, 0);
-  const auto bucket = std::ranges::lower_bound(family.buckets, value) - family.buckets.begin();
-  ++series.counts[static_cast<std::size_t>(bucket)];
-  series.sum += value;
-  ++series.count;
+  histogram(name, labels).observe(value);
 }
 
 double MetricsRegistry::value(std::string_view name, const Labels& labels) const {
@@ -120,7 +143,8 @@ double MetricsRegistry::value(std::string_view name, const Labels& labels) const
   const auto it = families_.find(name);
   if (it == families_.end()) return 0;
   const auto series = it->second.series.find(labels);
-  return series == it->second.series.end() ? 0 : series->second.value;
+  return series == it->second.series.end() ? 0
+                                           : series->second.value.load(std::memory_order_relaxed);
 }
 
 double MetricsRegistry::total(std::string_view name) const {
@@ -128,7 +152,9 @@ double MetricsRegistry::total(std::string_view name) const {
   const auto it = families_.find(name);
   if (it == families_.end()) return 0;
   double sum = 0;
-  for (const auto& [labels, series] : it->second.series) sum += series.value;
+  for (const auto& [labels, series] : it->second.series) {
+    sum += series.value.load(std::memory_order_relaxed);
+  }
   return sum;
 }
 
@@ -140,20 +166,25 @@ std::string MetricsRegistry::render() const {
     out += fmt::format("# TYPE {} {}\n", name, type_name(family.type));
     for (const auto& [labels, series] : family.series) {
       if (family.type != MetricType::Histogram) {
-        out += fmt::format("{}{} {}\n", name, format_labels(labels), format_value(series.value));
+        out += fmt::format("{}{} {}\n", name, format_labels(labels),
+                           format_value(series.value.load(std::memory_order_relaxed)));
         continue;
       }
+      if (!series.cells) continue;
+      const HistogramHandle::Cells& cells = *series.cells;
       std::uint64_t cumulative = 0;
       for (std::size_t i = 0; i < family.buckets.size(); ++i) {
-        cumulative += series.counts[i];
+        cumulative += cells.counts[i].load(std::memory_order_relaxed);
         out +=
             fmt::format("{}_bucket{} {}\n", name,
                         format_labels(labels, "le", format_value(family.buckets[i])), cumulative);
       }
-      cumulative += series.counts.back();
+      cumulative += cells.counts[family.buckets.size()].load(std::memory_order_relaxed);
       out += fmt::format("{}_bucket{} {}\n", name, format_labels(labels, "le", "+Inf"), cumulative);
-      out += fmt::format("{}_sum{} {}\n", name, format_labels(labels), format_value(series.sum));
-      out += fmt::format("{}_count{} {}\n", name, format_labels(labels), series.count);
+      out += fmt::format("{}_sum{} {}\n", name, format_labels(labels),
+                         format_value(cells.sum.load(std::memory_order_relaxed)));
+      out += fmt::format("{}_count{} {}\n", name, format_labels(labels),
+                         cells.count.load(std::memory_order_relaxed));
     }
   }
   return out;

@@ -135,9 +135,11 @@ std::expected<void, std::string> NatsBridge::start(BridgeSinks sinks) {
     subject = subjects::router_route(ns);
     subscribed = subscribe(
         subject,
-        [this, subject](nats::NatsMessage message) {
+        [this, subject,
+         route_requests = registry_->counter("kvr_route_requests_total", {{"ingress", "nats"}})](
+            nats::NatsMessage message) {
           const auto received = std::chrono::steady_clock::now();
-          registry_->add("kvr_route_requests_total", {{"ingress", "nats"}});
+          route_requests.add();
           v1::RouteRequest wire;
           std::expected<RouteRequestData, RouteFailure> request =
               wire.ParseFromString(message.data)

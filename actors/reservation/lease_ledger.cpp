@@ -1,5 +1,9 @@
 #include "actors/reservation/lease_ledger.hpp"
 
+#include <algorithm>
+#include <charconv>
+#include <functional>
+
 #include <fmt/format.h>
 
 namespace kvr::actors {
@@ -14,56 +18,83 @@ std::string_view as_str(LeaseError error) {
   return "unknown";
 }
 
-LeaseLedger::LeaseLedger(std::string id_prefix) : id_prefix_(std::move(id_prefix)) {}
+namespace {
+
+// The open lease under `counter` if its id is exactly `lease_id` ("n-07" is not "n-7"); for the
+// ledger's map, const or not.
+template <class Leases>
+auto* find_exact(Leases& leases, std::optional<std::uint64_t> counter, std::string_view lease_id) {
+  const auto it = counter ? leases.find(*counter) : leases.end();
+  return it == leases.end() || it->second.lease_id != lease_id ? nullptr : &it->second;
+}
+
+}  // namespace
+
+LeaseLedger::LeaseLedger(std::string id_prefix) : id_prefix_(std::move(id_prefix) + '-') {}
+
+std::optional<std::uint64_t> LeaseLedger::counter_of(std::string_view lease_id) const {
+  if (!lease_id.starts_with(id_prefix_)) return std::nullopt;
+  const std::string_view digits = lease_id.substr(id_prefix_.size());
+  std::uint64_t counter = 0;
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), counter);
+  if (error != std::errc{} || end != digits.data() + digits.size()) return std::nullopt;
+  return counter;
+}
 
 std::string LeaseLedger::open(plugins::worker_selection::RoutingPartition partition,
                               std::string request_id, WorkerWithDpRank worker,
                               std::chrono::steady_clock::time_point expires_at) {
-  std::string lease_id = fmt::format("{}-{}", id_prefix_, next_id_++);
-  const auto expiry = by_expiry_.emplace(expires_at, lease_id);
-  leases_.emplace(lease_id, Entry{Lease{.lease_id = lease_id,
-                                        .partition = std::move(partition),
-                                        .request_id = std::move(request_id),
-                                        .worker = worker,
-                                        .expires_at = expires_at},
-                                  expiry});
+  const std::uint64_t counter = next_id_++;
+  std::string lease_id = fmt::format("{}{}", id_prefix_, counter);
+  leases_.emplace(counter, Lease{.lease_id = lease_id,
+                                 .partition = std::move(partition),
+                                 .request_id = std::move(request_id),
+                                 .worker = worker,
+                                 .expires_at = expires_at});
+  expiries_.emplace_back(expires_at, counter);
+  std::ranges::push_heap(expiries_, std::greater{});
   return lease_id;
 }
 
+const Lease* LeaseLedger::find(std::string_view lease_id) const {
+  return find_exact(leases_, counter_of(lease_id), lease_id);
+}
+
 std::expected<Lease, LeaseError> LeaseLedger::first_token(std::string_view lease_id) {
-  const auto it = leases_.find(absl::string_view{lease_id.data(), lease_id.size()});
-  if (it == leases_.end()) return std::unexpected(LeaseError::unknown_lease);
-  if (it->second.lease.first_token_reported) {
-    return std::unexpected(LeaseError::first_token_repeated);
-  }
-  it->second.lease.first_token_reported = true;
-  return it->second.lease;
+  Lease* lease = find_exact(leases_, counter_of(lease_id), lease_id);
+  if (lease == nullptr) return std::unexpected(LeaseError::unknown_lease);
+  if (lease->first_token_reported) return std::unexpected(LeaseError::first_token_repeated);
+  lease->first_token_reported = true;
+  return *lease;
 }
 
 std::expected<Lease, LeaseError> LeaseLedger::close(std::string_view lease_id) {
-  const auto it = leases_.find(absl::string_view{lease_id.data(), lease_id.size()});
-  if (it == leases_.end()) return std::unexpected(LeaseError::unknown_lease);
-  Lease lease = std::move(it->second.lease);
-  by_expiry_.erase(it->second.expiry);
+  if (find(lease_id) == nullptr) return std::unexpected(LeaseError::unknown_lease);
+  const auto it = leases_.find(*counter_of(lease_id));
+  Lease lease = std::move(it->second);
   leases_.erase(it);
+  compact_expiries();
   return lease;
 }
 
 std::vector<Lease> LeaseLedger::expire(std::chrono::steady_clock::time_point now) {
   std::vector<Lease> expired;
-  while (!by_expiry_.empty() && by_expiry_.begin()->first <= now) {
-    const auto it = leases_.find(by_expiry_.begin()->second);
-    by_expiry_.erase(by_expiry_.begin());
-    if (it == leases_.end()) continue;
-    expired.push_back(std::move(it->second.lease));
+  while (!expiries_.empty() && expiries_.front().first <= now) {
+    const std::uint64_t counter = expiries_.front().second;
+    std::ranges::pop_heap(expiries_, std::greater{});
+    expiries_.pop_back();
+    const auto it = leases_.find(counter);
+    if (it == leases_.end()) continue;  // ended before its expiry
+    expired.push_back(std::move(it->second));
     leases_.erase(it);
   }
   return expired;
 }
 
-const Lease* LeaseLedger::find(std::string_view lease_id) const {
-  const auto it = leases_.find(absl::string_view{lease_id.data(), lease_id.size()});
-  return it == leases_.end() ? nullptr : &it->second.lease;
+void LeaseLedger::compact_expiries() {
+  if (expiries_.size() < 1024 || expiries_.size() < 2 * leases_.size()) return;
+  std::erase_if(expiries_, [&](const Expiry& entry) { return !leases_.contains(entry.second); });
+  std::ranges::make_heap(expiries_, std::greater{});
 }
 
 }  // namespace kvr::actors

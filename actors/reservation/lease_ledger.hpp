@@ -7,7 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <expected>
-#include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -64,16 +64,18 @@ class LeaseLedger {
   std::size_t size() const { return leases_.size(); }
 
  private:
-  using ExpiryIndex = std::multimap<std::chrono::steady_clock::time_point, std::string>;
-  struct Entry {
-    Lease lease;
-    ExpiryIndex::iterator expiry;
-  };
+  // Leases are keyed by their counter: an id is "<prefix>-<counter>", so a lookup parses the
+  // counter back instead of hashing and comparing strings.
+  std::optional<std::uint64_t> counter_of(std::string_view lease_id) const;
+  // Drops heap entries of leases that already ended once they outnumber the open leases.
+  void compact_expiries();
 
   std::string id_prefix_;
   std::uint64_t next_id_ = 1;
-  absl::flat_hash_map<std::string, Entry> leases_;
-  ExpiryIndex by_expiry_;
+  absl::flat_hash_map<std::uint64_t, Lease> leases_;
+  // (expiry, counter), earliest on top; an entry whose lease ended is skipped when it surfaces.
+  using Expiry = std::pair<std::chrono::steady_clock::time_point, std::uint64_t>;
+  std::vector<Expiry> expiries_;
 };
 
 }  // namespace kvr::actors

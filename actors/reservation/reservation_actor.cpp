@@ -48,8 +48,17 @@ void update_booking(Self self, BookingUpdate update) {
 }
 
 void publish_leases_gauge(Self self) {
-  self->state.config.metrics->set("kvr_leases_open", {},
-                                  static_cast<double>(self->state.ledger->size()));
+  self->state.leases_open.set(static_cast<double>(self->state.ledger->size()));
+}
+
+metrics::ValueHandle& decisions_counter(Self self, WorkerId worker) {
+  auto& state = self->state;
+  auto [it, inserted] = state.decisions_by_worker.try_emplace(worker);
+  if (inserted) {
+    it->second = state.config.metrics->counter("kvr_route_decisions_total",
+                                               {{"worker", std::to_string(worker)}});
+  }
+  return it->second;
 }
 
 // Answers a route request: publishes on its reply subject (if any) and fulfils the promise.
@@ -65,11 +74,10 @@ bool deliver_decision(Self self, const RouteEnvelope& envelope, caf::response_pr
     config.metrics->add("kvr_route_errors_total",
                         {{"code", v1::RouteErrorCode_Name(decision.error().code())}});
   } else if (delivered) {
-    config.metrics->add("kvr_route_decisions_total",
-                        {{"worker", std::to_string(decision.success().worker_id())}});
+    decisions_counter(self, decision.success().worker_id()).add();
   }
   const std::chrono::duration<double> elapsed = Clock::now() - envelope.received;
-  config.metrics->observe("kvr_route_latency_seconds", {}, elapsed.count());
+  self->state.route_latency.observe(elapsed.count());
   promise.deliver(RouteDecisionMessage{std::move(decision)});
   return delivered;
 }
@@ -233,6 +241,8 @@ void fail_overdue(Self self, Clock::time_point now) {
 caf::behavior reservation_actor(Self self, ReservationActorConfig config) {
   self->state.config = std::move(config);
   self->state.ledger.emplace(self->state.config.lease_prefix);
+  self->state.route_latency = self->state.config.metrics->histogram("kvr_route_latency_seconds");
+  self->state.leases_open = self->state.config.metrics->gauge("kvr_leases_open");
   publish_leases_gauge(self);
   self->send(self->state.config.discovery, selectors_atom::value,
              caf::actor_cast<caf::actor>(self));

@@ -102,6 +102,10 @@ struct ReservationActorState {
   absl::flat_hash_map<std::uint64_t, PendingRoute> pending_routes;
   absl::flat_hash_map<std::uint64_t, PendingReport> pending_reports;
   std::deque<std::pair<std::chrono::steady_clock::time_point, std::uint64_t>> pending_deadlines;
+  /// The series written per request, resolved once (decisions per worker on first use).
+  metrics::HistogramHandle route_latency;
+  metrics::ValueHandle leases_open;
+  absl::flat_hash_map<WorkerId, metrics::ValueHandle> decisions_by_worker;
 };
 
 /// The reservation actor's behaviour.

@@ -21,15 +21,11 @@ std::string partition_label(const plugins::worker_selection::RoutingPartition& p
 void update_gauges(Self self) {
   auto& state = self->state;
   const discovery::DiscoveryState& discovery = state.selector->discovery();
-  state.config.metrics->set("kvr_bookings_open", state.labels,
-                            static_cast<double>(discovery.load().open_bookings()));
-  state.config.metrics->set("kvr_workers", state.labels,
-                            static_cast<double>(discovery.catalog().size()));
-  state.config.metrics->set("kvr_index_blocks", state.labels,
-                            static_cast<double>(discovery.index().node_count()));
+  state.series.bookings_open.set(static_cast<double>(discovery.load().open_bookings()));
+  state.series.workers.set(static_cast<double>(discovery.catalog().size()));
+  state.series.index_blocks.set(static_cast<double>(discovery.index().node_count()));
   if (state.affinity.enabled()) {
-    state.config.metrics->set("kvr_session_bindings", state.labels,
-                              static_cast<double>(state.affinity.size()));
+    state.series.session_bindings.set(static_cast<double>(state.affinity.size()));
   }
 }
 
@@ -100,6 +96,14 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
     state.selector.emplace(state.config.options, *state.config.plugins);
     state.affinity = SessionAffinity{state.config.affinity};
     state.labels = {{"partition", partition_label(state.config.options.partition)}};
+    auto& registry = *state.config.metrics;
+    state.series = {.bookings_open = registry.gauge("kvr_bookings_open", state.labels),
+                    .workers = registry.gauge("kvr_workers", state.labels),
+                    .index_blocks = registry.gauge("kvr_index_blocks", state.labels),
+                    .session_bindings = state.affinity.enabled()
+                                            ? registry.gauge("kvr_session_bindings", state.labels)
+                                            : metrics::ValueHandle{},
+                    .selection_latency = registry.histogram("kvr_selection_latency_seconds")};
     update_gauges(self);
     self->delayed_send(self, state.config.tick_interval, expire_atom::value);
   }
@@ -177,17 +181,15 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
             state.selector->policy_name(request.worker_type),
             {}};
         const std::chrono::duration<double> elapsed = Clock::now() - started;
-        state.config.metrics->observe("kvr_selection_latency_seconds", {}, elapsed.count());
+        state.series.selection_latency.observe(elapsed.count());
         if (reply.result) {
           const auto* entry =
               state.selector->discovery().catalog().find(reply.result->worker.worker_id);
           if (entry != nullptr) reply.generate_subject = entry->registration.generate_subject;
-          state.config.metrics->set(
-              "kvr_bookings_open", state.labels,
+          state.series.bookings_open.set(
               static_cast<double>(state.selector->discovery().load().open_bookings()));
           if (state.affinity.enabled()) {
-            state.config.metrics->set("kvr_session_bindings", state.labels,
-                                      static_cast<double>(state.affinity.size()));
+            state.series.session_bindings.set(static_cast<double>(state.affinity.size()));
           }
         }
         return reply;

@@ -68,6 +68,14 @@ struct SelectorActorState {
   absl::flat_hash_map<WorkerWithDpRank, std::chrono::steady_clock::time_point> dump_requested;
   /// Partition label of this selector's metrics.
   metrics::Labels labels;
+  /// The series written per request, resolved once.
+  struct Series {
+    metrics::ValueHandle bookings_open;
+    metrics::ValueHandle workers;
+    metrics::ValueHandle index_blocks;
+    metrics::ValueHandle session_bindings;
+    metrics::HistogramHandle selection_latency;
+  } series;
 };
 
 /// The selector actor's behaviour.

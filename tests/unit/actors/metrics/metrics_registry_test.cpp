@@ -1,7 +1,10 @@
 #include "actors/metrics/metrics_registry.hpp"
 
 #include <chrono>
+#include <thread>
+#include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "actors/metrics/rate_limited_log.hpp"
@@ -51,6 +54,55 @@ TEST(MetricsRegistryTest, ObservingAnUndeclaredHistogramIsIgnored) {
   MetricsRegistry registry;
   registry.observe("kvr_unknown", {}, 1);
   EXPECT_EQ(registry.render(), "");
+}
+
+TEST(MetricsRegistryTest, HandlesWriteTheSameSeriesAsNamedCalls) {
+  MetricsRegistry registry;
+  registry.describe("lat_seconds", MetricType::Histogram, "latency", {0.1, 1});
+  const ValueHandle requests = registry.counter("requests_total", {{"worker", "7"}});
+  const ValueHandle open = registry.gauge("open");
+  const HistogramHandle latency = registry.histogram("lat_seconds");
+  requests.add();
+  registry.add("requests_total", {{"worker", "7"}}, 2);
+  open.set(5);
+  open.set(4);
+  latency.observe(0.05);
+  registry.observe("lat_seconds", {}, 0.5);
+  EXPECT_EQ(registry.value("requests_total", {{"worker", "7"}}), 3);
+  EXPECT_EQ(registry.value("open"), 4);
+  const std::string text = registry.render();
+  EXPECT_NE(text.find("lat_seconds_bucket{le=\"0.1\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("lat_seconds_bucket{le=\"1\"} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("lat_seconds_count 2\n"), std::string::npos) << text;
+  // A histogram handle of a family that is not a described histogram does nothing.
+  registry.histogram("requests_total").observe(1);
+  registry.histogram("never_described").observe(1);
+  EXPECT_EQ(registry.value("requests_total", {{"worker", "7"}}), 3);
+  EXPECT_EQ(registry.render().find("never_described"), std::string::npos);
+}
+
+TEST(MetricsRegistryTest, HandlesCountExactlyFromManyThreads) {
+  MetricsRegistry registry;
+  registry.describe("lat_seconds", MetricType::Histogram, "latency", {1});
+  const ValueHandle counter = registry.counter("hits_total");
+  const HistogramHandle latency = registry.histogram("lat_seconds");
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 20'000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kPerThread; ++i) {
+        counter.add();
+        latency.observe(0.5);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(registry.value("hits_total"), kThreads * kPerThread);
+  const std::string text = registry.render();
+  EXPECT_NE(text.find(fmt::format("lat_seconds_count {}\n", kThreads * kPerThread)),
+            std::string::npos)
+      << text;
 }
 
 TEST(MetricsRegistryTest, EscapesLabelValues) {

@@ -1,5 +1,7 @@
 #include "actors/reservation/lease_ledger.hpp"
 
+#include <vector>
+
 #include <gtest/gtest.h>
 
 namespace kvr::actors {
@@ -52,6 +54,44 @@ TEST(LeaseLedgerTest, ExpireEndsOnlyDueLeasesAndNeverAClosedOne) {
   EXPECT_EQ(ledger.close(early).error(), LeaseError::unknown_lease);
   EXPECT_NE(ledger.find(late), nullptr);
   EXPECT_EQ(ledger.expire(kStart + 10s).size(), 1U);
+  EXPECT_EQ(ledger.size(), 0U);
+}
+
+TEST(LeaseLedgerTest, OnlyTheExactIdFindsALease) {
+  LeaseLedger ledger{"n"};
+  const std::string id = ledger.open(kPartition, "r", {1, 0}, kStart + 1s);
+  ASSERT_EQ(id, "n-1");
+  for (const char* other :
+       {"n-01", "n-1 ", "m-1", "n-", "n-x", "n1", "", "n-18446744073709551616"}) {
+    EXPECT_EQ(ledger.find(other), nullptr) << other;
+    EXPECT_EQ(ledger.close(other).error(), LeaseError::unknown_lease) << other;
+  }
+  EXPECT_TRUE(ledger.close(id));
+}
+
+TEST(LeaseLedgerTest, ManyClosedLeasesLeaveExpiryWorkBoundedAndCorrect) {
+  LeaseLedger ledger{"n"};
+  std::vector<std::string> open_ids;
+  // Out-of-order expiries, most leases closed early: the survivors still expire in time order.
+  for (int i = 0; i < 10'000; ++i) {
+    const auto expiry = kStart + std::chrono::milliseconds{(i * 7919) % 10'000};
+    std::string id = ledger.open(kPartition, "r" + std::to_string(i), {1, 0}, expiry);
+    if (i % 100 == 0) {
+      open_ids.push_back(std::move(id));
+    } else {
+      ASSERT_TRUE(ledger.close(id));
+    }
+  }
+  EXPECT_EQ(ledger.size(), open_ids.size());
+  std::size_t expired = 0;
+  for (int ms = 0; ms <= 10'000; ms += 500) {
+    for (const Lease& lease : ledger.expire(kStart + std::chrono::milliseconds{ms})) {
+      EXPECT_LE(lease.expires_at, kStart + std::chrono::milliseconds{ms});
+      EXPECT_GT(lease.expires_at, kStart + std::chrono::milliseconds{ms - 500});
+      ++expired;
+    }
+  }
+  EXPECT_EQ(expired, open_ids.size());
   EXPECT_EQ(ledger.size(), 0U);
 }
 
