@@ -326,6 +326,10 @@ std::optional<std::string> SelectorState::unroutable_reason(const RouteInput& in
   return std::nullopt;
 }
 
+// GCC 12 (-O2) reports absl::InlinedVector's inline storage as maybe-uninitialized when an
+// outcome with no scorer costs is moved; the storage is empty and never read.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 std::expected<RouteOutcome, RouteFailure> SelectorState::route_to(const RouteInput& input,
                                                                   WorkerWithDpRank worker,
                                                                   TimePoint now) {
@@ -348,6 +352,7 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::route_to(const RouteInp
   }
   return book(input, std::move(outcome), now);
 }
+#pragma GCC diagnostic pop
 
 std::expected<RouteOutcome, RouteFailure> SelectorState::book(const RouteInput& input,
                                                               RouteOutcome outcome, TimePoint now) {

@@ -548,6 +548,54 @@ TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
   }
 }
 
+// A selector that never answers: every route request and report it is handed stays unanswered.
+caf::behavior silent_selector(caf::event_based_actor* self) {
+  return {
+      [self](route_atom, const RouteRequestData&) { (void)self->make_response_promise(); },
+      [self](booking_atom, const BookingUpdate&) { (void)self->make_response_promise(); },
+      [](selectors_atom, const caf::actor&) {},
+  };
+}
+
+TEST_F(RouterActorsTest, ARequestItsSelectorLeavesUnansweredFailsWithATimeoutOnTheTick) {
+  auto silent = system_.spawn(silent_selector);
+  ReservationActorConfig config;
+  config.discovery = silent;
+  config.publisher = publisher_;
+  config.metrics = metrics_;
+  config.log = log_;
+  config.selector_timeout = 100ms;
+  config.tick_interval = 20ms;
+  auto reservation = system_.spawn(reservation_actor, config);
+  caf::scoped_actor self{system_};
+  v1::RouteDecision decision;
+  const auto sent = std::chrono::steady_clock::now();
+  self->request(reservation, 5s, route_atom::value,
+                RouteEnvelope{request("slow"), "client.reply", sent})
+      .receive([&](RouteDecisionMessage& message) { decision = std::move(message.value); },
+               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  const auto waited = std::chrono::steady_clock::now() - sent;
+  ASSERT_TRUE(decision.has_error());
+  EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_TIMEOUT);
+  EXPECT_EQ(decision.request_id(), "slow");
+  // Failed at the first tick after the selector timeout, not by the client's own 5 s timeout.
+  EXPECT_GE(waited, 100ms);
+  EXPECT_LT(waited, 2s);
+  // The NATS client got the same answer on its reply subject.
+  ASSERT_EQ(publisher_->published_on("client.reply").size(), 1U);
+
+  v1::LifecycleAck ack;
+  self->request(
+          reservation, 5s, report_atom::value,
+          ReportEnvelope{LifecycleReportData{"lease-1", LifecycleEventKind::Completed, {}}, {}})
+      .receive([&](LifecycleAckMessage& message) { ack = std::move(message.value); },
+               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  EXPECT_FALSE(ack.accepted());  // no such lease: refused at once, without the selector
+  for (const caf::actor& actor : {reservation, silent}) {
+    caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+  }
+}
+
 TEST_F(RouterActorsTest, NoFirstChunkInTimeCountsAsAFailureRetriedOnceThenAnError) {
   register_workers({11, 12});
   LifecycleActorConfig config;
