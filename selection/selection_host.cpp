@@ -127,44 +127,71 @@ bool SelectionHost::eligible(const SelectionRequest& request,
   return true;
 }
 
-std::size_t SelectionHost::collect_eligible_rows(const SelectionRequest& request) {
-  grow_to(rows_, descriptors_.size());
-  grow_to(workers_, descriptors_.size());
+std::size_t SelectionHost::collect_eligible_rows(const SelectionRequest& request,
+                                                 WorkerInputs inputs) {
+  const std::size_t total = descriptors_.size();
+  grow_to(rows_, total);
+  grow_to(candidates_, total);
+  // The signal columns are sized before the signals exist so that candidates can already point
+  // at their row's slot.
+  const bool with_cache = declared_inputs_.contains(WorkerInputs::CACHE);
+  const bool with_load = declared_inputs_.contains(WorkerInputs::LOAD);
+  if (with_cache) grow_to(cache_, total);
+  if (with_load) grow_to(load_, total);
+  const RowColumns columns = columns_for(inputs);
+  // Per-row multipliers are computed after eligibility; until then the candidates expose none.
+  const bool taint_pending =
+      inputs.contains(WorkerInputs::PREFERRED_TAINT) && !uniform_taint_multiplier_;
+  const std::optional<double> taint =
+      inputs.contains(WorkerInputs::PREFERRED_TAINT) && uniform_taint_multiplier_
+          ? std::optional<double>{1.0}
+          : std::nullopt;
   // Most requests carry no restriction and no busy threshold is set: then availability is the
   // only rule. Either way each row is written unconditionally and kept by advancing the count,
   // so the loop has no data-dependent branch.
   const bool restricted = request.pinned_worker || !request.allowed_workers.empty() ||
                           !request.excluded_workers.empty() || !request.required_taints.empty() ||
                           config_.busy_kv_usage_threshold || config_.busy_prefill_tokens_threshold;
+  std::uint32_t* rows = rows_.data();
+  WorkerCandidate* candidates = candidates_.data();
   std::size_t count = 0;
-  for (std::size_t row = 0; row < descriptors_.size(); ++row) {
+  for (std::size_t row = 0; row < total; ++row) {
     const WorkerDescriptor& descriptor = descriptors_[row];
-    rows_[count] = static_cast<std::uint32_t>(row);
-    workers_[count] = descriptor.worker;
+    rows[count] = static_cast<std::uint32_t>(row);
+    candidates[count] =
+        WorkerCandidate{descriptor.worker, columns.cache + count * columns.cache_step,
+                        columns.load + count * columns.load_step, taint};
     const bool keep = restricted ? eligible(request, descriptor) : descriptor.available;
     count += keep ? 1 : 0;
   }
+  exposed_ = taint_pending ? std::nullopt : std::optional<WorkerInputs>{inputs};
   return count;
 }
 
-std::span<const WorkerCandidate> SelectionHost::candidates_for(WorkerInputs inputs,
-                                                               std::span<double> nan_costs) {
-  const std::size_t count = rows_count_;
-  grow_to(candidates_, count);
+SelectionHost::RowColumns SelectionHost::columns_for(WorkerInputs inputs) const {
   // A group the component did not declare is a null base with step 0, so every row is built the
   // same way without a per-row branch on the declaration.
   const bool with_cache = inputs.contains(WorkerInputs::CACHE);
   const bool with_load = inputs.contains(WorkerInputs::LOAD);
-  const WorkerCacheInput* cache = with_cache ? cache_.data() : nullptr;
-  const WorkerLoadInput* load = with_load ? load_.data() : nullptr;
-  const std::size_t cache_step = with_cache ? 1 : 0;
-  const std::size_t load_step = with_load ? 1 : 0;
-  const WorkerWithDpRank* workers = workers_.data();
+  return RowColumns{
+      .cache = with_cache ? cache_.data() : nullptr,
+      .cache_step = with_cache ? std::size_t{1} : 0,
+      .load = with_load ? load_.data() : nullptr,
+      .load_step = with_load ? std::size_t{1} : 0,
+  };
+}
+
+std::span<const WorkerCandidate> SelectionHost::candidates_for(WorkerInputs inputs) {
+  const std::size_t count = rows_count_;
   WorkerCandidate* candidates = candidates_.data();
+  if (exposed_ == inputs) return {candidates, count};
+  // Rebuilt in place: each candidate keeps its worker and gets its row's groups.
+  const RowColumns columns = columns_for(inputs);
   const auto build = [&](auto taint_of) {
     for (std::size_t i = 0; i < count; ++i) {
       candidates[i] =
-          WorkerCandidate{workers[i], cache + i * cache_step, load + i * load_step, taint_of(i)};
+          WorkerCandidate{candidates[i].worker(), columns.cache + i * columns.cache_step,
+                          columns.load + i * columns.load_step, taint_of(i)};
     }
   };
   if (!inputs.contains(WorkerInputs::PREFERRED_TAINT)) {
@@ -175,7 +202,7 @@ std::span<const WorkerCandidate> SelectionHost::candidates_for(WorkerInputs inpu
     const double* taints = taint_multipliers_.data();
     build([taints](std::size_t i) { return std::optional<double>{taints[i]}; });
   }
-  std::ranges::fill(nan_costs, std::numeric_limits<double>::quiet_NaN());
+  exposed_ = inputs;
   return {candidates, count};
 }
 
@@ -188,12 +215,13 @@ void SelectionHost::compact_rows() {
   for (std::size_t i = 0; i < rows_count_; ++i) {
     if (keep_[i] == 0) continue;
     rows_[kept] = rows_[i];
-    workers_[kept] = workers_[i];
+    candidates_[kept] = candidates_[i];  // its worker; the groups are rebuilt on next use
     if (with_cache) cache_[kept] = cache_[i];
     if (with_load) load_[kept] = load_[i];
     if (with_taint) taint_multipliers_[kept] = taint_multipliers_[i];
     ++kept;
   }
+  if (kept != rows_count_) exposed_.reset();
   rows_count_ = kept;
 }
 
@@ -201,7 +229,7 @@ std::expected<void, WorkerSelectionPolicyError> SelectionHost::run_filters(
     const WorkerSelectionContext& context) {
   for (std::size_t f = 0; f < filters_.size() && rows_count_ > 0; ++f) {
     WorkerFilter& filter = *filters_[f];
-    const auto candidates = candidates_for(filter.required_worker_inputs(), {});
+    const auto candidates = candidates_for(filter.required_worker_inputs());
     keep_.assign(candidates.size(), 0);
     for (std::size_t i = 0; i < candidates.size(); ++i) {
       PolicyResult<bool> kept = false;
@@ -227,17 +255,18 @@ std::expected<void, WorkerSelectionPolicyError> SelectionHost::run_filters(
 WorkerSelectionPolicyError SelectionHost::non_finite_cost(std::size_t scorer,
                                                           std::span<const double> costs) const {
   for (std::size_t i = 0; i < costs.size(); ++i) {
+    const WorkerWithDpRank worker = candidates_[i].worker();
     if (!std::isfinite(costs[i])) {
       return WorkerSelectionPolicyError::host(
           Kind::NonFiniteCost,
           fmt::format("scorer {} ({}) gave {} a non-finite or unwritten cost ({})", scorer,
-                      scorer_names_[scorer], row_name(i, workers_[i]), costs[i]));
+                      scorer_names_[scorer], row_name(i, worker), costs[i]));
     }
     if (!std::isfinite(total_cost(i))) {
       return WorkerSelectionPolicyError::host(
           Kind::NonFiniteCost,
           fmt::format("the total cost of {} is not finite after scorer {} ({})",
-                      row_name(i, workers_[i]), scorer, scorer_names_[scorer]));
+                      row_name(i, worker), scorer, scorer_names_[scorer]));
     }
   }
   return WorkerSelectionPolicyError::host(Kind::NonFiniteCost, "a cost is not finite");
@@ -246,7 +275,7 @@ WorkerSelectionPolicyError SelectionHost::non_finite_cost(std::size_t scorer,
 bool SelectionHost::accumulate_costs(std::size_t scorer, std::span<const double> costs) {
   const std::size_t count = costs.size();
   const bool last = scorer + 1 == scorers_.size();
-  const WorkerWithDpRank* workers = workers_.data();
+  const WorkerCandidate* candidates = candidates_.data();
   ScoredWorkerCandidate* scored = scored_.data();
   // Each loop is branch-free per row: finiteness is and-ed up, and the row is looked up for the
   // message only when something was not finite.
@@ -256,14 +285,14 @@ bool SelectionHost::accumulate_costs(std::size_t scorer, std::span<const double>
       // A single scorer's column is the total (total_cost() reads it there): no copy.
       for (std::size_t i = 0; i < count; ++i) {
         all_finite &= std::isfinite(costs[i]);
-        scored[i] = ScoredWorkerCandidate{workers[i], costs[i], taint_of(i)};
+        scored[i] = ScoredWorkerCandidate{candidates[i].worker(), costs[i], taint_of(i)};
       }
     } else {
       double* totals = total_costs_.data();
       for (std::size_t i = 0; i < count; ++i) {
         totals[i] += costs[i];
         all_finite &= std::isfinite(costs[i]) && std::isfinite(totals[i]);
-        scored[i] = ScoredWorkerCandidate{workers[i], totals[i], taint_of(i)};
+        scored[i] = ScoredWorkerCandidate{candidates[i].worker(), totals[i], taint_of(i)};
       }
     }
     return all_finite;
@@ -303,20 +332,19 @@ std::expected<void, WorkerSelectionPolicyError> SelectionHost::run_scorers(
   if (scorers_.empty()) {
     // No scorer: every total is 0.
     std::fill_n(total_costs_.begin(), count, 0.0);
-    const auto taint_of = [&](std::size_t i) {
-      return picker_inputs_.contains(WorkerInputs::PREFERRED_TAINT)
-                 ? std::optional<double>{taint_multiplier(i)}
-                 : std::nullopt;
-    };
+    const bool with_taint = picker_inputs_.contains(WorkerInputs::PREFERRED_TAINT);
     for (std::size_t i = 0; i < count; ++i) {
-      scored_[i] = ScoredWorkerCandidate{workers_[i], 0.0, taint_of(i)};
+      scored_[i] = ScoredWorkerCandidate{
+          candidates_[i].worker(), 0.0,
+          with_taint ? std::optional<double>{taint_multiplier(i)} : std::nullopt};
     }
     return {};
   }
   for (std::size_t s = 0; s < scorers_.size(); ++s) {
     WorkerScorer& scorer = *scorers_[s];
     const std::span<double> costs{scorer_costs_.data() + s * count, count};
-    const auto candidates = candidates_for(scorer.required_worker_inputs(), costs);
+    const auto candidates = candidates_for(scorer.required_worker_inputs());
+    std::ranges::fill(costs, std::numeric_limits<double>::quiet_NaN());
     PolicyResult<void> scored;
     try {
       scored = scorer.score_all(context, candidates, costs);
@@ -344,7 +372,14 @@ std::expected<SelectionResult, WorkerSelectionPolicyError> SelectionHost::select
                     partition.model, "' group '", partition.routing_group, "'")));
   }
 
-  rows_count_ = collect_eligible_rows(request);
+  // Without preferred taints every multiplier is exp(-tanh(0)) = 1: no per-row array at all.
+  const bool with_taint = declared_inputs_.contains(WorkerInputs::PREFERRED_TAINT);
+  uniform_taint_multiplier_ = with_taint && request.preferred_taints.empty();
+  // The eligibility pass already builds the candidates the first component will see.
+  const WorkerInputs first_inputs = !filters_.empty()   ? filters_.front()->required_worker_inputs()
+                                    : !scorers_.empty() ? scorers_.front()->required_worker_inputs()
+                                                        : WorkerInputs::NONE;
+  rows_count_ = collect_eligible_rows(request, first_inputs);
   if (rows_count_ == 0) {
     return std::unexpected(WorkerSelectionPolicyError::host(
         Kind::NoEligibleWorkers,
@@ -357,8 +392,6 @@ std::expected<SelectionResult, WorkerSelectionPolicyError> SelectionHost::select
   // Compute only the signal groups some component declared.
   const bool with_cache = declared_inputs_.contains(WorkerInputs::CACHE);
   const bool with_load = declared_inputs_.contains(WorkerInputs::LOAD);
-  if (with_cache) grow_to(cache_, eligible_count);
-  if (with_load) grow_to(load_, eligible_count);
   if (with_cache || with_load) {
     signals.compute_signals(request, worker_type_, {rows_.data(), eligible_count},
                             with_cache ? std::span<WorkerCacheInput>{cache_.data(), eligible_count}
@@ -366,16 +399,11 @@ std::expected<SelectionResult, WorkerSelectionPolicyError> SelectionHost::select
                             with_load ? std::span<WorkerLoadInput>{load_.data(), eligible_count}
                                       : std::span<WorkerLoadInput>{});
   }
-  uniform_taint_multiplier_ = false;
-  if (declared_inputs_.contains(WorkerInputs::PREFERRED_TAINT)) {
-    // Without preferred taints every multiplier is exp(-tanh(0)) = 1: no per-row array at all.
-    uniform_taint_multiplier_ = request.preferred_taints.empty();
-    if (!uniform_taint_multiplier_) {
-      grow_to(taint_multipliers_, eligible_count);
-      for (std::size_t i = 0; i < eligible_count; ++i) {
-        taint_multipliers_[i] =
-            preferred_taint_multiplier(request.preferred_taints, descriptors_[rows_[i]].taints);
-      }
+  if (with_taint && !uniform_taint_multiplier_) {
+    grow_to(taint_multipliers_, eligible_count);
+    for (std::size_t i = 0; i < eligible_count; ++i) {
+      taint_multipliers_[i] =
+          preferred_taint_multiplier(request.preferred_taints, descriptors_[rows_[i]].taints);
     }
   }
 
@@ -417,7 +445,7 @@ std::expected<SelectionResult, WorkerSelectionPolicyError> SelectionHost::select
 
   const std::size_t row = *picked;
   SelectionResult result;
-  result.worker = workers_[row];
+  result.worker = scored_[row].worker();
   result.total_cost = total_cost(row);
   for (std::size_t s = 0; s < scorers_.size(); ++s) {
     result.scorer_costs.push_back(scorer_costs_[s * count + row]);

@@ -145,11 +145,22 @@ class SelectionHost {
 
  private:
   bool eligible(const SelectionRequest& request, const WorkerDescriptor& descriptor) const;
-  /// Writes the eligible rows of descriptors_ into rows_ and workers_; returns how many.
-  std::size_t collect_eligible_rows(const SelectionRequest& request);
-  /// Rebuilds candidates_ for the current rows, exposing only the groups in `inputs`; when
-  /// `nan_costs` is not empty, also pre-fills it with NaN in the same pass.
-  std::span<const WorkerCandidate> candidates_for(WorkerInputs inputs, std::span<double> nan_costs);
+  /// Where a candidate's cache and load pointers come from: row i points at base + i * step, and
+  /// an undeclared group is a null base with step 0.
+  struct RowColumns {
+    const WorkerCacheInput* cache = nullptr;
+    std::size_t cache_step = 0;
+    const WorkerLoadInput* load = nullptr;
+    std::size_t load_step = 0;
+  };
+
+  /// One pass over descriptors_: writes the eligible rows into rows_ and their candidates,
+  /// exposing `inputs`, into candidates_; returns how many.
+  std::size_t collect_eligible_rows(const SelectionRequest& request, WorkerInputs inputs);
+  RowColumns columns_for(WorkerInputs inputs) const;
+  /// The current rows' candidates exposing only the groups in `inputs`; rebuilt only when they
+  /// expose something else.
+  std::span<const WorkerCandidate> candidates_for(WorkerInputs inputs);
   /// The summed cost of row `i` (with one scorer, its column; with none, 0).
   double total_cost(std::size_t i) const {
     return scorers_.size() == 1 ? scorer_costs_[i] : total_costs_[i];
@@ -190,14 +201,14 @@ class SelectionHost {
   std::span<const WorkerDescriptor> descriptors_;
   std::size_t rows_count_ = 0;
   std::vector<std::uint32_t> rows_;  // index into descriptors_
-  // The row's worker, copied during eligibility so that later passes read 16 bytes a row instead
-  // of the source's whole descriptor.
-  std::vector<WorkerWithDpRank> workers_;
+  // Each row's worker, and its groups as the last component saw them: the eligibility pass
+  // builds them, so later passes never re-read the source's descriptors.
+  std::vector<WorkerCandidate> candidates_;
+  std::optional<WorkerInputs> exposed_;  // what candidates_ expose; empty: rebuild before use
   std::vector<WorkerCacheInput> cache_;
   std::vector<WorkerLoadInput> load_;
   std::vector<double> taint_multipliers_;  // unused when uniform_taint_multiplier_
   bool uniform_taint_multiplier_ = false;
-  std::vector<WorkerCandidate> candidates_;
   std::vector<char> keep_;
   std::vector<double> scorer_costs_;  // scorer-major: scorer s, row i at s * rows + i
   std::vector<double> total_costs_;   // unused with fewer than two scorers
