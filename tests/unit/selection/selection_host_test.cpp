@@ -354,17 +354,23 @@ TEST_F(SelectionHostTest, InfiniteTotalFailsEvenWhenEachContributionIsFinite) {
   EXPECT_NE(result.error().message().find("total cost"), std::string::npos);
 }
 
-// A batch scorer that forgets the last row.
+// A batch scorer that forgets the last row (from its `forget_from`-th call on).
 class ForgetfulBatchScorer final : public WorkerScorer {
  public:
+  explicit ForgetfulBatchScorer(int forget_from = 0) : forget_from_(forget_from) {}
   PolicyResult<double> score(const WorkerSelectionContext&, const WorkerCandidate&) override {
     return 0.0;
   }
   PolicyResult<void> score_all(const WorkerSelectionContext&, std::span<const WorkerCandidate> rows,
                                std::span<double> costs) override {
-    for (std::size_t i = 0; i + 1 < rows.size(); ++i) costs[i] = 1.0;
+    const std::size_t written = calls_++ >= forget_from_ ? rows.size() - 1 : rows.size();
+    for (std::size_t i = 0; i < written; ++i) costs[i] = 1.0;
     return {};
   }
+
+ private:
+  int forget_from_;
+  int calls_ = 0;
 };
 
 TEST_F(SelectionHostTest, UnwrittenScoreSlotFailsTheSelection) {
@@ -376,6 +382,37 @@ TEST_F(SelectionHostTest, UnwrittenScoreSlotFailsTheSelection) {
   ASSERT_FALSE(result);
   EXPECT_EQ(result.error().kind(), Kind::NonFiniteCost);
   EXPECT_NE(result.error().message().find("row 2"), std::string::npos);
+}
+
+TEST_F(SelectionHostTest, UnwrittenSlotFailsEvenWhereAnEarlierSelectionWroteIt) {
+  signals_.set_workers({worker(1), worker(2), worker(3)});
+  WorkerSelectionPolicy policy{config_, WorkerType::Aggregated,
+                               scorers_of(std::make_unique<ForgetfulBatchScorer>(1)),
+                               std::make_unique<LowestCostPicker>()};
+  ASSERT_TRUE(select(policy));
+  auto result = select(policy);
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind(), Kind::NonFiniteCost);
+  EXPECT_NE(result.error().message().find("row 2"), std::string::npos);
+}
+
+TEST_F(SelectionHostTest, UnwrittenSlotOfALaterScorerAfterFilteringFailsTheSelection) {
+  signals_.set_workers({worker(1), worker(2), worker(3), worker(4)});
+  std::vector<std::unique_ptr<WorkerFilter>> filters;
+  filters.push_back(std::make_unique<FunctionFilter>(
+      WorkerInputs::NONE,
+      [](const WorkerCandidate& c) { return PolicyResult<bool>{c.worker().worker_id != 2}; }));
+  std::vector<std::unique_ptr<WorkerScorer>> scorers;
+  scorers.push_back(id_scorer());
+  scorers.push_back(std::make_unique<ForgetfulBatchScorer>());
+  WorkerSelectionPolicy policy{config_, WorkerType::Aggregated, std::move(filters),
+                               std::move(scorers), std::make_unique<LowestCostPicker>()};
+  auto result = select(policy);
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind(), Kind::NonFiniteCost);
+  EXPECT_NE(result.error().message().find("scorer 1"), std::string::npos);
+  EXPECT_NE(result.error().message().find("row 2 (worker 4"), std::string::npos)
+      << result.error().message();
 }
 
 TEST_F(SelectionHostTest, PickerRowIsBoundsChecked) {
