@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <exception>
+#include <limits>
+#include <optional>
 #include <typeinfo>
 
 #include <cxxabi.h>
@@ -50,6 +52,13 @@ WorkerSelectionPolicyError component_failure(std::string_view role, std::size_t 
       fmt::format("{}{}{}{}{}{}{}", role, " ", index, " (", name, ") failed: ", detail));
 }
 
+// Makes `buffer` hold at least `size` elements. Scratch only grows, so a warm selection neither
+// allocates nor re-initialises elements (callers track how many rows are current).
+template <class T>
+void grow_to(std::vector<T>& buffer, std::size_t size) {
+  if (buffer.size() < size) buffer.resize(size);
+}
+
 }  // namespace
 
 double preferred_taint_multiplier(std::span<const PreferredTaint> preferred,
@@ -87,6 +96,7 @@ SelectionHost::SelectionHost(const RouterConfig& config, WorkerType worker_type,
   }
   picker_name_ = type_name_of(*picker_);
   declared_inputs_ |= picker_->required_worker_inputs();
+  picker_inputs_ = picker_->required_worker_inputs();
 }
 
 bool SelectionHost::eligible(const SelectionRequest& request,
@@ -117,42 +127,107 @@ bool SelectionHost::eligible(const SelectionRequest& request,
   return true;
 }
 
-std::span<const WorkerCandidate> SelectionHost::candidates_for(WorkerInputs inputs) {
+std::size_t SelectionHost::collect_eligible_rows(const SelectionRequest& request,
+                                                 WorkerInputs inputs) {
+  const std::size_t total = descriptors_.size();
+  grow_to(rows_, total);
+  grow_to(candidates_, total);
+  // The signal columns are sized before the signals exist so that candidates can already point
+  // at their row's slot.
+  const bool with_cache = declared_inputs_.contains(WorkerInputs::CACHE);
+  const bool with_load = declared_inputs_.contains(WorkerInputs::LOAD);
+  if (with_cache) grow_to(cache_, total);
+  if (with_load) grow_to(load_, total);
+  const RowColumns columns = columns_for(inputs);
+  // Per-row multipliers are computed after eligibility; until then the candidates expose none.
+  const bool taint_pending =
+      inputs.contains(WorkerInputs::PREFERRED_TAINT) && !uniform_taint_multiplier_;
+  const std::optional<double> taint =
+      inputs.contains(WorkerInputs::PREFERRED_TAINT) && uniform_taint_multiplier_
+          ? std::optional<double>{1.0}
+          : std::nullopt;
+  // Most requests carry no restriction and no busy threshold is set: then availability is the
+  // only rule. Either way each row is written unconditionally and kept by advancing the count,
+  // so the loop has no data-dependent branch.
+  const bool restricted = request.pinned_worker || !request.allowed_workers.empty() ||
+                          !request.excluded_workers.empty() || !request.required_taints.empty() ||
+                          config_.busy_kv_usage_threshold || config_.busy_prefill_tokens_threshold;
+  std::uint32_t* rows = rows_.data();
+  WorkerCandidate* candidates = candidates_.data();
+  std::size_t count = 0;
+  for (std::size_t row = 0; row < total; ++row) {
+    const WorkerDescriptor& descriptor = descriptors_[row];
+    rows[count] = static_cast<std::uint32_t>(row);
+    candidates[count] =
+        WorkerCandidate{descriptor.worker, columns.cache + count * columns.cache_step,
+                        columns.load + count * columns.load_step, taint};
+    const bool keep = restricted ? eligible(request, descriptor) : descriptor.available;
+    count += keep ? 1 : 0;
+  }
+  exposed_ = taint_pending ? std::nullopt : std::optional<WorkerInputs>{inputs};
+  return count;
+}
+
+SelectionHost::RowColumns SelectionHost::columns_for(WorkerInputs inputs) const {
+  // A group the component did not declare is a null base with step 0, so every row is built the
+  // same way without a per-row branch on the declaration.
   const bool with_cache = inputs.contains(WorkerInputs::CACHE);
   const bool with_load = inputs.contains(WorkerInputs::LOAD);
-  const bool with_taint = inputs.contains(WorkerInputs::PREFERRED_TAINT);
-  candidates_.resize(rows_.size());
-  for (std::size_t i = 0; i < rows_.size(); ++i) {
-    candidates_[i] =
-        WorkerCandidate{descriptors_[rows_[i]].worker, with_cache ? &cache_[i] : nullptr,
-                        with_load ? &load_[i] : nullptr,
-                        with_taint ? std::optional<double>{taint_multiplier(i)} : std::nullopt};
+  return RowColumns{
+      .cache = with_cache ? cache_.data() : nullptr,
+      .cache_step = with_cache ? std::size_t{1} : 0,
+      .load = with_load ? load_.data() : nullptr,
+      .load_step = with_load ? std::size_t{1} : 0,
+  };
+}
+
+std::span<const WorkerCandidate> SelectionHost::candidates_for(WorkerInputs inputs) {
+  const std::size_t count = rows_count_;
+  WorkerCandidate* candidates = candidates_.data();
+  if (exposed_ == inputs) return {candidates, count};
+  // Rebuilt in place: each candidate keeps its worker and gets its row's groups.
+  const RowColumns columns = columns_for(inputs);
+  const auto build = [&](auto taint_of) {
+    for (std::size_t i = 0; i < count; ++i) {
+      candidates[i] =
+          WorkerCandidate{candidates[i].worker(), columns.cache + i * columns.cache_step,
+                          columns.load + i * columns.load_step, taint_of(i)};
+    }
+  };
+  if (!inputs.contains(WorkerInputs::PREFERRED_TAINT)) {
+    build([](std::size_t) { return std::optional<double>{}; });
+  } else if (uniform_taint_multiplier_) {
+    build([](std::size_t) { return std::optional<double>{1.0}; });
+  } else {
+    const double* taints = taint_multipliers_.data();
+    build([taints](std::size_t i) { return std::optional<double>{taints[i]}; });
   }
-  return candidates_;
+  exposed_ = inputs;
+  return {candidates, count};
 }
 
 void SelectionHost::compact_rows() {
-  const bool with_cache = !cache_.empty();
-  const bool with_load = !load_.empty();
-  const bool with_taint = !taint_multipliers_.empty();
+  const bool with_cache = declared_inputs_.contains(WorkerInputs::CACHE);
+  const bool with_load = declared_inputs_.contains(WorkerInputs::LOAD);
+  const bool with_taint =
+      declared_inputs_.contains(WorkerInputs::PREFERRED_TAINT) && !uniform_taint_multiplier_;
   std::size_t kept = 0;
-  for (std::size_t i = 0; i < rows_.size(); ++i) {
+  for (std::size_t i = 0; i < rows_count_; ++i) {
     if (keep_[i] == 0) continue;
     rows_[kept] = rows_[i];
+    candidates_[kept] = candidates_[i];  // its worker; the groups are rebuilt on next use
     if (with_cache) cache_[kept] = cache_[i];
     if (with_load) load_[kept] = load_[i];
     if (with_taint) taint_multipliers_[kept] = taint_multipliers_[i];
     ++kept;
   }
-  rows_.resize(kept);
-  if (with_cache) cache_.resize(kept);
-  if (with_load) load_.resize(kept);
-  if (with_taint) taint_multipliers_.resize(kept);
+  if (kept != rows_count_) exposed_.reset();
+  rows_count_ = kept;
 }
 
 std::expected<void, WorkerSelectionPolicyError> SelectionHost::run_filters(
     const WorkerSelectionContext& context) {
-  for (std::size_t f = 0; f < filters_.size() && !rows_.empty(); ++f) {
+  for (std::size_t f = 0; f < filters_.size() && rows_count_ > 0; ++f) {
     WorkerFilter& filter = *filters_[f];
     const auto candidates = candidates_for(filter.required_worker_inputs());
     keep_.assign(candidates.size(), 0);
@@ -177,40 +252,98 @@ std::expected<void, WorkerSelectionPolicyError> SelectionHost::run_filters(
   return {};
 }
 
-WorkerSelectionPolicyError SelectionHost::non_finite_cost(
-    std::size_t scorer, std::span<const WorkerCandidate> candidates,
-    std::span<const double> costs) const {
+WorkerSelectionPolicyError SelectionHost::non_finite_cost(std::size_t scorer,
+                                                          std::span<const double> costs) const {
   for (std::size_t i = 0; i < costs.size(); ++i) {
+    const WorkerWithDpRank worker = candidates_[i].worker();
     if (!std::isfinite(costs[i])) {
       return WorkerSelectionPolicyError::host(
           Kind::NonFiniteCost,
           fmt::format("scorer {} ({}) gave {} a non-finite or unwritten cost ({})", scorer,
-                      scorer_names_[scorer], row_name(i, candidates[i].worker()), costs[i]));
+                      scorer_names_[scorer], row_name(i, worker), costs[i]));
     }
     if (!std::isfinite(total_cost(i))) {
       return WorkerSelectionPolicyError::host(
           Kind::NonFiniteCost,
           fmt::format("the total cost of {} is not finite after scorer {} ({})",
-                      row_name(i, candidates[i].worker()), scorer, scorer_names_[scorer]));
+                      row_name(i, worker), scorer, scorer_names_[scorer]));
     }
   }
   return WorkerSelectionPolicyError::host(Kind::NonFiniteCost, "a cost is not finite");
 }
 
+bool SelectionHost::accumulate_costs(std::size_t scorer, std::span<const double> costs) {
+  const std::size_t count = costs.size();
+  const bool last = scorer + 1 == scorers_.size();
+  const WorkerCandidate* candidates = candidates_.data();
+  ScoredWorkerCandidate* scored = scored_.data();
+  // Each loop is branch-free per row: finiteness is and-ed up, and the row is looked up for the
+  // message only when something was not finite.
+  const auto emit = [&](auto taint_of) {
+    bool all_finite = true;
+    if (scorers_.size() == 1) {
+      // A single scorer's column is the total (total_cost() reads it there): no copy.
+      for (std::size_t i = 0; i < count; ++i) {
+        all_finite &= std::isfinite(costs[i]);
+        scored[i] = ScoredWorkerCandidate{candidates[i].worker(), costs[i], taint_of(i)};
+      }
+    } else {
+      double* totals = total_costs_.data();
+      for (std::size_t i = 0; i < count; ++i) {
+        totals[i] += costs[i];
+        all_finite &= std::isfinite(costs[i]) && std::isfinite(totals[i]);
+        scored[i] = ScoredWorkerCandidate{candidates[i].worker(), totals[i], taint_of(i)};
+      }
+    }
+    return all_finite;
+  };
+  if (last) {
+    if (!picker_inputs_.contains(WorkerInputs::PREFERRED_TAINT)) {
+      return emit([](std::size_t) { return std::optional<double>{}; });
+    }
+    if (uniform_taint_multiplier_) {
+      return emit([](std::size_t) { return std::optional<double>{1.0}; });
+    }
+    const double* taints = taint_multipliers_.data();
+    return emit([taints](std::size_t i) { return std::optional<double>{taints[i]}; });
+  }
+  bool all_finite = true;
+  double* totals = total_costs_.data();
+  if (scorer == 0) {
+    for (std::size_t i = 0; i < count; ++i) {
+      totals[i] = costs[i];
+      all_finite &= std::isfinite(costs[i]);
+    }
+  } else {
+    for (std::size_t i = 0; i < count; ++i) {
+      totals[i] += costs[i];
+      all_finite &= std::isfinite(costs[i]) && std::isfinite(totals[i]);
+    }
+  }
+  return all_finite;
+}
+
 std::expected<void, WorkerSelectionPolicyError> SelectionHost::run_scorers(
     const WorkerSelectionContext& context) {
-  const std::size_t count = rows_.size();
-  // One scorer: its column is the total. None: every total is 0.
+  const std::size_t count = rows_count_;
+  grow_to(scored_, count);
+  grow_to(scorer_costs_, scorers_.size() * count);
+  if (scorers_.size() != 1) grow_to(total_costs_, count);
   if (scorers_.empty()) {
-    total_costs_.assign(count, 0.0);
-  } else {
-    total_costs_.resize(scorers_.size() > 1 ? count : 0);
+    // No scorer: every total is 0.
+    std::fill_n(total_costs_.begin(), count, 0.0);
+    const bool with_taint = picker_inputs_.contains(WorkerInputs::PREFERRED_TAINT);
+    for (std::size_t i = 0; i < count; ++i) {
+      scored_[i] = ScoredWorkerCandidate{
+          candidates_[i].worker(), 0.0,
+          with_taint ? std::optional<double>{taint_multiplier(i)} : std::nullopt};
+    }
+    return {};
   }
-  scorer_costs_.resize(scorers_.size() * count);
   for (std::size_t s = 0; s < scorers_.size(); ++s) {
     WorkerScorer& scorer = *scorers_[s];
-    const auto candidates = candidates_for(scorer.required_worker_inputs());
     const std::span<double> costs{scorer_costs_.data() + s * count, count};
+    const auto candidates = candidates_for(scorer.required_worker_inputs());
     std::ranges::fill(costs, std::numeric_limits<double>::quiet_NaN());
     PolicyResult<void> scored;
     try {
@@ -223,23 +356,7 @@ std::expected<void, WorkerSelectionPolicyError> SelectionHost::run_scorers(
       return std::unexpected(
           component_failure("scorer", s, scorer_names_[s], scored.error().message()));
     }
-    // One branch-free pass adds the column and notes whether anything was not finite; the row
-    // is looked up for the message only when something was.
-    bool all_finite = true;
-    if (s == 0) {
-      // A single scorer's column is the total (total_cost() reads it there): no copy.
-      const bool copy = scorers_.size() > 1;
-      for (std::size_t i = 0; i < count; ++i) {
-        if (copy) total_costs_[i] = costs[i];
-        all_finite &= std::isfinite(costs[i]);
-      }
-    } else {
-      for (std::size_t i = 0; i < count; ++i) {
-        total_costs_[i] += costs[i];
-        all_finite &= std::isfinite(costs[i]) && std::isfinite(total_costs_[i]);
-      }
-    }
-    if (!all_finite) return std::unexpected(non_finite_cost(s, candidates, costs));
+    if (!accumulate_costs(s, costs)) return std::unexpected(non_finite_cost(s, costs));
   }
   return {};
 }
@@ -255,54 +372,44 @@ std::expected<SelectionResult, WorkerSelectionPolicyError> SelectionHost::select
                     partition.model, "' group '", partition.routing_group, "'")));
   }
 
-  // Most requests carry no restriction and no busy threshold is set: then availability is the
-  // only rule, checked without branches.
-  const bool restricted = request.pinned_worker || !request.allowed_workers.empty() ||
-                          !request.excluded_workers.empty() || !request.required_taints.empty() ||
-                          config_.busy_kv_usage_threshold || config_.busy_prefill_tokens_threshold;
-  rows_.resize(descriptors_.size());
-  std::size_t eligible_rows = 0;
-  for (std::size_t row = 0; row < descriptors_.size(); ++row) {
-    rows_[eligible_rows] = static_cast<std::uint32_t>(row);
-    const bool keep =
-        restricted ? eligible(request, descriptors_[row]) : descriptors_[row].available;
-    eligible_rows += keep ? 1 : 0;
-  }
-  rows_.resize(eligible_rows);
-  if (rows_.empty()) {
+  // Without preferred taints every multiplier is exp(-tanh(0)) = 1: no per-row array at all.
+  const bool with_taint = declared_inputs_.contains(WorkerInputs::PREFERRED_TAINT);
+  uniform_taint_multiplier_ = with_taint && request.preferred_taints.empty();
+  // The eligibility pass already builds the candidates the first component will see.
+  const WorkerInputs first_inputs = !filters_.empty()   ? filters_.front()->required_worker_inputs()
+                                    : !scorers_.empty() ? scorers_.front()->required_worker_inputs()
+                                                        : WorkerInputs::NONE;
+  rows_count_ = collect_eligible_rows(request, first_inputs);
+  if (rows_count_ == 0) {
     return std::unexpected(WorkerSelectionPolicyError::host(
         Kind::NoEligibleWorkers,
         fmt::format("{}{}{}{}{}", "none of ", descriptors_.size(), " ", as_str(worker_type_),
                     " workers is eligible (pin, allow-list, exclusions, required taints, busy "
                     "thresholds or availability)")));
   }
-  const std::size_t eligible_count = rows_.size();
+  const std::size_t eligible_count = rows_count_;
 
   // Compute only the signal groups some component declared.
   const bool with_cache = declared_inputs_.contains(WorkerInputs::CACHE);
   const bool with_load = declared_inputs_.contains(WorkerInputs::LOAD);
-  cache_.resize(with_cache ? rows_.size() : 0);
-  load_.resize(with_load ? rows_.size() : 0);
   if (with_cache || with_load) {
-    signals.compute_signals(request, worker_type_, rows_, cache_, load_);
+    signals.compute_signals(request, worker_type_, {rows_.data(), eligible_count},
+                            with_cache ? std::span<WorkerCacheInput>{cache_.data(), eligible_count}
+                                       : std::span<WorkerCacheInput>{},
+                            with_load ? std::span<WorkerLoadInput>{load_.data(), eligible_count}
+                                      : std::span<WorkerLoadInput>{});
   }
-  taint_multipliers_.clear();
-  uniform_taint_multiplier_ = false;
-  if (declared_inputs_.contains(WorkerInputs::PREFERRED_TAINT)) {
-    // Without preferred taints every multiplier is exp(-tanh(0)) = 1: no per-row array at all.
-    uniform_taint_multiplier_ = request.preferred_taints.empty();
-    if (!uniform_taint_multiplier_) {
-      taint_multipliers_.resize(rows_.size());
-      for (std::size_t i = 0; i < rows_.size(); ++i) {
-        taint_multipliers_[i] =
-            preferred_taint_multiplier(request.preferred_taints, descriptors_[rows_[i]].taints);
-      }
+  if (with_taint && !uniform_taint_multiplier_) {
+    grow_to(taint_multipliers_, eligible_count);
+    for (std::size_t i = 0; i < eligible_count; ++i) {
+      taint_multipliers_[i] =
+          preferred_taint_multiplier(request.preferred_taints, descriptors_[rows_[i]].taints);
     }
   }
 
   const WorkerSelectionContext context{request, config_.block_size, worker_type_, partition};
   if (auto filtered = run_filters(context); !filtered) return std::unexpected(filtered.error());
-  if (rows_.empty()) {
+  if (rows_count_ == 0) {
     return std::unexpected(WorkerSelectionPolicyError::host(
         Kind::AllFiltered,
         fmt::format("{}{}{}{}{}", "all eligible workers filtered (", eligible_count, " eligible, ",
@@ -310,22 +417,15 @@ std::expected<SelectionResult, WorkerSelectionPolicyError> SelectionHost::select
   }
   if (auto scored = run_scorers(context); !scored) return std::unexpected(scored.error());
 
-  const std::size_t count = rows_.size();
-  const WorkerInputs picker_inputs = picker_->required_worker_inputs();
-  const bool picker_taint = picker_inputs.contains(WorkerInputs::PREFERRED_TAINT);
-  scored_.resize(count);
-  for (std::size_t i = 0; i < count; ++i) {
-    scored_[i] = ScoredWorkerCandidate{
-        descriptors_[rows_[i]].worker, total_cost(i),
-        picker_taint ? std::optional<double>{taint_multiplier(i)} : std::nullopt};
-  }
-  const WorkerInputView view{scored_,
-                             picker_inputs.contains(WorkerInputs::CACHE)
-                                 ? std::optional<std::span<const WorkerCacheInput>>{cache_}
-                                 : std::nullopt,
-                             picker_inputs.contains(WorkerInputs::LOAD)
-                                 ? std::optional<std::span<const WorkerLoadInput>>{load_}
-                                 : std::nullopt};
+  const std::size_t count = rows_count_;
+  const WorkerInputView view{
+      std::span<const ScoredWorkerCandidate>{scored_.data(), count},
+      picker_inputs_.contains(WorkerInputs::CACHE)
+          ? std::optional<std::span<const WorkerCacheInput>>{{cache_.data(), count}}
+          : std::nullopt,
+      picker_inputs_.contains(WorkerInputs::LOAD)
+          ? std::optional<std::span<const WorkerLoadInput>>{{load_.data(), count}}
+          : std::nullopt};
   PolicyResult<std::size_t> picked = std::size_t{0};
   try {
     picked = picker_->pick(context, view);

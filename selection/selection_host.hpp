@@ -145,9 +145,23 @@ class SelectionHost {
 
  private:
   bool eligible(const SelectionRequest& request, const WorkerDescriptor& descriptor) const;
-  /// Rebuilds candidates_ for the current rows, exposing only the groups in `inputs`.
+  /// Where a candidate's cache and load pointers come from: row i points at base + i * step, and
+  /// an undeclared group is a null base with step 0.
+  struct RowColumns {
+    const WorkerCacheInput* cache = nullptr;
+    std::size_t cache_step = 0;
+    const WorkerLoadInput* load = nullptr;
+    std::size_t load_step = 0;
+  };
+
+  /// One pass over descriptors_: writes the eligible rows into rows_ and their candidates,
+  /// exposing `inputs`, into candidates_; returns how many.
+  std::size_t collect_eligible_rows(const SelectionRequest& request, WorkerInputs inputs);
+  RowColumns columns_for(WorkerInputs inputs) const;
+  /// The current rows' candidates exposing only the groups in `inputs`; rebuilt only when they
+  /// expose something else.
   std::span<const WorkerCandidate> candidates_for(WorkerInputs inputs);
-  /// The summed cost of row `i` (with one scorer, its column).
+  /// The summed cost of row `i` (with one scorer, its column; with none, 0).
   double total_cost(std::size_t i) const {
     return scorers_.size() == 1 ? scorer_costs_[i] : total_costs_[i];
   }
@@ -162,10 +176,13 @@ class SelectionHost {
       const plugins::worker_selection::WorkerSelectionContext& context);
   /// The error for the first non-finite contribution or total of scorer `scorer`.
   WorkerSelectionPolicyError non_finite_cost(std::size_t scorer,
-                                             std::span<const WorkerCandidate> candidates,
                                              std::span<const double> costs) const;
+  /// Runs the scorers and fills scored_ for the picker.
   std::expected<void, WorkerSelectionPolicyError> run_scorers(
       const plugins::worker_selection::WorkerSelectionContext& context);
+  /// Adds scorer `scorer`'s column to the totals and checks it; after the last scorer, the same
+  /// pass writes the picker's rows. Returns false when a contribution or total is not finite.
+  bool accumulate_costs(std::size_t scorer, std::span<const double> costs);
 
   RouterConfig config_;
   WorkerType worker_type_;
@@ -176,18 +193,25 @@ class SelectionHost {
   std::vector<std::string> scorer_names_;
   std::string picker_name_;
   WorkerInputs declared_inputs_;
+  WorkerInputs picker_inputs_;
 
   // Row-aligned scratch, reused across selections so that a warm selection does not allocate.
+  // The vectors only grow (to the largest fleet seen); rows [0, rows_count_) are current, so a
+  // selection never pays for value-initialising elements a previous one already had.
   std::span<const WorkerDescriptor> descriptors_;
-  std::vector<std::uint32_t> rows_;
+  std::size_t rows_count_ = 0;
+  std::vector<std::uint32_t> rows_;  // index into descriptors_
+  // Each row's worker, and its groups as the last component saw them: the eligibility pass
+  // builds them, so later passes never re-read the source's descriptors.
+  std::vector<WorkerCandidate> candidates_;
+  std::optional<WorkerInputs> exposed_;  // what candidates_ expose; empty: rebuild before use
   std::vector<WorkerCacheInput> cache_;
   std::vector<WorkerLoadInput> load_;
-  std::vector<double> taint_multipliers_;  // empty when uniform_taint_multiplier_
+  std::vector<double> taint_multipliers_;  // unused when uniform_taint_multiplier_
   bool uniform_taint_multiplier_ = false;
-  std::vector<WorkerCandidate> candidates_;
   std::vector<char> keep_;
   std::vector<double> scorer_costs_;  // scorer-major: scorer s, row i at s * rows + i
-  std::vector<double> total_costs_;
+  std::vector<double> total_costs_;   // unused with fewer than two scorers
   std::vector<plugins::worker_selection::ScoredWorkerCandidate> scored_;
 };
 

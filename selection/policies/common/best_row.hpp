@@ -40,14 +40,27 @@ constexpr std::weak_ordering lower_is_better(double a, double b) {
 }
 
 /// The row with the lowest cost, ties broken uniformly at random. `candidates` is non-empty.
+/// Draws exactly what best_row with lower_is_better draws, so a seed picks the same rows.
 inline std::size_t lowest_cost_row(std::span<const ScoredWorkerCandidate> candidates,
                                    PolicyRng& rng) {
-  return best_row(
-      candidates.size(),
-      [candidates](std::size_t a, std::size_t b) {
-        return lower_is_better(candidates[a].cost(), candidates[b].cost());
-      },
-      rng);
+  // best_row's comparator reloads the best row's cost and compares twice per row; keeping the
+  // best cost in a register lets the common row (costlier than the best) cost one compare.
+  std::size_t best = 0;
+  double best_cost = candidates[0].cost();
+  std::size_t ties = 1;
+  for (std::size_t row = 1; row < candidates.size(); ++row) {
+    const double cost = candidates[row].cost();
+    if (cost > best_cost) continue;
+    if (cost < best_cost) {
+      best = row;
+      best_cost = cost;
+      ties = 1;
+    } else {
+      ++ties;
+      if (rng.uniform_index(ties) == 0) best = row;
+    }
+  }
+  return best;
 }
 
 }  // namespace kvr::selection::policies

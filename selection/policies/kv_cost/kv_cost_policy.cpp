@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -30,8 +31,10 @@ constexpr std::array<RealParameter, 6> kRealParameters{{
     {"temperature", &KvCostParameters::temperature, 0.0, kUnbounded},
 }};
 
-// One row of the formula in the header comment. Inlined into both score() and score_all().
-inline double kv_cost(const KvCostWeights& weights, double request_blocks, double block_size,
+// One row of the formula in the header comment, with `to_blocks` turning tokens into blocks.
+// Inlined into both score() and score_all().
+template <class ToBlocks>
+inline double kv_cost(const KvCostWeights& weights, double request_blocks, ToBlocks to_blocks,
                       const WorkerCandidate& candidate) {
   double credit = 0.0;
   if (const WorkerCacheInput* cache = candidate.cache(); cache != nullptr) {
@@ -42,7 +45,7 @@ inline double kv_cost(const KvCostWeights& weights, double request_blocks, doubl
   double prefill_blocks = std::max(0.0, request_blocks - credit);
   double other_load = 0.0;
   if (const WorkerLoadInput* load = candidate.load(); load != nullptr && load->is_available()) {
-    prefill_blocks += static_cast<double>(load->active_prefill_tokens()) / block_size;
+    prefill_blocks += to_blocks(static_cast<double>(load->active_prefill_tokens()));
     other_load = load->decode_cost_blocks() +
                  weights.active_request_weight * static_cast<double>(load->active_requests());
   }
@@ -102,8 +105,10 @@ KvCostSettings KvCostSettings::resolve(const KvCostParameters& parameters,
 
 PolicyResult<double> KvCostScorer::score(const WorkerSelectionContext& context,
                                          const WorkerCandidate& candidate) {
-  return kv_cost(weights_, static_cast<double>(context.request_blocks()),
-                 static_cast<double>(context.block_size()), candidate);
+  const double block_size = static_cast<double>(context.block_size());
+  return kv_cost(
+      weights_, static_cast<double>(context.request_blocks()),
+      [block_size](double tokens) { return tokens / block_size; }, candidate);
 }
 
 PolicyResult<void> KvCostScorer::score_all(const WorkerSelectionContext& context,
@@ -112,9 +117,20 @@ PolicyResult<void> KvCostScorer::score_all(const WorkerSelectionContext& context
   // Hoisted out of the loop: one virtual call and a few loads per selection, not per row.
   const KvCostWeights weights = weights_;
   const double request_blocks = static_cast<double>(context.request_blocks());
-  const double block_size = static_cast<double>(context.block_size());
-  for (std::size_t row = 0; row < candidates.size(); ++row) {
-    costs[row] = kv_cost(weights, request_blocks, block_size, candidates[row]);
+  const std::size_t block_size = context.block_size();
+  const auto score_rows = [&](auto to_blocks) {
+    for (std::size_t row = 0; row < candidates.size(); ++row) {
+      costs[row] = kv_cost(weights, request_blocks, to_blocks, candidates[row]);
+    }
+  };
+  if (std::has_single_bit(block_size)) {
+    // Multiplying by the reciprocal of a power of two gives exactly the quotient (it only changes
+    // the exponent), and a multiply costs a fraction of a divide in the per-row loop.
+    const double reciprocal = 1.0 / static_cast<double>(block_size);
+    score_rows([reciprocal](double tokens) { return tokens * reciprocal; });
+  } else {
+    const double divisor = static_cast<double>(block_size);
+    score_rows([divisor](double tokens) { return tokens / divisor; });
   }
   return {};
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <stdexcept>
 
 #include <gtest/gtest.h>
@@ -354,17 +355,23 @@ TEST_F(SelectionHostTest, InfiniteTotalFailsEvenWhenEachContributionIsFinite) {
   EXPECT_NE(result.error().message().find("total cost"), std::string::npos);
 }
 
-// A batch scorer that forgets the last row.
+// A batch scorer that forgets the last row (from its `forget_from`-th call on).
 class ForgetfulBatchScorer final : public WorkerScorer {
  public:
+  explicit ForgetfulBatchScorer(int forget_from = 0) : forget_from_(forget_from) {}
   PolicyResult<double> score(const WorkerSelectionContext&, const WorkerCandidate&) override {
     return 0.0;
   }
   PolicyResult<void> score_all(const WorkerSelectionContext&, std::span<const WorkerCandidate> rows,
                                std::span<double> costs) override {
-    for (std::size_t i = 0; i + 1 < rows.size(); ++i) costs[i] = 1.0;
+    const std::size_t written = calls_++ >= forget_from_ ? rows.size() - 1 : rows.size();
+    for (std::size_t i = 0; i < written; ++i) costs[i] = 1.0;
     return {};
   }
+
+ private:
+  int forget_from_;
+  int calls_ = 0;
 };
 
 TEST_F(SelectionHostTest, UnwrittenScoreSlotFailsTheSelection) {
@@ -376,6 +383,37 @@ TEST_F(SelectionHostTest, UnwrittenScoreSlotFailsTheSelection) {
   ASSERT_FALSE(result);
   EXPECT_EQ(result.error().kind(), Kind::NonFiniteCost);
   EXPECT_NE(result.error().message().find("row 2"), std::string::npos);
+}
+
+TEST_F(SelectionHostTest, UnwrittenSlotFailsEvenWhereAnEarlierSelectionWroteIt) {
+  signals_.set_workers({worker(1), worker(2), worker(3)});
+  WorkerSelectionPolicy policy{config_, WorkerType::Aggregated,
+                               scorers_of(std::make_unique<ForgetfulBatchScorer>(1)),
+                               std::make_unique<LowestCostPicker>()};
+  ASSERT_TRUE(select(policy));
+  auto result = select(policy);
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind(), Kind::NonFiniteCost);
+  EXPECT_NE(result.error().message().find("row 2"), std::string::npos);
+}
+
+TEST_F(SelectionHostTest, UnwrittenSlotOfALaterScorerAfterFilteringFailsTheSelection) {
+  signals_.set_workers({worker(1), worker(2), worker(3), worker(4)});
+  std::vector<std::unique_ptr<WorkerFilter>> filters;
+  filters.push_back(std::make_unique<FunctionFilter>(
+      WorkerInputs::NONE,
+      [](const WorkerCandidate& c) { return PolicyResult<bool>{c.worker().worker_id != 2}; }));
+  std::vector<std::unique_ptr<WorkerScorer>> scorers;
+  scorers.push_back(id_scorer());
+  scorers.push_back(std::make_unique<ForgetfulBatchScorer>());
+  WorkerSelectionPolicy policy{config_, WorkerType::Aggregated, std::move(filters),
+                               std::move(scorers), std::make_unique<LowestCostPicker>()};
+  auto result = select(policy);
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind(), Kind::NonFiniteCost);
+  EXPECT_NE(result.error().message().find("scorer 1"), std::string::npos);
+  EXPECT_NE(result.error().message().find("row 2 (worker 4"), std::string::npos)
+      << result.error().message();
 }
 
 TEST_F(SelectionHostTest, PickerRowIsBoundsChecked) {
@@ -477,6 +515,78 @@ TEST_F(SelectionHostTest, ExceptionFailsOnlyThatSelection) {
   auto next = select(policy);
   ASSERT_TRUE(next);
   EXPECT_EQ(next->worker.worker_id, 1U);
+}
+
+// Records, per worker, the multiplier and cost the picker saw.
+class RecordingPicker final : public WorkerPicker {
+ public:
+  WorkerInputs required_worker_inputs() const override { return WorkerInputs::PREFERRED_TAINT; }
+  PolicyResult<std::size_t> pick(const WorkerSelectionContext&,
+                                 const WorkerInputView& view) override {
+    seen.clear();
+    for (const ScoredWorkerCandidate& row : view.candidates()) {
+      seen[row.worker().worker_id] = {row.preferred_taint_multiplier(), row.cost()};
+    }
+    return 0;
+  }
+  std::map<WorkerId, std::pair<std::optional<double>, double>> seen;
+};
+
+TEST_F(SelectionHostTest, RowsStayAlignedThroughFiltersScorersAndThePicker) {
+  // Per-worker taints, a filter that drops a row in the middle, and scorers with different
+  // groups: every component must see each worker's own multiplier, load and cost.
+  std::vector<FakeWorker> fleet;
+  for (WorkerId id = 1; id <= 5; ++id) {
+    FakeWorker fake = worker(id);
+    if (id % 2 == 1) fake.taints = {"zone=a"};
+    fleet.push_back(fake);
+  }
+  signals_.set_workers(fleet);
+  const std::vector<PreferredTaint> preferred{{"zone=a", 1.0}};
+  request_.preferred_taints = preferred;
+  const double tainted = std::exp(-std::tanh(1.0));
+  const auto multiplier_of = [&](WorkerId id) { return id % 2 == 1 ? tainted : 1.0; };
+
+  std::vector<std::unique_ptr<WorkerFilter>> filters;
+  // The filter and the first scorer declare the same groups, so the scorer sees candidates the
+  // host rebuilt after the filter removed a row.
+  const WorkerInputs load_and_taint = WorkerInputs::LOAD | WorkerInputs::PREFERRED_TAINT;
+  filters.push_back(std::make_unique<FunctionFilter>(load_and_taint, [&](const WorkerCandidate& c) {
+    EXPECT_EQ(c.load()->active_requests(), c.worker().worker_id);
+    EXPECT_EQ(c.preferred_taint_multiplier(), multiplier_of(c.worker().worker_id));
+    return PolicyResult<bool>{c.worker().worker_id != 2};
+  }));
+  std::vector<std::unique_ptr<WorkerScorer>> scorers;
+  scorers.push_back(std::make_unique<FunctionScorer>(load_and_taint, [&](const WorkerCandidate& c) {
+    EXPECT_EQ(c.preferred_taint_multiplier(), multiplier_of(c.worker().worker_id));
+    return PolicyResult<double>{static_cast<double>(c.load()->active_requests())};
+  }));
+  scorers.push_back(std::make_unique<FunctionScorer>(
+      WorkerInputs::PREFERRED_TAINT, [&](const WorkerCandidate& c) {
+        EXPECT_EQ(c.load(), nullptr);
+        EXPECT_EQ(c.preferred_taint_multiplier(), multiplier_of(c.worker().worker_id));
+        return PolicyResult<double>{*c.preferred_taint_multiplier()};
+      }));
+  auto picker = std::make_unique<RecordingPicker>();
+  auto* recorded = picker.get();
+  WorkerSelectionPolicy policy{config_, WorkerType::Aggregated, std::move(filters),
+                               std::move(scorers), std::move(picker)};
+  // Twice: the second selection reuses the first one's scratch.
+  for (int round = 0; round < 2; ++round) {
+    auto result = select(policy);
+    ASSERT_TRUE(result) << result.error().message();
+    EXPECT_EQ(result->kept_workers, 4U);
+    ASSERT_EQ(recorded->seen.size(), 4U);
+    EXPECT_FALSE(recorded->seen.contains(2));
+    for (const auto& [id, row] : recorded->seen) {
+      EXPECT_EQ(row.first, multiplier_of(id)) << "worker " << id;
+      // The load scorer's active requests equal the worker id (see worker()).
+      EXPECT_DOUBLE_EQ(row.second, static_cast<double>(id) + multiplier_of(id)) << "worker " << id;
+    }
+    EXPECT_EQ(result->worker.worker_id, 1U);
+    ASSERT_TRUE(result->load);
+    EXPECT_EQ(result->load->active_requests(), 1U);
+  }
 }
 
 TEST_F(SelectionHostTest, PreferredTaintMultiplierFollowsTheFormula) {

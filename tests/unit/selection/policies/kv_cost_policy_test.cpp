@@ -90,23 +90,28 @@ TEST_F(KvCostPolicyTest, WorkerWithoutLoadObservationHasNoLoadTerms) {
 }
 
 TEST_F(KvCostPolicyTest, BatchScoringEqualsScoringEachRow) {
-  const std::vector<WorkerCacheInput> cache{{1, 2, 3}, {0, 0, 0}, {9, 1, 0}};
+  const std::vector<WorkerCacheInput> cache{{1, 2, 3}, {0, 0, 0}, {9, 1, 0}, {0.5, 0, 0}};
   const std::vector<WorkerLoadInput> load{
       WorkerLoadInput{{.active_requests = 3, .active_prefill_tokens = 17, .decode_cost_blocks = 2}},
-      WorkerLoadInput{}, WorkerLoadInput{{.active_requests = 1, .decode_cost_blocks = 0.5}}};
+      WorkerLoadInput{}, WorkerLoadInput{{.active_requests = 1, .decode_cost_blocks = 0.5}},
+      WorkerLoadInput{{.active_prefill_tokens = 1'000'003, .decode_cost_blocks = 1}}};
   const std::vector<WorkerCandidate> candidates{
       WorkerCandidate{{1, 0}, &cache[0], &load[0], 0.8},
       WorkerCandidate{{2, 0}, &cache[1], &load[1], 1.0},
-      WorkerCandidate{{3, 1}, &cache[2], &load[2], std::nullopt}};
-  const WorkerSelectionContext context{request_, config_.block_size, WorkerType::Aggregated,
-                                       partition_};
+      WorkerCandidate{{3, 1}, &cache[2], &load[2], std::nullopt},
+      WorkerCandidate{{4, 0}, &cache[3], &load[3], std::nullopt}};
   KvCostScorer scorer{{.prefill_load_scale = 1.5, .active_request_weight = 0.25}};
-  std::vector<double> costs(candidates.size(), std::nan(""));
-  ASSERT_TRUE(scorer.score_all(context, candidates, costs));
-  for (std::size_t row = 0; row < candidates.size(); ++row) {
-    auto single = scorer.score(context, candidates[row]);
-    ASSERT_TRUE(single);
-    EXPECT_EQ(costs[row], *single) << "row " << row;
+  // The batch form multiplies by the reciprocal of a power-of-two block size and divides by any
+  // other; both must give exactly what score() gives.
+  for (const std::uint32_t block_size : {16U, 12U, 1U}) {
+    const WorkerSelectionContext context{request_, block_size, WorkerType::Aggregated, partition_};
+    std::vector<double> costs(candidates.size(), std::nan(""));
+    ASSERT_TRUE(scorer.score_all(context, candidates, costs));
+    for (std::size_t row = 0; row < candidates.size(); ++row) {
+      auto single = scorer.score(context, candidates[row]);
+      ASSERT_TRUE(single);
+      EXPECT_EQ(costs[row], *single) << "block size " << block_size << ", row " << row;
+    }
   }
 }
 
