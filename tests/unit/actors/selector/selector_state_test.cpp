@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "discovery/block_hash.hpp"
@@ -232,7 +233,7 @@ TEST_F(SelectorStateTest, RouteBooksSoTheNextKvCostRouteGoesElsewhere) {
   add_workers({1, 2});
   std::set<WorkerId> chosen;
   for (int i = 0; i < 2; ++i) {
-    const auto routed = route("r" + std::to_string(i), prompt_blocks(4, 10 + i));
+    const auto routed = route(fmt::format("r{}", i), prompt_blocks(4, 10 + i));
     ASSERT_TRUE(routed) << routed.error().message;
     chosen.insert(routed->worker.worker_id);
   }
@@ -247,7 +248,7 @@ TEST_F(SelectorStateTest, BookingsSpreadLoadBeforeTheFirstLoadReport) {
     ASSERT_TRUE(state.register_worker(registration(id), kStart));
   std::map<WorkerId, int> per_worker;
   for (int i = 0; i < 8; ++i) {
-    const auto routed = route("r" + std::to_string(i), prompt_blocks(4, 100 + i));
+    const auto routed = route(fmt::format("r{}", i), prompt_blocks(4, 100 + i));
     ASSERT_TRUE(routed) << routed.error().message;
     ++per_worker[routed->worker.worker_id];
   }
@@ -385,7 +386,7 @@ TEST_F(SelectorStateTest, DeregisteredWorkerIsNoLongerRouted) {
   // Its bookings went with it.
   EXPECT_EQ(state.discovery().load().open_bookings(), 0U);
   for (int i = 0; i < 4; ++i) {
-    const auto routed = route("after" + std::to_string(i), blocks);
+    const auto routed = route(fmt::format("after{}", i), blocks);
     ASSERT_TRUE(routed) << routed.error().message;
     EXPECT_EQ(routed->worker.worker_id, 2U);
     EXPECT_EQ(routed->device_overlap_blocks, 0U);
@@ -409,7 +410,7 @@ TEST_F(SelectorStateTest, ExpiredLeaseRemovesTheWorkerFromRouting) {
   EXPECT_EQ(state.discovery().catalog().find(1), nullptr);
   ASSERT_EQ(state.workers(WorkerType::Aggregated).size(), 1U);
   for (int i = 0; i < 3; ++i) {
-    const auto routed = route("r" + std::to_string(i), prompt_blocks(2, i), 0, kStart + 10s);
+    const auto routed = route(fmt::format("r{}", i), prompt_blocks(2, i), 0, kStart + 10s);
     ASSERT_TRUE(routed) << routed.error().message;
     EXPECT_EQ(routed->worker.worker_id, 2U);
   }

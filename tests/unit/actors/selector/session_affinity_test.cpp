@@ -4,6 +4,7 @@
 // soft-pinning walkthrough with the soft-affinity-load-guard policy).
 #include "actors/selector/session_affinity.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "discovery/block_hash.hpp"
@@ -346,7 +347,7 @@ TEST(SessionAffinityExpiryTest, AtMostMaxSessionsLeastRecentlyUsedEvicted) {
   EXPECT_EQ(affinity.binding("s1", kStart + 4s), kA);
   EXPECT_EQ(affinity.binding("s3", kStart + 4s), kC);
   EXPECT_EQ(affinity.binding("s4", kStart + 4s), kA);
-  for (int i = 0; i < 100; ++i) bind("many" + std::to_string(i), kB, kStart + 5s);
+  for (int i = 0; i < 100; ++i) bind(fmt::format("many{}", i), kB, kStart + 5s);
   EXPECT_EQ(affinity.size(), 3U);
 }
 
@@ -502,7 +503,7 @@ TEST_F(SessionAffinityRoutingTest, HardModeBindsTheFirstRequestAndDispatchesExac
   EXPECT_EQ(affinity_->binding("s", kStart), kA);
 
   for (int i = 2; i <= 5; ++i) {
-    const auto next = route("r" + std::to_string(i), &s);
+    const auto next = route(fmt::format("r{}", i), &s);
     ASSERT_TRUE(next) << next.error().message;
     EXPECT_EQ(next->routing, AffinityRouting::bound_dispatch);
     EXPECT_EQ(next->outcome.worker, kA);
@@ -590,7 +591,7 @@ TEST_F(SessionAffinityRoutingTest, WithoutASessionAffinityStaysOutOfTheWay) {
   make_state(kRoundRobin, options(SessionAffinityMode::hard));
   add_workers({1, 2});
   for (int i = 0; i < 4; ++i) {
-    const auto routed = route("r" + std::to_string(i), nullptr);
+    const auto routed = route(fmt::format("r{}", i), nullptr);
     ASSERT_TRUE(routed) << routed.error().message;
     EXPECT_EQ(routed->routing, AffinityRouting::none);
     EXPECT_EQ(routed->outcome.worker.worker_id, static_cast<WorkerId>(i % 2 + 1));
