@@ -2,6 +2,8 @@
 // selector per partition, the reservation actor books and leases, the ingress actor answers
 // actor clients (route, report, and generate with its stream). A fake publisher records what would
 // go out on NATS.
+#include <atomic>
+#include <memory>
 #include <mutex>
 #include <optional>
 
@@ -548,17 +550,26 @@ TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
   }
 }
 
-// A selector that never answers: every route request and report it is handed stays unanswered.
-caf::behavior silent_selector(caf::event_based_actor* self) {
+// A selector that never answers: it counts the route requests and booking updates it is handed
+// and leaves each unanswered.
+caf::behavior silent_selector(caf::event_based_actor* self,
+                              std::shared_ptr<std::atomic<int>> received) {
   return {
-      [self](route_atom, const RouteRequestData&) { (void)self->make_response_promise(); },
-      [self](booking_atom, const BookingUpdate&) { (void)self->make_response_promise(); },
+      [self, received](route_atom, const RouteRequestData&) {
+        ++*received;
+        (void)self->make_response_promise();
+      },
+      [self, received](booking_atom, const BookingUpdate&) {
+        ++*received;
+        (void)self->make_response_promise();
+      },
       [](selectors_atom, const caf::actor&) {},
   };
 }
 
 TEST_F(RouterActorsTest, ARequestItsSelectorLeavesUnansweredFailsWithATimeoutOnTheTick) {
-  auto silent = system_.spawn(silent_selector);
+  auto received = std::make_shared<std::atomic<int>>(0);
+  auto silent = system_.spawn(silent_selector, received);
   ReservationActorConfig config;
   config.discovery = silent;
   config.publisher = publisher_;
@@ -581,6 +592,7 @@ TEST_F(RouterActorsTest, ARequestItsSelectorLeavesUnansweredFailsWithATimeoutOnT
   // Failed at the first tick after the selector timeout, not by the client's own 5 s timeout.
   EXPECT_GE(waited, 100ms);
   EXPECT_LT(waited, 2s);
+  EXPECT_EQ(received->load(), 1);
   // The NATS client got the same answer on its reply subject.
   ASSERT_EQ(publisher_->published_on("client.reply").size(), 1U);
 
