@@ -21,7 +21,6 @@ using simulation::StepResult;
 constexpr std::string_view kReplayModel = "replay";
 
 enum class EventKind : std::uint8_t {
-  Arrival,     // a trace request arrives at the router
   StepEnd,     // a worker's engine step finishes: its tokens and events exist now
   KvDelivery,  // a worker's KV event batch reaches the router
   LoadReport,  // a worker's load report reaches the router
@@ -30,8 +29,8 @@ enum class EventKind : std::uint8_t {
 struct Event {
   double time_ms = 0;
   std::uint64_t sequence = 0;  // ties broken by scheduling order: deterministic
-  EventKind kind = EventKind::Arrival;
-  std::uint32_t subject = 0;  // request index, or worker index
+  EventKind kind = EventKind::StepEnd;
+  std::uint32_t subject = 0;  // worker index
   std::uint32_t payload = 0;  // index into the pending batches or load reports
 
   bool operator>(const Event& other) const {
@@ -61,20 +60,29 @@ class PolicyRun {
   std::vector<simulation::ReplayRequestOutcome> run(std::size_t policy_index,
                                                     std::map<std::string, std::size_t>& failures) {
     start_fleet();
-    for (std::size_t i = 0; i < requests_.size(); ++i) {
-      schedule(static_cast<double>(requests_[i].timestamp_ms) / options_.speedup,
-               EventKind::Arrival, static_cast<std::uint32_t>(i));
-    }
+    // Arrivals are known up front, so they are read in (time, trace index) order from a sorted
+    // list instead of sitting in the heap: the heap then holds only the few events of the workers.
+    // An arrival goes before a worker event due at the same time, as it would if every arrival
+    // had been scheduled first.
+    std::vector<std::uint32_t> arrivals(requests_.size());
+    for (std::size_t i = 0; i < arrivals.size(); ++i) arrivals[i] = static_cast<std::uint32_t>(i);
+    const auto arrival_ms = [this](std::uint32_t index) {
+      return static_cast<double>(requests_[index].timestamp_ms) / options_.speedup;
+    };
+    std::ranges::stable_sort(arrivals, {}, arrival_ms);
     std::size_t routed = 0;
-    while (!queue_.empty()) {
+    while (routed < arrivals.size() || !queue_.empty()) {
+      if (routed < arrivals.size() &&
+          (queue_.empty() || arrival_ms(arrivals[routed]) <= queue_.top().time_ms)) {
+        const std::uint32_t index = arrivals[routed];
+        arrive(index, arrival_ms(index), failures);
+        ++routed;
+        if (options_.on_progress) options_.on_progress(policy_index, routed);
+        continue;
+      }
       const Event event = queue_.top();
       queue_.pop();
       switch (event.kind) {
-        case EventKind::Arrival:
-          arrive(event.subject, event.time_ms, failures);
-          ++routed;
-          if (options_.on_progress) options_.on_progress(policy_index, routed);
-          break;
         case EventKind::StepEnd:
           finish_step(event.subject, event.time_ms);
           break;
