@@ -1,6 +1,9 @@
 #include "discovery/load/predicted_load.hpp"
 
 #include <algorithm>
+#include <utility>
+
+#include "messages/check.hpp"
 
 namespace kvr::discovery {
 namespace {
@@ -12,9 +15,8 @@ std::uint64_t plus_change(std::uint64_t reported, std::int64_t change) {
   return total < 0 ? 0 : static_cast<std::uint64_t>(total);
 }
 
-// Bookings are kvr's own decisions, not a publisher's claims, so the active-block index needs
-// no capacity bound beyond the bookings themselves.
-constexpr std::uint64_t kUnboundedBlocks = std::uint64_t{1} << 40;
+// Prompt blocks are looked up this many positions ahead, so that the ledger's misses overlap.
+constexpr std::size_t kPrefetchDistance = 8;
 
 // Debian's abseil has its own string_view type for heterogeneous lookup.
 absl::string_view as_key(std::string_view text) { return {text.data(), text.size()}; }
@@ -42,10 +44,13 @@ PredictedLoad::PredictedLoad() = default;
 std::expected<void, LoadError> PredictedLoad::add_rank(WorkerWithDpRank worker,
                                                        std::uint64_t total_kv_blocks) {
   if (ranks_.contains(worker)) return std::unexpected(LoadError::duplicate_rank);
-  const auto slot = active_blocks_.add_worker(worker, {kUnboundedBlocks, 0, false});
-  if (!slot) return std::unexpected(LoadError::duplicate_rank);
   RankState& state = ranks_[worker];
-  state.slot = *slot;
+  if (!free_slots_.empty()) {
+    state.slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    state.slot = slot_count_++;
+  }
   state.view.total_kv_blocks = total_kv_blocks;
   return {};
 }
@@ -56,14 +61,15 @@ std::size_t PredictedLoad::remove_worker(WorkerId worker_id) {
     if (booking.worker.worker_id == worker_id) doomed.push_back(request_id);
   }
   for (const std::string& request_id : doomed) release_booking(bookings_.find(as_key(request_id)));
+  // Releasing the bookings took the ranks' blocks out of the ledger, so their slots are free.
   for (auto it = ranks_.begin(); it != ranks_.end();) {
     if (it->first.worker_id == worker_id) {
+      free_slots_.push_back(it->second.slot);
       ranks_.erase(it++);
     } else {
       ++it;
     }
   }
-  active_blocks_.remove_worker(worker_id);
   return doomed.size();
 }
 
@@ -86,24 +92,21 @@ std::expected<void, LoadError> PredictedLoad::book(BookingRequest request) {
     return std::unexpected(LoadError::duplicate_booking);
   }
   RankState& state = rank->second;
-  // A block shared with requests already active on the rank is counted once; the newly active
-  // blocks form chains continuing blocks that are already active, indexed as Stored events.
-  KvStoredEvent stored;
-  for (std::size_t i = 0; i < request.prompt_blocks.size(); ++i) {
-    const BlockHash hash = request.prompt_blocks[i];
-    if (++state.block_refs[hash] == 1) {
+  // A block shared with requests already active on the rank is counted once.
+  const std::span<const BlockHash> blocks = request.prompt_blocks;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (i + kPrefetchDistance < blocks.size())
+      active_blocks_.prefetch(blocks[i + kPrefetchDistance]);
+    ActiveHolders& holders = active_blocks_[blocks[i]];
+    const auto holder = std::ranges::lower_bound(holders, state.slot, {}, &ActiveHolder::slot);
+    if (holder != holders.end() && holder->slot == state.slot) {
+      ++holder->bookings;
+    } else {
+      holders.insert(holder, ActiveHolder{state.slot, 1});
       ++state.view.booked_blocks;
       ++state.view.blocks_since_report;
-      if (stored.block_hashes.empty() && i > 0) stored.parent_hash = request.prompt_blocks[i - 1];
-      stored.block_hashes.push_back(hash);
-    } else if (!stored.block_hashes.empty()) {
-      (void)active_blocks_.apply_event(request.worker, stored);
-      stored = {};
     }
   }
-  // A prompt whose hashes do not chain may be refused by the index; the counts above stay exact
-  // and only that rank's new-block estimate is less precise.
-  if (!stored.block_hashes.empty()) (void)active_blocks_.apply_event(request.worker, stored);
   ++state.view.open_bookings;
   ++state.view.requests_since_report;
   state.view.booked_prefill_tokens += request.uncached_prefill_tokens;
@@ -159,27 +162,63 @@ void PredictedLoad::release_booking(
   }
   --rank.view.open_bookings;
   --rank.view.requests_since_report;
-  // Leaf first, so that dropping a block never cascades over blocks other bookings still hold.
-  KvRemovedEvent removed;
-  for (auto it = state.prompt_blocks.rbegin(); it != state.prompt_blocks.rend(); ++it) {
-    const auto ref = rank.block_refs.find(*it);
-    if (ref == rank.block_refs.end()) continue;  // a hash repeated within the prompt
-    if (--ref->second == 0) {
-      rank.block_refs.erase(ref);
-      --rank.view.booked_blocks;
-      --rank.view.blocks_since_report;
-      removed.block_hashes.push_back(*it);
-    }
+  const std::span<const BlockHash> blocks = state.prompt_blocks;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (i + kPrefetchDistance < blocks.size())
+      active_blocks_.prefetch(blocks[i + kPrefetchDistance]);
+    // Every block of an open booking is in the ledger (check_consistency verifies it).
+    const auto entry = active_blocks_.find(blocks[i]);
+    KVR_ASSERT(entry != active_blocks_.end());
+    ActiveHolders& holders = entry->second;
+    const auto holder = std::ranges::lower_bound(holders, rank.slot, {}, &ActiveHolder::slot);
+    KVR_ASSERT(holder != holders.end() && holder->slot == rank.slot);
+    if (--holder->bookings > 0) continue;
+    holders.erase(holder);
+    --rank.view.booked_blocks;
+    --rank.view.blocks_since_report;
+    if (holders.empty()) active_blocks_.erase(entry);
   }
-  if (!removed.block_hashes.empty()) (void)active_blocks_.apply_event(state.worker, removed);
   expiries_.erase(state.expiry);
   bookings_.erase(booking);
 }
 
 void PredictedLoad::prepare(std::span<const BlockHash> prompt_blocks,
                             ProjectionScratch& scratch) const {
-  active_blocks_.find_matches(prompt_blocks, scratch.active_prefix_);
-  scratch.prompt_blocks_ = prompt_blocks.size();
+  if (scratch.prefix_.size() < slot_count_) scratch.prefix_.resize(slot_count_);
+  if (++scratch.epoch_ == 0) {
+    // Epoch wrapped: stale stamps could look current, so reset them once every 2^32 prepares.
+    for (ProjectionScratch::RankPrefix& prefix : scratch.prefix_) prefix = {};
+    scratch.epoch_ = 1;
+  }
+  const auto finish = [&scratch](RankSlot slot, std::size_t depth) {
+    scratch.prefix_[slot] = {scratch.epoch_, static_cast<std::uint32_t>(depth)};
+  };
+  // Walk the prompt while some rank still has every block so far active: at each level the
+  // ranks that lack the block drop out with the depth reached.
+  scratch.active_.clear();
+  std::size_t depth = 0;
+  for (; depth < prompt_blocks.size(); ++depth) {
+    const auto entry = active_blocks_.find(prompt_blocks[depth]);
+    if (entry == active_blocks_.end()) break;
+    const ActiveHolders& holders = entry->second;
+    scratch.next_active_.clear();
+    if (depth == 0) {
+      for (const ActiveHolder& holder : holders) scratch.next_active_.push_back(holder.slot);
+    } else {
+      auto holder = holders.begin();
+      for (const RankSlot slot : scratch.active_) {
+        while (holder != holders.end() && holder->slot < slot) ++holder;
+        if (holder != holders.end() && holder->slot == slot) {
+          scratch.next_active_.push_back(slot);
+        } else {
+          finish(slot, depth);
+        }
+      }
+    }
+    scratch.active_.swap(scratch.next_active_);
+    if (scratch.active_.empty()) return;
+  }
+  for (const RankSlot slot : scratch.active_) finish(slot, depth);
 }
 
 std::optional<LoadProjection> PredictedLoad::project(WorkerWithDpRank worker,
@@ -188,8 +227,9 @@ std::optional<LoadProjection> PredictedLoad::project(WorkerWithDpRank worker,
   const auto it = ranks_.find(worker);
   if (it == ranks_.end()) return std::nullopt;
   const RankState& state = it->second;
-  const WorkerMatch* active = scratch.active_prefix_.find(state.slot);
-  const std::uint64_t active_prefix = active ? active->matched_blocks() : 0;
+  const bool prepared =
+      state.slot < scratch.prefix_.size() && scratch.prefix_[state.slot].epoch == scratch.epoch_;
+  const std::uint64_t active_prefix = prepared ? scratch.prefix_[state.slot].blocks : 0;
   LoadProjection projection;
   projection.is_available = state.view.confirmed.has_value();
   const ConfirmedLoad confirmed = state.view.confirmed.value_or(ConfirmedLoad{});
@@ -211,6 +251,43 @@ std::optional<RankLoadView> PredictedLoad::rank_load(WorkerWithDpRank worker) co
   const auto it = ranks_.find(worker);
   if (it == ranks_.end()) return std::nullopt;
   return it->second.view;
+}
+
+std::expected<void, std::string> PredictedLoad::check_consistency() const {
+  // The ledger recomputed from the open bookings: (block, rank slot) -> bookings.
+  absl::flat_hash_map<std::pair<BlockHash, RankSlot>, std::uint32_t> expected;
+  for (const auto& [request_id, booking] : bookings_) {
+    const auto rank = ranks_.find(booking.worker);
+    if (rank == ranks_.end()) return std::unexpected("booking " + request_id + " on no rank");
+    for (const BlockHash hash : booking.prompt_blocks) ++expected[{hash, rank->second.slot}];
+  }
+  absl::flat_hash_map<RankSlot, std::uint64_t> blocks_per_slot;
+  std::size_t entries = 0;
+  for (const auto& [hash, holders] : active_blocks_) {
+    const std::string where = "block " + std::to_string(hash) + ": ";
+    if (holders.empty()) return std::unexpected(where + "has no holders");
+    for (std::size_t i = 0; i < holders.size(); ++i) {
+      if (i > 0 && holders[i - 1].slot >= holders[i].slot) {
+        return std::unexpected(where + "holders not sorted");
+      }
+      const auto want = expected.find({hash, holders[i].slot});
+      if (want == expected.end() || want->second != holders[i].bookings) {
+        return std::unexpected(where + "booking count differs from the open bookings");
+      }
+      ++blocks_per_slot[holders[i].slot];
+      ++entries;
+    }
+  }
+  if (entries != expected.size()) return std::unexpected("ledger misses blocks of open bookings");
+  for (const auto& [worker, rank] : ranks_) {
+    const auto counted = blocks_per_slot.find(rank.slot);
+    const std::uint64_t held = counted == blocks_per_slot.end() ? 0 : counted->second;
+    if (held != rank.view.booked_blocks) {
+      return std::unexpected("rank " + std::to_string(worker.worker_id) + "/" +
+                             std::to_string(worker.dp_rank) + ": booked_blocks differs");
+    }
+  }
+  return {};
 }
 
 }  // namespace kvr::discovery

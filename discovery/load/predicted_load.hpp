@@ -18,8 +18,8 @@
 #include <vector>
 
 #include <absl/container/flat_hash_map.h>
+#include <absl/container/inlined_vector.h>
 
-#include "discovery/indexer/kv_indexer.hpp"
 #include "messages/ids.hpp"
 
 namespace kvr::discovery {
@@ -91,13 +91,22 @@ struct LoadProjection {
   friend bool operator==(const LoadProjection&, const LoadProjection&) = default;
 };
 
-/// Per-request scratch of the projection: which prefix of the candidate's prompt is already
-/// active (booked) on each rank. Reuse one across requests; a warm prepare allocates nothing.
+/// Per-request scratch of the projection: how long a prefix of the candidate's prompt is
+/// already active (booked) on each rank. Reuse one across requests; a warm prepare allocates
+/// nothing.
 class ProjectionScratch {
  private:
   friend class PredictedLoad;
-  MatchResult active_prefix_;
-  std::uint64_t prompt_blocks_ = 0;
+  // Per rank slot; an entry counts only when its epoch is the current prepare's, so starting a
+  // prepare never touches the whole array.
+  struct RankPrefix {
+    std::uint32_t epoch = 0;
+    std::uint32_t blocks = 0;
+  };
+  std::vector<RankPrefix> prefix_;
+  std::vector<std::uint32_t> active_;  // rank slots still matching, ascending
+  std::vector<std::uint32_t> next_active_;
+  std::uint32_t epoch_ = 0;
 };
 
 /// Uncached prompt tokens when `cached_blocks` leading blocks of `block_size` tokens are reused.
@@ -150,15 +159,30 @@ class PredictedLoad {
   std::size_t open_bookings() const { return bookings_.size(); }
   /// True while a booking with this request id is open.
   bool has_booking(std::string_view request_id) const;
-  /// Index of blocks active in open bookings (tests check it drains).
-  const KvIndexer& active_blocks() const { return active_blocks_; }
+  /// Distinct prompt blocks active in open bookings, over all ranks (tests check it drains).
+  std::size_t active_block_count() const { return active_blocks_.size(); }
+
+  /// Verifies that the ledger of active blocks equals the one recomputed from the open bookings
+  /// and that every rank's booked_blocks matches it; the message names the first difference.
+  /// For tests; O(bookings × prompt blocks).
+  std::expected<void, std::string> check_consistency() const;
 
  private:
+  // A small integer per tracked rank, so that ledger entries and scratch arrays are compact.
+  using RankSlot = std::uint32_t;
+
   struct RankState {
-    SlotId slot = 0;  // in active_blocks_
+    RankSlot slot = 0;
     RankLoadView view;
-    absl::flat_hash_map<BlockHash, std::uint32_t> block_refs;  // prompt block -> open bookings
   };
+  // One rank on which a prompt block is active, and in how many open bookings (a hash repeated
+  // within one prompt counts once per occurrence).
+  struct ActiveHolder {
+    RankSlot slot = 0;
+    std::uint32_t bookings = 0;
+  };
+  // Sorted by slot; nearly always one rank, so kept inline.
+  using ActiveHolders = absl::InlinedVector<ActiveHolder, 1>;
   struct BookingState {
     WorkerWithDpRank worker;
     std::vector<BlockHash> prompt_blocks;
@@ -172,9 +196,13 @@ class PredictedLoad {
   absl::flat_hash_map<WorkerWithDpRank, RankState> ranks_;
   absl::flat_hash_map<std::string, BookingState> bookings_;
   std::multimap<std::chrono::steady_clock::time_point, std::string> expiries_;
-  // Active prompt blocks per rank, as an index, so one prefix walk per request answers every
-  // rank's "how much of this prompt is already active here".
-  KvIndexer active_blocks_;
+  // The ledger of active prompt blocks: block -> ranks holding it in open bookings. One lookup
+  // per block books or releases it, and one walk along a prompt answers every rank's "how much
+  // of this prompt is already active here". It holds only the blocks of requests in flight, so
+  // it stays small and cache-resident, unlike the KV index.
+  absl::flat_hash_map<BlockHash, ActiveHolders> active_blocks_;
+  std::vector<RankSlot> free_slots_;
+  RankSlot slot_count_ = 0;
 };
 
 }  // namespace kvr::discovery
