@@ -25,17 +25,35 @@ PrefixMatch BlockPool::match_prefix(std::span<const BlockHash> hashes) const {
   return match;
 }
 
+PrefixMatch BlockPool::match_prefix(std::span<const BlockHash> hashes,
+                                    std::vector<BlockIndex>& found) const {
+  PrefixMatch match;
+  found.clear();
+  for (BlockHash hash : hashes) {
+    const auto entry = by_hash_.find(hash);
+    if (entry == by_hash_.end()) break;
+    ++match.blocks;
+    if (blocks_[entry->second].ref_count == 0) ++match.unreferenced;
+    found.push_back(entry->second);
+  }
+  return match;
+}
+
 BlockIndex BlockPool::acquire(BlockHash hash) {
   const auto found = by_hash_.find(hash);
   KVR_ASSERT(found != by_hash_.end());
-  const BlockIndex index = found->second;
+  acquire_block(found->second);
+  return found->second;
+}
+
+void BlockPool::acquire_block(BlockIndex index) {
   Block& block = blocks_[index];
+  KVR_ASSERT(block.has_hash);
   if (block.ref_count == 0) {
     lru_unlink(index);
     ++active_blocks_;
   }
   ++block.ref_count;
-  return index;
 }
 
 std::optional<BlockIndex> BlockPool::allocate() {
@@ -45,6 +63,15 @@ std::optional<BlockIndex> BlockPool::allocate() {
     free_.pop_back();
   } else if (lru_head_ != kNoBlock) {
     index = lru_head_;
+    // Evictions come in runs (a prefill chunk's new blocks) and each one's block and hash-map
+    // entry are cold, so warm the next victim's map entry and the block after it: within a run,
+    // those misses then overlap instead of following one another.
+    if (const BlockIndex next = blocks_[index].lru_next; next != kNoBlock) {
+      by_hash_.prefetch(blocks_[next].hash);
+      if (const BlockIndex after = blocks_[next].lru_next; after != kNoBlock) {
+        __builtin_prefetch(&blocks_[after]);
+      }
+    }
     lru_unlink(index);
     Block& evicted = blocks_[index];
     by_hash_.erase(evicted.hash);

@@ -54,9 +54,17 @@ class BlockPool {
   /// The longest prefix of hashes present in the pool; touches nothing.
   PrefixMatch match_prefix(std::span<const BlockHash> hashes) const;
 
+  /// As above, and replaces the contents of `found` with the matched blocks, in prompt order,
+  /// for acquire_block.
+  PrefixMatch match_prefix(std::span<const BlockHash> hashes, std::vector<BlockIndex>& found) const;
+
   /// Takes a reference on the block holding hash, which must be present; a cached block becomes
   /// active and leaves the eviction order.
   BlockIndex acquire(BlockHash hash);
+
+  /// As acquire, for a block match_prefix just found (no allocation since), without looking
+  /// its hash up again.
+  void acquire_block(BlockIndex block);
 
   /// Takes an empty block with one reference: a free one if any, else evicts the least recently
   /// released cached block (queuing a Removed event); nullopt when every block is active.

@@ -194,7 +194,7 @@ void Engine::admit_waiting(std::uint64_t& budget) {
     Sequence& sequence = *waiting_.front();
     const std::span<const BlockHash> reusable(sequence.block_hashes.data(),
                                               max_reusable_blocks(sequence));
-    const PrefixMatch match = pool_.match_prefix(reusable);
+    const PrefixMatch match = pool_.match_prefix(reusable, matched_blocks_);
     const std::uint64_t cached_tokens = match.blocks * config_.block_size;
     const std::uint64_t wanted = std::min(sequence.total_tokens() - cached_tokens, budget);
     const std::uint64_t new_blocks = blocks_for(cached_tokens + wanted) - match.blocks;
@@ -203,8 +203,9 @@ void Engine::admit_waiting(std::uint64_t& budget) {
     if (pool_.available_blocks() - match.unreferenced < new_blocks) break;
     waiting_.pop_front();
 
-    for (std::size_t block = 0; block < match.blocks; ++block) {
-      sequence.blocks.push_back(pool_.acquire(sequence.block_hashes[block]));
+    for (const BlockIndex block : matched_blocks_) {
+      pool_.acquire_block(block);
+      sequence.blocks.push_back(block);
     }
     for (std::uint64_t block = 0; block < new_blocks; ++block) {
       const std::optional<BlockIndex> allocated = pool_.allocate();

@@ -258,6 +258,8 @@ class Engine {
   std::deque<Sequence*> waiting_;
   // This step's work in scheduling order, kept between steps to reuse its memory.
   std::vector<ScheduledWork> scheduled_;
+  // The cached prefix of the request being admitted (scratch).
+  std::vector<BlockIndex> matched_blocks_;
   std::uint64_t step_count_ = 0;
   std::uint64_t pending_prefill_tokens_ = 0;
   bool preempted_this_step_ = false;
