@@ -5,6 +5,12 @@
 #include "messages/check.hpp"
 
 namespace kvr::simulation {
+namespace {
+
+// Runs of blocks look their hashes up this many positions ahead, so the misses overlap.
+constexpr std::size_t kPrefetchDistance = 8;
+
+}  // namespace
 
 BlockPool::BlockPool(std::uint32_t total_blocks) : blocks_(total_blocks) {
   KVR_ASSERT(total_blocks < kNoBlock);
@@ -16,8 +22,9 @@ BlockPool::BlockPool(std::uint32_t total_blocks) : blocks_(total_blocks) {
 
 PrefixMatch BlockPool::match_prefix(std::span<const BlockHash> hashes) const {
   PrefixMatch match;
-  for (BlockHash hash : hashes) {
-    const auto found = by_hash_.find(hash);
+  for (std::size_t i = 0; i < hashes.size(); ++i) {
+    if (i + kPrefetchDistance < hashes.size()) by_hash_.prefetch(hashes[i + kPrefetchDistance]);
+    const auto found = by_hash_.find(hashes[i]);
     if (found == by_hash_.end()) break;
     ++match.blocks;
     if (blocks_[found->second].ref_count == 0) ++match.unreferenced;
@@ -29,8 +36,9 @@ PrefixMatch BlockPool::match_prefix(std::span<const BlockHash> hashes,
                                     std::vector<BlockIndex>& found) const {
   PrefixMatch match;
   found.clear();
-  for (BlockHash hash : hashes) {
-    const auto entry = by_hash_.find(hash);
+  for (std::size_t i = 0; i < hashes.size(); ++i) {
+    if (i + kPrefetchDistance < hashes.size()) by_hash_.prefetch(hashes[i + kPrefetchDistance]);
+    const auto entry = by_hash_.find(hashes[i]);
     if (entry == by_hash_.end()) break;
     ++match.blocks;
     if (blocks_[entry->second].ref_count == 0) ++match.unreferenced;
@@ -100,6 +108,16 @@ bool BlockPool::commit(BlockIndex index, BlockHash hash, std::optional<BlockHash
   return true;
 }
 
+void BlockPool::commit_run(std::span<const BlockIndex> blocks, std::span<const BlockHash> hashes,
+                           std::optional<BlockHash> parent) {
+  KVR_ASSERT(blocks.size() == hashes.size());
+  for (std::size_t i = 0; i < hashes.size(); ++i) {
+    if (i + kPrefetchDistance < hashes.size()) by_hash_.prefetch(hashes[i + kPrefetchDistance]);
+    commit(blocks[i], hashes[i], parent);
+    parent = hashes[i];
+  }
+}
+
 void BlockPool::release(BlockIndex index) {
   Block& block = blocks_[index];
   KVR_ASSERT(block.ref_count > 0);
@@ -126,6 +144,11 @@ void BlockPool::clear() {
 }
 
 std::vector<KvEvent> BlockPool::take_events() { return std::exchange(events_, {}); }
+
+void BlockPool::take_events(std::vector<KvEvent>& out) {
+  out.clear();
+  out.swap(events_);
+}
 
 std::vector<KvStoredEvent> BlockPool::dump() const {
   // Children lists in block-index order, and roots (no parent, or parent gone) likewise, so the

@@ -75,6 +75,11 @@ class BlockPool {
   /// the block anonymous, when another block already holds hash (no duplicate announcements).
   bool commit(BlockIndex block, BlockHash hash, std::optional<BlockHash> parent);
 
+  /// Commits blocks[i] under hashes[i] for every i, each chained to the hash before it (the
+  /// first to parent): the same as calling commit() in order, with the hash-map misses overlapped.
+  void commit_run(std::span<const BlockIndex> blocks, std::span<const BlockHash> hashes,
+                  std::optional<BlockHash> parent);
+
   /// Drops one reference; at zero a hashed block becomes cached (most recently released) and an
   /// anonymous one becomes free.
   void release(BlockIndex block);
@@ -85,6 +90,10 @@ class BlockPool {
 
   /// The events queued since the last call, in the order they happened.
   std::vector<KvEvent> take_events();
+
+  /// As above, into `out` (its previous contents are dropped); the pool keeps out's memory for
+  /// the next events.
+  void take_events(std::vector<KvEvent>& out);
 
   /// Every hashed block (active and cached) as Stored chains that rebuild an index when applied
   /// in order: each chain's parent is either none or a block earlier in the dump, unless that

@@ -75,8 +75,22 @@ bool Engine::abort_request(EngineRequestId id) {
 
 StepResult Engine::step(double now_ms) {
   StepResult result;
+  step(now_ms, result);
+  return result;
+}
+
+void Engine::step(double now_ms, StepResult& result) {
   result.start_ms = now_ms;
-  if (!has_work()) return result;
+  result.duration_ms = 0.0;
+  result.prefill_tokens = 0;
+  result.decode_requests = 0;
+  result.kv_utilisation = 0.0;
+  result.kv_events.clear();
+  result.first_tokens.clear();
+  result.next_tokens.clear();
+  result.completions.clear();
+  result.preempted.clear();
+  if (!has_work()) return;
 
   ++step_count_;
   scheduled_.clear();
@@ -102,8 +116,7 @@ StepResult Engine::step(double now_ms) {
   result.duration_ms =
       timing_.step_ms(result.prefill_tokens, result.decode_requests, result.kv_utilisation);
   finish_step(result.end_ms(), result);
-  result.kv_events = pool_.take_events();
-  return result;
+  pool_.take_events(result.kv_events);
 }
 
 EngineLoad Engine::load() const {
@@ -229,6 +242,10 @@ void Engine::admit_waiting(std::uint64_t& budget) {
 std::optional<std::uint64_t> Engine::reserve_slots(std::size_t running_index, std::uint64_t wanted,
                                                    StepResult& result) {
   Sequence& sequence = *running_[running_index];
+  const std::uint64_t block_size = config_.block_size;
+  // Nearly every decode fits in the blocks it holds; checked by a product, since this runs for
+  // every running request in every step and a division is slow.
+  if (sequence.computed_tokens + wanted <= sequence.blocks.size() * block_size) return wanted;
   const std::uint64_t needed_blocks = blocks_for(sequence.computed_tokens + wanted);
   while (sequence.blocks.size() < needed_blocks) {
     if (const std::optional<BlockIndex> block = pool_.allocate()) {
@@ -247,7 +264,7 @@ std::optional<std::uint64_t> Engine::reserve_slots(std::size_t running_index, st
     // A prefill chunk shrinks to the blocks it holds; the decodes around it will free more.
     break;
   }
-  const std::uint64_t capacity = sequence.blocks.size() * std::uint64_t{config_.block_size};
+  const std::uint64_t capacity = sequence.blocks.size() * block_size;
   return std::min(wanted, capacity - sequence.computed_tokens);
 }
 
@@ -288,12 +305,13 @@ void Engine::commit_full_blocks(Sequence& sequence) {
   if (!config_.enable_prefix_caching) return;
   const std::size_t full_blocks = static_cast<std::size_t>(std::min<std::uint64_t>(
       sequence.computed_tokens / config_.block_size, sequence.block_hashes.size()));
-  for (; sequence.committed_blocks < full_blocks; ++sequence.committed_blocks) {
-    const std::size_t block = sequence.committed_blocks;
-    const std::optional<BlockHash> parent =
-        block == 0 ? std::nullopt : std::optional(sequence.block_hashes[block - 1]);
-    pool_.commit(sequence.blocks[block], sequence.block_hashes[block], parent);
-  }
+  const std::size_t first = sequence.committed_blocks;
+  if (first >= full_blocks) return;
+  const std::optional<BlockHash> parent =
+      first == 0 ? std::nullopt : std::optional(sequence.block_hashes[first - 1]);
+  pool_.commit_run(std::span(sequence.blocks).subspan(first, full_blocks - first),
+                   std::span(sequence.block_hashes).subspan(first, full_blocks - first), parent);
+  sequence.committed_blocks = full_blocks;
 }
 
 void Engine::finish_step(double end_ms, StepResult& result) {
