@@ -1,6 +1,9 @@
 #include "deploy/simulation/block_pool.hpp"
 
+#include <algorithm>
 #include <utility>
+
+#include <absl/container/flat_hash_map.h>
 
 #include "messages/check.hpp"
 
@@ -12,7 +15,10 @@ constexpr std::size_t kPrefetchDistance = 8;
 
 }  // namespace
 
-BlockPool::BlockPool(std::uint32_t total_blocks) : blocks_(total_blocks) {
+BlockPool::BlockPool(std::uint32_t total_blocks)
+    : blocks_(std::make_unique<Block[]>(total_blocks)),
+      total_blocks_(total_blocks),
+      by_hash_(0, BlockRefHash{blocks_.get()}, BlockRefEq{blocks_.get()}) {
   KVR_ASSERT(total_blocks < kNoBlock);
   free_.reserve(total_blocks);
   // Reversed so that a fresh pool hands out block 0 first, which keeps dumps easy to read.
@@ -27,7 +33,7 @@ PrefixMatch BlockPool::match_prefix(std::span<const BlockHash> hashes) const {
     const auto found = by_hash_.find(hashes[i]);
     if (found == by_hash_.end()) break;
     ++match.blocks;
-    if (blocks_[found->second].ref_count == 0) ++match.unreferenced;
+    if (blocks_[found->index].ref_count == 0) ++match.unreferenced;
   }
   return match;
 }
@@ -41,8 +47,8 @@ PrefixMatch BlockPool::match_prefix(std::span<const BlockHash> hashes,
     const auto entry = by_hash_.find(hashes[i]);
     if (entry == by_hash_.end()) break;
     ++match.blocks;
-    if (blocks_[entry->second].ref_count == 0) ++match.unreferenced;
-    found.push_back(entry->second);
+    if (blocks_[entry->index].ref_count == 0) ++match.unreferenced;
+    found.push_back(entry->index);
   }
   return match;
 }
@@ -50,8 +56,8 @@ PrefixMatch BlockPool::match_prefix(std::span<const BlockHash> hashes,
 BlockIndex BlockPool::acquire(BlockHash hash) {
   const auto found = by_hash_.find(hash);
   KVR_ASSERT(found != by_hash_.end());
-  acquire_block(found->second);
-  return found->second;
+  acquire_block(found->index);
+  return found->index;
 }
 
 void BlockPool::acquire_block(BlockIndex index) {
@@ -99,8 +105,11 @@ bool BlockPool::commit(BlockIndex index, BlockHash hash, std::optional<BlockHash
   KVR_ASSERT(block.ref_count > 0 && !block.has_hash);
   // Two requests computing the same block in one step both hold a copy; like vLLM, only the
   // first is registered and the other stays anonymous, so the router hears of the hash once.
-  if (!by_hash_.try_emplace(hash, index).second) return false;
-  block.hash = hash;
+  block.hash = hash;  // read by the hash index's functors
+  if (!by_hash_.insert(BlockRef{index}).second) {
+    block.hash = 0;
+    return false;
+  }
   block.has_hash = true;
   block.has_parent = parent.has_value();
   block.parent_hash = parent.value_or(0);
@@ -131,8 +140,8 @@ void BlockPool::release(BlockIndex index) {
 }
 
 void BlockPool::clear() {
-  const auto total = static_cast<std::uint32_t>(blocks_.size());
-  blocks_.assign(total, Block{});
+  const std::uint32_t total = total_blocks_;
+  std::fill_n(blocks_.get(), total, Block{});
   free_.clear();
   for (BlockIndex block = total; block > 0; --block) free_.push_back(block - 1);
   by_hash_.clear();
@@ -155,7 +164,7 @@ std::vector<KvStoredEvent> BlockPool::dump() const {
   // dump does not depend on the hash map's iteration order.
   absl::flat_hash_map<BlockHash, std::vector<BlockIndex>> children;
   std::vector<BlockIndex> roots;
-  for (BlockIndex index = 0; index < blocks_.size(); ++index) {
+  for (BlockIndex index = 0; index < total_blocks_; ++index) {
     const Block& block = blocks_[index];
     if (!block.has_hash) continue;
     if (block.has_parent && by_hash_.contains(block.parent_hash)) {
@@ -167,7 +176,7 @@ std::vector<KvStoredEvent> BlockPool::dump() const {
 
   std::vector<KvStoredEvent> chains;
   std::vector<BlockIndex> pending;
-  std::vector<bool> visited(blocks_.size(), false);
+  std::vector<bool> visited(total_blocks_, false);
   const auto visit_from = [&](BlockIndex start) {
     pending.push_back(start);
     while (!pending.empty()) {
@@ -196,7 +205,7 @@ std::vector<KvStoredEvent> BlockPool::dump() const {
   for (BlockIndex root : roots) visit_from(root);
   // Only hashes that are not real chains (a test's small integers, say) can form a parent cycle
   // that no root reaches; those blocks are still dumped.
-  for (BlockIndex index = 0; index < blocks_.size(); ++index) {
+  for (BlockIndex index = 0; index < total_blocks_; ++index) {
     if (blocks_[index].has_hash && !visited[index]) visit_from(index);
   }
   return chains;

@@ -5,11 +5,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
 
-#include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
 
 #include "messages/ids.hpp"
 #include "messages/kv_event.hpp"
@@ -38,7 +39,7 @@ class BlockPool {
   explicit BlockPool(std::uint32_t total_blocks);
 
   /// Every block in the pool.
-  std::uint32_t total_blocks() const { return static_cast<std::uint32_t>(blocks_.size()); }
+  std::uint32_t total_blocks() const { return total_blocks_; }
   /// Blocks referenced by at least one request.
   std::uint32_t active_blocks() const { return active_blocks_; }
   /// Hashed blocks that no request references: reusable, and evicted when space is needed.
@@ -116,15 +117,39 @@ class BlockPool {
     bool has_parent = false;
   };
 
+  // The hash index stores block indices and finds them by hash through the blocks, so that an
+  // entry is four bytes and a probe group one cache line: evictions and commits probe it cold.
+  struct BlockRef {
+    BlockIndex index;
+  };
+  struct BlockRefHash {
+    using is_transparent = void;
+    const Block* blocks;
+    std::size_t operator()(BlockHash hash) const { return absl::Hash<BlockHash>{}(hash); }
+    std::size_t operator()(BlockRef ref) const { return (*this)(blocks[ref.index].hash); }
+  };
+  struct BlockRefEq {
+    using is_transparent = void;
+    const Block* blocks;
+    bool operator()(BlockRef a, BlockRef b) const {
+      return blocks[a.index].hash == blocks[b.index].hash;
+    }
+    bool operator()(BlockRef a, BlockHash b) const { return blocks[a.index].hash == b; }
+    bool operator()(BlockHash a, BlockRef b) const { return blocks[b.index].hash == a; }
+  };
+
   void lru_push_back(BlockIndex block);
   void lru_unlink(BlockIndex block);
   void queue_removed(BlockHash hash);
   void queue_stored(std::optional<BlockHash> parent, BlockHash hash);
 
-  std::vector<Block> blocks_;
+  // On the heap, so the hash index's functors keep a valid pointer when the pool moves.
+  std::unique_ptr<Block[]> blocks_;
+  std::uint32_t total_blocks_ = 0;
   // A stack, so that recently freed blocks are reused first; the order carries no meaning.
   std::vector<BlockIndex> free_;
-  absl::flat_hash_map<BlockHash, BlockIndex> by_hash_;
+  // Hashed blocks (active and cached) by hash.
+  absl::flat_hash_set<BlockRef, BlockRefHash, BlockRefEq> by_hash_;
   BlockIndex lru_head_ = kNoBlock;
   BlockIndex lru_tail_ = kNoBlock;
   std::uint32_t lru_size_ = 0;
