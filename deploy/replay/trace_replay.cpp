@@ -74,17 +74,18 @@ class PolicyRun {
     // An arrival goes before a worker event due at the same time, as it would if every arrival
     // had been scheduled first.
     std::vector<std::uint32_t> arrivals(requests_.size());
-    for (std::size_t i = 0; i < arrivals.size(); ++i) arrivals[i] = static_cast<std::uint32_t>(i);
-    const auto arrival_ms = [this](std::uint32_t index) {
-      return static_cast<double>(requests_[index].timestamp_ms) / options_.speedup;
-    };
-    std::ranges::stable_sort(arrivals, {}, arrival_ms);
+    std::vector<double> arrival_ms(requests_.size());
+    for (std::size_t i = 0; i < arrivals.size(); ++i) {
+      arrivals[i] = static_cast<std::uint32_t>(i);
+      arrival_ms[i] = static_cast<double>(requests_[i].timestamp_ms) / options_.speedup;
+    }
+    std::ranges::stable_sort(arrivals, {}, [&](std::uint32_t index) { return arrival_ms[index]; });
     std::size_t routed = 0;
     while (routed < arrivals.size() || !queue_.empty()) {
       if (routed < arrivals.size() &&
-          (queue_.empty() || arrival_ms(arrivals[routed]) <= queue_.top().time_ms)) {
+          (queue_.empty() || arrival_ms[arrivals[routed]] <= queue_.top().time_ms)) {
         const std::uint32_t index = arrivals[routed];
-        arrive(index, arrival_ms(index), failures);
+        arrive(index, arrival_ms[index], failures);
         ++routed;
         if (options_.on_progress) options_.on_progress(policy_index, routed);
         continue;
