@@ -77,15 +77,6 @@ std::optional<BlockIndex> BlockPool::allocate() {
     free_.pop_back();
   } else if (lru_head_ != kNoBlock) {
     index = lru_head_;
-    // Evictions come in runs (a prefill chunk's new blocks) and each one's block and hash-map
-    // entry are cold, so warm the next victim's map entry and the block after it: within a run,
-    // those misses then overlap instead of following one another.
-    if (const BlockIndex next = blocks_[index].lru_next; next != kNoBlock) {
-      by_hash_.prefetch(blocks_[next].hash);
-      if (const BlockIndex after = blocks_[next].lru_next; after != kNoBlock) {
-        __builtin_prefetch(&blocks_[after]);
-      }
-    }
     lru_unlink(index);
     Block& evicted = blocks_[index];
     by_hash_.erase(evicted.hash);
@@ -98,6 +89,21 @@ std::optional<BlockIndex> BlockPool::allocate() {
   blocks_[index].ref_count = 1;
   ++active_blocks_;
   return index;
+}
+
+std::size_t BlockPool::allocate_run(std::size_t count, std::vector<BlockIndex>& out) {
+  const std::size_t from_free = std::min<std::size_t>(count, free_.size());
+  const std::size_t evictions = std::min<std::size_t>(count - from_free, lru_size_);
+  // An eviction's hash-index entry is cold. The run's victims are the next ones in LRU order, so
+  // walking there first and prefetching their entries overlaps those misses; the walk also
+  // brings in the blocks that unlinking them touches next.
+  BlockIndex victim = lru_head_;
+  for (std::size_t i = 0; i < evictions; ++i) {
+    by_hash_.prefetch(blocks_[victim].hash);
+    victim = blocks_[victim].lru_next;
+  }
+  for (std::size_t i = 0; i < from_free + evictions; ++i) out.push_back(*allocate());
+  return from_free + evictions;
 }
 
 bool BlockPool::commit(BlockIndex index, BlockHash hash, std::optional<BlockHash> parent) {
@@ -156,7 +162,7 @@ std::vector<KvEvent> BlockPool::take_events() { return std::exchange(events_, {}
 
 void BlockPool::take_events(std::vector<KvEvent>& out) {
   out.clear();
-  out.swap(events_);
+  if (!events_.empty()) out.swap(events_);
 }
 
 std::vector<KvStoredEvent> BlockPool::dump() const {

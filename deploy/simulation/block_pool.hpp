@@ -71,6 +71,10 @@ class BlockPool {
   /// released cached block (queuing a Removed event); nullopt when every block is active.
   std::optional<BlockIndex> allocate();
 
+  /// Allocates up to `count` blocks as that many allocate() calls would, appending them to `out`;
+  /// returns how many it got (fewer only when every block is active).
+  std::size_t allocate_run(std::size_t count, std::vector<BlockIndex>& out);
+
   /// Records that an active block now holds the full block hash, continuing the chain at parent
   /// (none: the first block of a prompt), and queues a Stored event. Returns false, and leaves
   /// the block anonymous, when another block already holds hash (no duplicate announcements).

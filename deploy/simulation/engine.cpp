@@ -220,11 +220,8 @@ void Engine::admit_waiting(std::uint64_t& budget) {
       pool_.acquire_block(block);
       sequence.blocks.push_back(block);
     }
-    for (std::uint64_t block = 0; block < new_blocks; ++block) {
-      const std::optional<BlockIndex> allocated = pool_.allocate();
-      KVR_ASSERT(allocated.has_value());
-      sequence.blocks.push_back(*allocated);
-    }
+    [[maybe_unused]] const std::size_t allocated = pool_.allocate_run(new_blocks, sequence.blocks);
+    KVR_ASSERT(allocated == new_blocks);
     sequence.computed_tokens = cached_tokens;
     sequence.committed_blocks = match.blocks;
     sequence.prefilling = true;
@@ -247,6 +244,8 @@ std::optional<std::uint64_t> Engine::reserve_slots(std::size_t running_index, st
   // every running request in every step and a division is slow.
   if (sequence.computed_tokens + wanted <= sequence.blocks.size() * block_size) return wanted;
   const std::uint64_t needed_blocks = blocks_for(sequence.computed_tokens + wanted);
+  // What the pool can give at once, as a run; the loop then handles a shortage.
+  pool_.allocate_run(needed_blocks - sequence.blocks.size(), sequence.blocks);
   while (sequence.blocks.size() < needed_blocks) {
     if (const std::optional<BlockIndex> block = pool_.allocate()) {
       sequence.blocks.push_back(*block);
