@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <deque>
-#include <limits>
 #include <map>
 #include <queue>
 
@@ -94,26 +93,9 @@ class PolicyRun {
       const Event event = queue_.top();
       queue_.pop();
       switch (event.kind()) {
-        case EventKind::StepEnd: {
-          const std::uint32_t w = event.worker();
-          double now = event.time_ms;
-          const double next_arrival = routed < arrivals.size()
-                                          ? arrival_ms[arrivals[routed]]
-                                          : std::numeric_limits<double>::infinity();
-          // A worker's next step that ends before every other event (and before the next
-          // arrival; at equal times those go first, being scheduled earlier) would be the very
-          // next event the heap hands out, so it is finished at once instead of queued. This
-          // skips the heap for most steps of a worker decoding alone.
-          while (finish_step(w, now)) {
-            const double end = in_flight_[w].end_ms();
-            if (end >= next_arrival || (!queue_.empty() && end >= queue_.top().time_ms)) {
-              schedule(end, EventKind::StepEnd, w);
-              break;
-            }
-            now = end;
-          }
+        case EventKind::StepEnd:
+          finish_step(event.worker(), event.time_ms);
           break;
-        }
         case EventKind::KvDelivery:
           deliver_kv(event.worker());
           break;
@@ -201,22 +183,17 @@ class PolicyRun {
       (void)selector_.release(id, discovery::BookingEnd::failed);
       return;
     }
-    if (!stepping_[w]) {
-      start_step(w, now);
-      schedule(in_flight_[w].end_ms(), EventKind::StepEnd, static_cast<std::uint32_t>(w));
-    }
+    if (!stepping_[w]) start_step(w, now);
   }
 
-  // Runs the worker's next step; the caller schedules its end.
   void start_step(std::size_t w, double now) {
     engines_[w].step(now, in_flight_[w]);
     busy_ms_ += in_flight_[w].duration_ms;
     stepping_[w] = true;
+    schedule(in_flight_[w].end_ms(), EventKind::StepEnd, static_cast<std::uint32_t>(w));
   }
 
-  // Delivers a finished step's results and starts the next step if there is work; true when it
-  // did (its end is then the caller's to schedule).
-  bool finish_step(std::uint32_t w, double now) {
+  void finish_step(std::uint32_t w, double now) {
     StepResult& result = in_flight_[w];
     for (const auto& first : result.first_tokens) {
       (void)selector_.first_token(request_id(first.id));
@@ -249,10 +226,9 @@ class PolicyRun {
     }
     if (idle) {
       stepping_[w] = false;
-      return false;
+    } else {
+      start_step(w, now);
     }
-    start_step(w, now);
-    return true;
   }
 
   // Every delivery comes kv_event_delay_ms after its step ended, and steps end in time order, so
