@@ -396,21 +396,39 @@ std::expected<void, IndexError> KvIndexer::remove_blocks(SlotId slot, const KvRe
   const std::uint32_t bit = tier_bit(event.tier);
   SlotState& state = slots_[slot];
   bool unknown = false;
-  // Evicted blocks are cold: their hash-set slots and nodes are cache misses. Prefetching a few
-  // blocks ahead overlaps those misses instead of paying them one after another.
+  // Evicted blocks are cold: their hash-set slots and nodes are cache misses. The set is
+  // prefetched kPrefetchDistance blocks ahead, and each block is looked up kLookahead blocks
+  // before it is removed: a lookup reads its node (the other miss), and lookups that do not wait
+  // on each other overlap. A removal may drop a block looked up in advance (a descendant, or a
+  // hash repeated in the event). Such a node no longer lists this slot (a freed node lists
+  // nobody, and nothing is created here, so it is not reused), so it reads as not held, just as
+  // a fresh lookup would; its stale set iterator is never used.
+  constexpr std::size_t kLookahead = 4;
+  struct Lookup {
+    NodeSet::iterator found;
+    NodeId id = kNoNode;
+  };
   const auto& hashes = event.block_hashes;
+  const auto look_up = [&](std::size_t i) {
+    const auto found = node_set_.find(hashes[i]);
+    return Lookup{found, found == node_set_.end() ? kNoNode : found->id};
+  };
   for (std::size_t i = 0; i < std::min(kPrefetchDistance, hashes.size()); ++i) {
     node_set_.prefetch(hashes[i]);
   }
+  std::array<Lookup, kLookahead> ahead;
+  for (std::size_t i = 0; i < std::min(kLookahead, hashes.size()); ++i) ahead[i] = look_up(i);
   for (std::size_t i = 0; i < hashes.size(); ++i) {
     if (i + kPrefetchDistance < hashes.size()) node_set_.prefetch(hashes[i + kPrefetchDistance]);
     const BlockHash hash = hashes[i];
-    const auto found = node_set_.find(hash);
-    if (found == node_set_.end()) {
+    const Lookup current = ahead[i % kLookahead];
+    if (i + kLookahead < hashes.size()) ahead[i % kLookahead] = look_up(i + kLookahead);
+    if (current.id == kNoNode) {
       unknown = true;
       continue;
     }
-    const NodeId id = found->id;
+    const auto found = current.found;
+    const NodeId id = current.id;
     Node& node = (*nodes_)[id];
     HolderSet& holders = node.holders;
     const std::uint32_t position = holders.find(slot);
