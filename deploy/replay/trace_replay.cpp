@@ -38,7 +38,9 @@ struct Event {
   double time_ms = 0;
   std::uint64_t order = 0;
 
-  EventKind kind() const { return static_cast<EventKind>((order >> kWorkerBits) & 3U); }
+  EventKind kind() const {
+    return static_cast<EventKind>((order >> kWorkerBits) & ((1U << kKindBits) - 1));
+  }
   std::uint32_t worker() const {
     return static_cast<std::uint32_t>(order & ((std::uint64_t{1} << kWorkerBits) - 1));
   }
