@@ -21,21 +21,31 @@ using simulation::StepResult;
 constexpr std::string_view kReplayModel = "replay";
 
 enum class EventKind : std::uint8_t {
-  Arrival,     // a trace request arrives at the router
   StepEnd,     // a worker's engine step finishes: its tokens and events exist now
   KvDelivery,  // a worker's KV event batch reaches the router
   LoadReport,  // a worker's load report reaches the router
 };
 
+// A worker's event in the queue. Sixteen bytes, so that the heap moves whole aligned entries:
+// the replay pushes and pops one per engine step, millions per run. `order` packs the
+// scheduling sequence (high bits: ties go by scheduling order, so the replay is deterministic),
+// the kind and the worker index.
 struct Event {
-  double time_ms = 0;
-  std::uint64_t sequence = 0;  // ties broken by scheduling order: deterministic
-  EventKind kind = EventKind::Arrival;
-  std::uint32_t subject = 0;  // request index, or worker index
-  std::uint32_t payload = 0;  // index into the pending batches or load reports
+  static constexpr unsigned kWorkerBits = 22;
+  static constexpr unsigned kKindBits = 2;
+  static constexpr unsigned kSequenceShift = kWorkerBits + kKindBits;
 
+  double time_ms = 0;
+  std::uint64_t order = 0;
+
+  EventKind kind() const {
+    return static_cast<EventKind>((order >> kWorkerBits) & ((1U << kKindBits) - 1));
+  }
+  std::uint32_t worker() const {
+    return static_cast<std::uint32_t>(order & ((std::uint64_t{1} << kWorkerBits) - 1));
+  }
   bool operator>(const Event& other) const {
-    return time_ms != other.time_ms ? time_ms > other.time_ms : sequence > other.sequence;
+    return time_ms != other.time_ms ? time_ms > other.time_ms : order > other.order;
   }
 };
 
@@ -61,28 +71,38 @@ class PolicyRun {
   std::vector<simulation::ReplayRequestOutcome> run(std::size_t policy_index,
                                                     std::map<std::string, std::size_t>& failures) {
     start_fleet();
-    for (std::size_t i = 0; i < requests_.size(); ++i) {
-      schedule(static_cast<double>(requests_[i].timestamp_ms) / options_.speedup,
-               EventKind::Arrival, static_cast<std::uint32_t>(i));
+    // Arrivals are known up front, so they are read in (time, trace index) order from a sorted
+    // list instead of sitting in the heap: the heap then holds only the few events of the workers.
+    // An arrival goes before a worker event due at the same time, as it would if every arrival
+    // had been scheduled first.
+    std::vector<std::uint32_t> arrivals(requests_.size());
+    std::vector<double> arrival_ms(requests_.size());
+    for (std::size_t i = 0; i < arrivals.size(); ++i) {
+      arrivals[i] = static_cast<std::uint32_t>(i);
+      arrival_ms[i] = static_cast<double>(requests_[i].timestamp_ms) / options_.speedup;
     }
+    std::ranges::stable_sort(arrivals, {}, [&](std::uint32_t index) { return arrival_ms[index]; });
     std::size_t routed = 0;
-    while (!queue_.empty()) {
+    while (routed < arrivals.size() || !queue_.empty()) {
+      if (routed < arrivals.size() &&
+          (queue_.empty() || arrival_ms[arrivals[routed]] <= queue_.top().time_ms)) {
+        const std::uint32_t index = arrivals[routed];
+        arrive(index, arrival_ms[index], failures);
+        ++routed;
+        if (options_.on_progress) options_.on_progress(policy_index, routed);
+        continue;
+      }
       const Event event = queue_.top();
       queue_.pop();
-      switch (event.kind) {
-        case EventKind::Arrival:
-          arrive(event.subject, event.time_ms, failures);
-          ++routed;
-          if (options_.on_progress) options_.on_progress(policy_index, routed);
-          break;
+      switch (event.kind()) {
         case EventKind::StepEnd:
-          finish_step(event.subject, event.time_ms);
+          finish_step(event.worker(), event.time_ms);
           break;
         case EventKind::KvDelivery:
-          deliver_kv(event.payload);
+          deliver_kv(event.worker());
           break;
         case EventKind::LoadReport:
-          deliver_load(event.subject, event.payload);
+          deliver_load(event.worker());
           break;
       }
     }
@@ -106,11 +126,17 @@ class PolicyRun {
     return selector;
   }
 
-  void schedule(double time_ms, EventKind kind, std::uint32_t subject, std::uint32_t payload = 0) {
-    queue_.push(Event{time_ms, next_sequence_++, kind, subject, payload});
+  void schedule(double time_ms, EventKind kind, std::uint32_t worker) {
+    queue_.push(
+        Event{time_ms, (next_sequence_++ << Event::kSequenceShift) |
+                           (std::uint64_t{static_cast<std::uint8_t>(kind)} << Event::kWorkerBits) |
+                           worker});
   }
 
   void start_fleet() {
+    KVR_CHECK(options_.workers < (std::size_t{1} << Event::kWorkerBits));
+    pending_batches_.resize(options_.workers);
+    pending_loads_.resize(options_.workers);
     const auto zero = logical_time(0);
     for (std::size_t w = 0; w < options_.workers; ++w) {
       discovery::WorkerRegistration registration;
@@ -163,7 +189,7 @@ class PolicyRun {
   }
 
   void start_step(std::size_t w, double now) {
-    in_flight_[w] = engines_[w].step(now);
+    engines_[w].step(now, in_flight_[w]);
     busy_ms_ += in_flight_[w].duration_ms;
     stepping_[w] = true;
     schedule(in_flight_[w].end_ms(), EventKind::StepEnd, static_cast<std::uint32_t>(w));
@@ -181,26 +207,24 @@ class PolicyRun {
     }
     const double delivery = now + options_.kv_event_delay_ms;
     if (!result.kv_events.empty()) {
-      pending_batches_.push_back(KvEventBatch{.worker = {w + 1, 0},
-                                              .incarnation = 1,
-                                              .event_id = next_event_id_[w]++,
-                                              .events = std::move(result.kv_events)});
-      schedule(delivery, EventKind::KvDelivery, w,
-               static_cast<std::uint32_t>(pending_batches_.size() - 1));
+      pending_batches_[w].push_back(KvEventBatch{.worker = {w + 1, 0},
+                                                 .incarnation = 1,
+                                                 .event_id = next_event_id_[w]++,
+                                                 .events = std::move(result.kv_events)});
+      schedule(delivery, EventKind::KvDelivery, w);
     }
     const bool idle = !engines_[w].has_work();
     if (idle || now - last_load_report_[w] >= options_.load_report_interval_ms) {
       last_load_report_[w] = now;
       const simulation::EngineLoad load = engines_[w].load();
-      pending_loads_.push_back(discovery::ConfirmedLoad{
+      pending_loads_[w].push_back(discovery::ConfirmedLoad{
           .active_requests =
               static_cast<std::uint32_t>(load.active_requests + load.waiting_requests),
           .waiting_requests = static_cast<std::uint32_t>(load.waiting_requests),
           .active_decode_blocks = load.active_decode_blocks,
           .active_prefill_tokens = load.active_prefill_tokens,
           .kv_blocks_used = load.kv_blocks_used});
-      schedule(delivery, EventKind::LoadReport, w,
-               static_cast<std::uint32_t>(pending_loads_.size() - 1));
+      schedule(delivery, EventKind::LoadReport, w);
     }
     if (idle) {
       stepping_[w] = false;
@@ -209,15 +233,16 @@ class PolicyRun {
     }
   }
 
-  void deliver_kv(std::uint32_t batch_index) {
-    KvEventBatch& batch = pending_batches_[batch_index];
-    (void)selector_.apply_kv_events(batch);
-    batch.events.clear();
-    batch.events.shrink_to_fit();
+  // Every delivery comes kv_event_delay_ms after its step ended, and steps end in time order, so
+  // each worker's batches and reports arrive in the order they were sent: the front is due.
+  void deliver_kv(std::uint32_t w) {
+    (void)selector_.apply_kv_events(pending_batches_[w].front());
+    pending_batches_[w].pop_front();
   }
 
-  void deliver_load(std::uint32_t w, std::uint32_t load_index) {
-    (void)selector_.update_load({w + 1, 0}, pending_loads_[load_index]);
+  void deliver_load(std::uint32_t w) {
+    (void)selector_.update_load({w + 1, 0}, pending_loads_[w].front());
+    pending_loads_[w].pop_front();
   }
 
   const ReplayOptions& options_;
@@ -232,8 +257,9 @@ class PolicyRun {
   double busy_ms_ = 0;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> queue_;
   std::uint64_t next_sequence_ = 0;
-  std::deque<KvEventBatch> pending_batches_;
-  std::deque<discovery::ConfirmedLoad> pending_loads_;
+  // Per worker, sent and not yet delivered, oldest first.
+  std::vector<std::deque<KvEventBatch>> pending_batches_;
+  std::vector<std::deque<discovery::ConfirmedLoad>> pending_loads_;
   std::vector<simulation::ReplayRequestOutcome> outcomes_;
 };
 

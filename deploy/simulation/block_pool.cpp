@@ -1,12 +1,24 @@
 #include "deploy/simulation/block_pool.hpp"
 
+#include <algorithm>
 #include <utility>
+
+#include <absl/container/flat_hash_map.h>
 
 #include "messages/check.hpp"
 
 namespace kvr::simulation {
+namespace {
 
-BlockPool::BlockPool(std::uint32_t total_blocks) : blocks_(total_blocks) {
+// Runs of blocks look their hashes up this many positions ahead, so the misses overlap.
+constexpr std::size_t kPrefetchDistance = 8;
+
+}  // namespace
+
+BlockPool::BlockPool(std::uint32_t total_blocks)
+    : blocks_(std::make_unique<Block[]>(total_blocks)),
+      total_blocks_(total_blocks),
+      by_hash_(0, BlockRefHash{blocks_.get()}, BlockRefEq{blocks_.get()}) {
   KVR_ASSERT(total_blocks < kNoBlock);
   free_.reserve(total_blocks);
   // Reversed so that a fresh pool hands out block 0 first, which keeps dumps easy to read.
@@ -16,11 +28,27 @@ BlockPool::BlockPool(std::uint32_t total_blocks) : blocks_(total_blocks) {
 
 PrefixMatch BlockPool::match_prefix(std::span<const BlockHash> hashes) const {
   PrefixMatch match;
-  for (BlockHash hash : hashes) {
-    const auto found = by_hash_.find(hash);
+  for (std::size_t i = 0; i < hashes.size(); ++i) {
+    if (i + kPrefetchDistance < hashes.size()) by_hash_.prefetch(hashes[i + kPrefetchDistance]);
+    const auto found = by_hash_.find(hashes[i]);
     if (found == by_hash_.end()) break;
     ++match.blocks;
-    if (blocks_[found->second].ref_count == 0) ++match.unreferenced;
+    if (blocks_[found->index].ref_count == 0) ++match.unreferenced;
+  }
+  return match;
+}
+
+PrefixMatch BlockPool::match_prefix(std::span<const BlockHash> hashes,
+                                    std::vector<BlockIndex>& found) const {
+  PrefixMatch match;
+  found.clear();
+  for (std::size_t i = 0; i < hashes.size(); ++i) {
+    if (i + kPrefetchDistance < hashes.size()) by_hash_.prefetch(hashes[i + kPrefetchDistance]);
+    const auto entry = by_hash_.find(hashes[i]);
+    if (entry == by_hash_.end()) break;
+    ++match.blocks;
+    if (blocks_[entry->index].ref_count == 0) ++match.unreferenced;
+    found.push_back(entry->index);
   }
   return match;
 }
@@ -28,14 +56,18 @@ PrefixMatch BlockPool::match_prefix(std::span<const BlockHash> hashes) const {
 BlockIndex BlockPool::acquire(BlockHash hash) {
   const auto found = by_hash_.find(hash);
   KVR_ASSERT(found != by_hash_.end());
-  const BlockIndex index = found->second;
+  acquire_block(found->index);
+  return found->index;
+}
+
+void BlockPool::acquire_block(BlockIndex index) {
   Block& block = blocks_[index];
+  KVR_ASSERT(block.has_hash);
   if (block.ref_count == 0) {
     lru_unlink(index);
     ++active_blocks_;
   }
   ++block.ref_count;
-  return index;
 }
 
 std::optional<BlockIndex> BlockPool::allocate() {
@@ -59,18 +91,46 @@ std::optional<BlockIndex> BlockPool::allocate() {
   return index;
 }
 
+std::size_t BlockPool::allocate_run(std::size_t count, std::vector<BlockIndex>& out) {
+  const std::size_t from_free = std::min<std::size_t>(count, free_.size());
+  const std::size_t evictions = std::min<std::size_t>(count - from_free, lru_size_);
+  // An eviction's hash-index entry is cold. The run's victims are the next ones in LRU order, so
+  // walking there first and prefetching their entries overlaps those misses; the walk also
+  // brings in the blocks that unlinking them touches next.
+  BlockIndex victim = lru_head_;
+  for (std::size_t i = 0; i < evictions; ++i) {
+    by_hash_.prefetch(blocks_[victim].hash);
+    victim = blocks_[victim].lru_next;
+  }
+  for (std::size_t i = 0; i < from_free + evictions; ++i) out.push_back(*allocate());
+  return from_free + evictions;
+}
+
 bool BlockPool::commit(BlockIndex index, BlockHash hash, std::optional<BlockHash> parent) {
   Block& block = blocks_[index];
   KVR_ASSERT(block.ref_count > 0 && !block.has_hash);
   // Two requests computing the same block in one step both hold a copy; like vLLM, only the
   // first is registered and the other stays anonymous, so the router hears of the hash once.
-  if (!by_hash_.try_emplace(hash, index).second) return false;
-  block.hash = hash;
+  block.hash = hash;  // read by the hash index's functors
+  if (!by_hash_.insert(BlockRef{index}).second) {
+    block.hash = 0;
+    return false;
+  }
   block.has_hash = true;
   block.has_parent = parent.has_value();
   block.parent_hash = parent.value_or(0);
   queue_stored(parent, hash);
   return true;
+}
+
+void BlockPool::commit_run(std::span<const BlockIndex> blocks, std::span<const BlockHash> hashes,
+                           std::optional<BlockHash> parent) {
+  KVR_ASSERT(blocks.size() == hashes.size());
+  for (std::size_t i = 0; i < hashes.size(); ++i) {
+    if (i + kPrefetchDistance < hashes.size()) by_hash_.prefetch(hashes[i + kPrefetchDistance]);
+    commit(blocks[i], hashes[i], parent);
+    parent = hashes[i];
+  }
 }
 
 void BlockPool::release(BlockIndex index) {
@@ -86,8 +146,8 @@ void BlockPool::release(BlockIndex index) {
 }
 
 void BlockPool::clear() {
-  const auto total = static_cast<std::uint32_t>(blocks_.size());
-  blocks_.assign(total, Block{});
+  const std::uint32_t total = total_blocks_;
+  std::fill_n(blocks_.get(), total, Block{});
   free_.clear();
   for (BlockIndex block = total; block > 0; --block) free_.push_back(block - 1);
   by_hash_.clear();
@@ -100,12 +160,17 @@ void BlockPool::clear() {
 
 std::vector<KvEvent> BlockPool::take_events() { return std::exchange(events_, {}); }
 
+void BlockPool::take_events(std::vector<KvEvent>& out) {
+  out.clear();
+  if (!events_.empty()) out.swap(events_);
+}
+
 std::vector<KvStoredEvent> BlockPool::dump() const {
   // Children lists in block-index order, and roots (no parent, or parent gone) likewise, so the
   // dump does not depend on the hash map's iteration order.
   absl::flat_hash_map<BlockHash, std::vector<BlockIndex>> children;
   std::vector<BlockIndex> roots;
-  for (BlockIndex index = 0; index < blocks_.size(); ++index) {
+  for (BlockIndex index = 0; index < total_blocks_; ++index) {
     const Block& block = blocks_[index];
     if (!block.has_hash) continue;
     if (block.has_parent && by_hash_.contains(block.parent_hash)) {
@@ -117,7 +182,7 @@ std::vector<KvStoredEvent> BlockPool::dump() const {
 
   std::vector<KvStoredEvent> chains;
   std::vector<BlockIndex> pending;
-  std::vector<bool> visited(blocks_.size(), false);
+  std::vector<bool> visited(total_blocks_, false);
   const auto visit_from = [&](BlockIndex start) {
     pending.push_back(start);
     while (!pending.empty()) {
@@ -146,7 +211,7 @@ std::vector<KvStoredEvent> BlockPool::dump() const {
   for (BlockIndex root : roots) visit_from(root);
   // Only hashes that are not real chains (a test's small integers, say) can form a parent cycle
   // that no root reaches; those blocks are still dumped.
-  for (BlockIndex index = 0; index < blocks_.size(); ++index) {
+  for (BlockIndex index = 0; index < total_blocks_; ++index) {
     if (blocks_[index].has_hash && !visited[index]) visit_from(index);
   }
   return chains;

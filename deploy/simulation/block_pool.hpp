@@ -5,11 +5,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
 
-#include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
 
 #include "messages/ids.hpp"
 #include "messages/kv_event.hpp"
@@ -38,7 +39,7 @@ class BlockPool {
   explicit BlockPool(std::uint32_t total_blocks);
 
   /// Every block in the pool.
-  std::uint32_t total_blocks() const { return static_cast<std::uint32_t>(blocks_.size()); }
+  std::uint32_t total_blocks() const { return total_blocks_; }
   /// Blocks referenced by at least one request.
   std::uint32_t active_blocks() const { return active_blocks_; }
   /// Hashed blocks that no request references: reusable, and evicted when space is needed.
@@ -54,18 +55,35 @@ class BlockPool {
   /// The longest prefix of hashes present in the pool; touches nothing.
   PrefixMatch match_prefix(std::span<const BlockHash> hashes) const;
 
+  /// As above, and replaces the contents of `found` with the matched blocks, in prompt order,
+  /// for acquire_block.
+  PrefixMatch match_prefix(std::span<const BlockHash> hashes, std::vector<BlockIndex>& found) const;
+
   /// Takes a reference on the block holding hash, which must be present; a cached block becomes
   /// active and leaves the eviction order.
   BlockIndex acquire(BlockHash hash);
+
+  /// As acquire, for a block match_prefix just found (no allocation since), without looking
+  /// its hash up again.
+  void acquire_block(BlockIndex block);
 
   /// Takes an empty block with one reference: a free one if any, else evicts the least recently
   /// released cached block (queuing a Removed event); nullopt when every block is active.
   std::optional<BlockIndex> allocate();
 
+  /// Allocates up to `count` blocks as that many allocate() calls would, appending them to `out`;
+  /// returns how many it got (fewer only when every block is active).
+  std::size_t allocate_run(std::size_t count, std::vector<BlockIndex>& out);
+
   /// Records that an active block now holds the full block hash, continuing the chain at parent
   /// (none: the first block of a prompt), and queues a Stored event. Returns false, and leaves
   /// the block anonymous, when another block already holds hash (no duplicate announcements).
   bool commit(BlockIndex block, BlockHash hash, std::optional<BlockHash> parent);
+
+  /// Commits blocks[i] under hashes[i] for every i, each chained to the hash before it (the
+  /// first to parent): the same as calling commit() in order, with the hash-map misses overlapped.
+  void commit_run(std::span<const BlockIndex> blocks, std::span<const BlockHash> hashes,
+                  std::optional<BlockHash> parent);
 
   /// Drops one reference; at zero a hashed block becomes cached (most recently released) and an
   /// anonymous one becomes free.
@@ -77,6 +95,10 @@ class BlockPool {
 
   /// The events queued since the last call, in the order they happened.
   std::vector<KvEvent> take_events();
+
+  /// As above, into `out` (its previous contents are dropped); the pool keeps out's memory for
+  /// the next events.
+  void take_events(std::vector<KvEvent>& out);
 
   /// Every hashed block (active and cached) as Stored chains that rebuild an index when applied
   /// in order: each chain's parent is either none or a block earlier in the dump, unless that
@@ -99,15 +121,39 @@ class BlockPool {
     bool has_parent = false;
   };
 
+  // The hash index stores block indices and finds them by hash through the blocks, so that an
+  // entry is four bytes and a probe group one cache line: evictions and commits probe it cold.
+  struct BlockRef {
+    BlockIndex index;
+  };
+  struct BlockRefHash {
+    using is_transparent = void;
+    const Block* blocks;
+    std::size_t operator()(BlockHash hash) const { return absl::Hash<BlockHash>{}(hash); }
+    std::size_t operator()(BlockRef ref) const { return (*this)(blocks[ref.index].hash); }
+  };
+  struct BlockRefEq {
+    using is_transparent = void;
+    const Block* blocks;
+    bool operator()(BlockRef a, BlockRef b) const {
+      return blocks[a.index].hash == blocks[b.index].hash;
+    }
+    bool operator()(BlockRef a, BlockHash b) const { return blocks[a.index].hash == b; }
+    bool operator()(BlockHash a, BlockRef b) const { return blocks[b.index].hash == a; }
+  };
+
   void lru_push_back(BlockIndex block);
   void lru_unlink(BlockIndex block);
   void queue_removed(BlockHash hash);
   void queue_stored(std::optional<BlockHash> parent, BlockHash hash);
 
-  std::vector<Block> blocks_;
+  // On the heap, so the hash index's functors keep a valid pointer when the pool moves.
+  std::unique_ptr<Block[]> blocks_;
+  std::uint32_t total_blocks_ = 0;
   // A stack, so that recently freed blocks are reused first; the order carries no meaning.
   std::vector<BlockIndex> free_;
-  absl::flat_hash_map<BlockHash, BlockIndex> by_hash_;
+  // Hashed blocks (active and cached) by hash.
+  absl::flat_hash_set<BlockRef, BlockRefHash, BlockRefEq> by_hash_;
   BlockIndex lru_head_ = kNoBlock;
   BlockIndex lru_tail_ = kNoBlock;
   std::uint32_t lru_size_ = 0;

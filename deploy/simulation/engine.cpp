@@ -75,8 +75,22 @@ bool Engine::abort_request(EngineRequestId id) {
 
 StepResult Engine::step(double now_ms) {
   StepResult result;
+  step(now_ms, result);
+  return result;
+}
+
+void Engine::step(double now_ms, StepResult& result) {
   result.start_ms = now_ms;
-  if (!has_work()) return result;
+  result.duration_ms = 0.0;
+  result.prefill_tokens = 0;
+  result.decode_requests = 0;
+  result.kv_utilisation = 0.0;
+  result.kv_events.clear();
+  result.first_tokens.clear();
+  result.next_tokens.clear();
+  result.completions.clear();
+  result.preempted.clear();
+  if (!has_work()) return;
 
   ++step_count_;
   scheduled_.clear();
@@ -102,8 +116,7 @@ StepResult Engine::step(double now_ms) {
   result.duration_ms =
       timing_.step_ms(result.prefill_tokens, result.decode_requests, result.kv_utilisation);
   finish_step(result.end_ms(), result);
-  result.kv_events = pool_.take_events();
-  return result;
+  pool_.take_events(result.kv_events);
 }
 
 EngineLoad Engine::load() const {
@@ -194,7 +207,7 @@ void Engine::admit_waiting(std::uint64_t& budget) {
     Sequence& sequence = *waiting_.front();
     const std::span<const BlockHash> reusable(sequence.block_hashes.data(),
                                               max_reusable_blocks(sequence));
-    const PrefixMatch match = pool_.match_prefix(reusable);
+    const PrefixMatch match = pool_.match_prefix(reusable, matched_blocks_);
     const std::uint64_t cached_tokens = match.blocks * config_.block_size;
     const std::uint64_t wanted = std::min(sequence.total_tokens() - cached_tokens, budget);
     const std::uint64_t new_blocks = blocks_for(cached_tokens + wanted) - match.blocks;
@@ -203,14 +216,12 @@ void Engine::admit_waiting(std::uint64_t& budget) {
     if (pool_.available_blocks() - match.unreferenced < new_blocks) break;
     waiting_.pop_front();
 
-    for (std::size_t block = 0; block < match.blocks; ++block) {
-      sequence.blocks.push_back(pool_.acquire(sequence.block_hashes[block]));
+    for (const BlockIndex block : matched_blocks_) {
+      pool_.acquire_block(block);
+      sequence.blocks.push_back(block);
     }
-    for (std::uint64_t block = 0; block < new_blocks; ++block) {
-      const std::optional<BlockIndex> allocated = pool_.allocate();
-      KVR_ASSERT(allocated.has_value());
-      sequence.blocks.push_back(*allocated);
-    }
+    [[maybe_unused]] const std::size_t allocated = pool_.allocate_run(new_blocks, sequence.blocks);
+    KVR_ASSERT(allocated == new_blocks);
     sequence.computed_tokens = cached_tokens;
     sequence.committed_blocks = match.blocks;
     sequence.prefilling = true;
@@ -228,7 +239,13 @@ void Engine::admit_waiting(std::uint64_t& budget) {
 std::optional<std::uint64_t> Engine::reserve_slots(std::size_t running_index, std::uint64_t wanted,
                                                    StepResult& result) {
   Sequence& sequence = *running_[running_index];
+  const std::uint64_t block_size = config_.block_size;
+  // Nearly every decode fits in the blocks it holds; checked by a product, since this runs for
+  // every running request in every step and a division is slow.
+  if (sequence.computed_tokens + wanted <= sequence.blocks.size() * block_size) return wanted;
   const std::uint64_t needed_blocks = blocks_for(sequence.computed_tokens + wanted);
+  // What the pool can give at once, as a run; the loop then handles a shortage.
+  pool_.allocate_run(needed_blocks - sequence.blocks.size(), sequence.blocks);
   while (sequence.blocks.size() < needed_blocks) {
     if (const std::optional<BlockIndex> block = pool_.allocate()) {
       sequence.blocks.push_back(*block);
@@ -246,7 +263,7 @@ std::optional<std::uint64_t> Engine::reserve_slots(std::size_t running_index, st
     // A prefill chunk shrinks to the blocks it holds; the decodes around it will free more.
     break;
   }
-  const std::uint64_t capacity = sequence.blocks.size() * std::uint64_t{config_.block_size};
+  const std::uint64_t capacity = sequence.blocks.size() * block_size;
   return std::min(wanted, capacity - sequence.computed_tokens);
 }
 
@@ -287,12 +304,13 @@ void Engine::commit_full_blocks(Sequence& sequence) {
   if (!config_.enable_prefix_caching) return;
   const std::size_t full_blocks = static_cast<std::size_t>(std::min<std::uint64_t>(
       sequence.computed_tokens / config_.block_size, sequence.block_hashes.size()));
-  for (; sequence.committed_blocks < full_blocks; ++sequence.committed_blocks) {
-    const std::size_t block = sequence.committed_blocks;
-    const std::optional<BlockHash> parent =
-        block == 0 ? std::nullopt : std::optional(sequence.block_hashes[block - 1]);
-    pool_.commit(sequence.blocks[block], sequence.block_hashes[block], parent);
-  }
+  const std::size_t first = sequence.committed_blocks;
+  if (first >= full_blocks) return;
+  const std::optional<BlockHash> parent =
+      first == 0 ? std::nullopt : std::optional(sequence.block_hashes[first - 1]);
+  pool_.commit_run(std::span(sequence.blocks).subspan(first, full_blocks - first),
+                   std::span(sequence.block_hashes).subspan(first, full_blocks - first), parent);
+  sequence.committed_blocks = full_blocks;
 }
 
 void Engine::finish_step(double end_ms, StepResult& result) {

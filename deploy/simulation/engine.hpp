@@ -175,6 +175,10 @@ class Engine {
   /// earlier than this one's end_ms() (unchecked).
   StepResult step(double now_ms);
 
+  /// As above, into `result`, whose containers are cleared and their memory reused: a caller
+  /// that steps millions of times keeps one StepResult per engine instead of allocating.
+  void step(double now_ms, StepResult& result);
+
   /// The load to report to the router.
   EngineLoad load() const;
 
@@ -258,6 +262,8 @@ class Engine {
   std::deque<Sequence*> waiting_;
   // This step's work in scheduling order, kept between steps to reuse its memory.
   std::vector<ScheduledWork> scheduled_;
+  // The cached prefix of the request being admitted (scratch).
+  std::vector<BlockIndex> matched_blocks_;
   std::uint64_t step_count_ = 0;
   std::uint64_t pending_prefill_tokens_ = 0;
   bool preempted_this_step_ = false;

@@ -96,13 +96,30 @@ std::vector<BlockHash> expand_to_block_hashes(const TraceRequest& request,
   // One block's tokens at a time: equal to hashing the whole synthesized prompt, without it.
   std::vector<std::uint32_t> block(engine_block_size);
   std::optional<BlockHash> parent;
+  // An engine block inside one trace block repeats a single token, so its local hash depends on
+  // that token alone: consecutive such blocks (eight per trace block at 64 tokens) share it.
+  std::optional<std::uint64_t> uniform_token;
+  discovery::LocalBlockHash uniform_hash{};
   for (std::size_t b = 0; b < full_blocks; ++b) {
     const std::size_t first_token = b * engine_block_size;
-    for (std::size_t i = 0; i < engine_block_size; ++i) {
-      block[i] =
-          static_cast<std::uint32_t>(request.hash_ids[(first_token + i) / kMooncakeTraceBlockSize]);
+    const std::size_t first_id = first_token / kMooncakeTraceBlockSize;
+    const bool uniform =
+        first_id == (first_token + engine_block_size - 1) / kMooncakeTraceBlockSize;
+    discovery::LocalBlockHash local{};
+    if (uniform && uniform_token == request.hash_ids[first_id]) {
+      local = uniform_hash;
+    } else {
+      for (std::size_t i = 0; i < engine_block_size; ++i) {
+        block[i] = static_cast<std::uint32_t>(
+            request.hash_ids[(first_token + i) / kMooncakeTraceBlockSize]);
+      }
+      local = hasher.local_hash(block);
+      if (uniform) {
+        uniform_token = request.hash_ids[first_id];
+        uniform_hash = local;
+      }
     }
-    const BlockHash hash = discovery::BlockHasher::chain(parent, hasher.local_hash(block));
+    const BlockHash hash = discovery::BlockHasher::chain(parent, local);
     hashes.push_back(hash);
     parent = hash;
   }

@@ -13,6 +13,10 @@ std::uint32_t tier_bit(StorageTier tier) { return 1U << static_cast<std::uint32_
 
 std::size_t tier_index(StorageTier tier) { return static_cast<std::size_t>(tier); }
 
+// Runs of blocks (event chains, evictions) look hashes up this many positions ahead: their
+// hash-set entries are cold, and prefetching overlaps the misses instead of paying them in turn.
+constexpr std::size_t kPrefetchDistance = 8;
+
 std::uint64_t scaled(std::uint64_t blocks, double factor) {
   const double value = std::ceil(static_cast<double>(blocks) * factor);
   // Saturate rather than overflow for absurd advertised capacities.
@@ -138,6 +142,9 @@ KvIndexer::NodeId KvIndexer::create_node(BlockHash hash, NodeId parent) {
   if (free_nodes_ != kNoNode) {
     id = free_nodes_;
     free_nodes_ = nodes[id].next_sibling;
+    // Freed nodes are scattered over the slab; the next one is likely wanted soon (a chain
+    // creates one node per block), so start loading it now.
+    if (free_nodes_ != kNoNode) __builtin_prefetch(&nodes[free_nodes_]);
   } else {
     id = static_cast<NodeId>(nodes.size());
     nodes.emplace_back();
@@ -322,11 +329,16 @@ std::expected<void, IndexError> KvIndexer::store_chain(SlotId slot, const KvStor
   }
   // Validate before mutating, so a rejected chain leaves no trace. Known blocks come first:
   // a known block can never follow a new one, since its parent would be the new block.
+  const auto prefetch = [&](std::size_t i) {
+    if (i < blocks.size()) node_set_.prefetch(blocks[i]);
+  };
+  for (std::size_t i = 0; i < kPrefetchDistance; ++i) prefetch(i);
   chain_scratch_.clear();
   std::uint64_t added = 0;
   NodeId cursor = parent;
   std::size_t known = 0;
   for (; known < blocks.size(); ++known) {
+    prefetch(known + kPrefetchDistance);
     const NodeId id = find_node(blocks[known]);
     if (id == kNoNode) break;
     if (nodes[id].parent != cursor) return reject(IndexError::parent_mismatch);
@@ -336,25 +348,41 @@ std::expected<void, IndexError> KvIndexer::store_chain(SlotId slot, const KvStor
     chain_scratch_.push_back(id);
     cursor = id;
   }
-  for (std::size_t i = known; i < blocks.size(); ++i) {
-    if (find_node(blocks[i]) != kNoNode) return reject(IndexError::parent_mismatch);
-  }
+  // A block after the known ones that is indexed already continues another parent; that fault
+  // is reported before capacity and repeats.
+  const auto indexed_after = [&](std::size_t first) {
+    for (std::size_t i = first; i < blocks.size(); ++i) {
+      if (find_node(blocks[i]) != kNoNode) return true;
+    }
+    return false;
+  };
   added += blocks.size() - known;
-  if (state.held[tier] + added > state.limit[tier]) return reject(IndexError::capacity_exceeded);
+  if (state.held[tier] + added > state.limit[tier]) {
+    return reject(indexed_after(known) ? IndexError::parent_mismatch
+                                       : IndexError::capacity_exceeded);
+  }
 
-  // New blocks: a repeated hash shows up as a node created earlier in this same chain; undo
-  // the nodes created so far (they hold only this slot) and refuse the chain.
+  // New blocks are created and inserted with one probe each. An insert that finds the block
+  // indexed refuses the chain: the nodes created so far (they hold only this slot) are undone.
+  // The block was indexed before this chain (parent_mismatch), or repeats a block of it
+  // (duplicate_block, unless a later block was indexed before, which is reported first).
   const std::size_t first_new = chain_scratch_.size();
   for (std::size_t i = known; i < blocks.size(); ++i) {
+    prefetch(i + kPrefetchDistance);
     const NodeId id = create_node(blocks[i], cursor);
-    if (!node_set_.insert(NodeRef{id}).second) {
+    const auto [existing, inserted] = node_set_.insert(NodeRef{id});
+    if (!inserted) {
+      const bool repeated =
+          std::find(chain_scratch_.begin() + static_cast<std::ptrdiff_t>(first_new),
+                    chain_scratch_.end(), existing->id) != chain_scratch_.end();
       // The just-created duplicate is not in the set (the original is): only unlink it.
       unlink_node(id);
       for (std::size_t j = chain_scratch_.size(); j > first_new; --j) {
         erase_node(chain_scratch_[j - 1]);
       }
       chain_scratch_.clear();
-      return reject(IndexError::duplicate_block);
+      return reject(!repeated || indexed_after(i + 1) ? IndexError::parent_mismatch
+                                                      : IndexError::duplicate_block);
     }
     chain_scratch_.push_back(id);
     cursor = id;
@@ -368,22 +396,41 @@ std::expected<void, IndexError> KvIndexer::remove_blocks(SlotId slot, const KvRe
   const std::uint32_t bit = tier_bit(event.tier);
   SlotState& state = slots_[slot];
   bool unknown = false;
-  // Evicted blocks are cold: their hash-set slots and nodes are cache misses. Prefetching a few
-  // blocks ahead overlaps those misses instead of paying them one after another.
-  constexpr std::size_t kPrefetchDistance = 8;
+  // Evicted blocks are cold: their hash-set slots and nodes are cache misses. The set is
+  // prefetched kPrefetchDistance blocks ahead, and each block is looked up kLookahead blocks
+  // before it is removed: a lookup reads its node (the other miss), and lookups that do not wait
+  // on each other overlap. A removal may drop a block looked up in advance (a descendant, or a
+  // hash repeated in the event). Such a node no longer lists this slot (a freed node lists
+  // nobody, and nothing is created here, so it is not reused), so it reads as not held, just as
+  // a fresh lookup would; its stale set iterator is never used.
+  constexpr std::size_t kLookahead = 4;
+  struct Lookup {
+    NodeSet::iterator found;
+    NodeId id = kNoNode;
+  };
   const auto& hashes = event.block_hashes;
+  const auto look_up = [&](std::size_t i) {
+    const auto found = node_set_.find(hashes[i]);
+    return Lookup{found, found == node_set_.end() ? kNoNode : found->id};
+  };
   for (std::size_t i = 0; i < std::min(kPrefetchDistance, hashes.size()); ++i) {
     node_set_.prefetch(hashes[i]);
   }
+  std::array<Lookup, kLookahead> ahead;
+  for (std::size_t i = 0; i < std::min(kLookahead, hashes.size()); ++i) ahead[i] = look_up(i);
   for (std::size_t i = 0; i < hashes.size(); ++i) {
     if (i + kPrefetchDistance < hashes.size()) node_set_.prefetch(hashes[i + kPrefetchDistance]);
     const BlockHash hash = hashes[i];
-    const NodeId id = find_node(hash);
-    if (id == kNoNode) {
+    const Lookup current = ahead[i % kLookahead];
+    if (i + kLookahead < hashes.size()) ahead[i % kLookahead] = look_up(i + kLookahead);
+    if (current.id == kNoNode) {
       unknown = true;
       continue;
     }
-    HolderSet& holders = (*nodes_)[id].holders;
+    const auto found = current.found;
+    const NodeId id = current.id;
+    Node& node = (*nodes_)[id];
+    HolderSet& holders = node.holders;
     const std::uint32_t position = holders.find(slot);
     if (position == holders.size() || (holder_tiers(holders.entry(position)) & bit) == 0) {
       unknown = true;
@@ -394,6 +441,15 @@ std::expected<void, IndexError> KvIndexer::remove_blocks(SlotId slot, const KvRe
     ++stats_.blocks_removed;
     if (remaining != 0) {
       holders.set_tiers(position, remaining);
+    } else if (node.first_child == kNoNode) {
+      // A leaf, as most evicted blocks are (engines evict a prompt's tail first): nothing below
+      // it to drop, so its residency goes here, and the node through the iterator at hand.
+      if (state.approximate) approximate_expiry_.erase(ApproximateKey{slot, hash});
+      holders.erase(position);
+      if (holders.empty()) {
+        node_set_.erase(found);
+        unlink_node(id);
+      }
     } else {
       holders.set_tiers(position, 0);
       drop_subtree(id, slot);

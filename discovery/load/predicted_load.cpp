@@ -97,12 +97,7 @@ std::expected<void, LoadError> PredictedLoad::book(BookingRequest request) {
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     if (i + kPrefetchDistance < blocks.size())
       active_blocks_.prefetch(blocks[i + kPrefetchDistance]);
-    ActiveHolders& holders = active_blocks_[blocks[i]];
-    const auto holder = std::ranges::lower_bound(holders, state.slot, {}, &ActiveHolder::slot);
-    if (holder != holders.end() && holder->slot == state.slot) {
-      ++holder->bookings;
-    } else {
-      holders.insert(holder, ActiveHolder{state.slot, 1});
+    if (activate(blocks[i], state.slot)) {
       ++state.view.booked_blocks;
       ++state.view.blocks_since_report;
     }
@@ -166,20 +161,63 @@ void PredictedLoad::release_booking(
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     if (i + kPrefetchDistance < blocks.size())
       active_blocks_.prefetch(blocks[i + kPrefetchDistance]);
-    // Every block of an open booking is in the ledger (check_consistency verifies it).
-    const auto entry = active_blocks_.find(blocks[i]);
-    KVR_ASSERT(entry != active_blocks_.end());
-    ActiveHolders& holders = entry->second;
-    const auto holder = std::ranges::lower_bound(holders, rank.slot, {}, &ActiveHolder::slot);
-    KVR_ASSERT(holder != holders.end() && holder->slot == rank.slot);
-    if (--holder->bookings > 0) continue;
-    holders.erase(holder);
-    --rank.view.booked_blocks;
-    --rank.view.blocks_since_report;
-    if (holders.empty()) active_blocks_.erase(entry);
+    if (deactivate(blocks[i], rank.slot)) {
+      --rank.view.booked_blocks;
+      --rank.view.blocks_since_report;
+    }
   }
   expiries_.erase(state.expiry);
   bookings_.erase(booking);
+}
+
+bool PredictedLoad::activate(BlockHash hash, RankSlot slot) {
+  const auto [entry, inserted] = active_blocks_.try_emplace(hash, ActiveHolder{slot, 0});
+  ActiveHolder& holder = entry->second;
+  if (holder.slot == slot) return holder.bookings++ == 0;
+  if (holder.slot != kSharedSlot) {
+    // A second rank: both move to the shared list.
+    shared_blocks_[hash] = slot < holder.slot ? std::vector<ActiveHolder>{{slot, 1}, holder}
+                                              : std::vector<ActiveHolder>{holder, {slot, 1}};
+    holder = ActiveHolder{kSharedSlot, 0};
+    return true;
+  }
+  std::vector<ActiveHolder>& holders = shared_blocks_.find(hash)->second;
+  const auto position = std::ranges::lower_bound(holders, slot, {}, &ActiveHolder::slot);
+  if (position != holders.end() && position->slot == slot) return position->bookings++ == 0;
+  holders.insert(position, ActiveHolder{slot, 1});
+  return true;
+}
+
+bool PredictedLoad::deactivate(BlockHash hash, RankSlot slot) {
+  // Every block of an open booking is in the ledger (check_consistency verifies it).
+  const auto entry = active_blocks_.find(hash);
+  KVR_ASSERT(entry != active_blocks_.end());
+  ActiveHolder& holder = entry->second;
+  if (holder.slot == slot) {
+    if (--holder.bookings > 0) return false;
+    active_blocks_.erase(entry);
+    return true;
+  }
+  KVR_ASSERT(holder.slot == kSharedSlot);
+  const auto shared = shared_blocks_.find(hash);
+  std::vector<ActiveHolder>& holders = shared->second;
+  const auto position = std::ranges::lower_bound(holders, slot, {}, &ActiveHolder::slot);
+  KVR_ASSERT(position != holders.end() && position->slot == slot);
+  if (--position->bookings > 0) return false;
+  holders.erase(position);
+  if (holders.size() == 1) {
+    holder = holders.front();
+    shared_blocks_.erase(shared);
+  }
+  return true;
+}
+
+std::span<const PredictedLoad::ActiveHolder> PredictedLoad::holders_of(
+    BlockHash hash, const ActiveHolder& entry) const {
+  if (entry.slot != kSharedSlot) return {&entry, 1};
+  const auto shared = shared_blocks_.find(hash);
+  if (shared == shared_blocks_.end()) return {};
+  return shared->second;
 }
 
 void PredictedLoad::prepare(std::span<const BlockHash> prompt_blocks,
@@ -200,7 +238,7 @@ void PredictedLoad::prepare(std::span<const BlockHash> prompt_blocks,
   for (; depth < prompt_blocks.size(); ++depth) {
     const auto entry = active_blocks_.find(prompt_blocks[depth]);
     if (entry == active_blocks_.end()) break;
-    const ActiveHolders& holders = entry->second;
+    const std::span<const ActiveHolder> holders = holders_of(entry->first, entry->second);
     scratch.next_active_.clear();
     if (depth == 0) {
       for (const ActiveHolder& holder : holders) scratch.next_active_.push_back(holder.slot);
@@ -263,9 +301,12 @@ std::expected<void, std::string> PredictedLoad::check_consistency() const {
   }
   absl::flat_hash_map<RankSlot, std::uint64_t> blocks_per_slot;
   std::size_t entries = 0;
-  for (const auto& [hash, holders] : active_blocks_) {
+  for (const auto& [hash, entry] : active_blocks_) {
     const std::string where = "block " + std::to_string(hash) + ": ";
-    if (holders.empty()) return std::unexpected(where + "has no holders");
+    const std::span<const ActiveHolder> holders = holders_of(hash, entry);
+    if (entry.slot == kSharedSlot && holders.size() < 2) {
+      return std::unexpected(where + "shared by fewer than two ranks");
+    }
     for (std::size_t i = 0; i < holders.size(); ++i) {
       if (i > 0 && holders[i - 1].slot >= holders[i].slot) {
         return std::unexpected(where + "holders not sorted");
@@ -279,6 +320,12 @@ std::expected<void, std::string> PredictedLoad::check_consistency() const {
     }
   }
   if (entries != expected.size()) return std::unexpected("ledger misses blocks of open bookings");
+  for (const auto& [hash, holders] : shared_blocks_) {
+    const auto entry = active_blocks_.find(hash);
+    if (entry == active_blocks_.end() || entry->second.slot != kSharedSlot) {
+      return std::unexpected("block " + std::to_string(hash) + ": stray shared list");
+    }
+  }
   for (const auto& [worker, rank] : ranks_) {
     const auto counted = blocks_per_slot.find(rank.slot);
     const std::uint64_t held = counted == blocks_per_slot.end() ? 0 : counted->second;

@@ -18,7 +18,6 @@
 #include <vector>
 
 #include <absl/container/flat_hash_map.h>
-#include <absl/container/inlined_vector.h>
 
 #include "messages/ids.hpp"
 
@@ -175,14 +174,14 @@ class PredictedLoad {
     RankSlot slot = 0;
     RankLoadView view;
   };
-  // One rank on which a prompt block is active, and in how many open bookings (a hash repeated
+  // A rank on which a prompt block is active, and in how many open bookings (a hash repeated
   // within one prompt counts once per occurrence).
   struct ActiveHolder {
     RankSlot slot = 0;
     std::uint32_t bookings = 0;
   };
-  // Sorted by slot; nearly always one rank, so kept inline.
-  using ActiveHolders = absl::InlinedVector<ActiveHolder, 1>;
+  // A ledger entry whose block is active on several ranks; they are in shared_blocks_.
+  static constexpr RankSlot kSharedSlot = 0xFFFFFFFFU;
   struct BookingState {
     WorkerWithDpRank worker;
     std::vector<BlockHash> prompt_blocks;
@@ -192,15 +191,24 @@ class PredictedLoad {
   };
 
   void release_booking(absl::flat_hash_map<std::string, BookingState>::iterator booking);
+  // Counts one more booking of `hash` on the rank; true when the block was not active there.
+  bool activate(BlockHash hash, RankSlot slot);
+  // Counts one booking less; true when the block is no longer active on the rank.
+  bool deactivate(BlockHash hash, RankSlot slot);
+  // The ranks (ascending) on which the block of a ledger entry is active.
+  std::span<const ActiveHolder> holders_of(BlockHash hash, const ActiveHolder& entry) const;
 
   absl::flat_hash_map<WorkerWithDpRank, RankState> ranks_;
   absl::flat_hash_map<std::string, BookingState> bookings_;
   std::multimap<std::chrono::steady_clock::time_point, std::string> expiries_;
-  // The ledger of active prompt blocks: block -> ranks holding it in open bookings. One lookup
-  // per block books or releases it, and one walk along a prompt answers every rank's "how much
-  // of this prompt is already active here". It holds only the blocks of requests in flight, so
-  // it stays small and cache-resident, unlike the KV index.
-  absl::flat_hash_map<BlockHash, ActiveHolders> active_blocks_;
+  // The ledger of active prompt blocks: block -> the rank holding it in open bookings, with their
+  // count. One lookup per block books or releases it, and one walk along a prompt answers every
+  // rank's "how much of this prompt is already active here". It holds only the blocks of requests
+  // in flight, in 16-byte entries, so it stays small, unlike the KV index. A block active on
+  // several ranks (a shared system prompt) is marked kSharedSlot and lists its ranks, sorted, in
+  // shared_blocks_; it returns to a plain entry when one rank is left.
+  absl::flat_hash_map<BlockHash, ActiveHolder> active_blocks_;
+  absl::flat_hash_map<BlockHash, std::vector<ActiveHolder>> shared_blocks_;
   std::vector<RankSlot> free_slots_;
   RankSlot slot_count_ = 0;
 };

@@ -192,6 +192,25 @@ TEST_F(KvIndexerTest, RemovingAMiddleBlockDropsTheRanksDescendants) {
   expect_consistent();
 }
 
+TEST_F(KvIndexerTest, BlocksAnEarlierRemovalDroppedReadAsUnknown) {
+  ASSERT_TRUE(index_.apply_event(kWorkerA, stored(prompt_)));
+  ASSERT_TRUE(index_.apply_event(kWorkerB, stored(prompt_)));
+  // Removing prompt_[2] drops A's descendants too, which B still holds; then prompt_[2] again.
+  const KvRemovedEvent shared{{prompt_[2], prompt_[5], prompt_[7], prompt_[2]},
+                              StorageTier::Device};
+  EXPECT_EQ(index_.apply_event(kWorkerA, shared).error(), IndexError::unknown_block);
+  EXPECT_EQ(matched(kWorkerA, prompt_), 2U);
+  EXPECT_EQ(matched(kWorkerB, prompt_), 8U);
+  EXPECT_EQ(index_.blocks_held(kWorkerA, StorageTier::Device), 2U);
+  // Only B held these: removing prompt_[1] frees the nodes below it, listed after it.
+  const KvRemovedEvent own{{prompt_[1], prompt_[4], prompt_[1]}, StorageTier::Device};
+  EXPECT_EQ(index_.apply_event(kWorkerB, own).error(), IndexError::unknown_block);
+  EXPECT_EQ(matched(kWorkerB, prompt_), 1U);
+  EXPECT_EQ(index_.node_count(), 2U);
+  EXPECT_EQ(index_.stats().blocks_removed, 6U + 7U);
+  expect_consistent();
+}
+
 TEST_F(KvIndexerTest, BlockOnAnotherTierSurvivesRemovalFromOne) {
   ASSERT_TRUE(index_.apply_event(kWorkerA, stored(prompt_)));
   ASSERT_TRUE(index_.apply_event(

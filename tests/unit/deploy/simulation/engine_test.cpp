@@ -411,6 +411,55 @@ TEST(EngineTest, MovedEngineKeepsItsRequests) {
   EXPECT_EQ(steps[1].completions.at(0).id, 1U);
 }
 
+TEST(EngineTest, SteppingIntoAReusedResultGivesTheSameSteps) {
+  // Enough requests on a small pool to evict and preempt, so every kind of result is filled.
+  EngineConfig config = small_config(16, 12);
+  config.max_num_batched_tokens = 64;
+  Engine fresh = make_engine(config);
+  Engine reused = make_engine(config);
+  for (Engine* engine : {&fresh, &reused}) {
+    add(*engine, request(1, {1, 2, 3}, 60, 20));
+    add(*engine, request(2, {1, 2, 5}, 50, 30));
+    add(*engine, request(3, {7, 8}, 40, 10));
+  }
+  StepResult result;
+  double now = 0.0;
+  std::size_t steps = 0;
+  bool preempted = false;
+  bool evicted = false;
+  for (int wave = 0; wave < 2; ++wave) {
+    if (wave == 1) {
+      // The first wave left its prompts cached; these need room, so they evict.
+      for (Engine* engine : {&fresh, &reused}) {
+        add(*engine, request(4, {20, 21, 22}, 60, 20), now);
+        add(*engine, request(5, {30, 31, 32}, 60, 20), now);
+      }
+    }
+    while (fresh.has_work()) {
+      const StepResult expected = fresh.step(now);
+      reused.step(now, result);
+      ASSERT_EQ(result.start_ms, expected.start_ms);
+      ASSERT_EQ(result.duration_ms, expected.duration_ms);
+      ASSERT_EQ(result.prefill_tokens, expected.prefill_tokens);
+      ASSERT_EQ(result.decode_requests, expected.decode_requests);
+      ASSERT_EQ(result.kv_events, expected.kv_events) << "step " << steps;
+      ASSERT_EQ(result.next_tokens, expected.next_tokens);
+      ASSERT_EQ(result.preempted, expected.preempted);
+      ASSERT_EQ(result.first_tokens.size(), expected.first_tokens.size());
+      ASSERT_EQ(result.completions.size(), expected.completions.size());
+      preempted = preempted || !expected.preempted.empty();
+      for (const KvEvent& event : expected.kv_events) {
+        evicted = evicted || std::holds_alternative<KvRemovedEvent>(event);
+      }
+      now = expected.end_ms();
+      ++steps;
+    }
+  }
+  EXPECT_FALSE(reused.has_work());
+  EXPECT_TRUE(preempted);
+  EXPECT_TRUE(evicted);
+}
+
 TEST(EngineTest, CreateRejectsInvalidConfig) {
   EngineConfig config;
   config.timing.time_scale = -1.0;
