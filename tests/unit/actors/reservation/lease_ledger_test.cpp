@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 namespace kvr::actors {
@@ -75,7 +76,7 @@ TEST(LeaseLedgerTest, ManyClosedLeasesLeaveExpiryWorkBoundedAndCorrect) {
   // Out-of-order expiries, most leases closed early: the survivors still expire in time order.
   for (int i = 0; i < 10'000; ++i) {
     const auto expiry = kStart + std::chrono::milliseconds{(i * 7919) % 10'000};
-    std::string id = ledger.open(kPartition, "r" + std::to_string(i), {1, 0}, expiry);
+    std::string id = ledger.open(kPartition, fmt::format("r{}", i), {1, 0}, expiry);
     if (i % 100 == 0) {
       open_ids.push_back(std::move(id));
     } else {
