@@ -228,35 +228,28 @@ void PredictedLoad::prepare(std::span<const BlockHash> prompt_blocks,
     for (ProjectionScratch::RankPrefix& prefix : scratch.prefix_) prefix = {};
     scratch.epoch_ = 1;
   }
-  const auto finish = [&scratch](RankSlot slot, std::size_t depth) {
-    scratch.prefix_[slot] = {scratch.epoch_, static_cast<std::uint32_t>(depth)};
-  };
-  // Walk the prompt while some rank still has every block so far active: at each level the
-  // ranks that lack the block drop out with the depth reached.
-  scratch.active_.clear();
-  std::size_t depth = 0;
-  for (; depth < prompt_blocks.size(); ++depth) {
+  // Walk the prompt while some rank still has every block so far active. A rank's entry counts
+  // the leading blocks it has active; at each depth only the ranks that reached it and hold the
+  // block move on, so the others keep the depth they reached. Marks instead of a merge of sorted
+  // lists: holder lists are long when many open bookings share a prefix.
+  for (std::size_t depth = 0; depth < prompt_blocks.size(); ++depth) {
     const auto entry = active_blocks_.find(prompt_blocks[depth]);
-    if (entry == active_blocks_.end()) break;
-    const std::span<const ActiveHolder> holders = holders_of(entry->first, entry->second);
-    scratch.next_active_.clear();
-    if (depth == 0) {
-      for (const ActiveHolder& holder : holders) scratch.next_active_.push_back(holder.slot);
-    } else {
-      auto holder = holders.begin();
-      for (const RankSlot slot : scratch.active_) {
-        while (holder != holders.end() && holder->slot < slot) ++holder;
-        if (holder != holders.end() && holder->slot == slot) {
-          scratch.next_active_.push_back(slot);
-        } else {
-          finish(slot, depth);
-        }
+    if (entry == active_blocks_.end()) return;
+    const auto reached = static_cast<std::uint32_t>(depth);
+    bool any_moved_on = false;
+    for (const ActiveHolder& holder : holders_of(entry->first, entry->second)) {
+      ProjectionScratch::RankPrefix& prefix = scratch.prefix_[holder.slot];
+      if (depth == 0) {
+        prefix = {scratch.epoch_, 1};
+      } else if (prefix.epoch == scratch.epoch_ && prefix.blocks == reached) {
+        prefix.blocks = reached + 1;
+      } else {
+        continue;
       }
+      any_moved_on = true;
     }
-    scratch.active_.swap(scratch.next_active_);
-    if (scratch.active_.empty()) return;
+    if (!any_moved_on) return;
   }
-  for (const RankSlot slot : scratch.active_) finish(slot, depth);
 }
 
 std::optional<LoadProjection> PredictedLoad::project(WorkerWithDpRank worker,

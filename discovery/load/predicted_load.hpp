@@ -103,8 +103,6 @@ class ProjectionScratch {
     std::uint32_t blocks = 0;
   };
   std::vector<RankPrefix> prefix_;
-  std::vector<std::uint32_t> active_;  // rank slots still matching, ascending
-  std::vector<std::uint32_t> next_active_;
   std::uint32_t epoch_ = 0;
 };
 

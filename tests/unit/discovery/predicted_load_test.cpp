@@ -73,6 +73,35 @@ TEST_F(PredictedLoadTest, ExpiryReleasesUnreportedBookings) {
   EXPECT_EQ(load_.release("a", BookingEnd::completed).error(), LoadError::unknown_booking);
 }
 
+TEST_F(PredictedLoadTest, EachRanksActivePrefixEndsAtItsFirstMissingBlock) {
+  constexpr WorkerWithDpRank kRank2{6, 0};
+  constexpr WorkerWithDpRank kRank3{7, 0};
+  ASSERT_TRUE(load_.add_rank(kRank2, 1000));
+  ASSERT_TRUE(load_.add_rank(kRank3, 1000));
+  const std::vector<BlockHash> candidate{11, 12, 13, 14, 15};
+  // Rank 0 holds four leading blocks over two bookings, rank 1 two, and rank 2 the first and
+  // third but not the second (unchained hashes a client may send): its prefix stops at one.
+  ASSERT_TRUE(load_.book(booking("a", kRank0, {11, 12}, 0)));
+  ASSERT_TRUE(load_.book(booking("b", kRank0, {11, 12, 13, 14, 99}, 0)));
+  ASSERT_TRUE(load_.book(booking("c", kRank1, {11, 12}, 0)));
+  ASSERT_TRUE(load_.book(booking("d", kRank2, {11, 98, 13}, 0)));
+  ProjectionScratch scratch;
+  load_.prepare(candidate, scratch);
+  EXPECT_EQ(load_.project(kRank0, {5, 0}, scratch)->new_blocks, 1U);
+  EXPECT_EQ(load_.project(kRank1, {5, 0}, scratch)->new_blocks, 3U);
+  EXPECT_EQ(load_.project(kRank2, {5, 0}, scratch)->new_blocks, 4U);
+  EXPECT_EQ(load_.project(kRank3, {5, 0}, scratch)->new_blocks, 5U);
+  // The same scratch for the next request: nothing of the previous walk is left over.
+  ASSERT_TRUE(load_.release("b", BookingEnd::completed));
+  load_.prepare(std::vector<BlockHash>{11, 12, 13}, scratch);
+  EXPECT_EQ(load_.project(kRank0, {3, 0}, scratch)->new_blocks, 1U);
+  EXPECT_EQ(load_.project(kRank1, {3, 0}, scratch)->new_blocks, 1U);
+  EXPECT_EQ(load_.project(kRank2, {3, 0}, scratch)->new_blocks, 2U);
+  load_.prepare(std::vector<BlockHash>{50}, scratch);
+  EXPECT_EQ(load_.project(kRank0, {1, 0}, scratch)->new_blocks, 1U);
+  EXPECT_EQ(load_.project(kRank2, {1, 0}, scratch)->new_blocks, 1U);
+}
+
 TEST_F(PredictedLoadTest, ProjectionAddsTheCandidatesNewBlocksAndPrefill) {
   ASSERT_TRUE(load_.update_confirmed(kRank0, ConfirmedLoad{3, 1, 40, 500, 60}));
   ASSERT_TRUE(load_.book(booking("a", kRank0, prompt(6, 1, 4), 96)));
