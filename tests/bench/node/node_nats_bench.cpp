@@ -406,6 +406,8 @@ void BM_NatsEchoFloor(benchmark::State& state) {
 
 BENCHMARK(BM_NatsEchoFloor)
     ->ArgNames({"conns", "per_conn"})
+    ->Args({1, 1})
+    ->Args({4, 2})
     ->Args({4, 4})
     ->Args({8, 8})
     ->UseManualTime()
