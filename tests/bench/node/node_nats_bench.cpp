@@ -143,6 +143,7 @@ struct ClientConnection {
   std::mutex mutex;
   std::vector<double> latencies_us;
   std::size_t errors = 0;
+  std::string first_error;  // what the first failed decision said
   std::string buffer;
   std::optional<actors::nats::NatsSubscription> subscription;
 };
@@ -231,6 +232,11 @@ class NatsLoad {
       std::lock_guard lock{connection->mutex};
       result.completed += connection->latencies_us.size();
       result.errors += connection->errors;
+      if (!connection->first_error.empty()) {
+        std::fprintf(stderr, "kvr_node_bench: a failed decision: %s\n",
+                     connection->first_error.c_str());
+        connection->first_error.clear();
+      }
       result.latencies_us.insert(result.latencies_us.end(), connection->latencies_us.begin(),
                                  connection->latencies_us.end());
     }
@@ -274,7 +280,15 @@ class NatsLoad {
       std::lock_guard lock{connection.mutex};
       connection.latencies_us.push_back(
           std::chrono::duration<double, std::micro>(now - connection.sent[slot]).count());
-      if (!routed) ++connection.errors;
+      if (!routed) {
+        if (connection.first_error.empty()) {
+          connection.first_error = decision.has_error()
+                                       ? v1::RouteErrorCode_Name(decision.error().code()) + ": " +
+                                             decision.error().message()
+                                       : std::string{"not a RouteDecision"};
+        }
+        ++connection.errors;
+      }
     }
     last_reply_.store(now);
     if (routed && report_) {
