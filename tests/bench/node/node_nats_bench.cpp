@@ -144,7 +144,9 @@ struct ClientConnection {
   std::vector<double> latencies_us;
   std::size_t errors = 0;
   std::string first_error;  // what the first failed decision said
-  std::string buffer;
+  // One request buffer per slot: the benchmark thread sends every slot's first request while the
+  // delivery thread already sends the next ones of slots that got their reply.
+  std::vector<std::string> buffers;
   std::optional<actors::nats::NatsSubscription> subscription;
 };
 
@@ -179,6 +181,7 @@ class NatsLoad {
         connection->reply_subjects.push_back(inbox + "." + std::to_string(s));
       }
       connection->sent.resize(static_cast<std::size_t>(outstanding));
+      connection->buffers.resize(static_cast<std::size_t>(outstanding));
       ClientConnection* raw = connection.get();
       auto subscription = connection->client->subscribe(
           inbox + ".*",
@@ -250,10 +253,11 @@ class NatsLoad {
   void send_next(ClientConnection& connection, std::size_t slot) {
     const std::uint64_t n = issued_.fetch_add(1);
     if (n < total_ && Clock::now() < deadline_) {
-      environment_.templates().render(base_sequence_ + n, connection.buffer);
+      std::string& buffer = connection.buffers[slot];
+      environment_.templates().render(base_sequence_ + n, buffer);
       connection.sent[slot] = Clock::now();
       if (connection.client->publish_request(route_subject_, connection.reply_subjects[slot],
-                                             connection.buffer)) {
+                                             buffer)) {
         sent_.fetch_add(1);
         return;
       }
