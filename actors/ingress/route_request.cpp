@@ -6,28 +6,13 @@
 #include <fmt/format.h>
 
 #include "discovery/block_hash.hpp"
+#include "messages/worker_role.hpp"
 
 namespace kvr::actors {
 namespace {
 
 std::unexpected<RouteFailure> invalid(std::string message) {
   return std::unexpected(RouteFailure{Error::invalid_request, std::move(message)});
-}
-
-std::optional<WorkerType> worker_type_from(v1::WorkerRole role) {
-  switch (role) {
-    case v1::WORKER_ROLE_UNSPECIFIED:
-    case v1::WORKER_ROLE_AGGREGATED:
-      return WorkerType::Aggregated;
-    case v1::WORKER_ROLE_PREFILL:
-      return WorkerType::Prefill;
-    case v1::WORKER_ROLE_DECODE:
-      return WorkerType::Decode;
-    case v1::WORKER_ROLE_ENCODE:
-      return WorkerType::Encode;
-    default:
-      return std::nullopt;
-  }
 }
 
 std::optional<InputTrigger> trigger_from(v1::InputTrigger trigger) {
@@ -82,7 +67,10 @@ std::expected<RouteRequestData, RouteFailure> decode_route_request(
   data.request_id = wire.request_id();
   data.partition.model = wire.model();
   data.partition.routing_group = wire.routing_group().empty() ? "default" : wire.routing_group();
-  const auto worker_type = worker_type_from(wire.worker_role());
+  // A request that names no role is for aggregated workers.
+  const auto worker_type = wire.worker_role() == v1::WORKER_ROLE_UNSPECIFIED
+                               ? std::optional{WorkerType::Aggregated}
+                               : worker_type_from_wire(wire.worker_role());
   if (!worker_type) {
     return invalid(
         fmt::format("worker_role: unknown value {}", static_cast<int>(wire.worker_role())));

@@ -17,6 +17,7 @@
 #include "kvr/v1/worker.pb.h"
 #include "messages/kv_event_codec.hpp"
 #include "messages/subjects.hpp"
+#include "messages/worker_role.hpp"
 
 namespace kvr::mocker {
 namespace {
@@ -30,20 +31,6 @@ using simulation::StepResult;
 // Hard bounds on what one generate request may ask for; beyond them it is rejected as absurd.
 constexpr std::size_t kMaxPromptTokens = 1 << 22;
 constexpr std::uint32_t kMaxOutputTokens = 1 << 20;
-
-v1::WorkerRole to_wire(WorkerType type) {
-  switch (type) {
-    case WorkerType::Aggregated:
-      return v1::WORKER_ROLE_AGGREGATED;
-    case WorkerType::Prefill:
-      return v1::WORKER_ROLE_PREFILL;
-    case WorkerType::Decode:
-      return v1::WORKER_ROLE_DECODE;
-    case WorkerType::Encode:
-      return v1::WORKER_ROLE_ENCODE;
-  }
-  return v1::WORKER_ROLE_UNSPECIFIED;
-}
 
 std::uint64_t unix_ms() {
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -2,26 +2,13 @@
 
 #include <string_view>
 
+#include "messages/worker_role.hpp"
+
 namespace kvr::discovery {
 namespace {
 
 std::unexpected<RegistrationError> bad(std::string field, std::string reason) {
   return std::unexpected(RegistrationError{std::move(field), std::move(reason)});
-}
-
-std::optional<WorkerType> role_from_proto(v1::WorkerRole role) {
-  switch (role) {
-    case v1::WORKER_ROLE_AGGREGATED:
-      return WorkerType::Aggregated;
-    case v1::WORKER_ROLE_PREFILL:
-      return WorkerType::Prefill;
-    case v1::WORKER_ROLE_DECODE:
-      return WorkerType::Decode;
-    case v1::WORKER_ROLE_ENCODE:
-      return WorkerType::Encode;
-    default:
-      return std::nullopt;
-  }
 }
 
 }  // namespace
@@ -75,7 +62,7 @@ std::expected<WorkerRegistration, RegistrationError> validate_registration(
 
 std::expected<WorkerRegistration, RegistrationError> registration_from_proto(
     const v1::WorkerRegistration& wire, const RegistrationLimits& limits) {
-  const auto role = role_from_proto(wire.role());
+  const auto role = worker_type_from_wire(wire.role());
   if (!role) return bad("role", "unspecified or unknown role " + std::to_string(wire.role()));
   WorkerRegistration registration;
   registration.worker_id = wire.worker_id();

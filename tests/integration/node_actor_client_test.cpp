@@ -1,5 +1,10 @@
 // An actor client of a real `kvr node --actor-port`: connects through CAF's middleman to the
 // published ingress actor and exchanges protobuf-carrying messages across processes.
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include <arpa/inet.h>
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -24,36 +29,65 @@ using testing::free_port;
 using testing::NatsServer;
 using testing::wait_until;
 
-TEST(NodeActorClientTest, PublishedIngressRoutesAndAcceptsReports) {
-  testing::TemporaryDirectory directory;
-  std::string error;
-  auto server = NatsServer::start(&error);
-  ASSERT_TRUE(server) << error;
-  auto mocker = ChildProcess::start(
-      {KVR_BINARY, "mocker", "--nats", server->url(), "--namespace", "actors", "--workers", "1",
-       "--worker-id-base", "300", "--block-size", "16", "--lease-ttl-ms", "2000"},
-      directory.path() / "mocker.log");
-  ASSERT_TRUE(mocker);
-  const std::uint16_t actor_port = free_port();
-  auto node =
-      ChildProcess::start({KVR_BINARY, "node", "--nats", server->url(), "--namespace", "actors",
-                           "--block-size", "16", "--actor-port", std::to_string(actor_port)},
-                          directory.path() / "node.log");
-  ASSERT_TRUE(node);
+// A real nats-server, one `kvr mocker` worker and a `kvr node --actor-port`, and this process's
+// actor system connected to the node's published ingress actor.
+class NodeActorClientTest : public ::testing::Test {
+ protected:
+  ~NodeActorClientTest() override {
+    // Drop the proxy before the system shuts down, so that nothing stays pinned to the node.
+    ingress_ = caf::sec::cannot_connect_to_node;
+    if (node_) node_->stop();
+  }
 
-  caf::actor_system_config config;
-  config.set("scheduler.max-threads", 2);
-  config.load<caf::io::middleman>();
-  config.add_message_types<caf::id_block::kvr_actors>();
-  caf::actor_system system{config};
-  caf::expected<actors::ingress_actor> ingress{caf::sec::cannot_connect_to_node};
-  ASSERT_TRUE(wait_until(
-      [&] {
-        ingress = system.middleman().remote_actor<actors::ingress_actor>("127.0.0.1", actor_port);
-        return static_cast<bool>(ingress);
-      },
-      20s))
-      << node->log();
+  // Starts the processes (worker `worker_id`; `mocker_options` appended) and connects.
+  void start(const std::string& ns, WorkerId worker_id,
+             const std::vector<std::string>& mocker_options = {}) {
+    std::string error;
+    server_ = NatsServer::start(&error);
+    ASSERT_TRUE(server_) << error;
+    std::vector<std::string> mocker_args{KVR_BINARY,         "mocker",
+                                         "--nats",           server_->url(),
+                                         "--namespace",      ns,
+                                         "--workers",        "1",
+                                         "--worker-id-base", std::to_string(worker_id),
+                                         "--block-size",     "16",
+                                         "--lease-ttl-ms",   "2000"};
+    mocker_args.insert(mocker_args.end(), mocker_options.begin(), mocker_options.end());
+    mocker_ = ChildProcess::start(mocker_args, directory_.path() / "mocker.log");
+    ASSERT_TRUE(mocker_);
+    const std::uint16_t actor_port = free_port();
+    node_ = ChildProcess::start({KVR_BINARY, "node", "--nats", server_->url(), "--namespace", ns,
+                                 "--block-size", "16", "--actor-port", std::to_string(actor_port)},
+                                directory_.path() / "node.log");
+    ASSERT_TRUE(node_);
+    config_.set("scheduler.max-threads", 2);
+    config_.load<caf::io::middleman>();
+    config_.add_message_types<caf::id_block::kvr_actors>();
+    system_.emplace(config_);
+    ASSERT_TRUE(wait_until(
+        [&] {
+          ingress_ =
+              system_->middleman().remote_actor<actors::ingress_actor>("127.0.0.1", actor_port);
+          return static_cast<bool>(ingress_);
+        },
+        20s))
+        << node_->log();
+  }
+
+  testing::TemporaryDirectory directory_;
+  std::unique_ptr<NatsServer> server_;
+  std::optional<ChildProcess> mocker_;
+  std::optional<ChildProcess> node_;
+  caf::actor_system_config config_;
+  std::optional<caf::actor_system> system_;
+  caf::expected<actors::ingress_actor> ingress_{caf::sec::cannot_connect_to_node};
+};
+
+TEST_F(NodeActorClientTest, PublishedIngressRoutesAndAcceptsReports) {
+  ASSERT_NO_FATAL_FAILURE(start("actors", 300));
+  caf::actor_system& system = *system_;
+  auto& ingress = ingress_;
+  auto& node = node_;
 
   v1::RouteRequest request;
   request.set_model("mock-model");
@@ -93,42 +127,13 @@ TEST(NodeActorClientTest, PublishedIngressRoutesAndAcceptsReports) {
     ASSERT_TRUE(decision.has_error());
     EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
   }
-  // Drop the proxy before the system shuts down, so that nothing stays pinned to the node.
-  ingress = caf::sec::cannot_connect_to_node;
-  node->stop();
 }
 
-TEST(NodeActorClientTest, PublishedIngressServesGenerateWithAStreamToTheClientActor) {
-  testing::TemporaryDirectory directory;
-  std::string error;
-  auto server = NatsServer::start(&error);
-  ASSERT_TRUE(server) << error;
-  auto mocker =
-      ChildProcess::start({KVR_BINARY, "mocker", "--nats", server->url(), "--namespace", "actorgen",
-                           "--workers", "1", "--worker-id-base", "310", "--block-size", "16",
-                           "--lease-ttl-ms", "2000", "--time-scale", "20"},
-                          directory.path() / "mocker.log");
-  ASSERT_TRUE(mocker);
-  const std::uint16_t actor_port = free_port();
-  auto node =
-      ChildProcess::start({KVR_BINARY, "node", "--nats", server->url(), "--namespace", "actorgen",
-                           "--block-size", "16", "--actor-port", std::to_string(actor_port)},
-                          directory.path() / "node.log");
-  ASSERT_TRUE(node);
-
-  caf::actor_system_config config;
-  config.set("scheduler.max-threads", 2);
-  config.load<caf::io::middleman>();
-  config.add_message_types<caf::id_block::kvr_actors>();
-  caf::actor_system system{config};
-  caf::expected<actors::ingress_actor> ingress{caf::sec::cannot_connect_to_node};
-  ASSERT_TRUE(wait_until(
-      [&] {
-        ingress = system.middleman().remote_actor<actors::ingress_actor>("127.0.0.1", actor_port);
-        return static_cast<bool>(ingress);
-      },
-      20s))
-      << node->log();
+TEST_F(NodeActorClientTest, PublishedIngressServesGenerateWithAStreamToTheClientActor) {
+  ASSERT_NO_FATAL_FAILURE(start("actorgen", 310, {"--time-scale", "20"}));
+  caf::actor_system& system = *system_;
+  auto& ingress = ingress_;
+  auto& node = node_;
 
   v1::GenerateRequest request;
   request.mutable_route()->set_model("mock-model");
@@ -182,8 +187,6 @@ TEST(NodeActorClientTest, PublishedIngressServesGenerateWithAStreamToTheClientAc
     EXPECT_EQ(tokens.size(), 5U);
     EXPECT_EQ(finish_reason, "length");
   }
-  ingress = caf::sec::cannot_connect_to_node;
-  node->stop();
 }
 
 }  // namespace

@@ -180,6 +180,15 @@ class RouterActorsTest : public ::testing::Test {
     return ack;
   }
 
+  // Sends a generate request to the ingress as the actor client `self` and returns its decision.
+  v1::RouteDecision generate(caf::scoped_actor& self, v1::GenerateRequest wire) {
+    v1::RouteDecision decision;
+    self->request(ingress_, 5s, generate_atom::value, GenerateRequestMessage{std::move(wire)})
+        .receive([&](RouteDecisionMessage& message) { decision = std::move(message.value); },
+                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+    return decision;
+  }
+
   double bookings() const {
     return metrics_->value("kvr_bookings_open", {{"partition", "m/default"}});
   }
@@ -374,11 +383,7 @@ std::optional<v1::GenerateChunk> next_chunk(caf::scoped_actor& self) {
 TEST_F(RouterActorsTest, ActorClientGenerateGetsTheDecisionAndTheStream) {
   register_workers({11});
   caf::scoped_actor self{system_};
-  v1::RouteDecision decision;
-  self->request(ingress_, 5s, generate_atom::value,
-                GenerateRequestMessage{actor_generate_request("ag1")})
-      .receive([&](RouteDecisionMessage& message) { decision = message.value; },
-               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  const v1::RouteDecision decision = generate(self, actor_generate_request("ag1"));
   ASSERT_TRUE(decision.has_success()) << decision.error().message();
   EXPECT_EQ(decision.success().worker_id(), 11U);
   EXPECT_EQ(decision.request_id(), "ag1");
@@ -414,11 +419,7 @@ TEST_F(RouterActorsTest, ActorClientGenerateGetsTheDecisionAndTheStream) {
 TEST_F(RouterActorsTest, ActorClientCancelEndsTheStreamAndTellsTheWorker) {
   register_workers({11});
   caf::scoped_actor self{system_};
-  v1::RouteDecision decision;
-  self->request(ingress_, 5s, generate_atom::value,
-                GenerateRequestMessage{actor_generate_request("ag2")})
-      .receive([&](RouteDecisionMessage& message) { decision = message.value; },
-               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  const v1::RouteDecision decision = generate(self, actor_generate_request("ag2"));
   ASSERT_TRUE(decision.has_success()) << decision.error().message();
   v1::GenerateCancel cancel;
   cancel.set_request_id("ag2");
@@ -436,11 +437,7 @@ TEST_F(RouterActorsTest, ATerminatedActorClientCancelsItsRequests) {
   register_workers({11});
   {
     caf::scoped_actor self{system_};
-    v1::RouteDecision decision;
-    self->request(ingress_, 5s, generate_atom::value,
-                  GenerateRequestMessage{actor_generate_request("ag3")})
-        .receive([&](RouteDecisionMessage& message) { decision = message.value; },
-                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+    const v1::RouteDecision decision = generate(self, actor_generate_request("ag3"));
     ASSERT_TRUE(decision.has_success()) << decision.error().message();
     EXPECT_EQ(bookings(), 1);
   }  // the client terminates before any chunk
@@ -457,10 +454,7 @@ TEST_F(RouterActorsTest, AnInvalidActorGenerateGetsAnErrorDecisionAndNoDispatch)
   v1::GenerateRequest wire = actor_generate_request("ag4");
   wire.set_max_output_tokens(0);
   wire.mutable_route()->clear_expected_output_tokens();
-  v1::RouteDecision decision;
-  self->request(ingress_, 5s, generate_atom::value, GenerateRequestMessage{wire})
-      .receive([&](RouteDecisionMessage& message) { decision = message.value; },
-               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  const v1::RouteDecision decision = generate(self, wire);
   ASSERT_TRUE(decision.has_error());
   EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
   EXPECT_NE(decision.error().message().find("max_output_tokens"), std::string::npos);
