@@ -20,12 +20,12 @@ std::string_view as_str(LeaseError error) {
 
 namespace {
 
-// The open lease under `counter` if its id is exactly `lease_id` ("n-07" is not "n-7"); for the
-// ledger's map, const or not.
+// The open lease under `counter` if its id is exactly `lease_id` ("n-07" is not "n-7"), else
+// end(); for the ledger's map, const or not.
 template <class Leases>
-auto* find_exact(Leases& leases, std::optional<std::uint64_t> counter, std::string_view lease_id) {
+auto find_exact(Leases& leases, std::optional<std::uint64_t> counter, std::string_view lease_id) {
   const auto it = counter ? leases.find(*counter) : leases.end();
-  return it == leases.end() || it->second.lease_id != lease_id ? nullptr : &it->second;
+  return it != leases.end() && it->second.lease_id == lease_id ? it : leases.end();
 }
 
 }  // namespace
@@ -57,20 +57,22 @@ std::string LeaseLedger::open(plugins::worker_selection::RoutingPartition partit
 }
 
 const Lease* LeaseLedger::find(std::string_view lease_id) const {
-  return find_exact(leases_, counter_of(lease_id), lease_id);
+  const auto it = find_exact(leases_, counter_of(lease_id), lease_id);
+  return it == leases_.end() ? nullptr : &it->second;
 }
 
 std::expected<Lease, LeaseError> LeaseLedger::first_token(std::string_view lease_id) {
-  Lease* lease = find_exact(leases_, counter_of(lease_id), lease_id);
-  if (lease == nullptr) return std::unexpected(LeaseError::unknown_lease);
+  const auto it = find_exact(leases_, counter_of(lease_id), lease_id);
+  if (it == leases_.end()) return std::unexpected(LeaseError::unknown_lease);
+  Lease* lease = &it->second;
   if (lease->first_token_reported) return std::unexpected(LeaseError::first_token_repeated);
   lease->first_token_reported = true;
   return *lease;
 }
 
 std::expected<Lease, LeaseError> LeaseLedger::close(std::string_view lease_id) {
-  if (find(lease_id) == nullptr) return std::unexpected(LeaseError::unknown_lease);
-  const auto it = leases_.find(*counter_of(lease_id));
+  const auto it = find_exact(leases_, counter_of(lease_id), lease_id);
+  if (it == leases_.end()) return std::unexpected(LeaseError::unknown_lease);
   Lease lease = std::move(it->second);
   leases_.erase(it);
   compact_expiries();

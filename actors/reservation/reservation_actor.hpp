@@ -1,13 +1,14 @@
 // The reservation actor: one per node; the route-mode front of the selectors. For every route
-// request it asks the partition's selector (through the discovery actor) to select and book,
-// records the booking in the lease ledger, and only then delivers the decision (published on the
-// request's NATS reply subject, or returned to an actor client). When publishing fails the
-// booking is rolled back. Lifecycle reports release bookings through the ledger: first token,
-// completion and abort each end a booking's part exactly once; unreported leases expire on a
-// timer (the selectors expire the bookings themselves at the same deadline).
+// request it asks the partition's selector (directly once the discovery actor announced it, through
+// that actor before) to select and book, records the booking in the lease ledger, and only then
+// delivers the decision (published on the request's NATS reply subject, or returned to an actor
+// client). When publishing fails the booking is rolled back. Lifecycle reports release bookings
+// through the ledger: first token, completion and abort each end a booking's part exactly once;
+// unreported leases expire on a timer (the selectors expire the bookings themselves at the same
+// deadline).
 //
-// State it owns: the LeaseLedger (lease id → partition, request id, worker, expiry).
-// Messages it handles (atoms in actors/actor_types.hpp):
+// State it owns: the LeaseLedger (lease id → partition, request id, worker, expiry) and each
+// partition's selector. Messages it handles (atoms in actors/actor_types.hpp):
 //   route(RouteEnvelope) → RouteDecisionMessage     — always a decision (success or error);
 //   report(ReportEnvelope) → LifecycleAckMessage     — always an ack;
 //   selectors(model, group, selector)                — from the discovery actor: requests of that

@@ -1,8 +1,8 @@
 // Route decisions per second through the router node's actor API (the ingress actor's typed
 // interface, `route(RouteRequestMessage) → RouteDecisionMessage`), two ways:
-//  - local: the node's actors (ingress → reservation → discovery → selector) spawned in this
-//    process's actor system, with 64 workers fed to the discovery actor as decoded messages and
-//    client actors on the same scheduler (2 threads) — the pipeline without any network;
+//  - local: the node's actors (ingress → reservation → the selector the discovery actor spawned)
+//    in this process's actor system, with 64 workers fed to the discovery actor as decoded
+//    messages and client actors on the same scheduler (2 threads) — the pipeline without network;
 //  - published: a client actor system connected over CAF's middleman (loopback TCP) to the
 //    ingress actor a RouterNode publishes on --actor-port, as a remote actor client uses it.
 // C client actors keep W requests each in flight (closed loop); each run is bounded by a request
