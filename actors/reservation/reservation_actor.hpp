@@ -8,7 +8,8 @@
 // deadline).
 //
 // State it owns: the LeaseLedger (lease id → partition, request id, worker, expiry) and each
-// partition's selector. Messages it handles (atoms in actors/actor_types.hpp):
+// partition's selector.
+// Messages it handles (atoms in actors/actor_types.hpp):
 //   route(RouteEnvelope) → RouteDecisionMessage     — always a decision (success or error);
 //   report(ReportEnvelope) → LifecycleAckMessage     — always an ack;
 //   selectors(model, group, selector)                — from the discovery actor: requests of that
