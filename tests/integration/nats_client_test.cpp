@@ -59,6 +59,41 @@ TEST_F(NatsClientTest, PublishReachesSubscriber) {
   EXPECT_EQ(received, (std::vector<std::string>{"0", "1", "2"}));
 }
 
+// Delivered messages are freed in batches after the handler got its copy: every copy must stay
+// intact while the message behind it waits to be freed, across batch boundaries and sizes.
+TEST_F(NatsClientTest, DeliveredCopiesStayIntactWhileMessagesAreFreedInBatches) {
+  auto publisher = connect();
+  auto subscriber = connect();
+  ASSERT_TRUE(publisher && subscriber);
+  constexpr int kMessages = 300;  // several batches of 32, and some by size
+  auto payload = [](int i) {
+    return std::string(static_cast<std::size_t>(i * 97 % 20'000), 'a' + i % 26);
+  };
+  std::mutex mutex;
+  std::vector<std::string> received;
+  auto subscription = subscriber->subscribe("kvr.test.batch.*", [&](NatsMessage message) {
+    std::lock_guard lock{mutex};
+    received.push_back(message.subject + "|" + message.data);
+  });
+  ASSERT_TRUE(subscription) << subscription.error();
+  ASSERT_TRUE(subscriber->flush(2s));
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE(publisher->publish("kvr.test.batch." + std::to_string(i), payload(i)));
+  }
+  ASSERT_TRUE(wait_until(
+      [&] {
+        std::lock_guard lock{mutex};
+        return received.size() == kMessages;
+      },
+      10s));
+  std::lock_guard lock{mutex};
+  for (int i = 0; i < kMessages; ++i) {
+    EXPECT_EQ(received[static_cast<std::size_t>(i)],
+              "kvr.test.batch." + std::to_string(i) + "|" + payload(i))
+        << "message " << i;
+  }
+}
+
 TEST_F(NatsClientTest, RequestGetsReplyFromResponder) {
   auto responder = connect();
   auto requester = connect();
