@@ -171,53 +171,63 @@ void PredictedLoad::release_booking(
 }
 
 bool PredictedLoad::activate(BlockHash hash, RankSlot slot) {
-  const auto [entry, inserted] = active_blocks_.try_emplace(hash, ActiveHolder{slot, 0});
-  ActiveHolder& holder = entry->second;
-  if (holder.slot == slot) return holder.bookings++ == 0;
-  if (holder.slot != kSharedSlot) {
-    // A second rank: both move to the shared list.
-    shared_blocks_[hash] = slot < holder.slot ? std::vector<ActiveHolder>{{slot, 1}, holder}
-                                              : std::vector<ActiveHolder>{holder, {slot, 1}};
-    holder = ActiveHolder{kSharedSlot, 0};
+  const auto [position, inserted] = active_blocks_.try_emplace(hash, LedgerEntry{slot, 0});
+  LedgerEntry& entry = position->second;
+  if (entry.slot == slot) return entry.bookings_or_list++ == 0;
+  if (entry.slot != kSharedSlot) {
+    // A second rank: both move to a shared list.
+    std::uint32_t list_index = 0;
+    if (!free_lists_.empty()) {
+      list_index = free_lists_.back();
+      free_lists_.pop_back();
+    } else {
+      list_index = static_cast<std::uint32_t>(shared_lists_.size());
+      shared_lists_.emplace_back();
+    }
+    std::vector<ActiveHolder>& holders = shared_lists_[list_index];
+    const ActiveHolder first{entry.slot, entry.bookings_or_list};
+    const ActiveHolder second{slot, 1};
+    holders.assign({slot < first.slot ? second : first, slot < first.slot ? first : second});
+    entry = LedgerEntry{kSharedSlot, list_index};
     return true;
   }
-  std::vector<ActiveHolder>& holders = shared_blocks_.find(hash)->second;
-  const auto position = std::ranges::lower_bound(holders, slot, {}, &ActiveHolder::slot);
-  if (position != holders.end() && position->slot == slot) return position->bookings++ == 0;
-  holders.insert(position, ActiveHolder{slot, 1});
+  std::vector<ActiveHolder>& holders = shared_lists_[entry.bookings_or_list];
+  const auto holder = std::ranges::lower_bound(holders, slot, {}, &ActiveHolder::slot);
+  if (holder != holders.end() && holder->slot == slot) return holder->bookings++ == 0;
+  holders.insert(holder, ActiveHolder{slot, 1});
   return true;
 }
 
 bool PredictedLoad::deactivate(BlockHash hash, RankSlot slot) {
   // Every block of an open booking is in the ledger (check_consistency verifies it).
-  const auto entry = active_blocks_.find(hash);
-  KVR_ASSERT(entry != active_blocks_.end());
-  ActiveHolder& holder = entry->second;
-  if (holder.slot == slot) {
-    if (--holder.bookings > 0) return false;
-    active_blocks_.erase(entry);
+  const auto position = active_blocks_.find(hash);
+  KVR_ASSERT(position != active_blocks_.end());
+  LedgerEntry& entry = position->second;
+  if (entry.slot == slot) {
+    if (--entry.bookings_or_list > 0) return false;
+    active_blocks_.erase(position);
     return true;
   }
-  KVR_ASSERT(holder.slot == kSharedSlot);
-  const auto shared = shared_blocks_.find(hash);
-  std::vector<ActiveHolder>& holders = shared->second;
-  const auto position = std::ranges::lower_bound(holders, slot, {}, &ActiveHolder::slot);
-  KVR_ASSERT(position != holders.end() && position->slot == slot);
-  if (--position->bookings > 0) return false;
-  holders.erase(position);
+  KVR_ASSERT(entry.slot == kSharedSlot);
+  const std::uint32_t list_index = entry.bookings_or_list;
+  std::vector<ActiveHolder>& holders = shared_lists_[list_index];
+  const auto holder = std::ranges::lower_bound(holders, slot, {}, &ActiveHolder::slot);
+  KVR_ASSERT(holder != holders.end() && holder->slot == slot);
+  if (--holder->bookings > 0) return false;
+  holders.erase(holder);
   if (holders.size() == 1) {
-    holder = holders.front();
-    shared_blocks_.erase(shared);
+    entry = LedgerEntry{holders.front().slot, holders.front().bookings};
+    holders.clear();
+    free_lists_.push_back(list_index);
   }
   return true;
 }
 
-std::span<const PredictedLoad::ActiveHolder> PredictedLoad::holders_of(
-    BlockHash hash, const ActiveHolder& entry) const {
-  if (entry.slot != kSharedSlot) return {&entry, 1};
-  const auto shared = shared_blocks_.find(hash);
-  if (shared == shared_blocks_.end()) return {};
-  return shared->second;
+std::span<const PredictedLoad::ActiveHolder> PredictedLoad::holders_of(const LedgerEntry& entry,
+                                                                       ActiveHolder& single) const {
+  if (entry.slot == kSharedSlot) return shared_lists_[entry.bookings_or_list];
+  single = ActiveHolder{entry.slot, entry.bookings_or_list};
+  return {&single, 1};
 }
 
 void PredictedLoad::prepare(std::span<const BlockHash> prompt_blocks,
@@ -233,11 +243,15 @@ void PredictedLoad::prepare(std::span<const BlockHash> prompt_blocks,
   // block move on, so the others keep the depth they reached. Marks instead of a merge of sorted
   // lists: holder lists are long when many open bookings share a prefix.
   for (std::size_t depth = 0; depth < prompt_blocks.size(); ++depth) {
-    const auto entry = active_blocks_.find(prompt_blocks[depth]);
-    if (entry == active_blocks_.end()) return;
+    if (depth + kPrefetchDistance < prompt_blocks.size()) {
+      active_blocks_.prefetch(prompt_blocks[depth + kPrefetchDistance]);
+    }
+    const auto position = active_blocks_.find(prompt_blocks[depth]);
+    if (position == active_blocks_.end()) return;
     const auto reached = static_cast<std::uint32_t>(depth);
     bool any_moved_on = false;
-    for (const ActiveHolder& holder : holders_of(entry->first, entry->second)) {
+    ActiveHolder single;
+    for (const ActiveHolder& holder : holders_of(position->second, single)) {
       ProjectionScratch::RankPrefix& prefix = scratch.prefix_[holder.slot];
       if (depth == 0) {
         prefix = {scratch.epoch_, 1};
@@ -294,9 +308,17 @@ std::expected<void, std::string> PredictedLoad::check_consistency() const {
   }
   absl::flat_hash_map<RankSlot, std::uint64_t> blocks_per_slot;
   std::size_t entries = 0;
+  std::size_t shared_entries = 0;
   for (const auto& [hash, entry] : active_blocks_) {
     const std::string where = "block " + std::to_string(hash) + ": ";
-    const std::span<const ActiveHolder> holders = holders_of(hash, entry);
+    if (entry.slot == kSharedSlot) {
+      if (entry.bookings_or_list >= shared_lists_.size()) {
+        return std::unexpected(where + "shared list index out of range");
+      }
+      ++shared_entries;
+    }
+    ActiveHolder single;
+    const std::span<const ActiveHolder> holders = holders_of(entry, single);
     if (entry.slot == kSharedSlot && holders.size() < 2) {
       return std::unexpected(where + "shared by fewer than two ranks");
     }
@@ -313,10 +335,13 @@ std::expected<void, std::string> PredictedLoad::check_consistency() const {
     }
   }
   if (entries != expected.size()) return std::unexpected("ledger misses blocks of open bookings");
-  for (const auto& [hash, holders] : shared_blocks_) {
-    const auto entry = active_blocks_.find(hash);
-    if (entry == active_blocks_.end() || entry->second.slot != kSharedSlot) {
-      return std::unexpected("block " + std::to_string(hash) + ": stray shared list");
+  // Every list in use belongs to exactly one shared entry; the others are free and empty.
+  if (shared_entries + free_lists_.size() != shared_lists_.size()) {
+    return std::unexpected("shared lists in use differ from the shared entries");
+  }
+  for (const std::uint32_t list_index : free_lists_) {
+    if (list_index >= shared_lists_.size() || !shared_lists_[list_index].empty()) {
+      return std::unexpected("a free shared list is in use");
     }
   }
   for (const auto& [worker, rank] : ranks_) {

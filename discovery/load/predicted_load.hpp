@@ -178,8 +178,13 @@ class PredictedLoad {
     RankSlot slot = 0;
     std::uint32_t bookings = 0;
   };
-  // A ledger entry whose block is active on several ranks; they are in shared_blocks_.
+  // A ledger entry: the one rank holding the block and its bookings, or kSharedSlot when several
+  // ranks hold it, with the index of their list in shared_lists_.
   static constexpr RankSlot kSharedSlot = 0xFFFFFFFFU;
+  struct LedgerEntry {
+    RankSlot slot = 0;
+    std::uint32_t bookings_or_list = 0;
+  };
   struct BookingState {
     WorkerWithDpRank worker;
     std::vector<BlockHash> prompt_blocks;
@@ -193,8 +198,9 @@ class PredictedLoad {
   bool activate(BlockHash hash, RankSlot slot);
   // Counts one booking less; true when the block is no longer active on the rank.
   bool deactivate(BlockHash hash, RankSlot slot);
-  // The ranks (ascending) on which the block of a ledger entry is active.
-  std::span<const ActiveHolder> holders_of(BlockHash hash, const ActiveHolder& entry) const;
+  // The ranks (ascending) on which the block of a ledger entry is active; a plain entry's one
+  // rank is written to `single`.
+  std::span<const ActiveHolder> holders_of(const LedgerEntry& entry, ActiveHolder& single) const;
 
   absl::flat_hash_map<WorkerWithDpRank, RankState> ranks_;
   absl::flat_hash_map<std::string, BookingState> bookings_;
@@ -203,10 +209,12 @@ class PredictedLoad {
   // count. One lookup per block books or releases it, and one walk along a prompt answers every
   // rank's "how much of this prompt is already active here". It holds only the blocks of requests
   // in flight, in 16-byte entries, so it stays small, unlike the KV index. A block active on
-  // several ranks (a shared system prompt) is marked kSharedSlot and lists its ranks, sorted, in
-  // shared_blocks_; it returns to a plain entry when one rank is left.
-  absl::flat_hash_map<BlockHash, ActiveHolder> active_blocks_;
-  absl::flat_hash_map<BlockHash, std::vector<ActiveHolder>> shared_blocks_;
+  // several ranks (a shared system prompt) points to a list of its ranks, sorted, in
+  // shared_lists_ (indexed, so a walk needs no second lookup); it returns to a plain entry when
+  // one rank is left, and its list to free_lists_.
+  absl::flat_hash_map<BlockHash, LedgerEntry> active_blocks_;
+  std::vector<std::vector<ActiveHolder>> shared_lists_;
+  std::vector<std::uint32_t> free_lists_;
   std::vector<RankSlot> free_slots_;
   RankSlot slot_count_ = 0;
 };

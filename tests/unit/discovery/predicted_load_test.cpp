@@ -1,5 +1,6 @@
 // Predicted load: bookings add shared prompt blocks once and uncached prefill tokens, first token
-// and the request's end release them, each booking exactly once under random interleavings.
+// and the request's end release them, each booking exactly once under random interleavings, and
+// every rank's active prefix of a candidate matches the open bookings.
 #include "discovery/load/predicted_load.hpp"
 
 #include <map>
@@ -233,6 +234,22 @@ TEST(PredictedLoadPropertyTest, EveryBookingIsReleasedExactlyOnce) {
     }
     const auto consistent = load.check_consistency();
     ASSERT_TRUE(consistent) << "step " << step << ": " << consistent.error();
+    // Each rank's active prefix of a candidate equals the one recomputed from the open bookings.
+    const auto candidate = prompt(1 + rng() % 8, rng() % 5, rng() % 5);
+    ProjectionScratch scratch;
+    load.prepare(candidate, scratch);
+    for (const auto rank : ranks) {
+      std::set<BlockHash> active;
+      for (const auto& [id, booking_state] : open) {
+        if (booking_state.worker == rank) {
+          active.insert(booking_state.blocks.begin(), booking_state.blocks.end());
+        }
+      }
+      std::size_t prefix = 0;
+      while (prefix < candidate.size() && active.contains(candidate[prefix])) ++prefix;
+      const auto projection = load.project(rank, CandidateRequest{candidate.size(), 0}, scratch);
+      ASSERT_EQ(projection->new_blocks, candidate.size() - prefix) << "step " << step;
+    }
   }
   for (const auto& [id, booking_state] : open) ASSERT_TRUE(load.release(id, BookingEnd::completed));
   EXPECT_EQ(load.open_bookings(), 0U);
