@@ -79,9 +79,10 @@ std::expected<Lease, LeaseError> LeaseLedger::close(std::string_view lease_id) {
   return lease;
 }
 
-std::vector<Lease> LeaseLedger::expire(std::chrono::steady_clock::time_point now) {
+std::vector<Lease> LeaseLedger::expire(std::chrono::steady_clock::time_point now,
+                                       std::size_t limit) {
   std::vector<Lease> expired;
-  while (!expiries_.empty() && expiries_.front().first <= now) {
+  while (expired.size() < limit && !expiries_.empty() && expiries_.front().first <= now) {
     const std::uint64_t counter = expiries_.front().second;
     std::ranges::pop_heap(expiries_, std::greater{});
     expiries_.pop_back();

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <expected>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -55,8 +56,10 @@ class LeaseLedger {
   /// the booking. Fails when the lease is unknown, so a booking is never released twice.
   std::expected<Lease, LeaseError> close(std::string_view lease_id);
 
-  /// Ends every lease whose expiry is at or before `now` and returns them.
-  std::vector<Lease> expire(std::chrono::steady_clock::time_point now);
+  /// Ends the leases whose expiry is at or before `now`, the earliest first and at most `limit`
+  /// of them, and returns them.
+  std::vector<Lease> expire(std::chrono::steady_clock::time_point now,
+                            std::size_t limit = std::numeric_limits<std::size_t>::max());
 
   /// The open lease with this id, or nullptr.
   const Lease* find(std::string_view lease_id) const;

@@ -1,5 +1,7 @@
 #include "actors/reservation/reservation_actor.hpp"
 
+#include <limits>
+
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/response_promise.hpp>
@@ -14,6 +16,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using Self = caf::stateful_actor<ReservationActorState>*;
+
+// Leases ended per request (see expire_leases).
+constexpr std::size_t kExpiriesPerRequest = 4;
 
 // The project error a failed request to a selector stands for.
 Error request_error(const caf::error& error) {
@@ -82,6 +87,16 @@ bool deliver_decision(Self self, const RouteEnvelope& envelope, caf::response_pr
   return delivered;
 }
 
+// Ends leases that expired unreported, at most `limit` of them: their bookings expire in the
+// selector on their own (same expiry), so only the ledger and the metrics change here.
+void expire_leases(Self self, Clock::time_point now, std::size_t limit) {
+  auto& state = self->state;
+  const auto expired = state.ledger->expire(now, limit);
+  if (expired.empty()) return;
+  state.leases_expired.add(static_cast<double>(expired.size()));
+  publish_leases_gauge(self);
+}
+
 // Registers a request to a selector; the expiry timer fails it after the selector timeout.
 std::uint64_t add_pending(Self self) {
   auto& state = self->state;
@@ -126,6 +141,8 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
 caf::response_promise handle_route(Self self, RouteEnvelope& envelope) {
   auto promise = self->make_response_promise();
   auto& state = self->state;
+  // A few per request, as the selector does with bookings, so the tick has no burst to do.
+  expire_leases(self, Clock::now(), kExpiriesPerRequest);
   // The selector gets the request; the pending entry keeps what answering needs.
   RouteRequestData selector_request = std::move(envelope.request);
   envelope.request.request_id = selector_request.request_id;
@@ -243,6 +260,7 @@ caf::behavior reservation_actor(Self self, ReservationActorConfig config) {
   self->state.ledger.emplace(self->state.config.lease_prefix);
   self->state.route_latency = self->state.config.metrics->histogram("kvr_route_latency_seconds");
   self->state.leases_open = self->state.config.metrics->gauge("kvr_leases_open");
+  self->state.leases_expired = self->state.config.metrics->counter("kvr_leases_expired_total");
   publish_leases_gauge(self);
   self->send(self->state.config.discovery, selectors_atom::value,
              caf::actor_cast<caf::actor>(self));
@@ -256,12 +274,7 @@ caf::behavior reservation_actor(Self self, ReservationActorConfig config) {
       [self](expire_atom) {
         auto& state = self->state;
         fail_overdue(self, Clock::now());
-        const auto expired = state.ledger->expire(Clock::now());
-        if (!expired.empty()) {
-          state.config.metrics->add("kvr_leases_expired_total", {},
-                                    static_cast<double>(expired.size()));
-          publish_leases_gauge(self);
-        }
+        expire_leases(self, Clock::now(), std::numeric_limits<std::size_t>::max());
         self->delayed_send(self, state.config.tick_interval, expire_atom::value);
       },
   };

@@ -107,6 +107,7 @@ struct ReservationActorState {
   /// The series written per request, resolved once (decisions per worker on first use).
   metrics::HistogramHandle route_latency;
   metrics::ValueHandle leases_open;
+  metrics::ValueHandle leases_expired;
   absl::flat_hash_map<WorkerId, metrics::ValueHandle> decisions_by_worker;
 };
 

@@ -13,6 +13,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Self = caf::stateful_actor<SelectorActorState>*;
 
+// Each request first releases a few bookings whose lease ended. When clients do not report,
+// leases end at the rate requests arrive; released a few per request, they no longer pile up
+// into one burst of thousands of releases per tick that every request queued behind it waits for.
+// The tick releases whatever is left.
+constexpr std::size_t kExpiriesPerRequest = 4;
+
 std::string partition_label(const plugins::worker_selection::RoutingPartition& partition) {
   return fmt::format("{}/{}", partition.model, partition.routing_group);
 }
@@ -173,6 +179,7 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
       [self](route_atom, const RouteRequestData& request) -> SelectorReply {
         auto& state = self->state;
         const auto started = Clock::now();
+        state.selector->expire_bookings(started, kExpiriesPerRequest);
         auto routed = route_with_session_affinity(*state.selector, state.affinity,
                                                   request.as_input(), started);
         SelectorReply reply{

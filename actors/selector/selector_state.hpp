@@ -99,6 +99,10 @@ class SelectorState final : public selection::WorkerSignalSource {
                                                         const discovery::ConfirmedLoad& load);
   /// Expires leases, bookings and approximate blocks; appends removed worker ids.
   void expire(TimePoint now, std::vector<WorkerId>& removed_workers);
+  /// Releases at most `limit` bookings whose lease ended; returns how many.
+  std::size_t expire_bookings(TimePoint now, std::size_t limit) {
+    return discovery_.load().expire(now, limit);
+  }
 
   // ---- routing ------------------------------------------------------------------------------
   /// Selects a worker and books the request on it before returning, so the next selection

@@ -138,9 +138,9 @@ std::expected<void, LoadError> PredictedLoad::release(std::string_view request_i
   return {};
 }
 
-std::size_t PredictedLoad::expire(std::chrono::steady_clock::time_point now) {
+std::size_t PredictedLoad::expire(std::chrono::steady_clock::time_point now, std::size_t limit) {
   std::size_t released = 0;
-  while (!expiries_.empty() && expiries_.begin()->first <= now) {
+  while (released < limit && !expiries_.empty() && expiries_.begin()->first <= now) {
     release_booking(bookings_.find(expiries_.begin()->second));
     ++released;
   }

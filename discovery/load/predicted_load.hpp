@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <expected>
+#include <limits>
 #include <map>
 #include <optional>
 #include <span>
@@ -139,8 +140,10 @@ class PredictedLoad {
   /// The request ended: releases what it still holds.
   std::expected<void, LoadError> release(std::string_view request_id, BookingEnd end);
 
-  /// Releases bookings whose expiry is at or before `now`; returns how many.
-  std::size_t expire(std::chrono::steady_clock::time_point now);
+  /// Releases bookings whose expiry is at or before `now`, the earliest first and at most
+  /// `limit` of them; returns how many.
+  std::size_t expire(std::chrono::steady_clock::time_point now,
+                     std::size_t limit = std::numeric_limits<std::size_t>::max());
 
   /// Once per request, before projecting: finds on every rank the longest prefix of
   /// `prompt_blocks` already active in open bookings.

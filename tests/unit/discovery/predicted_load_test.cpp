@@ -74,6 +74,25 @@ TEST_F(PredictedLoadTest, ExpiryReleasesUnreportedBookings) {
   EXPECT_EQ(load_.release("a", BookingEnd::completed).error(), LoadError::unknown_booking);
 }
 
+TEST_F(PredictedLoadTest, BoundedExpiryReleasesTheEarliestDueBookingsFirst) {
+  for (int i = 0; i < 5; ++i) {
+    // Booked out of expiry order: booking i expires at (5 - i) s.
+    ASSERT_TRUE(load_.book(booking(std::string(1, static_cast<char>('a' + i)), kRank0,
+                                   prompt(4, static_cast<std::uint64_t>(i)), 64,
+                                   std::chrono::seconds(5 - i))));
+  }
+  ASSERT_TRUE(load_.book(booking("later", kRank1, prompt(4, 9), 64, std::chrono::seconds(60))));
+  EXPECT_EQ(load_.expire(kStart + std::chrono::seconds(10), 2), 2U);
+  EXPECT_FALSE(load_.has_booking("e"));
+  EXPECT_FALSE(load_.has_booking("d"));
+  EXPECT_TRUE(load_.has_booking("c"));
+  EXPECT_EQ(load_.expire(kStart + std::chrono::seconds(10)), 3U);
+  EXPECT_EQ(load_.rank_load(kRank0)->open_bookings, 0U);
+  EXPECT_TRUE(load_.has_booking("later"));
+  EXPECT_EQ(load_.expire(kStart + std::chrono::seconds(10), 2), 0U);
+  ASSERT_TRUE(load_.check_consistency());
+}
+
 TEST_F(PredictedLoadTest, EachRanksActivePrefixEndsAtItsFirstMissingBlock) {
   constexpr WorkerWithDpRank kRank2{6, 0};
   constexpr WorkerWithDpRank kRank3{7, 0};

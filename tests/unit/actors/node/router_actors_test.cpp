@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -13,6 +14,7 @@
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/typed_event_based_actor.hpp>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "actors/actor_types.hpp"
@@ -559,6 +561,57 @@ caf::behavior silent_selector(caf::event_based_actor* self,
       },
       [](selectors_atom, const caf::actor&) {},
   };
+}
+
+TEST_F(RouterActorsTest, RequestsReleaseExpiredBookingsAFewAtATimeBetweenTicks) {
+  // Leases of 300 ms and a tick that never comes: only the requests themselves end the expired
+  // leases and release their bookings, four per request in each actor.
+  auto metrics = std::make_shared<metrics::MetricsRegistry>();
+  SelectorActorConfig selector;
+  selector.options.router.block_size = 4;
+  selector.options.lease_ttl = 300ms;
+  selector.tick_interval = 1h;
+  selector.plugins = &plugins_;
+  selector.publisher = publisher_;
+  selector.metrics = metrics;
+  selector.log = log_;
+  auto discovery = system_.spawn(discovery_actor, DiscoveryActorConfig{selector, {}});
+  ReservationActorConfig config;
+  config.discovery = discovery;
+  config.publisher = publisher_;
+  config.metrics = metrics;
+  config.log = log_;
+  config.lease_ttl = 300ms;
+  config.tick_interval = 1h;
+  auto reservation = system_.spawn(reservation_actor, config);
+  for (WorkerId id : {11, 12}) caf::anon_send(discovery, worker_up_atom::value, registration(id));
+  const metrics::Labels partition{{"partition", "m/default"}};
+  ASSERT_TRUE(
+      testing::wait_until([&] { return metrics->value("kvr_workers", partition) == 2; }, 5s));
+  caf::scoped_actor self{system_};
+  auto route_on = [&](std::string id) {
+    bool routed = false;
+    self->request(reservation, 5s, route_atom::value,
+                  RouteEnvelope{request(std::move(id)), {}, std::chrono::steady_clock::now()})
+        .receive([&](RouteDecisionMessage& message) { routed = message.value.has_success(); },
+                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+    return routed;
+  };
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(route_on(fmt::format("early{}", i)));
+  EXPECT_EQ(metrics->value("kvr_bookings_open", partition), 6);
+  EXPECT_EQ(metrics->value("kvr_leases_open"), 6);
+  std::this_thread::sleep_for(400ms);
+  ASSERT_TRUE(route_on("late"));
+  // Four of the six expired bookings and leases ended, and the new one is open.
+  EXPECT_EQ(metrics->value("kvr_bookings_open", partition), 3);
+  EXPECT_EQ(metrics->value("kvr_leases_open"), 3);
+  EXPECT_EQ(metrics->value("kvr_leases_expired_total"), 4);
+  ASSERT_TRUE(route_on("later"));
+  EXPECT_EQ(metrics->value("kvr_bookings_open", partition), 2);
+  EXPECT_EQ(metrics->value("kvr_leases_expired_total"), 6);
+  for (const caf::actor& actor : {reservation, discovery}) {
+    caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+  }
 }
 
 TEST_F(RouterActorsTest, ARequestItsSelectorLeavesUnansweredFailsWithATimeoutOnTheTick) {

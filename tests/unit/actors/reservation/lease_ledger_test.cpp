@@ -58,6 +58,24 @@ TEST(LeaseLedgerTest, ExpireEndsOnlyDueLeasesAndNeverAClosedOne) {
   EXPECT_EQ(ledger.size(), 0U);
 }
 
+TEST(LeaseLedgerTest, BoundedExpiryEndsTheEarliestDueLeasesFirst) {
+  LeaseLedger ledger{"n"};
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    // Opened out of expiry order: lease i expires at (5 - i) s.
+    ids.push_back(ledger.open(kPartition, fmt::format("r{}", i), {1, 0}, kStart + (5s - i * 1s)));
+  }
+  const std::string not_due = ledger.open(kPartition, "later", {1, 0}, kStart + 60s);
+  const auto first = ledger.expire(kStart + 10s, 2);
+  ASSERT_EQ(first.size(), 2U);
+  EXPECT_EQ(first[0].lease_id, ids[4]);
+  EXPECT_EQ(first[1].lease_id, ids[3]);
+  EXPECT_EQ(ledger.size(), 4U);
+  EXPECT_EQ(ledger.expire(kStart + 10s).size(), 3U);
+  EXPECT_NE(ledger.find(not_due), nullptr);
+  EXPECT_TRUE(ledger.expire(kStart + 10s, 2).empty());
+}
+
 TEST(LeaseLedgerTest, OnlyTheExactIdFindsALease) {
   LeaseLedger ledger{"n"};
   const std::string id = ledger.open(kPartition, "r", {1, 0}, kStart + 1s);
