@@ -172,13 +172,15 @@ caf::response_promise handle_route(Self self, RouteEnvelope& envelope) {
   return promise;
 }
 
+void count_report(Self self, LifecycleEventKind event, bool accepted) {
+  self->state.reports[static_cast<std::size_t>(event)][accepted ? 1 : 0].add();
+}
+
 // Publishes (when asked over NATS) and returns an ack; counts the report.
 void deliver_ack(Self self, const ReportEnvelope& envelope, caf::response_promise& promise,
                  bool accepted, std::string_view message) {
   auto& config = self->state.config;
-  config.metrics->add("kvr_lifecycle_reports_total",
-                      {{"event", std::string{as_str(envelope.report.event)}},
-                       {"accepted", accepted ? "true" : "false"}});
+  count_report(self, envelope.report.event, accepted);
   auto ack = make_lifecycle_ack(accepted, message);
   if (!envelope.reply_subject.empty()) {
     config.publisher->publish(envelope.reply_subject, ack.SerializeAsString());
@@ -206,6 +208,14 @@ caf::response_promise handle_report(Self self, ReportEnvelope& envelope) {
                                                    : discovery::BookingEnd::failed),
                        // Session affinity commits at the first token and ends with the request.
                        first_token ? AffinityAction::commit : AffinityAction::finish};
+  if (envelope.reply_subject.empty() && !self->current_message_id().is_request()) {
+    // Nobody waits for an ack (a NATS publish without a reply subject): the lease is ended, so
+    // the report is accepted whatever the selector finds, and the booking update goes one way.
+    // Without a sender, the selector's answer is dropped.
+    count_report(self, report.event, true);
+    caf::anon_send(selector_for(self, update.partition), booking_atom::value, std::move(update));
+    return promise;
+  }
   const std::uint64_t id = add_pending(self);
   state.pending_reports.emplace(id,
                                 ReservationActorState::PendingReport{std::move(envelope), promise});
@@ -261,6 +271,15 @@ caf::behavior reservation_actor(Self self, ReservationActorConfig config) {
   self->state.route_latency = self->state.config.metrics->histogram("kvr_route_latency_seconds");
   self->state.leases_open = self->state.config.metrics->gauge("kvr_leases_open");
   self->state.leases_expired = self->state.config.metrics->counter("kvr_leases_expired_total");
+  for (const auto event : {LifecycleEventKind::FirstToken, LifecycleEventKind::Completed,
+                           LifecycleEventKind::Aborted}) {
+    for (const bool accepted : {false, true}) {
+      self->state.reports[static_cast<std::size_t>(event)][accepted ? 1 : 0] =
+          self->state.config.metrics->counter(
+              "kvr_lifecycle_reports_total",
+              {{"event", std::string{as_str(event)}}, {"accepted", accepted ? "true" : "false"}});
+    }
+  }
   publish_leases_gauge(self);
   self->send(self->state.config.discovery, selectors_atom::value,
              caf::actor_cast<caf::actor>(self));

@@ -21,6 +21,7 @@
 // block, throw, or call NATS request().
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -108,6 +109,8 @@ struct ReservationActorState {
   metrics::HistogramHandle route_latency;
   metrics::ValueHandle leases_open;
   metrics::ValueHandle leases_expired;
+  /// kvr_lifecycle_reports_total by event (LifecycleEventKind) and accepted (0: false, 1: true).
+  std::array<std::array<metrics::ValueHandle, 2>, 3> reports;
   absl::flat_hash_map<WorkerId, metrics::ValueHandle> decisions_by_worker;
 };
 

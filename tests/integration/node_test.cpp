@@ -245,6 +245,25 @@ TEST_F(NodeTest, ReportsReleaseBookingsAndUnreportedLeasesExpire) {
   ASSERT_TRUE(ack);
   EXPECT_FALSE(ack->accepted());  // released exactly once
 
+  // A report published without a reply subject (nobody waits for an ack) releases too.
+  const std::string accepted_completions =
+      R"(kvr_lifecycle_reports_total{event="completed",accepted="true")";
+  const double completions_before = metric(metrics_text(), accepted_completions);
+  decision = route(prompt(40, 8), next_id());
+  ASSERT_TRUE(decision && decision->has_success());
+  EXPECT_EQ(bookings(), 1);
+  v1::LifecycleReport fire_and_forget;
+  fire_and_forget.set_lease_id(decision->success().lease_id());
+  fire_and_forget.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
+  ASSERT_TRUE(
+      client_->publish(subjects::router_report(kNamespace), fire_and_forget.SerializeAsString()));
+  EXPECT_TRUE(wait_until([&] { return bookings() == 0; }, 5s));
+  EXPECT_TRUE(wait_until(
+      [&] { return metric(metrics_text(), accepted_completions) == completions_before + 1; }, 5s));
+  ack = report(decision->success().lease_id(), v1::LIFECYCLE_EVENT_COMPLETED);
+  ASSERT_TRUE(ack);
+  EXPECT_FALSE(ack->accepted());  // its lease ended with the first report
+
   // Never reported: released by expiry.
   const double expired_before = metric(metrics_text(), "kvr_leases_expired_total");
   decision = route(prompt(40, 9), next_id());
