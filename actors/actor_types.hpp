@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <expected>
 #include <string>
@@ -70,6 +71,12 @@ struct BookingUpdate {
   discovery::BookingEnd end = discovery::BookingEnd::completed;
   AffinityAction affinity = AffinityAction::none;
 };
+
+/// Expired bookings (selector) and expired leases (reservation) each actor ends with every route
+/// request, before the tick ends the rest. When clients do not report, leases end as fast as
+/// requests arrive; ended a few per request, they no longer pile up into one burst per tick of
+/// thousands of releases that every queued request waits behind.
+inline constexpr std::size_t kExpiriesPerRequest = 4;
 
 /// A generate request on its way from the NATS bridge or the ingress actor to the lifecycle actor.
 struct GenerateEnvelope {

@@ -17,9 +17,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Self = caf::stateful_actor<ReservationActorState>*;
 
-// Leases ended per request (see expire_leases).
-constexpr std::size_t kExpiriesPerRequest = 4;
-
 // The project error a failed request to a selector stands for.
 Error request_error(const caf::error& error) {
   if (error.category() == caf::atom("kvr")) return static_cast<Error>(error.code());
@@ -141,7 +138,7 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
 caf::response_promise handle_route(Self self, RouteEnvelope& envelope) {
   auto promise = self->make_response_promise();
   auto& state = self->state;
-  // A few per request, as the selector does with bookings, so the tick has no burst to do.
+  // A few per request (kExpiriesPerRequest), as the selector does with bookings.
   expire_leases(self, Clock::now(), kExpiriesPerRequest);
   // The selector gets the request; the pending entry keeps what answering needs.
   RouteRequestData selector_request = std::move(envelope.request);

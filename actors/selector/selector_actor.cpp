@@ -13,12 +13,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Self = caf::stateful_actor<SelectorActorState>*;
 
-// Each request first releases a few bookings whose lease ended. When clients do not report,
-// leases end at the rate requests arrive; released a few per request, they no longer pile up
-// into one burst of thousands of releases per tick that every request queued behind it waits for.
-// The tick releases whatever is left.
-constexpr std::size_t kExpiriesPerRequest = 4;
-
 std::string partition_label(const plugins::worker_selection::RoutingPartition& partition) {
   return fmt::format("{}/{}", partition.model, partition.routing_group);
 }

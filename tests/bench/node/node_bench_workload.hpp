@@ -90,7 +90,4 @@ double process_cpu_seconds();
 /// CPU time (user + system) process `pid` has used, in seconds (0 when unreadable).
 double process_cpu_seconds(int pid);
 
-/// A free loopback TCP port (bound and released).
-std::uint16_t free_loopback_port();
-
 }  // namespace kvr::bench

@@ -28,6 +28,7 @@
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
 #include "tests/bench/node/node_bench_environment.hpp"
+#include "tests/testing/loopback_http.hpp"
 
 namespace kvr::bench {
 namespace {
@@ -76,7 +77,7 @@ NodeEnvironment::NodeEnvironment() {
   options.ns = std::string{kNamespace};
   options.router.block_size = kBlockSize;
   options.lease_ttl = 1s;
-  options.actor_port = free_loopback_port();
+  options.actor_port = testing::free_port();
   auto node = actors::RouterNode::start(options, std::move(*plugins));
   if (!node) die(node.error());
   node_ = std::move(*node);

@@ -105,21 +105,9 @@ class RouterActorsTest : public ::testing::Test {
     EXPECT_TRUE(resolved);
     plugins_ = std::move(*resolved);
 
-    SelectorActorConfig selector;
-    selector.options.router.block_size = 4;
-    selector.options.lease_ttl = 60s;
-    selector.plugins = &plugins_;
-    selector.publisher = publisher_;
-    selector.metrics = metrics_;
-    selector.log = log_;
-    discovery_ = system_.spawn(discovery_actor, DiscoveryActorConfig{selector, {}});
-    ReservationActorConfig reservation;
-    reservation.discovery = discovery_;
-    reservation.publisher = publisher_;
-    reservation.metrics = metrics_;
-    reservation.log = log_;
-    reservation.lease_ttl = 60s;
-    reservation_ = system_.spawn(reservation_actor, reservation);
+    discovery_ =
+        system_.spawn(discovery_actor, DiscoveryActorConfig{selector_config(metrics_), {}});
+    reservation_ = system_.spawn(reservation_actor, reservation_config(discovery_, metrics_));
     LifecycleActorConfig lifecycle;
     lifecycle.discovery = discovery_;
     lifecycle.publisher = publisher_;
@@ -162,10 +150,38 @@ class RouterActorsTest : public ::testing::Test {
         5s));
   }
 
+  // The selectors' settings every test starts from, writing metrics to `metrics`.
+  SelectorActorConfig selector_config(std::shared_ptr<metrics::MetricsRegistry> metrics) {
+    SelectorActorConfig selector;
+    selector.options.router.block_size = 4;
+    selector.options.lease_ttl = 60s;
+    selector.plugins = &plugins_;
+    selector.publisher = publisher_;
+    selector.metrics = std::move(metrics);
+    selector.log = log_;
+    return selector;
+  }
+
+  ReservationActorConfig reservation_config(caf::actor discovery,
+                                            std::shared_ptr<metrics::MetricsRegistry> metrics) {
+    ReservationActorConfig reservation;
+    reservation.discovery = std::move(discovery);
+    reservation.publisher = publisher_;
+    reservation.metrics = std::move(metrics);
+    reservation.log = log_;
+    reservation.lease_ttl = 60s;
+    return reservation;
+  }
+
   v1::RouteDecision route(RouteRequestData data) {
+    return route_via(reservation_, std::move(data));
+  }
+
+  // Routes through the given reservation actor (tests with their own set of actors).
+  v1::RouteDecision route_via(const caf::actor& reservation, RouteRequestData data) {
     caf::scoped_actor self{system_};
     v1::RouteDecision decision;
-    self->request(reservation_, 5s, route_atom::value,
+    self->request(reservation, 5s, route_atom::value,
                   RouteEnvelope{std::move(data), {}, std::chrono::steady_clock::now()})
         .receive([&](RouteDecisionMessage& message) { decision = std::move(message.value); },
                  [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
@@ -173,10 +189,15 @@ class RouterActorsTest : public ::testing::Test {
   }
 
   v1::LifecycleAck report(const std::string& lease, LifecycleEventKind event) {
+    return report_via(reservation_, lease, event);
+  }
+
+  v1::LifecycleAck report_via(const caf::actor& reservation, const std::string& lease,
+                              LifecycleEventKind event, std::string reason = {}) {
     caf::scoped_actor self{system_};
     v1::LifecycleAck ack;
-    self->request(reservation_, 5s, report_atom::value,
-                  ReportEnvelope{LifecycleReportData{lease, event, {}}, {}})
+    self->request(reservation, 5s, report_atom::value,
+                  ReportEnvelope{LifecycleReportData{lease, event, std::move(reason)}, {}})
         .receive([&](LifecycleAckMessage& message) { ack = std::move(message.value); },
                  [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
     return ack;
@@ -466,22 +487,11 @@ TEST_F(RouterActorsTest, AnInvalidActorGenerateGetsAnErrorDecisionAndNoDispatch)
 
 TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
   // A second set of discovery and reservation actors whose selectors keep hard session affinity.
-  SelectorActorConfig selector;
-  selector.options.router.block_size = 4;
-  selector.options.lease_ttl = 60s;
+  SelectorActorConfig selector = selector_config(metrics_);
   selector.affinity.ttl = std::chrono::seconds(60);
   selector.affinity.mode = SessionAffinityMode::hard;
-  selector.plugins = &plugins_;
-  selector.publisher = publisher_;
-  selector.metrics = metrics_;
-  selector.log = log_;
   auto discovery = system_.spawn(discovery_actor, DiscoveryActorConfig{selector, {}});
-  ReservationActorConfig reservation_config;
-  reservation_config.discovery = discovery;
-  reservation_config.publisher = publisher_;
-  reservation_config.metrics = metrics_;
-  reservation_config.log = log_;
-  auto reservation = system_.spawn(reservation_actor, reservation_config);
+  auto reservation = system_.spawn(reservation_actor, reservation_config(discovery, metrics_));
   for (WorkerId id : {21, 22, 23}) {
     auto worker = registration(id);
     worker.model = "sessions";
@@ -493,27 +503,16 @@ TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
       },
       5s));
   const metrics::Labels partition{{"partition", "sessions/default"}};
-  caf::scoped_actor self{system_};
   int counter = 0;
   const auto route_session = [&] {
     RouteRequestData data = request("s-" + std::to_string(++counter), "sessions");
     data.block_hashes = {static_cast<BlockHash>(1000 + counter)};  // unrelated prompts
     data.session.emplace("session-1", std::nullopt, std::nullopt, std::nullopt);
-    v1::RouteDecision decision;
-    self->request(reservation, 5s, route_atom::value,
-                  RouteEnvelope{std::move(data), {}, std::chrono::steady_clock::now()})
-        .receive([&](RouteDecisionMessage& message) { decision = std::move(message.value); },
-                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
-    return decision;
+    return route_via(reservation, std::move(data));
   };
   const auto report_on = [&](const std::string& lease, LifecycleEventKind event,
                              std::string reason = {}) {
-    v1::LifecycleAck ack;
-    self->request(reservation, 5s, report_atom::value,
-                  ReportEnvelope{LifecycleReportData{lease, event, std::move(reason)}, {}})
-        .receive([&](LifecycleAckMessage& message) { ack = std::move(message.value); },
-                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
-    return ack.accepted();
+    return report_via(reservation, lease, event, std::move(reason)).accepted();
   };
 
   // Bound at selection; aborted before its first token: the provisional binding is dropped.
@@ -567,20 +566,11 @@ TEST_F(RouterActorsTest, RequestsReleaseExpiredBookingsAFewAtATimeBetweenTicks) 
   // Leases of 300 ms and a tick that never comes: only the requests themselves end the expired
   // leases and release their bookings, four per request in each actor.
   auto metrics = std::make_shared<metrics::MetricsRegistry>();
-  SelectorActorConfig selector;
-  selector.options.router.block_size = 4;
+  SelectorActorConfig selector = selector_config(metrics);
   selector.options.lease_ttl = 300ms;
   selector.tick_interval = 1h;
-  selector.plugins = &plugins_;
-  selector.publisher = publisher_;
-  selector.metrics = metrics;
-  selector.log = log_;
   auto discovery = system_.spawn(discovery_actor, DiscoveryActorConfig{selector, {}});
-  ReservationActorConfig config;
-  config.discovery = discovery;
-  config.publisher = publisher_;
-  config.metrics = metrics;
-  config.log = log_;
+  ReservationActorConfig config = reservation_config(discovery, metrics);
   config.lease_ttl = 300ms;
   config.tick_interval = 1h;
   auto reservation = system_.spawn(reservation_actor, config);
@@ -588,14 +578,8 @@ TEST_F(RouterActorsTest, RequestsReleaseExpiredBookingsAFewAtATimeBetweenTicks) 
   const metrics::Labels partition{{"partition", "m/default"}};
   ASSERT_TRUE(
       testing::wait_until([&] { return metrics->value("kvr_workers", partition) == 2; }, 5s));
-  caf::scoped_actor self{system_};
   auto route_on = [&](std::string id) {
-    bool routed = false;
-    self->request(reservation, 5s, route_atom::value,
-                  RouteEnvelope{request(std::move(id)), {}, std::chrono::steady_clock::now()})
-        .receive([&](RouteDecisionMessage& message) { routed = message.value.has_success(); },
-                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
-    return routed;
+    return route_via(reservation, request(std::move(id))).has_success();
   };
   for (int i = 0; i < 6; ++i) ASSERT_TRUE(route_on(fmt::format("early{}", i)));
   EXPECT_EQ(metrics->value("kvr_bookings_open", partition), 6);
@@ -617,11 +601,7 @@ TEST_F(RouterActorsTest, RequestsReleaseExpiredBookingsAFewAtATimeBetweenTicks) 
 TEST_F(RouterActorsTest, ARequestItsSelectorLeavesUnansweredFailsWithATimeoutOnTheTick) {
   auto received = std::make_shared<std::atomic<int>>(0);
   auto silent = system_.spawn(silent_selector, received);
-  ReservationActorConfig config;
-  config.discovery = silent;
-  config.publisher = publisher_;
-  config.metrics = metrics_;
-  config.log = log_;
+  ReservationActorConfig config = reservation_config(silent, metrics_);
   config.selector_timeout = 100ms;
   config.tick_interval = 20ms;
   auto reservation = system_.spawn(reservation_actor, config);
