@@ -176,6 +176,7 @@ CAF_ADD_ATOM(kvr_actors, kvr::actors, chunk_atom, "chunk")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, deadline_atom, "deadline")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, watch_atom, "watch")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, selectors_atom, "selectors")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, flush_atom, "flush")
 CAF_END_TYPE_ID_BLOCK(kvr_actors)
 
 namespace kvr::actors {

@@ -273,6 +273,14 @@ bool NatsBridge::publish(std::string_view subject, std::string_view data) {
   return sent.has_value();
 }
 
+bool NatsBridge::publish_deferred(std::string_view subject, std::string_view data) {
+  auto sent = client_->publish_deferred(subject, data);
+  if (!sent) log_->warn("publish", fmt::format("kvr node: {}", sent.error()));
+  return sent.has_value();
+}
+
+void NatsBridge::flush_deferred() { client_->flush_deferred(); }
+
 bool NatsBridge::request_dump(std::string_view dump_subject, WorkerWithDpRank worker) {
   v1::KvDumpRequest request;
   request.set_worker_id(worker.worker_id);

@@ -34,6 +34,13 @@ class RouterPublisher {
   virtual ~RouterPublisher() = default;
   /// Publishes `data` on `subject` (e.g. a reply); false when it could not be sent.
   virtual bool publish(std::string_view subject, std::string_view data) = 0;
+  /// Publishes but may hold the message until flush_deferred(), so that an actor answering a
+  /// burst of requests sends the burst in one write. Whoever publishes deferred must flush.
+  virtual bool publish_deferred(std::string_view subject, std::string_view data) {
+    return publish(subject, data);
+  }
+  /// Sends every message published deferred so far.
+  virtual void flush_deferred() {}
   /// Asks one worker rank for a KV dump on its dump subject; the reply reaches the kv_dump sink.
   virtual bool request_dump(std::string_view dump_subject, WorkerWithDpRank worker) = 0;
   /// Asks every worker to register again (subjects::worker_discover).
@@ -94,6 +101,8 @@ class NatsBridge final : public RouterPublisher {
   void stop();
 
   bool publish(std::string_view subject, std::string_view data) override;
+  bool publish_deferred(std::string_view subject, std::string_view data) override;
+  void flush_deferred() override;
   bool request_dump(std::string_view dump_subject, WorkerWithDpRank worker) override;
   bool request_discovery() override;
 

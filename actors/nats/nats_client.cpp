@@ -7,6 +7,8 @@
 
 #include <nats/nats.h>
 
+#include "actors/nats/socket_loop.hpp"
+
 namespace kvr::actors::nats {
 namespace {
 
@@ -181,7 +183,18 @@ std::expected<std::unique_ptr<NatsClient>, std::string> NatsClient::connect(
     set = check(natsOptions_SetTimeout(opts.get(), options.connect_timeout.count()),
                 "invalid connect timeout");
   }
-  if (set) set = check(natsOptions_SetSendAsap(opts.get(), options.send_asap), "send asap");
+  // kvr's socket loop writes where the publisher says, so nats.c needs no flusher thread.
+  std::unique_ptr<SocketLoop> loop;
+  if (set && options.deferred_publish && !tls) {
+    auto started = SocketLoop::start();
+    if (!started) return std::unexpected("cannot start the NATS socket loop: " + started.error());
+    loop = std::move(*started);
+    set = check(loop->install(opts.get()), "cannot install the NATS socket loop");
+  }
+  if (set) {
+    set = check(natsOptions_SetSendAsap(opts.get(), options.send_asap || loop != nullptr),
+                "send asap");
+  }
   if (set) {
     set = check(natsOptions_SetMaxPendingMsgs(opts.get(), options.max_pending_messages),
                 "invalid max pending messages");
@@ -244,13 +257,18 @@ std::expected<std::unique_ptr<NatsClient>, std::string> NatsClient::connect(
       status != NATS_OK && !(status == NATS_NOT_YET_CONNECTED && options.retry_on_failed_connect)) {
     return std::unexpected(describe(status, "cannot connect to NATS at " + url));
   }
-  return std::unique_ptr<NatsClient>(new NatsClient(connection, std::move(callbacks)));
+  return std::unique_ptr<NatsClient>(
+      new NatsClient(connection, std::move(callbacks), std::move(loop)));
 }
 
-NatsClient::NatsClient(natsConnection* connection, std::unique_ptr<Callbacks> callbacks)
-    : connection_(connection), callbacks_(std::move(callbacks)) {}
+NatsClient::NatsClient(natsConnection* connection, std::unique_ptr<Callbacks> callbacks,
+                       std::unique_ptr<SocketLoop> loop)
+    : connection_(connection), callbacks_(std::move(callbacks)), loop_(std::move(loop)) {}
 
 NatsClient::~NatsClient() {
+  // nats.c writes its buffer while closing only when it owns the socket: write what deferred
+  // publishes left first.
+  if (loop_) loop_->flush(connection_);
   natsConnection_Close(connection_);
   // Connection callbacks run on the client's own thread, the closed one last: wait for it
   // before freeing what they use. Should it never come, leak the callbacks rather than risk a
@@ -261,19 +279,42 @@ NatsClient::~NatsClient() {
     closed = callbacks_->closed_signal.wait_for(lock, std::chrono::seconds(5),
                                                 [this] { return callbacks_->closed; });
   }
+  // The loop reads and writes for the connection until here; it stops before the connection is
+  // freed. Unclosed, nats.c may still call into it: leak it with the callbacks.
+  if (loop_) loop_->stop();
   natsConnection_Destroy(connection_);
-  if (!closed) static_cast<void>(callbacks_.release());
+  if (!closed) {
+    static_cast<void>(callbacks_.release());
+    static_cast<void>(loop_.release());
+  }
 }
 
-std::expected<void, std::string> NatsClient::publish(std::string_view subject,
-                                                     std::string_view data) {
+std::expected<void, std::string> NatsClient::publish_on(std::string_view subject,
+                                                        std::string_view data, bool deferred) {
   const std::string subject_text = terminated(subject);
-  if (natsStatus status = natsConnection_Publish(connection_, subject_text.c_str(), data.data(),
-                                                 to_int(data.size()));
+  auto send = [&] {
+    return natsConnection_Publish(connection_, subject_text.c_str(), data.data(),
+                                  to_int(data.size()));
+  };
+  if (natsStatus status = loop_ ? loop_->publish(connection_, deferred, send) : send();
       status != NATS_OK) {
     return std::unexpected(describe(status, "publish on " + subject_text));
   }
   return {};
+}
+
+std::expected<void, std::string> NatsClient::publish(std::string_view subject,
+                                                     std::string_view data) {
+  return publish_on(subject, data, false);
+}
+
+std::expected<void, std::string> NatsClient::publish_deferred(std::string_view subject,
+                                                              std::string_view data) {
+  return publish_on(subject, data, true);
+}
+
+void NatsClient::flush_deferred() {
+  if (loop_) loop_->flush(connection_);
 }
 
 std::expected<void, std::string> NatsClient::publish_request(std::string_view subject,
@@ -281,8 +322,11 @@ std::expected<void, std::string> NatsClient::publish_request(std::string_view su
                                                              std::string_view data) {
   const std::string subject_text = terminated(subject);
   const std::string reply_text = terminated(reply);
-  if (natsStatus status = natsConnection_PublishRequest(
-          connection_, subject_text.c_str(), reply_text.c_str(), data.data(), to_int(data.size()));
+  auto send = [&] {
+    return natsConnection_PublishRequest(connection_, subject_text.c_str(), reply_text.c_str(),
+                                         data.data(), to_int(data.size()));
+  };
+  if (natsStatus status = loop_ ? loop_->publish(connection_, false, send) : send();
       status != NATS_OK) {
     return std::unexpected(describe(status, "publish request on " + subject_text));
   }

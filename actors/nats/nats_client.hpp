@@ -18,6 +18,8 @@ struct __natsSubscription;
 
 namespace kvr::actors::nats {
 
+class SocketLoop;
+
 /// Connection settings; every field has a safe default for a local nats-server.
 struct NatsOptions {
   /// One or more server URLs, comma separated ("nats://127.0.0.1:4222").
@@ -48,6 +50,10 @@ struct NatsOptions {
   /// Deliver every subscription's messages on a shared thread pool instead of one thread per
   /// subscription; for processes with many subscriptions.
   bool use_global_message_delivery = false;
+  /// Run the socket on kvr's own loop (socket_loop.hpp) so that publish_deferred() can batch
+  /// messages into one write: for a publisher answering bursts of requests. Plain TCP only; a
+  /// TLS connection keeps nats.c's own reading thread and treats deferred publishes as publishes.
+  bool deferred_publish = false;
 };
 
 /// A received message. Owns copies of its subject, reply and payload.
@@ -96,6 +102,14 @@ class NatsClient {
 
   /// Publishes `data` on `subject`; an error when the connection is closed or the subject bad.
   std::expected<void, std::string> publish(std::string_view subject, std::string_view data);
+  /// Publishes `data` on `subject` but leaves it in the connection's buffer until
+  /// flush_deferred() (or a later publish) writes it, so a burst goes out in one write; the
+  /// publisher must call flush_deferred() when the burst ends. Without
+  /// NatsOptions::deferred_publish, the same as publish().
+  std::expected<void, std::string> publish_deferred(std::string_view subject,
+                                                    std::string_view data);
+  /// Writes every deferred publish now.
+  void flush_deferred();
   /// Publishes with a reply subject.
   std::expected<void, std::string> publish_request(std::string_view subject, std::string_view reply,
                                                    std::string_view data);
@@ -117,9 +131,13 @@ class NatsClient {
 
  private:
   struct Callbacks;
-  NatsClient(__natsConnection* connection, std::unique_ptr<Callbacks> callbacks);
+  NatsClient(__natsConnection* connection, std::unique_ptr<Callbacks> callbacks,
+             std::unique_ptr<SocketLoop> loop);
+  std::expected<void, std::string> publish_on(std::string_view subject, std::string_view data,
+                                              bool deferred);
   __natsConnection* connection_;
   std::unique_ptr<Callbacks> callbacks_;
+  std::unique_ptr<SocketLoop> loop_;  ///< with deferred_publish (plain TCP) only
 };
 
 }  // namespace kvr::actors::nats

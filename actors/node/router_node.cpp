@@ -178,7 +178,10 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   bridge_options.ns = opts.ns;
   bridge_options.block_size = opts.router.block_size;
   bridge_options.worker_limits.registration.required_block_size = opts.router.block_size;
-  auto bridge = NatsBridge::connect(opts.nats, bridge_options, impl->registry, impl->log);
+  // The reservation actor answers bursts of requests: one write per burst (socket_loop.hpp).
+  nats::NatsOptions nats_options = opts.nats;
+  nats_options.deferred_publish = true;
+  auto bridge = NatsBridge::connect(nats_options, bridge_options, impl->registry, impl->log);
   if (!bridge) return std::unexpected(bridge.error());
   impl->bridge = std::move(*bridge);
 

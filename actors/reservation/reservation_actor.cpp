@@ -63,23 +63,48 @@ metrics::ValueHandle& decisions_counter(Self self, WorkerId worker) {
   return it->second;
 }
 
+// Publishes an answer deferred; the flush queued behind the current backlog writes it.
+bool publish_answer(Self self, std::string_view subject, std::string_view data) {
+  auto& state = self->state;
+  const bool published = state.config.publisher->publish_deferred(subject, data);
+  if (!state.flush_queued) {
+    state.flush_queued = true;
+    self->send(self, flush_atom::value);
+  }
+  return published;
+}
+
+// Writes the answers published since the last flush; their route latency ends here.
+void flush_answers(Self self) {
+  auto& state = self->state;
+  state.flush_queued = false;
+  state.config.publisher->flush_deferred();
+  const Clock::time_point now = Clock::now();
+  for (const Clock::time_point received : state.unflushed_routes) {
+    state.route_latency.observe(std::chrono::duration<double>(now - received).count());
+  }
+  state.unflushed_routes.clear();
+}
+
 // Answers a route request: publishes on its reply subject (if any) and fulfils the promise.
 // Returns false when publishing failed.
 bool deliver_decision(Self self, const RouteEnvelope& envelope, caf::response_promise& promise,
                       v1::RouteDecision decision) {
-  auto& config = self->state.config;
+  auto& state = self->state;
   bool delivered = true;
   if (!envelope.reply_subject.empty()) {
-    delivered = config.publisher->publish(envelope.reply_subject, decision.SerializeAsString());
+    delivered = publish_answer(self, envelope.reply_subject, decision.SerializeAsString());
+    state.unflushed_routes.push_back(envelope.received);
+  } else {
+    const std::chrono::duration<double> elapsed = Clock::now() - envelope.received;
+    state.route_latency.observe(elapsed.count());
   }
   if (decision.has_error()) {
-    config.metrics->add("kvr_route_errors_total",
-                        {{"code", v1::RouteErrorCode_Name(decision.error().code())}});
+    state.config.metrics->add("kvr_route_errors_total",
+                              {{"code", v1::RouteErrorCode_Name(decision.error().code())}});
   } else if (delivered) {
     decisions_counter(self, decision.success().worker_id()).add();
   }
-  const std::chrono::duration<double> elapsed = Clock::now() - envelope.received;
-  self->state.route_latency.observe(elapsed.count());
   promise.deliver(RouteDecisionMessage{std::move(decision)});
   return delivered;
 }
@@ -176,11 +201,10 @@ void count_report(Self self, LifecycleEventKind event, bool accepted) {
 // Publishes (when asked over NATS) and returns an ack; counts the report.
 void deliver_ack(Self self, const ReportEnvelope& envelope, caf::response_promise& promise,
                  bool accepted, std::string_view message) {
-  auto& config = self->state.config;
   count_report(self, envelope.report.event, accepted);
   auto ack = make_lifecycle_ack(accepted, message);
   if (!envelope.reply_subject.empty()) {
-    config.publisher->publish(envelope.reply_subject, ack.SerializeAsString());
+    publish_answer(self, envelope.reply_subject, ack.SerializeAsString());
   }
   promise.deliver(LifecycleAckMessage{std::move(ack)});
 }
@@ -284,6 +308,7 @@ caf::behavior reservation_actor(Self self, ReservationActorConfig config) {
   return {
       [self](route_atom, RouteEnvelope& envelope) { return handle_route(self, envelope); },
       [self](report_atom, ReportEnvelope& envelope) { return handle_report(self, envelope); },
+      [self](flush_atom) { flush_answers(self); },
       [self](selectors_atom, std::string& model, std::string& group, caf::actor& selector) {
         self->state.selectors[std::pair{std::move(model), std::move(group)}] = std::move(selector);
       },

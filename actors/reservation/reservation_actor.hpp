@@ -105,6 +105,11 @@ struct ReservationActorState {
   absl::flat_hash_map<std::uint64_t, PendingRoute> pending_routes;
   absl::flat_hash_map<std::uint64_t, PendingReport> pending_reports;
   std::deque<std::pair<std::chrono::steady_clock::time_point, std::uint64_t>> pending_deadlines;
+  /// NATS answers published deferred and not yet flushed: when each request arrived (its route
+  /// latency ends when the answer is written). A flush message is queued behind the mailbox's
+  /// backlog while any wait, so one write sends the answers of a burst.
+  std::vector<std::chrono::steady_clock::time_point> unflushed_routes;
+  bool flush_queued = false;
   /// The series written per request, resolved once (decisions per worker on first use).
   metrics::HistogramHandle route_latency;
   metrics::ValueHandle leases_open;

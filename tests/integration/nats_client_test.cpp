@@ -1,8 +1,13 @@
-// The NATS client wrapper against a real nats-server on loopback.
+// The NATS client wrapper against a real nats-server on loopback, with nats.c's own socket
+// threads and with kvr's socket loop (NatsOptions::deferred_publish): every test runs in both.
 #include "actors/nats/nats_client.hpp"
 
+#include <time.h>
+
 #include <atomic>
+#include <functional>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -16,7 +21,7 @@ using namespace std::chrono_literals;
 using testing::NatsServer;
 using testing::wait_until;
 
-class NatsClientTest : public ::testing::Test {
+class NatsClientTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     std::string error;
@@ -28,15 +33,46 @@ class NatsClientTest : public ::testing::Test {
     NatsOptions options;
     options.url = server_->url();
     options.reconnect_wait = 50ms;
+    options.deferred_publish = socket_loop();
     auto client = NatsClient::connect(options, std::move(handlers));
     EXPECT_TRUE(client) << client.error();
     return client ? std::move(*client) : nullptr;
   }
 
+  static bool socket_loop() { return GetParam(); }
+
   std::unique_ptr<NatsServer> server_;
 };
 
-TEST_F(NatsClientTest, PublishReachesSubscriber) {
+double process_cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
+
+// Collects what a subscription receives.
+class Inbox {
+ public:
+  std::function<void(NatsMessage)> handler() {
+    return [this](NatsMessage message) {
+      std::lock_guard lock{mutex_};
+      received_.push_back(message.data);
+    };
+  }
+  std::vector<std::string> received() const {
+    std::lock_guard lock{mutex_};
+    return received_;
+  }
+  bool wait_for(std::size_t count, std::chrono::milliseconds timeout) const {
+    return wait_until([&] { return received().size() >= count; }, timeout);
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::string> received_;
+};
+
+TEST_P(NatsClientTest, PublishReachesSubscriber) {
   auto publisher = connect();
   auto subscriber = connect();
   ASSERT_TRUE(publisher && subscriber);
@@ -61,7 +97,7 @@ TEST_F(NatsClientTest, PublishReachesSubscriber) {
 
 // Delivered messages are freed in batches after the handler got its copy: every copy must stay
 // intact while the message behind it waits to be freed, across batch boundaries and sizes.
-TEST_F(NatsClientTest, DeliveredCopiesStayIntactWhileMessagesAreFreedInBatches) {
+TEST_P(NatsClientTest, DeliveredCopiesStayIntactWhileMessagesAreFreedInBatches) {
   auto publisher = connect();
   auto subscriber = connect();
   ASSERT_TRUE(publisher && subscriber);
@@ -94,7 +130,7 @@ TEST_F(NatsClientTest, DeliveredCopiesStayIntactWhileMessagesAreFreedInBatches) 
   }
 }
 
-TEST_F(NatsClientTest, RequestGetsReplyFromResponder) {
+TEST_P(NatsClientTest, RequestGetsReplyFromResponder) {
   auto responder = connect();
   auto requester = connect();
   ASSERT_TRUE(responder && requester);
@@ -109,7 +145,7 @@ TEST_F(NatsClientTest, RequestGetsReplyFromResponder) {
   EXPECT_EQ(reply->data, "echo:hi");
 }
 
-TEST_F(NatsClientTest, RequestWithoutResponderFailsFast) {
+TEST_P(NatsClientTest, RequestWithoutResponderFailsFast) {
   auto requester = connect();
   ASSERT_TRUE(requester);
   auto reply = requester->request("kvr.test.nobody", "hi", 2s);
@@ -117,7 +153,7 @@ TEST_F(NatsClientTest, RequestWithoutResponderFailsFast) {
   EXPECT_NE(reply.error().find("kvr.test.nobody"), std::string::npos);
 }
 
-TEST_F(NatsClientTest, ConnectFailsClearlyWhenNoServer) {
+TEST_P(NatsClientTest, ConnectFailsClearlyWhenNoServer) {
   NatsOptions options;
   options.url = server_->url();
   server_->stop();
@@ -127,7 +163,7 @@ TEST_F(NatsClientTest, ConnectFailsClearlyWhenNoServer) {
   EXPECT_NE(client.error().find("cannot connect"), std::string::npos);
 }
 
-TEST_F(NatsClientTest, ReconnectsAfterServerRestartAndKeepsSubscriptions) {
+TEST_P(NatsClientTest, ReconnectsAfterServerRestartAndKeepsSubscriptions) {
   std::atomic<int> reconnected{0};
   auto client = connect({.on_reconnected = [&] { ++reconnected; }});
   ASSERT_TRUE(client);
@@ -145,7 +181,7 @@ TEST_F(NatsClientTest, ReconnectsAfterServerRestartAndKeepsSubscriptions) {
   EXPECT_TRUE(wait_until([&] { return received.load() == 1; }, 5s));
 }
 
-TEST_F(NatsClientTest, DestroyingSubscriptionStopsDelivery) {
+TEST_P(NatsClientTest, DestroyingSubscriptionStopsDelivery) {
   auto client = connect();
   ASSERT_TRUE(client);
   std::atomic<int> received{0};
@@ -158,6 +194,145 @@ TEST_F(NatsClientTest, DestroyingSubscriptionStopsDelivery) {
   ASSERT_TRUE(client->flush(2s));
   EXPECT_EQ(received.load(), 0);
 }
+
+// With the socket loop a deferred publish stays in the buffer until its publisher flushes, and a
+// flush writes the burst in order; with nats.c's threads it is an ordinary publish.
+TEST_P(NatsClientTest, DeferredPublishesGoOutWhenFlushed) {
+  auto publisher = connect();
+  auto subscriber = connect();
+  ASSERT_TRUE(publisher && subscriber);
+  Inbox inbox;
+  auto subscription = subscriber->subscribe("kvr.test.deferred", inbox.handler());
+  ASSERT_TRUE(subscription) << subscription.error();
+  ASSERT_TRUE(subscriber->flush(2s));
+  const auto published = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(publisher->publish_deferred("kvr.test.deferred", std::to_string(i)));
+  }
+  if (socket_loop()) {
+    // The loop writes an unflushed message only after 50 ms of quiet; before that nothing may
+    // arrive. (A test thread stalled past 40 ms proves nothing either way, so it checks only
+    // the order below.)
+    std::this_thread::sleep_for(20ms);
+    const bool in_time = std::chrono::steady_clock::now() - published < 40ms;
+    const auto early = inbox.received();
+    if (in_time) {
+      EXPECT_TRUE(early.empty()) << early.size() << " arrived before the flush";
+    }
+  }
+  publisher->flush_deferred();
+  ASSERT_TRUE(inbox.wait_for(5, 5s));
+  EXPECT_EQ(inbox.received(), (std::vector<std::string>{"0", "1", "2", "3", "4"}));
+}
+
+// An immediate publish writes what deferred ones left in the buffer, in publish order.
+TEST_P(NatsClientTest, ImmediatePublishWritesEarlierDeferredOnes) {
+  auto publisher = connect();
+  auto subscriber = connect();
+  ASSERT_TRUE(publisher && subscriber);
+  Inbox inbox;
+  auto subscription = subscriber->subscribe("kvr.test.mixed", inbox.handler());
+  ASSERT_TRUE(subscription) << subscription.error();
+  ASSERT_TRUE(subscriber->flush(2s));
+  ASSERT_TRUE(publisher->publish_deferred("kvr.test.mixed", "deferred"));
+  ASSERT_TRUE(publisher->publish("kvr.test.mixed", "immediate"));
+  ASSERT_TRUE(inbox.wait_for(2, 5s));
+  EXPECT_EQ(inbox.received(), (std::vector<std::string>{"deferred", "immediate"}));
+}
+
+// A publisher that never flushes loses nothing: the loop writes what waited through a quiet period.
+TEST_P(NatsClientTest, UnflushedDeferredPublishIsWrittenByTheLoop) {
+  auto publisher = connect();
+  auto subscriber = connect();
+  ASSERT_TRUE(publisher && subscriber);
+  Inbox inbox;
+  auto subscription = subscriber->subscribe("kvr.test.forgotten", inbox.handler());
+  ASSERT_TRUE(subscription) << subscription.error();
+  ASSERT_TRUE(subscriber->flush(2s));
+  ASSERT_TRUE(publisher->publish_deferred("kvr.test.forgotten", "late"));
+  ASSERT_TRUE(inbox.wait_for(1, 5s));
+  EXPECT_EQ(inbox.received(), (std::vector<std::string>{"late"}));
+}
+
+// Threads publishing and flushing at once: every message arrives once and the connection stays
+// up (a write of an already emptied buffer must not look like a closed socket).
+TEST_P(NatsClientTest, ConcurrentPublishersAndFlushesKeepTheConnection) {
+  auto publisher = connect();
+  auto subscriber = connect();
+  ASSERT_TRUE(publisher && subscriber);
+  std::atomic<int> received{0};
+  auto subscription =
+      subscriber->subscribe("kvr.test.concurrent", [&](NatsMessage) { ++received; });
+  ASSERT_TRUE(subscription) << subscription.error();
+  ASSERT_TRUE(subscriber->flush(2s));
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 2'000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        if ((i + t) % 2 == 0) {
+          EXPECT_TRUE(publisher->publish("kvr.test.concurrent", "now"));
+        } else {
+          EXPECT_TRUE(publisher->publish_deferred("kvr.test.concurrent", "later"));
+          publisher->flush_deferred();
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  ASSERT_TRUE(wait_until([&] { return received.load() == kThreads * kPerThread; }, 10s))
+      << received.load() << " of " << kThreads * kPerThread;
+  EXPECT_EQ(publisher->reconnects(), 0U);
+  EXPECT_TRUE(publisher->connected());
+  // Then every thread goes quiet: none spins on a socket it no longer needs to watch.
+  std::this_thread::sleep_for(100ms);
+  const double cpu_before = process_cpu_seconds();
+  std::this_thread::sleep_for(300ms);
+  EXPECT_LT(process_cpu_seconds() - cpu_before, 0.1) << "a thread kept running while idle";
+}
+
+// Closing the client writes what is still buffered before the socket goes.
+TEST_P(NatsClientTest, ClosingTheClientWritesDeferredPublishes) {
+  auto publisher = connect();
+  auto subscriber = connect();
+  ASSERT_TRUE(publisher && subscriber);
+  Inbox inbox;
+  auto subscription = subscriber->subscribe("kvr.test.closing", inbox.handler());
+  ASSERT_TRUE(subscription) << subscription.error();
+  ASSERT_TRUE(subscriber->flush(2s));
+  ASSERT_TRUE(publisher->publish_deferred("kvr.test.closing", "last words"));
+  publisher.reset();
+  ASSERT_TRUE(inbox.wait_for(1, 5s));
+  EXPECT_EQ(inbox.received(), (std::vector<std::string>{"last words"}));
+}
+
+// Deferred publishing across a server restart: the loop follows the new socket.
+TEST_P(NatsClientTest, DeferredPublishWorksAfterReconnect) {
+  std::atomic<int> reconnected{0};
+  auto publisher = connect({.on_reconnected = [&] { ++reconnected; }});
+  ASSERT_TRUE(publisher);
+  std::string error;
+  ASSERT_TRUE(server_->restart(&error)) << error;
+  ASSERT_TRUE(wait_until([&] { return reconnected.load() > 0 && publisher->connected(); }, 10s));
+  auto subscriber = connect();
+  ASSERT_TRUE(subscriber);
+  Inbox inbox;
+  auto subscription = subscriber->subscribe("kvr.test.reconnected", inbox.handler());
+  ASSERT_TRUE(subscription) << subscription.error();
+  ASSERT_TRUE(subscriber->flush(2s));
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(publisher->publish_deferred("kvr.test.reconnected", std::to_string(i)));
+  }
+  publisher->flush_deferred();
+  ASSERT_TRUE(inbox.wait_for(3, 5s));
+  EXPECT_EQ(inbox.received(), (std::vector<std::string>{"0", "1", "2"}));
+}
+
+INSTANTIATE_TEST_SUITE_P(SocketModes, NatsClientTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& mode) {
+                           return mode.param ? "KvrSocketLoop" : "NatsThreads";
+                         });
 
 }  // namespace
 }  // namespace kvr::actors::nats
