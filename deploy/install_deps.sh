@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libssl-dev libabsl-dev libxxhash-dev libspdlog-dev libfmt-dev libcli11-dev libcpp-httplib-dev
   nlohmann-json3-dev python3 python3-matplotlib
+  openssl  # the tests make a self-signed certificate for their TLS nats-server
 )
 
 missing=()

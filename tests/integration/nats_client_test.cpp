@@ -5,6 +5,8 @@
 #include <time.h>
 
 #include <atomic>
+#include <expected>
+#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -19,6 +21,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::NatsServer;
+using testing::TemporaryDirectory;
 using testing::wait_until;
 
 class NatsClientTest : public ::testing::TestWithParam<bool> {
@@ -327,6 +330,96 @@ TEST_P(NatsClientTest, DeferredPublishWorksAfterReconnect) {
   publisher->flush_deferred();
   ASSERT_TRUE(inbox.wait_for(3, 5s));
   EXPECT_EQ(inbox.received(), (std::vector<std::string>{"0", "1", "2"}));
+}
+
+// A server of its own, started with `args`, and clients to it with the given credentials/TLS.
+class SecuredServer {
+ public:
+  explicit SecuredServer(std::vector<std::string> args) {
+    std::string error;
+    server_ = NatsServer::start(&error, std::nullopt, std::move(args));
+    EXPECT_TRUE(server_) << error;
+  }
+  bool up() const { return server_ != nullptr; }
+  std::expected<std::unique_ptr<NatsClient>, std::string> connect(NatsOptions options) const {
+    options.url = server_->url();
+    options.connect_timeout = 2s;
+    options.max_reconnects = 0;
+    return NatsClient::connect(options);
+  }
+
+ private:
+  std::unique_ptr<NatsServer> server_;
+};
+
+// A message published by `client` comes back to its own subscription.
+void expect_round_trip(NatsClient& client) {
+  Inbox inbox;
+  auto subscription = client.subscribe("kvr.test.secured", inbox.handler());
+  ASSERT_TRUE(subscription) << subscription.error();
+  ASSERT_TRUE(client.flush(2s));
+  ASSERT_TRUE(client.publish_deferred("kvr.test.secured", "one"));
+  client.flush_deferred();
+  ASSERT_TRUE(client.publish("kvr.test.secured", "two"));
+  ASSERT_TRUE(inbox.wait_for(2, 5s));
+  EXPECT_EQ(inbox.received(), (std::vector<std::string>{"one", "two"}));
+}
+
+TEST_P(NatsClientTest, UserAndPasswordAreSentAndAWrongOneIsRefusedClearly) {
+  SecuredServer server{{"--user", "router", "--pass", "s3cret"}};
+  ASSERT_TRUE(server.up());
+  NatsOptions options;
+  options.deferred_publish = socket_loop();
+  options.user = "router";
+  options.password = "wrong";
+  auto refused = server.connect(options);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().find("cannot connect"), std::string::npos) << refused.error();
+  options.password = "s3cret";
+  auto client = server.connect(options);
+  ASSERT_TRUE(client) << client.error();
+  expect_round_trip(**client);
+}
+
+TEST_P(NatsClientTest, TokenIsSentAndAWrongOneIsRefusedClearly) {
+  SecuredServer server{{"--auth", "t0ken-for-kvr"}};
+  ASSERT_TRUE(server.up());
+  NatsOptions options;
+  options.deferred_publish = socket_loop();
+  options.token = "not-the-token";
+  auto refused = server.connect(options);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().find("cannot connect"), std::string::npos) << refused.error();
+  options.token = "t0ken-for-kvr";
+  auto client = server.connect(options);
+  ASSERT_TRUE(client) << client.error();
+  expect_round_trip(**client);
+}
+
+// TLS verified against the server's certificate; with the socket loop asked for, a TLS
+// connection keeps the NATS C client's threads and deferred publishes still arrive.
+TEST_P(NatsClientTest, TlsConnectionVerifiesTheServerAndCarriesMessages) {
+  TemporaryDirectory trusted;
+  TemporaryDirectory stranger;
+  std::string error;
+  ASSERT_TRUE(testing::make_self_signed_certificate(trusted.path(), &error)) << error;
+  ASSERT_TRUE(testing::make_self_signed_certificate(stranger.path(), &error)) << error;
+  const std::string cert = (trusted.path() / "cert.pem").string();
+  SecuredServer server{
+      {"--tls", "--tlscert", cert, "--tlskey", (trusted.path() / "key.pem").string()}};
+  ASSERT_TRUE(server.up());
+
+  NatsOptions options;
+  options.deferred_publish = socket_loop();
+  auto plain = server.connect(options);
+  ASSERT_FALSE(plain) << "a plain connection to a TLS-only server";
+  options.tls_ca_file = (stranger.path() / "cert.pem").string();
+  auto unverified = server.connect(options);
+  ASSERT_FALSE(unverified) << "a server certificate from another CA was accepted";
+  options.tls_ca_file = cert;
+  auto client = server.connect(options);
+  ASSERT_TRUE(client) << client.error();
+  expect_round_trip(**client);
 }
 
 INSTANTIATE_TEST_SUITE_P(SocketModes, NatsClientTest, ::testing::Bool(),

@@ -43,10 +43,6 @@ constexpr WorkerId kFirstWorker = 100;
 constexpr WorkerId kSecondFleetWorker = 200;
 constexpr std::uint32_t kBlockSize = 16;
 
-// A free loopback TCP port (bound and released; the node binds it right after).
-
-// GET http://127.0.0.1:<port><path>; the whole response (status line, headers, body) or "".
-
 std::vector<std::uint32_t> prompt(std::size_t tokens, std::uint32_t first) {
   std::vector<std::uint32_t> ids(tokens);
   std::iota(ids.begin(), ids.end(), first);

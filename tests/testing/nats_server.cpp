@@ -7,9 +7,11 @@
 namespace kvr::testing {
 
 std::unique_ptr<NatsServer> NatsServer::start(std::string* error,
-                                              std::optional<std::uint16_t> port) {
+                                              std::optional<std::uint16_t> port,
+                                              std::vector<std::string> extra_args) {
   std::unique_ptr<NatsServer> server{new NatsServer()};
   server->directory_ = std::make_unique<TemporaryDirectory>();
+  server->extra_args_ = std::move(extra_args);
   if (!server->launch(port, error)) return nullptr;
   return server;
 }
@@ -45,6 +47,7 @@ bool NatsServer::launch(std::optional<std::uint16_t> port, std::string* error) {
                                 ports_dir.string(),
                                 "-sd",
                                 (dir / "store").string()};
+  argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
   process_ = ChildProcess::start(argv, dir / "nats-server.log");
   if (!process_) {
     if (error != nullptr) *error = "cannot start nats-server (is it installed?)";
@@ -59,11 +62,12 @@ bool NatsServer::launch(std::optional<std::uint16_t> port, std::string* error) {
         std::stringstream text;
         text << input.rdbuf();
         contents = text.str();
-        return contents.find("nats://") != std::string::npos;
+        return contents.find("://127.0.0.1:") != std::string::npos;
       },
       std::chrono::milliseconds(10'000));
   std::smatch match;
-  static const std::regex kPort{R"(nats://127\.0\.0\.1:(\d+))"};
+  // A TLS server lists its address as tls://.
+  static const std::regex kPort{R"((?:nats|tls)://127\.0\.0\.1:(\d+))"};
   if (!ready || !std::regex_search(contents, match, kPort)) {
     if (error != nullptr) *error = "nats-server did not come up: " + process_->log();
     stop();
@@ -71,6 +75,20 @@ bool NatsServer::launch(std::optional<std::uint16_t> port, std::string* error) {
   }
   port_ = static_cast<std::uint16_t>(std::stoi(match[1].str()));
   return true;
+}
+
+bool make_self_signed_certificate(const std::filesystem::path& dir, std::string* error) {
+  auto openssl = ChildProcess::start(
+      {"openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+       "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout",
+       (dir / "key.pem").string(), "-out", (dir / "cert.pem").string()},
+      dir / "openssl.log");
+  if (openssl && openssl->wait(std::chrono::seconds(30)) == 0) return true;
+  if (error != nullptr) {
+    *error = openssl ? "openssl could not make a certificate: " + openssl->log()
+                     : "cannot start openssl (is it installed?)";
+  }
+  return false;
 }
 
 }  // namespace kvr::testing

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tests/testing/child_process.hpp"
 
@@ -16,8 +18,10 @@ class NatsServer {
  public:
   /// Starts a server on a free port (or on `port` when given, e.g. to restart on the same port);
   /// nullopt, with the reason in `error`, when it does not come up within a few seconds.
+  /// `extra_args` go to nats-server as given (credentials, TLS), on restarts too.
   static std::unique_ptr<NatsServer> start(std::string* error,
-                                           std::optional<std::uint16_t> port = {});
+                                           std::optional<std::uint16_t> port = {},
+                                           std::vector<std::string> extra_args = {});
 
   ~NatsServer();
 
@@ -35,8 +39,14 @@ class NatsServer {
   bool launch(std::optional<std::uint16_t> port, std::string* error);
   std::unique_ptr<TemporaryDirectory> directory_;
   std::optional<ChildProcess> process_;
+  std::vector<std::string> extra_args_;
   std::uint16_t port_ = 0;
   int launches_ = 0;
 };
+
+/// Writes a self-signed certificate for 127.0.0.1 (cert.pem) and its key (key.pem) into `dir`
+/// with the openssl tool, for TLS servers in tests; false, with the tool's log in `error`, when
+/// it fails.
+bool make_self_signed_certificate(const std::filesystem::path& dir, std::string* error);
 
 }  // namespace kvr::testing
