@@ -33,12 +33,12 @@ class SocketLoop {
   /// Hands the loop to nats.c: call on the options before connecting.
   natsStatus install(natsOptions* options);
 
-  /// Publishes through `publish` (a nats.c publish call) and writes the buffer now, from this
+  /// Publishes through `send` (a nats.c publish call) and writes the buffer now, from this
   /// thread. `deferred`: leave the message buffered until flush().
-  template <typename Publish>
-  natsStatus publish(natsConnection* connection, bool deferred, Publish&& publish) {
+  template <typename Send>
+  natsStatus publish(natsConnection* connection, bool deferred, Send&& send) {
     t_flushing_loop = this;
-    const natsStatus status = publish();
+    const natsStatus status = send();
     t_flushing_loop = nullptr;
     if (!deferred) flush(connection);
     return status;
