@@ -17,6 +17,9 @@ std::uint64_t plus_change(std::uint64_t reported, std::int64_t change) {
 
 // Prompt blocks are looked up this many positions ahead, so that the ledger's misses overlap.
 constexpr std::size_t kPrefetchDistance = 8;
+// A shared block's holder list is fetched this many positions ahead: its slot is in cache by
+// then, and the list is a second, separate miss.
+constexpr std::size_t kListPrefetchDistance = 4;
 
 // Debian's abseil has its own string_view type for heterogeneous lookup.
 absl::string_view as_key(std::string_view text) { return {text.data(), text.size()}; }
@@ -161,6 +164,9 @@ void PredictedLoad::release_booking(
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     if (i + kPrefetchDistance < blocks.size())
       active_blocks_.prefetch(blocks[i + kPrefetchDistance]);
+    if (i + kListPrefetchDistance < blocks.size()) {
+      prefetch_holders(blocks[i + kListPrefetchDistance]);
+    }
     if (deactivate(blocks[i], rank.slot)) {
       --rank.view.booked_blocks;
       --rank.view.blocks_since_report;
@@ -223,6 +229,14 @@ bool PredictedLoad::deactivate(BlockHash hash, RankSlot slot) {
   return true;
 }
 
+void PredictedLoad::prefetch_holders(BlockHash hash) const {
+  if (free_lists_.size() == shared_lists_.size()) return;  // no block is shared: no list to load
+  const auto position = active_blocks_.find(hash);
+  if (position != active_blocks_.end() && position->second.slot == kSharedSlot) {
+    __builtin_prefetch(shared_lists_[position->second.bookings_or_list].data());
+  }
+}
+
 std::span<const PredictedLoad::ActiveHolder> PredictedLoad::holders_of(const LedgerEntry& entry,
                                                                        ActiveHolder& single) const {
   if (entry.slot == kSharedSlot) return shared_lists_[entry.bookings_or_list];
@@ -245,6 +259,9 @@ void PredictedLoad::prepare(std::span<const BlockHash> prompt_blocks,
   for (std::size_t depth = 0; depth < prompt_blocks.size(); ++depth) {
     if (depth + kPrefetchDistance < prompt_blocks.size()) {
       active_blocks_.prefetch(prompt_blocks[depth + kPrefetchDistance]);
+    }
+    if (depth + kListPrefetchDistance < prompt_blocks.size()) {
+      prefetch_holders(prompt_blocks[depth + kListPrefetchDistance]);
     }
     const auto position = active_blocks_.find(prompt_blocks[depth]);
     if (position == active_blocks_.end()) return;

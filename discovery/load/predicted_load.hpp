@@ -204,6 +204,8 @@ class PredictedLoad {
   // The ranks (ascending) on which the block of a ledger entry is active; a plain entry's one
   // rank is written to `single`.
   std::span<const ActiveHolder> holders_of(const LedgerEntry& entry, ActiveHolder& single) const;
+  // Starts loading a shared block's holder list (a second cache miss after its ledger slot).
+  void prefetch_holders(BlockHash hash) const;
 
   absl::flat_hash_map<WorkerWithDpRank, RankState> ranks_;
   absl::flat_hash_map<std::string, BookingState> bookings_;
