@@ -295,6 +295,34 @@ TEST_P(NatsClientTest, ConcurrentPublishersAndFlushesKeepTheConnection) {
   EXPECT_LT(process_cpu_seconds() - cpu_before, 0.1) << "a thread kept running while idle";
 }
 
+// A burst far larger than the socket takes at once: the flush writes what fits and the loop
+// writes the rest when the socket drains; every message arrives, in order.
+TEST_P(NatsClientTest, ABurstLargerThanTheSocketBufferArrivesWhole) {
+  auto publisher = connect();
+  auto subscriber = connect();
+  ASSERT_TRUE(publisher && subscriber);
+  constexpr int kMessages = 16'000;
+  const std::string payload(1'024, 'x');
+  std::atomic<int> received{0};
+  std::atomic<int> out_of_order{0};
+  auto subscription = subscriber->subscribe("kvr.test.big", [&](NatsMessage message) {
+    if (message.data.substr(0, message.data.find('|')) != std::to_string(received.load())) {
+      ++out_of_order;
+    }
+    ++received;
+  });
+  ASSERT_TRUE(subscription) << subscription.error();
+  ASSERT_TRUE(subscriber->flush(2s));
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE(publisher->publish_deferred("kvr.test.big", std::to_string(i) + "|" + payload));
+  }
+  publisher->flush_deferred();
+  ASSERT_TRUE(wait_until([&] { return received.load() == kMessages; }, 20s))
+      << received.load() << " of " << kMessages;
+  EXPECT_EQ(out_of_order.load(), 0);
+  EXPECT_EQ(publisher->reconnects(), 0U);
+}
+
 // Closing the client writes what is still buffered before the socket goes.
 TEST_P(NatsClientTest, ClosingTheClientWritesDeferredPublishes) {
   auto publisher = connect();
