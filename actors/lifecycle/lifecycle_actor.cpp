@@ -49,7 +49,8 @@ void publish_decision(Self self, GenerateFlight& flight, const v1::RouteDecision
     return;
   }
   if (flight.reply_subject.empty()) return;
-  self->state.config.publisher->publish(flight.reply_subject, decision.SerializeAsString());
+  self->state.relays.publish(self, *self->state.config.publisher, flight.reply_subject,
+                             decision.SerializeAsString());
   flight.reply_subject.clear();
 }
 
@@ -58,7 +59,8 @@ void send_chunk(Self self, const GenerateFlight& flight, const v1::GenerateChunk
   if (flight.stream_actor) {
     self->send(flight.stream_actor, chunk_atom::value, GenerateChunkMessage{chunk});
   } else {
-    self->state.config.publisher->publish(flight.request.stream_subject, chunk.SerializeAsString());
+    self->state.relays.publish(self, *self->state.config.publisher, flight.request.stream_subject,
+                               chunk.SerializeAsString());
   }
 }
 
@@ -356,6 +358,7 @@ caf::behavior lifecycle_actor(Self self, LifecycleActorConfig config) {
           apply(self, stream_id, flight->lifecycle.cancel("cancelled by the client"));
         }
       },
+      [self](flush_atom) { self->state.relays.write(*self->state.config.publisher); },
       [self](chunk_atom, ChunkEnvelope& envelope) {
         GenerateFlight* flight = find_flight(self, envelope.stream_id);
         if (flight == nullptr) {

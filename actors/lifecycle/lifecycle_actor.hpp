@@ -19,6 +19,8 @@
 //   chunk(ChunkEnvelope)             — a worker's chunk on the node's stream inbox;
 //   removed(std::vector<WorkerId>)   — from the discovery actor (it is a watcher): workers left;
 //   deadline(stream id, attempt)     — its own timer: the attempt's first-token timeout;
+//   flush                            — its own: writes the decisions and chunks relayed to NATS
+//                                      clients since the last write (burst_writer.hpp);
 //   an exit message (node shutdown)  — every request in flight ends with an explicit error;
 //   a down message (actor client)    — the client's requests in flight are cancelled.
 // It registers itself with the discovery actor (watch) when spawned. Spawned by the router node.
@@ -45,6 +47,7 @@
 #include "actors/lifecycle/request_lifecycle.hpp"
 #include "actors/metrics/metrics_registry.hpp"
 #include "actors/metrics/rate_limited_log.hpp"
+#include "actors/nats/burst_writer.hpp"
 #include "actors/nats/nats_bridge.hpp"
 
 namespace kvr::actors {
@@ -99,6 +102,8 @@ struct LifecycleActorState {
   std::uint64_t next_stream_id = 1;
   /// Actor clients with requests in flight, monitored so that a client's end cancels them.
   std::map<caf::actor_addr, std::size_t> monitored_clients;
+  /// Decisions and relayed chunks for NATS clients leave together, one write per burst.
+  BurstWriter relays;
 };
 
 /// The lifecycle actor's behaviour.

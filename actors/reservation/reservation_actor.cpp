@@ -63,22 +63,15 @@ metrics::ValueHandle& decisions_counter(Self self, WorkerId worker) {
   return it->second;
 }
 
-// Publishes an answer deferred; the flush queued behind the current backlog writes it.
+// Publishes an answer with the others of this burst (burst_writer.hpp).
 bool publish_answer(Self self, std::string_view subject, std::string_view data) {
-  auto& state = self->state;
-  const bool published = state.config.publisher->publish_deferred(subject, data);
-  if (!state.flush_queued) {
-    state.flush_queued = true;
-    self->send(self, flush_atom::value);
-  }
-  return published;
+  return self->state.answers.publish(self, *self->state.config.publisher, subject, data);
 }
 
-// Writes the answers published since the last flush; their route latency ends here.
+// Writes the answers published since the last write; their route latency ends here.
 void flush_answers(Self self) {
   auto& state = self->state;
-  state.flush_queued = false;
-  state.config.publisher->flush_deferred();
+  state.answers.write(*state.config.publisher);
   const Clock::time_point now = Clock::now();
   for (const Clock::time_point received : state.unflushed_routes) {
     state.route_latency.observe(std::chrono::duration<double>(now - received).count());

@@ -14,7 +14,9 @@
 //   report(ReportEnvelope) → LifecycleAckMessage     — always an ack;
 //   selectors(model, group, selector)                — from the discovery actor: requests of that
 //                                                      partition go to its selector directly;
-//   expire                                           — its own timer.
+//   expire                                           — its own timer;
+//   flush                                            — its own: writes the NATS answers of the
+//                                                      burst (burst_writer.hpp).
 // Spawned by the router node. Every route request and report it hands to a selector is answered
 // within the selector timeout: the expiry timer fails those still unanswered (one sweep instead of
 // a CAF clock timer per request, which costs the clock thread a wake-up each). It must never
@@ -41,6 +43,7 @@
 #include "actors/actor_types.hpp"
 #include "actors/metrics/metrics_registry.hpp"
 #include "actors/metrics/rate_limited_log.hpp"
+#include "actors/nats/burst_writer.hpp"
 #include "actors/nats/nats_bridge.hpp"
 #include "actors/reservation/lease_ledger.hpp"
 
@@ -105,11 +108,11 @@ struct ReservationActorState {
   absl::flat_hash_map<std::uint64_t, PendingRoute> pending_routes;
   absl::flat_hash_map<std::uint64_t, PendingReport> pending_reports;
   std::deque<std::pair<std::chrono::steady_clock::time_point, std::uint64_t>> pending_deadlines;
-  /// NATS answers published deferred and not yet flushed: when each request arrived (its route
-  /// latency ends when the answer is written). A flush message is queued behind the mailbox's
-  /// backlog while any wait, so one write sends the answers of a burst.
+  /// NATS answers (decisions, acks) leave together, one write per burst.
+  BurstWriter answers;
+  /// When each route request whose answer waits for that write arrived: its route latency ends
+  /// when the answer is written.
   std::vector<std::chrono::steady_clock::time_point> unflushed_routes;
-  bool flush_queued = false;
   /// The series written per request, resolved once (decisions per worker on first use).
   metrics::HistogramHandle route_latency;
   metrics::ValueHandle leases_open;
