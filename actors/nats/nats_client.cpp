@@ -49,6 +49,13 @@ NatsMessage take_message(natsMsg* message) {
 
 int to_int(std::size_t size) { return static_cast<int>(size); }
 
+// Runs a nats.c publish call through the socket loop when the client has one (it writes now, or
+// defers), else as it is.
+template <typename Send>
+natsStatus send_through(SocketLoop* loop, natsConnection* connection, bool deferred, Send&& send) {
+  return loop != nullptr ? loop->publish(connection, deferred, std::forward<Send>(send)) : send();
+}
+
 std::string terminated(std::string_view text) { return std::string{text}; }
 
 }  // namespace
@@ -296,7 +303,7 @@ std::expected<void, std::string> NatsClient::publish_on(std::string_view subject
     return natsConnection_Publish(connection_, subject_text.c_str(), data.data(),
                                   to_int(data.size()));
   };
-  if (natsStatus status = loop_ ? loop_->publish(connection_, deferred, send) : send();
+  if (natsStatus status = send_through(loop_.get(), connection_, deferred, send);
       status != NATS_OK) {
     return std::unexpected(describe(status, "publish on " + subject_text));
   }
@@ -326,8 +333,7 @@ std::expected<void, std::string> NatsClient::publish_request(std::string_view su
     return natsConnection_PublishRequest(connection_, subject_text.c_str(), reply_text.c_str(),
                                          data.data(), to_int(data.size()));
   };
-  if (natsStatus status = loop_ ? loop_->publish(connection_, false, send) : send();
-      status != NATS_OK) {
+  if (natsStatus status = send_through(loop_.get(), connection_, false, send); status != NATS_OK) {
     return std::unexpected(describe(status, "publish request on " + subject_text));
   }
   return {};

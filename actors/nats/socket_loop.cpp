@@ -1,9 +1,5 @@
 #include "actors/nats/socket_loop.hpp"
 
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -11,6 +7,9 @@
 #include <optional>
 
 #include <pthread.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 namespace kvr::actors::nats {
 namespace {

@@ -80,7 +80,7 @@ class SocketLoop {
   std::atomic<bool> write_pending_{false};
 
   std::mutex write_mutex_;  // one writer at a time (taken before nats.c's connection lock)
-  std::mutex mutex_;       // guards the socket's registration; a leaf lock (no nats.c calls inside)
+  std::mutex mutex_;  // guards the socket's registration; a leaf lock (no nats.c calls inside)
   int socket_ = -1;
   bool registered_ = false;
   bool want_read_ = false;

@@ -2,17 +2,16 @@
 // threads and with kvr's socket loop (NatsOptions::deferred_publish): every test runs in both.
 #include "actors/nats/nats_client.hpp"
 
-#include <time.h>
-
 #include <atomic>
 #include <expected>
 #include <filesystem>
-#include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <time.h>
 
 #include "tests/testing/nats_server.hpp"
 
@@ -53,14 +52,20 @@ double process_cpu_seconds() {
   return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
 }
 
-// Collects what a subscription receives.
+// Collects what a subscription receives; the subscription ends with the inbox (declare the inbox
+// after its client).
 class Inbox {
  public:
-  std::function<void(NatsMessage)> handler() {
-    return [this](NatsMessage message) {
+  /// Subscribes to `subject` on `client` and waits until the server has the subscription.
+  ::testing::AssertionResult listen(NatsClient& client, std::string_view subject) {
+    auto subscribed = client.subscribe(subject, [this](NatsMessage message) {
       std::lock_guard lock{mutex_};
       received_.push_back(message.data);
-    };
+    });
+    if (!subscribed) return ::testing::AssertionFailure() << subscribed.error();
+    subscription_ = std::move(*subscribed);
+    if (!client.flush(2s)) return ::testing::AssertionFailure() << "the server did not confirm";
+    return ::testing::AssertionSuccess();
   }
   std::vector<std::string> received() const {
     std::lock_guard lock{mutex_};
@@ -73,6 +78,7 @@ class Inbox {
  private:
   mutable std::mutex mutex_;
   std::vector<std::string> received_;
+  std::optional<NatsSubscription> subscription_;  // last: unsubscribes before the rest goes
 };
 
 TEST_P(NatsClientTest, PublishReachesSubscriber) {
@@ -205,9 +211,7 @@ TEST_P(NatsClientTest, DeferredPublishesGoOutWhenFlushed) {
   auto subscriber = connect();
   ASSERT_TRUE(publisher && subscriber);
   Inbox inbox;
-  auto subscription = subscriber->subscribe("kvr.test.deferred", inbox.handler());
-  ASSERT_TRUE(subscription) << subscription.error();
-  ASSERT_TRUE(subscriber->flush(2s));
+  ASSERT_TRUE(inbox.listen(*subscriber, "kvr.test.deferred"));
   const auto published = std::chrono::steady_clock::now();
   for (int i = 0; i < 5; ++i) {
     ASSERT_TRUE(publisher->publish_deferred("kvr.test.deferred", std::to_string(i)));
@@ -234,9 +238,7 @@ TEST_P(NatsClientTest, ImmediatePublishWritesEarlierDeferredOnes) {
   auto subscriber = connect();
   ASSERT_TRUE(publisher && subscriber);
   Inbox inbox;
-  auto subscription = subscriber->subscribe("kvr.test.mixed", inbox.handler());
-  ASSERT_TRUE(subscription) << subscription.error();
-  ASSERT_TRUE(subscriber->flush(2s));
+  ASSERT_TRUE(inbox.listen(*subscriber, "kvr.test.mixed"));
   ASSERT_TRUE(publisher->publish_deferred("kvr.test.mixed", "deferred"));
   ASSERT_TRUE(publisher->publish("kvr.test.mixed", "immediate"));
   ASSERT_TRUE(inbox.wait_for(2, 5s));
@@ -249,9 +251,7 @@ TEST_P(NatsClientTest, UnflushedDeferredPublishIsWrittenByTheLoop) {
   auto subscriber = connect();
   ASSERT_TRUE(publisher && subscriber);
   Inbox inbox;
-  auto subscription = subscriber->subscribe("kvr.test.forgotten", inbox.handler());
-  ASSERT_TRUE(subscription) << subscription.error();
-  ASSERT_TRUE(subscriber->flush(2s));
+  ASSERT_TRUE(inbox.listen(*subscriber, "kvr.test.forgotten"));
   ASSERT_TRUE(publisher->publish_deferred("kvr.test.forgotten", "late"));
   ASSERT_TRUE(inbox.wait_for(1, 5s));
   EXPECT_EQ(inbox.received(), (std::vector<std::string>{"late"}));
@@ -329,9 +329,7 @@ TEST_P(NatsClientTest, ClosingTheClientWritesDeferredPublishes) {
   auto subscriber = connect();
   ASSERT_TRUE(publisher && subscriber);
   Inbox inbox;
-  auto subscription = subscriber->subscribe("kvr.test.closing", inbox.handler());
-  ASSERT_TRUE(subscription) << subscription.error();
-  ASSERT_TRUE(subscriber->flush(2s));
+  ASSERT_TRUE(inbox.listen(*subscriber, "kvr.test.closing"));
   ASSERT_TRUE(publisher->publish_deferred("kvr.test.closing", "last words"));
   publisher.reset();
   ASSERT_TRUE(inbox.wait_for(1, 5s));
@@ -349,9 +347,7 @@ TEST_P(NatsClientTest, DeferredPublishWorksAfterReconnect) {
   auto subscriber = connect();
   ASSERT_TRUE(subscriber);
   Inbox inbox;
-  auto subscription = subscriber->subscribe("kvr.test.reconnected", inbox.handler());
-  ASSERT_TRUE(subscription) << subscription.error();
-  ASSERT_TRUE(subscriber->flush(2s));
+  ASSERT_TRUE(inbox.listen(*subscriber, "kvr.test.reconnected"));
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(publisher->publish_deferred("kvr.test.reconnected", std::to_string(i)));
   }
@@ -383,9 +379,7 @@ class SecuredServer {
 // A message published by `client` comes back to its own subscription.
 void expect_round_trip(NatsClient& client) {
   Inbox inbox;
-  auto subscription = client.subscribe("kvr.test.secured", inbox.handler());
-  ASSERT_TRUE(subscription) << subscription.error();
-  ASSERT_TRUE(client.flush(2s));
+  ASSERT_TRUE(inbox.listen(client, "kvr.test.secured"));
   ASSERT_TRUE(client.publish_deferred("kvr.test.secured", "one"));
   client.flush_deferred();
   ASSERT_TRUE(client.publish("kvr.test.secured", "two"));

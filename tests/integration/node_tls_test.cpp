@@ -27,8 +27,8 @@ TEST(NodeTlsTest, MockerNodeAndRouteWorkOverVerifiedTls) {
       &error, std::nullopt,
       {"--tls", "--tlscert", ca, "--tlskey", (directory.path() / "key.pem").string()});
   ASSERT_TRUE(server) << error;
-  const std::vector<std::string> nats{"--nats", server->url(), "--nats-tls-ca", ca,
-                                      "--namespace", "tls"};
+  const std::vector<std::string> nats{"--nats", server->url(), "--nats-tls-ca",
+                                      ca,       "--namespace", "tls"};
   auto with_nats = [&](std::vector<std::string> argv) {
     argv.insert(argv.begin() + 2, nats.begin(), nats.end());
     return argv;
@@ -45,9 +45,9 @@ TEST(NodeTlsTest, MockerNodeAndRouteWorkOverVerifiedTls) {
   ASSERT_TRUE(node);
 
   // `kvr route` exits 0 once a worker was chosen; the workers need a moment to register.
-  const std::vector<std::string> route = with_nats(
-      {KVR_BINARY, "route", "--text", "a prompt long enough for two blocks of sixteen tokens",
-       "--timeout-ms", "2000"});
+  const std::vector<std::string> route =
+      with_nats({KVR_BINARY, "route", "--text",
+                 "a prompt long enough for two blocks of sixteen tokens", "--timeout-ms", "2000"});
   std::optional<ChildProcess> client;
   const bool routed = wait_until(
       [&] {
@@ -63,8 +63,8 @@ TEST(NodeTlsTest, MockerNodeAndRouteWorkOverVerifiedTls) {
   EXPECT_TRUE(node->running());
 
   // Without the CA the client cannot verify the server and says so.
-  std::vector<std::string> unverified{KVR_BINARY, "route", "--nats", server->url(), "--namespace",
-                                      "tls", "--text", "hello"};
+  std::vector<std::string> unverified{KVR_BINARY,    "route", "--nats", server->url(),
+                                      "--namespace", "tls",   "--text", "hello"};
   auto refused = ChildProcess::start(unverified, directory.path() / "refused.log");
   ASSERT_TRUE(refused);
   EXPECT_EQ(refused->wait(30s), 2);

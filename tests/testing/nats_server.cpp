@@ -6,8 +6,7 @@
 
 namespace kvr::testing {
 
-std::unique_ptr<NatsServer> NatsServer::start(std::string* error,
-                                              std::optional<std::uint16_t> port,
+std::unique_ptr<NatsServer> NatsServer::start(std::string* error, std::optional<std::uint16_t> port,
                                               std::vector<std::string> extra_args) {
   std::unique_ptr<NatsServer> server{new NatsServer()};
   server->directory_ = std::make_unique<TemporaryDirectory>();

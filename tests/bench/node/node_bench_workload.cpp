@@ -240,4 +240,35 @@ double process_cpu_seconds(int pid) {
   return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+void ClosedLoop::begin(std::size_t total, std::size_t slots,
+                       std::chrono::milliseconds max_duration) {
+  issued_.store(0);
+  deadline_ = std::chrono::steady_clock::now() + max_duration;
+  open_slots_.store(slots);
+  total_.store(total);
+}
+
+std::optional<std::uint64_t> ClosedLoop::next_request() {
+  const std::uint64_t n = issued_.fetch_add(1);
+  if (n < total_.load() && std::chrono::steady_clock::now() < deadline_) return n;
+  finish_slot();
+  return std::nullopt;
+}
+
+void ClosedLoop::finish_slot() {
+  if (open_slots_.fetch_sub(1) == 1) {
+    std::lock_guard lock{mutex_};
+    done_.notify_all();
+  }
+}
+
+std::size_t ClosedLoop::wait(std::chrono::milliseconds grace) {
+  {
+    std::unique_lock lock{mutex_};
+    done_.wait_until(lock, deadline_ + grace, [this] { return open_slots_.load() == 0; });
+  }
+  total_.store(0);
+  return open_slots_.load();
+}
+
 }  // namespace kvr::bench

@@ -4,9 +4,13 @@
 // from its Prometheus text. Plain C++ (no CAF, no NATS), used by both benchmark translation units.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -84,6 +88,31 @@ struct HistogramSnapshot {
 HistogramSnapshot read_histogram(std::string_view text, std::string_view name);
 /// The observations between two snapshots: mean, and p50/p99 interpolated inside their bucket.
 LatencyPercentiles histogram_delta(const HistogramSnapshot& before, const HistogramSnapshot& after);
+
+/// The bookkeeping of a closed-loop run shared by the NATS loads: every slot sends its next
+/// request when the previous one finished, until `total` requests were issued or the deadline
+/// passed. Thread-safe: slots finish on the clients' delivery threads.
+class ClosedLoop {
+ public:
+  /// Starts a run of `slots` slots.
+  void begin(std::size_t total, std::size_t slots, std::chrono::milliseconds max_duration);
+  /// The number (0, 1, ...) of a slot's next request; none when the run is over, and the slot
+  /// is then finished.
+  std::optional<std::uint64_t> next_request();
+  /// Finishes a slot whose request could not be sent.
+  void finish_slot();
+  /// Waits until every slot finished, or the deadline plus `grace` passed (a lost reply leaves its
+  /// slot open); then late replies issue nothing more. Returns the slots left open.
+  std::size_t wait(std::chrono::milliseconds grace);
+
+ private:
+  std::atomic<std::size_t> total_{0};
+  std::atomic<std::uint64_t> issued_{0};
+  std::chrono::steady_clock::time_point deadline_;
+  std::atomic<std::size_t> open_slots_{0};
+  std::mutex mutex_;
+  std::condition_variable done_;
+};
 
 /// CPU time (user + system) this process has used, in seconds.
 double process_cpu_seconds();

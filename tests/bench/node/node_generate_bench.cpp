@@ -7,7 +7,6 @@
 // and fleet; and nats-server). Bounded by a request count and a duration.
 #include <atomic>
 #include <charconv>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -52,8 +51,8 @@ class ChunkingFleet {
     // kvr.<ns>.worker.<id>.generate; its ".cancel" has one token more and does not match.
     std::string pattern = subjects::worker_generate("bench", 0);
     pattern.replace(pattern.rfind(".0."), 3, ".*.");
-    auto subscription = client_->subscribe(
-        pattern, [this](actors::nats::NatsMessage message) { answer(message); });
+    auto subscription =
+        client_->subscribe(pattern, [this](actors::nats::NatsMessage message) { answer(message); });
     if (!subscription) die(subscription.error());
     subscription_ = std::move(*subscription);
     (void)client_->flush(5s);
@@ -67,8 +66,8 @@ class ChunkingFleet {
     // kvr.<ns>.worker.<id>.generate
     const std::size_t start = message.subject.find(".worker.") + 8;
     WorkerId worker = 0;
-    std::from_chars(message.subject.data() + start,
-                    message.subject.data() + message.subject.size(), worker);
+    std::from_chars(message.subject.data() + start, message.subject.data() + message.subject.size(),
+                    worker);
     v1::GenerateChunk chunk;
     chunk.set_request_id(request.route().request_id());
     chunk.set_worker_id(worker);
@@ -151,10 +150,7 @@ class StreamLoad {
   }
 
   StreamResult run(std::size_t requests, std::chrono::milliseconds max_duration) {
-    total_ = requests;
-    issued_.store(0);
     base_sequence_ = g_next_stream_sequence.fetch_add(requests + 1024);
-    deadline_ = Clock::now() + max_duration;
     std::size_t slots = 0;
     for (auto& connection : connections_) {
       std::lock_guard lock{connection->mutex};
@@ -163,7 +159,7 @@ class StreamLoad {
       connection->errors = 0;
       slots += connection->stream_subjects.size();
     }
-    active_slots_.store(slots);
+    loop_.begin(requests, slots, max_duration);
     const double cpu_before = process_cpu_seconds();
     const double server_cpu_before = process_cpu_seconds(environment_.server_pid());
     const Clock::time_point start = Clock::now();
@@ -172,16 +168,12 @@ class StreamLoad {
         send_next(*connection, s);
       }
     }
-    {
-      std::unique_lock lock{mutex_};
-      done_.wait_until(lock, deadline_ + 5s, [this] { return active_slots_.load() == 0; });
-    }
+    const std::size_t unfinished = loop_.wait(5s);
     StreamResult result;
     result.cpu_seconds = process_cpu_seconds() - cpu_before;
     result.server_cpu_seconds = process_cpu_seconds(environment_.server_pid()) - server_cpu_before;
     result.seconds =
         std::max(0.0, std::chrono::duration<double>(last_final_.load() - start).count());
-    total_ = 0;
     for (auto& connection : connections_) {
       std::lock_guard lock{connection->mutex};
       result.streams += connection->stream_us.size();
@@ -190,38 +182,36 @@ class StreamLoad {
       result.stream_us.insert(result.stream_us.end(), connection->stream_us.begin(),
                               connection->stream_us.end());
     }
-    result.errors += active_slots_.load();  // streams that never ended
+    result.errors += unfinished;  // streams that never ended
     return result;
   }
 
  private:
   void send_next(StreamConnection& connection, std::size_t slot) {
-    const std::uint64_t n = issued_.fetch_add(1);
-    if (n < total_ && Clock::now() < deadline_) {
-      // A GenerateRequest: its own fields, then the route request as field 1 (protobuf merges
-      // fields in any order), so the route template's patched bytes are used as they are.
-      v1::GenerateRequest head;
-      head.set_max_output_tokens(tokens_);
-      head.set_stream_subject(connection.stream_subjects[slot]);
-      std::string route;
-      environment_.templates().render(base_sequence_ + n, route);
-      std::string& buffer = connection.buffers[slot];
-      buffer = head.SerializeAsString();
-      buffer += '\x0a';  // field 1, length-delimited
-      append_varint(buffer, route.size());
-      buffer += route;
-      connection.sent[slot] = Clock::now();
-      if (connection.client->publish_request(subjects::router_generate("bench"),
-                                             connection.reply_subjects[slot], buffer)) {
-        return;
-      }
+    const std::optional<std::uint64_t> n = loop_.next_request();
+    if (!n) return;  // the run is complete or out of time
+    // A GenerateRequest: its own fields, then the route request as field 1 (protobuf merges
+    // fields in any order), so the route template's patched bytes are used as they are.
+    v1::GenerateRequest head;
+    head.set_max_output_tokens(tokens_);
+    head.set_stream_subject(connection.stream_subjects[slot]);
+    std::string route;
+    environment_.templates().render(base_sequence_ + *n, route);
+    std::string& buffer = connection.buffers[slot];
+    buffer = head.SerializeAsString();
+    buffer += '\x0a';  // field 1, length-delimited
+    append_varint(buffer, route.size());
+    buffer += route;
+    connection.sent[slot] = Clock::now();
+    if (connection.client->publish_request(generate_subject_, connection.reply_subjects[slot],
+                                           buffer)) {
+      return;
+    }
+    {
       std::lock_guard lock{connection.mutex};
       ++connection.errors;
     }
-    if (active_slots_.fetch_sub(1) == 1) {
-      std::lock_guard lock{mutex_};
-      done_.notify_all();
-    }
+    loop_.finish_slot();
   }
 
   void on_message(StreamConnection& connection, const actors::nats::NatsMessage& message) {
@@ -262,14 +252,10 @@ class StreamLoad {
   NodeEnvironment& environment_;
   std::uint32_t tokens_;
   std::vector<std::unique_ptr<StreamConnection>> connections_;
-  std::atomic<std::size_t> total_{0};
-  std::atomic<std::uint64_t> issued_{0};
+  const std::string generate_subject_ = subjects::router_generate("bench");
   std::uint64_t base_sequence_ = 0;
-  Clock::time_point deadline_;
-  std::atomic<std::size_t> active_slots_{0};
+  ClosedLoop loop_;
   std::atomic<Clock::time_point> last_final_{};
-  std::mutex mutex_;
-  std::condition_variable done_;
 };
 
 void BM_NatsGenerateStreams(benchmark::State& state) {

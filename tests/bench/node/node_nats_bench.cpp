@@ -13,7 +13,6 @@
 // variant publishes a COMPLETED lifecycle report for every decision, as a real client does.
 #include <atomic>
 #include <charconv>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -200,11 +199,8 @@ class NatsLoad {
   }
 
   LoadResult run(std::size_t requests, std::chrono::milliseconds max_duration) {
-    total_ = requests;
-    issued_.store(0);
     sent_.store(0);
     base_sequence_ = g_next_sequence.fetch_add(requests + 1024);
-    deadline_ = Clock::now() + max_duration;
     std::size_t slots = 0;
     for (auto& connection : connections_) {
       std::lock_guard lock{connection->mutex};
@@ -213,25 +209,19 @@ class NatsLoad {
       connection->errors = 0;
       slots += connection->reply_subjects.size();
     }
-    active_slots_.store(slots);
+    loop_.begin(requests, slots, max_duration);
     const double cpu_before = process_cpu_seconds();
     const double server_cpu_before = process_cpu_seconds(environment_.server_pid());
     const Clock::time_point start = Clock::now();
     for (auto& connection : connections_) {
       for (std::size_t s = 0; s < connection->reply_subjects.size(); ++s) send_next(*connection, s);
     }
-    {
-      std::unique_lock lock{mutex_};
-      // A lost reply leaves its slot open: bounded by the run's deadline plus a grace period.
-      done_.wait_until(lock, deadline_ + 2s, [this] { return active_slots_.load() == 0; });
-    }
+    (void)loop_.wait(2s);
     LoadResult result;
     result.cpu_seconds = process_cpu_seconds() - cpu_before;
     result.server_cpu_seconds = process_cpu_seconds(environment_.server_pid()) - server_cpu_before;
     result.seconds =
         std::max(0.0, std::chrono::duration<double>(last_reply_.load() - start).count());
-    // Late replies (after a timed-out run) send nothing more.
-    total_ = 0;
     for (auto& connection : connections_) {
       std::lock_guard lock{connection->mutex};
       result.completed += connection->latencies_us.size();
@@ -252,24 +242,21 @@ class NatsLoad {
 
  private:
   void send_next(ClientConnection& connection, std::size_t slot) {
-    const std::uint64_t n = issued_.fetch_add(1);
-    if (n < total_ && Clock::now() < deadline_) {
-      std::string& buffer = connection.buffers[slot];
-      environment_.templates().render(base_sequence_ + n, buffer);
-      connection.sent[slot] = Clock::now();
-      if (connection.client->publish_request(route_subject_, connection.reply_subjects[slot],
-                                             buffer)) {
-        sent_.fetch_add(1);
-        return;
-      }
+    const std::optional<std::uint64_t> n = loop_.next_request();
+    if (!n) return;  // the run is complete or out of time
+    std::string& buffer = connection.buffers[slot];
+    environment_.templates().render(base_sequence_ + *n, buffer);
+    connection.sent[slot] = Clock::now();
+    if (connection.client->publish_request(route_subject_, connection.reply_subjects[slot],
+                                           buffer)) {
+      sent_.fetch_add(1);
+      return;
+    }
+    {
       std::lock_guard lock{connection.mutex};
       ++connection.errors;
     }
-    // This slot is done: the run is complete, out of time, or the connection failed.
-    if (active_slots_.fetch_sub(1) == 1) {
-      std::lock_guard lock{mutex_};
-      done_.notify_all();
-    }
+    loop_.finish_slot();
   }
 
   void on_reply(ClientConnection& connection, const actors::nats::NatsMessage& message) {
@@ -310,15 +297,10 @@ class NatsLoad {
   std::string route_subject_;
   std::string report_subject_;
   std::vector<std::unique_ptr<ClientConnection>> connections_;
-  std::atomic<std::size_t> total_{0};
-  std::atomic<std::uint64_t> issued_{0};
   std::atomic<std::uint64_t> sent_{0};
   std::uint64_t base_sequence_ = 0;
-  Clock::time_point deadline_;
-  std::atomic<std::size_t> active_slots_{0};
+  ClosedLoop loop_;
   std::atomic<Clock::time_point> last_reply_{};
-  std::mutex mutex_;
-  std::condition_variable done_;
 };
 
 void BM_NatsRouteDecisions(benchmark::State& state) {

@@ -326,8 +326,7 @@ TEST_F(RouterActorsTest, EveryNatsAnswerOfABurstIsFlushed) {
   }
   EXPECT_GE(publisher_->flushes(), 1);
   EXPECT_LE(publisher_->flushes(), kRequests);
-  EXPECT_NE(metrics_->render().find("kvr_route_latency_seconds_count " +
-                                    std::to_string(kRequests)),
+  EXPECT_NE(metrics_->render().find("kvr_route_latency_seconds_count " + std::to_string(kRequests)),
             std::string::npos);
 }
 
