@@ -22,10 +22,10 @@
 #include <caf/type_id.hpp>
 #include <caf/typed_actor.hpp>
 
-#include "actors/discovery/worker_messages.hpp"
-#include "actors/ingress/route_request.hpp"
-#include "actors/lifecycle/generate_messages.hpp"
 #include "actors/selector/selector_state.hpp"
+#include "actors/wire/generate_messages.hpp"
+#include "actors/wire/route_messages.hpp"
+#include "actors/wire/worker_messages.hpp"
 #include "kvr/v1/routing.pb.h"
 #include "messages/caf_error.hpp"
 
@@ -35,7 +35,7 @@ namespace kvr::actors {
 
 /// A route request on its way from an ingress to the reservation actor.
 struct RouteEnvelope {
-  RouteRequestData request;
+  RouteRequest request;
   /// NATS subject the decision is published on; empty for actor clients (they get the reply).
   std::string reply_subject;
   std::chrono::steady_clock::time_point received;
@@ -142,7 +142,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::BookingUpdate)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::BookingUpdateReply)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::GenerateEnvelope)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ChunkEnvelope)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::RouteRequestData)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::RouteRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::WorkerLiveness)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::WorkerLoadReport)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::discovery::WorkerRegistration)

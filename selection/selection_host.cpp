@@ -101,20 +101,8 @@ SelectionHost::SelectionHost(const RouterConfig& config, WorkerType worker_type,
 
 bool SelectionHost::eligible(const SelectionRequest& request,
                              const WorkerDescriptor& descriptor) const {
-  if (!descriptor.available) return false;
-  const WorkerWithDpRank worker = descriptor.worker;
-  if (request.pinned_worker && !request.pinned_worker->matches(worker)) return false;
-  if (!request.allowed_workers.empty() &&
-      std::ranges::find(request.allowed_workers, worker.worker_id) ==
-          request.allowed_workers.end()) {
+  if (violated_restriction(request, descriptor.worker, descriptor.available, descriptor.taints)) {
     return false;
-  }
-  if (std::ranges::find(request.excluded_workers, worker.worker_id) !=
-      request.excluded_workers.end()) {
-    return false;
-  }
-  for (const std::string& taint : request.required_taints) {
-    if (std::ranges::find(descriptor.taints, taint) == descriptor.taints.end()) return false;
   }
   if (config_.busy_kv_usage_threshold && descriptor.kv_usage &&
       *descriptor.kv_usage > *config_.busy_kv_usage_threshold) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "selection/selection_request.hpp"
 #include "selection/worker_selection.hpp"
 
 namespace kvr::selection {
@@ -32,36 +33,6 @@ using plugins::worker_selection::WorkerPicker;
 using plugins::worker_selection::WorkerScorer;
 using plugins::worker_selection::WorkerSelectionPolicy;
 using plugins::worker_selection::WorkerSelectionPolicyError;
-
-/// A preferred worker taint and its weight; matching weights lower the kv-cost.
-struct PreferredTaint {
-  std::string taint;
-  double weight = 0;
-};
-
-/// One request as the host sees it. Spans and pointers refer to storage the caller keeps alive
-/// for the duration of the selection.
-struct SelectionRequest {
-  std::string_view request_id;
-  std::size_t prompt_tokens = 0;
-  /// Chained block hashes of the prompt's full blocks.
-  std::span<const BlockHash> block_hashes;
-  std::optional<std::uint32_t> expected_output_tokens;
-  const SessionContext* session = nullptr;
-  /// Soft target offered to the policy (session affinity or a classifier's choice).
-  std::optional<WorkerAffinityTarget> affinity_target;
-  /// Hard restriction: only this worker (or rank) is eligible.
-  std::optional<WorkerAffinityTarget> pinned_worker;
-  std::uint32_t strict_priority = 0;
-  /// Non-empty: only these workers are eligible.
-  std::span<const WorkerId> allowed_workers;
-  /// These workers are never eligible (a retry excludes the worker that failed the request).
-  std::span<const WorkerId> excluded_workers;
-  /// A worker must carry every one of these taints.
-  std::span<const std::string> required_taints;
-  std::span<const PreferredTaint> preferred_taints;
-  std::chrono::steady_clock::time_point now;
-};
 
 /// What the host needs to know of a (worker, rank) before any signal is computed.
 struct WorkerDescriptor {

@@ -28,7 +28,9 @@ std::optional<std::uint32_t> WorkerSelectionContext::expected_output_tokens() co
   return request_->expected_output_tokens;
 }
 
-const SessionContext* WorkerSelectionContext::session_context() const { return request_->session; }
+const SessionContext* WorkerSelectionContext::session_context() const {
+  return request_->session ? &*request_->session : nullptr;
+}
 
 std::optional<WorkerAffinityTarget> WorkerSelectionContext::affinity_target() const {
   return request_->affinity_target;

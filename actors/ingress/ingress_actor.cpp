@@ -16,7 +16,7 @@ ingress_actor::behavior_type ingress_actor_impl(ingress_actor::pointer self,
           route_atom, RouteRequestMessage& message) -> caf::result<RouteDecisionMessage> {
         route_requests.add();
         const v1::RouteRequest& wire = message.value;
-        auto request = decode_route_request(wire, config.block_size, config.limits);
+        auto request = decode_route_request(wire, config.limits);
         if (!request) {
           config.metrics->add("kvr_route_errors_total",
                               {{"code", std::string{as_str(request.error().code)}}});
@@ -56,8 +56,7 @@ ingress_actor::behavior_type ingress_actor_impl(ingress_actor::pointer self,
                         "generate needs a sender actor to stream the response to");
         }
         if (!config.lifecycle) return refuse(Error::unavailable, "generate is not served here");
-        auto request = decode_generate_request(message.value, config.block_size, config.limits,
-                                               StreamTo::actor);
+        auto request = decode_generate_request(message.value, config.limits, StreamTo::actor);
         if (!request) return refuse(request.error().code, request.error().message);
         // Delegated: the lifecycle actor answers with the first decision (always: a route
         // failure, a retry's end and shutdown each end the request with an explicit error).

@@ -29,7 +29,6 @@ struct IngressActorConfig {
   caf::actor reservation;
   /// Serves generate requests; without it they are refused (unavailable).
   caf::actor lifecycle;
-  std::uint32_t block_size = 16;
   RouteDecodeLimits limits;
   std::shared_ptr<metrics::MetricsRegistry> metrics;
 };

@@ -81,9 +81,9 @@ void untrack_client(Self self, const caf::actor& client) {
 void send_booking(Self self, const GenerateFlight& flight, bool release, discovery::BookingEnd end,
                   AffinityAction affinity) {
   auto& config = self->state.config;
-  self->request(config.discovery, config.selector_timeout, booking_atom::value,
-                BookingUpdate{flight.request.route.partition, flight.request.route.request_id,
-                              release, end, affinity})
+  self->request(config.directory, config.selector_timeout, booking_atom::value,
+                BookingUpdate{flight.request.route.partition, flight.request.route.id(), release,
+                              end, affinity})
       .then([](const BookingUpdateReply&) {},
             [self](const caf::error& error) {
               self->state.config.log->warn(
@@ -98,7 +98,7 @@ void maybe_forget(Self self, std::uint64_t stream_id) {
   auto it = state.flights.find(stream_id);
   if (it == state.flights.end()) return;
   if (!it->second.lifecycle.ended() || it->second.route_pending) return;
-  auto index = state.by_request_id.find(it->second.request.route.request_id);
+  auto index = state.by_request_id.find(it->second.request.route.id());
   if (index != state.by_request_id.end() && index->second == stream_id) {
     state.by_request_id.erase(index);
   }
@@ -162,7 +162,7 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
   GenerateFlight* flight = find_flight(self, stream_id);
   if (flight == nullptr) return;
   auto& config = self->state.config;
-  const std::string& request_id = flight->request.route.request_id;
+  const std::string& request_id = flight->request.route.id();
   const auto worker = flight->lifecycle.worker();
   if (step.cancel_at_worker && !flight->generate_subject.empty()) {
     v1::GenerateCancel cancel;
@@ -209,7 +209,7 @@ void on_routed(Self self, std::uint64_t stream_id, SelectorReply& reply) {
   GenerateFlight* flight = find_flight(self, stream_id);
   if (flight == nullptr) return;
   flight->route_pending = false;
-  const std::string request_id = flight->request.route.request_id;
+  const std::string request_id = flight->request.route.id();
   if (!reply.result) {
     const RouteFailure& failure = reply.result.error();
     self->state.config.metrics->add("kvr_route_errors_total",
@@ -248,11 +248,11 @@ void route_flight(Self self, std::uint64_t stream_id) {
   GenerateFlight* flight = find_flight(self, stream_id);
   if (flight == nullptr) return;
   flight->route_pending = true;
-  RouteRequestData request = flight->request.route;
+  RouteRequest request = flight->request.route;
   const auto excluded = flight->lifecycle.excluded_workers();
-  request.excluded_workers.assign(excluded.begin(), excluded.end());
+  request.selection.excluded_workers.assign(excluded.begin(), excluded.end());
   auto& config = self->state.config;
-  self->request(config.discovery, config.selector_timeout, route_atom::value, std::move(request))
+  self->request(config.directory, config.selector_timeout, route_atom::value, std::move(request))
       .then([self, stream_id](SelectorReply& reply) { on_routed(self, stream_id, reply); },
             [self, stream_id](const caf::error& error) {
               SelectorReply reply{
@@ -269,7 +269,7 @@ void route_flight(Self self, std::uint64_t stream_id) {
 // subject) and its stream.
 void refuse(Self self, const GenerateEnvelope& envelope, Error code, const std::string& message) {
   auto& config = self->state.config;
-  const std::string& request_id = envelope.request.route.request_id;
+  const std::string& request_id = envelope.request.route.id();
   config.metrics->add("kvr_route_errors_total", {{"code", std::string{as_str(code)}}});
   if (envelope.stream_actor) {
     self->make_response_promise().deliver(
@@ -294,8 +294,8 @@ void refuse(Self self, const GenerateEnvelope& envelope, Error code, const std::
 caf::behavior lifecycle_actor(Self self, LifecycleActorConfig config) {
   self->state.config = std::move(config);
   update_in_flight(self);
-  if (self->state.config.discovery) {
-    self->send(self->state.config.discovery, watch_atom::value, caf::actor_cast<caf::actor>(self));
+  if (self->state.config.directory) {
+    self->send(self->state.config.directory, watch_atom::value, caf::actor_cast<caf::actor>(self));
   }
   // Shutdown: no client is left without an end to its stream.
   self->set_exit_handler([self](caf::exit_msg& message) {
@@ -330,7 +330,7 @@ caf::behavior lifecycle_actor(Self self, LifecycleActorConfig config) {
   return {
       [self](generate_atom, GenerateEnvelope& envelope) {
         auto& state = self->state;
-        const std::string request_id = envelope.request.route.request_id;
+        const std::string request_id = envelope.request.route.id();
         if (state.by_request_id.contains(request_id)) {
           refuse(self, envelope, Error::invalid_request,
                  fmt::format("request '{}' is already being served", request_id));

@@ -1,6 +1,6 @@
 // The lifecycle actor: one per node; serves generate (proxy) mode. For each generate request it
 // keeps a RequestLifecycle (Sent → Responding → Completed | Aborted), routes it through the
-// partition's selector (via the discovery actor), dispatches a GenerateRequest to the chosen
+// partition's selector (via the directory actor), dispatches a GenerateRequest to the chosen
 // worker's generate subject with the node's own stream subject, relays every chunk to the
 // client's stream subject, and carries out each LifecycleStep: bookings are released exactly once
 // (first token: first_token; final, error or cancel: release) together with the session-affinity
@@ -17,13 +17,13 @@
 //                                      first RouteDecision and streams chunks to that actor);
 //   cancel(std::string request_id)   — the client's GenerateCancel (ignored when not served here);
 //   chunk(ChunkEnvelope)             — a worker's chunk on the node's stream inbox;
-//   removed(std::vector<WorkerId>)   — from the discovery actor (it is a watcher): workers left;
+//   removed(std::vector<WorkerId>)   — from the directory actor (it is a watcher): workers left;
 //   deadline(stream id, attempt)     — its own timer: the attempt's first-token timeout;
 //   flush                            — its own: writes the decisions and chunks relayed to NATS
 //                                      clients since the last write (burst_writer.hpp);
 //   an exit message (node shutdown)  — every request in flight ends with an explicit error;
 //   a down message (actor client)    — the client's requests in flight are cancelled.
-// It registers itself with the discovery actor (watch) when spawned. Spawned by the router node.
+// It registers itself with the directory actor (watch) when spawned. Spawned by the router node.
 // Every request it makes carries a finite timeout; it must never block, throw, share its state,
 // or call NATS request(). Classifier events of the steps are not delivered yet (the node has no
 // classifier actor).
@@ -43,19 +43,19 @@
 #include <caf/response_promise.hpp>
 #include <caf/stateful_actor.hpp>
 
-#include "actors/lifecycle/generate_messages.hpp"
 #include "actors/lifecycle/request_lifecycle.hpp"
 #include "actors/metrics/metrics_registry.hpp"
 #include "actors/metrics/rate_limited_log.hpp"
-#include "actors/nats/burst_writer.hpp"
 #include "actors/nats/nats_bridge.hpp"
+#include "actors/support/burst_writer.hpp"
+#include "actors/wire/generate_messages.hpp"
 
 namespace kvr::actors {
 
 /// What the lifecycle actor is spawned with.
 struct LifecycleActorConfig {
   /// Routes (route) and books (booking) through the partition selectors; told of removals.
-  caf::actor discovery;
+  caf::actor directory;
   std::shared_ptr<RouterPublisher> publisher;
   std::shared_ptr<metrics::MetricsRegistry> metrics;
   std::shared_ptr<metrics::RateLimitedLog> log;
@@ -71,7 +71,7 @@ struct LifecycleActorConfig {
 /// One generate request in flight.
 struct GenerateFlight {
   GenerateFlight(GenerateRequestData request_data, LifecycleOptions options)
-      : lifecycle(request_data.route.request_id, request_data.route.prompt_tokens, options),
+      : lifecycle(request_data.route.id(), request_data.route.selection.prompt_tokens, options),
         request(std::move(request_data)) {}
 
   RequestLifecycle lifecycle;

@@ -141,9 +141,9 @@ std::expected<void, std::string> NatsBridge::start(BridgeSinks sinks) {
           const auto received = std::chrono::steady_clock::now();
           route_requests.add();
           v1::RouteRequest wire;
-          std::expected<RouteRequestData, RouteFailure> request =
+          std::expected<RouteRequest, RouteFailure> request =
               wire.ParseFromString(message.data)
-                  ? decode_route_request(wire, options_.block_size, options_.route_limits)
+                  ? decode_route_request(wire, options_.route_limits)
                   : std::unexpected(RouteFailure{Error::invalid_request,
                                                  "RouteRequest: not a valid protobuf message"});
           if (!request) {
@@ -202,7 +202,7 @@ std::expected<void, std::string> NatsBridge::subscribe_generate() {
         v1::GenerateRequest wire;
         auto request =
             wire.ParseFromString(message.data)
-                ? decode_generate_request(wire, options_.block_size, options_.route_limits)
+                ? decode_generate_request(wire, options_.route_limits)
                 : std::unexpected(RouteFailure{Error::invalid_request,
                                                "GenerateRequest: not a valid protobuf message"});
         if (!request) {
@@ -292,7 +292,9 @@ bool NatsBridge::request_dump(std::string_view dump_subject, WorkerWithDpRank wo
   return sent.has_value();
 }
 
-bool NatsBridge::request_discovery() { return publish(subjects::worker_discover(options_.ns), ""); }
+bool NatsBridge::request_reregistration() {
+  return publish(subjects::worker_discover(options_.ns), "");
+}
 
 bool NatsBridge::connected() const { return client_ && client_->connected(); }
 

@@ -19,12 +19,12 @@
 #include <string_view>
 #include <vector>
 
-#include "actors/discovery/worker_messages.hpp"
-#include "actors/ingress/route_request.hpp"
-#include "actors/lifecycle/generate_messages.hpp"
 #include "actors/metrics/metrics_registry.hpp"
 #include "actors/metrics/rate_limited_log.hpp"
 #include "actors/nats/nats_client.hpp"
+#include "actors/wire/generate_messages.hpp"
+#include "actors/wire/route_messages.hpp"
+#include "actors/wire/worker_messages.hpp"
 
 namespace kvr::actors {
 
@@ -44,7 +44,7 @@ class RouterPublisher {
   /// Asks one worker rank for a KV dump on its dump subject; the reply reaches the kv_dump sink.
   virtual bool request_dump(std::string_view dump_subject, WorkerWithDpRank worker) = 0;
   /// Asks every worker to register again (subjects::worker_discover).
-  virtual bool request_discovery() = 0;
+  virtual bool request_reregistration() = 0;
 };
 
 /// Where decoded messages go. Each runs on a NATS delivery thread and must not block.
@@ -56,7 +56,7 @@ struct BridgeSinks {
   std::function<void(KvEventBatch)> kv_events;
   std::function<void(KvDump)> kv_dump;
   /// A valid route request, the subject to answer on (empty: none), and when it arrived.
-  std::function<void(RouteRequestData, std::string reply,
+  std::function<void(RouteRequest, std::string reply,
                      std::chrono::steady_clock::time_point received)>
       route;
   /// A valid lifecycle report and the subject to acknowledge on (empty: none).
@@ -77,7 +77,6 @@ struct BridgeSinks {
 /// Settings of the bridge.
 struct BridgeOptions {
   std::string ns = "default";
-  std::uint32_t block_size = 16;  ///< the router's block size: tokens are hashed with it
   WorkerMessageLimits worker_limits;
   RouteDecodeLimits route_limits;
 };
@@ -104,7 +103,7 @@ class NatsBridge final : public RouterPublisher {
   bool publish_deferred(std::string_view subject, std::string_view data) override;
   void flush_deferred() override;
   bool request_dump(std::string_view dump_subject, WorkerWithDpRank worker) override;
-  bool request_discovery() override;
+  bool request_reregistration() override;
 
   /// True while connected to a server.
   bool connected() const;

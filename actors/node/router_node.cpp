@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "actors/actor_types.hpp"
-#include "actors/discovery/discovery_actor.hpp"
+#include "actors/directory/directory_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/lifecycle/lifecycle_actor.hpp"
 #include "actors/metrics/metrics_http.hpp"
@@ -35,8 +35,10 @@ std::string random_lease_prefix() {
 
 std::expected<void, std::string> NodeOptions::validate() const {
   if (ns.empty()) return std::unexpected("--namespace: empty");
-  if (auto router_ok = router.validate(); !router_ok) return std::unexpected(router_ok.error());
-  if (router.block_size == 0) return std::unexpected("--block-size: must be positive");
+  // A block size of 0 is learnt per partition from its workers; the rest is checked as given.
+  plugins::worker_selection::RouterConfig checked = router;
+  if (checked.block_size == 0) checked.block_size = 1;
+  if (auto router_ok = checked.validate(); !router_ok) return std::unexpected(router_ok.error());
   if (lease_ttl < std::chrono::milliseconds(100) || lease_ttl > std::chrono::hours(24)) {
     return std::unexpected("--router-lease-ttl-secs: between 0.1 s and 24 h");
   }
@@ -126,7 +128,7 @@ struct RouterNode::Impl {
   // The configuration must outlive the system, which is destroyed first (declared last).
   caf::actor_system_config config;
   std::unique_ptr<caf::actor_system> system;
-  caf::actor discovery;
+  caf::actor directory;
   caf::actor reservation;
   caf::actor lifecycle;
   ingress_actor ingress;
@@ -138,12 +140,12 @@ struct RouterNode::Impl {
     if (system) {
       if (actor_port != 0) (void)system->middleman().unpublish(ingress, actor_port);
       // The lifecycle actor first: it ends every client's stream with an explicit error.
-      for (const caf::actor& actor : {lifecycle, discovery, reservation}) {
+      for (const caf::actor& actor : {lifecycle, directory, reservation}) {
         if (actor) caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
       }
       if (ingress) caf::anon_send_exit(ingress, caf::exit_reason::user_shutdown);
       lifecycle = nullptr;
-      discovery = nullptr;
+      directory = nullptr;
       reservation = nullptr;
       ingress = nullptr;
       system->await_all_actors_done();
@@ -176,8 +178,6 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
 
   BridgeOptions bridge_options;
   bridge_options.ns = opts.ns;
-  bridge_options.block_size = opts.router.block_size;
-  bridge_options.worker_limits.registration.required_block_size = opts.router.block_size;
   // The reservation actor answers bursts of requests: one write per burst (socket_loop.hpp).
   nats::NatsOptions nats_options = opts.nats;
   nats_options.deferred_publish = true;
@@ -209,10 +209,10 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   selector.log = impl->log;
   selector.tick_interval = opts.tick_interval;
   selector.affinity = opts.session_affinity;
-  impl->discovery = system.spawn(discovery_actor, DiscoveryActorConfig{selector, {}});
+  impl->directory = system.spawn(directory_actor, DirectoryActorConfig{selector, {}});
 
   ReservationActorConfig reservation;
-  reservation.discovery = impl->discovery;
+  reservation.directory = impl->directory;
   reservation.publisher = impl->bridge;
   reservation.metrics = impl->registry;
   reservation.log = impl->log;
@@ -223,7 +223,7 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   impl->reservation = system.spawn(reservation_actor, std::move(reservation));
 
   LifecycleActorConfig lifecycle;
-  lifecycle.discovery = impl->discovery;
+  lifecycle.directory = impl->directory;
   lifecycle.publisher = impl->bridge;
   lifecycle.metrics = impl->registry;
   lifecycle.log = impl->log;
@@ -235,7 +235,6 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   impl->ingress =
       system.spawn(ingress_actor_impl, IngressActorConfig{.reservation = impl->reservation,
                                                           .lifecycle = impl->lifecycle,
-                                                          .block_size = opts.router.block_size,
                                                           .limits = {},
                                                           .metrics = impl->registry});
   if (opts.actor_port != 0) {
@@ -252,27 +251,27 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
 
   // Callbacks only decode (in the bridge) and hand over to the actors.
   BridgeSinks sinks;
-  const caf::actor discovery = impl->discovery;
+  const caf::actor directory = impl->directory;
   const caf::actor reservation_handle = impl->reservation;
-  sinks.registration = [discovery](discovery::WorkerRegistration registration) {
-    caf::anon_send(discovery, worker_up_atom::value, std::move(registration));
+  sinks.registration = [directory](discovery::WorkerRegistration registration) {
+    caf::anon_send(directory, worker_up_atom::value, std::move(registration));
   };
-  sinks.heartbeat = [discovery](WorkerLiveness heartbeat) {
-    caf::anon_send(discovery, heartbeat_atom::value, heartbeat);
+  sinks.heartbeat = [directory](WorkerLiveness heartbeat) {
+    caf::anon_send(directory, heartbeat_atom::value, heartbeat);
   };
-  sinks.deregistration = [discovery](WorkerLiveness deregistration) {
-    caf::anon_send(discovery, worker_down_atom::value, deregistration);
+  sinks.deregistration = [directory](WorkerLiveness deregistration) {
+    caf::anon_send(directory, worker_down_atom::value, deregistration);
   };
-  sinks.load = [discovery](WorkerLoadReport report) {
-    caf::anon_send(discovery, load_atom::value, std::move(report));
+  sinks.load = [directory](WorkerLoadReport report) {
+    caf::anon_send(directory, load_atom::value, std::move(report));
   };
-  sinks.kv_events = [discovery](KvEventBatch batch) {
-    caf::anon_send(discovery, kv_events_atom::value, std::move(batch));
+  sinks.kv_events = [directory](KvEventBatch batch) {
+    caf::anon_send(directory, kv_events_atom::value, std::move(batch));
   };
-  sinks.kv_dump = [discovery](KvDump dump) {
-    caf::anon_send(discovery, kv_dump_atom::value, std::move(dump));
+  sinks.kv_dump = [directory](KvDump dump) {
+    caf::anon_send(directory, kv_dump_atom::value, std::move(dump));
   };
-  sinks.route = [reservation_handle](RouteRequestData request, std::string reply,
+  sinks.route = [reservation_handle](RouteRequest request, std::string reply,
                                      std::chrono::steady_clock::time_point received) {
     caf::anon_send(reservation_handle, route_atom::value,
                    RouteEnvelope{std::move(request), std::move(reply), received});
@@ -293,7 +292,7 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   sinks.chunk = [lifecycle_handle](std::uint64_t stream_id, v1::GenerateChunk chunk) {
     caf::anon_send(lifecycle_handle, chunk_atom::value, ChunkEnvelope{stream_id, std::move(chunk)});
   };
-  sinks.reconnected = [discovery] { caf::anon_send(discovery, resync_atom::value); };
+  sinks.reconnected = [directory] { caf::anon_send(directory, resync_atom::value); };
   if (auto started = impl->bridge->start(std::move(sinks)); !started) {
     impl->shutdown();
     return std::unexpected(started.error());
@@ -314,11 +313,14 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
     impl->http = std::move(*http);
   }
   // Workers that registered before this node started announce themselves again.
-  caf::anon_send(discovery, resync_atom::value);
+  caf::anon_send(directory, resync_atom::value);
   spdlog::info(
       "kvr node: namespace '{}', block size {}, lease ttl {} ms, first-token timeout {} ms, "
       "session affinity {}, {} scheduler threads; NATS {}; metrics {}; actor port {}",
-      opts.ns, opts.router.block_size, opts.lease_ttl.count(), opts.first_token_timeout.count(),
+      opts.ns,
+      opts.router.block_size != 0 ? std::to_string(opts.router.block_size)
+                                  : std::string{"learnt per partition"},
+      opts.lease_ttl.count(), opts.first_token_timeout.count(),
       opts.session_affinity.ttl ? fmt::format("{} (ttl {} s)", as_str(opts.session_affinity.mode),
                                               opts.session_affinity.ttl->count())
                                 : std::string{"off"},

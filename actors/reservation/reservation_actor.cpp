@@ -27,13 +27,13 @@ Error request_error(const caf::error& error) {
   return Error::unavailable;
 }
 
-// The partition's selector when the discovery actor announced it, else the discovery actor,
+// The partition's selector when the directory actor announced it, else the directory actor,
 // which delegates to the selector or answers that the partition has no workers.
 const caf::actor& selector_for(Self self, const plugins::worker_selection::RoutingPartition& p) {
   auto& state = self->state;
   const auto it =
       state.selectors.find(std::pair<std::string_view, std::string_view>{p.model, p.routing_group});
-  return it == state.selectors.end() ? state.config.discovery : it->second;
+  return it == state.selectors.end() ? state.config.directory : it->second;
 }
 
 // Sends a booking change to the partition's selector; the caller only logs a failure. Nobody
@@ -123,20 +123,20 @@ std::uint64_t add_pending(Self self) {
 // Answers a route request with the selector's reply.
 void answer_route(Self self, ReservationActorState::PendingRoute& pending, SelectorReply& reply) {
   auto& state = self->state;
-  const RouteRequestData& request = pending.envelope.request;
+  const RouteRequest& request = pending.envelope.request;
   if (!reply.result) {
-    deliver_decision(self, pending.envelope, pending.promise,
-                     make_route_error(request.request_id, reply.result.error().code,
-                                      reply.result.error().message));
+    deliver_decision(
+        self, pending.envelope, pending.promise,
+        make_route_error(request.id(), reply.result.error().code, reply.result.error().message));
     return;
   }
   const RouteOutcome& outcome = *reply.result;
   // Booked by the selector; recorded here before the answer leaves.
-  std::string lease_id = state.ledger->open(request.partition, request.request_id, outcome.worker,
-                                            outcome.lease_expires_at);
+  std::string lease_id =
+      state.ledger->open(request.partition, request.id(), outcome.worker, outcome.lease_expires_at);
   publish_leases_gauge(self);
   auto decision =
-      make_route_success(request.request_id, outcome,
+      make_route_success(request.id(), outcome,
                          RouteSuccessInfo{.lease_id = lease_id,
                                           .lease_ttl = state.config.lease_ttl,
                                           .policy = std::move(reply.policy),
@@ -159,8 +159,8 @@ caf::response_promise handle_route(Self self, RouteEnvelope& envelope) {
   // A few per request (kExpiriesPerRequest), as the selector does with bookings.
   expire_leases(self, Clock::now(), kExpiriesPerRequest);
   // The selector gets the request; the pending entry keeps what answering needs.
-  RouteRequestData selector_request = std::move(envelope.request);
-  envelope.request.request_id = selector_request.request_id;
+  RouteRequest selector_request = std::move(envelope.request);
+  envelope.request.selection.request_id = selector_request.id();
   envelope.request.partition = selector_request.partition;
   const std::uint64_t id = add_pending(self);
   state.pending_routes.emplace(id,
@@ -178,11 +178,10 @@ caf::response_promise handle_route(Self self, RouteEnvelope& envelope) {
             auto pending = self->state.pending_routes.extract(id);
             if (pending.empty()) return;
             auto& waiting = pending.mapped();
-            deliver_decision(
-                self, waiting.envelope, waiting.promise,
-                make_route_error(
-                    waiting.envelope.request.request_id, request_error(error),
-                    fmt::format("the selector did not answer: {}", self->system().render(error))));
+            deliver_decision(self, waiting.envelope, waiting.promise,
+                             make_route_error(waiting.envelope.request.id(), request_error(error),
+                                              fmt::format("the selector did not answer: {}",
+                                                          self->system().render(error))));
           });
   return promise;
 }
@@ -267,7 +266,7 @@ void fail_overdue(Self self, Clock::time_point now) {
       auto& [envelope, promise] = route.mapped();
       deliver_decision(
           self, envelope, promise,
-          make_route_error(envelope.request.request_id, Error::timeout,
+          make_route_error(envelope.request.id(), Error::timeout,
                            fmt::format("the selector did not answer within {} ms", timeout_ms)));
     } else if (auto report = state.pending_reports.extract(id); !report.empty()) {
       deliver_ack(
@@ -295,7 +294,7 @@ caf::behavior reservation_actor(Self self, ReservationActorConfig config) {
     }
   }
   publish_leases_gauge(self);
-  self->send(self->state.config.discovery, selectors_atom::value,
+  self->send(self->state.config.directory, selectors_atom::value,
              caf::actor_cast<caf::actor>(self));
   self->delayed_send(self, self->state.config.tick_interval, expire_atom::value);
   return {

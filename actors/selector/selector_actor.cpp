@@ -20,10 +20,10 @@ std::string partition_label(const plugins::worker_selection::RoutingPartition& p
 // Publishes the partition's gauges after a change.
 void update_gauges(Self self) {
   auto& state = self->state;
-  const discovery::DiscoveryState& discovery = state.selector->discovery();
-  state.series.bookings_open.set(static_cast<double>(discovery.load().open_bookings()));
-  state.series.workers.set(static_cast<double>(discovery.catalog().size()));
-  state.series.index_blocks.set(static_cast<double>(discovery.index().node_count()));
+  const discovery::PartitionWorkers& workers = state.selector->partition_workers();
+  state.series.bookings_open.set(static_cast<double>(workers.load().open_bookings()));
+  state.series.workers.set(static_cast<double>(workers.catalog().size()));
+  state.series.index_blocks.set(static_cast<double>(workers.index().node_count()));
   if (state.affinity.enabled()) {
     state.series.session_bindings.set(static_cast<double>(state.affinity.size()));
   }
@@ -69,7 +69,7 @@ void request_dump(Self self, WorkerWithDpRank worker) {
     if (now - it->second < state.config.dump_retry) return;
     it->second = now;
   }
-  const auto* entry = state.selector->discovery().catalog().find(worker.worker_id);
+  const auto* entry = state.selector->partition_workers().catalog().find(worker.worker_id);
   if (entry == nullptr || entry->registration.dump_subject.empty()) return;
   state.config.metrics->add("kvr_kv_dump_requests_total", state.labels);
   state.config.publisher->request_dump(entry->registration.dump_subject, worker);
@@ -134,15 +134,15 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
         spdlog::info("kvr node: worker {} left partition {}", deregistration.worker_id,
                      self->state.labels.front().second);
         forget_dumps(self, deregistration.worker_id);
-        if (self->state.config.discovery) {
-          self->send(self->state.config.discovery, removed_atom::value,
+        if (self->state.config.directory) {
+          self->send(self->state.config.directory, removed_atom::value,
                      std::vector<WorkerId>{deregistration.worker_id});
         }
         update_gauges(self);
       },
       [self](load_atom, const WorkerLoadReport& report) {
         auto& state = self->state;
-        const auto* entry = state.selector->discovery().catalog().find(report.worker_id);
+        const auto* entry = state.selector->partition_workers().catalog().find(report.worker_id);
         if (entry == nullptr || entry->registration.incarnation != report.incarnation) {
           return refuse(self, "load", "unknown worker or stale incarnation");
         }
@@ -170,12 +170,12 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
         state.dump_requested.erase(dump.worker);
         update_gauges(self);
       },
-      [self](route_atom, const RouteRequestData& request) -> SelectorReply {
+      [self](route_atom, RouteRequest& request) -> SelectorReply {
         auto& state = self->state;
         const auto started = Clock::now();
         state.selector->expire_bookings(started, kExpiriesPerRequest);
-        auto routed = route_with_session_affinity(*state.selector, state.affinity,
-                                                  request.as_input(), started);
+        auto routed =
+            route_with_session_affinity(*state.selector, state.affinity, request, started);
         SelectorReply reply{
             routed ? std::expected<RouteOutcome, RouteFailure>{std::move(routed->outcome)}
                    : std::unexpected(std::move(routed.error())),
@@ -185,10 +185,10 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
         state.series.selection_latency.observe(elapsed.count());
         if (reply.result) {
           const auto* entry =
-              state.selector->discovery().catalog().find(reply.result->worker.worker_id);
+              state.selector->partition_workers().catalog().find(reply.result->worker.worker_id);
           if (entry != nullptr) reply.generate_subject = entry->registration.generate_subject;
           state.series.bookings_open.set(
-              static_cast<double>(state.selector->discovery().load().open_bookings()));
+              static_cast<double>(state.selector->partition_workers().load().open_bookings()));
           if (state.affinity.enabled()) {
             state.series.session_bindings.set(static_cast<double>(state.affinity.size()));
           }
@@ -218,8 +218,8 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
             state.config.metrics->add("kvr_workers_expired_total", state.labels);
             forget_dumps(self, id);
           }
-          if (state.config.discovery)
-            self->send(state.config.discovery, removed_atom::value, removed);
+          if (state.config.directory)
+            self->send(state.config.directory, removed_atom::value, removed);
         }
         update_gauges(self);
         self->delayed_send(self, state.config.tick_interval, expire_atom::value);

@@ -1,5 +1,5 @@
 // The selector actor: one per routing partition (model × routing group), a thin shell over that
-// partition's SelectorState. Spawned on demand (linked) by the discovery actor.
+// partition's SelectorState. Spawned on demand (linked) by the directory actor.
 //
 // State it owns: the partition's SelectorState (worker catalog, KV index, predicted load with
 // bookings, the policy instances per worker type), its SessionAffinity table (session → worker
@@ -7,7 +7,7 @@
 // Messages it handles (atoms in actors/actor_types.hpp):
 //   worker_up(WorkerRegistration), heartbeat(WorkerLiveness), worker_dn(WorkerLiveness),
 //   load(WorkerLoadReport), kv_events(KvEventBatch), kv_dump(KvDump)   — worker state;
-//   route(RouteRequestData) → SelectorReply     — select (through route_with_session_affinity)
+//   route(RouteRequest) → SelectorReply     — select (through route_with_session_affinity)
 //                                                  and book (the pick is in the predicted load
 //                                                  before the next selection runs); the pick is
 //                                                  proposed to the session's binding;
@@ -15,9 +15,9 @@
 //                                                  affinity commit / abandon / finish it carries;
 //   expire                                      — its own timer: expires worker leases, unreported
 //                                                  bookings, approximate blocks and idle session
-//                                                  bindings, and tells the discovery actor which
+//                                                  bindings, and tells the directory actor which
 //                                                  workers left (removed).
-// A worker that deregistered is also reported to the discovery actor (removed), which tells the
+// A worker that deregistered is also reported to the directory actor (removed), which tells the
 // lifecycle actor, so that requests in flight on it are retried.
 // It asks a worker for a KV dump (through RouterPublisher, never waiting) when its event ids
 // show a gap. It must never block, throw, share its state, or call NATS request().
@@ -51,7 +51,7 @@ struct SelectorActorConfig {
   std::shared_ptr<metrics::MetricsRegistry> metrics;
   std::shared_ptr<metrics::RateLimitedLog> log;
   /// Told about workers that left (expired); may be empty.
-  caf::actor discovery;
+  caf::actor directory;
   /// Period of the expiry timer.
   std::chrono::milliseconds tick_interval{100};
   /// A rank's dump is not asked for again within this time.

@@ -1,8 +1,11 @@
 #include "actors/selector/selector_state.hpp"
 
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
+
+#include "discovery/block_hash.hpp"
 
 namespace kvr::actors {
 namespace {
@@ -38,13 +41,15 @@ Error to_error(Kind kind) {
 SelectorState::SelectorState(SelectorOptions options, const plugins::RouterPlugins& plugins)
     : options_(std::move(options)),
       plugins_(&plugins),
-      discovery_(
+      // The block size is checked here (register_worker), where a refusal can be remembered.
+      workers_(
           [&] {
             discovery::RegistrationLimits limits = options_.registration;
-            limits.required_block_size = options_.router.block_size;
+            limits.required_block_size = 0;
             return limits;
           }(),
-          options_.index) {}
+          options_.index),
+      block_size_(options_.router.block_size) {}
 
 std::expected<discovery::RegistrationChange, discovery::RegistrationError>
 SelectorState::register_worker(discovery::WorkerRegistration registration, TimePoint now) {
@@ -56,51 +61,104 @@ SelectorState::register_worker(discovery::WorkerRegistration registration, TimeP
                     registration.model, registration.routing_group, options_.partition.model,
                     options_.partition.routing_group)});
   }
-  auto change = discovery_.register_worker(std::move(registration), now);
-  if (change) rows_dirty_ = true;
+  const WorkerId worker_id = registration.worker_id;
+  if (block_size_ != 0 && registration.block_size != block_size_) {
+    // Bounded: a flood of refused ids keeps only the first ones, which still explain a failure.
+    constexpr std::size_t kMaxRemembered = 1024;
+    if (refused_.size() < kMaxRemembered || refused_.contains(worker_id)) {
+      const auto ttl = registration.lease_ttl.count() > 0 ? registration.lease_ttl
+                                                          : options_.registration.default_lease_ttl;
+      refused_[worker_id] = RefusedWorker{registration.block_size, now + ttl};
+    }
+    return std::unexpected(discovery::RegistrationError{
+        "block_size", fmt::format("worker {} announces block size {}, partition '{}' group '{}' "
+                                  "routes at block size {}",
+                                  worker_id, registration.block_size, options_.partition.model,
+                                  options_.partition.routing_group, block_size_)});
+  }
+  const std::uint32_t announced = registration.block_size;
+  auto change = workers_.register_worker(std::move(registration), now);
+  if (change) {
+    rows_dirty_ = true;
+    refused_.erase(worker_id);
+    if (block_size_ == 0) block_size_ = announced;
+  }
   return change;
+}
+
+void SelectorState::forget_block_size_when_empty() {
+  if (options_.router.block_size != 0 || block_size_ == 0 || workers_.catalog().size() != 0) return;
+  // The next fleet may use another block size; policies are rebuilt for it on first use.
+  block_size_ = 0;
+  for (auto& policy : policies_) policy.reset();
+  for (auto& names : scorer_names_) names.reset();
+}
+
+RouteFailure SelectorState::explain(RouteFailure failure) const {
+  if (failure.code != Error::no_workers || refused_.empty()) return failure;
+  std::map<std::uint32_t, std::size_t> by_block_size;
+  for (const auto& [id, refused] : refused_) ++by_block_size[refused.block_size];
+  std::string sizes;
+  for (const auto& [size, count] : by_block_size) {
+    if (!sizes.empty()) sizes += ", ";
+    sizes += fmt::format("{} at block size {}", count, size);
+  }
+  failure.message +=
+      fmt::format("; {} worker{} of model '{}' refused ({}): the partition routes at block size {}",
+                  refused_.size(), refused_.size() == 1 ? "" : "s", options_.partition.model, sizes,
+                  block_size_);
+  return failure;
 }
 
 std::expected<void, discovery::CatalogError> SelectorState::heartbeat(WorkerId worker,
                                                                       Incarnation incarnation,
                                                                       TimePoint now) {
-  return discovery_.heartbeat(worker, incarnation, now);
+  return workers_.heartbeat(worker, incarnation, now);
 }
 
 std::expected<void, discovery::CatalogError> SelectorState::deregister(WorkerId worker,
                                                                        Incarnation incarnation) {
-  auto removed = discovery_.deregister(worker, incarnation);
-  if (removed) rows_dirty_ = true;
+  auto removed = workers_.deregister(worker, incarnation);
+  if (removed) {
+    rows_dirty_ = true;
+    forget_block_size_when_empty();
+  }
   return removed;
 }
 
 std::expected<discovery::ApplyOutcome, discovery::IndexError> SelectorState::apply_kv_events(
     const KvEventBatch& batch) {
-  return discovery_.index().apply(batch);
+  return workers_.index().apply(batch);
 }
 
 std::expected<discovery::ApplyOutcome, discovery::IndexError> SelectorState::load_kv_dump(
     const KvDump& dump) {
-  return discovery_.index().load_dump(dump);
+  return workers_.index().load_dump(dump);
 }
 
 std::expected<void, discovery::LoadError> SelectorState::update_load(
     WorkerWithDpRank worker, const discovery::ConfirmedLoad& load) {
-  return discovery_.load().update_confirmed(worker, load);
+  return workers_.load().update_confirmed(worker, load);
 }
 
 void SelectorState::expire(TimePoint now, std::vector<WorkerId>& removed_workers) {
   const std::size_t before = removed_workers.size();
-  discovery_.expire(now, removed_workers);
-  if (removed_workers.size() != before) rows_dirty_ = true;
+  workers_.expire(now, removed_workers);
+  absl::erase_if(refused_, [&](const auto& entry) { return entry.second.forget_at <= now; });
+  if (removed_workers.size() != before) {
+    rows_dirty_ = true;
+    forget_block_size_when_empty();
+  }
 }
 
 plugins::worker_selection::WorkerSelectionPolicy& SelectorState::policy(WorkerType worker_type) {
   auto& policy = policies_[static_cast<std::size_t>(worker_type)];
   if (!policy) {
     // The factory runs once per partition and role, so policy state stays partition-local.
-    policy.emplace(plugins_->selection_for(worker_type)
-                       .factory(options_.router, worker_type, options_.partition));
+    plugins::worker_selection::RouterConfig router = options_.router;
+    router.block_size = block_size_;
+    policy.emplace(
+        plugins_->selection_for(worker_type).factory(router, worker_type, options_.partition));
     const auto names = selection::scorer_names(*policy);
     scorer_names_[static_cast<std::size_t>(worker_type)] =
         std::make_shared<const std::vector<std::string>>(names.begin(), names.end());
@@ -120,8 +178,8 @@ void SelectorState::rebuild_rows() const {
   }
   // Sorted by id so that the host sees a stable order whatever the hash map's iteration order.
   std::vector<const discovery::CatalogEntry*> entries;
-  entries.reserve(discovery_.catalog().size());
-  for (const auto& [id, entry] : discovery_.catalog().entries()) entries.push_back(&entry);
+  entries.reserve(workers_.catalog().size());
+  for (const auto& [id, entry] : workers_.catalog().entries()) entries.push_back(&entry);
   std::ranges::sort(entries, {}, [](const discovery::CatalogEntry* entry) {
     return entry->registration.worker_id;
   });
@@ -130,7 +188,7 @@ void SelectorState::rebuild_rows() const {
     RoleRows& rows = rows_[static_cast<std::size_t>(registration.role)];
     for (DpRank rank = 0; rank < registration.data_parallel_size; ++rank) {
       const WorkerWithDpRank worker{registration.worker_id, rank};
-      const auto slot = discovery_.index().slot_of(worker);
+      const auto slot = workers_.index().slot_of(worker);
       if (!slot) continue;  // not indexed: cannot be offered
       rows.descriptors.push_back(
           selection::WorkerDescriptor{.worker = worker, .taints = registration.taints});
@@ -144,7 +202,7 @@ void SelectorState::rebuild_rows() const {
 void SelectorState::refresh_busy_signals(RoleRows& rows) const {
   for (std::size_t row = 0; row < rows.descriptors.size(); ++row) {
     selection::WorkerDescriptor& descriptor = rows.descriptors[row];
-    const auto view = discovery_.load().rank_load(descriptor.worker);
+    const auto view = workers_.load().rank_load(descriptor.worker);
     if (!view) continue;
     // Until the first report the bookings' change is the whole estimate.
     const discovery::ConfirmedLoad confirmed = view->confirmed.value_or(discovery::ConfirmedLoad{});
@@ -172,10 +230,20 @@ std::span<const selection::WorkerDescriptor> SelectorState::workers(WorkerType w
 
 const discovery::MatchResult& SelectorState::matches_for(std::span<const BlockHash> block_hashes) {
   if (!in_route_ || matches_for_route_ != route_counter_) {
-    discovery_.index().find_matches(block_hashes, matches_);
+    workers_.index().find_matches(block_hashes, matches_);
     matches_for_route_ = in_route_ ? route_counter_ : 0;
   }
   return matches_;
+}
+
+void SelectorState::set_overlap(RouteOutcome& outcome, std::span<const BlockHash> block_hashes) {
+  const auto slot = workers_.index().slot_of(outcome.worker);
+  if (!slot) return;
+  if (const discovery::WorkerMatch* match = matches_for(block_hashes).find(*slot)) {
+    outcome.device_overlap_blocks = match->device_blocks;
+    outcome.host_overlap_blocks = match->host_blocks;
+    outcome.disk_overlap_blocks = match->disk_blocks;
+  }
 }
 
 void SelectorState::compute_signals(const selection::SelectionRequest& request,
@@ -185,7 +253,7 @@ void SelectorState::compute_signals(const selection::SelectionRequest& request,
   const RoleRows& role_rows = rows_[static_cast<std::size_t>(worker_type)];
   const discovery::MatchResult& matches = matches_for(request.block_hashes);
   const std::uint64_t prompt_blocks = request.block_hashes.size();
-  if (!load_out.empty()) discovery_.load().prepare(request.block_hashes, projection_scratch_);
+  if (!load_out.empty()) workers_.load().prepare(request.block_hashes, projection_scratch_);
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const std::uint32_t row = rows[i];
     const discovery::WorkerMatch* match = matches.find(role_rows.slots[row]);
@@ -198,7 +266,7 @@ void SelectorState::compute_signals(const selection::SelectionRequest& request,
     if (!load_out.empty()) {
       // The candidate's own prefill is the policy's to weigh (from CACHE), so the projection
       // leaves it out: active_prefill_tokens is what the worker already has to do.
-      const auto projection = discovery_.load().project(
+      const auto projection = workers_.load().project(
           role_rows.descriptors[row].worker,
           discovery::CandidateRequest{.prompt_blocks = prompt_blocks}, projection_scratch_);
       // A rank that has not reported yet but carries bookings is not unknown: its bookings are
@@ -217,53 +285,52 @@ void SelectorState::compute_signals(const selection::SelectionRequest& request,
   }
 }
 
-std::expected<void, RouteFailure> SelectorState::validate(const RouteInput& input) const {
-  if (input.prompt_tokens == 0) {
+std::expected<void, RouteFailure> SelectorState::prepare(RouteRequest& request, TimePoint now) {
+  selection::SelectionRequest& selection = request.selection;
+  selection.now = now;
+  if (selection.prompt_tokens == 0) {
     return std::unexpected(RouteFailure{Error::invalid_request, "the prompt is empty"});
   }
-  const std::size_t block_size = options_.router.block_size;
-  if (input.block_hashes.size() > input.prompt_tokens / block_size) {
+  if (block_size_ == 0) {
+    return std::unexpected(explain(
+        RouteFailure{Error::no_workers,
+                     fmt::format("no worker serves model '{}' group '{}' yet",
+                                 options_.partition.model, options_.partition.routing_group)}));
+  }
+  if (!request.prompt_token_ids.empty()) {
+    const discovery::BlockHasher hasher{block_size_, request.cache_namespace};
+    selection.block_hashes.clear();
+    hasher.append_sequence_hashes(request.prompt_token_ids, selection.block_hashes);
+    request.prompt_token_ids.clear();
+  }
+  if (selection.block_hashes.size() > selection.prompt_tokens / block_size_) {
     return std::unexpected(
         RouteFailure{Error::invalid_request,
                      fmt::format("{} block hashes exceed the {} full blocks of a {}-token prompt",
-                                 input.block_hashes.size(), input.prompt_tokens / block_size,
-                                 input.prompt_tokens)});
+                                 selection.block_hashes.size(),
+                                 selection.prompt_tokens / block_size_, selection.prompt_tokens)});
   }
   // Refused before selection, so that a duplicate leaves no trace in stateful policies.
-  if (discovery_.load().has_booking(input.request_id)) {
-    return std::unexpected(RouteFailure{
-        Error::invalid_request,
-        fmt::format("request id '{}' is already routed and not yet released", input.request_id)});
+  if (workers_.load().has_booking(selection.request_id)) {
+    return std::unexpected(
+        RouteFailure{Error::invalid_request,
+                     fmt::format("request id '{}' is already routed and not yet released",
+                                 selection.request_id)});
   }
   return {};
 }
 
-std::expected<RouteOutcome, RouteFailure> SelectorState::route(const RouteInput& input,
+std::expected<RouteOutcome, RouteFailure> SelectorState::route(RouteRequest& request,
                                                                TimePoint now) {
-  if (auto valid = validate(input); !valid) return std::unexpected(std::move(valid.error()));
-  const selection::SelectionRequest request{
-      .request_id = input.request_id,
-      .prompt_tokens = input.prompt_tokens,
-      .block_hashes = input.block_hashes,
-      .expected_output_tokens = input.expected_output_tokens,
-      .session = input.session,
-      .affinity_target = input.affinity_target,
-      .pinned_worker = input.pinned_worker,
-      .strict_priority = input.priority,
-      .allowed_workers = input.allowed_workers,
-      .excluded_workers = input.excluded_workers,
-      .required_taints = input.required_taints,
-      .preferred_taints = input.preferred_taints,
-      .now = now,
-  };
+  if (auto valid = prepare(request, now); !valid) return std::unexpected(std::move(valid.error()));
   ++route_counter_;
   in_route_ = true;
-  auto selected =
-      selection::select_worker(policy(input.worker_type), request, options_.partition, *this);
+  auto selected = selection::select_worker(policy(request.worker_type), request.selection,
+                                           options_.partition, *this);
   if (!selected) {
     in_route_ = false;
-    return std::unexpected(
-        RouteFailure{to_error(selected.error().kind()), std::string{selected.error().message()}});
+    return std::unexpected(explain(
+        RouteFailure{to_error(selected.error().kind()), std::string{selected.error().message()}}));
   }
   RouteOutcome outcome;
   outcome.worker = selected->worker;
@@ -274,54 +341,38 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::route(const RouteInput&
         static_cast<std::uint32_t>(selected->cache->host_overlap_blocks());
     outcome.disk_overlap_blocks =
         static_cast<std::uint32_t>(selected->cache->disk_overlap_blocks());
-  } else if (const auto slot = discovery_.index().slot_of(outcome.worker)) {
+  } else {
     // The policy asked for no CACHE signals; the booking still needs the chosen worker's overlap.
-    if (const discovery::WorkerMatch* match = matches_for(input.block_hashes).find(*slot)) {
-      outcome.device_overlap_blocks = match->device_blocks;
-      outcome.host_overlap_blocks = match->host_blocks;
-      outcome.disk_overlap_blocks = match->disk_blocks;
-    }
+    set_overlap(outcome, request.selection.block_hashes);
   }
   in_route_ = false;
   outcome.total_cost = selected->total_cost;
   outcome.scorer_costs = selected->scorer_costs;
-  outcome.scorer_names = scorer_names_[static_cast<std::size_t>(input.worker_type)];
+  outcome.scorer_names = scorer_names_[static_cast<std::size_t>(request.worker_type)];
   outcome.eligible_workers = selected->eligible_workers;
-  return book(input, std::move(outcome), now);
+  return book(request, std::move(outcome), now);
 }
 
-std::optional<std::string> SelectorState::unroutable_reason(const RouteInput& input,
+std::optional<std::string> SelectorState::unroutable_reason(const RouteRequest& request,
                                                             WorkerWithDpRank worker) const {
-  const auto rows = workers(input.worker_type);
+  const auto rows = workers(request.worker_type);
   const auto row = std::ranges::find(rows, worker, &selection::WorkerDescriptor::worker);
   if (row == rows.end()) {
-    const discovery::CatalogEntry* entry = discovery_.catalog().find(worker.worker_id);
+    const discovery::CatalogEntry* entry = workers_.catalog().find(worker.worker_id);
     if (entry == nullptr) return std::string{"it is not registered in this partition"};
     const discovery::WorkerRegistration& registration = entry->registration;
-    if (registration.role != input.worker_type) {
+    if (registration.role != request.worker_type) {
       return fmt::format("it serves {} requests, not {}", as_str(registration.role),
-                         as_str(input.worker_type));
+                         as_str(request.worker_type));
     }
     if (worker.dp_rank >= registration.data_parallel_size) {
       return fmt::format("it has {} data-parallel ranks", registration.data_parallel_size);
     }
     return std::string{"the rank is not indexed"};
   }
-  if (!row->available) return std::string{"it is not available"};
-  if (input.pinned_worker && !input.pinned_worker->matches(worker)) {
-    return fmt::format("the request is pinned to worker {}", input.pinned_worker->worker_id);
-  }
-  if (!input.allowed_workers.empty() &&
-      std::ranges::find(input.allowed_workers, worker.worker_id) == input.allowed_workers.end()) {
-    return std::string{"it is not in the request's allow-list"};
-  }
-  if (std::ranges::find(input.excluded_workers, worker.worker_id) != input.excluded_workers.end()) {
-    return std::string{"the request excludes it"};
-  }
-  for (const std::string& taint : input.required_taints) {
-    if (std::ranges::find(row->taints, taint) == row->taints.end()) {
-      return fmt::format("it lacks the required taint '{}'", taint);
-    }
+  if (const auto violation =
+          selection::violated_restriction(request.selection, worker, row->available, row->taints)) {
+    return selection::describe(*violation, request.selection);
   }
   return std::nullopt;
 }
@@ -330,39 +381,33 @@ std::optional<std::string> SelectorState::unroutable_reason(const RouteInput& in
 // outcome with no scorer costs is moved; the storage is empty and never read.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-std::expected<RouteOutcome, RouteFailure> SelectorState::route_to(const RouteInput& input,
+std::expected<RouteOutcome, RouteFailure> SelectorState::route_to(RouteRequest& request,
                                                                   WorkerWithDpRank worker,
                                                                   TimePoint now) {
-  if (auto valid = validate(input); !valid) return std::unexpected(std::move(valid.error()));
-  if (auto reason = unroutable_reason(input, worker)) {
-    return std::unexpected(
-        RouteFailure{Error::no_workers,
-                     fmt::format("worker {} rank {} cannot take request '{}': {}", worker.worker_id,
-                                 worker.dp_rank, input.request_id, *reason)});
+  if (auto valid = prepare(request, now); !valid) return std::unexpected(std::move(valid.error()));
+  if (auto reason = unroutable_reason(request, worker)) {
+    return std::unexpected(RouteFailure{
+        Error::no_workers, fmt::format("worker {} rank {} cannot take request '{}': {}",
+                                       worker.worker_id, worker.dp_rank, request.id(), *reason)});
   }
   RouteOutcome outcome;
   outcome.worker = worker;
   outcome.eligible_workers = 1;
-  if (const auto slot = discovery_.index().slot_of(worker)) {
-    if (const discovery::WorkerMatch* match = matches_for(input.block_hashes).find(*slot)) {
-      outcome.device_overlap_blocks = match->device_blocks;
-      outcome.host_overlap_blocks = match->host_blocks;
-      outcome.disk_overlap_blocks = match->disk_blocks;
-    }
-  }
-  return book(input, std::move(outcome), now);
+  set_overlap(outcome, request.selection.block_hashes);
+  return book(request, std::move(outcome), now);
 }
 #pragma GCC diagnostic pop
 
-std::expected<RouteOutcome, RouteFailure> SelectorState::book(const RouteInput& input,
+std::expected<RouteOutcome, RouteFailure> SelectorState::book(const RouteRequest& request,
                                                               RouteOutcome outcome, TimePoint now) {
+  const selection::SelectionRequest& input = request.selection;
   const std::uint64_t cached_blocks = std::uint64_t{outcome.device_overlap_blocks} +
                                       outcome.host_overlap_blocks + outcome.disk_overlap_blocks;
-  outcome.uncached_prefill_tokens = discovery::uncached_prefill_tokens(
-      input.prompt_tokens, cached_blocks, options_.router.block_size);
+  outcome.uncached_prefill_tokens =
+      discovery::uncached_prefill_tokens(input.prompt_tokens, cached_blocks, block_size_);
   outcome.lease_expires_at = now + options_.lease_ttl;
 
-  auto booked = discovery_.load().book(discovery::BookingRequest{
+  auto booked = workers_.load().book(discovery::BookingRequest{
       .request_id = input.request_id,
       .worker = outcome.worker,
       .prompt_blocks = {input.block_hashes.begin(), input.block_hashes.end()},
@@ -378,20 +423,20 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::book(const RouteInput& 
   }
   // Workers that publish no KV events: the routing decision is the only evidence of what they
   // will cache.
-  if (const auto* entry = discovery_.catalog().find(outcome.worker.worker_id);
+  if (const auto* entry = workers_.catalog().find(outcome.worker.worker_id);
       entry != nullptr && !entry->registration.publishes_kv_events) {
-    (void)discovery_.index().record_routing(outcome.worker, input.block_hashes, now);
+    (void)workers_.index().record_routing(outcome.worker, input.block_hashes, now);
   }
   return outcome;
 }
 
 std::expected<void, discovery::LoadError> SelectorState::first_token(std::string_view request_id) {
-  return discovery_.load().first_token(request_id);
+  return workers_.load().first_token(request_id);
 }
 
 std::expected<void, discovery::LoadError> SelectorState::release(std::string_view request_id,
                                                                  discovery::BookingEnd end) {
-  return discovery_.load().release(request_id, end);
+  return workers_.load().release(request_id, end);
 }
 
 }  // namespace kvr::actors

@@ -13,67 +13,28 @@
 #include <string>
 #include <vector>
 
-#include "discovery/discovery_state.hpp"
+#include <absl/container/flat_hash_map.h>
+
+#include "actors/selector/route_request.hpp"
+#include "actors/selector/route_result.hpp"
+#include "discovery/partition_workers.hpp"
 #include "messages/error.hpp"
 #include "selection/plugin_registry.hpp"
 #include "selection/selection_host.hpp"
 
 namespace kvr::actors {
 
-using TimePoint = std::chrono::steady_clock::time_point;
-
 /// Settings of one selector.
 struct SelectorOptions {
   /// The partition served; registrations for other partitions are refused.
   plugins::worker_selection::RoutingPartition partition;
-  /// Router settings handed to the policy factories (block size, kv-cost defaults ...).
+  /// Router settings handed to the policy factories (block size, kv-cost defaults ...). A
+  /// block size of 0 is learnt from the partition's first registered worker (block_size()).
   plugins::worker_selection::RouterConfig router;
   /// A booking that is never reported (first token, completion) is released after this long.
   std::chrono::milliseconds lease_ttl{120'000};
   discovery::IndexerConfig index;
   discovery::RegistrationLimits registration;
-};
-
-/// One request to route, as the selector receives it. Spans refer to the caller's storage.
-struct RouteInput {
-  std::string request_id;
-  WorkerType worker_type = WorkerType::Aggregated;
-  std::size_t prompt_tokens = 0;
-  std::span<const BlockHash> block_hashes;
-  std::optional<std::uint32_t> expected_output_tokens;
-  const plugins::worker_selection::SessionContext* session = nullptr;
-  std::optional<plugins::worker_selection::WorkerAffinityTarget> affinity_target;
-  std::optional<plugins::worker_selection::WorkerAffinityTarget> pinned_worker;
-  std::uint32_t priority = 0;
-  std::span<const WorkerId> allowed_workers;
-  /// Never eligible: a retry excludes the worker that failed the request before.
-  std::span<const WorkerId> excluded_workers;
-  std::span<const std::string> required_taints;
-  std::span<const selection::PreferredTaint> preferred_taints;
-};
-
-/// A routing decision that has been booked.
-struct RouteOutcome {
-  WorkerWithDpRank worker;
-  /// The chosen worker's matched prefix, by tier, in blocks.
-  std::uint32_t device_overlap_blocks = 0;
-  std::uint32_t host_overlap_blocks = 0;
-  std::uint32_t disk_overlap_blocks = 0;
-  /// Prompt tokens the worker has to compute.
-  std::uint64_t uncached_prefill_tokens = 0;
-  double total_cost = 0;
-  absl::InlinedVector<double, 4> scorer_costs;
-  /// The scorers' names, index-aligned with scorer_costs (shared, built once per policy).
-  std::shared_ptr<const std::vector<std::string>> scorer_names;
-  /// The booking is released at this time unless reported earlier.
-  TimePoint lease_expires_at;
-  std::size_t eligible_workers = 0;
-};
-
-/// Why a request could not be routed; `code` maps onto the wire's RouteErrorCode.
-struct RouteFailure {
-  Error code = Error::policy_failed;
-  std::string message;
 };
 
 /// One partition's routing state.
@@ -83,7 +44,9 @@ class SelectorState final : public selection::WorkerSignalSource {
   SelectorState(SelectorOptions options, const plugins::RouterPlugins& plugins);
 
   // ---- worker state, fed by the discovery path ----------------------------------------------
-  /// Registers (or re-registers) a worker of this partition.
+  /// Registers (or re-registers) a worker of this partition. A worker whose block size differs
+  /// from the partition's is refused and remembered (until its lease would have ended), so that
+  /// a request that finds no worker says why.
   std::expected<discovery::RegistrationChange, discovery::RegistrationError> register_worker(
       discovery::WorkerRegistration registration, TimePoint now);
   std::expected<void, discovery::CatalogError> heartbeat(WorkerId worker, Incarnation incarnation,
@@ -101,13 +64,15 @@ class SelectorState final : public selection::WorkerSignalSource {
   void expire(TimePoint now, std::vector<WorkerId>& removed_workers);
   /// Releases at most `limit` bookings whose lease ended; returns how many.
   std::size_t expire_bookings(TimePoint now, std::size_t limit) {
-    return discovery_.load().expire(now, limit);
+    return workers_.load().expire(now, limit);
   }
 
   // ---- routing ------------------------------------------------------------------------------
   /// Selects a worker and books the request on it before returning, so the next selection
   /// already sees this one (no herding on stale metrics).
-  std::expected<RouteOutcome, RouteFailure> route(const RouteInput& input, TimePoint now);
+  /// Token ids are hashed into the request's block hashes at the partition's block size, and
+  /// the request is stamped with `now`.
+  std::expected<RouteOutcome, RouteFailure> route(RouteRequest& request, TimePoint now);
   /// Books the request on exactly `worker` without running the policy (hard session affinity, a
   /// pinned dispatch). The worker must serve the request's worker type in this partition and pass
   /// the request's hard restrictions: availability, pin, allow-list, exclusions and required
@@ -115,8 +80,8 @@ class SelectorState final : public selection::WorkerSignalSource {
   /// Error::no_workers, naming the reason, when `worker` cannot take the request, and as route()
   /// does for an invalid request. The outcome reports `worker`'s overlap, no costs and one
   /// eligible worker.
-  std::expected<RouteOutcome, RouteFailure> route_to(const RouteInput& input,
-                                                     WorkerWithDpRank worker, TimePoint now);
+  std::expected<RouteOutcome, RouteFailure> route_to(RouteRequest& request, WorkerWithDpRank worker,
+                                                     TimePoint now);
   /// The request produced its first token: its prefill tokens are released.
   std::expected<void, discovery::LoadError> first_token(std::string_view request_id);
   /// The request ended (completed, cancelled or failed): its booking is released.
@@ -130,8 +95,11 @@ class SelectorState final : public selection::WorkerSignalSource {
                        std::span<selection::WorkerCacheInput> cache_out,
                        std::span<selection::WorkerLoadInput> load_out) override;
 
-  const discovery::DiscoveryState& discovery() const { return discovery_; }
+  const discovery::PartitionWorkers& partition_workers() const { return workers_; }
   const SelectorOptions& options() const { return options_; }
+  /// The partition's block size: the configured one, else the one its first worker announced;
+  /// 0 while no worker has registered (and again once the last one has left).
+  std::uint32_t block_size() const { return block_size_; }
   /// The policy serving a worker type (created on first use).
   plugins::worker_selection::WorkerSelectionPolicy& policy(WorkerType worker_type);
   /// The instance name chosen for a worker type.
@@ -145,14 +113,27 @@ class SelectorState final : public selection::WorkerSignalSource {
     std::vector<std::uint64_t> total_kv_blocks;
   };
 
-  /// Checks the prompt and that the request id has no open booking.
-  std::expected<void, RouteFailure> validate(const RouteInput& input) const;
-  /// Why `worker` cannot take `input` on its own (empty: it can).
-  std::optional<std::string> unroutable_reason(const RouteInput& input,
+  /// A worker refused for its block size, remembered to explain a request that finds no worker.
+  struct RefusedWorker {
+    std::uint32_t block_size = 0;
+    TimePoint forget_at;
+  };
+
+  /// Hashes the request's token ids (at block_size()), stamps it and checks the prompt and that
+  /// the request id has no open booking.
+  std::expected<void, RouteFailure> prepare(RouteRequest& request, TimePoint now);
+  /// Why `worker` cannot take `request` on its own (empty: it can).
+  std::optional<std::string> unroutable_reason(const RouteRequest& request,
                                                WorkerWithDpRank worker) const;
   /// Completes `outcome` (uncached tokens, lease) and books the request on outcome.worker.
-  std::expected<RouteOutcome, RouteFailure> book(const RouteInput& input, RouteOutcome outcome,
+  std::expected<RouteOutcome, RouteFailure> book(const RouteRequest& request, RouteOutcome outcome,
                                                  TimePoint now);
+  /// `failure`, with the workers refused for their block size named when it found no worker.
+  RouteFailure explain(RouteFailure failure) const;
+  /// Forgets the learnt block size and the policies built for it once the last worker has left.
+  void forget_block_size_when_empty();
+  /// Fills the outcome's overlap by tier from the chosen worker's match.
+  void set_overlap(RouteOutcome& outcome, std::span<const BlockHash> block_hashes);
   void rebuild_rows() const;
   void refresh_busy_signals(RoleRows& rows) const;
   /// The request's matched prefix on every rank: one index lookup per routed request, shared by
@@ -161,7 +142,9 @@ class SelectorState final : public selection::WorkerSignalSource {
 
   SelectorOptions options_;
   const plugins::RouterPlugins* plugins_;
-  discovery::DiscoveryState discovery_;
+  discovery::PartitionWorkers workers_;
+  std::uint32_t block_size_ = 0;
+  absl::flat_hash_map<WorkerId, RefusedWorker> refused_;
   std::array<std::optional<plugins::worker_selection::WorkerSelectionPolicy>, 4> policies_;
   std::array<std::shared_ptr<const std::vector<std::string>>, 4> scorer_names_;
   mutable std::array<RoleRows, 4> rows_;

@@ -310,22 +310,22 @@ std::optional<WorkerWithDpRank> SessionAffinity::binding(std::string_view sessio
 }
 
 std::expected<AffinityRouteOutcome, RouteFailure> route_with_session_affinity(
-    SelectorState& selector, SessionAffinity& affinity, const RouteInput& input, TimePoint now) {
-  const SessionContext* session = input.session;
-  if (!affinity.enabled() || session == nullptr || session->session_id().empty()) {
-    auto routed = selector.route(input, now);
+    SelectorState& selector, SessionAffinity& affinity, RouteRequest& request, TimePoint now) {
+  const std::optional<SessionContext>& session = request.selection.session;
+  if (!affinity.enabled() || !session || session->session_id().empty()) {
+    auto routed = selector.route(request, now);
     if (!routed) return std::unexpected(std::move(routed.error()));
     return AffinityRouteOutcome{std::move(*routed), AffinityRouting::none};
   }
 
   AffinityRouting routing = AffinityRouting::none;
   std::optional<std::expected<RouteOutcome, RouteFailure>> routed;
-  if (input.pinned_worker) {
+  if (request.selection.pinned_worker) {
     // An explicit pin is the caller's decision for this request; the policy honours it.
-    routed = selector.route(input, now);
+    routed = selector.route(request, now);
   } else if (affinity.mode() == SessionAffinityMode::hard) {
     if (const auto target = affinity.hard_target(*session, now)) {
-      auto direct = selector.route_to(input, *target, now);
+      auto direct = selector.route_to(request, *target, now);
       if (direct) {
         routed = std::move(direct);
         routing = AffinityRouting::bound_dispatch;
@@ -335,17 +335,16 @@ std::expected<AffinityRouteOutcome, RouteFailure> route_with_session_affinity(
         routing = AffinityRouting::rebound_after_drop;
       }
     }
-    if (!routed) routed = selector.route(input, now);
+    if (!routed) routed = selector.route(request, now);
   } else {
-    RouteInput offered = input;
-    if (!offered.affinity_target) {
-      offered.affinity_target = affinity.affinity_target(*session, now);
-      if (offered.affinity_target) routing = AffinityRouting::target_offered;
+    if (!request.selection.affinity_target) {
+      request.selection.affinity_target = affinity.affinity_target(*session, now);
+      if (request.selection.affinity_target) routing = AffinityRouting::target_offered;
     }
-    routed = selector.route(offered, now);
+    routed = selector.route(request, now);
   }
   if (!*routed) return std::unexpected(std::move(routed->error()));
-  (void)affinity.propose(input.request_id, *session, (*routed)->worker, now);
+  (void)affinity.propose(request.id(), *session, (*routed)->worker, now);
   return AffinityRouteOutcome{std::move(**routed), routing};
 }
 

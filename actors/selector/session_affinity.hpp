@@ -148,7 +148,7 @@ class SessionAffinity {
   /// Hard mode: the worker a request of `session` must be booked on (its own binding, or its
   /// parent's); nullopt in soft mode, when off, or without a live binding.
   std::optional<WorkerWithDpRank> hard_target(const SessionContext& session, TimePoint now) const;
-  /// Soft mode: the target to offer the policy (RouteInput::affinity_target); nullopt in hard
+  /// Soft mode: the target to offer the policy (SelectionRequest::affinity_target); nullopt in hard
   /// mode, when off, or without a live binding.
   std::optional<plugins::worker_selection::WorkerAffinityTarget> affinity_target(
       const SessionContext& session, TimePoint now) const;
@@ -255,6 +255,6 @@ struct AffinityRouteOutcome {
 /// pin (the binding is left alone in hard mode). Every success is proposed to `affinity`; the
 /// lifecycle then commits, abandons or finishes it. Failures are route()'s.
 std::expected<AffinityRouteOutcome, RouteFailure> route_with_session_affinity(
-    SelectorState& selector, SessionAffinity& affinity, const RouteInput& input, TimePoint now);
+    SelectorState& selector, SessionAffinity& affinity, RouteRequest& request, TimePoint now);
 
 }  // namespace kvr::actors

@@ -10,12 +10,12 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/container/flat_hash_map.h"
+#include "actors/wire/kv_event_codec.hpp"
 #include "deploy/simulation/engine.hpp"
 #include "discovery/block_hash.hpp"
 #include "kvr/v1/kv_events.pb.h"
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
-#include "messages/kv_event_codec.hpp"
 #include "messages/subjects.hpp"
 #include "messages/worker_role.hpp"
 

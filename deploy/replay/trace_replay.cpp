@@ -164,11 +164,11 @@ class PolicyRun {
     const simulation::TraceRequest& trace = requests_[index];
     const std::vector<BlockHash>& hashes = block_hashes_[index];
     const std::string id = request_id(index);
-    actors::RouteInput input{.request_id = id,
-                             .prompt_tokens = trace.input_length,
-                             .block_hashes = hashes,
-                             .expected_output_tokens = trace.output_length};
-    auto routed = selector_.route(input, logical_time(now));
+    actors::RouteRequest request{.selection = {.request_id = id,
+                                               .prompt_tokens = trace.input_length,
+                                               .block_hashes = hashes,
+                                               .expected_output_tokens = trace.output_length}};
+    auto routed = selector_.route(request, logical_time(now));
     if (!routed) {
       ++failures[routed.error().message];
       return;

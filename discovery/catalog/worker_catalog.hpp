@@ -1,5 +1,5 @@
 // The worker catalog: registered workers and their leases (heartbeats, TTL expiry). Plain state
-// owned by a selector actor's partition (through DiscoveryState) or by the discovery actor.
+// owned by a selector actor's partition (through PartitionWorkers) or by the discovery actor.
 #pragma once
 
 #include <chrono>

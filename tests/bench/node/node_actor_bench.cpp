@@ -1,7 +1,7 @@
 // Route decisions per second through the router node's actor API (the ingress actor's typed
 // interface, `route(RouteRequestMessage) → RouteDecisionMessage`), two ways:
-//  - local: the node's actors (ingress → reservation → the selector the discovery actor spawned)
-//    in this process's actor system, with 64 workers fed to the discovery actor as decoded
+//  - local: the node's actors (ingress → reservation → the selector the directory actor spawned)
+//    in this process's actor system, with 64 workers fed to the directory actor as decoded
 //    messages and client actors on the same scheduler (2 threads) — the pipeline without network;
 //  - published: a client actor system connected over CAF's middleman (loopback TCP) to the
 //    ingress actor a RouterNode publishes on --actor-port, as a remote actor client uses it.
@@ -23,7 +23,7 @@
 #include <fmt/format.h>
 
 #include "actors/actor_types.hpp"
-#include "actors/discovery/discovery_actor.hpp"
+#include "actors/directory/directory_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/reservation/reservation_actor.hpp"
 #include "selection/config/router_policy_config.hpp"
@@ -49,7 +49,7 @@ class NullPublisher final : public actors::RouterPublisher {
  public:
   bool publish(std::string_view, std::string_view) override { return true; }
   bool request_dump(std::string_view, WorkerWithDpRank) override { return true; }
-  bool request_discovery() override { return true; }
+  bool request_reregistration() override { return true; }
 };
 
 // What every client actor of one run shares.
@@ -213,27 +213,25 @@ class LocalNode {
     selector.publisher = publisher_;
     selector.metrics = metrics_;
     selector.log = log_;
-    discovery_ =
-        system_->spawn(actors::discovery_actor, actors::DiscoveryActorConfig{selector, {}});
+    directory_ =
+        system_->spawn(actors::directory_actor, actors::DirectoryActorConfig{selector, {}});
     actors::ReservationActorConfig reservation;
-    reservation.discovery = discovery_;
+    reservation.directory = directory_;
     reservation.publisher = publisher_;
     reservation.metrics = metrics_;
     reservation.log = log_;
     reservation.lease_ttl = 1s;
     reservation_ = system_->spawn(actors::reservation_actor, std::move(reservation));
-    ingress_ = system_->spawn(actors::ingress_actor_impl,
-                              actors::IngressActorConfig{.reservation = reservation_,
-                                                         .block_size = kBlockSize,
-                                                         .limits = {},
-                                                         .metrics = metrics_});
+    ingress_ = system_->spawn(
+        actors::ingress_actor_impl,
+        actors::IngressActorConfig{.reservation = reservation_, .limits = {}, .metrics = metrics_});
     for (std::size_t w = 0; w < kWorkers; ++w) {
       const auto registration = workload_.registration(w);
-      caf::anon_send(discovery_, actors::worker_up_atom::value, registration);
+      caf::anon_send(directory_, actors::worker_up_atom::value, registration);
       caf::anon_send(
-          discovery_, actors::load_atom::value,
+          directory_, actors::load_atom::value,
           actors::WorkerLoadReport{registration.worker_id, 1, {{0, discovery::ConfirmedLoad{}}}});
-      caf::anon_send(discovery_, actors::kv_events_atom::value, workload_.kv_events(w));
+      caf::anon_send(directory_, actors::kv_events_atom::value, workload_.kv_events(w));
     }
     const metrics::Labels partition{{"partition", std::string{kModel} + "/default"}};
     const bool ready = testing::wait_until(
@@ -247,11 +245,11 @@ class LocalNode {
   }
 
   ~LocalNode() {
-    for (const caf::actor& actor : {discovery_, reservation_}) {
+    for (const caf::actor& actor : {directory_, reservation_}) {
       caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
     }
     caf::anon_send_exit(ingress_, caf::exit_reason::user_shutdown);
-    discovery_ = nullptr;
+    directory_ = nullptr;
     reservation_ = nullptr;
     ingress_ = nullptr;
     system_->await_all_actors_done();
@@ -270,7 +268,7 @@ class LocalNode {
   std::shared_ptr<NullPublisher> publisher_ = std::make_shared<NullPublisher>();
   caf::actor_system_config config_;
   std::unique_ptr<caf::actor_system> system_;
-  caf::actor discovery_;
+  caf::actor directory_;
   caf::actor reservation_;
   actors::ingress_actor ingress_;
 };

@@ -21,8 +21,8 @@
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
+#include "actors/wire/kv_event_codec.hpp"
 #include "kvr/v1/kv_events.pb.h"
-#include "messages/kv_event_codec.hpp"
 #include "messages/subjects.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "discovery/block_hash.hpp"
-#include "discovery/discovery_state.hpp"
+#include "discovery/partition_workers.hpp"
 
 namespace kvr::discovery {
 namespace {
@@ -113,7 +113,7 @@ class DiscoveryStateTest : public ::testing::Test {
   }
 
   std::vector<BlockHash> prompt_{BlockHasher::chain(std::nullopt, 1)};
-  DiscoveryState state_;
+  PartitionWorkers state_;
   MatchResult result_;
 };
 

@@ -126,12 +126,13 @@ class RequestLifecycleTest : public ::testing::Test {
   // Routes (or re-routes) the request, excluding the workers that failed it, and feeds the result
   // to its lifecycle.
   void route(TrackedRequest& request) {
-    RouteInput input;
-    input.request_id = request.lifecycle.request_id();
-    input.prompt_tokens = kPromptTokens;
-    input.block_hashes = blocks_;
-    input.session = request.session ? &*request.session : nullptr;
-    input.excluded_workers = request.lifecycle.excluded_workers();
+    RouteRequest input;
+    input.selection.request_id = request.lifecycle.request_id();
+    input.selection.prompt_tokens = kPromptTokens;
+    input.selection.block_hashes = blocks_;
+    input.selection.session = request.session;
+    const auto excluded = request.lifecycle.excluded_workers();
+    input.selection.excluded_workers.assign(excluded.begin(), excluded.end());
     const auto routed = route_with_session_affinity(*state_, *affinity_, input, now_);
     if (routed) {
       request.releases_per_booking.push_back(0);
@@ -188,7 +189,7 @@ class RequestLifecycleTest : public ::testing::Test {
     for (std::size_t i = 0; i < request.releases_per_booking.size(); ++i) {
       EXPECT_EQ(request.releases_per_booking[i], 1) << "booking " << i;
     }
-    EXPECT_EQ(state_->discovery().load().open_bookings(), 0U);
+    EXPECT_EQ(state_->partition_workers().load().open_bookings(), 0U);
     EXPECT_LE(request.first_tokens, static_cast<int>(request.releases_per_booking.size()));
   }
 
@@ -218,12 +219,12 @@ TEST_F(RequestLifecycleTest, HappyPathSentRespondingCompleted) {
   EXPECT_EQ(request.lifecycle.state(), RequestState::Sent);
   EXPECT_EQ(request.lifecycle.worker(), kA);
   EXPECT_EQ(request.dispatches, 1);
-  EXPECT_EQ(state_->discovery().load().rank_load(kA)->booked_prefill_tokens, kPromptTokens);
+  EXPECT_EQ(state_->partition_workers().load().rank_load(kA)->booked_prefill_tokens, kPromptTokens);
 
   apply(request, request.lifecycle.on_chunk(chunk(kA, 0, 1)));
   EXPECT_EQ(request.lifecycle.state(), RequestState::Responding);
   EXPECT_EQ(request.first_tokens, 1);
-  EXPECT_EQ(state_->discovery().load().rank_load(kA)->booked_prefill_tokens, 0U);
+  EXPECT_EQ(state_->partition_workers().load().rank_load(kA)->booked_prefill_tokens, 0U);
   apply(request, request.lifecycle.on_chunk(chunk(kA, 1, 3)));
   EXPECT_EQ(request.first_tokens, 1) << "prefill is released once";
   apply(request, request.lifecycle.on_chunk(chunk(kA, 2, 2, /*finished=*/true)));

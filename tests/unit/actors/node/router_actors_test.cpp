@@ -1,4 +1,4 @@
-// The node's actors together, in one actor system without NATS: the discovery actor spawns a
+// The node's actors together, in one actor system without NATS: the directory actor spawns a
 // selector per partition, the reservation actor books and leases, the ingress actor answers
 // actor clients (route, report, and generate with its stream). A fake publisher records what would
 // go out on NATS.
@@ -18,7 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "actors/actor_types.hpp"
-#include "actors/discovery/discovery_actor.hpp"
+#include "actors/directory/directory_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/lifecycle/lifecycle_actor.hpp"
 #include "actors/node/router_node.hpp"
@@ -65,9 +65,9 @@ class FakePublisher final : public RouterPublisher {
     dumps_.push_back(worker);
     return true;
   }
-  bool request_discovery() override {
+  bool request_reregistration() override {
     std::lock_guard lock{mutex_};
-    ++discovery_requests_;
+    ++reregistration_requests_;
     return true;
   }
   void fail_publish(bool fail) {
@@ -95,7 +95,7 @@ class FakePublisher final : public RouterPublisher {
   std::vector<std::pair<std::string, std::string>> deferred_;
   int flushes_ = 0;
   std::vector<WorkerWithDpRank> dumps_;
-  int discovery_requests_ = 0;
+  int reregistration_requests_ = 0;
 };
 
 discovery::WorkerRegistration registration(WorkerId id) {
@@ -111,12 +111,12 @@ discovery::WorkerRegistration registration(WorkerId id) {
   return result;
 }
 
-RouteRequestData request(std::string id, std::string model = "m") {
-  RouteRequestData data;
-  data.request_id = std::move(id);
+RouteRequest request(std::string id, std::string model = "m") {
+  RouteRequest data;
+  data.selection.request_id = std::move(id);
   data.partition.model = std::move(model);
-  data.prompt_tokens = 8;
-  data.block_hashes = {1, 2};
+  data.selection.prompt_tokens = 8;
+  data.selection.block_hashes = {1, 2};
   return data;
 }
 
@@ -130,11 +130,11 @@ class RouterActorsTest : public ::testing::Test {
     plugins_ = std::move(*resolved);
     describe_node_metrics(*metrics_);  // the histograms are recorded only once described
 
-    discovery_ =
-        system_.spawn(discovery_actor, DiscoveryActorConfig{selector_config(metrics_), {}});
-    reservation_ = system_.spawn(reservation_actor, reservation_config(discovery_, metrics_));
+    directory_ =
+        system_.spawn(directory_actor, DirectoryActorConfig{selector_config(metrics_), {}});
+    reservation_ = system_.spawn(reservation_actor, reservation_config(directory_, metrics_));
     LifecycleActorConfig lifecycle;
-    lifecycle.discovery = discovery_;
+    lifecycle.directory = directory_;
     lifecycle.publisher = publisher_;
     lifecycle.metrics = metrics_;
     lifecycle.log = log_;
@@ -143,13 +143,12 @@ class RouterActorsTest : public ::testing::Test {
     lifecycle_ = system_.spawn(lifecycle_actor, lifecycle);
     ingress_ = system_.spawn(ingress_actor_impl, IngressActorConfig{.reservation = reservation_,
                                                                     .lifecycle = lifecycle_,
-                                                                    .block_size = 4,
                                                                     .limits = {},
                                                                     .metrics = metrics_});
   }
 
   ~RouterActorsTest() override {
-    for (const caf::actor& actor : {lifecycle_, discovery_, reservation_}) {
+    for (const caf::actor& actor : {lifecycle_, directory_, reservation_}) {
       caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
     }
     caf::anon_send_exit(ingress_, caf::exit_reason::user_shutdown);
@@ -167,7 +166,7 @@ class RouterActorsTest : public ::testing::Test {
 
   // Registers workers and waits until the partition's selector holds them.
   void register_workers(std::initializer_list<WorkerId> ids) {
-    for (WorkerId id : ids) caf::anon_send(discovery_, worker_up_atom::value, registration(id));
+    for (WorkerId id : ids) caf::anon_send(directory_, worker_up_atom::value, registration(id));
     ASSERT_TRUE(testing::wait_until(
         [&] {
           return metrics_->value("kvr_workers", {{"partition", "m/default"}}) == ids.size();
@@ -187,10 +186,10 @@ class RouterActorsTest : public ::testing::Test {
     return selector;
   }
 
-  ReservationActorConfig reservation_config(caf::actor discovery,
+  ReservationActorConfig reservation_config(caf::actor directory,
                                             std::shared_ptr<metrics::MetricsRegistry> metrics) {
     ReservationActorConfig reservation;
-    reservation.discovery = std::move(discovery);
+    reservation.directory = std::move(directory);
     reservation.publisher = publisher_;
     reservation.metrics = std::move(metrics);
     reservation.log = log_;
@@ -198,12 +197,10 @@ class RouterActorsTest : public ::testing::Test {
     return reservation;
   }
 
-  v1::RouteDecision route(RouteRequestData data) {
-    return route_via(reservation_, std::move(data));
-  }
+  v1::RouteDecision route(RouteRequest data) { return route_via(reservation_, std::move(data)); }
 
   // Routes through the given reservation actor (tests with their own set of actors).
-  v1::RouteDecision route_via(const caf::actor& reservation, RouteRequestData data) {
+  v1::RouteDecision route_via(const caf::actor& reservation, RouteRequest data) {
     caf::scoped_actor self{system_};
     v1::RouteDecision decision;
     self->request(reservation, 5s, route_atom::value,
@@ -246,7 +243,7 @@ class RouterActorsTest : public ::testing::Test {
   std::shared_ptr<FakePublisher> publisher_ = std::make_shared<FakePublisher>();
   std::shared_ptr<metrics::MetricsRegistry> metrics_ = std::make_shared<metrics::MetricsRegistry>();
   std::shared_ptr<metrics::RateLimitedLog> log_ = std::make_shared<metrics::RateLimitedLog>();
-  caf::actor discovery_;
+  caf::actor directory_;
   caf::actor reservation_;
   caf::actor lifecycle_;
   ingress_actor ingress_;
@@ -337,7 +334,7 @@ TEST_F(RouterActorsTest, EventIdGapAsksTheWorkerForADump) {
   batch.incarnation = 1;
   batch.event_id = 5;  // 1..4 never arrived
   batch.events.push_back(KvStoredEvent{std::nullopt, {1, 2}, StorageTier::Device});
-  caf::anon_send(discovery_, kv_events_atom::value, batch);
+  caf::anon_send(directory_, kv_events_atom::value, batch);
   EXPECT_TRUE(testing::wait_until([&] { return !publisher_->dumps().empty(); }, 5s));
   EXPECT_EQ(publisher_->dumps().front(), (WorkerWithDpRank{11, 0}));
 }
@@ -394,7 +391,7 @@ TEST_F(RouterActorsTest, GenerateIsRetriedOnceWhenItsWorkerLeavesBeforeTheFirstT
   EXPECT_EQ(bookings(), 1);
 
   // The worker deregisters before its first token: the request moves to the other worker.
-  caf::anon_send(discovery_, worker_down_atom::value, WorkerLiveness{first, 1});
+  caf::anon_send(directory_, worker_down_atom::value, WorkerLiveness{first, 1});
   ASSERT_TRUE(testing::wait_until(
       [&] { return !publisher_->published_on("gen." + std::to_string(second)).empty(); }, 5s));
   EXPECT_EQ(metrics_->value("kvr_generate_retries_total"), 1);
@@ -430,7 +427,7 @@ TEST_F(RouterActorsTest, GenerateWithoutAnyOtherWorkerEndsWithAnExplicitError) {
   caf::anon_send(lifecycle_, generate_atom::value,
                  GenerateEnvelope{generate, {}, std::chrono::steady_clock::now()});
   ASSERT_TRUE(testing::wait_until([&] { return !publisher_->published_on("gen.11").empty(); }, 5s));
-  caf::anon_send(discovery_, worker_down_atom::value, WorkerLiveness{11, 1});
+  caf::anon_send(directory_, worker_down_atom::value, WorkerLiveness{11, 1});
   ASSERT_TRUE(testing::wait_until(
       [&] { return publisher_->published_on("client.stream").size() == 1; }, 5s));
   v1::GenerateChunk end;
@@ -544,16 +541,16 @@ TEST_F(RouterActorsTest, AnInvalidActorGenerateGetsAnErrorDecisionAndNoDispatch)
 }
 
 TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
-  // A second set of discovery and reservation actors whose selectors keep hard session affinity.
+  // A second set of directory and reservation actors whose selectors keep hard session affinity.
   SelectorActorConfig selector = selector_config(metrics_);
   selector.affinity.ttl = std::chrono::seconds(60);
   selector.affinity.mode = SessionAffinityMode::hard;
-  auto discovery = system_.spawn(discovery_actor, DiscoveryActorConfig{selector, {}});
-  auto reservation = system_.spawn(reservation_actor, reservation_config(discovery, metrics_));
+  auto directory = system_.spawn(directory_actor, DirectoryActorConfig{selector, {}});
+  auto reservation = system_.spawn(reservation_actor, reservation_config(directory, metrics_));
   for (WorkerId id : {21, 22, 23}) {
     auto worker = registration(id);
     worker.model = "sessions";
-    caf::anon_send(discovery, worker_up_atom::value, worker);
+    caf::anon_send(directory, worker_up_atom::value, worker);
   }
   ASSERT_TRUE(testing::wait_until(
       [&] {
@@ -563,9 +560,9 @@ TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
   const metrics::Labels partition{{"partition", "sessions/default"}};
   int counter = 0;
   const auto route_session = [&] {
-    RouteRequestData data = request("s-" + std::to_string(++counter), "sessions");
-    data.block_hashes = {static_cast<BlockHash>(1000 + counter)};  // unrelated prompts
-    data.session.emplace("session-1", std::nullopt, std::nullopt, std::nullopt);
+    RouteRequest data = request("s-" + std::to_string(++counter), "sessions");
+    data.selection.block_hashes = {static_cast<BlockHash>(1000 + counter)};  // unrelated prompts
+    data.selection.session.emplace("session-1", std::nullopt, std::nullopt, std::nullopt);
     return route_via(reservation, std::move(data));
   };
   const auto report_on = [&](const std::string& lease, LifecycleEventKind event,
@@ -598,7 +595,7 @@ TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
   for (const auto& lease : open_leases) {
     EXPECT_TRUE(report_on(lease, LifecycleEventKind::Completed));
   }
-  for (const caf::actor& actor : {discovery, reservation}) {
+  for (const caf::actor& actor : {directory, reservation}) {
     caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
   }
 }
@@ -608,7 +605,7 @@ TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
 caf::behavior silent_selector(caf::event_based_actor* self,
                               std::shared_ptr<std::atomic<int>> received) {
   return {
-      [self, received](route_atom, const RouteRequestData&) {
+      [self, received](route_atom, const RouteRequest&) {
         ++*received;
         (void)self->make_response_promise();
       },
@@ -627,12 +624,12 @@ TEST_F(RouterActorsTest, RequestsReleaseExpiredBookingsAFewAtATimeBetweenTicks) 
   SelectorActorConfig selector = selector_config(metrics);
   selector.options.lease_ttl = 300ms;
   selector.tick_interval = 1h;
-  auto discovery = system_.spawn(discovery_actor, DiscoveryActorConfig{selector, {}});
-  ReservationActorConfig config = reservation_config(discovery, metrics);
+  auto directory = system_.spawn(directory_actor, DirectoryActorConfig{selector, {}});
+  ReservationActorConfig config = reservation_config(directory, metrics);
   config.lease_ttl = 300ms;
   config.tick_interval = 1h;
   auto reservation = system_.spawn(reservation_actor, config);
-  for (WorkerId id : {11, 12}) caf::anon_send(discovery, worker_up_atom::value, registration(id));
+  for (WorkerId id : {11, 12}) caf::anon_send(directory, worker_up_atom::value, registration(id));
   const metrics::Labels partition{{"partition", "m/default"}};
   ASSERT_TRUE(
       testing::wait_until([&] { return metrics->value("kvr_workers", partition) == 2; }, 5s));
@@ -651,7 +648,7 @@ TEST_F(RouterActorsTest, RequestsReleaseExpiredBookingsAFewAtATimeBetweenTicks) 
   ASSERT_TRUE(route_on("later"));
   EXPECT_EQ(metrics->value("kvr_bookings_open", partition), 2);
   EXPECT_EQ(metrics->value("kvr_leases_expired_total"), 6);
-  for (const caf::actor& actor : {reservation, discovery}) {
+  for (const caf::actor& actor : {reservation, directory}) {
     caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
   }
 }
@@ -697,7 +694,7 @@ TEST_F(RouterActorsTest, ARequestItsSelectorLeavesUnansweredFailsWithATimeoutOnT
 TEST_F(RouterActorsTest, NoFirstChunkInTimeCountsAsAFailureRetriedOnceThenAnError) {
   register_workers({11, 12});
   LifecycleActorConfig config;
-  config.discovery = discovery_;
+  config.directory = directory_;
   config.publisher = publisher_;
   config.metrics = metrics_;
   config.log = log_;

@@ -4,6 +4,7 @@
 #include "actors/selector/selector_state.hpp"
 
 #include <map>
+#include <numeric>
 #include <set>
 
 #include <fmt/format.h>
@@ -64,7 +65,7 @@ class SelectorStateTest : public ::testing::Test {
   }
 
   // A selector whose aggregated workers use `policy` (a built-in type; empty: the default).
-  SelectorState& make_state(std::string policy = {}) {
+  SelectorState& make_state(std::string policy = {}, std::uint32_t block_size = kBlockSize) {
     selection::RouterPolicyConfig config;
     if (!policy.empty()) {
       config.worker_selection[static_cast<std::size_t>(WorkerType::Aggregated)] = policy;
@@ -74,7 +75,7 @@ class SelectorStateTest : public ::testing::Test {
     plugins_ = std::make_unique<plugins::RouterPlugins>(std::move(*plugins));
     SelectorOptions options;
     options.partition.model = std::string{kModel};
-    options.router.block_size = kBlockSize;
+    options.router.block_size = block_size;
     options.router.seed = 42;
     options.lease_ttl = 30s;
     state_ = std::make_unique<SelectorState>(std::move(options), *plugins_);
@@ -94,10 +95,10 @@ class SelectorStateTest : public ::testing::Test {
                                                   const std::vector<BlockHash>& blocks,
                                                   std::size_t extra_tokens = 0,
                                                   TimePoint now = kStart) {
-    RouteInput input;
-    input.request_id = request_id;
-    input.prompt_tokens = blocks.size() * kBlockSize + extra_tokens;
-    input.block_hashes = blocks;
+    RouteRequest input;
+    input.selection.request_id = request_id;
+    input.selection.prompt_tokens = blocks.size() * kBlockSize + extra_tokens;
+    input.selection.block_hashes = blocks;
     return state_->route(input, now);
   }
 
@@ -124,7 +125,7 @@ TEST_F(SelectorStateTest, RefusesAWorkerOfAnotherPartitionNamingTheField) {
   EXPECT_EQ(refused_group.error().field, "routing_group");
   EXPECT_NE(refused_group.error().message().find("batch"), std::string::npos)
       << refused_group.error().message();
-  EXPECT_EQ(state.discovery().catalog().size(), 0U);
+  EXPECT_EQ(state.partition_workers().catalog().size(), 0U);
 }
 
 TEST_F(SelectorStateTest, RefusesAWorkerWithAnotherBlockSize) {
@@ -134,7 +135,7 @@ TEST_F(SelectorStateTest, RefusesAWorkerWithAnotherBlockSize) {
   const auto refused = state.register_worker(worker, kStart);
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error().field, "block_size");
-  EXPECT_EQ(state.discovery().catalog().size(), 0U);
+  EXPECT_EQ(state.partition_workers().catalog().size(), 0U);
   EXPECT_TRUE(state.workers(WorkerType::Aggregated).empty());
 }
 
@@ -181,7 +182,7 @@ TEST_F(SelectorStateTest, OutcomeCarriesOverlapByTierAndUncachedPrefillTokens) {
   EXPECT_EQ(routed->uncached_prefill_tokens, 100U - 4 * kBlockSize);
   EXPECT_EQ(routed->lease_expires_at, kStart + 30s);
   // The booking carries the same uncached tokens.
-  EXPECT_EQ(state.discovery().load().rank_load({1, 0})->booked_prefill_tokens,
+  EXPECT_EQ(state.partition_workers().load().rank_load({1, 0})->booked_prefill_tokens,
             100U - 4 * kBlockSize);
 }
 
@@ -212,7 +213,8 @@ TEST_F(SelectorStateTest, PolicyWithoutCacheSignalsStillGetsTheChosenWorkersOver
   EXPECT_EQ(second->worker.worker_id, 2U);
   EXPECT_EQ(second->device_overlap_blocks, 5U);
   EXPECT_EQ(second->uncached_prefill_tokens, 1U * kBlockSize + 3);
-  EXPECT_EQ(state.discovery().load().rank_load({2, 0})->booked_prefill_tokens, 1U * kBlockSize + 3);
+  EXPECT_EQ(state.partition_workers().load().rank_load({2, 0})->booked_prefill_tokens,
+            1U * kBlockSize + 3);
 }
 
 // ---- booking ------------------------------------------------------------------------------
@@ -222,7 +224,7 @@ TEST_F(SelectorStateTest, RouteBooksSoTheNextLeastLoadedRouteGoesElsewhere) {
   add_workers({1, 2});
   const auto first = route("r1", prompt_blocks(4, 1));
   ASSERT_TRUE(first) << first.error().message;
-  EXPECT_EQ(state.discovery().load().rank_load(first->worker)->open_bookings, 1U);
+  EXPECT_EQ(state.partition_workers().load().rank_load(first->worker)->open_bookings, 1U);
   const auto second = route("r2", prompt_blocks(4, 2));
   ASSERT_TRUE(second) << second.error().message;
   EXPECT_NE(first->worker, second->worker);
@@ -312,7 +314,7 @@ TEST_F(SelectorStateTest, FirstTokenAndReleaseReleaseTheBookingExactlyOnce) {
   add_workers({1});
   const auto routed = route("r1", prompt_blocks(4, 1), 8);
   ASSERT_TRUE(routed);
-  const auto& load = state.discovery().load();
+  const auto& load = state.partition_workers().load();
   EXPECT_EQ(load.rank_load({1, 0})->booked_prefill_tokens, 4U * kBlockSize + 8);
 
   ASSERT_TRUE(state.first_token("r1"));
@@ -336,7 +338,7 @@ TEST_F(SelectorStateTest, ReusedRequestIdIsRefusedWhileItsBookingIsOpen) {
   const auto again = route("r1", prompt_blocks(2, 2));
   ASSERT_FALSE(again);
   EXPECT_EQ(again.error().code, Error::invalid_request);
-  EXPECT_EQ(state_->discovery().load().open_bookings(), 1U);
+  EXPECT_EQ(state_->partition_workers().load().open_bookings(), 1U);
 }
 
 TEST_F(SelectorStateTest, RefusedDuplicateLeavesTheRoundRobinPositionAlone) {
@@ -363,10 +365,10 @@ TEST_F(SelectorStateTest, UnreportedBookingIsReleasedWhenItsLeaseEnds) {
     state.expire(kStart + at, removed);
   }
   state.expire(kStart + 29s, removed);
-  EXPECT_EQ(state.discovery().load().open_bookings(), 1U);
+  EXPECT_EQ(state.partition_workers().load().open_bookings(), 1U);
   state.expire(kStart + 30s, removed);
   EXPECT_TRUE(removed.empty());
-  EXPECT_EQ(state.discovery().load().open_bookings(), 0U);
+  EXPECT_EQ(state.partition_workers().load().open_bookings(), 0U);
   EXPECT_EQ(state.release("r1", discovery::BookingEnd::completed).error(),
             discovery::LoadError::unknown_booking);
 }
@@ -379,12 +381,12 @@ TEST_F(SelectorStateTest, DeregisteredWorkerIsNoLongerRouted) {
   const auto blocks = prompt_blocks(6, 4);
   ASSERT_TRUE(state.apply_kv_events(stored(1, 1, blocks)));
   ASSERT_TRUE(route("before", blocks).has_value());
-  EXPECT_EQ(state.discovery().load().open_bookings(), 1U);
+  EXPECT_EQ(state.partition_workers().load().open_bookings(), 1U);
 
   EXPECT_EQ(state.deregister(1, 2).error(), discovery::CatalogError::stale_incarnation);
   ASSERT_TRUE(state.deregister(1, 1));
   // Its bookings went with it.
-  EXPECT_EQ(state.discovery().load().open_bookings(), 0U);
+  EXPECT_EQ(state.partition_workers().load().open_bookings(), 0U);
   for (int i = 0; i < 4; ++i) {
     const auto routed = route(fmt::format("after{}", i), blocks);
     ASSERT_TRUE(routed) << routed.error().message;
@@ -407,7 +409,7 @@ TEST_F(SelectorStateTest, ExpiredLeaseRemovesTheWorkerFromRouting) {
   EXPECT_TRUE(removed.empty());
   state.expire(kStart + 10s, removed);
   EXPECT_EQ(removed, (std::vector<WorkerId>{1}));
-  EXPECT_EQ(state.discovery().catalog().find(1), nullptr);
+  EXPECT_EQ(state.partition_workers().catalog().find(1), nullptr);
   ASSERT_EQ(state.workers(WorkerType::Aggregated).size(), 1U);
   for (int i = 0; i < 3; ++i) {
     const auto routed = route(fmt::format("r{}", i), prompt_blocks(2, i), 0, kStart + 10s);
@@ -415,6 +417,71 @@ TEST_F(SelectorStateTest, ExpiredLeaseRemovesTheWorkerFromRouting) {
     EXPECT_EQ(routed->worker.worker_id, 2U);
   }
   EXPECT_EQ(state.heartbeat(1, 1, kStart + 10s).error(), discovery::CatalogError::unknown_worker);
+}
+
+TEST_F(SelectorStateTest, LearnsTheBlockSizeFromTheFirstWorkerAndRefusesAnother) {
+  auto& state = make_state({}, /*block_size=*/0);
+  EXPECT_EQ(state.block_size(), 0U);
+  auto first = registration(1);
+  first.block_size = 64;
+  ASSERT_TRUE(state.register_worker(first, kStart));
+  EXPECT_EQ(state.block_size(), 64U);
+  const auto refused = state.register_worker(registration(2), kStart);  // block size 16
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().field, "block_size");
+  EXPECT_NE(refused.error().reason.find("worker 2"), std::string::npos) << refused.error().reason;
+  EXPECT_NE(refused.error().reason.find("64"), std::string::npos) << refused.error().reason;
+  EXPECT_EQ(state.partition_workers().catalog().size(), 1U);
+
+  // Once the last worker has left, the next fleet sets the block size again.
+  ASSERT_TRUE(state.deregister(1, 1));
+  EXPECT_EQ(state.block_size(), 0U);
+  ASSERT_TRUE(state.register_worker(registration(2), kStart));
+  EXPECT_EQ(state.block_size(), kBlockSize);
+  ASSERT_TRUE(state.update_load({2, 0}, discovery::ConfirmedLoad{}));
+  EXPECT_TRUE(route("r1", prompt_blocks(3, 1))) << "policies are rebuilt for the new block size";
+}
+
+TEST_F(SelectorStateTest, NoWorkersNamesTheWorkersRefusedForTheirBlockSize) {
+  auto& state = make_state();
+  for (WorkerId id = 1; id <= 4; ++id) {
+    auto worker = registration(id);
+    worker.block_size = 64;
+    ASSERT_FALSE(state.register_worker(worker, kStart));
+  }
+  const auto failed = route("r1", prompt_blocks(2, 1));
+  ASSERT_FALSE(failed);
+  EXPECT_EQ(failed.error().code, Error::no_workers);
+  const std::string& message = failed.error().message;
+  EXPECT_NE(message.find("4 workers of model 'llama' refused"), std::string::npos) << message;
+  EXPECT_NE(message.find("4 at block size 64"), std::string::npos) << message;
+  EXPECT_NE(message.find("routes at block size 16"), std::string::npos) << message;
+
+  // A refusal is forgotten when the worker's lease would have ended.
+  std::vector<WorkerId> removed;
+  state.expire(kStart + 11s, removed);
+  const auto later = route("r2", prompt_blocks(2, 1), 0, kStart + 11s);
+  ASSERT_FALSE(later);
+  EXPECT_EQ(later.error().message.find("refused"), std::string::npos) << later.error().message;
+}
+
+TEST_F(SelectorStateTest, HashesTokenIdsAtThePartitionBlockSizeAndCacheNamespace) {
+  auto& state = make_state({}, /*block_size=*/0);
+  add_workers({1});
+  std::vector<std::uint32_t> tokens(40);
+  std::iota(tokens.begin(), tokens.end(), 1U);
+  RouteRequest request;
+  request.selection.request_id = "t1";
+  request.selection.prompt_tokens = tokens.size();
+  request.prompt_token_ids = tokens;
+  request.cache_namespace = "lora-a";
+  const auto routed = state.route(request, kStart);
+  ASSERT_TRUE(routed) << routed.error().message;
+  EXPECT_EQ(request.selection.block_hashes,
+            discovery::BlockHasher(kBlockSize, "lora-a").sequence_hashes(tokens));
+  EXPECT_EQ(request.selection.block_hashes.size(), 2U);
+  EXPECT_TRUE(request.prompt_token_ids.empty());
+  EXPECT_EQ(routed->uncached_prefill_tokens, 40U);
 }
 
 // ---- failures -----------------------------------------------------------------------------
@@ -425,18 +492,18 @@ TEST_F(SelectorStateTest, NoWorkersIsReportedAsNoWorkers) {
   ASSERT_FALSE(failed);
   EXPECT_EQ(failed.error().code, Error::no_workers);
   EXPECT_FALSE(failed.error().message.empty());
-  EXPECT_EQ(state_->discovery().load().open_bookings(), 0U);
+  EXPECT_EQ(state_->partition_workers().load().open_bookings(), 0U);
 }
 
 TEST_F(SelectorStateTest, NoWorkersOfTheRequestedTypeIsReportedAsNoWorkers) {
   auto& state = make_state();
   add_workers({1});
   const auto blocks = prompt_blocks(2, 1);
-  RouteInput input;
-  input.request_id = "p1";
+  RouteRequest input;
+  input.selection.request_id = "p1";
   input.worker_type = WorkerType::Prefill;
-  input.prompt_tokens = blocks.size() * kBlockSize;
-  input.block_hashes = blocks;
+  input.selection.prompt_tokens = blocks.size() * kBlockSize;
+  input.selection.block_hashes = blocks;
   const auto failed = state.route(input, kStart);
   ASSERT_FALSE(failed);
   EXPECT_EQ(failed.error().code, Error::no_workers);
@@ -446,38 +513,38 @@ TEST_F(SelectorStateTest, MoreHashesThanFullBlocksIsAnInvalidRequest) {
   auto& state = make_state();
   add_workers({1});
   const auto blocks = prompt_blocks(4, 1);
-  RouteInput input;
-  input.request_id = "r1";
-  input.prompt_tokens = 4 * kBlockSize - 1;  // three full blocks
-  input.block_hashes = blocks;
+  RouteRequest input;
+  input.selection.request_id = "r1";
+  input.selection.prompt_tokens = 4 * kBlockSize - 1;  // three full blocks
+  input.selection.block_hashes = blocks;
   const auto failed = state.route(input, kStart);
   ASSERT_FALSE(failed);
   EXPECT_EQ(failed.error().code, Error::invalid_request);
   EXPECT_NE(failed.error().message.find("4 block hashes"), std::string::npos)
       << failed.error().message;
-  EXPECT_EQ(state.discovery().load().open_bookings(), 0U);
+  EXPECT_EQ(state.partition_workers().load().open_bookings(), 0U);
   // Exactly as many hashes as full blocks is fine.
-  input.prompt_tokens = 4 * kBlockSize;
+  input.selection.prompt_tokens = 4 * kBlockSize;
   EXPECT_TRUE(state.route(input, kStart));
 }
 
 TEST_F(SelectorStateTest, EmptyPromptIsAnInvalidRequest) {
   auto& state = make_state();
   add_workers({1});
-  RouteInput input;
-  input.request_id = "r1";
+  RouteRequest input;
+  input.selection.request_id = "r1";
   const auto failed = state.route(input, kStart);
   ASSERT_FALSE(failed);
   EXPECT_EQ(failed.error().code, Error::invalid_request);
-  EXPECT_EQ(state.discovery().load().open_bookings(), 0U);
+  EXPECT_EQ(state.partition_workers().load().open_bookings(), 0U);
 }
 
 TEST_F(SelectorStateTest, PromptShorterThanOneBlockIsRoutedWithoutHashes) {
   auto& state = make_state();
   add_workers({1});
-  RouteInput input;
-  input.request_id = "short";
-  input.prompt_tokens = kBlockSize - 1;
+  RouteRequest input;
+  input.selection.request_id = "short";
+  input.selection.prompt_tokens = kBlockSize - 1;
   const auto routed = state.route(input, kStart);
   ASSERT_TRUE(routed) << routed.error().message;
   EXPECT_EQ(routed->uncached_prefill_tokens, kBlockSize - 1);
@@ -494,7 +561,7 @@ TEST_F(SelectorStateTest, ApproximateWorkerAttractsTheSamePrefixAfterARoute) {
   ASSERT_TRUE(first) << first.error().message;
   EXPECT_EQ(first->device_overlap_blocks, 0U);
   // The routing decision is the only evidence of the cache: the index now predicts it.
-  EXPECT_EQ(state.discovery().index().blocks_held(first->worker, StorageTier::Device), 10U);
+  EXPECT_EQ(state.partition_workers().index().blocks_held(first->worker, StorageTier::Device), 10U);
   ASSERT_TRUE(state.first_token("r1"));
   ASSERT_TRUE(state.release("r1", discovery::BookingEnd::completed));
 
@@ -511,7 +578,7 @@ TEST_F(SelectorStateTest, WorkerPublishingEventsIsNotFilledFromRoutingDecisions)
   add_workers({1});
   const auto routed = route("r1", prompt_blocks(6, 1));
   ASSERT_TRUE(routed);
-  EXPECT_EQ(state.discovery().index().blocks_held({1, 0}, StorageTier::Device), 0U);
+  EXPECT_EQ(state.partition_workers().index().blocks_held({1, 0}, StorageTier::Device), 0U);
 }
 
 }  // namespace

@@ -456,19 +456,20 @@ class SessionAffinityRoutingTest : public ::testing::Test {
     }
   }
 
-  RouteInput input(const std::string& request_id, const SessionContext* context) {
-    RouteInput routed;
-    routed.request_id = request_id;
-    routed.prompt_tokens = blocks_.size() * kBlockSize;
-    routed.block_hashes = blocks_;
-    routed.session = context;
+  RouteRequest input(const std::string& request_id, const SessionContext* context) {
+    RouteRequest routed;
+    routed.selection.request_id = request_id;
+    routed.selection.prompt_tokens = blocks_.size() * kBlockSize;
+    routed.selection.block_hashes = blocks_;
+    if (context != nullptr) routed.selection.session = *context;
     return routed;
   }
 
   std::expected<AffinityRouteOutcome, RouteFailure> route(const std::string& request_id,
                                                           const SessionContext* context,
                                                           TimePoint now = kStart) {
-    return route_with_session_affinity(*state_, *affinity_, input(request_id, context), now);
+    RouteRequest request = input(request_id, context);
+    return route_with_session_affinity(*state_, *affinity_, request, now);
   }
 
   // The request responds and completes, as the lifecycle reports it.
@@ -480,7 +481,7 @@ class SessionAffinityRoutingTest : public ::testing::Test {
   }
 
   std::uint32_t open_bookings(WorkerWithDpRank worker) const {
-    return state_->discovery().load().rank_load(worker)->open_bookings;
+    return state_->partition_workers().load().rank_load(worker)->open_bookings;
   }
 
   std::vector<BlockHash> blocks_ = prompt_blocks(4, 1);
@@ -511,7 +512,8 @@ TEST_F(SessionAffinityRoutingTest, HardModeBindsTheFirstRequestAndDispatchesExac
   }
   EXPECT_EQ(open_bookings(kA), 5U);
   // The policy never ran for the bound requests: round-robin continues with worker 2.
-  const auto sessionless = state_->route(input("x", nullptr), kStart);
+  RouteRequest sessionless_request = input("x", nullptr);
+  const auto sessionless = state_->route(sessionless_request, kStart);
   ASSERT_TRUE(sessionless) << sessionless.error().message;
   EXPECT_EQ(sessionless->worker, kB);
   EXPECT_EQ(affinity_->open_requests(), 5U);
@@ -551,7 +553,7 @@ TEST_F(SessionAffinityRoutingTest, HardModeRetryExcludingTheBoundWorkerReselects
   EXPECT_EQ(affinity_->abandon("r2", kStart), AffinityRelease::kept);
   const std::vector<WorkerId> excluded{kA.worker_id};
   auto retry = input("r2", &s);
-  retry.excluded_workers = excluded;
+  retry.selection.excluded_workers = excluded;
   const auto rerouted = route_with_session_affinity(*state_, *affinity_, retry, kStart);
   ASSERT_TRUE(rerouted) << rerouted.error().message;
   EXPECT_EQ(rerouted->routing, AffinityRouting::rebound_after_drop);
@@ -569,7 +571,7 @@ TEST_F(SessionAffinityRoutingTest, HardModeInvalidRequestKeepsTheBinding) {
   ASSERT_FALSE(duplicate);
   EXPECT_EQ(duplicate.error().code, Error::invalid_request);
   EXPECT_EQ(affinity_->binding("s", kStart), kA);
-  EXPECT_EQ(state_->discovery().load().open_bookings(), 1U);
+  EXPECT_EQ(state_->partition_workers().load().open_bookings(), 1U);
 }
 
 TEST_F(SessionAffinityRoutingTest, PinnedRequestFollowsItsPinAndLeavesTheHardBinding) {
@@ -579,7 +581,7 @@ TEST_F(SessionAffinityRoutingTest, PinnedRequestFollowsItsPinAndLeavesTheHardBin
   ASSERT_TRUE(route("r1", &s));
   complete("r1");
   auto pinned = input("r2", &s);
-  pinned.pinned_worker = WorkerAffinityTarget{.worker_id = kB.worker_id};
+  pinned.selection.pinned_worker = WorkerAffinityTarget{.worker_id = kB.worker_id};
   const auto routed = route_with_session_affinity(*state_, *affinity_, pinned, kStart);
   ASSERT_TRUE(routed) << routed.error().message;
   EXPECT_EQ(routed->outcome.worker, kB);
@@ -613,24 +615,24 @@ TEST_F(SessionAffinityRoutingTest, RouteToRefusesAWorkerThatCannotTakeTheRequest
   EXPECT_NE(rank.error().message.find("data-parallel ranks"), std::string::npos)
       << rank.error().message;
   const std::vector<WorkerId> allowed{2};
-  plain.allowed_workers = allowed;
+  plain.selection.allowed_workers = allowed;
   const auto outside = state_->route_to(plain, kA, kStart);
   ASSERT_FALSE(outside);
   EXPECT_NE(outside.error().message.find("allow-list"), std::string::npos)
       << outside.error().message;
   const std::vector<std::string> taints{"gpu=h100"};
-  plain.allowed_workers = {};
-  plain.required_taints = taints;
+  plain.selection.allowed_workers = {};
+  plain.selection.required_taints = taints;
   const auto untainted = state_->route_to(plain, kA, kStart);
   ASSERT_FALSE(untainted);
   EXPECT_NE(untainted.error().message.find("gpu=h100"), std::string::npos)
       << untainted.error().message;
-  plain.required_taints = {};
+  plain.selection.required_taints = {};
   plain.worker_type = WorkerType::Decode;
   const auto role = state_->route_to(plain, kA, kStart);
   ASSERT_FALSE(role);
   EXPECT_NE(role.error().message.find("aggregated"), std::string::npos) << role.error().message;
-  EXPECT_EQ(state_->discovery().load().open_bookings(), 0U);
+  EXPECT_EQ(state_->partition_workers().load().open_bookings(), 0U);
 
   plain.worker_type = WorkerType::Aggregated;
   const auto booked = state_->route_to(plain, kB, kStart);
@@ -649,12 +651,13 @@ TEST_F(SessionAffinityRoutingTest, RouteToReportsTheChosenWorkersOverlap) {
                    .events = {KvStoredEvent{
                        std::nullopt, {blocks_[0], blocks_[1], blocks_[2]}, StorageTier::Device}}}));
   auto plain = input("r1", nullptr);
-  plain.prompt_tokens += 5;
+  plain.selection.prompt_tokens += 5;
   const auto booked = state_->route_to(plain, kB, kStart);
   ASSERT_TRUE(booked) << booked.error().message;
   EXPECT_EQ(booked->device_overlap_blocks, 3U);
   EXPECT_EQ(booked->uncached_prefill_tokens, kBlockSize + 5);
-  EXPECT_EQ(state_->discovery().load().rank_load(kB)->booked_prefill_tokens, kBlockSize + 5);
+  EXPECT_EQ(state_->partition_workers().load().rank_load(kB)->booked_prefill_tokens,
+            kBlockSize + 5);
 }
 
 TEST_F(SessionAffinityRoutingTest, SoftModeOffersTheBindingButAClassifierTargetWins) {
@@ -675,7 +678,7 @@ TEST_F(SessionAffinityRoutingTest, SoftModeOffersTheBindingButAClassifierTargetW
   EXPECT_EQ(affinity_->binding("s", kStart), kB);
 
   auto classified = input("r3", &s);
-  classified.affinity_target = WorkerAffinityTarget{.worker_id = kA.worker_id};
+  classified.selection.affinity_target = WorkerAffinityTarget{.worker_id = kA.worker_id};
   const auto third = route_with_session_affinity(*state_, *affinity_, classified, kStart);
   ASSERT_TRUE(third) << third.error().message;
   EXPECT_EQ(third->routing, AffinityRouting::none) << "the classifier's target is kept";
@@ -697,7 +700,10 @@ worker_selection:
              options(SessionAffinityMode::soft));
   add_workers({1, 2});
   // Another session's long request keeps B busy throughout.
-  ASSERT_TRUE(state_->route_to(input("b-background", nullptr), kB, kStart));
+  {
+    RouteRequest background = input("b-background", nullptr);
+    ASSERT_TRUE(state_->route_to(background, kB, kStart));
+  }
 
   // Request 1: no binding yet, A is the least loaded.
   const auto s = session("S");
@@ -712,8 +718,14 @@ worker_selection:
 
   // Request 1 stays open; two more requests booked on A put it at 3 active, above the limit of
   // 2, while B (1 active) is lighter by at least the margin.
-  ASSERT_TRUE(state_->route_to(input("a-load-1", nullptr), kA, kStart + 2s));
-  ASSERT_TRUE(state_->route_to(input("a-load-2", nullptr), kA, kStart + 2s));
+  {
+    RouteRequest background = input("a-load-1", nullptr);
+    ASSERT_TRUE(state_->route_to(background, kA, kStart + 2s));
+  }
+  {
+    RouteRequest background = input("a-load-2", nullptr);
+    ASSERT_TRUE(state_->route_to(background, kA, kStart + 2s));
+  }
   EXPECT_EQ(open_bookings(kA), 3U);
 
   const auto second = route("req2", &s, kStart + 3s);
@@ -737,7 +749,8 @@ worker_selection:
   EXPECT_EQ(open_bookings(kB), 1U);  // the background request
 
   // Without a target the guard would now pick A, the lighter worker ...
-  const auto control = state_->route(input("control", nullptr), kStart + 6s);
+  RouteRequest control_request = input("control", nullptr);
+  const auto control = state_->route(control_request, kStart + 6s);
   ASSERT_TRUE(control) << control.error().message;
   EXPECT_EQ(control->worker, kA);
   ASSERT_TRUE(state_->release("control", discovery::BookingEnd::completed));

@@ -1,11 +1,9 @@
-#include "actors/lifecycle/generate_messages.hpp"
+#include "actors/wire/generate_messages.hpp"
 
 #include <gtest/gtest.h>
 
 namespace kvr::actors {
 namespace {
-
-constexpr std::uint32_t kBlockSize = 16;
 
 v1::GenerateRequest generate_request(std::size_t tokens, std::uint32_t max_output_tokens) {
   v1::GenerateRequest wire;
@@ -18,53 +16,53 @@ v1::GenerateRequest generate_request(std::size_t tokens, std::uint32_t max_outpu
 }
 
 TEST(GenerateMessagesTest, DecodesTheRouteAndKeepsTheClientStreamSubject) {
-  auto decoded = decode_generate_request(generate_request(40, 8), kBlockSize);
+  auto decoded = decode_generate_request(generate_request(40, 8));
   ASSERT_TRUE(decoded) << decoded.error().message;
-  EXPECT_EQ(decoded->route.request_id, "g1");
-  EXPECT_EQ(decoded->route.block_hashes.size(), 2U);
+  EXPECT_EQ(decoded->route.id(), "g1");
+  EXPECT_EQ(decoded->route.prompt_token_ids.size(), 40U);
   EXPECT_EQ(decoded->stream_subject, "_INBOX.client.1");
-  EXPECT_TRUE(decoded->route.excluded_workers.empty());
+  EXPECT_TRUE(decoded->route.selection.excluded_workers.empty());
 }
 
 TEST(GenerateMessagesTest, RefusesMissingStreamSubjectOutputTokensAndBadRoutes) {
   auto wire = generate_request(40, 8);
   wire.clear_stream_subject();
-  EXPECT_EQ(decode_generate_request(wire, kBlockSize).error().code, Error::invalid_request);
+  EXPECT_EQ(decode_generate_request(wire).error().code, Error::invalid_request);
   wire = generate_request(40, 8);
   wire.set_stream_subject("a.*");
-  EXPECT_FALSE(decode_generate_request(wire, kBlockSize));
+  EXPECT_FALSE(decode_generate_request(wire));
   wire = generate_request(40, 0);
-  EXPECT_FALSE(decode_generate_request(wire, kBlockSize));
+  EXPECT_FALSE(decode_generate_request(wire));
   wire.mutable_route()->set_expected_output_tokens(4);  // the fallback for max_output_tokens
-  EXPECT_TRUE(decode_generate_request(wire, kBlockSize));
+  EXPECT_TRUE(decode_generate_request(wire));
   wire = generate_request(40, kMaxGenerateOutputTokens + 1);
-  EXPECT_FALSE(decode_generate_request(wire, kBlockSize));
+  EXPECT_FALSE(decode_generate_request(wire));
   wire = generate_request(0, 8);
-  auto empty_prompt = decode_generate_request(wire, kBlockSize);
+  auto empty_prompt = decode_generate_request(wire);
   ASSERT_FALSE(empty_prompt);
   EXPECT_NE(empty_prompt.error().message.find("tokens"), std::string::npos);
   wire.clear_route();
-  EXPECT_FALSE(decode_generate_request(wire, kBlockSize));
+  EXPECT_FALSE(decode_generate_request(wire));
 }
 
 TEST(GenerateMessagesTest, AnActorStreamNeedsNoStreamSubject) {
   auto wire = generate_request(40, 8);
   wire.clear_stream_subject();
-  auto decoded = decode_generate_request(wire, kBlockSize, {}, StreamTo::actor);
+  auto decoded = decode_generate_request(wire, {}, StreamTo::actor);
   ASSERT_TRUE(decoded) << decoded.error().message;
   EXPECT_TRUE(decoded->stream_subject.empty());
   // A subject an actor client sets anyway is not used (and not validated).
   wire.set_stream_subject("a.*");
-  decoded = decode_generate_request(wire, kBlockSize, {}, StreamTo::actor);
+  decoded = decode_generate_request(wire, {}, StreamTo::actor);
   ASSERT_TRUE(decoded) << decoded.error().message;
   EXPECT_TRUE(decoded->stream_subject.empty());
   // Everything else is validated as for NATS clients.
   wire.set_max_output_tokens(0);
-  EXPECT_FALSE(decode_generate_request(wire, kBlockSize, {}, StreamTo::actor));
+  EXPECT_FALSE(decode_generate_request(wire, {}, StreamTo::actor));
 }
 
 TEST(GenerateMessagesTest, WorkerRequestCarriesTheNodeStreamSubjectAndRank) {
-  auto decoded = decode_generate_request(generate_request(40, 8), kBlockSize);
+  auto decoded = decode_generate_request(generate_request(40, 8));
   ASSERT_TRUE(decoded);
   const auto dispatched = make_worker_generate_request(*decoded, 3, "_INBOX.node.7");
   EXPECT_EQ(dispatched.stream_subject(), "_INBOX.node.7");

@@ -1,11 +1,10 @@
-#include "actors/ingress/route_request.hpp"
+#include "actors/wire/route_messages.hpp"
 
 #include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
 
-#include "discovery/block_hash.hpp"
 #include "messages/worker_role.hpp"
 
 namespace kvr::actors {
@@ -30,26 +29,8 @@ std::optional<InputTrigger> trigger_from(v1::InputTrigger trigger) {
 
 }  // namespace
 
-RouteInput RouteRequestData::as_input() const {
-  return RouteInput{
-      .request_id = request_id,
-      .worker_type = worker_type,
-      .prompt_tokens = prompt_tokens,
-      .block_hashes = block_hashes,
-      .expected_output_tokens = expected_output_tokens,
-      .session = session ? &*session : nullptr,
-      .affinity_target = std::nullopt,
-      .pinned_worker = pinned_worker,
-      .priority = priority,
-      .allowed_workers = allowed_workers,
-      .excluded_workers = excluded_workers,
-      .required_taints = required_taints,
-      .preferred_taints = preferred_taints,
-  };
-}
-
-std::expected<RouteRequestData, RouteFailure> decode_route_request(
-    const v1::RouteRequest& wire, std::uint32_t block_size, const RouteDecodeLimits& limits) {
+std::expected<RouteRequest, RouteFailure> decode_route_request(const v1::RouteRequest& wire,
+                                                               const RouteDecodeLimits& limits) {
   const auto too_long = [&](const std::string& value) {
     return value.size() > limits.max_id_length;
   };
@@ -63,8 +44,9 @@ std::expected<RouteRequestData, RouteFailure> decode_route_request(
     return invalid(fmt::format("model, routing_group or cache_namespace: longer than {} bytes",
                                limits.max_id_length));
   }
-  RouteRequestData data;
-  data.request_id = wire.request_id();
+  RouteRequest data;
+  selection::SelectionRequest& request = data.selection;
+  request.request_id = wire.request_id();
   data.partition.model = wire.model();
   data.partition.routing_group = wire.routing_group().empty() ? "default" : wire.routing_group();
   // A request that names no role is for aggregated workers.
@@ -85,27 +67,25 @@ std::expected<RouteRequestData, RouteFailure> decode_route_request(
         return invalid(fmt::format("tokens: {} tokens exceed the limit of {}", ids.size(),
                                    limits.max_prompt_tokens));
       }
-      data.prompt_tokens = static_cast<std::size_t>(ids.size());
-      const discovery::BlockHasher hasher{block_size, wire.cache_namespace()};
-      hasher.append_sequence_hashes(std::span<const std::uint32_t>{ids.data(), data.prompt_tokens},
-                                    data.block_hashes);
+      request.prompt_tokens = static_cast<std::size_t>(ids.size());
+      data.prompt_token_ids.assign(ids.begin(), ids.end());
+      data.cache_namespace = wire.cache_namespace();
       break;
     }
     case v1::RouteRequest::kBlockHashes: {
       const auto& hashes = wire.block_hashes();
-      data.prompt_tokens = hashes.prompt_tokens();
-      if (data.prompt_tokens == 0) return invalid("block_hashes.prompt_tokens: zero");
-      if (data.prompt_tokens > limits.max_prompt_tokens) {
+      request.prompt_tokens = hashes.prompt_tokens();
+      if (request.prompt_tokens == 0) return invalid("block_hashes.prompt_tokens: zero");
+      if (request.prompt_tokens > limits.max_prompt_tokens) {
         return invalid(fmt::format("block_hashes.prompt_tokens: {} exceeds the limit of {}",
-                                   data.prompt_tokens, limits.max_prompt_tokens));
+                                   request.prompt_tokens, limits.max_prompt_tokens));
       }
-      const std::size_t full_blocks = data.prompt_tokens / block_size;
-      if (static_cast<std::size_t>(hashes.hashes_size()) > full_blocks) {
-        return invalid(fmt::format(
-            "block_hashes: {} hashes exceed the {} full blocks of {} tokens at block size {}",
-            hashes.hashes_size(), full_blocks, data.prompt_tokens, block_size));
+      // Their count is checked against the partition's block size by its selector.
+      if (static_cast<std::size_t>(hashes.hashes_size()) > request.prompt_tokens) {
+        return invalid(fmt::format("block_hashes: {} hashes for a {}-token prompt",
+                                   hashes.hashes_size(), request.prompt_tokens));
       }
-      data.block_hashes.assign(hashes.hashes().begin(), hashes.hashes().end());
+      request.block_hashes.assign(hashes.hashes().begin(), hashes.hashes().end());
       break;
     }
     case v1::RouteRequest::PROMPT_NOT_SET:
@@ -113,7 +93,7 @@ std::expected<RouteRequestData, RouteFailure> decode_route_request(
   }
 
   if (wire.has_expected_output_tokens()) {
-    data.expected_output_tokens = wire.expected_output_tokens();
+    request.expected_output_tokens = wire.expected_output_tokens();
   }
   if (wire.has_session()) {
     const auto& session = wire.session();
@@ -121,25 +101,25 @@ std::expected<RouteRequestData, RouteFailure> decode_route_request(
     if (too_long(session.session_id()) || too_long(session.parent_session_id())) {
       return invalid(fmt::format("session ids: longer than {} bytes", limits.max_id_length));
     }
-    data.session.emplace(
+    request.session.emplace(
         session.session_id(),
         session.has_parent_session_id() ? std::optional<std::string>{session.parent_session_id()}
                                         : std::nullopt,
         session.has_session_final() ? std::optional<bool>{session.session_final()} : std::nullopt,
         trigger_from(session.input_trigger()));
   }
-  data.priority = wire.priority();
+  request.strict_priority = wire.priority();
   if (wire.has_pinned_worker()) {
     const auto& pinned = wire.pinned_worker();
     if (pinned.worker_id() == 0) return invalid("pinned_worker.worker_id: zero");
-    data.pinned_worker = plugins::worker_selection::WorkerAffinityTarget{
+    request.pinned_worker = plugins::worker_selection::WorkerAffinityTarget{
         .worker_id = pinned.worker_id(),
         .dp_rank = pinned.has_dp_rank() ? std::optional<DpRank>{pinned.dp_rank()} : std::nullopt};
   }
   if (static_cast<std::size_t>(wire.allowed_workers_size()) > limits.max_allowed_workers) {
     return invalid(fmt::format("allowed_workers: more than {}", limits.max_allowed_workers));
   }
-  data.allowed_workers.assign(wire.allowed_workers().begin(), wire.allowed_workers().end());
+  request.allowed_workers.assign(wire.allowed_workers().begin(), wire.allowed_workers().end());
   if (static_cast<std::size_t>(wire.required_taints_size()) > limits.max_taints ||
       wire.preferred_taints_size() > static_cast<int>(limits.max_taints)) {
     return invalid(
@@ -147,17 +127,17 @@ std::expected<RouteRequestData, RouteFailure> decode_route_request(
   }
   for (const std::string& taint : wire.required_taints()) {
     if (taint.empty() || too_long(taint)) return invalid("required_taints: empty or too long");
-    data.required_taints.push_back(taint);
+    request.required_taints.push_back(taint);
   }
   for (const auto& [taint, weight] : wire.preferred_taints()) {
     if (taint.empty() || too_long(taint)) return invalid("preferred_taints: empty or too long");
     if (!std::isfinite(weight)) {
       return invalid(fmt::format("preferred_taints.{}: weight is not finite", taint));
     }
-    data.preferred_taints.push_back(selection::PreferredTaint{taint, weight});
+    request.preferred_taints.push_back(selection::PreferredTaint{taint, weight});
   }
   // Map order is unspecified on the wire; sorted, the same request always selects the same way.
-  std::ranges::sort(data.preferred_taints, {}, &selection::PreferredTaint::taint);
+  std::ranges::sort(request.preferred_taints, {}, &selection::PreferredTaint::taint);
   return data;
 }
 

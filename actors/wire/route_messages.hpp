@@ -1,7 +1,6 @@
-// The router's plain request and reply forms: a validated RouteRequest (tokens hashed into block
-// hashes at the router's block size), a validated LifecycleReport, and the RouteDecision /
-// LifecycleAck builders. Used by the NATS bridge (decode in the callback), the ingress actor and
-// the reservation actor; unit-tested without CAF.
+// The router's plain request and reply forms: a validated RouteRequest, a validated
+// LifecycleReport, and the RouteDecision / LifecycleAck builders. Used by the NATS bridge (decode
+// in the callback), the ingress actor and the reservation actor; unit-tested without CAF.
 #pragma once
 
 #include <chrono>
@@ -13,11 +12,11 @@
 #include <string_view>
 #include <vector>
 
-#include "actors/selector/selector_state.hpp"
+#include "actors/selector/route_request.hpp"
+#include "actors/selector/route_result.hpp"
 #include "kvr/v1/routing.pb.h"
 #include "messages/error.hpp"
 #include "messages/ids.hpp"
-#include "messages/session_context.hpp"
 
 namespace kvr::actors {
 
@@ -29,32 +28,11 @@ struct RouteDecodeLimits {
   std::size_t max_taints = 64;  ///< required and preferred taints, each
 };
 
-/// A validated route request; owns every value the selector's RouteInput refers to.
-struct RouteRequestData {
-  std::string request_id;
-  plugins::worker_selection::RoutingPartition partition;
-  WorkerType worker_type = WorkerType::Aggregated;
-  std::size_t prompt_tokens = 0;
-  std::vector<BlockHash> block_hashes;
-  std::optional<std::uint32_t> expected_output_tokens;
-  std::optional<SessionContext> session;
-  std::optional<plugins::worker_selection::WorkerAffinityTarget> pinned_worker;
-  std::uint32_t priority = 0;
-  std::vector<WorkerId> allowed_workers;
-  /// Never eligible (not on the wire: the node's retry excludes the workers that failed).
-  std::vector<WorkerId> excluded_workers;
-  std::vector<std::string> required_taints;
-  std::vector<selection::PreferredTaint> preferred_taints;
-
-  /// The selector's view of this request; valid while this object lives unchanged.
-  RouteInput as_input() const;
-};
-
-/// Validates a wire request and hashes its tokens with discovery::BlockHasher at `block_size`
-/// and the request's cache namespace; block hashes are used as given. The failure's code is
+/// Validates a wire request. Block hashes are used as given; token ids are kept for the
+/// partition's selector, which hashes them at the partition's block size. The failure's code is
 /// Error::invalid_request and its message names the field.
-std::expected<RouteRequestData, RouteFailure> decode_route_request(
-    const v1::RouteRequest& wire, std::uint32_t block_size, const RouteDecodeLimits& limits = {});
+std::expected<RouteRequest, RouteFailure> decode_route_request(
+    const v1::RouteRequest& wire, const RouteDecodeLimits& limits = {});
 
 /// A decision that reports `error` for `request_id`.
 v1::RouteDecision make_route_error(std::string_view request_id, Error error,

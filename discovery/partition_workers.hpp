@@ -14,9 +14,9 @@
 namespace kvr::discovery {
 
 /// Catalog, KV index and predicted load of one partition.
-class DiscoveryState {
+class PartitionWorkers {
  public:
-  explicit DiscoveryState(RegistrationLimits limits = {}, IndexerConfig index_config = {});
+  explicit PartitionWorkers(RegistrationLimits limits = {}, IndexerConfig index_config = {});
 
   /// Registers a worker, or resets it when it restarted (new incarnation or shape): its index
   /// contents and bookings are dropped and its ranks re-added empty.

@@ -1,4 +1,4 @@
-#include "actors/ingress/route_request.hpp"
+#include "actors/wire/route_messages.hpp"
 
 #include <cmath>
 #include <limits>
@@ -6,12 +6,8 @@
 
 #include <gtest/gtest.h>
 
-#include "discovery/block_hash.hpp"
-
 namespace kvr::actors {
 namespace {
-
-constexpr std::uint32_t kBlockSize = 16;
 
 v1::RouteRequest token_request(std::size_t tokens) {
   v1::RouteRequest wire;
@@ -21,17 +17,17 @@ v1::RouteRequest token_request(std::size_t tokens) {
   return wire;
 }
 
-TEST(RouteRequestTest, HashesTokensAtTheRouterBlockSizeAndCacheNamespace) {
+TEST(RouteRequestTest, KeepsTokenIdsAndCacheNamespaceForThePartitionsSelectorToHash) {
   auto wire = token_request(40);
   wire.set_cache_namespace("lora-a");
-  auto decoded = decode_route_request(wire, kBlockSize);
+  auto decoded = decode_route_request(wire);
   ASSERT_TRUE(decoded) << decoded.error().message;
   std::vector<std::uint32_t> tokens(40);
   std::iota(tokens.begin(), tokens.end(), 1U);
-  EXPECT_EQ(decoded->block_hashes,
-            discovery::BlockHasher(kBlockSize, "lora-a").sequence_hashes(tokens));
-  EXPECT_EQ(decoded->block_hashes.size(), 2U);
-  EXPECT_EQ(decoded->prompt_tokens, 40U);
+  EXPECT_EQ(decoded->prompt_token_ids, tokens);
+  EXPECT_EQ(decoded->cache_namespace, "lora-a");
+  EXPECT_TRUE(decoded->selection.block_hashes.empty()) << "the block size is the partition's";
+  EXPECT_EQ(decoded->selection.prompt_tokens, 40U);
   EXPECT_EQ(decoded->partition.routing_group, "default");
   EXPECT_EQ(decoded->worker_type, WorkerType::Aggregated);
 }
@@ -45,14 +41,13 @@ TEST(RouteRequestTest, UsesBlockHashesAsGiven) {
   wire.mutable_block_hashes()->add_hashes(11);
   wire.mutable_block_hashes()->add_hashes(22);
   wire.mutable_block_hashes()->set_prompt_tokens(33);
-  auto decoded = decode_route_request(wire, kBlockSize);
+  auto decoded = decode_route_request(wire);
   ASSERT_TRUE(decoded) << decoded.error().message;
-  EXPECT_EQ(decoded->block_hashes, (std::vector<BlockHash>{11, 22}));
+  EXPECT_EQ(decoded->selection.block_hashes, (std::vector<BlockHash>{11, 22}));
   EXPECT_EQ(decoded->partition.routing_group, "g");
   EXPECT_EQ(decoded->worker_type, WorkerType::Prefill);
-  const RouteInput input = decoded->as_input();
-  EXPECT_EQ(input.block_hashes.size(), 2U);
-  EXPECT_EQ(input.request_id, "r2");
+  EXPECT_TRUE(decoded->prompt_token_ids.empty());
+  EXPECT_EQ(decoded->id(), "r2");
 }
 
 // Each case breaks one field; the failure names it.
@@ -67,7 +62,7 @@ class RouteRequestInvalidTest : public ::testing::TestWithParam<InvalidCase> {};
 TEST_P(RouteRequestInvalidTest, RefusesWithInvalidRequestNamingTheField) {
   auto wire = token_request(20);
   GetParam().mutate(wire);
-  auto decoded = decode_route_request(wire, kBlockSize);
+  auto decoded = decode_route_request(wire);
   ASSERT_FALSE(decoded);
   EXPECT_EQ(decoded.error().code, Error::invalid_request);
   EXPECT_NE(decoded.error().message.find(GetParam().field), std::string::npos)
@@ -84,11 +79,15 @@ INSTANTIATE_TEST_SUITE_P(
         InvalidCase{"UnknownRole",
                     [](auto& w) { w.set_worker_role(static_cast<v1::WorkerRole>(99)); },
                     "worker_role"},
-        InvalidCase{"TooManyHashes",
+        // More hashes than full blocks at the partition's block size: the selector refuses them
+        // (SelectorStateTest.MoreHashesThanFullBlocksIsAnInvalidRequest); more than tokens, any
+        // block size would.
+        InvalidCase{"MoreHashesThanTokens",
                     [](auto& w) {
                       w.mutable_block_hashes()->add_hashes(1);
                       w.mutable_block_hashes()->add_hashes(2);
-                      w.mutable_block_hashes()->set_prompt_tokens(20);
+                      w.mutable_block_hashes()->add_hashes(3);
+                      w.mutable_block_hashes()->set_prompt_tokens(2);
                     },
                     "block_hashes"},
         InvalidCase{"ZeroPromptTokens",

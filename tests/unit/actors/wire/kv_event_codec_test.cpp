@@ -1,6 +1,6 @@
 // KV event codec: plain batches and dumps round-trip through the wire form, and absurd or
 // malformed wire messages are rejected with a specific error.
-#include "messages/kv_event_codec.hpp"
+#include "actors/wire/kv_event_codec.hpp"
 
 #include <gtest/gtest.h>
 

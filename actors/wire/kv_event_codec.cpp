@@ -1,4 +1,4 @@
-#include "messages/kv_event_codec.hpp"
+#include "actors/wire/kv_event_codec.hpp"
 
 #include <optional>
 

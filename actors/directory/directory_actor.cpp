@@ -1,4 +1,4 @@
-#include "actors/discovery/discovery_actor.hpp"
+#include "actors/directory/directory_actor.hpp"
 
 #include <caf/event_based_actor.hpp>
 #include <caf/response_promise.hpp>
@@ -12,17 +12,18 @@ namespace kvr::actors {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using Self = caf::stateful_actor<DiscoveryActorState>*;
+using Self = caf::stateful_actor<DirectoryActorState>*;
 using PartitionKey = std::pair<std::string, std::string>;
 
 // Asks every worker to register again, at most once per throttle period.
-void request_discovery(Self self, bool force) {
+void request_reregistration(Self self, bool force) {
   auto& state = self->state;
   const auto now = Clock::now();
-  if (!force && now - state.last_discovery_request < state.config.discovery_throttle) return;
-  state.last_discovery_request = now;
+  if (!force && now - state.last_reregistration_request < state.config.reregistration_throttle)
+    return;
+  state.last_reregistration_request = now;
   state.config.selector.metrics->add("kvr_discovery_requests_total");
-  state.config.selector.publisher->request_discovery();
+  state.config.selector.publisher->request_reregistration();
 }
 
 // The selector of a known worker, or an invalid handle (and a discovery request).
@@ -34,7 +35,7 @@ caf::actor selector_of_worker(Self self, WorkerId worker) {
     if (selector != state.selectors.end()) return selector->second;
   }
   // A worker we never heard register (this node started after it, or the registration was lost).
-  request_discovery(self, false);
+  request_reregistration(self, false);
   return {};
 }
 
@@ -47,7 +48,7 @@ caf::actor spawn_selector(Self self, const PartitionKey& key) {
   auto& state = self->state;
   SelectorActorConfig config = state.config.selector;
   config.options.partition = {key.first, key.second};
-  config.discovery = caf::actor_cast<caf::actor>(self);
+  config.directory = caf::actor_cast<caf::actor>(self);
   // Linked: a failing selector takes the node's discovery down visibly, and discovery's exit
   // ends every selector.
   auto selector = self->spawn<caf::linked>(selector_actor, std::move(config));
@@ -61,7 +62,7 @@ caf::actor spawn_selector(Self self, const PartitionKey& key) {
 
 }  // namespace
 
-caf::behavior discovery_actor(Self self, DiscoveryActorConfig config) {
+caf::behavior directory_actor(Self self, DirectoryActorConfig config) {
   self->state.config = std::move(config);
   return {
       [self](worker_up_atom, discovery::WorkerRegistration& registration) {
@@ -100,7 +101,7 @@ caf::behavior discovery_actor(Self self, DiscoveryActorConfig config) {
           self->send(selector, kv_dump_atom::value, std::move(dump));
         }
       },
-      [self](route_atom, RouteRequestData& request) -> caf::response_promise {
+      [self](route_atom, RouteRequest& request) -> caf::response_promise {
         auto promise = self->make_response_promise();
         auto selector =
             selector_of_partition(self, {request.partition.model, request.partition.routing_group});
@@ -128,7 +129,7 @@ caf::behavior discovery_actor(Self self, DiscoveryActorConfig config) {
         promise.delegate(selector, booking_atom::value, std::move(update));
         return promise;
       },
-      [self](resync_atom) { request_discovery(self, true); },
+      [self](resync_atom) { request_reregistration(self, true); },
       [self](removed_atom, const std::vector<WorkerId>& removed) {
         auto& state = self->state;
         const auto sender = caf::actor_cast<caf::actor>(self->current_sender());

@@ -1,6 +1,6 @@
 // Decoders for the worker → router NATS messages (registration, heartbeat, deregistration, load
 // metrics, KV event batches, dump replies): parse the protobuf bytes, validate, and return the
-// plain form the discovery actor forwards. Used by the NATS bridge; plain C++, unit-tested.
+// plain form the directory actor forwards. Used by the NATS bridge; plain C++, unit-tested.
 #pragma once
 
 #include <cstdint>
@@ -10,11 +10,11 @@
 #include <utility>
 #include <vector>
 
+#include "actors/wire/kv_event_codec.hpp"
 #include "discovery/catalog/worker_registration.hpp"
 #include "discovery/load/predicted_load.hpp"
 #include "messages/ids.hpp"
 #include "messages/kv_event.hpp"
-#include "messages/kv_event_codec.hpp"
 
 namespace kvr::actors {
 

@@ -1,11 +1,11 @@
-#include "discovery/discovery_state.hpp"
+#include "discovery/partition_workers.hpp"
 
 namespace kvr::discovery {
 
-DiscoveryState::DiscoveryState(RegistrationLimits limits, IndexerConfig index_config)
+PartitionWorkers::PartitionWorkers(RegistrationLimits limits, IndexerConfig index_config)
     : catalog_(std::move(limits)), index_(index_config) {}
 
-std::expected<RegistrationChange, RegistrationError> DiscoveryState::register_worker(
+std::expected<RegistrationChange, RegistrationError> PartitionWorkers::register_worker(
     WorkerRegistration registration, std::chrono::steady_clock::time_point now) {
   const WorkerId worker_id = registration.worker_id;
   auto change = catalog_.register_worker(std::move(registration), now);
@@ -16,20 +16,20 @@ std::expected<RegistrationChange, RegistrationError> DiscoveryState::register_wo
   return change;
 }
 
-std::expected<void, CatalogError> DiscoveryState::heartbeat(
+std::expected<void, CatalogError> PartitionWorkers::heartbeat(
     WorkerId worker_id, Incarnation incarnation, std::chrono::steady_clock::time_point now) {
   return catalog_.heartbeat(worker_id, incarnation, now);
 }
 
-std::expected<void, CatalogError> DiscoveryState::deregister(WorkerId worker_id,
-                                                             Incarnation incarnation) {
+std::expected<void, CatalogError> PartitionWorkers::deregister(WorkerId worker_id,
+                                                               Incarnation incarnation) {
   auto result = catalog_.deregister(worker_id, incarnation);
   if (result) drop_worker(worker_id);
   return result;
 }
 
-void DiscoveryState::expire(std::chrono::steady_clock::time_point now,
-                            std::vector<WorkerId>& removed) {
+void PartitionWorkers::expire(std::chrono::steady_clock::time_point now,
+                              std::vector<WorkerId>& removed) {
   const std::size_t first = removed.size();
   catalog_.expire(now, removed);
   for (std::size_t i = first; i < removed.size(); ++i) drop_worker(removed[i]);
@@ -37,7 +37,7 @@ void DiscoveryState::expire(std::chrono::steady_clock::time_point now,
   index_.expire(now);
 }
 
-void DiscoveryState::add_ranks(const WorkerRegistration& registration) {
+void PartitionWorkers::add_ranks(const WorkerRegistration& registration) {
   for (DpRank rank = 0; rank < registration.data_parallel_size; ++rank) {
     const WorkerWithDpRank worker{registration.worker_id, rank};
     // Validation guarantees a positive capacity and a fresh (worker, rank) after drop_worker.
@@ -47,7 +47,7 @@ void DiscoveryState::add_ranks(const WorkerRegistration& registration) {
   }
 }
 
-void DiscoveryState::drop_worker(WorkerId worker_id) {
+void PartitionWorkers::drop_worker(WorkerId worker_id) {
   index_.remove_worker(worker_id);
   load_.remove_worker(worker_id);
 }

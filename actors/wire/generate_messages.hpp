@@ -10,8 +10,8 @@
 #include <string>
 #include <string_view>
 
-#include "actors/ingress/route_request.hpp"
 #include "actors/lifecycle/request_lifecycle.hpp"
+#include "actors/wire/route_messages.hpp"
 #include "kvr/v1/routing.pb.h"
 
 namespace kvr::actors {
@@ -21,8 +21,8 @@ inline constexpr std::uint32_t kMaxGenerateOutputTokens = std::uint32_t{1} << 20
 
 /// A validated generate request.
 struct GenerateRequestData {
-  /// The routing part (tokens hashed at the router's block size).
-  RouteRequestData route;
+  /// The routing part.
+  RouteRequest route;
   /// Where the client reads its GenerateChunk stream; empty when it streams to an actor.
   std::string stream_subject;
   /// The request as received; re-sent to the worker with the node's stream subject and rank.
@@ -40,7 +40,7 @@ enum class StreamTo : std::uint8_t {
 /// (max_output_tokens, else route.expected_output_tokens). The failure's code is
 /// Error::invalid_request.
 std::expected<GenerateRequestData, RouteFailure> decode_generate_request(
-    const v1::GenerateRequest& wire, std::uint32_t block_size, const RouteDecodeLimits& limits = {},
+    const v1::GenerateRequest& wire, const RouteDecodeLimits& limits = {},
     StreamTo stream_to = StreamTo::subject);
 
 /// The request the node publishes on the chosen worker's generate subject: the client's request

@@ -1,4 +1,4 @@
-// The discovery actor: one per node. Receives the validated worker messages from the NATS bridge
+// The directory actor: one per node. Receives the validated worker messages from the NATS bridge
 // and forwards each to the selector actor of the worker's partition (model × routing group),
 // spawning (linked) one selector per partition on first registration; a selector serves every
 // worker role of its partition. Also the router's way into the selectors: route requests and
@@ -9,7 +9,7 @@
 // Messages it handles (atoms in actors/actor_types.hpp):
 //   worker_up(WorkerRegistration), heartbeat(WorkerLiveness), worker_dn(WorkerLiveness),
 //   load(WorkerLoadReport), kv_events(KvEventBatch), kv_dump(KvDump)   — forwarded;
-//   route(RouteRequestData) → SelectorReply          — delegated, or a no_workers reply;
+//   route(RouteRequest) → SelectorReply          — delegated, or a no_workers reply;
 //   booking(BookingUpdate) → BookingUpdateReply      — delegated, or "unknown partition";
 //   resync                                           — after a NATS reconnect: ask every worker
 //                                                      to register again;
@@ -42,29 +42,29 @@
 
 namespace kvr::actors {
 
-/// What the discovery actor is spawned with.
-struct DiscoveryActorConfig {
+/// What the directory actor is spawned with.
+struct DirectoryActorConfig {
   /// Template of every selector's configuration; the partition is filled in per selector.
   SelectorActorConfig selector;
   /// Workers are asked to register again at most this often.
-  std::chrono::milliseconds discovery_throttle{1000};
+  std::chrono::milliseconds reregistration_throttle{1000};
 };
 
-/// The discovery actor's state.
-struct DiscoveryActorState {
-  static inline const char* name = "kvr.discovery";
-  DiscoveryActorConfig config;
+/// The directory actor's state.
+struct DirectoryActorState {
+  static inline const char* name = "kvr.directory";
+  DirectoryActorConfig config;
   std::map<std::pair<std::string, std::string>, caf::actor> selectors;
   absl::flat_hash_map<WorkerId, std::pair<std::string, std::string>> worker_partition;
-  std::chrono::steady_clock::time_point last_discovery_request{};
+  std::chrono::steady_clock::time_point last_reregistration_request{};
   /// Told of every worker removal (removed_atom).
   std::vector<caf::actor> watchers;
   /// Told of every selector (selectors_atom); selectors live as long as this actor.
   std::vector<caf::actor> selector_subscribers;
 };
 
-/// The discovery actor's behaviour.
-caf::behavior discovery_actor(caf::stateful_actor<DiscoveryActorState>* self,
-                              DiscoveryActorConfig config);
+/// The directory actor's behaviour.
+caf::behavior directory_actor(caf::stateful_actor<DirectoryActorState>* self,
+                              DirectoryActorConfig config);
 
 }  // namespace kvr::actors

@@ -1,4 +1,4 @@
-#include "actors/discovery/worker_messages.hpp"
+#include "actors/wire/worker_messages.hpp"
 
 #include <algorithm>
 

@@ -1,12 +1,11 @@
-#include "actors/lifecycle/generate_messages.hpp"
+#include "actors/wire/generate_messages.hpp"
 
 #include <fmt/format.h>
 
 namespace kvr::actors {
 
 std::expected<GenerateRequestData, RouteFailure> decode_generate_request(
-    const v1::GenerateRequest& wire, std::uint32_t block_size, const RouteDecodeLimits& limits,
-    StreamTo stream_to) {
+    const v1::GenerateRequest& wire, const RouteDecodeLimits& limits, StreamTo stream_to) {
   const auto invalid = [](std::string message) {
     return std::unexpected(RouteFailure{Error::invalid_request, std::move(message)});
   };
@@ -28,7 +27,7 @@ std::expected<GenerateRequestData, RouteFailure> decode_generate_request(
   if (output_tokens == 0 || output_tokens > kMaxGenerateOutputTokens) {
     return invalid(fmt::format("max_output_tokens: must be in [1, {}]", kMaxGenerateOutputTokens));
   }
-  auto route = decode_route_request(wire.route(), block_size, limits);
+  auto route = decode_route_request(wire.route(), limits);
   if (!route) return std::unexpected(std::move(route.error()));
   GenerateRequestData data;
   data.route = std::move(*route);
