@@ -9,21 +9,12 @@
 #include <fmt/format.h>
 
 #include "actors/actor_types.hpp"
+#include "actors/support/request_error.hpp"
 
 namespace kvr::actors {
 namespace {
 
 using Self = caf::stateful_actor<LifecycleActorState>*;
-
-// The project error a failed request to a selector stands for.
-Error request_error(const caf::error& error) {
-  if (error.category() == caf::atom("kvr")) return static_cast<Error>(error.code());
-  if (error.category() == caf::atom("system") &&
-      error.code() == static_cast<std::uint8_t>(caf::sec::request_timeout)) {
-    return Error::timeout;
-  }
-  return Error::unavailable;
-}
 
 std::string stream_subject(Self self, std::uint64_t stream_id) {
   return fmt::format("{}.{}", self->state.config.stream_inbox_prefix, stream_id);
@@ -81,7 +72,8 @@ void untrack_client(Self self, const caf::actor& client) {
 void send_booking(Self self, const GenerateFlight& flight, bool release, discovery::BookingEnd end,
                   AffinityAction affinity) {
   auto& config = self->state.config;
-  self->request(config.directory, config.selector_timeout, booking_atom::value,
+  self->request(self->state.routes.selector_for(flight.request.route.partition),
+                config.selector_timeout, booking_atom::value,
                 BookingUpdate{flight.request.route.partition, flight.request.route.id(), release,
                               end, affinity})
       .then([](const BookingUpdateReply&) {},
@@ -252,7 +244,8 @@ void route_flight(Self self, std::uint64_t stream_id) {
   const auto excluded = flight->lifecycle.excluded_workers();
   request.selection.excluded_workers.assign(excluded.begin(), excluded.end());
   auto& config = self->state.config;
-  self->request(config.directory, config.selector_timeout, route_atom::value, std::move(request))
+  const caf::actor& selector = self->state.routes.selector_for(request.partition);
+  self->request(selector, config.selector_timeout, route_atom::value, std::move(request))
       .then([self, stream_id](SelectorReply& reply) { on_routed(self, stream_id, reply); },
             [self, stream_id](const caf::error& error) {
               SelectorReply reply{
@@ -294,8 +287,11 @@ void refuse(Self self, const GenerateEnvelope& envelope, Error code, const std::
 caf::behavior lifecycle_actor(Self self, LifecycleActorConfig config) {
   self->state.config = std::move(config);
   update_in_flight(self);
+  self->state.routes = PartitionRoutes{self->state.config.directory};
   if (self->state.config.directory) {
     self->send(self->state.config.directory, watch_atom::value, caf::actor_cast<caf::actor>(self));
+    self->send(self->state.config.directory, selectors_atom::value,
+               caf::actor_cast<caf::actor>(self));
   }
   // Shutdown: no client is left without an end to its stream.
   self->set_exit_handler([self](caf::exit_msg& message) {
@@ -367,6 +363,9 @@ caf::behavior lifecycle_actor(Self self, LifecycleActorConfig config) {
         }
         apply(self, envelope.stream_id, flight->lifecycle.on_chunk(to_stream_chunk(envelope.chunk)),
               &envelope.chunk);
+      },
+      [self](selectors_atom, std::string& model, std::string& group, caf::actor& selector) {
+        self->state.routes.learn(std::move(model), std::move(group), std::move(selector));
       },
       [self](removed_atom, const std::vector<WorkerId>& removed) {
         std::vector<std::uint64_t> ids;

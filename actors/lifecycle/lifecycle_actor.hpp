@@ -18,15 +18,17 @@
 //   cancel(std::string request_id)   — the client's GenerateCancel (ignored when not served here);
 //   chunk(ChunkEnvelope)             — a worker's chunk on the node's stream inbox;
 //   removed(std::vector<WorkerId>)   — from the directory actor (it is a watcher): workers left;
+//   selectors(model, group, selector) — from the directory actor: that partition's route and
+//                                       booking requests go to `selector` directly;
 //   deadline(stream id, attempt)     — its own timer: the attempt's first-token timeout;
 //   flush                            — its own: writes the decisions and chunks relayed to NATS
 //                                      clients since the last write (burst_writer.hpp);
 //   an exit message (node shutdown)  — every request in flight ends with an explicit error;
 //   a down message (actor client)    — the client's requests in flight are cancelled.
-// It registers itself with the directory actor (watch) when spawned. Spawned by the router node.
-// Every request it makes carries a finite timeout; it must never block, throw, share its state,
-// or call NATS request(). Classifier events of the steps are not delivered yet (the node has no
-// classifier actor).
+// It registers itself with the directory actor (watch, selectors) when spawned. Spawned by the
+// router node. Every request it makes carries a finite timeout; it must never block, throw, share
+// its state, or call NATS request(). Classifier events of the steps are not delivered yet (the node
+// has no classifier actor).
 #pragma once
 
 #include <chrono>
@@ -48,6 +50,7 @@
 #include "actors/metrics/rate_limited_log.hpp"
 #include "actors/nats/nats_bridge.hpp"
 #include "actors/support/burst_writer.hpp"
+#include "actors/support/partition_routes.hpp"
 #include "actors/wire/generate_messages.hpp"
 
 namespace kvr::actors {
@@ -104,6 +107,8 @@ struct LifecycleActorState {
   std::map<caf::actor_addr, std::size_t> monitored_clients;
   /// Decisions and relayed chunks for NATS clients leave together, one write per burst.
   BurstWriter relays;
+  /// Each partition's selector, as the directory actor announced it.
+  PartitionRoutes routes;
 };
 
 /// The lifecycle actor's behaviour.

@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/actor_types.hpp"
+#include "actors/support/request_error.hpp"
 
 namespace kvr::actors {
 namespace {
@@ -17,23 +18,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Self = caf::stateful_actor<ReservationActorState>*;
 
-// The project error a failed request to a selector stands for.
-Error request_error(const caf::error& error) {
-  if (error.category() == caf::atom("kvr")) return static_cast<Error>(error.code());
-  if (error.category() == caf::atom("system") &&
-      error.code() == static_cast<std::uint8_t>(caf::sec::request_timeout)) {
-    return Error::timeout;
-  }
-  return Error::unavailable;
-}
-
-// The partition's selector when the directory actor announced it, else the directory actor,
-// which delegates to the selector or answers that the partition has no workers.
 const caf::actor& selector_for(Self self, const plugins::worker_selection::RoutingPartition& p) {
-  auto& state = self->state;
-  const auto it =
-      state.selectors.find(std::pair<std::string_view, std::string_view>{p.model, p.routing_group});
-  return it == state.selectors.end() ? state.config.directory : it->second;
+  return self->state.routes.selector_for(p);
 }
 
 // Sends a booking change to the partition's selector; the caller only logs a failure. Nobody
@@ -281,6 +267,7 @@ void fail_overdue(Self self, Clock::time_point now) {
 caf::behavior reservation_actor(Self self, ReservationActorConfig config) {
   self->state.config = std::move(config);
   self->state.ledger.emplace(self->state.config.lease_prefix);
+  self->state.routes = PartitionRoutes{self->state.config.directory};
   self->state.route_latency = self->state.config.metrics->histogram("kvr_route_latency_seconds");
   self->state.leases_open = self->state.config.metrics->gauge("kvr_leases_open");
   self->state.leases_expired = self->state.config.metrics->counter("kvr_leases_expired_total");
@@ -302,7 +289,7 @@ caf::behavior reservation_actor(Self self, ReservationActorConfig config) {
       [self](report_atom, ReportEnvelope& envelope) { return handle_report(self, envelope); },
       [self](flush_atom) { flush_answers(self); },
       [self](selectors_atom, std::string& model, std::string& group, caf::actor& selector) {
-        self->state.selectors[std::pair{std::move(model), std::move(group)}] = std::move(selector);
+        self->state.routes.learn(std::move(model), std::move(group), std::move(selector));
       },
       [self](expire_atom) {
         auto& state = self->state;

@@ -46,6 +46,7 @@
 #include "actors/nats/nats_bridge.hpp"
 #include "actors/reservation/lease_ledger.hpp"
 #include "actors/support/burst_writer.hpp"
+#include "actors/support/partition_routes.hpp"
 
 namespace kvr::actors {
 
@@ -67,31 +68,13 @@ struct ReservationActorConfig {
   std::chrono::milliseconds tick_interval{100};
 };
 
-/// Hashes and compares (model, routing group) keys, owned or viewed, so that looking up a request's
-/// partition copies no string.
-struct PartitionKeyHash {
-  using is_transparent = void;
-  std::size_t operator()(std::pair<std::string_view, std::string_view> key) const {
-    return absl::HashOf(key.first, key.second);
-  }
-};
-struct PartitionKeyEq {
-  using is_transparent = void;
-  bool operator()(std::pair<std::string_view, std::string_view> a,
-                  std::pair<std::string_view, std::string_view> b) const {
-    return a == b;
-  }
-};
-
 /// The reservation actor's state.
 struct ReservationActorState {
   static inline const char* name = "kvr.reservation";
   ReservationActorConfig config;
   std::optional<LeaseLedger> ledger;
-  /// Each partition's selector, as the directory actor announced them.
-  absl::flat_hash_map<std::pair<std::string, std::string>, caf::actor, PartitionKeyHash,
-                      PartitionKeyEq>
-      selectors;
+  /// Each partition's selector, as the directory actor announced it.
+  PartitionRoutes routes;
 
   /// A route request or lifecycle report waiting for its selector, and how to answer it.
   struct PendingRoute {

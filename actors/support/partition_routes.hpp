@@ -1,0 +1,61 @@
+// Where an actor sends a partition's route requests and booking updates: straight to the
+// partition's selector once the directory actor has announced it, else to the directory, which
+// delegates or answers that the partition has no workers. Shared by the reservation and the
+// lifecycle actors, so that both take one hop to a known partition.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <absl/container/flat_hash_map.h>
+#include <absl/hash/hash.h>
+#include <caf/actor.hpp>
+
+#include "selection/worker_selection.hpp"
+
+namespace kvr::actors {
+
+/// A partition → selector map fed by the directory actor's announcements (selectors_atom).
+class PartitionRoutes {
+ public:
+  PartitionRoutes() = default;
+  explicit PartitionRoutes(caf::actor directory) : directory_(std::move(directory)) {}
+
+  const caf::actor& directory() const { return directory_; }
+
+  /// Records a selector the directory announced.
+  void learn(std::string model, std::string routing_group, caf::actor selector) {
+    selectors_[std::pair{std::move(model), std::move(routing_group)}] = std::move(selector);
+  }
+
+  /// The partition's selector, or the directory while it is not announced (yet).
+  const caf::actor& selector_for(
+      const plugins::worker_selection::RoutingPartition& partition) const {
+    const auto it = selectors_.find(
+        std::pair<std::string_view, std::string_view>{partition.model, partition.routing_group});
+    return it == selectors_.end() ? directory_ : it->second;
+  }
+
+ private:
+  // Hashes and compares (model, routing group) keys, owned or viewed, so that looking up a
+  // request's partition copies no string.
+  struct KeyHash {
+    using is_transparent = void;
+    std::size_t operator()(std::pair<std::string_view, std::string_view> key) const {
+      return absl::HashOf(key.first, key.second);
+    }
+  };
+  struct KeyEq {
+    using is_transparent = void;
+    bool operator()(std::pair<std::string_view, std::string_view> a,
+                    std::pair<std::string_view, std::string_view> b) const {
+      return a == b;
+    }
+  };
+
+  caf::actor directory_;
+  absl::flat_hash_map<std::pair<std::string, std::string>, caf::actor, KeyHash, KeyEq> selectors_;
+};
+
+}  // namespace kvr::actors
