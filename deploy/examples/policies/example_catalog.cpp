@@ -1,0 +1,15 @@
+#include "deploy/examples/policies/example_catalog.hpp"
+
+#include <string>
+
+#include "deploy/examples/policies/cache_headroom_policy.hpp"
+
+namespace kvr::examples {
+
+std::expected<void, plugins::RegistryError> register_example_catalog(
+    plugins::RouterPluginRegistry& registry) {
+  return registry.register_worker_selection(std::string{kCacheHeadroomPolicyType},
+                                            cache_headroom_provider);
+}
+
+}  // namespace kvr::examples
