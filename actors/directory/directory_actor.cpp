@@ -11,14 +11,13 @@
 namespace kvr::actors {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using Self = caf::stateful_actor<DirectoryActorState>*;
 using PartitionKey = std::pair<std::string, std::string>;
 
 // Asks every worker to register again, at most once per throttle period.
 void request_reregistration(Self self, bool force) {
   auto& state = self->state;
-  const auto now = Clock::now();
+  const auto now = state.config.selector.clock->now();
   if (!force && now - state.last_reregistration_request < state.config.reregistration_throttle)
     return;
   state.last_reregistration_request = now;

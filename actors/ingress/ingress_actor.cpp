@@ -29,7 +29,7 @@ ingress_actor::behavior_type ingress_actor_impl(ingress_actor::pointer self,
         // microseconds of CPU each (tests/bench/node).
         auto promise = self->make_response_promise<RouteDecisionMessage>();
         promise.delegate(config.reservation, route_atom::value,
-                         RouteEnvelope{std::move(*request), {}, std::chrono::steady_clock::now()});
+                         RouteEnvelope{std::move(*request), {}, config.clock->now()});
         return promise;
       },
       [self, config](report_atom,
@@ -63,8 +63,7 @@ ingress_actor::behavior_type ingress_actor_impl(ingress_actor::pointer self,
         auto promise = self->make_response_promise<RouteDecisionMessage>();
         promise.delegate(
             config.lifecycle, generate_atom::value,
-            GenerateEnvelope{
-                std::move(*request), {}, std::chrono::steady_clock::now(), std::move(client)});
+            GenerateEnvelope{std::move(*request), {}, config.clock->now(), std::move(client)});
         return promise;
       },
       [config](cancel_atom, GenerateCancelMessage& message) {

@@ -21,6 +21,7 @@
 
 #include "actors/actor_types.hpp"
 #include "actors/metrics/metrics_registry.hpp"
+#include "messages/clock.hpp"
 
 namespace kvr::actors {
 
@@ -31,6 +32,8 @@ struct IngressActorConfig {
   caf::actor lifecycle;
   RouteDecodeLimits limits;
   std::shared_ptr<metrics::MetricsRegistry> metrics;
+  /// Stamps each request's arrival (the reservation actor measures route latency from it).
+  std::shared_ptr<const Clock> clock = Clock::steady();
 };
 
 /// The ingress actor's behaviour.

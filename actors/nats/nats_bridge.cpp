@@ -138,7 +138,7 @@ std::expected<void, std::string> NatsBridge::start(BridgeSinks sinks) {
         [this, subject,
          route_requests = registry_->counter("kvr_route_requests_total", {{"ingress", "nats"}})](
             nats::NatsMessage message) {
-          const auto received = std::chrono::steady_clock::now();
+          const auto received = options_.clock->now();
           route_requests.add();
           v1::RouteRequest wire;
           std::expected<RouteRequest, RouteFailure> request =
@@ -197,7 +197,7 @@ std::expected<void, std::string> NatsBridge::subscribe_generate() {
   auto subscribed = subscribe(
       subject,
       [this, subject](nats::NatsMessage message) {
-        const auto received = std::chrono::steady_clock::now();
+        const auto received = options_.clock->now();
         registry_->add("kvr_generate_requests_total", {{"ingress", "nats"}});
         v1::GenerateRequest wire;
         auto request =

@@ -25,6 +25,7 @@
 #include "actors/wire/generate_messages.hpp"
 #include "actors/wire/route_messages.hpp"
 #include "actors/wire/worker_messages.hpp"
+#include "messages/clock.hpp"
 
 namespace kvr::actors {
 
@@ -79,6 +80,8 @@ struct BridgeOptions {
   std::string ns = "default";
   WorkerMessageLimits worker_limits;
   RouteDecodeLimits route_limits;
+  /// Stamps each request's arrival (the reservation actor measures route latency from it).
+  std::shared_ptr<const Clock> clock = Clock::steady();
 };
 
 /// One NATS connection with the router's subscriptions.

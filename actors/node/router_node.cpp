@@ -178,6 +178,7 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
 
   BridgeOptions bridge_options;
   bridge_options.ns = opts.ns;
+  bridge_options.clock = opts.clock;
   // The reservation actor answers bursts of requests: one write per burst (socket_loop.hpp).
   nats::NatsOptions nats_options = opts.nats;
   nats_options.deferred_publish = true;
@@ -209,6 +210,7 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   selector.log = impl->log;
   selector.tick_interval = opts.tick_interval;
   selector.affinity = opts.session_affinity;
+  selector.clock = opts.clock;
   impl->directory = system.spawn(directory_actor, DirectoryActorConfig{selector, {}});
 
   ReservationActorConfig reservation;
@@ -220,6 +222,7 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   reservation.lease_ttl = opts.lease_ttl;
   reservation.selector_timeout = opts.selector_timeout;
   reservation.tick_interval = opts.tick_interval;
+  reservation.clock = opts.clock;
   impl->reservation = system.spawn(reservation_actor, std::move(reservation));
 
   LifecycleActorConfig lifecycle;
@@ -236,7 +239,8 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
       system.spawn(ingress_actor_impl, IngressActorConfig{.reservation = impl->reservation,
                                                           .lifecycle = impl->lifecycle,
                                                           .limits = {},
-                                                          .metrics = impl->registry});
+                                                          .metrics = impl->registry,
+                                                          .clock = opts.clock});
   if (opts.actor_port != 0) {
     auto published =
         system.middleman().publish(impl->ingress, opts.actor_port, opts.bind_host.c_str());

@@ -15,6 +15,7 @@
 #include "actors/metrics/metrics_registry.hpp"
 #include "actors/nats/nats_client.hpp"
 #include "actors/selector/session_affinity.hpp"
+#include "messages/clock.hpp"
 #include "selection/plugin_registry.hpp"
 #include "selection/router_config.hpp"
 
@@ -46,6 +47,8 @@ struct NodeOptions {
   std::chrono::milliseconds first_token_timeout{30'000};
   /// Session affinity (`--router-session-affinity-*`); off unless a TTL is set.
   SessionAffinityOptions session_affinity;
+  /// Where the node's actors read the time (leases, deadlines, latencies); tests inject one.
+  std::shared_ptr<const Clock> clock = Clock::steady();
 
   /// Checks ranges; the error names the option.
   std::expected<void, std::string> validate() const;

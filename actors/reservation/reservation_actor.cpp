@@ -15,7 +15,6 @@
 namespace kvr::actors {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using Self = caf::stateful_actor<ReservationActorState>*;
 
 const caf::actor& selector_for(Self self, const plugins::worker_selection::RoutingPartition& p) {
@@ -58,8 +57,8 @@ bool publish_answer(Self self, std::string_view subject, std::string_view data) 
 void flush_answers(Self self) {
   auto& state = self->state;
   state.answers.write(*state.config.publisher);
-  const Clock::time_point now = Clock::now();
-  for (const Clock::time_point received : state.unflushed_routes) {
+  const TimePoint now = state.config.clock->now();
+  for (const TimePoint received : state.unflushed_routes) {
     state.route_latency.observe(std::chrono::duration<double>(now - received).count());
   }
   state.unflushed_routes.clear();
@@ -75,7 +74,7 @@ bool deliver_decision(Self self, const RouteEnvelope& envelope, caf::response_pr
     delivered = publish_answer(self, envelope.reply_subject, decision.SerializeAsString());
     state.unflushed_routes.push_back(envelope.received);
   } else {
-    const std::chrono::duration<double> elapsed = Clock::now() - envelope.received;
+    const std::chrono::duration<double> elapsed = state.config.clock->now() - envelope.received;
     state.route_latency.observe(elapsed.count());
   }
   if (decision.has_error()) {
@@ -90,7 +89,7 @@ bool deliver_decision(Self self, const RouteEnvelope& envelope, caf::response_pr
 
 // Ends leases that expired unreported, at most `limit` of them: their bookings expire in the
 // selector on their own (same expiry), so only the ledger and the metrics change here.
-void expire_leases(Self self, Clock::time_point now, std::size_t limit) {
+void expire_leases(Self self, TimePoint now, std::size_t limit) {
   auto& state = self->state;
   const auto expired = state.ledger->expire(now, limit);
   if (expired.empty()) return;
@@ -102,7 +101,8 @@ void expire_leases(Self self, Clock::time_point now, std::size_t limit) {
 std::uint64_t add_pending(Self self) {
   auto& state = self->state;
   const std::uint64_t id = state.next_pending++;
-  state.pending_deadlines.emplace_back(Clock::now() + state.config.selector_timeout, id);
+  state.pending_deadlines.emplace_back(state.config.clock->now() + state.config.selector_timeout,
+                                       id);
   return id;
 }
 
@@ -143,7 +143,7 @@ caf::response_promise handle_route(Self self, RouteEnvelope& envelope) {
   auto promise = self->make_response_promise();
   auto& state = self->state;
   // A few per request (kExpiriesPerRequest), as the selector does with bookings.
-  expire_leases(self, Clock::now(), kExpiriesPerRequest);
+  expire_leases(self, state.config.clock->now(), kExpiriesPerRequest);
   // The selector gets the request; the pending entry keeps what answering needs.
   RouteRequest selector_request = std::move(envelope.request);
   envelope.request.selection.request_id = selector_request.id();
@@ -242,7 +242,7 @@ caf::response_promise handle_report(Self self, ReportEnvelope& envelope) {
 }
 
 // Answers every request whose selector has not answered within the selector timeout.
-void fail_overdue(Self self, Clock::time_point now) {
+void fail_overdue(Self self, TimePoint now) {
   auto& state = self->state;
   const auto timeout_ms = state.config.selector_timeout.count();
   while (!state.pending_deadlines.empty() && state.pending_deadlines.front().first <= now) {
@@ -293,8 +293,8 @@ caf::behavior reservation_actor(Self self, ReservationActorConfig config) {
       },
       [self](expire_atom) {
         auto& state = self->state;
-        fail_overdue(self, Clock::now());
-        expire_leases(self, Clock::now(), std::numeric_limits<std::size_t>::max());
+        fail_overdue(self, state.config.clock->now());
+        expire_leases(self, state.config.clock->now(), std::numeric_limits<std::size_t>::max());
         self->delayed_send(self, state.config.tick_interval, expire_atom::value);
       },
   };

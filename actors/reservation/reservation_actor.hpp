@@ -47,6 +47,7 @@
 #include "actors/reservation/lease_ledger.hpp"
 #include "actors/support/burst_writer.hpp"
 #include "actors/support/partition_routes.hpp"
+#include "messages/clock.hpp"
 
 namespace kvr::actors {
 
@@ -66,6 +67,8 @@ struct ReservationActorConfig {
   std::chrono::milliseconds selector_timeout{2'000};
   /// Period of the lease-expiry timer.
   std::chrono::milliseconds tick_interval{100};
+  /// Where the actor reads the time (injected by tests).
+  std::shared_ptr<const Clock> clock = Clock::steady();
 };
 
 /// The reservation actor's state.

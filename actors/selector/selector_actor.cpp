@@ -10,7 +10,6 @@
 namespace kvr::actors {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using Self = caf::stateful_actor<SelectorActorState>*;
 
 std::string partition_label(const plugins::worker_selection::RoutingPartition& partition) {
@@ -32,7 +31,7 @@ void update_gauges(Self self) {
 // Applies a lifecycle's affinity action to the request's proposal.
 void apply_affinity(Self self, const std::string& request_id, AffinityAction action) {
   auto& affinity = self->state.affinity;
-  const auto now = Clock::now();
+  const auto now = self->state.config.clock->now();
   switch (action) {
     case AffinityAction::none:
       return;
@@ -63,7 +62,7 @@ void refuse(Self self, std::string_view kind, std::string_view reason) {
 // Asks the worker for a dump of one rank, at most once per retry period.
 void request_dump(Self self, WorkerWithDpRank worker) {
   auto& state = self->state;
-  const auto now = Clock::now();
+  const auto now = state.config.clock->now();
   auto [it, inserted] = state.dump_requested.try_emplace(worker, now);
   if (!inserted) {
     if (now - it->second < state.config.dump_retry) return;
@@ -112,7 +111,8 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
       [self](worker_up_atom, discovery::WorkerRegistration& registration) {
         auto& state = self->state;
         const WorkerId id = registration.worker_id;
-        auto change = state.selector->register_worker(std::move(registration), Clock::now());
+        auto change =
+            state.selector->register_worker(std::move(registration), state.config.clock->now());
         if (!change) return refuse(self, "registration", change.error().message());
         if (*change != discovery::RegistrationChange::refreshed) {
           forget_dumps(self, id);
@@ -124,7 +124,7 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
       },
       [self](heartbeat_atom, const WorkerLiveness& heartbeat) {
         auto renewed = self->state.selector->heartbeat(heartbeat.worker_id, heartbeat.incarnation,
-                                                       Clock::now());
+                                                       self->state.config.clock->now());
         if (!renewed) refuse(self, "heartbeat", discovery::as_str(renewed.error()));
       },
       [self](worker_down_atom, const WorkerLiveness& deregistration) {
@@ -172,7 +172,7 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
       },
       [self](route_atom, RouteRequest& request) -> SelectorReply {
         auto& state = self->state;
-        const auto started = Clock::now();
+        const auto started = state.config.clock->now();
         state.selector->expire_bookings(started, kExpiriesPerRequest);
         auto routed =
             route_with_session_affinity(*state.selector, state.affinity, request, started);
@@ -181,7 +181,7 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
                    : std::unexpected(std::move(routed.error())),
             state.selector->policy_name(request.worker_type),
             {}};
-        const std::chrono::duration<double> elapsed = Clock::now() - started;
+        const std::chrono::duration<double> elapsed = state.config.clock->now() - started;
         state.series.selection_latency.observe(elapsed.count());
         if (reply.result) {
           const auto* entry =
@@ -208,7 +208,7 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
       [self](expire_atom) {
         auto& state = self->state;
         std::vector<WorkerId> removed;
-        const auto now = Clock::now();
+        const auto now = state.config.clock->now();
         state.selector->expire(now, removed);
         state.affinity.expire(now);
         if (!removed.empty()) {

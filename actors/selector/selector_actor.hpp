@@ -37,6 +37,7 @@
 #include "actors/nats/nats_bridge.hpp"
 #include "actors/selector/selector_state.hpp"
 #include "actors/selector/session_affinity.hpp"
+#include "messages/clock.hpp"
 
 namespace kvr::actors {
 
@@ -56,6 +57,8 @@ struct SelectorActorConfig {
   std::chrono::milliseconds tick_interval{100};
   /// A rank's dump is not asked for again within this time.
   std::chrono::milliseconds dump_retry{1000};
+  /// Where the actor reads the time (injected by tests).
+  std::shared_ptr<const Clock> clock = Clock::steady();
 };
 
 /// The selector actor's state.
