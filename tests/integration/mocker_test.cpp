@@ -14,20 +14,16 @@
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
 #include "messages/subjects.hpp"
-#include "tests/testing/kvr_processes.hpp"
+#include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/nats_recorder.hpp"
-#include "tests/testing/nats_server.hpp"
 
 namespace kvr {
 namespace {
 
 using namespace std::chrono_literals;
-using actors::nats::NatsClient;
 using testing::ChildProcess;
 using testing::ChunkStream;
-using testing::KvrProcesses;
 using testing::NatsRecorder;
-using testing::NatsServer;
 using testing::prompt;
 using testing::wait_until;
 
@@ -35,31 +31,26 @@ constexpr std::string_view kNamespace = "mock";
 constexpr WorkerId kFirstWorker = 100;
 constexpr std::uint32_t kBlockSize = 16;
 
-class MockerTest : public ::testing::Test {
+class MockerTest : public testing::KvrClusterTest {
  protected:
+  MockerTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+
   void SetUp() override {
-    std::string error;
-    server_ = NatsServer::start(&error);
-    ASSERT_TRUE(server_) << error;
-    actors::nats::NatsOptions options;
-    options.url = server_->url();
-    auto client = NatsClient::connect(options);
-    ASSERT_TRUE(client) << client.error();
-    client_ = std::move(*client);
+    KvrClusterTest::SetUp();
+    if (HasFatalFailure()) return;
     ASSERT_TRUE(registrations_.listen(*client_, subjects::worker_register(kNamespace)));
     ASSERT_TRUE(heartbeats_.listen(*client_, subjects::worker_heartbeat(kNamespace)));
     ASSERT_TRUE(loads_.listen(*client_, subjects::worker_load(kNamespace)));
     ASSERT_TRUE(deregistrations_.listen(*client_, subjects::worker_deregister(kNamespace)));
     ASSERT_TRUE(kv_events_.listen(*client_, subjects::kv_events_all(kNamespace)));
 
-    const KvrProcesses kvr{KVR_BINARY, server_->url(), std::string{kNamespace}, directory_.path()};
-    mocker_ = kvr.start_mocker({.workers = 2,
-                                .worker_id_base = kFirstWorker,
-                                .block_size = kBlockSize,
-                                .num_gpu_blocks = 512,
-                                .time_scale = "20",
-                                .lease_ttl_ms = 600,
-                                .load_interval_ms = 50});
+    mocker_ = kvr_->start_mocker({.workers = 2,
+                                  .worker_id_base = kFirstWorker,
+                                  .block_size = kBlockSize,
+                                  .num_gpu_blocks = 512,
+                                  .time_scale = "20",
+                                  .lease_ttl_ms = 600,
+                                  .load_interval_ms = 50});
     ASSERT_TRUE(mocker_);
     ASSERT_TRUE(registrations_.wait_for(2, 10s)) << mocker_->log();
   }
@@ -81,9 +72,6 @@ class MockerTest : public ::testing::Test {
     return stream.chunks();
   }
 
-  testing::TemporaryDirectory directory_;
-  std::unique_ptr<NatsServer> server_;
-  std::unique_ptr<NatsClient> client_;
   NatsRecorder registrations_, heartbeats_, loads_, deregistrations_, kv_events_;
   std::optional<ChildProcess> mocker_;
 };

@@ -14,24 +14,20 @@
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
 #include "messages/subjects.hpp"
-#include "tests/testing/kvr_processes.hpp"
+#include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_recorder.hpp"
-#include "tests/testing/nats_server.hpp"
 
 namespace kvr {
 namespace {
 
 using namespace std::chrono_literals;
-using actors::nats::NatsClient;
 using testing::ChildProcess;
 using testing::ChunkStream;
 using testing::free_port;
 using testing::http_get;
-using testing::KvrProcesses;
 using testing::metric;
 using testing::NatsRecorder;
-using testing::NatsServer;
 using testing::prompt;
 using testing::wait_until;
 
@@ -41,19 +37,9 @@ constexpr std::uint32_t kBlockSize = 16;
 // the mockers' 2048 blocks of KV cache.
 constexpr std::uint32_t kLongGeneration = 20'000;
 
-class NodeGenerateTest : public ::testing::Test {
+class NodeGenerateTest : public testing::KvrClusterTest {
  protected:
-  void SetUp() override {
-    std::string error;
-    server_ = NatsServer::start(&error);
-    ASSERT_TRUE(server_) << error;
-    actors::nats::NatsOptions options;
-    options.url = server_->url();
-    auto client = NatsClient::connect(options);
-    ASSERT_TRUE(client) << client.error();
-    client_ = std::move(*client);
-    kvr_.emplace(KVR_BINARY, server_->url(), std::string{kNamespace}, directory_.path());
-  }
+  NodeGenerateTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
 
   void TearDown() override {
     if (HasFailure()) {
@@ -155,10 +141,6 @@ class NodeGenerateTest : public ::testing::Test {
         10s);
   }
 
-  testing::TemporaryDirectory directory_;
-  std::unique_ptr<NatsServer> server_;
-  std::unique_ptr<NatsClient> client_;
-  std::optional<KvrProcesses> kvr_;
   std::map<std::string, ChildProcess> mockers_;
   std::optional<ChildProcess> node_;
   std::vector<std::unique_ptr<ChunkStream>> streams_;

@@ -14,23 +14,19 @@
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
 #include "messages/subjects.hpp"
-#include "tests/testing/kvr_processes.hpp"
+#include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_recorder.hpp"
-#include "tests/testing/nats_server.hpp"
 
 namespace kvr {
 namespace {
 
 using namespace std::chrono_literals;
-using actors::nats::NatsClient;
 using testing::ChildProcess;
 using testing::ChunkStream;
 using testing::free_port;
 using testing::http_get;
-using testing::KvrProcesses;
 using testing::metric;
-using testing::NatsServer;
 using testing::prompt;
 using testing::wait_until;
 
@@ -39,21 +35,17 @@ constexpr WorkerId kFirstWorker = 100;
 constexpr WorkerId kSecondFleetWorker = 200;
 constexpr std::uint32_t kBlockSize = 16;
 
-class NodeTest : public ::testing::Test {
+// The client reconnects forever, quickly: one test restarts the server.
+actors::nats::NatsOptions reconnecting_client() {
+  actors::nats::NatsOptions options;
+  options.max_reconnects = -1;
+  options.reconnect_wait = 50ms;
+  return options;
+}
+
+class NodeTest : public testing::KvrClusterTest {
  protected:
-  void SetUp() override {
-    std::string error;
-    server_ = NatsServer::start(&error);
-    ASSERT_TRUE(server_) << error;
-    actors::nats::NatsOptions options;
-    options.url = server_->url();
-    options.max_reconnects = -1;
-    options.reconnect_wait = 50ms;
-    auto client = NatsClient::connect(options);
-    ASSERT_TRUE(client) << client.error();
-    client_ = std::move(*client);
-    kvr_.emplace(KVR_BINARY, server_->url(), std::string{kNamespace}, directory_.path());
-  }
+  NodeTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}, reconnecting_client()) {}
 
   void TearDown() override {
     // Log files help when something failed.
@@ -129,10 +121,6 @@ class NodeTest : public ::testing::Test {
     ASSERT_TRUE(wait_until([&] { return stream.finished(); }, 10s));
   }
 
-  testing::TemporaryDirectory directory_;
-  std::unique_ptr<NatsServer> server_;
-  std::unique_ptr<NatsClient> client_;
-  std::optional<KvrProcesses> kvr_;
   std::optional<ChildProcess> mocker_;
   std::optional<ChildProcess> node_;
   std::uint16_t metrics_port_ = 0;
