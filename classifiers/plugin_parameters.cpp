@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include "classifiers/yaml_description.hpp"
+
 namespace kvr::classifiers {
 namespace {
 
@@ -50,23 +52,6 @@ struct TypeName<std::string> {
   static constexpr std::string_view many = "strings";
 };
 
-std::string describe(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Undefined:
-      return "nothing";
-    case YAML::NodeType::Null:
-      return "null";
-    case YAML::NodeType::Sequence:
-      return "a list";
-    case YAML::NodeType::Map:
-      return "a mapping";
-    case YAML::NodeType::Scalar:
-      break;
-  }
-  if (node.Tag() == "!") return fmt::format("\"{}\" (quoted, so a string)", node.Scalar());
-  return fmt::format("'{}'", node.Scalar());
-}
-
 // Quoted or !!str-tagged scalars are strings, even when they look like numbers: `limit: "5"` is
 // almost always a templating mistake, so it is reported rather than guessed at.
 bool is_untyped_plain_scalar(const YAML::Node& node) {
@@ -85,7 +70,7 @@ std::string type_error(const ParameterSource& source, std::string_view key,
                        std::string_view expected, const YAML::Node& node,
                        std::string_view detail = {}) {
   return fmt::format("{}.{}: expected {}, got {}{}", source.context(), key, expected,
-                     describe(node), detail);
+                     describe_yaml(node), detail);
 }
 
 template <ParameterScalar T>
@@ -187,12 +172,12 @@ std::expected<std::shared_ptr<const ParameterSource>, std::string> ParameterSour
     if (!node.IsDefined() || node.IsNull()) return empty(std::move(context));
     if (!node.IsMap()) {
       return std::unexpected(
-          fmt::format("{}: expected a mapping, got {}", context, describe(node)));
+          fmt::format("{}: expected a mapping, got {}", context, describe_yaml(node)));
     }
     for (auto entry = node.begin(); entry != node.end(); ++entry) {
       if (!entry->first.IsScalar()) {
         return std::unexpected(fmt::format("{}: parameter names must be strings, got {}", context,
-                                           describe(entry->first)));
+                                           describe_yaml(entry->first)));
       }
       std::string key = entry->first.Scalar();
       if (std::ranges::find(keys, key) != keys.end()) {

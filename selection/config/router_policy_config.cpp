@@ -10,31 +10,19 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include "classifiers/yaml_description.hpp"
 #include "selection/plugin_registry.hpp"
 
 namespace kvr::selection {
 namespace {
+
+using classifiers::describe_yaml;
 
 constexpr std::string_view kTopLevelKeys[] = {"worker_selection", "request_classifier"};
 constexpr std::string_view kWorkerSelectionKeys[] = {"aggregated", "prefill", "decode", "encode",
                                                      "instances"};
 constexpr std::string_view kInstanceKeys[] = {"name", "type", "parameters"};
 constexpr std::string_view kRequestClassifierKeys[] = {"type", "parameters"};
-
-std::string describe(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Undefined:
-    case YAML::NodeType::Null:
-      return "nothing";
-    case YAML::NodeType::Sequence:
-      return "a list";
-    case YAML::NodeType::Map:
-      return "a mapping";
-    case YAML::NodeType::Scalar:
-      break;
-  }
-  return fmt::format("'{}'", node.Scalar());
-}
 
 std::string join(std::span<const std::string_view> names) {
   std::string joined;
@@ -65,7 +53,7 @@ class Parser {
     if (!root.IsMap()) {
       return fail(root, "",
                   fmt::format("expected a mapping with the keys {}, got {}", join(kTopLevelKeys),
-                              describe(root)));
+                              describe_yaml(root)));
     }
     auto entries = mapping_entries(root, "", kTopLevelKeys);
     if (!entries) return std::unexpected(std::move(entries.error()));
@@ -96,7 +84,7 @@ class Parser {
     for (auto entry = node.begin(); entry != node.end(); ++entry) {
       if (!entry->first.IsScalar()) {
         return fail(entry->first, path,
-                    fmt::format("keys must be strings, got {}", describe(entry->first)));
+                    fmt::format("keys must be strings, got {}", describe_yaml(entry->first)));
       }
       std::string key = entry->first.Scalar();
       const std::string key_path = child_path(path, key);
@@ -115,7 +103,7 @@ class Parser {
   std::expected<std::string, std::string> name_value(const YAML::Node& node, std::string_view path,
                                                      std::string_view what) const {
     if (!node.IsScalar()) {
-      return fail(node, path, fmt::format("expected {}, got {}", what, describe(node)));
+      return fail(node, path, fmt::format("expected {}, got {}", what, describe_yaml(node)));
     }
     if (node.Scalar().empty()) return fail(node, path, fmt::format("{} must not be empty", what));
     return node.Scalar();
@@ -124,7 +112,7 @@ class Parser {
   std::expected<std::shared_ptr<const ParameterSource>, std::string> parameters_value(
       const YAML::Node& node, std::string_view path) const {
     if (!node.IsNull() && !node.IsMap()) {
-      return fail(node, path, fmt::format("expected a mapping, got {}", describe(node)));
+      return fail(node, path, fmt::format("expected a mapping, got {}", describe_yaml(node)));
     }
     // The context stays short: resolution prefixes it with the instance's place in this file.
     auto source = ParameterSource::from_yaml(node, "parameters");
@@ -138,7 +126,7 @@ class Parser {
     if (!node.IsMap()) {
       return fail(node, path,
                   fmt::format("expected a mapping with the keys {}, got {}",
-                              join(kWorkerSelectionKeys), describe(node)));
+                              join(kWorkerSelectionKeys), describe_yaml(node)));
     }
     auto entries = mapping_entries(node, path, kWorkerSelectionKeys);
     if (!entries) return std::unexpected(std::move(entries.error()));
@@ -161,7 +149,8 @@ class Parser {
     constexpr std::string_view path = "worker_selection.instances";
     if (node.IsNull()) return {};
     if (!node.IsSequence()) {
-      return fail(node, path, fmt::format("expected a list of instances, got {}", describe(node)));
+      return fail(node, path,
+                  fmt::format("expected a list of instances, got {}", describe_yaml(node)));
     }
     for (std::size_t i = 0; i < node.size(); ++i) {
       const YAML::Node item = node[i];
@@ -169,7 +158,7 @@ class Parser {
       if (!item.IsMap()) {
         return fail(item, item_path,
                     fmt::format("expected a mapping with the keys {}, got {}", join(kInstanceKeys),
-                                describe(item)));
+                                describe_yaml(item)));
       }
       auto entries = mapping_entries(item, item_path, kInstanceKeys);
       if (!entries) return std::unexpected(std::move(entries.error()));
@@ -227,7 +216,7 @@ class Parser {
     if (!node.IsMap()) {
       return fail(node, path,
                   fmt::format("expected a mapping with the keys {}, got {}",
-                              join(kRequestClassifierKeys), describe(node)));
+                              join(kRequestClassifierKeys), describe_yaml(node)));
     }
     auto entries = mapping_entries(node, path, kRequestClassifierKeys);
     if (!entries) return std::unexpected(std::move(entries.error()));

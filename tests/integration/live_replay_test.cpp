@@ -1,12 +1,10 @@
 // `kvr replay --live` against a real cluster on loopback: a nats-server, a `kvr mocker` fleet and a
 // `kvr node`. Every trace request is routed, streamed from its worker and reported; the run ends
 // with the common report, and it stops with an explicit error when no router answers.
-#include <fstream>
-#include <iterator>
-
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/testing/kvr_processes.hpp"
 #include "tests/testing/nats_server.hpp"
 
 namespace kvr {
@@ -14,15 +12,12 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::ChildProcess;
+using testing::KvrProcesses;
 using testing::NatsServer;
+using testing::read_file;
 using testing::TemporaryDirectory;
 
 constexpr std::string_view kNamespace = "live";
-
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream input{path, std::ios::binary};
-  return {std::istreambuf_iterator<char>{input}, std::istreambuf_iterator<char>{}};
-}
 
 class LiveReplayTest : public ::testing::Test {
  protected:
@@ -30,6 +25,7 @@ class LiveReplayTest : public ::testing::Test {
     std::string error;
     server_ = NatsServer::start(&error);
     ASSERT_TRUE(server_) << error;
+    kvr_.emplace(KVR_BINARY, server_->url(), std::string{kNamespace}, directory_.path());
   }
 
   void TearDown() override {
@@ -40,25 +36,19 @@ class LiveReplayTest : public ::testing::Test {
   }
 
   void start_mocker() {
-    mocker_ = ChildProcess::start(
-        {KVR_BINARY, "mocker", "--nats", server_->url(), "--namespace", std::string{kNamespace},
-         "--workers", "4", "--time-scale", "50", "--block-size", "64"},
-        directory_.path() / "mocker.log");
+    mocker_ = kvr_->start_mocker({.workers = 4, .block_size = 64, .time_scale = "50"});
     ASSERT_TRUE(mocker_);
   }
 
   void start_node() {
-    node_ = ChildProcess::start({KVR_BINARY, "node", "--nats", server_->url(), "--namespace",
-                                 std::string{kNamespace}, "--block-size", "64"},
-                                directory_.path() / "node.log");
+    node_ = kvr_->start_node({.block_size = 64});
     ASSERT_TRUE(node_);
   }
 
   // Runs `kvr replay --live <arguments>` to completion; its exit code (nullopt: it did not end).
   std::optional<int> replay_live(std::vector<std::string> arguments) {
-    arguments.insert(arguments.begin(), {KVR_BINARY, "replay", "--live", "--nats", server_->url(),
-                                         "--namespace", std::string{kNamespace}, "--quiet"});
-    auto process = ChildProcess::start(arguments, replay_log());
+    arguments.insert(arguments.begin(), "--quiet");
+    auto process = kvr_->start({"replay", "--live"}, arguments, "replay.log");
     if (!process) {
       ADD_FAILURE() << "cannot start " << KVR_BINARY;
       return std::nullopt;
@@ -68,10 +58,11 @@ class LiveReplayTest : public ::testing::Test {
     return status;
   }
 
-  std::filesystem::path replay_log() const { return directory_.path() / "replay.log"; }
+  std::filesystem::path replay_log() const { return kvr_->log_path("replay.log"); }
 
   TemporaryDirectory directory_;
   std::unique_ptr<NatsServer> server_;
+  std::optional<KvrProcesses> kvr_;
   std::optional<ChildProcess> mocker_;
   std::optional<ChildProcess> node_;
 };

@@ -3,8 +3,6 @@
 // re-registration on discovery, bad input, and clean shutdown.
 #include <atomic>
 #include <map>
-#include <mutex>
-#include <numeric>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -16,148 +14,71 @@
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
 #include "messages/subjects.hpp"
-#include "tests/testing/nats_server.hpp"
+#include "tests/testing/kvr_cluster_test.hpp"
+#include "tests/testing/nats_recorder.hpp"
 
 namespace kvr {
 namespace {
 
 using namespace std::chrono_literals;
-using actors::nats::NatsClient;
-using actors::nats::NatsMessage;
-using actors::nats::NatsSubscription;
 using testing::ChildProcess;
-using testing::NatsServer;
+using testing::ChunkStream;
+using testing::NatsRecorder;
+using testing::prompt;
 using testing::wait_until;
 
 constexpr std::string_view kNamespace = "mock";
 constexpr WorkerId kFirstWorker = 100;
 constexpr std::uint32_t kBlockSize = 16;
 
-// Collects every message on a subject.
-class Recorder {
- public:
-  Recorder(NatsClient& client, const std::string& subject) {
-    auto subscription = client.subscribe(subject, [this](NatsMessage message) {
-      std::lock_guard lock{mutex_};
-      messages_.push_back(std::move(message));
-    });
-    EXPECT_TRUE(subscription) << subscription.error();
-    if (subscription) subscription_.emplace(std::move(*subscription));
-  }
-  std::vector<NatsMessage> messages() const {
-    std::lock_guard lock{mutex_};
-    return messages_;
-  }
-  std::size_t size() const {
-    std::lock_guard lock{mutex_};
-    return messages_.size();
-  }
-  template <class Proto>
-  std::vector<Proto> decoded() const {
-    std::vector<Proto> result;
-    for (const auto& message : messages()) {
-      Proto proto;
-      if (proto.ParseFromString(message.data)) result.push_back(std::move(proto));
-    }
-    return result;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::vector<NatsMessage> messages_;
-  std::optional<NatsSubscription> subscription_;
-};
-
-std::vector<std::uint32_t> prompt(std::size_t tokens, std::uint32_t first) {
-  std::vector<std::uint32_t> ids(tokens);
-  std::iota(ids.begin(), ids.end(), first);
-  return ids;
-}
-
-class MockerTest : public ::testing::Test {
+class MockerTest : public testing::KvrClusterTest {
  protected:
-  void SetUp() override {
-    std::string error;
-    server_ = NatsServer::start(&error);
-    ASSERT_TRUE(server_) << error;
-    actors::nats::NatsOptions options;
-    options.url = server_->url();
-    auto client = NatsClient::connect(options);
-    ASSERT_TRUE(client) << client.error();
-    client_ = std::move(*client);
-    registrations_ = std::make_unique<Recorder>(*client_, subjects::worker_register(kNamespace));
-    heartbeats_ = std::make_unique<Recorder>(*client_, subjects::worker_heartbeat(kNamespace));
-    loads_ = std::make_unique<Recorder>(*client_, subjects::worker_load(kNamespace));
-    deregistrations_ =
-        std::make_unique<Recorder>(*client_, subjects::worker_deregister(kNamespace));
-    kv_events_ = std::make_unique<Recorder>(*client_, subjects::kv_events_all(kNamespace));
-    ASSERT_TRUE(client_->flush(2s));
+  MockerTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
 
-    mocker_ = ChildProcess::start({KVR_BINARY,
-                                   "mocker",
-                                   "--nats",
-                                   server_->url(),
-                                   "--namespace",
-                                   std::string{kNamespace},
-                                   "--workers",
-                                   "2",
-                                   "--worker-id-base",
-                                   std::to_string(kFirstWorker),
-                                   "--block-size",
-                                   std::to_string(kBlockSize),
-                                   "--num-gpu-blocks",
-                                   "512",
-                                   "--time-scale",
-                                   "20",
-                                   "--lease-ttl-ms",
-                                   "600",
-                                   "--load-interval-ms",
-                                   "50"},
-                                  directory_.path() / "mocker.log");
+  void SetUp() override {
+    KvrClusterTest::SetUp();
+    if (HasFatalFailure()) return;
+    ASSERT_TRUE(registrations_.listen(*client_, subjects::worker_register(kNamespace)));
+    ASSERT_TRUE(heartbeats_.listen(*client_, subjects::worker_heartbeat(kNamespace)));
+    ASSERT_TRUE(loads_.listen(*client_, subjects::worker_load(kNamespace)));
+    ASSERT_TRUE(deregistrations_.listen(*client_, subjects::worker_deregister(kNamespace)));
+    ASSERT_TRUE(kv_events_.listen(*client_, subjects::kv_events_all(kNamespace)));
+
+    mocker_ = kvr_->start_mocker({.workers = 2,
+                                  .worker_id_base = kFirstWorker,
+                                  .block_size = kBlockSize,
+                                  .num_gpu_blocks = 512,
+                                  .time_scale = "20",
+                                  .lease_ttl_ms = 600,
+                                  .load_interval_ms = 50});
     ASSERT_TRUE(mocker_);
-    ASSERT_TRUE(wait_until([&] { return registrations_->size() >= 2; }, 10s)) << mocker_->log();
+    ASSERT_TRUE(registrations_.wait_for(2, 10s)) << mocker_->log();
   }
 
   // Sends a generate request and collects its chunks until the finished one (or the timeout).
   std::vector<v1::GenerateChunk> generate(
       WorkerId worker, const std::string& request_id, const std::vector<std::uint32_t>& tokens,
       std::uint32_t output_tokens, std::function<void(const v1::GenerateChunk&)> on_chunk = {}) {
-    const std::string stream = client_->new_inbox();
-    std::mutex mutex;
-    std::vector<v1::GenerateChunk> chunks;
-    std::atomic<bool> finished{false};
-    auto subscription = client_->subscribe(stream, [&](NatsMessage message) {
-      v1::GenerateChunk chunk;
-      if (!chunk.ParseFromString(message.data)) return;
-      if (on_chunk) on_chunk(chunk);
-      std::lock_guard lock{mutex};
-      chunks.push_back(chunk);
-      if (chunk.finished()) finished = true;
-    });
-    EXPECT_TRUE(subscription);
-    EXPECT_TRUE(client_->flush(2s));
+    ChunkStream stream;
+    EXPECT_TRUE(stream.open(*client_, std::move(on_chunk)));
     v1::GenerateRequest request;
     request.mutable_route()->set_request_id(request_id);
     for (std::uint32_t token : tokens) request.mutable_route()->mutable_tokens()->add_ids(token);
     request.set_max_output_tokens(output_tokens);
-    request.set_stream_subject(stream);
+    request.set_stream_subject(stream.subject());
     EXPECT_TRUE(client_->publish(subjects::worker_generate(kNamespace, worker),
                                  request.SerializeAsString()));
-    EXPECT_TRUE(wait_until([&] { return finished.load(); }, 20s)) << mocker_->log();
-    std::lock_guard lock{mutex};
-    return chunks;
+    EXPECT_TRUE(wait_until([&] { return stream.finished(); }, 20s)) << mocker_->log();
+    return stream.chunks();
   }
 
-  testing::TemporaryDirectory directory_;
-  std::unique_ptr<NatsServer> server_;
-  std::unique_ptr<NatsClient> client_;
-  std::unique_ptr<Recorder> registrations_, heartbeats_, loads_, deregistrations_, kv_events_;
+  NatsRecorder registrations_, heartbeats_, loads_, deregistrations_, kv_events_;
   std::optional<ChildProcess> mocker_;
 };
 
 TEST_F(MockerTest, RegistersEveryWorkerWithItsEngineShape) {
   std::map<WorkerId, v1::WorkerRegistration> by_id;
-  for (auto& registration : registrations_->decoded<v1::WorkerRegistration>()) {
+  for (auto& registration : registrations_.decoded<v1::WorkerRegistration>()) {
     by_id[registration.worker_id()] = registration;
   }
   ASSERT_EQ(by_id.size(), 2U);
@@ -172,8 +93,8 @@ TEST_F(MockerTest, RegistersEveryWorkerWithItsEngineShape) {
 }
 
 TEST_F(MockerTest, SendsHeartbeatsAndLoadMetrics) {
-  ASSERT_TRUE(wait_until([&] { return heartbeats_->size() >= 4 && loads_->size() >= 4; }, 5s));
-  const auto loads = loads_->decoded<v1::LoadMetrics>();
+  ASSERT_TRUE(wait_until([&] { return heartbeats_.size() >= 4 && loads_.size() >= 4; }, 5s));
+  const auto loads = loads_.decoded<v1::LoadMetrics>();
   ASSERT_FALSE(loads.empty());
   ASSERT_EQ(loads.front().ranks_size(), 1);
   EXPECT_EQ(loads.front().ranks(0).active_requests(), 0U);
@@ -195,10 +116,10 @@ TEST_F(MockerTest, GenerateStreamsEveryTokenThenStoresThePromptBlocks) {
 
   // The prompt's full blocks were announced, hashed by kvr's rule, on the worker's subject.
   const auto expected = discovery::BlockHasher{kBlockSize}.sequence_hashes(tokens);
-  ASSERT_TRUE(wait_until([&] { return kv_events_->size() >= 1; }, 5s));
+  ASSERT_TRUE(wait_until([&] { return kv_events_.size() >= 1; }, 5s));
   std::vector<BlockHash> stored;
   std::uint64_t last_event_id = 0;
-  for (const auto& batch : kv_events_->decoded<v1::KvEventBatch>()) {
+  for (const auto& batch : kv_events_.decoded<v1::KvEventBatch>()) {
     EXPECT_EQ(batch.worker_id(), kFirstWorker);
     EXPECT_GT(batch.event_id(), last_event_id);
     last_event_id = batch.event_id();
@@ -269,9 +190,9 @@ TEST_F(MockerTest, BadInputIsDroppedAndServingContinues) {
 }
 
 TEST_F(MockerTest, ReRegistersWhenARouterAsksForDiscovery) {
-  const std::size_t before = registrations_->size();
+  const std::size_t before = registrations_.size();
   ASSERT_TRUE(client_->publish(subjects::worker_discover(kNamespace), ""));
-  EXPECT_TRUE(wait_until([&] { return registrations_->size() >= before + 2; }, 5s));
+  EXPECT_TRUE(wait_until([&] { return registrations_.size() >= before + 2; }, 5s));
 }
 
 TEST_F(MockerTest, DeregistersOnCleanShutdown) {
@@ -280,9 +201,9 @@ TEST_F(MockerTest, DeregistersOnCleanShutdown) {
   ASSERT_TRUE(status.has_value());
   EXPECT_EQ(*status, 0) << mocker_->log();
   ASSERT_TRUE(client_->flush(2s));
-  ASSERT_TRUE(wait_until([&] { return deregistrations_->size() >= 2; }, 5s));
+  ASSERT_TRUE(wait_until([&] { return deregistrations_.size() >= 2; }, 5s));
   std::set<WorkerId> ids;
-  for (const auto& message : deregistrations_->decoded<v1::WorkerDeregistration>()) {
+  for (const auto& message : deregistrations_.decoded<v1::WorkerDeregistration>()) {
     ids.insert(message.worker_id());
   }
   EXPECT_EQ(ids, (std::set<WorkerId>{kFirstWorker, kFirstWorker + 1}));

@@ -2,23 +2,26 @@
 // threads and with kvr's socket loop (NatsOptions::deferred_publish): every test runs in both.
 #include "actors/nats/nats_client.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <deque>
 #include <expected>
-#include <filesystem>
-#include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <time.h>
 
+#include "tests/testing/nats_recorder.hpp"
 #include "tests/testing/nats_server.hpp"
 
 namespace kvr::actors::nats {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::NatsRecorder;
 using testing::NatsServer;
 using testing::TemporaryDirectory;
 using testing::wait_until;
@@ -52,56 +55,34 @@ double process_cpu_seconds() {
   return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
 }
 
-// Collects what a subscription receives; the subscription ends with the inbox (declare the inbox
-// after its client).
-class Inbox {
- public:
-  /// Subscribes to `subject` on `client` and waits until the server has the subscription.
-  ::testing::AssertionResult listen(NatsClient& client, std::string_view subject) {
-    auto subscribed = client.subscribe(subject, [this](NatsMessage message) {
-      std::lock_guard lock{mutex_};
-      received_.push_back(message.data);
-    });
-    if (!subscribed) return ::testing::AssertionFailure() << subscribed.error();
-    subscription_ = std::move(*subscribed);
-    if (!client.flush(2s)) return ::testing::AssertionFailure() << "the server did not confirm";
-    return ::testing::AssertionSuccess();
-  }
-  std::vector<std::string> received() const {
-    std::lock_guard lock{mutex_};
-    return received_;
-  }
-  bool wait_for(std::size_t count, std::chrono::milliseconds timeout) const {
-    return wait_until([&] { return received().size() >= count; }, timeout);
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::vector<std::string> received_;
-  std::optional<NatsSubscription> subscription_;  // last: unsubscribes before the rest goes
-};
+// True once the process spent less than `budget` seconds of CPU time over some `window` of wall
+// time; false when no such window ended within `timeout`. The windows slide with the samples, so
+// a busy moment (the test's own, a sanitizer's) fails no test, and a thread that never stops
+// spinning fails every window.
+bool becomes_cpu_quiet(std::chrono::milliseconds window, double budget,
+                       std::chrono::milliseconds timeout) {
+  std::deque<std::pair<std::chrono::steady_clock::time_point, double>> samples;
+  return wait_until(
+      [&] {
+        const auto now = std::chrono::steady_clock::now();
+        const double cpu = process_cpu_seconds();
+        samples.emplace_back(now, cpu);
+        // The newest sample at least a window old starts the window.
+        while (samples.size() > 1 && now - samples[1].first >= window) samples.pop_front();
+        return now - samples.front().first >= window && cpu - samples.front().second < budget;
+      },
+      timeout);
+}
 
 TEST_P(NatsClientTest, PublishReachesSubscriber) {
   auto publisher = connect();
   auto subscriber = connect();
   ASSERT_TRUE(publisher && subscriber);
-  std::mutex mutex;
-  std::vector<std::string> received;
-  auto subscription = subscriber->subscribe("kvr.test.events", [&](NatsMessage message) {
-    std::lock_guard lock{mutex};
-    received.push_back(message.data);
-  });
-  ASSERT_TRUE(subscription) << subscription.error();
-  ASSERT_TRUE(subscriber->flush(2s));
+  NatsRecorder inbox;
+  ASSERT_TRUE(inbox.listen(*subscriber, "kvr.test.events"));
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(publisher->publish("kvr.test.events", std::to_string(i)));
-  ASSERT_TRUE(wait_until(
-      [&] {
-        std::lock_guard lock{mutex};
-        return received.size() == 3;
-      },
-      5s));
-  std::lock_guard lock{mutex};
-  EXPECT_EQ(received, (std::vector<std::string>{"0", "1", "2"}));
+  ASSERT_TRUE(inbox.wait_for(3, 5s));
+  EXPECT_EQ(inbox.payloads(), (std::vector<std::string>{"0", "1", "2"}));
 }
 
 // Delivered messages are freed in batches after the handler got its copy: every copy must stay
@@ -114,26 +95,17 @@ TEST_P(NatsClientTest, DeliveredCopiesStayIntactWhileMessagesAreFreedInBatches) 
   auto payload = [](int i) {
     return std::string(static_cast<std::size_t>(i * 97 % 20'000), 'a' + i % 26);
   };
-  std::mutex mutex;
-  std::vector<std::string> received;
-  auto subscription = subscriber->subscribe("kvr.test.batch.*", [&](NatsMessage message) {
-    std::lock_guard lock{mutex};
-    received.push_back(message.subject + "|" + message.data);
-  });
-  ASSERT_TRUE(subscription) << subscription.error();
-  ASSERT_TRUE(subscriber->flush(2s));
+  NatsRecorder inbox;
+  ASSERT_TRUE(inbox.listen(*subscriber, "kvr.test.batch.*"));
   for (int i = 0; i < kMessages; ++i) {
     ASSERT_TRUE(publisher->publish("kvr.test.batch." + std::to_string(i), payload(i)));
   }
-  ASSERT_TRUE(wait_until(
-      [&] {
-        std::lock_guard lock{mutex};
-        return received.size() == kMessages;
-      },
-      10s));
-  std::lock_guard lock{mutex};
+  ASSERT_TRUE(inbox.wait_for(kMessages, 10s));
+  const auto received = inbox.messages();
+  ASSERT_EQ(received.size(), std::size_t{kMessages});
   for (int i = 0; i < kMessages; ++i) {
-    EXPECT_EQ(received[static_cast<std::size_t>(i)],
+    const NatsMessage& message = received[static_cast<std::size_t>(i)];
+    EXPECT_EQ(message.subject + "|" + message.data,
               "kvr.test.batch." + std::to_string(i) + "|" + payload(i))
         << "message " << i;
   }
@@ -210,7 +182,7 @@ TEST_P(NatsClientTest, DeferredPublishesGoOutWhenFlushed) {
   auto publisher = connect();
   auto subscriber = connect();
   ASSERT_TRUE(publisher && subscriber);
-  Inbox inbox;
+  NatsRecorder inbox;
   ASSERT_TRUE(inbox.listen(*subscriber, "kvr.test.deferred"));
   const auto published = std::chrono::steady_clock::now();
   for (int i = 0; i < 5; ++i) {
@@ -218,18 +190,29 @@ TEST_P(NatsClientTest, DeferredPublishesGoOutWhenFlushed) {
   }
   if (socket_loop()) {
     // The loop writes an unflushed message only after 50 ms of quiet; before that nothing may
-    // arrive. (A test thread stalled past 40 ms proves nothing either way, so it checks only
-    // the order below.)
-    std::this_thread::sleep_for(20ms);
+    // arrive. Instead of waiting a while for what should not come, the subscriber sends a marker
+    // through the server after the burst: anything the publisher had written at once would reach
+    // the subscriber ahead of it, so nothing may arrive before the marker. (A marker back later
+    // than 40 ms after the burst proves nothing either way, as the loop may have written the
+    // burst by then; the test then checks only the order below.)
+    ASSERT_TRUE(subscriber->publish("kvr.test.deferred", "marker"));
+    ASSERT_TRUE(wait_until(
+        [&] {
+          const auto received = inbox.payloads();
+          return std::ranges::find(received, "marker") != received.end();
+        },
+        5s));
     const bool in_time = std::chrono::steady_clock::now() - published < 40ms;
-    const auto early = inbox.received();
+    const auto early = inbox.payloads();
     if (in_time) {
-      EXPECT_TRUE(early.empty()) << early.size() << " arrived before the flush";
+      EXPECT_EQ(early.front(), "marker") << early.size() - 1 << " arrived before the flush";
     }
   }
   publisher->flush_deferred();
-  ASSERT_TRUE(inbox.wait_for(5, 5s));
-  EXPECT_EQ(inbox.received(), (std::vector<std::string>{"0", "1", "2", "3", "4"}));
+  ASSERT_TRUE(inbox.wait_for(socket_loop() ? 6 : 5, 5s));
+  auto received = inbox.payloads();
+  std::erase(received, "marker");
+  EXPECT_EQ(received, (std::vector<std::string>{"0", "1", "2", "3", "4"}));
 }
 
 // An immediate publish writes what deferred ones left in the buffer, in publish order.
@@ -237,12 +220,12 @@ TEST_P(NatsClientTest, ImmediatePublishWritesEarlierDeferredOnes) {
   auto publisher = connect();
   auto subscriber = connect();
   ASSERT_TRUE(publisher && subscriber);
-  Inbox inbox;
+  NatsRecorder inbox;
   ASSERT_TRUE(inbox.listen(*subscriber, "kvr.test.mixed"));
   ASSERT_TRUE(publisher->publish_deferred("kvr.test.mixed", "deferred"));
   ASSERT_TRUE(publisher->publish("kvr.test.mixed", "immediate"));
   ASSERT_TRUE(inbox.wait_for(2, 5s));
-  EXPECT_EQ(inbox.received(), (std::vector<std::string>{"deferred", "immediate"}));
+  EXPECT_EQ(inbox.payloads(), (std::vector<std::string>{"deferred", "immediate"}));
 }
 
 // A publisher that never flushes loses nothing: the loop writes what waited through a quiet period.
@@ -250,11 +233,11 @@ TEST_P(NatsClientTest, UnflushedDeferredPublishIsWrittenByTheLoop) {
   auto publisher = connect();
   auto subscriber = connect();
   ASSERT_TRUE(publisher && subscriber);
-  Inbox inbox;
+  NatsRecorder inbox;
   ASSERT_TRUE(inbox.listen(*subscriber, "kvr.test.forgotten"));
   ASSERT_TRUE(publisher->publish_deferred("kvr.test.forgotten", "late"));
   ASSERT_TRUE(inbox.wait_for(1, 5s));
-  EXPECT_EQ(inbox.received(), (std::vector<std::string>{"late"}));
+  EXPECT_EQ(inbox.payloads(), (std::vector<std::string>{"late"}));
 }
 
 // Threads publishing and flushing at once: every message arrives once and the connection stays
@@ -288,11 +271,10 @@ TEST_P(NatsClientTest, ConcurrentPublishersAndFlushesKeepTheConnection) {
       << received.load() << " of " << kThreads * kPerThread;
   EXPECT_EQ(publisher->reconnects(), 0U);
   EXPECT_TRUE(publisher->connected());
-  // Then every thread goes quiet: none spins on a socket it no longer needs to watch.
-  std::this_thread::sleep_for(100ms);
-  const double cpu_before = process_cpu_seconds();
-  std::this_thread::sleep_for(300ms);
-  EXPECT_LT(process_cpu_seconds() - cpu_before, 0.1) << "a thread kept running while idle";
+  // Then every thread goes quiet: none spins on a socket it no longer needs to watch. Soon after
+  // the burst the process spends less than a third of a 300 ms window on the CPU, where a thread
+  // spinning on an always-writable socket would use all of every window.
+  EXPECT_TRUE(becomes_cpu_quiet(300ms, 0.1, 3s)) << "a thread kept running while idle";
 }
 
 // A burst far larger than the socket takes at once: the flush writes what fits and the loop
@@ -328,12 +310,12 @@ TEST_P(NatsClientTest, ClosingTheClientWritesDeferredPublishes) {
   auto publisher = connect();
   auto subscriber = connect();
   ASSERT_TRUE(publisher && subscriber);
-  Inbox inbox;
+  NatsRecorder inbox;
   ASSERT_TRUE(inbox.listen(*subscriber, "kvr.test.closing"));
   ASSERT_TRUE(publisher->publish_deferred("kvr.test.closing", "last words"));
   publisher.reset();
   ASSERT_TRUE(inbox.wait_for(1, 5s));
-  EXPECT_EQ(inbox.received(), (std::vector<std::string>{"last words"}));
+  EXPECT_EQ(inbox.payloads(), (std::vector<std::string>{"last words"}));
 }
 
 // Deferred publishing across a server restart: the loop follows the new socket.
@@ -346,14 +328,14 @@ TEST_P(NatsClientTest, DeferredPublishWorksAfterReconnect) {
   ASSERT_TRUE(wait_until([&] { return reconnected.load() > 0 && publisher->connected(); }, 10s));
   auto subscriber = connect();
   ASSERT_TRUE(subscriber);
-  Inbox inbox;
+  NatsRecorder inbox;
   ASSERT_TRUE(inbox.listen(*subscriber, "kvr.test.reconnected"));
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(publisher->publish_deferred("kvr.test.reconnected", std::to_string(i)));
   }
   publisher->flush_deferred();
   ASSERT_TRUE(inbox.wait_for(3, 5s));
-  EXPECT_EQ(inbox.received(), (std::vector<std::string>{"0", "1", "2"}));
+  EXPECT_EQ(inbox.payloads(), (std::vector<std::string>{"0", "1", "2"}));
 }
 
 // A server of its own, started with `args`, and clients to it with the given credentials/TLS.
@@ -378,13 +360,13 @@ class SecuredServer {
 
 // A message published by `client` comes back to its own subscription.
 void expect_round_trip(NatsClient& client) {
-  Inbox inbox;
+  NatsRecorder inbox;
   ASSERT_TRUE(inbox.listen(client, "kvr.test.secured"));
   ASSERT_TRUE(client.publish_deferred("kvr.test.secured", "one"));
   client.flush_deferred();
   ASSERT_TRUE(client.publish("kvr.test.secured", "two"));
   ASSERT_TRUE(inbox.wait_for(2, 5s));
-  EXPECT_EQ(inbox.received(), (std::vector<std::string>{"one", "two"}));
+  EXPECT_EQ(inbox.payloads(), (std::vector<std::string>{"one", "two"}));
 }
 
 TEST_P(NatsClientTest, UserAndPasswordAreSentAndAWrongOneIsRefusedClearly) {

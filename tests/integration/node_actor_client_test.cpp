@@ -5,18 +5,15 @@
 #include <string>
 #include <vector>
 
-#include <arpa/inet.h>
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "actors/actor_types.hpp"
+#include "tests/testing/kvr_processes.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_server.hpp"
 
@@ -26,6 +23,7 @@ namespace {
 using namespace std::chrono_literals;
 using testing::ChildProcess;
 using testing::free_port;
+using testing::KvrProcesses;
 using testing::NatsServer;
 using testing::wait_until;
 
@@ -45,20 +43,15 @@ class NodeActorClientTest : public ::testing::Test {
     std::string error;
     server_ = NatsServer::start(&error);
     ASSERT_TRUE(server_) << error;
-    std::vector<std::string> mocker_args{KVR_BINARY,         "mocker",
-                                         "--nats",           server_->url(),
-                                         "--namespace",      ns,
-                                         "--workers",        "1",
-                                         "--worker-id-base", std::to_string(worker_id),
-                                         "--block-size",     "16",
-                                         "--lease-ttl-ms",   "2000"};
-    mocker_args.insert(mocker_args.end(), mocker_options.begin(), mocker_options.end());
-    mocker_ = ChildProcess::start(mocker_args, directory_.path() / "mocker.log");
+    const KvrProcesses kvr{KVR_BINARY, server_->url(), ns, directory_.path()};
+    mocker_ = kvr.start_mocker({.workers = 1,
+                                .worker_id_base = worker_id,
+                                .block_size = 16,
+                                .lease_ttl_ms = 2000,
+                                .extra = mocker_options});
     ASSERT_TRUE(mocker_);
     const std::uint16_t actor_port = free_port();
-    node_ = ChildProcess::start({KVR_BINARY, "node", "--nats", server_->url(), "--namespace", ns,
-                                 "--block-size", "16", "--actor-port", std::to_string(actor_port)},
-                                directory_.path() / "node.log");
+    node_ = kvr.start_node({.block_size = 16, .actor_port = actor_port});
     ASSERT_TRUE(node_);
     config_.set("scheduler.max-threads", 2);
     config_.load<caf::io::middleman>();

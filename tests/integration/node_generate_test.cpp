@@ -4,37 +4,31 @@
 // worker), and session affinity in soft mode (the reference's A → B → B walkthrough with
 // `soft-affinity-load-guard`) and hard mode.
 #include <fstream>
-#include <mutex>
-#include <numeric>
+#include <map>
 #include <set>
-#include <sstream>
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "actors/nats/nats_client.hpp"
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
 #include "messages/subjects.hpp"
+#include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
-#include "tests/testing/nats_server.hpp"
+#include "tests/testing/nats_recorder.hpp"
 
 namespace kvr {
 namespace {
 
 using namespace std::chrono_literals;
-using actors::nats::NatsClient;
-using actors::nats::NatsMessage;
-using actors::nats::NatsSubscription;
 using testing::ChildProcess;
+using testing::ChunkStream;
 using testing::free_port;
 using testing::http_get;
 using testing::metric;
-using testing::NatsServer;
+using testing::NatsRecorder;
+using testing::prompt;
 using testing::wait_until;
 
 constexpr std::string_view kNamespace = "gen";
@@ -43,58 +37,9 @@ constexpr std::uint32_t kBlockSize = 16;
 // the mockers' 2048 blocks of KV cache.
 constexpr std::uint32_t kLongGeneration = 20'000;
 
-std::vector<std::uint32_t> prompt(std::size_t tokens, std::uint32_t first) {
-  std::vector<std::uint32_t> ids(tokens);
-  std::iota(ids.begin(), ids.end(), first);
-  return ids;
-}
-
-// A client's stream subject and the chunks that arrived on it.
-class Stream {
- public:
-  Stream(NatsClient& client) : subject_(client.new_inbox()) {
-    auto subscription = client.subscribe(subject_, [this](NatsMessage message) {
-      v1::GenerateChunk chunk;
-      if (!chunk.ParseFromString(message.data)) return;
-      std::lock_guard lock{mutex_};
-      chunks_.push_back(std::move(chunk));
-    });
-    if (subscription) subscription_.emplace(std::move(*subscription));
-  }
-  bool subscribed() const { return subscription_.has_value(); }
-  const std::string& subject() const { return subject_; }
-  std::vector<v1::GenerateChunk> chunks() const {
-    std::lock_guard lock{mutex_};
-    return chunks_;
-  }
-  std::size_t size() const {
-    std::lock_guard lock{mutex_};
-    return chunks_.size();
-  }
-  bool finished() const {
-    std::lock_guard lock{mutex_};
-    return !chunks_.empty() && chunks_.back().finished();
-  }
-
- private:
-  std::string subject_;
-  mutable std::mutex mutex_;
-  std::vector<v1::GenerateChunk> chunks_;
-  std::optional<NatsSubscription> subscription_;
-};
-
-class NodeGenerateTest : public ::testing::Test {
+class NodeGenerateTest : public testing::KvrClusterTest {
  protected:
-  void SetUp() override {
-    std::string error;
-    server_ = NatsServer::start(&error);
-    ASSERT_TRUE(server_) << error;
-    actors::nats::NatsOptions options;
-    options.url = server_->url();
-    auto client = NatsClient::connect(options);
-    ASSERT_TRUE(client) << client.error();
-    client_ = std::move(*client);
-  }
+  NodeGenerateTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
 
   void TearDown() override {
     if (HasFailure()) {
@@ -107,80 +52,40 @@ class NodeGenerateTest : public ::testing::Test {
   // Starts a mocker with `workers` workers numbered from `base`; `time_scale` below 1 slows it.
   ChildProcess& start_mocker(const std::string& name, WorkerId base, int workers,
                              const std::string& time_scale) {
-    auto mocker = ChildProcess::start({KVR_BINARY,
-                                       "mocker",
-                                       "--nats",
-                                       server_->url(),
-                                       "--namespace",
-                                       std::string{kNamespace},
-                                       "--workers",
-                                       std::to_string(workers),
-                                       "--worker-id-base",
-                                       std::to_string(base),
-                                       "--block-size",
-                                       std::to_string(kBlockSize),
-                                       "--num-gpu-blocks",
-                                       "2048",
-                                       "--time-scale",
-                                       time_scale,
-                                       "--lease-ttl-ms",
-                                       "600",
-                                       "--load-interval-ms",
-                                       "50"},
-                                      directory_.path() / (name + ".log"));
+    auto mocker = kvr_->start_mocker({.workers = workers,
+                                      .worker_id_base = base,
+                                      .block_size = kBlockSize,
+                                      .num_gpu_blocks = 2048,
+                                      .time_scale = time_scale,
+                                      .lease_ttl_ms = 600,
+                                      .load_interval_ms = 50},
+                                     name + ".log");
     EXPECT_TRUE(mocker);
     return mockers_.emplace(name, std::move(*mocker)).first->second;
   }
 
   void start_node(std::vector<std::string> extra = {}) {
     metrics_port_ = free_port();
-    std::vector<std::string> argv{KVR_BINARY,       "node",
-                                  "--nats",         server_->url(),
-                                  "--namespace",    std::string{kNamespace},
-                                  "--block-size",   std::to_string(kBlockSize),
-                                  "--metrics-port", std::to_string(metrics_port_)};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    node_ = ChildProcess::start(argv, directory_.path() / "node.log");
+    node_ = kvr_->start_node(
+        {.block_size = kBlockSize, .metrics_port = metrics_port_, .extra = std::move(extra)});
     ASSERT_TRUE(node_);
-    ASSERT_TRUE(wait_until(
-        [&] { return http_get(metrics_port_, "/healthz").find("200") != std::string::npos; }, 20s))
-        << node_->log();
+    ASSERT_TRUE(testing::wait_until_healthy(metrics_port_, 20s)) << node_->log();
   }
 
   // Waits until the node routes to `worker` (a route-mode probe, reported completed).
   bool wait_for_worker(WorkerId worker) {
-    return wait_until(
-        [&] {
-          v1::RouteRequest request;
-          request.set_request_id("probe-" + std::to_string(++probes_));
-          request.set_model("mock-model");
-          for (std::uint32_t token : prompt(32, 1)) request.mutable_tokens()->add_ids(token);
-          request.add_allowed_workers(worker);
-          auto reply =
-              client_->request(subjects::router_route(kNamespace), request.SerializeAsString(), 2s);
-          v1::RouteDecision decision;
-          if (!reply || !decision.ParseFromString(reply->data) || !decision.has_success()) {
-            return false;
-          }
-          v1::LifecycleReport report;
-          report.set_lease_id(decision.success().lease_id());
-          report.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
-          (void)client_->request(subjects::router_report(kNamespace), report.SerializeAsString(),
-                                 2s);
-          return decision.success().worker_id() == worker;
-        },
-        20s);
+    return testing::wait_until_routable(
+        *client_, kNamespace, worker, [&] { return "probe-" + std::to_string(++probes_); }, 20s);
   }
 
   // Sends a generate request; returns its stream and the node's first RouteDecision.
-  std::pair<Stream*, v1::RouteDecision> generate(const std::string& request_id,
-                                                 const std::vector<std::uint32_t>& tokens,
-                                                 std::uint32_t max_output_tokens,
-                                                 const std::string& session = {}) {
-    streams_.push_back(std::make_unique<Stream>(*client_));
-    Stream* stream = streams_.back().get();
-    EXPECT_TRUE(stream->subscribed());
-    EXPECT_TRUE(client_->flush(2s));
+  std::pair<ChunkStream*, v1::RouteDecision> generate(const std::string& request_id,
+                                                      const std::vector<std::uint32_t>& tokens,
+                                                      std::uint32_t max_output_tokens,
+                                                      const std::string& session = {}) {
+    streams_.push_back(std::make_unique<ChunkStream>());
+    ChunkStream* stream = streams_.back().get();
+    EXPECT_TRUE(stream->open(*client_));
     v1::GenerateRequest request;
     auto* route = request.mutable_route();
     route->set_request_id(request_id);
@@ -217,21 +122,17 @@ class NodeGenerateTest : public ::testing::Test {
   // Waits until every worker in `workers` reported two load reports in a row with no active
   // request, so that the node's view of their load has drained too.
   bool wait_for_idle_load(const std::set<WorkerId>& workers) {
-    std::mutex mutex;
-    std::map<WorkerId, int> idle_reports;
-    auto subscription =
-        client_->subscribe(subjects::worker_load(kNamespace), [&](NatsMessage message) {
-          v1::LoadMetrics load;
-          if (!load.ParseFromString(message.data)) return;
-          std::uint32_t active = 0;
-          for (const auto& rank : load.ranks()) active += rank.active_requests();
-          std::lock_guard lock{mutex};
-          idle_reports[load.worker_id()] = active == 0 ? idle_reports[load.worker_id()] + 1 : 0;
-        });
-    if (!subscription) return false;
+    NatsRecorder loads;
+    if (!loads.listen(*client_, subjects::worker_load(kNamespace))) return false;
     return wait_until(
         [&] {
-          std::lock_guard lock{mutex};
+          // Consecutive idle reports per worker, counted from the last busy one.
+          std::map<WorkerId, int> idle_reports;
+          for (const auto& load : loads.decoded<v1::LoadMetrics>()) {
+            std::uint32_t active = 0;
+            for (const auto& rank : load.ranks()) active += rank.active_requests();
+            idle_reports[load.worker_id()] = active == 0 ? idle_reports[load.worker_id()] + 1 : 0;
+          }
           for (WorkerId worker : workers) {
             if (idle_reports[worker] < 2) return false;
           }
@@ -240,12 +141,9 @@ class NodeGenerateTest : public ::testing::Test {
         10s);
   }
 
-  testing::TemporaryDirectory directory_;
-  std::unique_ptr<NatsServer> server_;
-  std::unique_ptr<NatsClient> client_;
   std::map<std::string, ChildProcess> mockers_;
   std::optional<ChildProcess> node_;
-  std::vector<std::unique_ptr<Stream>> streams_;
+  std::vector<std::unique_ptr<ChunkStream>> streams_;
   std::uint16_t metrics_port_ = 0;
   int probes_ = 0;
 };

@@ -2,40 +2,32 @@
 // nats-server on loopback: decisions over NATS request/reply, KV-aware routing to the worker that
 // holds a prefix, lifecycle reports and lease expiry (observed on /metrics), a killed worker
 // leaving routing, a nats-server restart, and bad messages on every subscribed subject.
-#include <atomic>
 #include <cstdlib>
 #include <fstream>
-#include <mutex>
-#include <numeric>
 #include <set>
-#include <sstream>
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "actors/nats/nats_client.hpp"
 #include "kvr/v1/kv_events.pb.h"
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
 #include "messages/subjects.hpp"
+#include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
-#include "tests/testing/nats_server.hpp"
+#include "tests/testing/nats_recorder.hpp"
 
 namespace kvr {
 namespace {
 
 using namespace std::chrono_literals;
-using actors::nats::NatsClient;
-using actors::nats::NatsMessage;
 using testing::ChildProcess;
+using testing::ChunkStream;
 using testing::free_port;
 using testing::http_get;
 using testing::metric;
-using testing::NatsServer;
+using testing::prompt;
 using testing::wait_until;
 
 constexpr std::string_view kNamespace = "node";
@@ -43,26 +35,17 @@ constexpr WorkerId kFirstWorker = 100;
 constexpr WorkerId kSecondFleetWorker = 200;
 constexpr std::uint32_t kBlockSize = 16;
 
-std::vector<std::uint32_t> prompt(std::size_t tokens, std::uint32_t first) {
-  std::vector<std::uint32_t> ids(tokens);
-  std::iota(ids.begin(), ids.end(), first);
-  return ids;
+// The client reconnects forever, quickly: one test restarts the server.
+actors::nats::NatsOptions reconnecting_client() {
+  actors::nats::NatsOptions options;
+  options.max_reconnects = -1;
+  options.reconnect_wait = 50ms;
+  return options;
 }
 
-class NodeTest : public ::testing::Test {
+class NodeTest : public testing::KvrClusterTest {
  protected:
-  void SetUp() override {
-    std::string error;
-    server_ = NatsServer::start(&error);
-    ASSERT_TRUE(server_) << error;
-    actors::nats::NatsOptions options;
-    options.url = server_->url();
-    options.max_reconnects = -1;
-    options.reconnect_wait = 50ms;
-    auto client = NatsClient::connect(options);
-    ASSERT_TRUE(client) << client.error();
-    client_ = std::move(*client);
-  }
+  NodeTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}, reconnecting_client()) {}
 
   void TearDown() override {
     // Log files help when something failed.
@@ -74,29 +57,15 @@ class NodeTest : public ::testing::Test {
   }
 
   std::optional<ChildProcess> start_mocker(WorkerId base, int workers, const std::string& log) {
-    return ChildProcess::start({KVR_BINARY,
-                                "mocker",
-                                "--nats",
-                                server_->url(),
-                                "--namespace",
-                                std::string{kNamespace},
-                                "--workers",
-                                std::to_string(workers),
-                                "--worker-id-base",
-                                std::to_string(base),
-                                "--block-size",
-                                std::to_string(kBlockSize),
-                                "--num-gpu-blocks",
-                                "512",
-                                "--time-scale",
-                                "20",
-                                "--lease-ttl-ms",
-                                "600",
-                                "--load-interval-ms",
-                                "50",
-                                "--nats-reconnect-wait-ms",
-                                "50"},
-                               directory_.path() / log);
+    return kvr_->start_mocker({.workers = workers,
+                               .worker_id_base = base,
+                               .block_size = kBlockSize,
+                               .num_gpu_blocks = 512,
+                               .time_scale = "20",
+                               .lease_ttl_ms = 600,
+                               .load_interval_ms = 50,
+                               .nats_reconnect_wait_ms = 50},
+                              log);
   }
 
   // Starts two mocker workers and the node; returns once a route succeeds.
@@ -104,25 +73,14 @@ class NodeTest : public ::testing::Test {
     mocker_ = start_mocker(kFirstWorker, 2, "mocker.log");
     ASSERT_TRUE(mocker_);
     metrics_port_ = free_port();
-    node_ = ChildProcess::start(
-        {KVR_BINARY, "node", "--nats", server_->url(), "--namespace", std::string{kNamespace},
-         "--block-size", std::to_string(kBlockSize), "--router-lease-ttl-secs", lease_ttl_secs,
-         "--metrics-port", std::to_string(metrics_port_), "--nats-reconnect-wait-ms", "50"},
-        directory_.path() / "node.log");
+    node_ = kvr_->start_node({.block_size = kBlockSize,
+                              .metrics_port = metrics_port_,
+                              .lease_ttl_secs = lease_ttl_secs,
+                              .nats_reconnect_wait_ms = 50});
     ASSERT_TRUE(node_);
-    ASSERT_TRUE(wait_until(
-        [&] { return http_get(metrics_port_, "/healthz").find("200") != std::string::npos; }, 20s))
-        << node_->log();
-    ASSERT_TRUE(wait_until(
-        [&] {
-          auto decision = route(prompt(32, 1), next_id());
-          if (decision && decision->has_success()) {
-            report(decision->success().lease_id(), v1::LIFECYCLE_EVENT_COMPLETED);
-            return true;
-          }
-          return false;
-        },
-        20s))
+    ASSERT_TRUE(testing::wait_until_healthy(metrics_port_, 20s)) << node_->log();
+    ASSERT_TRUE(testing::wait_until_routable(
+        *client_, kNamespace, std::nullopt, [&] { return next_id(); }, 20s))
         << node_->log();
   }
 
@@ -140,50 +98,29 @@ class NodeTest : public ::testing::Test {
   }
 
   std::optional<v1::RouteDecision> send_route(const std::string& bytes) {
-    auto reply = client_->request(subjects::router_route(kNamespace), bytes, 2s);
-    if (!reply) return std::nullopt;
-    v1::RouteDecision decision;
-    if (!decision.ParseFromString(reply->data)) return std::nullopt;
-    return decision;
+    return testing::request_route(*client_, kNamespace, bytes);
   }
 
   std::optional<v1::LifecycleAck> report(const std::string& lease, v1::LifecycleEvent event) {
-    v1::LifecycleReport report;
-    report.set_lease_id(lease);
-    report.set_event(event);
-    auto reply =
-        client_->request(subjects::router_report(kNamespace), report.SerializeAsString(), 2s);
-    if (!reply) return std::nullopt;
-    v1::LifecycleAck ack;
-    if (!ack.ParseFromString(reply->data)) return std::nullopt;
-    return ack;
+    return testing::report_lifecycle(*client_, kNamespace, lease, event);
   }
 
   std::string metrics_text() { return http_get(metrics_port_, "/metrics"); }
 
   // Sends a generate request straight to a worker and waits for its last chunk.
   void generate_on(WorkerId worker, const std::vector<std::uint32_t>& tokens) {
-    const std::string stream = client_->new_inbox();
-    std::atomic<bool> finished{false};
-    auto subscription = client_->subscribe(stream, [&](NatsMessage message) {
-      v1::GenerateChunk chunk;
-      if (chunk.ParseFromString(message.data) && chunk.finished()) finished = true;
-    });
-    ASSERT_TRUE(subscription);
-    ASSERT_TRUE(client_->flush(2s));
+    ChunkStream stream;
+    ASSERT_TRUE(stream.open(*client_));
     v1::GenerateRequest request;
     request.mutable_route()->set_request_id(next_id());
     for (std::uint32_t token : tokens) request.mutable_route()->mutable_tokens()->add_ids(token);
     request.set_max_output_tokens(2);
-    request.set_stream_subject(stream);
+    request.set_stream_subject(stream.subject());
     ASSERT_TRUE(client_->publish(subjects::worker_generate(kNamespace, worker),
                                  request.SerializeAsString()));
-    ASSERT_TRUE(wait_until([&] { return finished.load(); }, 10s));
+    ASSERT_TRUE(wait_until([&] { return stream.finished(); }, 10s));
   }
 
-  testing::TemporaryDirectory directory_;
-  std::unique_ptr<NatsServer> server_;
-  std::unique_ptr<NatsClient> client_;
   std::optional<ChildProcess> mocker_;
   std::optional<ChildProcess> node_;
   std::uint16_t metrics_port_ = 0;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/testing/kvr_processes.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_server.hpp"
 
@@ -14,6 +15,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::ChildProcess;
+using testing::KvrProcesses;
 using testing::NatsServer;
 using testing::TemporaryDirectory;
 using testing::wait_until;
@@ -27,31 +29,21 @@ TEST(NodeTlsTest, MockerNodeAndRouteWorkOverVerifiedTls) {
       &error, std::nullopt,
       {"--tls", "--tlscert", ca, "--tlskey", (directory.path() / "key.pem").string()});
   ASSERT_TRUE(server) << error;
-  const std::vector<std::string> nats{"--nats", server->url(), "--nats-tls-ca",
-                                      ca,       "--namespace", "tls"};
-  auto with_nats = [&](std::vector<std::string> argv) {
-    argv.insert(argv.begin() + 2, nats.begin(), nats.end());
-    return argv;
-  };
+  const KvrProcesses kvr{KVR_BINARY, server->url(), "tls", directory.path(), {"--nats-tls-ca", ca}};
 
-  auto mocker = ChildProcess::start(with_nats({KVR_BINARY, "mocker", "--workers", "2",
-                                               "--block-size", "16", "--time-scale", "20"}),
-                                    directory.path() / "mocker.log");
+  auto mocker = kvr.start_mocker({.workers = 2, .block_size = 16, .time_scale = "20"});
   ASSERT_TRUE(mocker);
-  const int metrics_port = testing::free_port();
-  auto node = ChildProcess::start(with_nats({KVR_BINARY, "node", "--block-size", "16",
-                                             "--metrics-port", std::to_string(metrics_port)}),
-                                  directory.path() / "node.log");
+  const std::uint16_t metrics_port = testing::free_port();
+  auto node = kvr.start_node({.block_size = 16, .metrics_port = metrics_port});
   ASSERT_TRUE(node);
 
   // `kvr route` exits 0 once a worker was chosen; the workers need a moment to register.
-  const std::vector<std::string> route =
-      with_nats({KVR_BINARY, "route", "--text",
-                 "a prompt long enough for two blocks of sixteen tokens", "--timeout-ms", "2000"});
+  const std::vector<std::string> route{
+      "--text", "a prompt long enough for two blocks of sixteen tokens", "--timeout-ms", "2000"};
   std::optional<ChildProcess> client;
   const bool routed = wait_until(
       [&] {
-        client = ChildProcess::start(route, directory.path() / "route.log");
+        client = kvr.start({"route"}, route, "route.log");
         return client && client->wait(10s) == 0;
       },
       30s);
@@ -63,9 +55,8 @@ TEST(NodeTlsTest, MockerNodeAndRouteWorkOverVerifiedTls) {
   EXPECT_TRUE(node->running());
 
   // Without the CA the client cannot verify the server and says so.
-  std::vector<std::string> unverified{KVR_BINARY,    "route", "--nats", server->url(),
-                                      "--namespace", "tls",   "--text", "hello"};
-  auto refused = ChildProcess::start(unverified, directory.path() / "refused.log");
+  const KvrProcesses unverified{KVR_BINARY, server->url(), "tls", directory.path()};
+  auto refused = unverified.start({"route"}, {"--text", "hello"}, "refused.log");
   ASSERT_TRUE(refused);
   EXPECT_EQ(refused->wait(30s), 2);
   EXPECT_NE(refused->log().find("cannot connect"), std::string::npos) << refused->log();

@@ -2,24 +2,20 @@
 // malformed trace stops it with exit code 2 and a message naming the culprit, and --plot draws a
 // PNG through Debian's python3-matplotlib.
 #include <fstream>
-#include <iterator>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "tests/testing/child_process.hpp"
+#include "tests/testing/kvr_processes.hpp"
 
 namespace kvr {
 namespace {
 
 using namespace std::chrono_literals;
 using testing::ChildProcess;
+using testing::read_file;
 using testing::TemporaryDirectory;
-
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream input{path, std::ios::binary};
-  return {std::istreambuf_iterator<char>{input}, std::istreambuf_iterator<char>{}};
-}
 
 class ReplayCliTest : public ::testing::Test {
  protected:

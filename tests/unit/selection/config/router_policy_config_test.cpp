@@ -172,6 +172,13 @@ TEST(RouterPolicyConfigTest, RejectsAListAsARoleValue) {
             "policy type or 'default', got a list");
 }
 
+// The loader and the parameters reader name YAML values alike: null is "null".
+TEST(RouterPolicyConfigTest, RejectsANullRoleValue) {
+  EXPECT_EQ(parse_error("worker_selection:\n  decode: null\n"),
+            "router.yaml:2: worker_selection.decode: expected a policy: an instance name, a "
+            "policy type or 'default', got null");
+}
+
 TEST(RouterPolicyConfigTest, RejectsInstancesThatAreNotAList) {
   EXPECT_EQ(parse_error("worker_selection:\n  instances: {name: a, type: b}\n"),
             "router.yaml:2: worker_selection.instances: expected a list of instances, got a "

@@ -1,0 +1,24 @@
+#include "tests/testing/kvr_cluster_test.hpp"
+
+#include <utility>
+
+namespace kvr::testing {
+
+KvrClusterTest::KvrClusterTest(std::string binary, std::string ns,
+                               actors::nats::NatsOptions client_options)
+    : binary_(std::move(binary)),
+      namespace_(std::move(ns)),
+      client_options_(std::move(client_options)) {}
+
+void KvrClusterTest::SetUp() {
+  std::string error;
+  server_ = NatsServer::start(&error);
+  ASSERT_TRUE(server_) << error;
+  client_options_.url = server_->url();
+  auto client = actors::nats::NatsClient::connect(client_options_);
+  ASSERT_TRUE(client) << client.error();
+  client_ = std::move(*client);
+  kvr_.emplace(binary_, server_->url(), namespace_, directory_.path());
+}
+
+}  // namespace kvr::testing

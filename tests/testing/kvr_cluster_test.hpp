@@ -1,0 +1,39 @@
+// The fixture the integration tests of kvr processes share: a nats-server of their own on loopback,
+// a client connected to it (for recorders and requests) and the kvr processes of one namespace.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "actors/nats/nats_client.hpp"
+#include "tests/testing/child_process.hpp"
+#include "tests/testing/kvr_processes.hpp"
+#include "tests/testing/nats_server.hpp"
+
+namespace kvr::testing {
+
+/// Starts the server, connects the client and makes `kvr_` in SetUp(). A fixture that adds to
+/// SetUp() calls this one first and stops when it failed (HasFatalFailure()).
+class KvrClusterTest : public ::testing::Test {
+ protected:
+  /// `binary` is the kvr executable, `ns` the namespace of every process; `client_options` are
+  /// the client's (its URL is the server's).
+  KvrClusterTest(std::string binary, std::string ns, actors::nats::NatsOptions client_options = {});
+
+  void SetUp() override;
+
+  TemporaryDirectory directory_;
+  std::unique_ptr<NatsServer> server_;
+  std::unique_ptr<actors::nats::NatsClient> client_;
+  std::optional<KvrProcesses> kvr_;
+
+ private:
+  std::string binary_;
+  std::string namespace_;
+  actors::nats::NatsOptions client_options_;
+};
+
+}  // namespace kvr::testing

@@ -1,0 +1,117 @@
+#include "tests/testing/nats_recorder.hpp"
+
+#include <utility>
+
+#include "messages/subjects.hpp"
+#include "tests/testing/child_process.hpp"
+#include "tests/testing/kvr_processes.hpp"
+
+namespace kvr::testing {
+
+using namespace std::chrono_literals;
+using actors::nats::NatsClient;
+using actors::nats::NatsMessage;
+
+::testing::AssertionResult NatsRecorder::listen(NatsClient& client, std::string_view subject,
+                                                Handler on_message) {
+  on_message_ = std::move(on_message);
+  auto subscribed = client.subscribe(subject, [this](NatsMessage message) {
+    if (on_message_) on_message_(message);
+    std::lock_guard lock{mutex_};
+    messages_.push_back(std::move(message));
+  });
+  if (!subscribed) return ::testing::AssertionFailure() << subscribed.error();
+  subscription_.emplace(std::move(*subscribed));
+  if (auto flushed = client.flush(2s); !flushed) {
+    return ::testing::AssertionFailure() << "the server did not confirm the subscription to "
+                                         << subject << ": " << flushed.error();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+std::vector<NatsMessage> NatsRecorder::messages() const {
+  std::lock_guard lock{mutex_};
+  return messages_;
+}
+
+std::vector<std::string> NatsRecorder::payloads() const {
+  std::lock_guard lock{mutex_};
+  std::vector<std::string> payloads;
+  payloads.reserve(messages_.size());
+  for (const NatsMessage& message : messages_) payloads.push_back(message.data);
+  return payloads;
+}
+
+std::size_t NatsRecorder::size() const {
+  std::lock_guard lock{mutex_};
+  return messages_.size();
+}
+
+bool NatsRecorder::wait_for(std::size_t count, std::chrono::milliseconds timeout) const {
+  return wait_until([&] { return size() >= count; }, timeout);
+}
+
+::testing::AssertionResult ChunkStream::open(NatsClient& client, ChunkHandler on_chunk) {
+  subject_ = client.new_inbox();
+  NatsRecorder::Handler handler;
+  if (on_chunk) {
+    handler = [on_chunk = std::move(on_chunk)](const NatsMessage& message) {
+      v1::GenerateChunk chunk;
+      if (chunk.ParseFromString(message.data)) on_chunk(chunk);
+    };
+  }
+  return recorder_.listen(client, subject_, std::move(handler));
+}
+
+bool ChunkStream::finished() const {
+  const auto received = chunks();
+  return !received.empty() && received.back().finished();
+}
+
+std::optional<v1::RouteDecision> request_route(NatsClient& client, std::string_view ns,
+                                               const std::string& request) {
+  auto reply = client.request(subjects::router_route(ns), request, 2s);
+  if (!reply) return std::nullopt;
+  v1::RouteDecision decision;
+  if (!decision.ParseFromString(reply->data)) return std::nullopt;
+  return decision;
+}
+
+std::optional<v1::RouteDecision> request_route(NatsClient& client, std::string_view ns,
+                                               const v1::RouteRequest& request) {
+  return request_route(client, ns, request.SerializeAsString());
+}
+
+std::optional<v1::LifecycleAck> report_lifecycle(NatsClient& client, std::string_view ns,
+                                                 const std::string& lease,
+                                                 v1::LifecycleEvent event) {
+  v1::LifecycleReport report;
+  report.set_lease_id(lease);
+  report.set_event(event);
+  auto reply = client.request(subjects::router_report(ns), report.SerializeAsString(), 2s);
+  if (!reply) return std::nullopt;
+  v1::LifecycleAck ack;
+  if (!ack.ParseFromString(reply->data)) return std::nullopt;
+  return ack;
+}
+
+bool wait_until_routable(NatsClient& client, std::string_view ns, std::optional<WorkerId> worker,
+                         const std::function<std::string()>& next_request_id,
+                         std::chrono::milliseconds timeout) {
+  return wait_until(
+      [&] {
+        v1::RouteRequest request;
+        request.set_request_id(next_request_id());
+        request.set_model("mock-model");
+        for (std::uint32_t token : prompt(32, 1)) request.mutable_tokens()->add_ids(token);
+        if (worker) request.add_allowed_workers(*worker);
+        const auto decision = request_route(client, ns, request);
+        if (!decision || !decision->has_success()) return false;
+        (void)report_lifecycle(client, ns, decision->success().lease_id(),
+                               v1::LIFECYCLE_EVENT_COMPLETED);
+        return !worker || decision->success().worker_id() == *worker;
+      },
+      timeout);
+}
+
+}  // namespace kvr::testing
