@@ -1,4 +1,4 @@
-// `kvr replay --live` against a real cluster on loopback: a nats-server, a `kvr mocker` fleet and a
+// `kvr replay-live` against a real cluster on loopback: a nats-server, a `kvr mocker` fleet and a
 // `kvr node`. Every trace request is routed, streamed from its worker and reported; the run ends
 // with the common report, and it stops with an explicit error when no router answers.
 #include <fstream>
@@ -54,9 +54,9 @@ class LiveReplayTest : public ::testing::Test {
     ASSERT_TRUE(node_);
   }
 
-  // Runs `kvr replay --live <arguments>` to completion; its exit code (nullopt: it did not end).
+  // Runs `kvr replay-live <arguments>` to completion; its exit code (nullopt: it did not end).
   std::optional<int> replay_live(std::vector<std::string> arguments) {
-    arguments.insert(arguments.begin(), {KVR_BINARY, "replay", "--live", "--nats", server_->url(),
+    arguments.insert(arguments.begin(), {KVR_BINARY, "replay-live", "--nats", server_->url(),
                                          "--namespace", std::string{kNamespace}, "--quiet"});
     auto process = ChildProcess::start(arguments, replay_log());
     if (!process) {
@@ -64,7 +64,7 @@ class LiveReplayTest : public ::testing::Test {
       return std::nullopt;
     }
     const auto status = process->wait(150s);
-    EXPECT_TRUE(status.has_value()) << "kvr replay --live did not finish:\n" << process->log();
+    EXPECT_TRUE(status.has_value()) << "kvr replay-live did not finish:\n" << process->log();
     return status;
   }
 
