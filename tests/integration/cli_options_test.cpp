@@ -290,36 +290,30 @@ TEST_F(CliNodeTest, SigintStopsARunningMockerPromptly) {
 
 // A server that accepts the connection and never sends its INFO holds the NATS handshake, so
 // the process is caught in its startup, after its options passed.
-TEST(CliStartupTest, SigtermStopsANodeDuringStartup) {
+void expect_sigterm_stops_during_startup(const std::string& subcommand) {
   TemporaryDirectory directory;
   testing::SilentListener silent;
   ASSERT_NE(silent.port(), 0);
-  auto node = ChildProcess::start(
-      {KVR_BINARY, "node", "--nats", "nats://127.0.0.1:" + std::to_string(silent.port()),
+  auto process = ChildProcess::start(
+      {KVR_BINARY, subcommand, "--nats", "nats://127.0.0.1:" + std::to_string(silent.port()),
        "--block-size", "16"},
-      directory.path() / "node.log");
-  ASSERT_TRUE(node);
-  ASSERT_TRUE(silent.accept_one(30s)) << node->log();
-  node->signal(SIGTERM);
-  const auto status = node->wait(10s);
-  ASSERT_TRUE(status.has_value()) << "SIGTERM did not stop the node:\n" << node->log();
+      directory.path() / "kvr.log");
+  ASSERT_TRUE(process);
+  ASSERT_TRUE(silent.accept_one(30s)) << process->log();
+  process->signal(SIGTERM);
+  const auto status = process->wait(10s);
+  ASSERT_TRUE(status.has_value()) << "SIGTERM did not stop kvr " << subcommand << ":\n"
+                                  << process->log();
   // 128 + SIGTERM: stopped by the signal, not by the handshake's own timeout (which exits 2).
-  EXPECT_EQ(*status, 128 + SIGTERM) << node->log();
+  EXPECT_EQ(*status, 128 + SIGTERM) << process->log();
+}
+
+TEST(CliStartupTest, SigtermStopsANodeDuringStartup) {
+  expect_sigterm_stops_during_startup("node");
 }
 
 TEST(CliStartupTest, SigtermStopsAMockerDuringStartup) {
-  TemporaryDirectory directory;
-  testing::SilentListener silent;
-  ASSERT_NE(silent.port(), 0);
-  auto mocker = ChildProcess::start(
-      {KVR_BINARY, "mocker", "--nats", "nats://127.0.0.1:" + std::to_string(silent.port())},
-      directory.path() / "mocker.log");
-  ASSERT_TRUE(mocker);
-  ASSERT_TRUE(silent.accept_one(30s)) << mocker->log();
-  mocker->signal(SIGTERM);
-  const auto status = mocker->wait(10s);
-  ASSERT_TRUE(status.has_value()) << "SIGTERM did not stop the mocker:\n" << mocker->log();
-  EXPECT_EQ(*status, 128 + SIGTERM) << mocker->log();
+  expect_sigterm_stops_during_startup("mocker");
 }
 
 }  // namespace
