@@ -95,7 +95,7 @@ live_pids+=("$!")
 "$kvr" node --nats "$nats_url" --namespace quickstart --block-size 64 \
   >"$out_dir/live_node.log" 2>&1 &
 live_pids+=("$!")
-if ! "$kvr" replay --live --nats "$nats_url" --namespace quickstart --limit "$live_requests" \
+if ! "$kvr" replay-live --nats "$nats_url" --namespace quickstart --limit "$live_requests" \
   --speedup 4 --timeout 60 --json "$out_dir/replay_live.json" --plot "$out_dir/replay_live.png"; then
   echo "quickstart: the live replay failed" >&2
   show_logs >&2

@@ -1,9 +1,12 @@
 #include "actors/metrics/metrics_http.hpp"
 
+#include <cerrno>
+#include <cstring>
 #include <thread>
 
 #include <fmt/format.h>
 #include <httplib.h>
+#include <sys/socket.h>
 
 namespace kvr::actors::metrics {
 
@@ -19,6 +22,13 @@ std::expected<std::unique_ptr<MetricsHttpServer>, std::string> MetricsHttpServer
     const std::string& host, std::uint16_t port, std::shared_ptr<const MetricsRegistry> registry,
     std::function<std::string()> healthy) {
   auto state = std::make_unique<State>();
+  // cpp-httplib sets SO_REUSEPORT by default, which lets a second process bind the same port and
+  // share its scrapes. SO_REUSEADDR alone still refuses a port another socket listens on (it only
+  // allows rebinding past TIME_WAIT after a restart), so a port in use fails here.
+  state->server.set_socket_options([](socket_t descriptor) {
+    const int yes = 1;
+    setsockopt(descriptor, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   // Two threads: a scrape and a health probe never wait for each other.
   state->server.new_task_queue = [] { return new httplib::ThreadPool(2); };
   state->server.Get("/metrics", [registry](const httplib::Request&, httplib::Response& response) {
@@ -34,11 +44,16 @@ std::expected<std::unique_ptr<MetricsHttpServer>, std::string> MetricsHttpServer
     }
   });
   int bound = port;
+  errno = 0;
   if (port == 0) {
     bound = state->server.bind_to_any_port(host);
-    if (bound < 0) return std::unexpected(fmt::format("cannot bind HTTP to {}:0", host));
   } else if (!state->server.bind_to_port(host, port)) {
-    return std::unexpected(fmt::format("cannot bind HTTP to {}:{} (in use?)", host, port));
+    bound = -1;
+  }
+  if (bound < 0) {
+    const int error = errno;
+    return std::unexpected(fmt::format("--metrics-port {}: cannot listen on {}:{}: {}", port, host,
+                                       port, error != 0 ? std::strerror(error) : "bind failed"));
   }
   State* raw = state.get();
   state->thread = std::thread{[raw] { raw->server.listen_after_bind(); }};

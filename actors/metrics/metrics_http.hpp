@@ -16,8 +16,9 @@ namespace kvr::actors::metrics {
 /// A running HTTP server; stopped when destroyed.
 class MetricsHttpServer {
  public:
-  /// Binds `host:port` (port 0: any free port) and serves in the background. `healthy` returns
-  /// an empty string when healthy, else the reason (sent with 503). The error names the address.
+  /// Binds `host:port` exclusively (port 0: any free port; a port another socket listens on is
+  /// an error, not shared) and serves in the background. `healthy` returns an empty string when
+  /// healthy, else the reason (sent with 503). The error names the option and the address.
   static std::expected<std::unique_ptr<MetricsHttpServer>, std::string> start(
       const std::string& host, std::uint16_t port, std::shared_ptr<const MetricsRegistry> registry,
       std::function<std::string()> healthy);

@@ -1,6 +1,11 @@
-// Command-line options shared by kvr's subcommands: NATS connection settings and the simulated
-// engine's parameters, each with its environment-variable form where a deployment needs one.
+// Command-line options shared by kvr's subcommands: NATS connection settings, the namespace and
+// the simulated engine's parameters, each with its environment-variable form where a deployment
+// needs one, and the validators that keep every value within what can work.
 #pragma once
+
+#include <cstdint>
+#include <expected>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -9,15 +14,33 @@
 
 namespace kvr::cli {
 
+/// The exit code of every configuration or usage error (the README's promise).
+inline constexpr int kUsageError = 2;
+
+/// Most simulated KV blocks one process holds (engines x --num-gpu-blocks): each block costs
+/// tens of bytes up front, so more than this is a typo rather than a fleet.
+inline constexpr std::uint64_t kMaxSimulatedBlocks = std::uint64_t{1} << 26;
+
+/// A number in [min, max]; unlike CLI::Range it also refuses NaN and infinities.
+CLI::Validator finite_range(double min, double max);
+
+/// A value that is not the empty string.
+CLI::Validator non_empty();
+
 /// Adds --nats, --nats-user, --nats-password, --nats-token, --nats-tls-* and reconnect options.
 void add_nats_options(CLI::App& app, actors::nats::NatsOptions& options);
+
+/// Adds --namespace (env KVR_NAMESPACE): non-empty, only [A-Za-z0-9_-].
+CLI::Option* add_namespace_option(CLI::App& app, std::string& ns);
 
 /// Adds every engine parameter (--block-size, --num-gpu-blocks, --max-num-batched-tokens,
 /// --max-num-seqs, --time-scale, the timing polynomial ...), defaults shown in --help.
 void add_engine_options(CLI::App& app, simulation::EngineConfig& config);
 
-/// Blocks SIGINT and SIGTERM in the calling thread (and the threads it starts later) and returns
-/// a function that waits for one of them; call before starting any thread.
-std::function<int()> block_termination_signals();
+/// Refuses `engines` simulated engines of `config` holding more than kMaxSimulatedBlocks KV blocks
+/// in all; `engines_option` names what sets the engine count (e.g. "--workers").
+std::expected<void, std::string> check_simulated_blocks(std::uint64_t engines,
+                                                        const simulation::EngineConfig& config,
+                                                        std::string_view engines_option);
 
 }  // namespace kvr::cli

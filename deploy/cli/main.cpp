@@ -1,9 +1,16 @@
-// The kvr command: one executable, one subcommand per job (mocker, node, replay, route, ...).
-#include <CLI/CLI.hpp>
+// The kvr command: one executable, one subcommand per job (mocker, node, replay, replay-live,
+// route).
+#include <iostream>
+#include <string>
 
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "deploy/cli/cli_options.hpp"
 #include "deploy/cli/mocker_command.hpp"
 #include "deploy/cli/node_command.hpp"
 #include "deploy/cli/replay_command.hpp"
+#include "deploy/cli/replay_live_command.hpp"
 #include "deploy/cli/route_command.hpp"
 
 int main(int argc, char** argv) {
@@ -14,11 +21,26 @@ int main(int argc, char** argv) {
   kvr::cli::add_mocker_command(app, exit_code);
   kvr::cli::add_node_command(app, exit_code);
   kvr::cli::add_replay_command(app, exit_code);
+  kvr::cli::add_replay_live_command(app, exit_code);
   kvr::cli::add_route_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
-    return app.exit(error);
+    // --help and --version are "errors" with exit code 0: CLI11 prints them.
+    if (error.get_exit_code() == 0) return app.exit(error);
+    // Every other parse or validation error is a usage error: one line that names the option
+    // (CLI11's message does), and exit code 2 rather than CLI11's own codes.
+    std::string command = "kvr";
+    for (const CLI::App* subcommand : app.get_subcommands()) {
+      command += " " + subcommand->get_name();
+    }
+    std::string message = error.what();
+    // CLI11 says only that a subcommand is required when the first word is none of them.
+    if (app.get_subcommands().empty() && argc > 1 && argv[1][0] != '-') {
+      message = fmt::format("'{}' is not a subcommand", argv[1]);
+    }
+    std::cerr << command << ": " << message << " (see " << command << " --help)\n";
+    return kvr::cli::kUsageError;
   }
   return exit_code;
 }

@@ -5,11 +5,13 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "actors/node/router_node.hpp"
 #include "deploy/cli/cli_options.hpp"
+#include "deploy/cli/stop_signals.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/config/selection_precedence.hpp"
 #include "selection/policies/builtin_policies.hpp"
@@ -25,7 +27,16 @@ struct NodeCommandOptions {
   std::uint64_t session_affinity_ttl_secs = 0;  // 0: off
   std::string session_affinity_mode = "hard";
   std::uint64_t first_token_timeout_ms = 30'000;
+  std::optional<std::uint32_t> block_size;  // unset: each partition learns its workers' size
+  std::optional<std::uint16_t> metrics_port;
+  std::optional<std::uint16_t> actor_port;
 };
+
+// More scheduler threads than this only contend for the cores (and thousands take minutes to
+// start): four per hardware thread, at most 256.
+std::size_t max_scheduler_threads() {
+  return std::clamp<std::size_t>(4 * std::size_t{std::thread::hardware_concurrency()}, 4, 256);
+}
 
 // Loads the policy YAML, applies flag/env precedence and resolves the policies; the error names
 // the key (file, flag or variable) at fault.
@@ -63,29 +74,22 @@ std::expected<plugins::RouterPlugins, std::string> resolve_policies(
 
 int run_node(NodeCommandOptions options) {
   // Before any thread starts, so that every thread inherits the blocked signals.
-  auto wait_for_signal = block_termination_signals();
-  if (!std::isfinite(options.lease_ttl_secs) || options.lease_ttl_secs < 0.1 ||
-      options.lease_ttl_secs > 86'400) {
-    spdlog::error("kvr node: --router-lease-ttl-secs: {} is outside 0.1 .. 86400",
-                  options.lease_ttl_secs);
-    return 2;
-  }
+  auto signals = StopSignals::install("kvr node");
+  // 0: learnt per partition from the first registration
+  options.node.router.block_size = options.block_size.value_or(0);
+  options.node.metrics_port = options.metrics_port.value_or(0);
+  options.node.actor_port = options.actor_port.value_or(0);
   options.node.lease_ttl = std::chrono::milliseconds(
       static_cast<std::int64_t>(std::llround(options.lease_ttl_secs * 1000)));
   const auto mode = actors::parse_session_affinity_mode(options.session_affinity_mode);
   if (!mode) {
     spdlog::error("kvr node: --router-session-affinity-mode: '{}' is not hard or soft",
                   options.session_affinity_mode);
-    return 2;
+    return kUsageError;
   }
   options.node.session_affinity.mode = *mode;
+  // The option's validator keeps the TTL within kMaxSessionAffinityTtl.
   if (options.session_affinity_ttl_secs > 0) {
-    if (options.session_affinity_ttl_secs >
-        static_cast<std::uint64_t>(actors::kMaxSessionAffinityTtl.count())) {
-      spdlog::error("kvr node: --router-session-affinity-ttl-secs: {} exceeds {}",
-                    options.session_affinity_ttl_secs, actors::kMaxSessionAffinityTtl.count());
-      return 2;
-    }
     options.node.session_affinity.ttl =
         std::chrono::seconds(static_cast<std::int64_t>(options.session_affinity_ttl_secs));
   }
@@ -93,19 +97,20 @@ int run_node(NodeCommandOptions options) {
       std::min<std::uint64_t>(options.first_token_timeout_ms, std::uint64_t{1} << 40)));
   if (auto valid = options.node.validate(); !valid) {
     spdlog::error("kvr node: {}", valid.error());
-    return 2;
+    return kUsageError;
   }
   auto plugins = resolve_policies(options);
   if (!plugins) {
     spdlog::error("kvr node: {}", plugins.error());
-    return 2;
+    return kUsageError;
   }
   auto node = actors::RouterNode::start(options.node, std::move(*plugins));
   if (!node) {
     spdlog::error("kvr node: {}", node.error());
-    return 2;
+    return kUsageError;
   }
-  const int signal = wait_for_signal();
+  signals->ready();
+  const int signal = signals->wait();
   spdlog::info("kvr node: signal {} received; stopping", signal);
   node->reset();
   spdlog::info("kvr node: stopped");
@@ -122,9 +127,7 @@ void add_node_command(CLI::App& app, int& exit_code) {
   add_nats_options(*command, options->node.nats);
   options->node.nats.name = "kvr-node";
   options->node.nats.max_reconnects = -1;
-  command->add_option("--namespace", options->node.ns, "subject namespace (kvr.<namespace>.…)")
-      ->envname("KVR_NAMESPACE")
-      ->capture_default_str();
+  add_namespace_option(*command, options->node.ns);
   command
       ->add_option("--router-policy-config", options->router_policy_config,
                    "router-policy YAML: worker_selection per role, policy instances, classifier")
@@ -140,22 +143,25 @@ void add_node_command(CLI::App& app, int& exit_code) {
                     selection::kGlobalSelectionEnvVar));
   }
   command
-      ->add_option("--block-size", options->node.router.block_size,
-                   "tokens per KV block; workers with another size are refused")
+      ->add_option("--block-size", options->block_size,
+                   "tokens per KV block, checked against every worker (workers with another size "
+                   "are refused); unset: each model's partition takes its first worker's size")
       ->envname("KVR_BLOCK_SIZE")
-      ->capture_default_str()
       ->check(CLI::Range(1U, 4096U));
   command
       ->add_option("--router-lease-ttl-secs", options->lease_ttl_secs,
                    "an unreported booking (lease) is released after this many seconds")
       ->envname("KVR_ROUTER_LEASE_TTL_SECS")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(finite_range(0.1, 86'400));
   command
       ->add_option("--router-session-affinity-ttl-secs", options->session_affinity_ttl_secs,
                    "session affinity: a session's binding to a worker expires after this many idle "
                    "seconds (0: session affinity off)")
       ->envname("KVR_ROUTER_SESSION_AFFINITY_TTL_SECS")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{0},
+                         static_cast<std::uint64_t>(actors::kMaxSessionAffinityTtl.count())));
   command
       ->add_option("--router-session-affinity-mode", options->session_affinity_mode,
                    "hard: a bound session goes exactly to its worker; soft: the binding is offered "
@@ -171,24 +177,29 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{86'400'000}));
   command
-      ->add_option("--metrics-port", options->node.metrics_port,
-                   "serve /metrics and /healthz on 127.0.0.1:P (0: off)")
+      ->add_option("--metrics-port", options->metrics_port,
+                   "serve /metrics and /healthz on 127.0.0.1:P, bound exclusively (a port in use "
+                   "stops startup); unset: no HTTP endpoint")
       ->envname("KVR_METRICS_PORT")
-      ->capture_default_str();
+      ->check(CLI::Range(1, 65'535));
   command
-      ->add_option("--actor-port", options->node.actor_port,
-                   "publish the ingress actor on 127.0.0.1:P for CAF clients (0: not published)")
+      ->add_option("--actor-port", options->actor_port,
+                   "publish the ingress actor on 127.0.0.1:P for CAF clients; unset: not published")
       ->envname("KVR_ACTOR_PORT")
-      ->capture_default_str();
+      ->check(CLI::Range(1, 65'535));
+  const std::size_t max_threads = max_scheduler_threads();
   command
       ->add_option("--scheduler-threads", options->node.scheduler_threads,
-                   "CAF scheduler threads (0: one per core)")
-      ->capture_default_str();
+                   fmt::format("CAF scheduler threads, at most 4 per core ({} here); 0: one per "
+                               "core",
+                               max_threads))
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{0}, max_threads));
   command
       ->add_option("--temperature", options->node.router.temperature,
                    "default kv-cost softmax temperature (0: lowest cost wins)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_range(0, 1e6));
   command->callback([options, &exit_code] { exit_code = run_node(*options); });
 }
 

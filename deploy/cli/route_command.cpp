@@ -94,9 +94,7 @@ void add_route_command(CLI::App& app, int& exit_code) {
   auto options = std::make_shared<RouteCommandOptions>();
   add_nats_options(*command, options->nats);
   options->nats.name = "kvr-route";
-  command->add_option("--namespace", options->ns, "subject namespace (kvr.<namespace>.…)")
-      ->envname("KVR_NAMESPACE")
-      ->capture_default_str();
+  add_namespace_option(*command, options->ns);
   auto* tokens =
       command->add_option("--tokens", options->tokens, "prompt token ids, comma separated (1,2,3)")
           ->delimiter(',');
@@ -105,7 +103,9 @@ void add_route_command(CLI::App& app, int& exit_code) {
       "prompt text; each UTF-8 byte becomes one token id (0..255), hashed like --tokens");
   tokens->excludes(text);
   text->excludes(tokens);
-  command->add_option("--model", options->model, "model to route for")->capture_default_str();
+  command->add_option("--model", options->model, "model to route for")
+      ->capture_default_str()
+      ->check(non_empty());
   command->add_option("--routing-group", options->routing_group, "routing group (default)");
   command->add_option("--role", options->role, "worker role")
       ->capture_default_str()
@@ -119,7 +119,7 @@ void add_route_command(CLI::App& app, int& exit_code) {
   command->callback([options, &exit_code] {
     if (options->tokens.empty() && options->text.empty()) {
       std::cerr << "kvr route: give the prompt with --tokens or --text\n";
-      exit_code = 2;
+      exit_code = kUsageError;
       return;
     }
     exit_code = run_route(*options);

@@ -15,7 +15,6 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "absl/container/flat_hash_set.h"
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
 #include "messages/subjects.hpp"
@@ -55,27 +54,6 @@ struct LiveRequest {
 
 double ms_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
-}
-
-double infinite_cache_hit_rate(const std::vector<simulation::TraceRequest>& requests,
-                               const std::vector<std::vector<BlockHash>>& hashes,
-                               std::uint32_t block_size) {
-  absl::flat_hash_set<BlockHash> seen;
-  std::uint64_t prompt_tokens = 0;
-  std::uint64_t cached_tokens = 0;
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    // As the engine: at least one prompt token is always computed.
-    const std::size_t reusable =
-        std::min<std::size_t>(hashes[i].size(), (requests[i].input_length - 1) / block_size);
-    std::size_t matched = 0;
-    while (matched < reusable && seen.contains(hashes[i][matched])) ++matched;
-    cached_tokens += matched * block_size;
-    prompt_tokens += requests[i].input_length;
-    seen.insert(hashes[i].begin(), hashes[i].end());
-  }
-  return prompt_tokens == 0
-             ? 0
-             : static_cast<double>(cached_tokens) / static_cast<double>(prompt_tokens);
 }
 
 std::string random_run_id() {
@@ -405,7 +383,7 @@ struct LiveReplay::State {
     for (const auto& request : trace) {
       hashes.push_back(simulation::expand_to_block_hashes(request, block_size));
     }
-    result.infinite_cache_hit_rate = infinite_cache_hit_rate(trace, hashes, block_size);
+    result.infinite_cache_hit_rate = simulation::infinite_cache_hit_rate(trace, hashes, block_size);
     live.assign(trace.size(), LiveRequest{});
     outcomes.clear();
     failures.clear();

@@ -1,4 +1,4 @@
-// Live trace replay (`kvr replay --live`): drives a running cluster (router nodes and workers on
+// Live trace replay (`kvr replay-live`): drives a running cluster (router nodes and workers on
 // a NATS server) with a Mooncake trace in real time and measures what a client sees. Each request
 // is routed over NATS request/reply (kvr.<ns>.router.route), dispatched to the chosen worker's
 // generate subject, streamed back, and reported to the router (first token, completed, aborted)

@@ -7,7 +7,6 @@
 
 #include <fmt/format.h>
 
-#include "absl/container/flat_hash_set.h"
 #include "actors/selector/selector_state.hpp"
 #include "deploy/simulation/engine.hpp"
 #include "messages/check.hpp"
@@ -278,24 +277,7 @@ TraceReplay::TraceReplay(std::string trace_name, std::vector<simulation::TraceRe
 }
 
 double TraceReplay::infinite_cache_hit_rate() const {
-  absl::flat_hash_set<BlockHash> seen;
-  std::uint64_t prompt_tokens = 0;
-  std::uint64_t cached_tokens = 0;
-  const std::uint64_t block_size = options_.engine.block_size;
-  for (std::size_t i = 0; i < requests_.size(); ++i) {
-    const auto& hashes = block_hashes_[i];
-    // As the engine: at least one token is always computed.
-    const std::size_t reusable =
-        std::min<std::size_t>(hashes.size(), (requests_[i].input_length - 1) / block_size);
-    std::size_t matched = 0;
-    while (matched < reusable && seen.contains(hashes[matched])) ++matched;
-    cached_tokens += matched * block_size;
-    prompt_tokens += requests_[i].input_length;
-    seen.insert(hashes.begin(), hashes.end());
-  }
-  return prompt_tokens == 0
-             ? 0
-             : static_cast<double>(cached_tokens) / static_cast<double>(prompt_tokens);
+  return simulation::infinite_cache_hit_rate(requests_, block_hashes_, options_.engine.block_size);
 }
 
 simulation::PolicyReport TraceReplay::run(const std::string& label,

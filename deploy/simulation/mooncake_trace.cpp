@@ -1,8 +1,10 @@
 #include "deploy/simulation/mooncake_trace.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <optional>
 
+#include <absl/container/flat_hash_set.h>
 #include <nlohmann/json.hpp>
 
 #include "discovery/block_hash.hpp"
@@ -124,6 +126,27 @@ std::vector<BlockHash> expand_to_block_hashes(const TraceRequest& request,
     parent = hash;
   }
   return hashes;
+}
+
+double infinite_cache_hit_rate(const std::vector<TraceRequest>& requests,
+                               const std::vector<std::vector<BlockHash>>& block_hashes,
+                               std::uint32_t block_size) {
+  absl::flat_hash_set<BlockHash> seen;
+  std::uint64_t prompt_tokens = 0;
+  std::uint64_t cached_tokens = 0;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const auto& hashes = block_hashes[i];
+    const std::size_t reusable =
+        std::min<std::size_t>(hashes.size(), (requests[i].input_length - 1) / block_size);
+    std::size_t matched = 0;
+    while (matched < reusable && seen.contains(hashes[matched])) ++matched;
+    cached_tokens += std::uint64_t{matched} * block_size;
+    prompt_tokens += requests[i].input_length;
+    seen.insert(hashes.begin(), hashes.end());
+  }
+  return prompt_tokens == 0
+             ? 0
+             : static_cast<double>(cached_tokens) / static_cast<double>(prompt_tokens);
 }
 
 }  // namespace kvr::simulation

@@ -39,4 +39,11 @@ std::vector<std::uint32_t> synthesize_prompt_tokens(const TraceRequest& request)
 std::vector<BlockHash> expand_to_block_hashes(const TraceRequest& request,
                                               std::uint32_t engine_block_size);
 
+/// The hit rate of one shared infinite cache over `requests` in order, `block_hashes[i]` being
+/// request i's expand_to_block_hashes(…, block_size): an upper bound for any router. As an engine
+/// does, the last prompt token is always computed.
+double infinite_cache_hit_rate(const std::vector<TraceRequest>& requests,
+                               const std::vector<std::vector<BlockHash>>& block_hashes,
+                               std::uint32_t block_size);
+
 }  // namespace kvr::simulation

@@ -1,4 +1,4 @@
-// `kvr replay --live` against a real cluster on loopback: a nats-server, a `kvr mocker` fleet and a
+// `kvr replay-live` against a real cluster on loopback: a nats-server, a `kvr mocker` fleet and a
 // `kvr node`. Every trace request is routed, streamed from its worker and reported; the run ends
 // with the common report, and it stops with an explicit error when no router answers.
 #include <gtest/gtest.h>
@@ -45,16 +45,16 @@ class LiveReplayTest : public ::testing::Test {
     ASSERT_TRUE(node_);
   }
 
-  // Runs `kvr replay --live <arguments>` to completion; its exit code (nullopt: it did not end).
+  // Runs `kvr replay-live <arguments>` to completion; its exit code (nullopt: it did not end).
   std::optional<int> replay_live(std::vector<std::string> arguments) {
     arguments.insert(arguments.begin(), "--quiet");
-    auto process = kvr_->start({"replay", "--live"}, arguments, "replay.log");
+    auto process = kvr_->start({"replay-live"}, arguments, "replay.log");
     if (!process) {
       ADD_FAILURE() << "cannot start " << KVR_BINARY;
       return std::nullopt;
     }
     const auto status = process->wait(150s);
-    EXPECT_TRUE(status.has_value()) << "kvr replay --live did not finish:\n" << process->log();
+    EXPECT_TRUE(status.has_value()) << "kvr replay-live did not finish:\n" << process->log();
     return status;
   }
 

@@ -1,0 +1,135 @@
+#include "deploy/cli/replay_live_command.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "deploy/cli/cli_options.hpp"
+#include "deploy/cli/replay_output.hpp"
+#include "deploy/replay/live_replay.hpp"
+
+namespace kvr::cli {
+namespace {
+
+constexpr std::string_view kCommand = "kvr replay-live";
+
+struct ReplayLiveCommandOptions {
+  ReplayOutputOptions output;
+  replay::LiveReplayOptions live;
+  // Unset: the workers' registrations say.
+  std::optional<std::uint32_t> block_size;
+  double timeout_s = 60;
+  double ready_timeout_s = 15;
+};
+
+std::chrono::milliseconds seconds_to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(seconds * 1000)));
+}
+
+int run_live_replay(const ReplayLiveCommandOptions& options) {
+  auto trace = load_trace(kCommand, options.output);
+  if (!trace) return kUsageError;
+  replay::LiveReplayOptions live_options = options.live;
+  live_options.speedup = options.output.speedup;
+  live_options.block_size = options.block_size.value_or(0);
+  live_options.request_timeout = seconds_to_ms(options.timeout_s);
+  live_options.ready_timeout = seconds_to_ms(options.ready_timeout_s);
+  ProgressBar progress{{"live"}, trace->size(), !options.output.quiet};
+  live_options.on_progress = [&progress](std::size_t done) { progress.update(0, done); };
+  auto live = replay::LiveReplay::connect(live_options);
+  if (!live) {
+    std::cerr << kCommand << ": " << live.error() << '\n';
+    return kUsageError;
+  }
+  if (!options.output.quiet) {
+    std::cerr << fmt::format(
+        "  live cluster: namespace '{}', model '{}', {} workers announced, block size {}\n",
+        live_options.ns, live_options.model, (*live)->workers(), (*live)->block_size());
+  }
+  const auto started = std::chrono::steady_clock::now();
+  replay::LiveReplayResult result = (*live)->run(*trace);
+  result.report.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (!options.output.quiet) {
+    std::cerr << fmt::format("  {:<26} replayed in {:.2f} s\n", result.report.policy,
+                             result.report.wall_seconds);
+  }
+
+  simulation::ReplayReport report;
+  report.trace = trace_name(options.output);
+  report.requests = trace->size();
+  report.workers = result.workers;
+  report.speedup = options.output.speedup;
+  report.seed = 0;
+  report.block_size = result.block_size;
+  report.infinite_cache_hit_rate = result.infinite_cache_hit_rate;
+  report.policies.push_back(result.report);
+
+  // The common table; live latencies are wall-clock, as the client measured them.
+  std::string table = simulation::format_table(report);
+  for (const auto& [simulated, live_text] :
+       {std::pair<std::string_view, std::string_view>{"ms of simulated time",
+                                                      "ms of wall-clock time, measured by this "
+                                                      "client"},
+        {"busy = share of time workers ran steps", "busy: not measured live"}}) {
+    if (const auto at = table.find(simulated); at != std::string::npos) {
+      table.replace(at, simulated.size(), live_text);
+    }
+  }
+  std::cout << table << replay::format_live_summary(result);
+  const int written = write_report(kCommand, options.output, report,
+                                   replay::live_report_json(report, result), "failed");
+  if (written != 0) return written;
+  // The report is out either way; a failed request makes the run fail.
+  return result.report.failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+void add_replay_live_command(CLI::App& app, int& exit_code) {
+  auto* command = app.add_subcommand(
+      "replay-live",
+      "replay a Mooncake trace against a running cluster (kvr node + workers on NATS) in real "
+      "time; latencies are wall-clock, as this client measures them");
+  auto options = std::make_shared<ReplayLiveCommandOptions>();
+  add_replay_output_options(*command, options->output);
+  auto& live = options->live;
+  live.nats.name = "kvr-replay";
+  live.nats.max_reconnects = 10;
+  add_nats_options(*command, live.nats);
+  add_namespace_option(*command, live.ns);
+  command->add_option("--model", live.model, "model every request asks for")
+      ->capture_default_str()
+      ->check(non_empty());
+  command
+      ->add_option("--block-size", options->block_size,
+                   "tokens per KV block of the requests' hashes; unset: the workers' "
+                   "registrations say")
+      ->check(CLI::Range(1U, 4096U));
+  command
+      ->add_option("--concurrency", live.concurrency,
+                   "most requests in flight; later arrivals wait (the wait counts in TTFT)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1'000'000}));
+  command
+      ->add_option("--timeout", options->timeout_s,
+                   "seconds a request may take from its route request to its last token; then it "
+                   "is cancelled, reported aborted and counted as failed")
+      ->capture_default_str()
+      ->check(finite_range(0.001, 86'400.0));
+  command
+      ->add_option("--ready-timeout", options->ready_timeout_s,
+                   "seconds to wait for the workers to announce themselves and a router to "
+                   "route a probe request")
+      ->capture_default_str()
+      ->check(finite_range(0.1, 3'600.0));
+  command->add_flag("--send-tokens", live.send_tokens,
+                    "send the synthesized prompt tokens (the router hashes them) instead of block "
+                    "hashes");
+  command->callback([options, &exit_code] { exit_code = run_live_replay(*options); });
+}
+
+}  // namespace kvr::cli

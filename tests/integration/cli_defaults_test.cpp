@@ -1,0 +1,51 @@
+// The commands a new user types first, each with its defaults: `kvr mocker --nats URL`,
+// `kvr node --nats URL`, then `kvr route --nats URL --text hello` is answered by a worker. The
+// mocker's default block size (64) is not the node's business: a partition learns it from its
+// first worker.
+#include <gtest/gtest.h>
+
+#include "tests/testing/nats_server.hpp"
+#include "tests/testing/process_run.hpp"
+
+namespace kvr {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ChildProcess;
+using testing::NatsServer;
+using testing::ProcessRun;
+using testing::run_process;
+using testing::TemporaryDirectory;
+using testing::wait_until;
+
+TEST(CliDefaultsTest, MockerNodeAndRouteWithTheirDefaultsRouteToAWorker) {
+  TemporaryDirectory directory;
+  std::string error;
+  auto server = NatsServer::start(&error);
+  ASSERT_TRUE(server) << error;
+
+  auto mocker = ChildProcess::start({KVR_BINARY, "mocker", "--nats", server->url()},
+                                    directory.path() / "mocker.log");
+  ASSERT_TRUE(mocker);
+  auto node = ChildProcess::start({KVR_BINARY, "node", "--nats", server->url()},
+                                  directory.path() / "node.log");
+  ASSERT_TRUE(node);
+
+  // The workers and the node come up in any order; `kvr route` exits 0 once a worker was chosen.
+  ProcessRun route;
+  const bool routed = wait_until(
+      [&] {
+        route = run_process({KVR_BINARY, "route", "--nats", server->url(), "--text", "hello"},
+                            directory.path() / "route.log", 30s);
+        return route.exit_code == 0 || !node->running() || !mocker->running();
+      },
+      60s);
+  ASSERT_TRUE(routed && route.exit_code == 0) << "kvr route:\n"
+                                              << route.output << "\n---- node log\n"
+                                              << node->log() << "\n---- mocker log\n"
+                                              << mocker->log();
+  EXPECT_NE(route.output.find(": worker "), std::string::npos) << route.output;
+}
+
+}  // namespace
+}  // namespace kvr
