@@ -88,12 +88,13 @@ if [[ -z "$nats_url" ]]; then
   exit 1
 fi
 echo "   nats-server at $nats_url"
-# 8 workers ten times faster than the modelled GPU; the slice arrives at 4x the trace's rate.
+# 8 workers ten times faster than the modelled GPU (block size 64, the trace's 512-token blocks
+# in eight); the node learns the block size from their registrations. The slice arrives at 4x
+# the trace's rate.
 "$kvr" mocker --nats "$nats_url" --namespace quickstart --workers 8 --time-scale 10 \
-  --block-size 64 >"$out_dir/live_mocker.log" 2>&1 &
+  >"$out_dir/live_mocker.log" 2>&1 &
 live_pids+=("$!")
-"$kvr" node --nats "$nats_url" --namespace quickstart --block-size 64 \
-  >"$out_dir/live_node.log" 2>&1 &
+"$kvr" node --nats "$nats_url" --namespace quickstart >"$out_dir/live_node.log" 2>&1 &
 live_pids+=("$!")
 if ! "$kvr" replay-live --nats "$nats_url" --namespace quickstart --limit "$live_requests" \
   --speedup 4 --timeout 60 --json "$out_dir/replay_live.json" --plot "$out_dir/replay_live.png"; then
