@@ -14,6 +14,7 @@
 #include "discovery/block_hash.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
+#include "tests/testing/worker_registration.hpp"
 
 namespace kvr::actors {
 namespace {
@@ -29,14 +30,7 @@ constexpr WorkerWithDpRank kA{1, 0};
 constexpr WorkerWithDpRank kB{2, 0};
 
 discovery::WorkerRegistration registration(WorkerId id) {
-  discovery::WorkerRegistration worker;
-  worker.worker_id = id;
-  worker.incarnation = 1;
-  worker.model = std::string{kModel};
-  worker.block_size = kBlockSize;
-  worker.total_kv_blocks = 1000;
-  worker.lease_ttl = 600s;
-  return worker;
+  return testing::worker_registration(id, std::string{kModel}, kBlockSize, 600s);
 }
 
 StreamChunk chunk(WorkerWithDpRank worker, std::uint32_t index, std::size_t tokens = 1,

@@ -13,6 +13,7 @@
 #include "discovery/block_hash.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
+#include "tests/testing/worker_registration.hpp"
 
 namespace kvr::actors {
 namespace {
@@ -37,14 +38,8 @@ std::vector<BlockHash> prompt_blocks(std::size_t length, std::uint64_t branch,
 }
 
 discovery::WorkerRegistration registration(WorkerId id, bool publishes_kv_events = true) {
-  discovery::WorkerRegistration worker;
-  worker.worker_id = id;
-  worker.incarnation = 1;
-  worker.model = std::string{kModel};
-  worker.block_size = kBlockSize;
-  worker.total_kv_blocks = 1000;
+  auto worker = testing::worker_registration(id, std::string{kModel}, kBlockSize, 10s);
   worker.publishes_kv_events = publishes_kv_events;
-  worker.lease_ttl = 10s;
   return worker;
 }
 

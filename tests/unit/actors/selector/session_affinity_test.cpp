@@ -10,6 +10,7 @@
 #include "discovery/block_hash.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
+#include "tests/testing/worker_registration.hpp"
 
 namespace kvr::actors {
 namespace {
@@ -416,14 +417,7 @@ std::vector<BlockHash> prompt_blocks(std::size_t length, std::uint64_t branch) {
 }
 
 discovery::WorkerRegistration registration(WorkerId id) {
-  discovery::WorkerRegistration worker;
-  worker.worker_id = id;
-  worker.incarnation = 1;
-  worker.model = std::string{kModel};
-  worker.block_size = kBlockSize;
-  worker.total_kv_blocks = 1000;
-  worker.lease_ttl = 600s;
-  return worker;
+  return testing::worker_registration(id, std::string{kModel}, kBlockSize, 600s);
 }
 
 class SessionAffinityRoutingTest : public ::testing::Test {
