@@ -69,3 +69,18 @@ function(kvr_check_plain_targets)
     endforeach()
   endforeach()
 endfunction()
+
+# The plain cores include nothing from above them: `#include "actors/..."` or `"deploy/..."` in
+# messages/, discovery/, classifiers/ or selection/ stops the configure naming the file.
+function(kvr_check_core_includes)
+  foreach(core messages discovery classifiers selection)
+    file(GLOB_RECURSE sources "${PROJECT_SOURCE_DIR}/${core}/*.hpp" "${PROJECT_SOURCE_DIR}/${core}/*.cpp")
+    foreach(source IN LISTS sources)
+      file(STRINGS "${source}" upward REGEX "^#include \"(actors|deploy)/")
+      if(upward)
+        file(RELATIVE_PATH name "${PROJECT_SOURCE_DIR}" "${source}")
+        message(FATAL_ERROR "${name} is in a plain core but includes from above it: ${upward}")
+      endif()
+    endforeach()
+  endforeach()
+endfunction()

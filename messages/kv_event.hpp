@@ -44,4 +44,15 @@ struct KvEventBatch {
   friend bool operator==(const KvEventBatch&, const KvEventBatch&) = default;
 };
 
+/// The whole cache of one (worker, rank) as Stored chains, consistent as of last_event_id; the
+/// plain form of kvr.v1.KvDumpReply, produced by KvIndexer::dump and by workers.
+struct KvDump {
+  WorkerWithDpRank worker;
+  Incarnation incarnation = 0;
+  EventId last_event_id = 0;  ///< events after this id apply on top of the dump
+  std::vector<KvStoredEvent> stored;
+
+  friend bool operator==(const KvDump&, const KvDump&) = default;
+};
+
 }  // namespace kvr

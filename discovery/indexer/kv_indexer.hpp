@@ -18,7 +18,6 @@
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
 
-#include "actors/wire/kv_event_codec.hpp"
 #include "discovery/indexer/holder_set.hpp"
 #include "discovery/indexer/index_error.hpp"
 #include "discovery/indexer/match_result.hpp"
