@@ -1,14 +1,13 @@
 #include "actors/ingress/ingress_actor.hpp"
 
 #include <caf/actor_cast.hpp>
-#include <caf/send.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/typed_response_promise.hpp>
 
 namespace kvr::actors {
 
-ingress_actor::behavior_type ingress_actor_impl(ingress_actor::pointer self,
-                                                IngressActorConfig config) {
+ingress_actor::behavior_type ingress_behavior(ingress_actor::pointer self,
+                                              IngressActorConfig config) {
   const metrics::ValueHandle route_requests =
       config.metrics->counter("kvr_route_requests_total", {{"ingress", "actor"}});
   return {
@@ -67,11 +66,10 @@ ingress_actor::behavior_type ingress_actor_impl(ingress_actor::pointer self,
                 std::move(*request), {}, std::chrono::steady_clock::now(), std::move(client)});
         return promise;
       },
-      [config](cancel_atom, GenerateCancelMessage& message) {
-        // anon_send: a typed actor may only send() to typed actors.
+      [self, config](cancel_atom, GenerateCancelMessage& message) {
         if (config.lifecycle && !message.value.request_id().empty()) {
-          caf::anon_send(config.lifecycle, cancel_atom::value,
-                         std::move(*message.value.mutable_request_id()));
+          self->send(config.lifecycle, cancel_atom::value,
+                     std::move(*message.value.mutable_request_id()));
         }
       },
   };

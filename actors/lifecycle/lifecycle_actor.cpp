@@ -3,9 +3,10 @@
 #include <vector>
 
 #include <caf/actor_system.hpp>
-#include <caf/event_based_actor.hpp>
+#include <caf/delegated.hpp>
 #include <caf/exit_reason.hpp>
 #include <caf/sec.hpp>
+#include <caf/typed_event_based_actor.hpp>
 #include <fmt/format.h>
 
 #include "actors/actor_types.hpp"
@@ -14,7 +15,7 @@
 namespace kvr::actors {
 namespace {
 
-using Self = caf::stateful_actor<LifecycleActorState>*;
+using Self = lifecycle_actor::stateful_pointer<LifecycleActorState>;
 
 std::string stream_subject(Self self, std::uint64_t stream_id) {
   return fmt::format("{}.{}", self->state.config.stream_inbox_prefix, stream_id);
@@ -56,10 +57,10 @@ void send_chunk(Self self, const GenerateFlight& flight, const v1::GenerateChunk
 }
 
 // Counts an actor client's flights: the first is monitored, the last stops the monitoring.
-void track_client(Self self, const caf::actor& client) {
+void track_client(Self self, const stream_client_actor& client) {
   if (++self->state.monitored_clients[client.address()] == 1) self->monitor(client);
 }
-void untrack_client(Self self, const caf::actor& client) {
+void untrack_client(Self self, const stream_client_actor& client) {
   auto& clients = self->state.monitored_clients;
   const auto it = clients.find(client.address());
   if (it == clients.end() || --it->second > 0) return;
@@ -244,7 +245,7 @@ void route_flight(Self self, std::uint64_t stream_id) {
   const auto excluded = flight->lifecycle.excluded_workers();
   request.selection.excluded_workers.assign(excluded.begin(), excluded.end());
   auto& config = self->state.config;
-  const caf::actor& selector = self->state.routes.selector_for(request.partition);
+  const route_target_actor& selector = self->state.routes.selector_for(request.partition);
   self->request(selector, config.selector_timeout, route_atom::value, std::move(request))
       .then([self, stream_id](SelectorReply& reply) { on_routed(self, stream_id, reply); },
             [self, stream_id](const caf::error& error) {
@@ -260,17 +261,19 @@ void route_flight(Self self, std::uint64_t stream_id) {
 
 // Refuses a request at once: its decision (the response to an actor client, else on its reply
 // subject) and its stream.
-void refuse(Self self, const GenerateEnvelope& envelope, Error code, const std::string& message) {
+caf::result<RouteDecisionMessage> refuse(Self self, const GenerateEnvelope& envelope, Error code,
+                                         const std::string& message) {
   auto& config = self->state.config;
   const std::string& request_id = envelope.request.route.id();
   config.metrics->add("kvr_route_errors_total", {{"code", std::string{as_str(code)}}});
   if (envelope.stream_actor) {
-    self->make_response_promise().deliver(
-        RouteDecisionMessage{make_route_error(request_id, code, message)});
-    self->send(envelope.stream_actor, chunk_atom::value,
+    // The decision leaves before the stream's end, as for a request that was served.
+    auto promise = self->make_response_promise<RouteDecisionMessage>();
+    promise.deliver(RouteDecisionMessage{make_route_error(request_id, code, message)});
+    self->send(caf::actor_cast<stream_client_actor>(envelope.stream_actor), chunk_atom::value,
                GenerateChunkMessage{
                    make_end_chunk(request_id, 0, StreamEnd{"error", code, message}, std::nullopt)});
-    return;
+    return promise;
   }
   if (!envelope.reply_subject.empty()) {
     config.publisher->publish(envelope.reply_subject,
@@ -280,18 +283,19 @@ void refuse(Self self, const GenerateEnvelope& envelope, Error code, const std::
       envelope.request.stream_subject,
       make_end_chunk(request_id, 0, StreamEnd{"error", code, message}, std::nullopt)
           .SerializeAsString());
+  return caf::delegated<RouteDecisionMessage>{};  // a NATS client: answered on its subjects
 }
 
 }  // namespace
 
-caf::behavior lifecycle_actor(Self self, LifecycleActorConfig config) {
+lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfig config) {
   self->state.config = std::move(config);
   update_in_flight(self);
   self->state.routes = PartitionRoutes{self->state.config.directory};
   if (self->state.config.directory) {
-    self->send(self->state.config.directory, watch_atom::value, caf::actor_cast<caf::actor>(self));
+    self->send(self->state.config.directory, watch_atom::value, removal_watcher_actor{self});
     self->send(self->state.config.directory, selectors_atom::value,
-               caf::actor_cast<caf::actor>(self));
+               selector_subscriber_actor{self});
   }
   // Shutdown: no client is left without an end to its stream.
   self->set_exit_handler([self](caf::exit_msg& message) {
@@ -324,26 +328,31 @@ caf::behavior lifecycle_actor(Self self, LifecycleActorConfig config) {
     }
   });
   return {
-      [self](generate_atom, GenerateEnvelope& envelope) {
+      [self](generate_atom, GenerateEnvelope& envelope) -> caf::result<RouteDecisionMessage> {
         auto& state = self->state;
         const std::string request_id = envelope.request.route.id();
         if (state.by_request_id.contains(request_id)) {
-          refuse(self, envelope, Error::invalid_request,
-                 fmt::format("request '{}' is already being served", request_id));
-          return;
+          return refuse(self, envelope, Error::invalid_request,
+                        fmt::format("request '{}' is already being served", request_id));
         }
         const std::uint64_t stream_id = state.next_stream_id++;
         auto [it, inserted] = state.flights.try_emplace(stream_id, std::move(envelope.request),
                                                         state.config.lifecycle);
         it->second.reply_subject = std::move(envelope.reply_subject);
+        // An actor client gets the first decision as the response; a NATS client on its subject.
+        caf::result<RouteDecisionMessage> decision = caf::delegated<RouteDecisionMessage>{};
         if (envelope.stream_actor) {
-          it->second.decision_promise = self->make_response_promise();
-          it->second.stream_actor = std::move(envelope.stream_actor);
+          it->second.decision_promise = self->make_response_promise<RouteDecisionMessage>();
+          decision = it->second.decision_promise;
+          // The ingress's interface promises actor clients their stream as chunk messages.
+          it->second.stream_actor =
+              caf::actor_cast<stream_client_actor>(std::move(envelope.stream_actor));
           track_client(self, it->second.stream_actor);
         }
         state.by_request_id.emplace(request_id, stream_id);
         update_in_flight(self);
         route_flight(self, stream_id);
+        return decision;
       },
       [self](cancel_atom, const std::string& request_id) {
         auto& state = self->state;
@@ -364,8 +373,8 @@ caf::behavior lifecycle_actor(Self self, LifecycleActorConfig config) {
         apply(self, envelope.stream_id, flight->lifecycle.on_chunk(to_stream_chunk(envelope.chunk)),
               &envelope.chunk);
       },
-      [self](selectors_atom, std::string& model, std::string& group, caf::actor& selector) {
-        self->state.routes.learn(std::move(model), std::move(group), std::move(selector));
+      [self](selectors_atom, std::string& model, std::string& group, selector_actor& selector) {
+        self->state.routes.learn(std::move(model), std::move(group), selector);
       },
       [self](removed_atom, const std::vector<WorkerId>& removed) {
         std::vector<std::uint64_t> ids;

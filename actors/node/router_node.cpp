@@ -128,9 +128,9 @@ struct RouterNode::Impl {
   // The configuration must outlive the system, which is destroyed first (declared last).
   caf::actor_system_config config;
   std::unique_ptr<caf::actor_system> system;
-  caf::actor directory;
-  caf::actor reservation;
-  caf::actor lifecycle;
+  directory_actor directory;
+  reservation_actor reservation;
+  lifecycle_actor lifecycle;
   ingress_actor ingress;
   std::uint16_t actor_port = 0;
 
@@ -140,10 +140,10 @@ struct RouterNode::Impl {
     if (system) {
       if (actor_port != 0) (void)system->middleman().unpublish(ingress, actor_port);
       // The lifecycle actor first: it ends every client's stream with an explicit error.
-      for (const caf::actor& actor : {lifecycle, directory, reservation}) {
-        if (actor) caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
-      }
-      if (ingress) caf::anon_send_exit(ingress, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(lifecycle, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(reservation, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(ingress, caf::exit_reason::user_shutdown);
       lifecycle = nullptr;
       directory = nullptr;
       reservation = nullptr;
@@ -209,7 +209,7 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   selector.log = impl->log;
   selector.tick_interval = opts.tick_interval;
   selector.affinity = opts.session_affinity;
-  impl->directory = system.spawn(directory_actor, DirectoryActorConfig{selector, {}});
+  impl->directory = system.spawn(directory_behavior, DirectoryActorConfig{selector, {}});
 
   ReservationActorConfig reservation;
   reservation.directory = impl->directory;
@@ -220,7 +220,7 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   reservation.lease_ttl = opts.lease_ttl;
   reservation.selector_timeout = opts.selector_timeout;
   reservation.tick_interval = opts.tick_interval;
-  impl->reservation = system.spawn(reservation_actor, std::move(reservation));
+  impl->reservation = system.spawn(reservation_behavior, std::move(reservation));
 
   LifecycleActorConfig lifecycle;
   lifecycle.directory = impl->directory;
@@ -230,13 +230,13 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   lifecycle.stream_inbox_prefix = impl->bridge->stream_inbox_prefix();
   lifecycle.selector_timeout = opts.selector_timeout;
   lifecycle.first_token_timeout = opts.first_token_timeout;
-  impl->lifecycle = system.spawn(lifecycle_actor, std::move(lifecycle));
+  impl->lifecycle = system.spawn(lifecycle_behavior, std::move(lifecycle));
 
   impl->ingress =
-      system.spawn(ingress_actor_impl, IngressActorConfig{.reservation = impl->reservation,
-                                                          .lifecycle = impl->lifecycle,
-                                                          .limits = {},
-                                                          .metrics = impl->registry});
+      system.spawn(ingress_behavior, IngressActorConfig{.reservation = impl->reservation,
+                                                        .lifecycle = impl->lifecycle,
+                                                        .limits = {},
+                                                        .metrics = impl->registry});
   if (opts.actor_port != 0) {
     auto published =
         system.middleman().publish(impl->ingress, opts.actor_port, opts.bind_host.c_str());
@@ -251,8 +251,8 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
 
   // Callbacks only decode (in the bridge) and hand over to the actors.
   BridgeSinks sinks;
-  const caf::actor directory = impl->directory;
-  const caf::actor reservation_handle = impl->reservation;
+  const directory_actor directory = impl->directory;
+  const reservation_actor reservation_handle = impl->reservation;
   sinks.registration = [directory](discovery::WorkerRegistration registration) {
     caf::anon_send(directory, worker_up_atom::value, std::move(registration));
   };
@@ -280,7 +280,7 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
     caf::anon_send(reservation_handle, report_atom::value,
                    ReportEnvelope{std::move(report), std::move(reply)});
   };
-  const caf::actor lifecycle_handle = impl->lifecycle;
+  const lifecycle_actor lifecycle_handle = impl->lifecycle;
   sinks.generate = [lifecycle_handle](GenerateRequestData request, std::string reply,
                                       std::chrono::steady_clock::time_point received) {
     caf::anon_send(lifecycle_handle, generate_atom::value,

@@ -3,9 +3,9 @@
 #include <limits>
 
 #include <caf/actor_system.hpp>
-#include <caf/event_based_actor.hpp>
-#include <caf/response_promise.hpp>
 #include <caf/sec.hpp>
+#include <caf/typed_event_based_actor.hpp>
+#include <caf/typed_response_promise.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -16,16 +16,19 @@ namespace kvr::actors {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using Self = caf::stateful_actor<ReservationActorState>*;
+using Self = reservation_actor::stateful_pointer<ReservationActorState>;
+using DecisionPromise = caf::typed_response_promise<RouteDecisionMessage>;
+using AckPromise = caf::typed_response_promise<LifecycleAckMessage>;
 
-const caf::actor& selector_for(Self self, const plugins::worker_selection::RoutingPartition& p) {
+const route_target_actor& selector_for(Self self,
+                                       const plugins::worker_selection::RoutingPartition& p) {
   return self->state.routes.selector_for(p);
 }
 
 // Sends a booking change to the partition's selector; the caller only logs a failure. Nobody
 // waits for the answer, so it needs no timeout (a lost one only goes unlogged).
 void update_booking(Self self, BookingUpdate update) {
-  const caf::actor& selector = selector_for(self, update.partition);
+  const route_target_actor& selector = selector_for(self, update.partition);
   self->request(selector, caf::infinite, booking_atom::value, std::move(update))
       .then([](const BookingUpdateReply&) {},
             [self](const caf::error& error) {
@@ -67,7 +70,7 @@ void flush_answers(Self self) {
 
 // Answers a route request: publishes on its reply subject (if any) and fulfils the promise.
 // Returns false when publishing failed.
-bool deliver_decision(Self self, const RouteEnvelope& envelope, caf::response_promise& promise,
+bool deliver_decision(Self self, const RouteEnvelope& envelope, DecisionPromise& promise,
                       v1::RouteDecision decision) {
   auto& state = self->state;
   bool delivered = true;
@@ -139,8 +142,8 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
   }
 }
 
-caf::response_promise handle_route(Self self, RouteEnvelope& envelope) {
-  auto promise = self->make_response_promise();
+DecisionPromise handle_route(Self self, RouteEnvelope& envelope) {
+  auto promise = self->make_response_promise<RouteDecisionMessage>();
   auto& state = self->state;
   // A few per request (kExpiriesPerRequest), as the selector does with bookings.
   expire_leases(self, Clock::now(), kExpiriesPerRequest);
@@ -153,7 +156,7 @@ caf::response_promise handle_route(Self self, RouteEnvelope& envelope) {
                                ReservationActorState::PendingRoute{std::move(envelope), promise});
   // No CAF timeout: the expiry timer answers a request its selector leaves unanswered, and a
   // late reply finds no pending entry (its booking then expires with its lease, as before).
-  const caf::actor& selector = selector_for(self, selector_request.partition);
+  const route_target_actor& selector = selector_for(self, selector_request.partition);
   self->request(selector, caf::infinite, route_atom::value, std::move(selector_request))
       .then(
           [self, id](SelectorReply& reply) {
@@ -177,8 +180,8 @@ void count_report(Self self, LifecycleEventKind event, bool accepted) {
 }
 
 // Publishes (when asked over NATS) and returns an ack; counts the report.
-void deliver_ack(Self self, const ReportEnvelope& envelope, caf::response_promise& promise,
-                 bool accepted, std::string_view message) {
+void deliver_ack(Self self, const ReportEnvelope& envelope, AckPromise& promise, bool accepted,
+                 std::string_view message) {
   count_report(self, envelope.report.event, accepted);
   auto ack = make_lifecycle_ack(accepted, message);
   if (!envelope.reply_subject.empty()) {
@@ -187,8 +190,8 @@ void deliver_ack(Self self, const ReportEnvelope& envelope, caf::response_promis
   promise.deliver(LifecycleAckMessage{std::move(ack)});
 }
 
-caf::response_promise handle_report(Self self, ReportEnvelope& envelope) {
-  auto promise = self->make_response_promise();
+AckPromise handle_report(Self self, ReportEnvelope& envelope) {
+  auto promise = self->make_response_promise<LifecycleAckMessage>();
   auto& state = self->state;
   const LifecycleReportData& report = envelope.report;
   const bool first_token = report.event == LifecycleEventKind::FirstToken;
@@ -218,7 +221,7 @@ caf::response_promise handle_report(Self self, ReportEnvelope& envelope) {
   const std::uint64_t id = add_pending(self);
   state.pending_reports.emplace(id,
                                 ReservationActorState::PendingReport{std::move(envelope), promise});
-  const caf::actor& selector = selector_for(self, update.partition);
+  const route_target_actor& selector = selector_for(self, update.partition);
   self->request(selector, caf::infinite, booking_atom::value, std::move(update))
       .then(
           [self, id](const BookingUpdateReply& reply) {
@@ -264,7 +267,7 @@ void fail_overdue(Self self, Clock::time_point now) {
 
 }  // namespace
 
-caf::behavior reservation_actor(Self self, ReservationActorConfig config) {
+reservation_actor::behavior_type reservation_behavior(Self self, ReservationActorConfig config) {
   self->state.config = std::move(config);
   self->state.ledger.emplace(self->state.config.lease_prefix);
   self->state.routes = PartitionRoutes{self->state.config.directory};
@@ -281,15 +284,14 @@ caf::behavior reservation_actor(Self self, ReservationActorConfig config) {
     }
   }
   publish_leases_gauge(self);
-  self->send(self->state.config.directory, selectors_atom::value,
-             caf::actor_cast<caf::actor>(self));
+  self->send(self->state.config.directory, selectors_atom::value, selector_subscriber_actor{self});
   self->delayed_send(self, self->state.config.tick_interval, expire_atom::value);
   return {
       [self](route_atom, RouteEnvelope& envelope) { return handle_route(self, envelope); },
       [self](report_atom, ReportEnvelope& envelope) { return handle_report(self, envelope); },
       [self](flush_atom) { flush_answers(self); },
-      [self](selectors_atom, std::string& model, std::string& group, caf::actor& selector) {
-        self->state.routes.learn(std::move(model), std::move(group), std::move(selector));
+      [self](selectors_atom, std::string& model, std::string& group, selector_actor& selector) {
+        self->state.routes.learn(std::move(model), std::move(group), selector);
       },
       [self](expire_atom) {
         auto& state = self->state;

@@ -1,6 +1,6 @@
 #include "actors/selector/selector_actor.hpp"
 
-#include <caf/event_based_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -11,7 +11,7 @@ namespace kvr::actors {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using Self = caf::stateful_actor<SelectorActorState>*;
+using Self = selector_actor::stateful_pointer<SelectorActorState>;
 
 std::string partition_label(const plugins::worker_selection::RoutingPartition& partition) {
   return fmt::format("{}/{}", partition.model, partition.routing_group);
@@ -89,7 +89,7 @@ void forget_dumps(Self self, WorkerId id) {
 
 }  // namespace
 
-caf::behavior selector_actor(Self self, SelectorActorConfig config) {
+selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig config) {
   {
     auto& state = self->state;
     state.config = std::move(config);

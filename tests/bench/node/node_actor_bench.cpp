@@ -214,16 +214,16 @@ class LocalNode {
     selector.metrics = metrics_;
     selector.log = log_;
     directory_ =
-        system_->spawn(actors::directory_actor, actors::DirectoryActorConfig{selector, {}});
+        system_->spawn(actors::directory_behavior, actors::DirectoryActorConfig{selector, {}});
     actors::ReservationActorConfig reservation;
     reservation.directory = directory_;
     reservation.publisher = publisher_;
     reservation.metrics = metrics_;
     reservation.log = log_;
     reservation.lease_ttl = 1s;
-    reservation_ = system_->spawn(actors::reservation_actor, std::move(reservation));
+    reservation_ = system_->spawn(actors::reservation_behavior, std::move(reservation));
     ingress_ = system_->spawn(
-        actors::ingress_actor_impl,
+        actors::ingress_behavior,
         actors::IngressActorConfig{.reservation = reservation_, .limits = {}, .metrics = metrics_});
     for (std::size_t w = 0; w < kWorkers; ++w) {
       const auto registration = workload_.registration(w);
@@ -245,9 +245,8 @@ class LocalNode {
   }
 
   ~LocalNode() {
-    for (const caf::actor& actor : {directory_, reservation_}) {
-      caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
-    }
+    caf::anon_send_exit(directory_, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(reservation_, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(ingress_, caf::exit_reason::user_shutdown);
     directory_ = nullptr;
     reservation_ = nullptr;
@@ -268,8 +267,8 @@ class LocalNode {
   std::shared_ptr<NullPublisher> publisher_ = std::make_shared<NullPublisher>();
   caf::actor_system_config config_;
   std::unique_ptr<caf::actor_system> system_;
-  caf::actor directory_;
-  caf::actor reservation_;
+  actors::directory_actor directory_;
+  actors::reservation_actor reservation_;
   actors::ingress_actor ingress_;
 };
 
