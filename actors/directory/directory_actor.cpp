@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/actor_types.hpp"
+#include "actors/metrics/node_metrics.hpp"
 
 namespace kvr::actors {
 namespace {
@@ -21,7 +22,7 @@ void request_reregistration(Self self, bool force) {
   if (!force && now - state.last_reregistration_request < state.config.reregistration_throttle)
     return;
   state.last_reregistration_request = now;
-  state.config.selector.metrics->add("kvr_discovery_requests_total");
+  metrics::NodeMetrics{*state.config.selector.metrics}.discovery_requests().add();
   state.config.selector.publisher->request_reregistration();
 }
 

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "actors/actor_types.hpp"
+#include "actors/metrics/node_metrics.hpp"
 #include "actors/support/request_error.hpp"
 
 namespace kvr::actors {
@@ -21,9 +22,12 @@ std::string stream_subject(Self self, std::uint64_t stream_id) {
   return fmt::format("{}.{}", self->state.config.stream_inbox_prefix, stream_id);
 }
 
+metrics::NodeMetrics node_metrics(Self self) {
+  return metrics::NodeMetrics{*self->state.config.metrics};
+}
+
 void update_in_flight(Self self) {
-  self->state.config.metrics->set("kvr_generate_in_flight", {},
-                                  static_cast<double>(self->state.flights.size()));
+  node_metrics(self).generate_in_flight().set(static_cast<double>(self->state.flights.size()));
 }
 
 GenerateFlight* find_flight(Self self, std::uint64_t stream_id) {
@@ -110,7 +114,7 @@ void apply(Self self, std::uint64_t stream_id, LifecycleResult result,
     if (result.error().kind == LifecycleError::Kind::after_end ||
         result.error().kind == LifecycleError::Kind::stale_worker) {
       // Chunks racing a cancel or a retry: expected, only counted.
-      self->state.config.metrics->add("kvr_generate_stale_chunks_total");
+      node_metrics(self).generate_stale_chunks().add();
     } else {
       self->state.config.log->warn(
           "generate-lifecycle",
@@ -178,7 +182,7 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
     send_chunk(self, *flight, *chunk);
     ++flight->relayed;
     if (flight->lifecycle.state() == RequestState::Completed) {
-      config.metrics->add("kvr_generate_outcomes_total", {{"outcome", "completed"}});
+      node_metrics(self).generate_outcomes("completed").add();
     }
   }
   if (step.end_stream) {
@@ -188,11 +192,11 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
         make_route_error(request_id, end.error.value_or(Error::unavailable), end.message));
     send_chunk(self, *flight, make_end_chunk(request_id, flight->relayed, end, worker));
     ++flight->relayed;
-    config.metrics->add("kvr_generate_outcomes_total", {{"outcome", end.finish_reason}});
+    node_metrics(self).generate_outcomes(end.finish_reason).add();
   }
   if (step.dispatch) dispatch(self, stream_id);
   if (step.reroute) {
-    config.metrics->add("kvr_generate_retries_total");
+    node_metrics(self).generate_retries().add();
     route_flight(self, stream_id);
   }
   maybe_forget(self, stream_id);
@@ -205,8 +209,7 @@ void on_routed(Self self, std::uint64_t stream_id, SelectorReply& reply) {
   const std::string request_id = flight->request.route.id();
   if (!reply.result) {
     const RouteFailure& failure = reply.result.error();
-    self->state.config.metrics->add("kvr_route_errors_total",
-                                    {{"code", std::string{as_str(failure.code)}}});
+    node_metrics(self).route_errors(failure.code).add();
     publish_decision(self, *flight, make_route_error(request_id, failure.code, failure.message));
     apply(self, stream_id, flight->lifecycle.route_failed(failure.code, failure.message));
     return;
@@ -223,8 +226,7 @@ void on_routed(Self self, std::uint64_t stream_id, SelectorReply& reply) {
   }
   if (step->dispatch) {
     flight->generate_subject = reply.generate_subject;
-    self->state.config.metrics->add("kvr_route_decisions_total",
-                                    {{"worker", std::to_string(outcome.worker.worker_id)}});
+    node_metrics(self).route_decisions(outcome.worker.worker_id).add();
     publish_decision(
         self, *flight,
         make_route_success(request_id, outcome,
@@ -265,7 +267,7 @@ caf::result<RouteDecisionMessage> refuse(Self self, const GenerateEnvelope& enve
                                          const std::string& message) {
   auto& config = self->state.config;
   const std::string& request_id = envelope.request.route.id();
-  config.metrics->add("kvr_route_errors_total", {{"code", std::string{as_str(code)}}});
+  node_metrics(self).route_errors(code).add();
   if (envelope.stream_actor) {
     // The decision leaves before the stream's end, as for a request that was served.
     auto promise = self->make_response_promise<RouteDecisionMessage>();
@@ -367,7 +369,7 @@ lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfi
       [self](chunk_atom, ChunkEnvelope& envelope) {
         GenerateFlight* flight = find_flight(self, envelope.stream_id);
         if (flight == nullptr) {
-          self->state.config.metrics->add("kvr_generate_stale_chunks_total");
+          node_metrics(self).generate_stale_chunks().add();
           return;
         }
         apply(self, envelope.stream_id, flight->lifecycle.on_chunk(to_stream_chunk(envelope.chunk)),
@@ -397,7 +399,7 @@ lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfi
             flight->lifecycle.state() != RequestState::Sent || !flight->lifecycle.worker()) {
           return;
         }
-        self->state.config.metrics->add("kvr_generate_first_token_timeouts_total");
+        node_metrics(self).generate_first_token_timeouts().add();
         apply(self, stream_id,
               flight->lifecycle.worker_failed(
                   flight->lifecycle.worker()->worker_id,

@@ -18,6 +18,7 @@
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/lifecycle/lifecycle_actor.hpp"
 #include "actors/metrics/metrics_http.hpp"
+#include "actors/metrics/node_metrics.hpp"
 #include "actors/nats/nats_bridge.hpp"
 #include "actors/reservation/reservation_actor.hpp"
 
@@ -54,68 +55,6 @@ std::expected<void, std::string> NodeOptions::validate() const {
     return std::unexpected(affinity.error());
   }
   return {};
-}
-
-void describe_node_metrics(metrics::MetricsRegistry& registry) {
-  using metrics::MetricType;
-  const std::vector<double> latency_buckets{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005,
-                                            0.001,   0.0025,   0.005,   0.01,   0.025,   0.1};
-  registry.describe("kvr_route_requests_total", MetricType::Counter,
-                    "Route requests received, by ingress (nats, actor).");
-  registry.describe("kvr_route_decisions_total", MetricType::Counter,
-                    "Successful route decisions delivered, by chosen worker.");
-  registry.describe("kvr_route_errors_total", MetricType::Counter,
-                    "Route requests answered with an error, by error code.");
-  registry.describe("kvr_selection_latency_seconds", MetricType::Histogram,
-                    "Time a selector spends selecting and booking one request.", latency_buckets);
-  registry.describe("kvr_route_latency_seconds", MetricType::Histogram,
-                    "Time from receiving a route request to answering it.", latency_buckets);
-  registry.describe("kvr_bookings_open", MetricType::Gauge,
-                    "Bookings held in predicted load, by partition.");
-  registry.describe("kvr_leases_open", MetricType::Gauge, "Leases in the reservation ledger.");
-  registry.describe("kvr_leases_expired_total", MetricType::Counter,
-                    "Leases ended by expiry (never reported).");
-  registry.describe("kvr_bookings_rolled_back_total", MetricType::Counter,
-                    "Bookings released because their decision could not be delivered.");
-  registry.describe("kvr_lifecycle_reports_total", MetricType::Counter,
-                    "Lifecycle reports, by event and whether a lease accepted them.");
-  registry.describe("kvr_bad_messages_total", MetricType::Counter,
-                    "Network messages dropped as malformed or absurd, by subscribed subject.");
-  registry.describe("kvr_worker_messages_refused_total", MetricType::Counter,
-                    "Decoded worker messages a partition refused, by partition and kind.");
-  registry.describe("kvr_index_blocks", MetricType::Gauge,
-                    "Distinct blocks in the partition's KV index.");
-  registry.describe("kvr_workers", MetricType::Gauge, "Registered workers, by partition.");
-  registry.describe("kvr_workers_expired_total", MetricType::Counter,
-                    "Workers removed because their heartbeats stopped.");
-  registry.describe("kvr_kv_event_gaps_total", MetricType::Counter,
-                    "KV event batches that skipped event ids.");
-  registry.describe("kvr_kv_dump_requests_total", MetricType::Counter,
-                    "KV dumps asked of workers after event-id gaps.");
-  registry.describe("kvr_discovery_requests_total", MetricType::Counter,
-                    "Requests to every worker to register again.");
-  registry.describe("kvr_nats_reconnects_total", MetricType::Counter,
-                    "Successful NATS reconnects.");
-  registry.describe("kvr_nats_connected", MetricType::Gauge, "1 while connected to NATS.");
-  registry.describe("kvr_generate_requests_total", MetricType::Counter,
-                    "Generate requests received, by ingress.");
-  registry.describe("kvr_generate_outcomes_total", MetricType::Counter,
-                    "Generate requests ended, by outcome (completed, error, cancelled).");
-  registry.describe("kvr_generate_retries_total", MetricType::Counter,
-                    "Generate requests retried on another worker after a failure before the "
-                    "first token.");
-  registry.describe("kvr_generate_first_token_timeouts_total", MetricType::Counter,
-                    "Generate attempts that produced no first chunk in time.");
-  registry.describe("kvr_generate_stale_chunks_total", MetricType::Counter,
-                    "Worker chunks for requests that ended or moved to another worker.");
-  registry.describe("kvr_generate_in_flight", MetricType::Gauge,
-                    "Generate requests being served by this node.");
-  registry.describe("kvr_session_bindings", MetricType::Gauge,
-                    "Session-affinity bindings, by partition.");
-  registry.describe("kvr_session_rebinds_total", MetricType::Counter,
-                    "Soft session bindings moved to another worker, by partition.");
-  registry.set("kvr_leases_open", {}, 0);
-  registry.add("kvr_nats_reconnects_total", {}, 0);
 }
 
 struct RouterNode::Impl {
@@ -174,7 +113,7 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   impl->options = std::move(options);
   impl->plugins = std::move(plugins);
   const NodeOptions& opts = impl->options;
-  describe_node_metrics(*impl->registry);
+  metrics::NodeMetrics::describe(*impl->registry);
 
   BridgeOptions bridge_options;
   bridge_options.ns = opts.ns;

@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/actor_types.hpp"
+#include "actors/metrics/node_metrics.hpp"
 #include "actors/support/request_error.hpp"
 
 namespace kvr::actors {
@@ -38,6 +39,10 @@ void update_booking(Self self, BookingUpdate update) {
             });
 }
 
+metrics::NodeMetrics node_metrics(Self self) {
+  return metrics::NodeMetrics{*self->state.config.metrics};
+}
+
 void publish_leases_gauge(Self self) {
   self->state.leases_open.set(static_cast<double>(self->state.ledger->size()));
 }
@@ -45,10 +50,7 @@ void publish_leases_gauge(Self self) {
 metrics::ValueHandle& decisions_counter(Self self, WorkerId worker) {
   auto& state = self->state;
   auto [it, inserted] = state.decisions_by_worker.try_emplace(worker);
-  if (inserted) {
-    it->second = state.config.metrics->counter("kvr_route_decisions_total",
-                                               {{"worker", std::to_string(worker)}});
-  }
+  if (inserted) it->second = node_metrics(self).route_decisions(worker);
   return it->second;
 }
 
@@ -69,7 +71,7 @@ void flush_answers(Self self) {
 }
 
 // Answers a route request: publishes on its reply subject (if any) and fulfils the promise.
-// Returns false when publishing failed.
+// Returns false when publishing failed. Errors go through deliver_error, which counts them.
 bool deliver_decision(Self self, const RouteEnvelope& envelope, DecisionPromise& promise,
                       v1::RouteDecision decision) {
   auto& state = self->state;
@@ -81,14 +83,18 @@ bool deliver_decision(Self self, const RouteEnvelope& envelope, DecisionPromise&
     const std::chrono::duration<double> elapsed = Clock::now() - envelope.received;
     state.route_latency.observe(elapsed.count());
   }
-  if (decision.has_error()) {
-    state.config.metrics->add("kvr_route_errors_total",
-                              {{"code", v1::RouteErrorCode_Name(decision.error().code())}});
-  } else if (delivered) {
+  if (delivered && decision.has_success()) {
     decisions_counter(self, decision.success().worker_id()).add();
   }
   promise.deliver(RouteDecisionMessage{std::move(decision)});
   return delivered;
+}
+
+// Answers a route request with an error, counted by its code.
+void deliver_error(Self self, const RouteEnvelope& envelope, DecisionPromise& promise, Error code,
+                   std::string_view message) {
+  node_metrics(self).route_errors(code).add();
+  deliver_decision(self, envelope, promise, make_route_error(envelope.request.id(), code, message));
 }
 
 // Ends leases that expired unreported, at most `limit` of them: their bookings expire in the
@@ -114,9 +120,8 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
   auto& state = self->state;
   const RouteRequest& request = pending.envelope.request;
   if (!reply.result) {
-    deliver_decision(
-        self, pending.envelope, pending.promise,
-        make_route_error(request.id(), reply.result.error().code, reply.result.error().message));
+    deliver_error(self, pending.envelope, pending.promise, reply.result.error().code,
+                  reply.result.error().message);
     return;
   }
   const RouteOutcome& outcome = *reply.result;
@@ -133,7 +138,7 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
   if (!deliver_decision(self, pending.envelope, pending.promise, std::move(decision))) {
     // Nobody learnt of this booking: roll it back.
     if (auto lease = state.ledger->close(lease_id)) {
-      state.config.metrics->add("kvr_bookings_rolled_back_total");
+      node_metrics(self).bookings_rolled_back().add();
       update_booking(self,
                      BookingUpdate{lease->partition, lease->request_id, true,
                                    discovery::BookingEnd::cancelled, AffinityAction::abandon});
@@ -167,10 +172,9 @@ DecisionPromise handle_route(Self self, RouteEnvelope& envelope) {
             auto pending = self->state.pending_routes.extract(id);
             if (pending.empty()) return;
             auto& waiting = pending.mapped();
-            deliver_decision(self, waiting.envelope, waiting.promise,
-                             make_route_error(waiting.envelope.request.id(), request_error(error),
-                                              fmt::format("the selector did not answer: {}",
-                                                          self->system().render(error))));
+            deliver_error(
+                self, waiting.envelope, waiting.promise, request_error(error),
+                fmt::format("the selector did not answer: {}", self->system().render(error)));
           });
   return promise;
 }
@@ -253,10 +257,8 @@ void fail_overdue(Self self, Clock::time_point now) {
     state.pending_deadlines.pop_front();
     if (auto route = state.pending_routes.extract(id); !route.empty()) {
       auto& [envelope, promise] = route.mapped();
-      deliver_decision(
-          self, envelope, promise,
-          make_route_error(envelope.request.id(), Error::timeout,
-                           fmt::format("the selector did not answer within {} ms", timeout_ms)));
+      deliver_error(self, envelope, promise, Error::timeout,
+                    fmt::format("the selector did not answer within {} ms", timeout_ms));
     } else if (auto report = state.pending_reports.extract(id); !report.empty()) {
       deliver_ack(
           self, report.mapped().envelope, report.mapped().promise, true,
@@ -271,16 +273,15 @@ reservation_actor::behavior_type reservation_behavior(Self self, ReservationActo
   self->state.config = std::move(config);
   self->state.ledger.emplace(self->state.config.lease_prefix);
   self->state.routes = PartitionRoutes{self->state.config.directory};
-  self->state.route_latency = self->state.config.metrics->histogram("kvr_route_latency_seconds");
-  self->state.leases_open = self->state.config.metrics->gauge("kvr_leases_open");
-  self->state.leases_expired = self->state.config.metrics->counter("kvr_leases_expired_total");
+  const metrics::NodeMetrics metrics = node_metrics(self);
+  self->state.route_latency = metrics.route_latency();
+  self->state.leases_open = metrics.leases_open();
+  self->state.leases_expired = metrics.leases_expired();
   for (const auto event : {LifecycleEventKind::FirstToken, LifecycleEventKind::Completed,
                            LifecycleEventKind::Aborted}) {
     for (const bool accepted : {false, true}) {
       self->state.reports[static_cast<std::size_t>(event)][accepted ? 1 : 0] =
-          self->state.config.metrics->counter(
-              "kvr_lifecycle_reports_total",
-              {{"event", std::string{as_str(event)}}, {"accepted", accepted ? "true" : "false"}});
+          metrics.lifecycle_reports(as_str(event), accepted);
     }
   }
   publish_leases_gauge(self);

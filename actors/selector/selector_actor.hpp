@@ -27,12 +27,14 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include <absl/container/flat_hash_map.h>
 #include <caf/stateful_actor.hpp>
 
 #include "actors/actor_types.hpp"
 #include "actors/metrics/metrics_registry.hpp"
+#include "actors/metrics/node_metrics.hpp"
 #include "actors/metrics/rate_limited_log.hpp"
 #include "actors/nats/nats_bridge.hpp"
 #include "actors/selector/selector_state.hpp"
@@ -66,8 +68,8 @@ struct SelectorActorState {
   SelectorActorConfig config;
   /// When a dump was last asked for, per (worker, rank).
   absl::flat_hash_map<WorkerWithDpRank, std::chrono::steady_clock::time_point> dump_requested;
-  /// Partition label of this selector's metrics.
-  metrics::Labels labels;
+  /// "model/routing group": the partition label of this selector's metrics and logs.
+  std::string partition;
   /// The series written per request, resolved once.
   struct Series {
     metrics::ValueHandle bookings_open;

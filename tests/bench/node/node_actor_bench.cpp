@@ -25,6 +25,7 @@
 #include "actors/actor_types.hpp"
 #include "actors/directory/directory_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
+#include "actors/metrics/node_metrics.hpp"
 #include "actors/reservation/reservation_actor.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
@@ -204,7 +205,7 @@ class LocalNode {
     auto resolved = registry.resolve_plugins(selection::RouterPolicyConfig{});
     if (!resolved) die(std::string{resolved.error().message()});
     plugins_ = std::move(*resolved);
-    actors::describe_node_metrics(*metrics_);
+    metrics::NodeMetrics::describe(*metrics_);
 
     actors::SelectorActorConfig selector;
     selector.options.router.block_size = kBlockSize;

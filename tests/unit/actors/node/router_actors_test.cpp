@@ -21,7 +21,7 @@
 #include "actors/directory/directory_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/lifecycle/lifecycle_actor.hpp"
-#include "actors/node/router_node.hpp"
+#include "actors/metrics/node_metrics.hpp"
 #include "actors/reservation/reservation_actor.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
@@ -128,7 +128,7 @@ class RouterActorsTest : public ::testing::Test {
     auto resolved = registry.resolve_plugins(selection::RouterPolicyConfig{});
     EXPECT_TRUE(resolved);
     plugins_ = std::move(*resolved);
-    describe_node_metrics(*metrics_);  // the histograms are recorded only once described
+    metrics::NodeMetrics::describe(*metrics_);  // the histograms are recorded only once described
 
     directory_ =
         system_.spawn(directory_behavior, DirectoryActorConfig{selector_config(metrics_), {}});
@@ -254,6 +254,13 @@ TEST_F(RouterActorsTest, UnknownPartitionGetsAnExplicitNoWorkersDecision) {
   ASSERT_TRUE(decision.has_error());
   EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_NO_WORKERS);
   EXPECT_EQ(decision.request_id(), "r1");
+}
+
+// Route mode counts an error under the code's short name, as generate mode and the ingresses do.
+TEST_F(RouterActorsTest, RouteModeCountsAnErrorUnderItsShortCode) {
+  ASSERT_TRUE(route(request("r1", "other-model")).has_error());
+  EXPECT_EQ(metrics_->value("kvr_route_errors_total", {{"code", "no_workers"}}), 1);
+  EXPECT_EQ(metrics_->total("kvr_route_errors_total"), 1);
 }
 
 TEST_F(RouterActorsTest, RouteBooksAndCompletionReleasesExactlyOnce) {
