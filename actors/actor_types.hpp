@@ -1,7 +1,7 @@
 // The CAF message types and atoms of the router node, in one place: the atoms, the local message
 // structs exchanged between the node's actors, the protobuf wrappers that actor clients send to
-// the published ingress actor, and that actor's typed interface. Include only from actor code:
-// every translation unit that includes CAF costs seconds of compile time and ~0.7 GB.
+// the published ingress actor, and the typed interface of every actor. Include only from actor
+// code: every translation unit that includes CAF costs seconds of compile time and ~0.7 GB.
 #pragma once
 
 #include <chrono>
@@ -180,6 +180,98 @@ CAF_ADD_ATOM(kvr_actors, kvr::actors, flush_atom, "flush")
 CAF_END_TYPE_ID_BLOCK(kvr_actors)
 
 namespace kvr::actors {
+
+// ---- the typed interfaces of the node's internal actors -----------------------------------------
+// A message an actor does not handle is a compile error. "internal" marks the messages an actor
+// sends itself (timers, burst writes).
+
+/// The validated worker messages the NATS bridge decodes, as the directory actor takes them and
+/// forwards them to the worker's selector.
+using worker_feed_actor = caf::typed_actor<
+    // a worker joined, restarted or renewed its registration
+    caf::reacts_to<worker_up_atom, discovery::WorkerRegistration>,
+    // a worker's heartbeat
+    caf::reacts_to<heartbeat_atom, WorkerLiveness>,
+    // a worker deregistered
+    caf::reacts_to<worker_down_atom, WorkerLiveness>,
+    // a worker's load report
+    caf::reacts_to<load_atom, WorkerLoadReport>,
+    // a batch of a worker's KV cache events
+    caf::reacts_to<kv_events_atom, KvEventBatch>,
+    // a worker's KV dump (the answer to a dump request after an event-id gap)
+    caf::reacts_to<kv_dump_atom, KvDump>>;
+
+/// Where a partition's route requests and booking updates go: its selector, or the directory
+/// actor, which delegates to the selector or answers that the partition has none.
+using route_target_actor = caf::typed_actor<
+    // select a worker and book it
+    caf::replies_to<route_atom, RouteRequest>::with<SelectorReply>,
+    // first token or release of a booking, with its session-affinity action
+    caf::replies_to<booking_atom, BookingUpdate>::with<BookingUpdateReply>>;
+
+/// The selector actor of one partition (actors/selector/selector_actor.hpp).
+using selector_actor = worker_feed_actor::extend_with<route_target_actor>::extend<
+    // internal: the expiry timer
+    caf::reacts_to<expire_atom>>;
+
+/// An actor told of the workers that left (expired or deregistered).
+using removal_watcher_actor = caf::typed_actor<
+    // these workers left
+    caf::reacts_to<removed_atom, std::vector<WorkerId>>>;
+
+/// An actor told of every partition's selector, so that it addresses the selector directly.
+using selector_subscriber_actor = caf::typed_actor<
+    // the selector of partition (model, routing group)
+    caf::reacts_to<selectors_atom, std::string, std::string, selector_actor>>;
+
+/// The directory actor (actors/directory/directory_actor.hpp).
+using directory_actor = worker_feed_actor::extend_with<route_target_actor>::extend<
+    // after a NATS reconnect: ask every worker to register again
+    caf::reacts_to<resync_atom>,
+    // from a selector: these workers left; forwarded to the watchers
+    caf::reacts_to<removed_atom, std::vector<WorkerId>>,
+    // the given actor gets every removal from now on
+    caf::reacts_to<watch_atom, removal_watcher_actor>,
+    // the given actor gets every partition's selector, now and when one is spawned
+    caf::reacts_to<selectors_atom, selector_subscriber_actor>>;
+
+/// The reservation actor (actors/reservation/reservation_actor.hpp).
+using reservation_actor = caf::typed_actor<
+    // a route request → its decision (success with a lease, or an error)
+    caf::replies_to<route_atom, RouteEnvelope>::with<RouteDecisionMessage>,
+    // a lifecycle report against a lease → its ack
+    caf::replies_to<report_atom, ReportEnvelope>::with<LifecycleAckMessage>,
+    // from the directory actor: the selector of partition (model, routing group)
+    caf::reacts_to<selectors_atom, std::string, std::string, selector_actor>,
+    // internal: the lease-expiry timer
+    caf::reacts_to<expire_atom>,
+    // internal: write the NATS answers of the burst
+    caf::reacts_to<flush_atom>>;
+
+/// An actor client's generate stream: the chunks of its response, the last with `finished` set.
+using stream_client_actor = caf::typed_actor<
+    // one chunk of the response
+    caf::reacts_to<chunk_atom, GenerateChunkMessage>>;
+
+/// The lifecycle actor (actors/lifecycle/lifecycle_actor.hpp).
+using lifecycle_actor = caf::typed_actor<
+    // a generate request → the first decision (answered to actor clients only; NATS clients get
+    // it on their reply subject)
+    caf::replies_to<generate_atom, GenerateEnvelope>::with<RouteDecisionMessage>,
+    // the client's cancel, by request id
+    caf::reacts_to<cancel_atom, std::string>,
+    // a worker's chunk on the node's stream inbox
+    caf::reacts_to<chunk_atom, ChunkEnvelope>,
+    // from the directory actor: these workers left
+    caf::reacts_to<removed_atom, std::vector<WorkerId>>,
+    // from the directory actor: the selector of partition (model, routing group)
+    caf::reacts_to<selectors_atom, std::string, std::string, selector_actor>,
+    // internal: the first-token timeout of (stream id, attempt)
+    caf::reacts_to<deadline_atom, std::uint64_t, std::uint32_t>,
+    // internal: write the decisions and chunks relayed to NATS clients
+    caf::reacts_to<flush_atom>>;
+
+// ---- the published actor ------------------------------------------------------------------------
 
 /// The published ingress actor, the request API for actor clients (local or remote):
 ///  - route: a RouteRequest → its RouteDecision (success with a lease, or an explicit error);

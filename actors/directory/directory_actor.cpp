@@ -1,17 +1,17 @@
 #include "actors/directory/directory_actor.hpp"
 
-#include <caf/event_based_actor.hpp>
-#include <caf/response_promise.hpp>
 #include <caf/spawn_options.hpp>
+#include <caf/typed_event_based_actor.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "actors/actor_types.hpp"
+#include "actors/metrics/node_metrics.hpp"
 
 namespace kvr::actors {
 namespace {
 
-using Self = caf::stateful_actor<DirectoryActorState>*;
+using Self = directory_actor::stateful_pointer<DirectoryActorState>;
 using PartitionKey = std::pair<std::string, std::string>;
 
 // Asks every worker to register again, at most once per throttle period.
@@ -21,12 +21,12 @@ void request_reregistration(Self self, bool force) {
   if (!force && now - state.last_reregistration_request < state.config.reregistration_throttle)
     return;
   state.last_reregistration_request = now;
-  state.config.selector.metrics->add("kvr_discovery_requests_total");
+  metrics::NodeMetrics{*state.config.selector.metrics}.discovery_requests().add();
   state.config.selector.publisher->request_reregistration();
 }
 
 // The selector of a known worker, or an invalid handle (and a discovery request).
-caf::actor selector_of_worker(Self self, WorkerId worker) {
+selector_actor selector_of_worker(Self self, WorkerId worker) {
   auto& state = self->state;
   const auto partition = state.worker_partition.find(worker);
   if (partition != state.worker_partition.end()) {
@@ -38,21 +38,21 @@ caf::actor selector_of_worker(Self self, WorkerId worker) {
   return {};
 }
 
-caf::actor selector_of_partition(Self self, const PartitionKey& key) {
+selector_actor selector_of_partition(Self self, const PartitionKey& key) {
   const auto it = self->state.selectors.find(key);
-  return it == self->state.selectors.end() ? caf::actor{} : it->second;
+  return it == self->state.selectors.end() ? selector_actor{} : it->second;
 }
 
-caf::actor spawn_selector(Self self, const PartitionKey& key) {
+selector_actor spawn_selector(Self self, const PartitionKey& key) {
   auto& state = self->state;
   SelectorActorConfig config = state.config.selector;
   config.options.partition = {key.first, key.second};
-  config.directory = caf::actor_cast<caf::actor>(self);
+  config.directory = self;
   // Linked: a failing selector takes the node's discovery down visibly, and discovery's exit
   // ends every selector.
-  auto selector = self->spawn<caf::linked>(selector_actor, std::move(config));
+  auto selector = self->spawn<caf::linked>(selector_behavior, std::move(config));
   state.selectors.emplace(key, selector);
-  for (const caf::actor& subscriber : state.selector_subscribers) {
+  for (const selector_subscriber_actor& subscriber : state.selector_subscribers) {
     self->send(subscriber, selectors_atom::value, key.first, key.second, selector);
   }
   spdlog::info("kvr node: serving partition {}/{}", key.first, key.second);
@@ -61,7 +61,7 @@ caf::actor spawn_selector(Self self, const PartitionKey& key) {
 
 }  // namespace
 
-caf::behavior directory_actor(Self self, DirectoryActorConfig config) {
+directory_actor::behavior_type directory_behavior(Self self, DirectoryActorConfig config) {
   self->state.config = std::move(config);
   return {
       [self](worker_up_atom, discovery::WorkerRegistration& registration) {
@@ -69,7 +69,7 @@ caf::behavior directory_actor(Self self, DirectoryActorConfig config) {
         PartitionKey key{registration.model, registration.routing_group};
         // A worker that moved to another partition (restarted with a new model or group) stops
         // renewing its old registration there, which then expires with its lease.
-        caf::actor selector = selector_of_partition(self, key);
+        selector_actor selector = selector_of_partition(self, key);
         if (!selector) selector = spawn_selector(self, key);
         state.worker_partition[registration.worker_id] = key;
         self->send(selector, worker_up_atom::value, std::move(registration));
@@ -100,33 +100,25 @@ caf::behavior directory_actor(Self self, DirectoryActorConfig config) {
           self->send(selector, kv_dump_atom::value, std::move(dump));
         }
       },
-      [self](route_atom, RouteRequest& request) -> caf::response_promise {
-        auto promise = self->make_response_promise();
+      [self](route_atom, RouteRequest& request) -> caf::result<SelectorReply> {
         auto selector =
             selector_of_partition(self, {request.partition.model, request.partition.routing_group});
         if (!selector) {
-          promise.deliver(SelectorReply{
+          return SelectorReply{
               std::unexpected(RouteFailure{
                   Error::no_workers,
                   fmt::format("no worker serves model '{}' in routing group '{}'",
                               request.partition.model, request.partition.routing_group)}),
               {},
-              {}});
-          return promise;
+              {}};
         }
-        promise.delegate(selector, route_atom::value, std::move(request));
-        return promise;
+        return self->delegate(selector, route_atom::value, std::move(request));
       },
-      [self](booking_atom, BookingUpdate& update) -> caf::response_promise {
-        auto promise = self->make_response_promise();
+      [self](booking_atom, BookingUpdate& update) -> caf::result<BookingUpdateReply> {
         auto selector =
             selector_of_partition(self, {update.partition.model, update.partition.routing_group});
-        if (!selector) {
-          promise.deliver(BookingUpdateReply{false, "the partition has no workers any more"});
-          return promise;
-        }
-        promise.delegate(selector, booking_atom::value, std::move(update));
-        return promise;
+        if (!selector) return BookingUpdateReply{false, "the partition has no workers any more"};
+        return self->delegate(selector, booking_atom::value, std::move(update));
       },
       [self](resync_atom) { request_reregistration(self, true); },
       [self](removed_atom, const std::vector<WorkerId>& removed) {
@@ -139,14 +131,14 @@ caf::behavior directory_actor(Self self, DirectoryActorConfig config) {
             state.worker_partition.erase(it);
           }
         }
-        for (const caf::actor& watcher : state.watchers) {
+        for (const removal_watcher_actor& watcher : state.watchers) {
           self->send(watcher, removed_atom::value, removed);
         }
       },
-      [self](watch_atom, const caf::actor& watcher) {
+      [self](watch_atom, const removal_watcher_actor& watcher) {
         if (watcher) self->state.watchers.push_back(watcher);
       },
-      [self](selectors_atom, const caf::actor& subscriber) {
+      [self](selectors_atom, const selector_subscriber_actor& subscriber) {
         if (!subscriber) return;
         self->state.selector_subscribers.push_back(subscriber);
         for (const auto& [key, selector] : self->state.selectors) {

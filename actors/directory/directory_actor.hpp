@@ -6,7 +6,7 @@
 //
 // State it owns: partition → selector actor, worker id → partition, the actors watching worker
 // removals, and when it last asked the workers to register again.
-// Messages it handles (atoms in actors/actor_types.hpp):
+// Messages it handles (its typed interface, `directory_actor`, in actors/actor_types.hpp):
 //   worker_up(WorkerRegistration), heartbeat(WorkerLiveness), worker_dn(WorkerLiveness),
 //   load(WorkerLoadReport), kv_events(KvEventBatch), kv_dump(KvDump)   — forwarded;
 //   route(RouteRequest) → SelectorReply          — delegated, or a no_workers reply;
@@ -15,9 +15,9 @@
 //                                                      to register again;
 //   removed(std::vector<WorkerId>)                   — from a selector: these workers expired
 //                                                      or deregistered; forwarded to watchers;
-//   watch(caf::actor)                                — the sender of `actor` (the lifecycle
-//                                                      actor) gets every removed(...) from now;
-//   selectors(caf::actor)                            — `actor` (the reservation actor) gets
+//   watch(removal_watcher_actor)                     — `actor` (the lifecycle actor) gets every
+//                                                      removed(...) from now;
+//   selectors(selector_subscriber_actor)             — `actor` (the reservation actor) gets
 //                                                      selectors(model, group, selector) for every
 //                                                      partition, now and when one is spawned, so
 //                                                      that it can skip this actor's hop.
@@ -34,10 +34,9 @@
 #include <vector>
 
 #include <absl/container/flat_hash_map.h>
-#include <caf/actor.hpp>
-#include <caf/behavior.hpp>
 #include <caf/stateful_actor.hpp>
 
+#include "actors/actor_types.hpp"
 #include "actors/selector/selector_actor.hpp"
 
 namespace kvr::actors {
@@ -54,17 +53,17 @@ struct DirectoryActorConfig {
 struct DirectoryActorState {
   static inline const char* name = "kvr.directory";
   DirectoryActorConfig config;
-  std::map<std::pair<std::string, std::string>, caf::actor> selectors;
+  std::map<std::pair<std::string, std::string>, selector_actor> selectors;
   absl::flat_hash_map<WorkerId, std::pair<std::string, std::string>> worker_partition;
   std::chrono::steady_clock::time_point last_reregistration_request{};
   /// Told of every worker removal (removed_atom).
-  std::vector<caf::actor> watchers;
+  std::vector<removal_watcher_actor> watchers;
   /// Told of every selector (selectors_atom); selectors live as long as this actor.
-  std::vector<caf::actor> selector_subscribers;
+  std::vector<selector_subscriber_actor> selector_subscribers;
 };
 
 /// The directory actor's behaviour.
-caf::behavior directory_actor(caf::stateful_actor<DirectoryActorState>* self,
-                              DirectoryActorConfig config);
+directory_actor::behavior_type directory_behavior(
+    directory_actor::stateful_pointer<DirectoryActorState> self, DirectoryActorConfig config);
 
 }  // namespace kvr::actors

@@ -1,25 +1,25 @@
 #include "actors/ingress/ingress_actor.hpp"
 
 #include <caf/actor_cast.hpp>
-#include <caf/send.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/typed_response_promise.hpp>
 
+#include "actors/metrics/node_metrics.hpp"
+
 namespace kvr::actors {
 
-ingress_actor::behavior_type ingress_actor_impl(ingress_actor::pointer self,
-                                                IngressActorConfig config) {
-  const metrics::ValueHandle route_requests =
-      config.metrics->counter("kvr_route_requests_total", {{"ingress", "actor"}});
+ingress_actor::behavior_type ingress_behavior(ingress_actor::pointer self,
+                                              IngressActorConfig config) {
+  const metrics::NodeMetrics metrics{*config.metrics};
+  const metrics::ValueHandle route_requests = metrics.route_requests("actor");
   return {
-      [self, config, route_requests](
+      [self, config, metrics, route_requests](
           route_atom, RouteRequestMessage& message) -> caf::result<RouteDecisionMessage> {
         route_requests.add();
         const v1::RouteRequest& wire = message.value;
         auto request = decode_route_request(wire, config.limits);
         if (!request) {
-          config.metrics->add("kvr_route_errors_total",
-                              {{"code", std::string{as_str(request.error().code)}}});
+          metrics.route_errors(request.error().code).add();
           return RouteDecisionMessage{
               make_route_error(wire.request_id(), request.error().code, request.error().message)};
         }
@@ -42,12 +42,12 @@ ingress_actor::behavior_type ingress_actor_impl(ingress_actor::pointer self,
                          ReportEnvelope{std::move(*report), {}});
         return promise;
       },
-      [self, config](generate_atom,
-                     GenerateRequestMessage& message) -> caf::result<RouteDecisionMessage> {
-        config.metrics->add("kvr_generate_requests_total", {{"ingress", "actor"}});
+      [self, config, metrics](
+          generate_atom, GenerateRequestMessage& message) -> caf::result<RouteDecisionMessage> {
+        metrics.generate_requests("actor").add();
         const std::string& request_id = message.value.route().request_id();
         const auto refuse = [&](Error code, std::string text) {
-          config.metrics->add("kvr_route_errors_total", {{"code", std::string{as_str(code)}}});
+          metrics.route_errors(code).add();
           return RouteDecisionMessage{make_route_error(request_id, code, text)};
         };
         auto client = caf::actor_cast<caf::actor>(self->current_sender());
@@ -66,11 +66,10 @@ ingress_actor::behavior_type ingress_actor_impl(ingress_actor::pointer self,
             GenerateEnvelope{std::move(*request), {}, config.clock->now(), std::move(client)});
         return promise;
       },
-      [config](cancel_atom, GenerateCancelMessage& message) {
-        // anon_send: a typed actor may only send() to typed actors.
+      [self, config](cancel_atom, GenerateCancelMessage& message) {
         if (config.lifecycle && !message.value.request_id().empty()) {
-          caf::anon_send(config.lifecycle, cancel_atom::value,
-                         std::move(*message.value.mutable_request_id()));
+          self->send(config.lifecycle, cancel_atom::value,
+                     std::move(*message.value.mutable_request_id()));
         }
       },
   };

@@ -17,8 +17,6 @@
 #include <cstdint>
 #include <memory>
 
-#include <caf/actor.hpp>
-
 #include "actors/actor_types.hpp"
 #include "actors/metrics/metrics_registry.hpp"
 #include "messages/clock.hpp"
@@ -27,9 +25,9 @@ namespace kvr::actors {
 
 /// What the ingress actor is spawned with.
 struct IngressActorConfig {
-  caf::actor reservation;
+  reservation_actor reservation;
   /// Serves generate requests; without it they are refused (unavailable).
-  caf::actor lifecycle;
+  lifecycle_actor lifecycle;
   RouteDecodeLimits limits;
   std::shared_ptr<metrics::MetricsRegistry> metrics;
   /// Stamps each request's arrival (the reservation actor measures route latency from it).
@@ -37,7 +35,7 @@ struct IngressActorConfig {
 };
 
 /// The ingress actor's behaviour.
-ingress_actor::behavior_type ingress_actor_impl(ingress_actor::pointer self,
-                                                IngressActorConfig config);
+ingress_actor::behavior_type ingress_behavior(ingress_actor::pointer self,
+                                              IngressActorConfig config);
 
 }  // namespace kvr::actors

@@ -3,26 +3,31 @@
 #include <vector>
 
 #include <caf/actor_system.hpp>
-#include <caf/event_based_actor.hpp>
+#include <caf/delegated.hpp>
 #include <caf/exit_reason.hpp>
 #include <caf/sec.hpp>
+#include <caf/typed_event_based_actor.hpp>
 #include <fmt/format.h>
 
 #include "actors/actor_types.hpp"
+#include "actors/metrics/node_metrics.hpp"
 #include "actors/support/request_error.hpp"
 
 namespace kvr::actors {
 namespace {
 
-using Self = caf::stateful_actor<LifecycleActorState>*;
+using Self = lifecycle_actor::stateful_pointer<LifecycleActorState>;
 
 std::string stream_subject(Self self, std::uint64_t stream_id) {
   return fmt::format("{}.{}", self->state.config.stream_inbox_prefix, stream_id);
 }
 
+metrics::NodeMetrics node_metrics(Self self) {
+  return metrics::NodeMetrics{*self->state.config.metrics};
+}
+
 void update_in_flight(Self self) {
-  self->state.config.metrics->set("kvr_generate_in_flight", {},
-                                  static_cast<double>(self->state.flights.size()));
+  node_metrics(self).generate_in_flight().set(static_cast<double>(self->state.flights.size()));
 }
 
 GenerateFlight* find_flight(Self self, std::uint64_t stream_id) {
@@ -56,10 +61,10 @@ void send_chunk(Self self, const GenerateFlight& flight, const v1::GenerateChunk
 }
 
 // Counts an actor client's flights: the first is monitored, the last stops the monitoring.
-void track_client(Self self, const caf::actor& client) {
+void track_client(Self self, const stream_client_actor& client) {
   if (++self->state.monitored_clients[client.address()] == 1) self->monitor(client);
 }
-void untrack_client(Self self, const caf::actor& client) {
+void untrack_client(Self self, const stream_client_actor& client) {
   auto& clients = self->state.monitored_clients;
   const auto it = clients.find(client.address());
   if (it == clients.end() || --it->second > 0) return;
@@ -109,7 +114,7 @@ void apply(Self self, std::uint64_t stream_id, LifecycleResult result,
     if (result.error().kind == LifecycleError::Kind::after_end ||
         result.error().kind == LifecycleError::Kind::stale_worker) {
       // Chunks racing a cancel or a retry: expected, only counted.
-      self->state.config.metrics->add("kvr_generate_stale_chunks_total");
+      node_metrics(self).generate_stale_chunks().add();
     } else {
       self->state.config.log->warn(
           "generate-lifecycle",
@@ -177,7 +182,7 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
     send_chunk(self, *flight, *chunk);
     ++flight->relayed;
     if (flight->lifecycle.state() == RequestState::Completed) {
-      config.metrics->add("kvr_generate_outcomes_total", {{"outcome", "completed"}});
+      node_metrics(self).generate_outcomes("completed").add();
     }
   }
   if (step.end_stream) {
@@ -187,11 +192,11 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
         make_route_error(request_id, end.error.value_or(Error::unavailable), end.message));
     send_chunk(self, *flight, make_end_chunk(request_id, flight->relayed, end, worker));
     ++flight->relayed;
-    config.metrics->add("kvr_generate_outcomes_total", {{"outcome", end.finish_reason}});
+    node_metrics(self).generate_outcomes(end.finish_reason).add();
   }
   if (step.dispatch) dispatch(self, stream_id);
   if (step.reroute) {
-    config.metrics->add("kvr_generate_retries_total");
+    node_metrics(self).generate_retries().add();
     route_flight(self, stream_id);
   }
   maybe_forget(self, stream_id);
@@ -204,8 +209,7 @@ void on_routed(Self self, std::uint64_t stream_id, SelectorReply& reply) {
   const std::string request_id = flight->request.route.id();
   if (!reply.result) {
     const RouteFailure& failure = reply.result.error();
-    self->state.config.metrics->add("kvr_route_errors_total",
-                                    {{"code", std::string{as_str(failure.code)}}});
+    node_metrics(self).route_errors(failure.code).add();
     publish_decision(self, *flight, make_route_error(request_id, failure.code, failure.message));
     apply(self, stream_id, flight->lifecycle.route_failed(failure.code, failure.message));
     return;
@@ -222,8 +226,7 @@ void on_routed(Self self, std::uint64_t stream_id, SelectorReply& reply) {
   }
   if (step->dispatch) {
     flight->generate_subject = reply.generate_subject;
-    self->state.config.metrics->add("kvr_route_decisions_total",
-                                    {{"worker", std::to_string(outcome.worker.worker_id)}});
+    node_metrics(self).route_decisions(outcome.worker.worker_id).add();
     publish_decision(
         self, *flight,
         make_route_success(request_id, outcome,
@@ -244,7 +247,7 @@ void route_flight(Self self, std::uint64_t stream_id) {
   const auto excluded = flight->lifecycle.excluded_workers();
   request.selection.excluded_workers.assign(excluded.begin(), excluded.end());
   auto& config = self->state.config;
-  const caf::actor& selector = self->state.routes.selector_for(request.partition);
+  const route_target_actor& selector = self->state.routes.selector_for(request.partition);
   self->request(selector, config.selector_timeout, route_atom::value, std::move(request))
       .then([self, stream_id](SelectorReply& reply) { on_routed(self, stream_id, reply); },
             [self, stream_id](const caf::error& error) {
@@ -260,17 +263,19 @@ void route_flight(Self self, std::uint64_t stream_id) {
 
 // Refuses a request at once: its decision (the response to an actor client, else on its reply
 // subject) and its stream.
-void refuse(Self self, const GenerateEnvelope& envelope, Error code, const std::string& message) {
+caf::result<RouteDecisionMessage> refuse(Self self, const GenerateEnvelope& envelope, Error code,
+                                         const std::string& message) {
   auto& config = self->state.config;
   const std::string& request_id = envelope.request.route.id();
-  config.metrics->add("kvr_route_errors_total", {{"code", std::string{as_str(code)}}});
+  node_metrics(self).route_errors(code).add();
   if (envelope.stream_actor) {
-    self->make_response_promise().deliver(
-        RouteDecisionMessage{make_route_error(request_id, code, message)});
-    self->send(envelope.stream_actor, chunk_atom::value,
+    // The decision leaves before the stream's end, as for a request that was served.
+    auto promise = self->make_response_promise<RouteDecisionMessage>();
+    promise.deliver(RouteDecisionMessage{make_route_error(request_id, code, message)});
+    self->send(caf::actor_cast<stream_client_actor>(envelope.stream_actor), chunk_atom::value,
                GenerateChunkMessage{
                    make_end_chunk(request_id, 0, StreamEnd{"error", code, message}, std::nullopt)});
-    return;
+    return promise;
   }
   if (!envelope.reply_subject.empty()) {
     config.publisher->publish(envelope.reply_subject,
@@ -280,18 +285,19 @@ void refuse(Self self, const GenerateEnvelope& envelope, Error code, const std::
       envelope.request.stream_subject,
       make_end_chunk(request_id, 0, StreamEnd{"error", code, message}, std::nullopt)
           .SerializeAsString());
+  return caf::delegated<RouteDecisionMessage>{};  // a NATS client: answered on its subjects
 }
 
 }  // namespace
 
-caf::behavior lifecycle_actor(Self self, LifecycleActorConfig config) {
+lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfig config) {
   self->state.config = std::move(config);
   update_in_flight(self);
   self->state.routes = PartitionRoutes{self->state.config.directory};
   if (self->state.config.directory) {
-    self->send(self->state.config.directory, watch_atom::value, caf::actor_cast<caf::actor>(self));
+    self->send(self->state.config.directory, watch_atom::value, removal_watcher_actor{self});
     self->send(self->state.config.directory, selectors_atom::value,
-               caf::actor_cast<caf::actor>(self));
+               selector_subscriber_actor{self});
   }
   // Shutdown: no client is left without an end to its stream.
   self->set_exit_handler([self](caf::exit_msg& message) {
@@ -324,26 +330,31 @@ caf::behavior lifecycle_actor(Self self, LifecycleActorConfig config) {
     }
   });
   return {
-      [self](generate_atom, GenerateEnvelope& envelope) {
+      [self](generate_atom, GenerateEnvelope& envelope) -> caf::result<RouteDecisionMessage> {
         auto& state = self->state;
         const std::string request_id = envelope.request.route.id();
         if (state.by_request_id.contains(request_id)) {
-          refuse(self, envelope, Error::invalid_request,
-                 fmt::format("request '{}' is already being served", request_id));
-          return;
+          return refuse(self, envelope, Error::invalid_request,
+                        fmt::format("request '{}' is already being served", request_id));
         }
         const std::uint64_t stream_id = state.next_stream_id++;
         auto [it, inserted] = state.flights.try_emplace(stream_id, std::move(envelope.request),
                                                         state.config.lifecycle);
         it->second.reply_subject = std::move(envelope.reply_subject);
+        // An actor client gets the first decision as the response; a NATS client on its subject.
+        caf::result<RouteDecisionMessage> decision = caf::delegated<RouteDecisionMessage>{};
         if (envelope.stream_actor) {
-          it->second.decision_promise = self->make_response_promise();
-          it->second.stream_actor = std::move(envelope.stream_actor);
+          it->second.decision_promise = self->make_response_promise<RouteDecisionMessage>();
+          decision = it->second.decision_promise;
+          // The ingress's interface promises actor clients their stream as chunk messages.
+          it->second.stream_actor =
+              caf::actor_cast<stream_client_actor>(std::move(envelope.stream_actor));
           track_client(self, it->second.stream_actor);
         }
         state.by_request_id.emplace(request_id, stream_id);
         update_in_flight(self);
         route_flight(self, stream_id);
+        return decision;
       },
       [self](cancel_atom, const std::string& request_id) {
         auto& state = self->state;
@@ -358,14 +369,14 @@ caf::behavior lifecycle_actor(Self self, LifecycleActorConfig config) {
       [self](chunk_atom, ChunkEnvelope& envelope) {
         GenerateFlight* flight = find_flight(self, envelope.stream_id);
         if (flight == nullptr) {
-          self->state.config.metrics->add("kvr_generate_stale_chunks_total");
+          node_metrics(self).generate_stale_chunks().add();
           return;
         }
         apply(self, envelope.stream_id, flight->lifecycle.on_chunk(to_stream_chunk(envelope.chunk)),
               &envelope.chunk);
       },
-      [self](selectors_atom, std::string& model, std::string& group, caf::actor& selector) {
-        self->state.routes.learn(std::move(model), std::move(group), std::move(selector));
+      [self](selectors_atom, std::string& model, std::string& group, selector_actor& selector) {
+        self->state.routes.learn(std::move(model), std::move(group), selector);
       },
       [self](removed_atom, const std::vector<WorkerId>& removed) {
         std::vector<std::uint64_t> ids;
@@ -388,7 +399,7 @@ caf::behavior lifecycle_actor(Self self, LifecycleActorConfig config) {
             flight->lifecycle.state() != RequestState::Sent || !flight->lifecycle.worker()) {
           return;
         }
-        self->state.config.metrics->add("kvr_generate_first_token_timeouts_total");
+        node_metrics(self).generate_first_token_timeouts().add();
         apply(self, stream_id,
               flight->lifecycle.worker_failed(
                   flight->lifecycle.worker()->worker_id,

@@ -11,7 +11,7 @@
 // State it owns: the requests in flight (stream id → RequestLifecycle, the decoded request, the
 // client's stream and reply subjects, the current worker's generate subject), request id →
 // stream id, and the next stream id.
-// Messages it handles (atoms in actors/actor_types.hpp):
+// Messages it handles (its typed interface, `lifecycle_actor`, in actors/actor_types.hpp):
 //   generate(GenerateEnvelope)       — a client's request (from the NATS bridge, or from the
 //                                      ingress for an actor client: then it responds with the
 //                                      first RouteDecision and streams chunks to that actor);
@@ -20,8 +20,8 @@
 //   removed(std::vector<WorkerId>)   — from the directory actor (it is a watcher): workers left;
 //   selectors(model, group, selector) — from the directory actor: that partition's route and
 //                                       booking requests go to `selector` directly;
-//   deadline(stream id, attempt)     — its own timer: the attempt's first-token timeout;
-//   flush                            — its own: writes the decisions and chunks relayed to NATS
+//   deadline(stream id, attempt)     — internal, its own timer: the attempt's first-token timeout;
+//   flush                            — internal: writes the decisions and chunks relayed to NATS
 //                                      clients since the last write (burst_writer.hpp);
 //   an exit message (node shutdown)  — every request in flight ends with an explicit error;
 //   a down message (actor client)    — the client's requests in flight are cancelled.
@@ -39,12 +39,11 @@
 #include <string>
 #include <unordered_map>
 
-#include <caf/actor.hpp>
 #include <caf/actor_addr.hpp>
-#include <caf/behavior.hpp>
-#include <caf/response_promise.hpp>
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_response_promise.hpp>
 
+#include "actors/actor_types.hpp"
 #include "actors/lifecycle/request_lifecycle.hpp"
 #include "actors/metrics/metrics_registry.hpp"
 #include "actors/metrics/rate_limited_log.hpp"
@@ -58,7 +57,7 @@ namespace kvr::actors {
 /// What the lifecycle actor is spawned with.
 struct LifecycleActorConfig {
   /// Routes (route) and books (booking) through the partition selectors; told of removals.
-  caf::actor directory;
+  directory_actor directory;
   std::shared_ptr<RouterPublisher> publisher;
   std::shared_ptr<metrics::MetricsRegistry> metrics;
   std::shared_ptr<metrics::RateLimitedLog> log;
@@ -83,8 +82,8 @@ struct GenerateFlight {
   std::string reply_subject;
   /// An actor client's stream (instead of the NATS subjects), and the response to its generate
   /// request, which carries the first RouteDecision (delivered once).
-  caf::actor stream_actor;
-  caf::response_promise decision_promise;
+  stream_client_actor stream_actor;
+  caf::typed_response_promise<RouteDecisionMessage> decision_promise;
   /// The current (or last) attempt's worker generate subject.
   std::string generate_subject;
   /// Numbers the dispatches; a first-token deadline names the attempt it guards.
@@ -112,7 +111,7 @@ struct LifecycleActorState {
 };
 
 /// The lifecycle actor's behaviour.
-caf::behavior lifecycle_actor(caf::stateful_actor<LifecycleActorState>* self,
-                              LifecycleActorConfig config);
+lifecycle_actor::behavior_type lifecycle_behavior(
+    lifecycle_actor::stateful_pointer<LifecycleActorState> self, LifecycleActorConfig config);
 
 }  // namespace kvr::actors

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "actors/metrics/node_metrics.hpp"
 #include "kvr/v1/kv_events.pb.h"
 #include "kvr/v1/routing.pb.h"
 #include "messages/subjects.hpp"
@@ -28,12 +29,13 @@ std::expected<std::unique_ptr<NatsBridge>, std::string> NatsBridge::connect(
   NatsBridge* self = bridge.get();
   nats::NatsEventHandlers handlers;
   handlers.on_disconnected = [self] {
-    self->registry_->set("kvr_nats_connected", {}, 0);
+    metrics::NodeMetrics{*self->registry_}.nats_connected().set(0);
     spdlog::warn("kvr node: NATS connection lost; reconnecting");
   };
   handlers.on_reconnected = [self] {
-    self->registry_->set("kvr_nats_connected", {}, 1);
-    self->registry_->add("kvr_nats_reconnects_total");
+    const metrics::NodeMetrics metrics{*self->registry_};
+    metrics.nats_connected().set(1);
+    metrics.nats_reconnects().add();
     spdlog::info("kvr node: NATS reconnected; resynchronising workers");
     if (self->started_.load(std::memory_order_acquire) && self->sinks_.reconnected) {
       self->sinks_.reconnected();
@@ -45,7 +47,8 @@ std::expected<std::unique_ptr<NatsBridge>, std::string> NatsBridge::connect(
   auto client = nats::NatsClient::connect(nats_options, std::move(handlers));
   if (!client) return std::unexpected(client.error());
   bridge->client_ = std::move(*client);
-  bridge->registry_->set("kvr_nats_connected", {}, bridge->client_->connected() ? 1 : 0);
+  metrics::NodeMetrics{*bridge->registry_}.nats_connected().set(bridge->client_->connected() ? 1
+                                                                                             : 0);
   bridge->dump_inbox_prefix_ = bridge->client_->new_inbox();
   bridge->stream_inbox_prefix_ = bridge->client_->new_inbox();
   return bridge;
@@ -58,7 +61,7 @@ NatsBridge::~NatsBridge() {
 }
 
 void NatsBridge::drop(const std::string& subscription, std::string_view reason) {
-  registry_->add("kvr_bad_messages_total", {{"subject", subscription}});
+  metrics::NodeMetrics{*registry_}.bad_messages(subscription).add();
   log_->warn(subscription,
              fmt::format("kvr node: dropped a bad message on {}: {}", subscription, reason));
 }
@@ -135,8 +138,7 @@ std::expected<void, std::string> NatsBridge::start(BridgeSinks sinks) {
     subject = subjects::router_route(ns);
     subscribed = subscribe(
         subject,
-        [this, subject,
-         route_requests = registry_->counter("kvr_route_requests_total", {{"ingress", "nats"}})](
+        [this, subject, route_requests = metrics::NodeMetrics{*registry_}.route_requests("nats")](
             nats::NatsMessage message) {
           const auto received = options_.clock->now();
           route_requests.add();
@@ -148,8 +150,7 @@ std::expected<void, std::string> NatsBridge::start(BridgeSinks sinks) {
                                                  "RouteRequest: not a valid protobuf message"});
           if (!request) {
             drop(subject, request.error().message);
-            registry_->add("kvr_route_errors_total",
-                           {{"code", std::string{as_str(request.error().code)}}});
+            metrics::NodeMetrics{*registry_}.route_errors(request.error().code).add();
             if (!message.reply.empty()) {
               (void)publish(message.reply, make_route_error(wire.request_id(), request.error().code,
                                                             request.error().message)
@@ -198,7 +199,7 @@ std::expected<void, std::string> NatsBridge::subscribe_generate() {
       subject,
       [this, subject](nats::NatsMessage message) {
         const auto received = options_.clock->now();
-        registry_->add("kvr_generate_requests_total", {{"ingress", "nats"}});
+        metrics::NodeMetrics{*registry_}.generate_requests("nats").add();
         v1::GenerateRequest wire;
         auto request =
             wire.ParseFromString(message.data)
@@ -207,8 +208,7 @@ std::expected<void, std::string> NatsBridge::subscribe_generate() {
                                                "GenerateRequest: not a valid protobuf message"});
         if (!request) {
           drop(subject, request.error().message);
-          registry_->add("kvr_route_errors_total",
-                         {{"code", std::string{as_str(request.error().code)}}});
+          metrics::NodeMetrics{*registry_}.route_errors(request.error().code).add();
           const std::string& request_id = wire.route().request_id();
           if (!message.reply.empty()) {
             (void)publish(message.reply, make_route_error(request_id, request.error().code,

@@ -18,6 +18,7 @@
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/lifecycle/lifecycle_actor.hpp"
 #include "actors/metrics/metrics_http.hpp"
+#include "actors/metrics/node_metrics.hpp"
 #include "actors/nats/nats_bridge.hpp"
 #include "actors/reservation/reservation_actor.hpp"
 
@@ -29,6 +30,53 @@ std::string random_lease_prefix() {
   const std::uint64_t bits =
       (std::uint64_t{device()} << 32) ^ device() ^ static_cast<std::uint64_t>(::getpid());
   return fmt::format("{:012x}", bits & 0xFFFF'FFFF'FFFFULL);
+}
+
+// The bridge's callbacks only decode (in the bridge) and hand over to the actors.
+BridgeSinks make_bridge_sinks(const directory_actor& directory,
+                              const reservation_actor& reservation,
+                              const lifecycle_actor& lifecycle) {
+  BridgeSinks sinks;
+  sinks.registration = [directory](discovery::WorkerRegistration registration) {
+    caf::anon_send(directory, worker_up_atom::value, std::move(registration));
+  };
+  sinks.heartbeat = [directory](WorkerLiveness heartbeat) {
+    caf::anon_send(directory, heartbeat_atom::value, heartbeat);
+  };
+  sinks.deregistration = [directory](WorkerLiveness deregistration) {
+    caf::anon_send(directory, worker_down_atom::value, deregistration);
+  };
+  sinks.load = [directory](WorkerLoadReport report) {
+    caf::anon_send(directory, load_atom::value, std::move(report));
+  };
+  sinks.kv_events = [directory](KvEventBatch batch) {
+    caf::anon_send(directory, kv_events_atom::value, std::move(batch));
+  };
+  sinks.kv_dump = [directory](KvDump dump) {
+    caf::anon_send(directory, kv_dump_atom::value, std::move(dump));
+  };
+  sinks.route = [reservation](RouteRequest request, std::string reply,
+                              std::chrono::steady_clock::time_point received) {
+    caf::anon_send(reservation, route_atom::value,
+                   RouteEnvelope{std::move(request), std::move(reply), received});
+  };
+  sinks.report = [reservation](LifecycleReportData report, std::string reply) {
+    caf::anon_send(reservation, report_atom::value,
+                   ReportEnvelope{std::move(report), std::move(reply)});
+  };
+  sinks.generate = [lifecycle](GenerateRequestData request, std::string reply,
+                               std::chrono::steady_clock::time_point received) {
+    caf::anon_send(lifecycle, generate_atom::value,
+                   GenerateEnvelope{std::move(request), std::move(reply), received});
+  };
+  sinks.generate_cancel = [lifecycle](std::string request_id) {
+    caf::anon_send(lifecycle, cancel_atom::value, std::move(request_id));
+  };
+  sinks.chunk = [lifecycle](std::uint64_t stream_id, v1::GenerateChunk chunk) {
+    caf::anon_send(lifecycle, chunk_atom::value, ChunkEnvelope{stream_id, std::move(chunk)});
+  };
+  sinks.reconnected = [directory] { caf::anon_send(directory, resync_atom::value); };
+  return sinks;
 }
 
 }  // namespace
@@ -56,83 +104,162 @@ std::expected<void, std::string> NodeOptions::validate() const {
   return {};
 }
 
-void describe_node_metrics(metrics::MetricsRegistry& registry) {
-  using metrics::MetricType;
-  const std::vector<double> latency_buckets{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005,
-                                            0.001,   0.0025,   0.005,   0.01,   0.025,   0.1};
-  registry.describe("kvr_route_requests_total", MetricType::Counter,
-                    "Route requests received, by ingress (nats, actor).");
-  registry.describe("kvr_route_decisions_total", MetricType::Counter,
-                    "Successful route decisions delivered, by chosen worker.");
-  registry.describe("kvr_route_errors_total", MetricType::Counter,
-                    "Route requests answered with an error, by error code.");
-  registry.describe("kvr_selection_latency_seconds", MetricType::Histogram,
-                    "Time a selector spends selecting and booking one request.", latency_buckets);
-  registry.describe("kvr_route_latency_seconds", MetricType::Histogram,
-                    "Time from receiving a route request to answering it.", latency_buckets);
-  registry.describe("kvr_bookings_open", MetricType::Gauge,
-                    "Bookings held in predicted load, by partition.");
-  registry.describe("kvr_leases_open", MetricType::Gauge, "Leases in the reservation ledger.");
-  registry.describe("kvr_leases_expired_total", MetricType::Counter,
-                    "Leases ended by expiry (never reported).");
-  registry.describe("kvr_bookings_rolled_back_total", MetricType::Counter,
-                    "Bookings released because their decision could not be delivered.");
-  registry.describe("kvr_lifecycle_reports_total", MetricType::Counter,
-                    "Lifecycle reports, by event and whether a lease accepted them.");
-  registry.describe("kvr_bad_messages_total", MetricType::Counter,
-                    "Network messages dropped as malformed or absurd, by subscribed subject.");
-  registry.describe("kvr_worker_messages_refused_total", MetricType::Counter,
-                    "Decoded worker messages a partition refused, by partition and kind.");
-  registry.describe("kvr_index_blocks", MetricType::Gauge,
-                    "Distinct blocks in the partition's KV index.");
-  registry.describe("kvr_workers", MetricType::Gauge, "Registered workers, by partition.");
-  registry.describe("kvr_workers_expired_total", MetricType::Counter,
-                    "Workers removed because their heartbeats stopped.");
-  registry.describe("kvr_kv_event_gaps_total", MetricType::Counter,
-                    "KV event batches that skipped event ids.");
-  registry.describe("kvr_kv_dump_requests_total", MetricType::Counter,
-                    "KV dumps asked of workers after event-id gaps.");
-  registry.describe("kvr_discovery_requests_total", MetricType::Counter,
-                    "Requests to every worker to register again.");
-  registry.describe("kvr_nats_reconnects_total", MetricType::Counter,
-                    "Successful NATS reconnects.");
-  registry.describe("kvr_nats_connected", MetricType::Gauge, "1 while connected to NATS.");
-  registry.describe("kvr_generate_requests_total", MetricType::Counter,
-                    "Generate requests received, by ingress.");
-  registry.describe("kvr_generate_outcomes_total", MetricType::Counter,
-                    "Generate requests ended, by outcome (completed, error, cancelled).");
-  registry.describe("kvr_generate_retries_total", MetricType::Counter,
-                    "Generate requests retried on another worker after a failure before the "
-                    "first token.");
-  registry.describe("kvr_generate_first_token_timeouts_total", MetricType::Counter,
-                    "Generate attempts that produced no first chunk in time.");
-  registry.describe("kvr_generate_stale_chunks_total", MetricType::Counter,
-                    "Worker chunks for requests that ended or moved to another worker.");
-  registry.describe("kvr_generate_in_flight", MetricType::Gauge,
-                    "Generate requests being served by this node.");
-  registry.describe("kvr_session_bindings", MetricType::Gauge,
-                    "Session-affinity bindings, by partition.");
-  registry.describe("kvr_session_rebinds_total", MetricType::Counter,
-                    "Soft session bindings moved to another worker, by partition.");
-  registry.set("kvr_leases_open", {}, 0);
-  registry.add("kvr_nats_reconnects_total", {}, 0);
-}
-
 struct RouterNode::Impl {
+  Impl(NodeOptions node_options, plugins::RouterPlugins node_plugins)
+      : options(std::move(node_options)), plugins(std::move(node_plugins)) {}
+
   NodeOptions options;
   plugins::RouterPlugins plugins;
   std::shared_ptr<metrics::MetricsRegistry> registry = std::make_shared<metrics::MetricsRegistry>();
   std::shared_ptr<metrics::RateLimitedLog> log = std::make_shared<metrics::RateLimitedLog>();
   std::shared_ptr<NatsBridge> bridge;
   std::unique_ptr<metrics::MetricsHttpServer> http;
+  std::size_t scheduler_threads = 0;
   // The configuration must outlive the system, which is destroyed first (declared last).
   caf::actor_system_config config;
   std::unique_ptr<caf::actor_system> system;
-  caf::actor directory;
-  caf::actor reservation;
-  caf::actor lifecycle;
+  directory_actor directory;
+  reservation_actor reservation;
+  lifecycle_actor lifecycle;
   ingress_actor ingress;
   std::uint16_t actor_port = 0;
+
+  // ---- the steps of RouterNode::start, in order ----------------------------------------------
+
+  std::expected<void, std::string> connect_nats() {
+    BridgeOptions bridge_options;
+    bridge_options.ns = options.ns;
+    bridge_options.clock = options.clock;
+    // The reservation actor answers bursts of requests: one write per burst (socket_loop.hpp).
+    nats::NatsOptions nats_options = options.nats;
+    nats_options.deferred_publish = true;
+    auto connected = NatsBridge::connect(nats_options, bridge_options, registry, log);
+    if (!connected) return std::unexpected(connected.error());
+    bridge = std::move(*connected);
+    return {};
+  }
+
+  void start_actor_system() {
+    // One scheduler thread per core: the default max(4, cores) oversubscribes small machines.
+    scheduler_threads = options.scheduler_threads != 0
+                            ? options.scheduler_threads
+                            : std::max<std::size_t>(1, std::thread::hardware_concurrency());
+    config.set("scheduler.max-threads", scheduler_threads);
+    // An idle worker skips CAF's second polling phase (500 sleeps of 50 µs, each woken by a
+    // timer, not by new work) and waits on its condition variable, which a NATS callback's
+    // enqueue signals. Requests arrive from NATS threads, so this halves a lone request's time in
+    // the node (about 180 → 80 µs, tests/bench/node) and stops idle workers from burning timer
+    // wake-ups.
+    config.set("work-stealing.moderate-poll-attempts", 0);
+    config.load<caf::io::middleman>();
+    config.add_message_types<caf::id_block::kvr_actors>();
+    system = std::make_unique<caf::actor_system>(config);
+  }
+
+  void spawn_directory() {
+    SelectorActorConfig selector;
+    selector.options.router = options.router;
+    selector.options.lease_ttl = options.lease_ttl;
+    selector.plugins = &plugins;
+    selector.publisher = bridge;
+    selector.metrics = registry;
+    selector.log = log;
+    selector.tick_interval = options.tick_interval;
+    selector.affinity = options.session_affinity;
+    selector.clock = options.clock;
+    directory = system->spawn(directory_behavior, DirectoryActorConfig{selector, {}});
+  }
+
+  void spawn_reservation() {
+    ReservationActorConfig settings;
+    settings.directory = directory;
+    settings.publisher = bridge;
+    settings.metrics = registry;
+    settings.log = log;
+    settings.lease_prefix = random_lease_prefix();
+    settings.lease_ttl = options.lease_ttl;
+    settings.selector_timeout = options.selector_timeout;
+    settings.tick_interval = options.tick_interval;
+    settings.clock = options.clock;
+    reservation = system->spawn(reservation_behavior, std::move(settings));
+  }
+
+  void spawn_lifecycle() {
+    LifecycleActorConfig settings;
+    settings.directory = directory;
+    settings.publisher = bridge;
+    settings.metrics = registry;
+    settings.log = log;
+    settings.stream_inbox_prefix = bridge->stream_inbox_prefix();
+    settings.selector_timeout = options.selector_timeout;
+    settings.first_token_timeout = options.first_token_timeout;
+    lifecycle = system->spawn(lifecycle_behavior, std::move(settings));
+  }
+
+  void spawn_ingress() {
+    ingress = system->spawn(
+        ingress_behavior,
+        IngressActorConfig{.reservation = reservation,
+                           .lifecycle = lifecycle,
+                           .limits = {},
+                           .metrics = registry,
+                           .clock = options.clock});
+  }
+
+  // Publishes the ingress actor through CAF's middleman, when asked (--actor-port).
+  std::expected<void, std::string> publish_ingress() {
+    if (options.actor_port == 0) return {};
+    auto published =
+        system->middleman().publish(ingress, options.actor_port, options.bind_host.c_str());
+    if (!published) {
+      return std::unexpected(fmt::format("cannot publish the ingress actor on {}:{}: {}",
+                                         options.bind_host, options.actor_port,
+                                         system->render(published.error())));
+    }
+    actor_port = *published;
+    return {};
+  }
+
+  // Hands the bridge's decoded messages to the actors and subscribes.
+  std::expected<void, std::string> start_bridge() {
+    return bridge->start(make_bridge_sinks(directory, reservation, lifecycle));
+  }
+
+  // Serves /metrics and /healthz, when asked (--metrics-port).
+  std::expected<void, std::string> start_metrics_endpoint() {
+    if (options.metrics_port == 0) return {};
+    std::weak_ptr<NatsBridge> weak_bridge = bridge;
+    auto started = metrics::MetricsHttpServer::start(
+        options.bind_host, options.metrics_port, registry, [weak_bridge]() -> std::string {
+          auto connection = weak_bridge.lock();
+          if (!connection) return "stopping";
+          return connection->connected() ? std::string{} : "NATS disconnected";
+        });
+    if (!started) return std::unexpected(started.error());
+    http = std::move(*started);
+    return {};
+  }
+
+  // Workers that registered before this node started announce themselves again.
+  void request_registrations() { caf::anon_send(directory, resync_atom::value); }
+
+  void log_summary() const {
+    spdlog::info(
+        "kvr node: namespace '{}', block size {}, lease ttl {} ms, first-token timeout {} ms, "
+        "session affinity {}, {} scheduler threads; NATS {}; metrics {}; actor port {}",
+        options.ns,
+        options.router.block_size != 0 ? std::to_string(options.router.block_size)
+                                       : std::string{"learnt per partition"},
+        options.lease_ttl.count(), options.first_token_timeout.count(),
+        options.session_affinity.ttl
+            ? fmt::format("{} (ttl {} s)", as_str(options.session_affinity.mode),
+                          options.session_affinity.ttl->count())
+            : std::string{"off"},
+        scheduler_threads, options.nats.url,
+        http ? fmt::format("http://{}:{}/metrics", options.bind_host, http->port())
+             : std::string{"off"},
+        actor_port);
+  }
 
   void shutdown() {
     if (bridge) bridge->stop();
@@ -140,10 +267,10 @@ struct RouterNode::Impl {
     if (system) {
       if (actor_port != 0) (void)system->middleman().unpublish(ingress, actor_port);
       // The lifecycle actor first: it ends every client's stream with an explicit error.
-      for (const caf::actor& actor : {lifecycle, directory, reservation}) {
-        if (actor) caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
-      }
-      if (ingress) caf::anon_send_exit(ingress, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(lifecycle, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(reservation, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(ingress, caf::exit_reason::user_shutdown);
       lifecycle = nullptr;
       directory = nullptr;
       reservation = nullptr;
@@ -170,168 +297,24 @@ const metrics::MetricsRegistry& RouterNode::metrics() const { return *impl_->reg
 std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
     NodeOptions options, plugins::RouterPlugins plugins) {
   if (auto valid = options.validate(); !valid) return std::unexpected(valid.error());
-  auto impl = std::make_unique<Impl>();
-  impl->options = std::move(options);
-  impl->plugins = std::move(plugins);
-  const NodeOptions& opts = impl->options;
-  describe_node_metrics(*impl->registry);
-
-  BridgeOptions bridge_options;
-  bridge_options.ns = opts.ns;
-  bridge_options.clock = opts.clock;
-  // The reservation actor answers bursts of requests: one write per burst (socket_loop.hpp).
-  nats::NatsOptions nats_options = opts.nats;
-  nats_options.deferred_publish = true;
-  auto bridge = NatsBridge::connect(nats_options, bridge_options, impl->registry, impl->log);
-  if (!bridge) return std::unexpected(bridge.error());
-  impl->bridge = std::move(*bridge);
-
-  // One scheduler thread per core: the default max(4, cores) oversubscribes small machines.
-  const std::size_t threads = opts.scheduler_threads != 0
-                                  ? opts.scheduler_threads
-                                  : std::max<std::size_t>(1, std::thread::hardware_concurrency());
-  impl->config.set("scheduler.max-threads", threads);
-  // An idle worker skips CAF's second polling phase (500 sleeps of 50 µs, each woken by a
-  // timer, not by new work) and waits on its condition variable, which a NATS callback's enqueue
-  // signals. Requests arrive from NATS threads, so this halves a lone request's time in the node
-  // (about 180 → 80 µs, tests/bench/node) and stops idle workers from burning timer wake-ups.
-  impl->config.set("work-stealing.moderate-poll-attempts", 0);
-  impl->config.load<caf::io::middleman>();
-  impl->config.add_message_types<caf::id_block::kvr_actors>();
-  impl->system = std::make_unique<caf::actor_system>(impl->config);
-  caf::actor_system& system = *impl->system;
-
-  SelectorActorConfig selector;
-  selector.options.router = opts.router;
-  selector.options.lease_ttl = opts.lease_ttl;
-  selector.plugins = &impl->plugins;
-  selector.publisher = impl->bridge;
-  selector.metrics = impl->registry;
-  selector.log = impl->log;
-  selector.tick_interval = opts.tick_interval;
-  selector.affinity = opts.session_affinity;
-  selector.clock = opts.clock;
-  impl->directory = system.spawn(directory_actor, DirectoryActorConfig{selector, {}});
-
-  ReservationActorConfig reservation;
-  reservation.directory = impl->directory;
-  reservation.publisher = impl->bridge;
-  reservation.metrics = impl->registry;
-  reservation.log = impl->log;
-  reservation.lease_prefix = random_lease_prefix();
-  reservation.lease_ttl = opts.lease_ttl;
-  reservation.selector_timeout = opts.selector_timeout;
-  reservation.tick_interval = opts.tick_interval;
-  reservation.clock = opts.clock;
-  impl->reservation = system.spawn(reservation_actor, std::move(reservation));
-
-  LifecycleActorConfig lifecycle;
-  lifecycle.directory = impl->directory;
-  lifecycle.publisher = impl->bridge;
-  lifecycle.metrics = impl->registry;
-  lifecycle.log = impl->log;
-  lifecycle.stream_inbox_prefix = impl->bridge->stream_inbox_prefix();
-  lifecycle.selector_timeout = opts.selector_timeout;
-  lifecycle.first_token_timeout = opts.first_token_timeout;
-  impl->lifecycle = system.spawn(lifecycle_actor, std::move(lifecycle));
-
-  impl->ingress =
-      system.spawn(ingress_actor_impl, IngressActorConfig{.reservation = impl->reservation,
-                                                          .lifecycle = impl->lifecycle,
-                                                          .limits = {},
-                                                          .metrics = impl->registry,
-                                                          .clock = opts.clock});
-  if (opts.actor_port != 0) {
-    auto published =
-        system.middleman().publish(impl->ingress, opts.actor_port, opts.bind_host.c_str());
-    if (!published) {
-      std::string reason = system.render(published.error());
-      impl->shutdown();
-      return std::unexpected(fmt::format("cannot publish the ingress actor on {}:{}: {}",
-                                         opts.bind_host, opts.actor_port, reason));
-    }
-    impl->actor_port = *published;
-  }
-
-  // Callbacks only decode (in the bridge) and hand over to the actors.
-  BridgeSinks sinks;
-  const caf::actor directory = impl->directory;
-  const caf::actor reservation_handle = impl->reservation;
-  sinks.registration = [directory](discovery::WorkerRegistration registration) {
-    caf::anon_send(directory, worker_up_atom::value, std::move(registration));
-  };
-  sinks.heartbeat = [directory](WorkerLiveness heartbeat) {
-    caf::anon_send(directory, heartbeat_atom::value, heartbeat);
-  };
-  sinks.deregistration = [directory](WorkerLiveness deregistration) {
-    caf::anon_send(directory, worker_down_atom::value, deregistration);
-  };
-  sinks.load = [directory](WorkerLoadReport report) {
-    caf::anon_send(directory, load_atom::value, std::move(report));
-  };
-  sinks.kv_events = [directory](KvEventBatch batch) {
-    caf::anon_send(directory, kv_events_atom::value, std::move(batch));
-  };
-  sinks.kv_dump = [directory](KvDump dump) {
-    caf::anon_send(directory, kv_dump_atom::value, std::move(dump));
-  };
-  sinks.route = [reservation_handle](RouteRequest request, std::string reply,
-                                     std::chrono::steady_clock::time_point received) {
-    caf::anon_send(reservation_handle, route_atom::value,
-                   RouteEnvelope{std::move(request), std::move(reply), received});
-  };
-  sinks.report = [reservation_handle](LifecycleReportData report, std::string reply) {
-    caf::anon_send(reservation_handle, report_atom::value,
-                   ReportEnvelope{std::move(report), std::move(reply)});
-  };
-  const caf::actor lifecycle_handle = impl->lifecycle;
-  sinks.generate = [lifecycle_handle](GenerateRequestData request, std::string reply,
-                                      std::chrono::steady_clock::time_point received) {
-    caf::anon_send(lifecycle_handle, generate_atom::value,
-                   GenerateEnvelope{std::move(request), std::move(reply), received});
-  };
-  sinks.generate_cancel = [lifecycle_handle](std::string request_id) {
-    caf::anon_send(lifecycle_handle, cancel_atom::value, std::move(request_id));
-  };
-  sinks.chunk = [lifecycle_handle](std::uint64_t stream_id, v1::GenerateChunk chunk) {
-    caf::anon_send(lifecycle_handle, chunk_atom::value, ChunkEnvelope{stream_id, std::move(chunk)});
-  };
-  sinks.reconnected = [directory] { caf::anon_send(directory, resync_atom::value); };
-  if (auto started = impl->bridge->start(std::move(sinks)); !started) {
+  auto impl = std::make_unique<Impl>(std::move(options), std::move(plugins));
+  metrics::NodeMetrics::describe(*impl->registry);
+  if (auto connected = impl->connect_nats(); !connected) return std::unexpected(connected.error());
+  impl->start_actor_system();
+  impl->spawn_directory();
+  impl->spawn_reservation();
+  impl->spawn_lifecycle();
+  impl->spawn_ingress();
+  // From here on a failed step stops what the steps before it started.
+  const auto fail = [&impl](std::string error) {
     impl->shutdown();
-    return std::unexpected(started.error());
-  }
-
-  if (opts.metrics_port != 0) {
-    std::weak_ptr<NatsBridge> weak_bridge = impl->bridge;
-    auto http = metrics::MetricsHttpServer::start(
-        opts.bind_host, opts.metrics_port, impl->registry, [weak_bridge]() -> std::string {
-          auto connection = weak_bridge.lock();
-          if (!connection) return "stopping";
-          return connection->connected() ? std::string{} : "NATS disconnected";
-        });
-    if (!http) {
-      impl->shutdown();
-      return std::unexpected(http.error());
-    }
-    impl->http = std::move(*http);
-  }
-  // Workers that registered before this node started announce themselves again.
-  caf::anon_send(directory, resync_atom::value);
-  spdlog::info(
-      "kvr node: namespace '{}', block size {}, lease ttl {} ms, first-token timeout {} ms, "
-      "session affinity {}, {} scheduler threads; NATS {}; metrics {}; actor port {}",
-      opts.ns,
-      opts.router.block_size != 0 ? std::to_string(opts.router.block_size)
-                                  : std::string{"learnt per partition"},
-      opts.lease_ttl.count(), opts.first_token_timeout.count(),
-      opts.session_affinity.ttl ? fmt::format("{} (ttl {} s)", as_str(opts.session_affinity.mode),
-                                              opts.session_affinity.ttl->count())
-                                : std::string{"off"},
-      threads, opts.nats.url,
-      impl->http ? fmt::format("http://{}:{}/metrics", opts.bind_host, impl->http->port())
-                 : std::string{"off"},
-      impl->actor_port);
+    return std::unexpected(std::move(error));
+  };
+  if (auto published = impl->publish_ingress(); !published) return fail(published.error());
+  if (auto started = impl->start_bridge(); !started) return fail(started.error());
+  if (auto serving = impl->start_metrics_endpoint(); !serving) return fail(serving.error());
+  impl->request_registrations();
+  impl->log_summary();
   return std::unique_ptr<RouterNode>(new RouterNode(std::move(impl)));
 }
 

@@ -78,7 +78,4 @@ class RouterNode {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Declares every metric family of a node (help text, types, histogram buckets).
-void describe_node_metrics(metrics::MetricsRegistry& registry);
-
 }  // namespace kvr::actors

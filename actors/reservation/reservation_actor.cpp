@@ -3,28 +3,32 @@
 #include <limits>
 
 #include <caf/actor_system.hpp>
-#include <caf/event_based_actor.hpp>
-#include <caf/response_promise.hpp>
 #include <caf/sec.hpp>
+#include <caf/typed_event_based_actor.hpp>
+#include <caf/typed_response_promise.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "actors/actor_types.hpp"
+#include "actors/metrics/node_metrics.hpp"
 #include "actors/support/request_error.hpp"
 
 namespace kvr::actors {
 namespace {
 
-using Self = caf::stateful_actor<ReservationActorState>*;
+using Self = reservation_actor::stateful_pointer<ReservationActorState>;
+using DecisionPromise = caf::typed_response_promise<RouteDecisionMessage>;
+using AckPromise = caf::typed_response_promise<LifecycleAckMessage>;
 
-const caf::actor& selector_for(Self self, const plugins::worker_selection::RoutingPartition& p) {
+const route_target_actor& selector_for(Self self,
+                                       const plugins::worker_selection::RoutingPartition& p) {
   return self->state.routes.selector_for(p);
 }
 
 // Sends a booking change to the partition's selector; the caller only logs a failure. Nobody
 // waits for the answer, so it needs no timeout (a lost one only goes unlogged).
 void update_booking(Self self, BookingUpdate update) {
-  const caf::actor& selector = selector_for(self, update.partition);
+  const route_target_actor& selector = selector_for(self, update.partition);
   self->request(selector, caf::infinite, booking_atom::value, std::move(update))
       .then([](const BookingUpdateReply&) {},
             [self](const caf::error& error) {
@@ -34,6 +38,10 @@ void update_booking(Self self, BookingUpdate update) {
             });
 }
 
+metrics::NodeMetrics node_metrics(Self self) {
+  return metrics::NodeMetrics{*self->state.config.metrics};
+}
+
 void publish_leases_gauge(Self self) {
   self->state.leases_open.set(static_cast<double>(self->state.ledger->size()));
 }
@@ -41,10 +49,7 @@ void publish_leases_gauge(Self self) {
 metrics::ValueHandle& decisions_counter(Self self, WorkerId worker) {
   auto& state = self->state;
   auto [it, inserted] = state.decisions_by_worker.try_emplace(worker);
-  if (inserted) {
-    it->second = state.config.metrics->counter("kvr_route_decisions_total",
-                                               {{"worker", std::to_string(worker)}});
-  }
+  if (inserted) it->second = node_metrics(self).route_decisions(worker);
   return it->second;
 }
 
@@ -65,8 +70,8 @@ void flush_answers(Self self) {
 }
 
 // Answers a route request: publishes on its reply subject (if any) and fulfils the promise.
-// Returns false when publishing failed.
-bool deliver_decision(Self self, const RouteEnvelope& envelope, caf::response_promise& promise,
+// Returns false when publishing failed. Errors go through deliver_error, which counts them.
+bool deliver_decision(Self self, const RouteEnvelope& envelope, DecisionPromise& promise,
                       v1::RouteDecision decision) {
   auto& state = self->state;
   bool delivered = true;
@@ -77,14 +82,18 @@ bool deliver_decision(Self self, const RouteEnvelope& envelope, caf::response_pr
     const std::chrono::duration<double> elapsed = state.config.clock->now() - envelope.received;
     state.route_latency.observe(elapsed.count());
   }
-  if (decision.has_error()) {
-    state.config.metrics->add("kvr_route_errors_total",
-                              {{"code", v1::RouteErrorCode_Name(decision.error().code())}});
-  } else if (delivered) {
+  if (delivered && decision.has_success()) {
     decisions_counter(self, decision.success().worker_id()).add();
   }
   promise.deliver(RouteDecisionMessage{std::move(decision)});
   return delivered;
+}
+
+// Answers a route request with an error, counted by its code.
+void deliver_error(Self self, const RouteEnvelope& envelope, DecisionPromise& promise, Error code,
+                   std::string_view message) {
+  node_metrics(self).route_errors(code).add();
+  deliver_decision(self, envelope, promise, make_route_error(envelope.request.id(), code, message));
 }
 
 // Ends leases that expired unreported, at most `limit` of them: their bookings expire in the
@@ -111,9 +120,8 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
   auto& state = self->state;
   const RouteRequest& request = pending.envelope.request;
   if (!reply.result) {
-    deliver_decision(
-        self, pending.envelope, pending.promise,
-        make_route_error(request.id(), reply.result.error().code, reply.result.error().message));
+    deliver_error(self, pending.envelope, pending.promise, reply.result.error().code,
+                  reply.result.error().message);
     return;
   }
   const RouteOutcome& outcome = *reply.result;
@@ -130,7 +138,7 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
   if (!deliver_decision(self, pending.envelope, pending.promise, std::move(decision))) {
     // Nobody learnt of this booking: roll it back.
     if (auto lease = state.ledger->close(lease_id)) {
-      state.config.metrics->add("kvr_bookings_rolled_back_total");
+      node_metrics(self).bookings_rolled_back().add();
       update_booking(self,
                      BookingUpdate{lease->partition, lease->request_id, true,
                                    discovery::BookingEnd::cancelled, AffinityAction::abandon});
@@ -139,8 +147,8 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
   }
 }
 
-caf::response_promise handle_route(Self self, RouteEnvelope& envelope) {
-  auto promise = self->make_response_promise();
+DecisionPromise handle_route(Self self, RouteEnvelope& envelope) {
+  auto promise = self->make_response_promise<RouteDecisionMessage>();
   auto& state = self->state;
   // A few per request (kExpiriesPerRequest), as the selector does with bookings.
   expire_leases(self, state.config.clock->now(), kExpiriesPerRequest);
@@ -153,7 +161,7 @@ caf::response_promise handle_route(Self self, RouteEnvelope& envelope) {
                                ReservationActorState::PendingRoute{std::move(envelope), promise});
   // No CAF timeout: the expiry timer answers a request its selector leaves unanswered, and a
   // late reply finds no pending entry (its booking then expires with its lease, as before).
-  const caf::actor& selector = selector_for(self, selector_request.partition);
+  const route_target_actor& selector = selector_for(self, selector_request.partition);
   self->request(selector, caf::infinite, route_atom::value, std::move(selector_request))
       .then(
           [self, id](SelectorReply& reply) {
@@ -164,10 +172,9 @@ caf::response_promise handle_route(Self self, RouteEnvelope& envelope) {
             auto pending = self->state.pending_routes.extract(id);
             if (pending.empty()) return;
             auto& waiting = pending.mapped();
-            deliver_decision(self, waiting.envelope, waiting.promise,
-                             make_route_error(waiting.envelope.request.id(), request_error(error),
-                                              fmt::format("the selector did not answer: {}",
-                                                          self->system().render(error))));
+            deliver_error(
+                self, waiting.envelope, waiting.promise, request_error(error),
+                fmt::format("the selector did not answer: {}", self->system().render(error)));
           });
   return promise;
 }
@@ -177,8 +184,8 @@ void count_report(Self self, LifecycleEventKind event, bool accepted) {
 }
 
 // Publishes (when asked over NATS) and returns an ack; counts the report.
-void deliver_ack(Self self, const ReportEnvelope& envelope, caf::response_promise& promise,
-                 bool accepted, std::string_view message) {
+void deliver_ack(Self self, const ReportEnvelope& envelope, AckPromise& promise, bool accepted,
+                 std::string_view message) {
   count_report(self, envelope.report.event, accepted);
   auto ack = make_lifecycle_ack(accepted, message);
   if (!envelope.reply_subject.empty()) {
@@ -187,8 +194,8 @@ void deliver_ack(Self self, const ReportEnvelope& envelope, caf::response_promis
   promise.deliver(LifecycleAckMessage{std::move(ack)});
 }
 
-caf::response_promise handle_report(Self self, ReportEnvelope& envelope) {
-  auto promise = self->make_response_promise();
+AckPromise handle_report(Self self, ReportEnvelope& envelope) {
+  auto promise = self->make_response_promise<LifecycleAckMessage>();
   auto& state = self->state;
   const LifecycleReportData& report = envelope.report;
   const bool first_token = report.event == LifecycleEventKind::FirstToken;
@@ -218,7 +225,7 @@ caf::response_promise handle_report(Self self, ReportEnvelope& envelope) {
   const std::uint64_t id = add_pending(self);
   state.pending_reports.emplace(id,
                                 ReservationActorState::PendingReport{std::move(envelope), promise});
-  const caf::actor& selector = selector_for(self, update.partition);
+  const route_target_actor& selector = selector_for(self, update.partition);
   self->request(selector, caf::infinite, booking_atom::value, std::move(update))
       .then(
           [self, id](const BookingUpdateReply& reply) {
@@ -250,10 +257,8 @@ void fail_overdue(Self self, TimePoint now) {
     state.pending_deadlines.pop_front();
     if (auto route = state.pending_routes.extract(id); !route.empty()) {
       auto& [envelope, promise] = route.mapped();
-      deliver_decision(
-          self, envelope, promise,
-          make_route_error(envelope.request.id(), Error::timeout,
-                           fmt::format("the selector did not answer within {} ms", timeout_ms)));
+      deliver_error(self, envelope, promise, Error::timeout,
+                    fmt::format("the selector did not answer within {} ms", timeout_ms));
     } else if (auto report = state.pending_reports.extract(id); !report.empty()) {
       deliver_ack(
           self, report.mapped().envelope, report.mapped().promise, true,
@@ -264,32 +269,30 @@ void fail_overdue(Self self, TimePoint now) {
 
 }  // namespace
 
-caf::behavior reservation_actor(Self self, ReservationActorConfig config) {
+reservation_actor::behavior_type reservation_behavior(Self self, ReservationActorConfig config) {
   self->state.config = std::move(config);
   self->state.ledger.emplace(self->state.config.lease_prefix);
   self->state.routes = PartitionRoutes{self->state.config.directory};
-  self->state.route_latency = self->state.config.metrics->histogram("kvr_route_latency_seconds");
-  self->state.leases_open = self->state.config.metrics->gauge("kvr_leases_open");
-  self->state.leases_expired = self->state.config.metrics->counter("kvr_leases_expired_total");
+  const metrics::NodeMetrics metrics = node_metrics(self);
+  self->state.route_latency = metrics.route_latency();
+  self->state.leases_open = metrics.leases_open();
+  self->state.leases_expired = metrics.leases_expired();
   for (const auto event : {LifecycleEventKind::FirstToken, LifecycleEventKind::Completed,
                            LifecycleEventKind::Aborted}) {
     for (const bool accepted : {false, true}) {
       self->state.reports[static_cast<std::size_t>(event)][accepted ? 1 : 0] =
-          self->state.config.metrics->counter(
-              "kvr_lifecycle_reports_total",
-              {{"event", std::string{as_str(event)}}, {"accepted", accepted ? "true" : "false"}});
+          metrics.lifecycle_reports(as_str(event), accepted);
     }
   }
   publish_leases_gauge(self);
-  self->send(self->state.config.directory, selectors_atom::value,
-             caf::actor_cast<caf::actor>(self));
+  self->send(self->state.config.directory, selectors_atom::value, selector_subscriber_actor{self});
   self->delayed_send(self, self->state.config.tick_interval, expire_atom::value);
   return {
       [self](route_atom, RouteEnvelope& envelope) { return handle_route(self, envelope); },
       [self](report_atom, ReportEnvelope& envelope) { return handle_report(self, envelope); },
       [self](flush_atom) { flush_answers(self); },
-      [self](selectors_atom, std::string& model, std::string& group, caf::actor& selector) {
-        self->state.routes.learn(std::move(model), std::move(group), std::move(selector));
+      [self](selectors_atom, std::string& model, std::string& group, selector_actor& selector) {
+        self->state.routes.learn(std::move(model), std::move(group), selector);
       },
       [self](expire_atom) {
         auto& state = self->state;

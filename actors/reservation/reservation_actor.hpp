@@ -9,13 +9,13 @@
 //
 // State it owns: the LeaseLedger (lease id → partition, request id, worker, expiry) and each
 // partition's selector.
-// Messages it handles (atoms in actors/actor_types.hpp):
+// Messages it handles (its typed interface, `reservation_actor`, in actors/actor_types.hpp):
 //   route(RouteEnvelope) → RouteDecisionMessage     — always a decision (success or error);
 //   report(ReportEnvelope) → LifecycleAckMessage     — always an ack;
 //   selectors(model, group, selector)                — from the directory actor: requests of that
 //                                                      partition go to its selector directly;
-//   expire                                           — its own timer;
-//   flush                                            — its own: writes the NATS answers of the
+//   expire                                           — internal, its own timer;
+//   flush                                            — internal: writes the NATS answers of the
 //                                                      burst (burst_writer.hpp).
 // Spawned by the router node. Every route request and report it hands to a selector is answered
 // within the selector timeout: the expiry timer fails those still unanswered (one sweep instead of
@@ -35,10 +35,8 @@
 
 #include <absl/container/flat_hash_map.h>
 #include <absl/hash/hash.h>
-#include <caf/actor.hpp>
-#include <caf/behavior.hpp>
-#include <caf/response_promise.hpp>
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_response_promise.hpp>
 
 #include "actors/actor_types.hpp"
 #include "actors/metrics/metrics_registry.hpp"
@@ -55,7 +53,7 @@ namespace kvr::actors {
 struct ReservationActorConfig {
   /// Delegates to the partition selectors; tells this actor of each selector so that it can
   /// address known partitions directly (one message hop fewer per request).
-  caf::actor directory;
+  directory_actor directory;
   std::shared_ptr<RouterPublisher> publisher;
   std::shared_ptr<metrics::MetricsRegistry> metrics;
   std::shared_ptr<metrics::RateLimitedLog> log;
@@ -82,11 +80,11 @@ struct ReservationActorState {
   /// A route request or lifecycle report waiting for its selector, and how to answer it.
   struct PendingRoute {
     RouteEnvelope envelope;
-    caf::response_promise promise;
+    caf::typed_response_promise<RouteDecisionMessage> promise;
   };
   struct PendingReport {
     ReportEnvelope envelope;
-    caf::response_promise promise;
+    caf::typed_response_promise<LifecycleAckMessage> promise;
   };
   /// Waiting requests by sequence number, and their deadlines oldest first (the selector timeout
   /// is fixed, so deadlines arrive in order); answered ones are skipped when their deadline comes.
@@ -109,7 +107,7 @@ struct ReservationActorState {
 };
 
 /// The reservation actor's behaviour.
-caf::behavior reservation_actor(caf::stateful_actor<ReservationActorState>* self,
-                                ReservationActorConfig config);
+reservation_actor::behavior_type reservation_behavior(
+    reservation_actor::stateful_pointer<ReservationActorState> self, ReservationActorConfig config);
 
 }  // namespace kvr::actors

@@ -1,6 +1,6 @@
 #include "actors/selector/selector_actor.hpp"
 
-#include <caf/event_based_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -10,10 +10,14 @@
 namespace kvr::actors {
 namespace {
 
-using Self = caf::stateful_actor<SelectorActorState>*;
+using Self = selector_actor::stateful_pointer<SelectorActorState>;
 
 std::string partition_label(const plugins::worker_selection::RoutingPartition& partition) {
   return fmt::format("{}/{}", partition.model, partition.routing_group);
+}
+
+metrics::NodeMetrics node_metrics(Self self) {
+  return metrics::NodeMetrics{*self->state.config.metrics};
 }
 
 // Publishes the partition's gauges after a change.
@@ -37,7 +41,7 @@ void apply_affinity(Self self, const std::string& request_id, AffinityAction act
       return;
     case AffinityAction::commit:
       if (affinity.commit(request_id, now) == AffinityCommit::rebound) {
-        self->state.config.metrics->add("kvr_session_rebinds_total", self->state.labels);
+        node_metrics(self).session_rebinds(self->state.partition).add();
       }
       return;
     case AffinityAction::abandon:
@@ -52,11 +56,10 @@ void apply_affinity(Self self, const std::string& request_id, AffinityAction act
 // Counts and logs (rate-limited) a worker message the partition's state refused.
 void refuse(Self self, std::string_view kind, std::string_view reason) {
   auto& state = self->state;
-  state.config.metrics->add("kvr_worker_messages_refused_total",
-                            {state.labels.front(), {"kind", std::string{kind}}});
-  state.config.log->warn(fmt::format("{}:{}", state.labels.front().second, kind),
-                         fmt::format("kvr node: partition {} refused a {}: {}",
-                                     state.labels.front().second, kind, reason));
+  node_metrics(self).worker_messages_refused(state.partition, kind).add();
+  state.config.log->warn(
+      fmt::format("{}:{}", state.partition, kind),
+      fmt::format("kvr node: partition {} refused a {}: {}", state.partition, kind, reason));
 }
 
 // Asks the worker for a dump of one rank, at most once per retry period.
@@ -70,7 +73,7 @@ void request_dump(Self self, WorkerWithDpRank worker) {
   }
   const auto* entry = state.selector->partition_workers().catalog().find(worker.worker_id);
   if (entry == nullptr || entry->registration.dump_subject.empty()) return;
-  state.config.metrics->add("kvr_kv_dump_requests_total", state.labels);
+  node_metrics(self).kv_dump_requests(state.partition).add();
   state.config.publisher->request_dump(entry->registration.dump_subject, worker);
 }
 
@@ -88,21 +91,21 @@ void forget_dumps(Self self, WorkerId id) {
 
 }  // namespace
 
-caf::behavior selector_actor(Self self, SelectorActorConfig config) {
+selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig config) {
   {
     auto& state = self->state;
     state.config = std::move(config);
     state.selector.emplace(state.config.options, *state.config.plugins);
     state.affinity = SessionAffinity{state.config.affinity};
-    state.labels = {{"partition", partition_label(state.config.options.partition)}};
-    auto& registry = *state.config.metrics;
-    state.series = {.bookings_open = registry.gauge("kvr_bookings_open", state.labels),
-                    .workers = registry.gauge("kvr_workers", state.labels),
-                    .index_blocks = registry.gauge("kvr_index_blocks", state.labels),
+    state.partition = partition_label(state.config.options.partition);
+    const metrics::NodeMetrics metrics = node_metrics(self);
+    state.series = {.bookings_open = metrics.bookings_open(state.partition),
+                    .workers = metrics.workers(state.partition),
+                    .index_blocks = metrics.index_blocks(state.partition),
                     .session_bindings = state.affinity.enabled()
-                                            ? registry.gauge("kvr_session_bindings", state.labels)
+                                            ? metrics.session_bindings(state.partition)
                                             : metrics::ValueHandle{},
-                    .selection_latency = registry.histogram("kvr_selection_latency_seconds")};
+                    .selection_latency = metrics.selection_latency()};
     update_gauges(self);
     self->delayed_send(self, state.config.tick_interval, expire_atom::value);
   }
@@ -118,7 +121,7 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
           forget_dumps(self, id);
           spdlog::info("kvr node: worker {} {} in partition {}", id,
                        *change == discovery::RegistrationChange::added ? "joined" : "restarted",
-                       state.labels.front().second);
+                       state.partition);
         }
         update_gauges(self);
       },
@@ -132,7 +135,7 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
             self->state.selector->deregister(deregistration.worker_id, deregistration.incarnation);
         if (!removed) return refuse(self, "deregistration", discovery::as_str(removed.error()));
         spdlog::info("kvr node: worker {} left partition {}", deregistration.worker_id,
-                     self->state.labels.front().second);
+                     self->state.partition);
         forget_dumps(self, deregistration.worker_id);
         if (self->state.config.directory) {
           self->send(self->state.config.directory, removed_atom::value,
@@ -159,7 +162,7 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
           refuse(self, "kv_event", discovery::as_str(*outcome->first_error));
         }
         if (outcome->gap) {
-          state.config.metrics->add("kvr_kv_event_gaps_total", state.labels);
+          node_metrics(self).kv_event_gaps(state.partition).add();
           request_dump(self, batch.worker);
         }
       },
@@ -214,8 +217,8 @@ caf::behavior selector_actor(Self self, SelectorActorConfig config) {
         if (!removed.empty()) {
           for (WorkerId id : removed) {
             spdlog::info("kvr node: worker {} expired (no heartbeat) in partition {}", id,
-                         state.labels.front().second);
-            state.config.metrics->add("kvr_workers_expired_total", state.labels);
+                         state.partition);
+            node_metrics(self).workers_expired(state.partition).add();
             forget_dumps(self, id);
           }
           if (state.config.directory)

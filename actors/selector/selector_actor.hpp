@@ -4,7 +4,7 @@
 // State it owns: the partition's SelectorState (worker catalog, KV index, predicted load with
 // bookings, the policy instances per worker type), its SessionAffinity table (session → worker
 // bindings; off unless a TTL is configured) and the dump requests in flight.
-// Messages it handles (atoms in actors/actor_types.hpp):
+// Messages it handles (its typed interface, `selector_actor`, in actors/actor_types.hpp):
 //   worker_up(WorkerRegistration), heartbeat(WorkerLiveness), worker_dn(WorkerLiveness),
 //   load(WorkerLoadReport), kv_events(KvEventBatch), kv_dump(KvDump)   — worker state;
 //   route(RouteRequest) → SelectorReply     — select (through route_with_session_affinity)
@@ -13,7 +13,8 @@
 //                                                  proposed to the session's binding;
 //   booking(BookingUpdate) → BookingUpdateReply — first token / release of a booking, and the
 //                                                  affinity commit / abandon / finish it carries;
-//   expire                                      — its own timer: expires worker leases, unreported
+//   expire                                      — internal, its own timer: expires worker leases,
+//   unreported
 //                                                  bookings, approximate blocks and idle session
 //                                                  bindings, and tells the directory actor which
 //                                                  workers left (removed).
@@ -26,13 +27,14 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include <absl/container/flat_hash_map.h>
-#include <caf/actor.hpp>
-#include <caf/behavior.hpp>
 #include <caf/stateful_actor.hpp>
 
+#include "actors/actor_types.hpp"
 #include "actors/metrics/metrics_registry.hpp"
+#include "actors/metrics/node_metrics.hpp"
 #include "actors/metrics/rate_limited_log.hpp"
 #include "actors/nats/nats_bridge.hpp"
 #include "actors/selector/selector_state.hpp"
@@ -52,7 +54,7 @@ struct SelectorActorConfig {
   std::shared_ptr<metrics::MetricsRegistry> metrics;
   std::shared_ptr<metrics::RateLimitedLog> log;
   /// Told about workers that left (expired); may be empty.
-  caf::actor directory;
+  removal_watcher_actor directory;
   /// Period of the expiry timer.
   std::chrono::milliseconds tick_interval{100};
   /// A rank's dump is not asked for again within this time.
@@ -69,8 +71,8 @@ struct SelectorActorState {
   SelectorActorConfig config;
   /// When a dump was last asked for, per (worker, rank).
   absl::flat_hash_map<WorkerWithDpRank, std::chrono::steady_clock::time_point> dump_requested;
-  /// Partition label of this selector's metrics.
-  metrics::Labels labels;
+  /// "model/routing group": the partition label of this selector's metrics and logs.
+  std::string partition;
   /// The series written per request, resolved once.
   struct Series {
     metrics::ValueHandle bookings_open;
@@ -82,7 +84,7 @@ struct SelectorActorState {
 };
 
 /// The selector actor's behaviour.
-caf::behavior selector_actor(caf::stateful_actor<SelectorActorState>* self,
-                             SelectorActorConfig config);
+selector_actor::behavior_type selector_behavior(
+    selector_actor::stateful_pointer<SelectorActorState> self, SelectorActorConfig config);
 
 }  // namespace kvr::actors

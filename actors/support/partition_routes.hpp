@@ -10,8 +10,8 @@
 
 #include <absl/container/flat_hash_map.h>
 #include <absl/hash/hash.h>
-#include <caf/actor.hpp>
 
+#include "actors/actor_types.hpp"
 #include "selection/worker_selection.hpp"
 
 namespace kvr::actors {
@@ -20,17 +20,17 @@ namespace kvr::actors {
 class PartitionRoutes {
  public:
   PartitionRoutes() = default;
-  explicit PartitionRoutes(caf::actor directory) : directory_(std::move(directory)) {}
+  explicit PartitionRoutes(route_target_actor directory) : directory_(std::move(directory)) {}
 
-  const caf::actor& directory() const { return directory_; }
+  const route_target_actor& directory() const { return directory_; }
 
   /// Records a selector the directory announced.
-  void learn(std::string model, std::string routing_group, caf::actor selector) {
-    selectors_[std::pair{std::move(model), std::move(routing_group)}] = std::move(selector);
+  void learn(std::string model, std::string routing_group, const selector_actor& selector) {
+    selectors_[std::pair{std::move(model), std::move(routing_group)}] = selector;
   }
 
   /// The partition's selector, or the directory while it is not announced (yet).
-  const caf::actor& selector_for(
+  const route_target_actor& selector_for(
       const plugins::worker_selection::RoutingPartition& partition) const {
     const auto it = selectors_.find(
         std::pair<std::string_view, std::string_view>{partition.model, partition.routing_group});
@@ -54,8 +54,10 @@ class PartitionRoutes {
     }
   };
 
-  caf::actor directory_;
-  absl::flat_hash_map<std::pair<std::string, std::string>, caf::actor, KeyHash, KeyEq> selectors_;
+  route_target_actor directory_;
+  // Each selector's handle, as the route target it is to the actors that hold these routes.
+  absl::flat_hash_map<std::pair<std::string, std::string>, route_target_actor, KeyHash, KeyEq>
+      selectors_;
 };
 
 }  // namespace kvr::actors

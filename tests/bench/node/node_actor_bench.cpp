@@ -25,6 +25,7 @@
 #include "actors/actor_types.hpp"
 #include "actors/directory/directory_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
+#include "actors/metrics/node_metrics.hpp"
 #include "actors/reservation/reservation_actor.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
@@ -204,7 +205,7 @@ class LocalNode {
     auto resolved = registry.resolve_plugins(selection::RouterPolicyConfig{});
     if (!resolved) die(std::string{resolved.error().message()});
     plugins_ = std::move(*resolved);
-    actors::describe_node_metrics(*metrics_);
+    metrics::NodeMetrics::describe(*metrics_);
 
     actors::SelectorActorConfig selector;
     selector.options.router.block_size = kBlockSize;
@@ -214,16 +215,16 @@ class LocalNode {
     selector.metrics = metrics_;
     selector.log = log_;
     directory_ =
-        system_->spawn(actors::directory_actor, actors::DirectoryActorConfig{selector, {}});
+        system_->spawn(actors::directory_behavior, actors::DirectoryActorConfig{selector, {}});
     actors::ReservationActorConfig reservation;
     reservation.directory = directory_;
     reservation.publisher = publisher_;
     reservation.metrics = metrics_;
     reservation.log = log_;
     reservation.lease_ttl = 1s;
-    reservation_ = system_->spawn(actors::reservation_actor, std::move(reservation));
+    reservation_ = system_->spawn(actors::reservation_behavior, std::move(reservation));
     ingress_ = system_->spawn(
-        actors::ingress_actor_impl,
+        actors::ingress_behavior,
         actors::IngressActorConfig{.reservation = reservation_, .limits = {}, .metrics = metrics_});
     for (std::size_t w = 0; w < kWorkers; ++w) {
       const auto registration = workload_.registration(w);
@@ -245,9 +246,8 @@ class LocalNode {
   }
 
   ~LocalNode() {
-    for (const caf::actor& actor : {directory_, reservation_}) {
-      caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
-    }
+    caf::anon_send_exit(directory_, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(reservation_, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(ingress_, caf::exit_reason::user_shutdown);
     directory_ = nullptr;
     reservation_ = nullptr;
@@ -268,8 +268,8 @@ class LocalNode {
   std::shared_ptr<NullPublisher> publisher_ = std::make_shared<NullPublisher>();
   caf::actor_system_config config_;
   std::unique_ptr<caf::actor_system> system_;
-  caf::actor directory_;
-  caf::actor reservation_;
+  actors::directory_actor directory_;
+  actors::reservation_actor reservation_;
   actors::ingress_actor ingress_;
 };
 

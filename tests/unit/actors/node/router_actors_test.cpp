@@ -20,7 +20,7 @@
 #include "actors/directory/directory_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/lifecycle/lifecycle_actor.hpp"
-#include "actors/node/router_node.hpp"
+#include "actors/metrics/node_metrics.hpp"
 #include "actors/reservation/reservation_actor.hpp"
 #include "messages/clock.hpp"
 #include "selection/config/router_policy_config.hpp"
@@ -128,11 +128,11 @@ class RouterActorsTest : public ::testing::Test {
     auto resolved = registry.resolve_plugins(selection::RouterPolicyConfig{});
     EXPECT_TRUE(resolved);
     plugins_ = std::move(*resolved);
-    describe_node_metrics(*metrics_);  // the histograms are recorded only once described
+    metrics::NodeMetrics::describe(*metrics_);  // the histograms are recorded only once described
 
     directory_ =
-        system_.spawn(directory_actor, DirectoryActorConfig{selector_config(metrics_), {}});
-    reservation_ = system_.spawn(reservation_actor, reservation_config(directory_, metrics_));
+        system_.spawn(directory_behavior, DirectoryActorConfig{selector_config(metrics_), {}});
+    reservation_ = system_.spawn(reservation_behavior, reservation_config(directory_, metrics_));
     LifecycleActorConfig lifecycle;
     lifecycle.directory = directory_;
     lifecycle.publisher = publisher_;
@@ -140,17 +140,17 @@ class RouterActorsTest : public ::testing::Test {
     lifecycle.log = log_;
     lifecycle.stream_inbox_prefix = "node.streams";
     lifecycle.first_token_timeout = 60s;
-    lifecycle_ = system_.spawn(lifecycle_actor, lifecycle);
-    ingress_ = system_.spawn(ingress_actor_impl, IngressActorConfig{.reservation = reservation_,
-                                                                    .lifecycle = lifecycle_,
-                                                                    .limits = {},
-                                                                    .metrics = metrics_});
+    lifecycle_ = system_.spawn(lifecycle_behavior, lifecycle);
+    ingress_ = system_.spawn(ingress_behavior, IngressActorConfig{.reservation = reservation_,
+                                                                  .lifecycle = lifecycle_,
+                                                                  .limits = {},
+                                                                  .metrics = metrics_});
   }
 
   ~RouterActorsTest() override {
-    for (const caf::actor& actor : {lifecycle_, directory_, reservation_}) {
-      caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
-    }
+    caf::anon_send_exit(lifecycle_, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(directory_, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(reservation_, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(ingress_, caf::exit_reason::user_shutdown);
   }
 
@@ -186,7 +186,7 @@ class RouterActorsTest : public ::testing::Test {
     return selector;
   }
 
-  ReservationActorConfig reservation_config(caf::actor directory,
+  ReservationActorConfig reservation_config(directory_actor directory,
                                             std::shared_ptr<metrics::MetricsRegistry> metrics) {
     ReservationActorConfig reservation;
     reservation.directory = std::move(directory);
@@ -200,7 +200,7 @@ class RouterActorsTest : public ::testing::Test {
   v1::RouteDecision route(RouteRequest data) { return route_via(reservation_, std::move(data)); }
 
   // Routes through the given reservation actor (tests with their own set of actors).
-  v1::RouteDecision route_via(const caf::actor& reservation, RouteRequest data) {
+  v1::RouteDecision route_via(const reservation_actor& reservation, RouteRequest data) {
     caf::scoped_actor self{system_};
     v1::RouteDecision decision;
     self->request(reservation, 5s, route_atom::value,
@@ -214,7 +214,7 @@ class RouterActorsTest : public ::testing::Test {
     return report_via(reservation_, lease, event);
   }
 
-  v1::LifecycleAck report_via(const caf::actor& reservation, const std::string& lease,
+  v1::LifecycleAck report_via(const reservation_actor& reservation, const std::string& lease,
                               LifecycleEventKind event, std::string reason = {}) {
     caf::scoped_actor self{system_};
     v1::LifecycleAck ack;
@@ -243,9 +243,9 @@ class RouterActorsTest : public ::testing::Test {
   std::shared_ptr<FakePublisher> publisher_ = std::make_shared<FakePublisher>();
   std::shared_ptr<metrics::MetricsRegistry> metrics_ = std::make_shared<metrics::MetricsRegistry>();
   std::shared_ptr<metrics::RateLimitedLog> log_ = std::make_shared<metrics::RateLimitedLog>();
-  caf::actor directory_;
-  caf::actor reservation_;
-  caf::actor lifecycle_;
+  directory_actor directory_;
+  reservation_actor reservation_;
+  lifecycle_actor lifecycle_;
   ingress_actor ingress_;
 };
 
@@ -254,6 +254,13 @@ TEST_F(RouterActorsTest, UnknownPartitionGetsAnExplicitNoWorkersDecision) {
   ASSERT_TRUE(decision.has_error());
   EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_NO_WORKERS);
   EXPECT_EQ(decision.request_id(), "r1");
+}
+
+// Route mode counts an error under the code's short name, as generate mode and the ingresses do.
+TEST_F(RouterActorsTest, RouteModeCountsAnErrorUnderItsShortCode) {
+  ASSERT_TRUE(route(request("r1", "other-model")).has_error());
+  EXPECT_EQ(metrics_->value("kvr_route_errors_total", {{"code", "no_workers"}}), 1);
+  EXPECT_EQ(metrics_->total("kvr_route_errors_total"), 1);
 }
 
 TEST_F(RouterActorsTest, RouteBooksAndCompletionReleasesExactlyOnce) {
@@ -545,8 +552,8 @@ TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
   SelectorActorConfig selector = selector_config(metrics_);
   selector.affinity.ttl = std::chrono::seconds(60);
   selector.affinity.mode = SessionAffinityMode::hard;
-  auto directory = system_.spawn(directory_actor, DirectoryActorConfig{selector, {}});
-  auto reservation = system_.spawn(reservation_actor, reservation_config(directory, metrics_));
+  auto directory = system_.spawn(directory_behavior, DirectoryActorConfig{selector, {}});
+  auto reservation = system_.spawn(reservation_behavior, reservation_config(directory, metrics_));
   for (WorkerId id : {21, 22, 23}) {
     auto worker = registration(id);
     worker.model = "sessions";
@@ -595,13 +602,13 @@ TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
   for (const auto& lease : open_leases) {
     EXPECT_TRUE(report_on(lease, LifecycleEventKind::Completed));
   }
-  for (const caf::actor& actor : {directory, reservation}) {
-    caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
-  }
+  caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(reservation, caf::exit_reason::user_shutdown);
 }
 
 // A selector that never answers: it counts the route requests and booking updates it is handed
-// and leaves each unanswered.
+// and leaves each unanswered. Dynamically typed (it answers only part of the directory's
+// interface); the reservation actor gets it as its directory through an unchecked actor_cast.
 caf::behavior silent_selector(caf::event_based_actor* self,
                               std::shared_ptr<std::atomic<int>> received) {
   return {
@@ -613,7 +620,7 @@ caf::behavior silent_selector(caf::event_based_actor* self,
         ++*received;
         (void)self->make_response_promise();
       },
-      [](selectors_atom, const caf::actor&) {},
+      [](selectors_atom, const selector_subscriber_actor&) {},
   };
 }
 
@@ -627,12 +634,12 @@ TEST_F(RouterActorsTest, RequestsReleaseExpiredBookingsAFewAtATimeBetweenTicks) 
   selector.options.lease_ttl = 300ms;
   selector.tick_interval = 1h;
   selector.clock = clock;
-  auto directory = system_.spawn(directory_actor, DirectoryActorConfig{selector, {}});
+  auto directory = system_.spawn(directory_behavior, DirectoryActorConfig{selector, {}});
   ReservationActorConfig config = reservation_config(directory, metrics);
   config.lease_ttl = 300ms;
   config.tick_interval = 1h;
   config.clock = clock;
-  auto reservation = system_.spawn(reservation_actor, config);
+  auto reservation = system_.spawn(reservation_behavior, config);
   for (WorkerId id : {11, 12}) caf::anon_send(directory, worker_up_atom::value, registration(id));
   const metrics::Labels partition{{"partition", "m/default"}};
   ASSERT_TRUE(
@@ -652,20 +659,20 @@ TEST_F(RouterActorsTest, RequestsReleaseExpiredBookingsAFewAtATimeBetweenTicks) 
   ASSERT_TRUE(route_on("later"));
   EXPECT_EQ(metrics->value("kvr_bookings_open", partition), 2);
   EXPECT_EQ(metrics->value("kvr_leases_expired_total"), 6);
-  for (const caf::actor& actor : {reservation, directory}) {
-    caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
-  }
+  caf::anon_send_exit(reservation, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
 }
 
 TEST_F(RouterActorsTest, ARequestItsSelectorLeavesUnansweredFailsWithATimeoutOnTheTick) {
   auto received = std::make_shared<std::atomic<int>>(0);
   auto silent = system_.spawn(silent_selector, received);
   auto clock = std::make_shared<ManualClock>();
-  ReservationActorConfig config = reservation_config(silent, metrics_);
+  ReservationActorConfig config =
+      reservation_config(caf::actor_cast<directory_actor>(silent), metrics_);
   config.selector_timeout = 100ms;
   config.tick_interval = 1h;  // the test sends the ticks
   config.clock = clock;
-  auto reservation = system_.spawn(reservation_actor, config);
+  auto reservation = system_.spawn(reservation_behavior, config);
   caf::scoped_actor self{system_};
   // A report the reservation answers at once: when its ack arrives, every message sent before
   // it (a tick) has been handled.
@@ -706,9 +713,8 @@ TEST_F(RouterActorsTest, ARequestItsSelectorLeavesUnansweredFailsWithATimeoutOnT
       .receive([&](LifecycleAckMessage& message) { ack = std::move(message.value); },
                [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
   EXPECT_FALSE(ack.accepted());  // no such lease: refused at once, without the selector
-  for (const caf::actor& actor : {reservation, silent}) {
-    caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
-  }
+  caf::anon_send_exit(reservation, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(silent, caf::exit_reason::user_shutdown);
 }
 
 TEST_F(RouterActorsTest, NoFirstChunkInTimeCountsAsAFailureRetriedOnceThenAnError) {
@@ -720,7 +726,7 @@ TEST_F(RouterActorsTest, NoFirstChunkInTimeCountsAsAFailureRetriedOnceThenAnErro
   config.log = log_;
   config.stream_inbox_prefix = "fast.streams";
   config.first_token_timeout = 50ms;
-  auto impatient = system_.spawn(lifecycle_actor, config);
+  auto impatient = system_.spawn(lifecycle_behavior, config);
   GenerateRequestData generate;
   generate.route = request("g3");
   generate.stream_subject = "impatient.stream";

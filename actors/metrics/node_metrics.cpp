@@ -1,0 +1,188 @@
+#include "actors/metrics/node_metrics.hpp"
+
+#include <array>
+#include <string>
+#include <vector>
+
+namespace kvr::actors::metrics {
+namespace {
+
+using N = NodeMetrics;
+
+// Selection takes microseconds, a route through the node tens of them.
+constexpr auto kLatencyBuckets = std::to_array<double>(
+    {0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1});
+
+constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
+    {N::kRouteRequests,
+     MetricType::Counter,
+     "Route requests received, by ingress (nats, actor).",
+     {}},
+    {N::kRouteDecisions,
+     MetricType::Counter,
+     "Successful route decisions delivered, by chosen worker.",
+     {}},
+    {N::kRouteErrors,
+     MetricType::Counter,
+     "Route requests answered with an error, by error code.",
+     {}},
+    {N::kSelectionLatency, MetricType::Histogram,
+     "Time a selector spends selecting and booking one request.", kLatencyBuckets},
+    {N::kRouteLatency, MetricType::Histogram,
+     "Time from receiving a route request to answering it.", kLatencyBuckets},
+    {N::kBookingsOpen, MetricType::Gauge, "Bookings held in predicted load, by partition.", {}},
+    {N::kLeasesOpen, MetricType::Gauge, "Leases in the reservation ledger.", {}},
+    {N::kLeasesExpired, MetricType::Counter, "Leases ended by expiry (never reported).", {}},
+    {N::kBookingsRolledBack,
+     MetricType::Counter,
+     "Bookings released because their decision could not be delivered.",
+     {}},
+    {N::kLifecycleReports,
+     MetricType::Counter,
+     "Lifecycle reports, by event and whether a lease accepted them.",
+     {}},
+    {N::kBadMessages,
+     MetricType::Counter,
+     "Network messages dropped as malformed or absurd, by subscribed subject.",
+     {}},
+    {N::kWorkerMessagesRefused,
+     MetricType::Counter,
+     "Decoded worker messages a partition refused, by partition and kind.",
+     {}},
+    {N::kIndexBlocks, MetricType::Gauge, "Distinct blocks in the partition's KV index.", {}},
+    {N::kWorkers, MetricType::Gauge, "Registered workers, by partition.", {}},
+    {N::kWorkersExpired,
+     MetricType::Counter,
+     "Workers removed because their heartbeats stopped.",
+     {}},
+    {N::kKvEventGaps, MetricType::Counter, "KV event batches that skipped event ids.", {}},
+    {N::kKvDumpRequests, MetricType::Counter, "KV dumps asked of workers after event-id gaps.", {}},
+    {N::kDiscoveryRequests, MetricType::Counter, "Requests to every worker to register again.", {}},
+    {N::kNatsReconnects, MetricType::Counter, "Successful NATS reconnects.", {}},
+    {N::kNatsConnected, MetricType::Gauge, "1 while connected to NATS.", {}},
+    {N::kGenerateRequests, MetricType::Counter, "Generate requests received, by ingress.", {}},
+    {N::kGenerateOutcomes,
+     MetricType::Counter,
+     "Generate requests ended, by outcome (completed, error, cancelled).",
+     {}},
+    {N::kGenerateRetries,
+     MetricType::Counter,
+     "Generate requests retried on another worker after a failure before the first token.",
+     {}},
+    {N::kGenerateFirstTokenTimeouts,
+     MetricType::Counter,
+     "Generate attempts that produced no first chunk in time.",
+     {}},
+    {N::kGenerateStaleChunks,
+     MetricType::Counter,
+     "Worker chunks for requests that ended or moved to another worker.",
+     {}},
+    {N::kGenerateInFlight, MetricType::Gauge, "Generate requests being served by this node.", {}},
+    {N::kSessionBindings, MetricType::Gauge, "Session-affinity bindings, by partition.", {}},
+    {N::kSessionRebinds,
+     MetricType::Counter,
+     "Soft session bindings moved to another worker, by partition.",
+     {}},
+});
+
+Labels one_label(std::string_view label, std::string_view value) {
+  if (label.empty()) return {};
+  return {{std::string{label}, std::string{value}}};
+}
+
+}  // namespace
+
+std::span<const NodeMetricFamily> NodeMetrics::families() { return kFamilies; }
+
+void NodeMetrics::describe(MetricsRegistry& registry) {
+  for (const NodeMetricFamily& family : kFamilies) {
+    registry.describe(std::string{family.name}, family.type, std::string{family.help},
+                      std::vector<double>(family.buckets.begin(), family.buckets.end()));
+  }
+  NodeMetrics metrics{registry};
+  metrics.leases_open().set(0);
+  metrics.nats_reconnects().add(0);
+}
+
+ValueHandle NodeMetrics::counter(std::string_view name, std::string_view label,
+                                 std::string_view value) const {
+  return registry_->counter(name, one_label(label, value));
+}
+
+ValueHandle NodeMetrics::gauge(std::string_view name, std::string_view label,
+                               std::string_view value) const {
+  return registry_->gauge(name, one_label(label, value));
+}
+
+ValueHandle NodeMetrics::route_requests(std::string_view ingress) const {
+  return counter(kRouteRequests, "ingress", ingress);
+}
+ValueHandle NodeMetrics::route_decisions(WorkerId worker) const {
+  return counter(kRouteDecisions, "worker", std::to_string(worker));
+}
+ValueHandle NodeMetrics::route_errors(Error code) const {
+  return counter(kRouteErrors, "code", as_str(code));
+}
+HistogramHandle NodeMetrics::route_latency() const { return registry_->histogram(kRouteLatency); }
+ValueHandle NodeMetrics::leases_open() const { return gauge(kLeasesOpen); }
+ValueHandle NodeMetrics::leases_expired() const { return counter(kLeasesExpired); }
+ValueHandle NodeMetrics::bookings_rolled_back() const { return counter(kBookingsRolledBack); }
+ValueHandle NodeMetrics::lifecycle_reports(std::string_view event, bool accepted) const {
+  return registry_->counter(kLifecycleReports, {{"event", std::string{event}},
+                                                {"accepted", accepted ? "true" : "false"}});
+}
+
+HistogramHandle NodeMetrics::selection_latency() const {
+  return registry_->histogram(kSelectionLatency);
+}
+ValueHandle NodeMetrics::bookings_open(std::string_view partition) const {
+  return gauge(kBookingsOpen, "partition", partition);
+}
+ValueHandle NodeMetrics::workers(std::string_view partition) const {
+  return gauge(kWorkers, "partition", partition);
+}
+ValueHandle NodeMetrics::workers_expired(std::string_view partition) const {
+  return counter(kWorkersExpired, "partition", partition);
+}
+ValueHandle NodeMetrics::worker_messages_refused(std::string_view partition,
+                                                 std::string_view kind) const {
+  return registry_->counter(kWorkerMessagesRefused,
+                            {{"partition", std::string{partition}}, {"kind", std::string{kind}}});
+}
+ValueHandle NodeMetrics::index_blocks(std::string_view partition) const {
+  return gauge(kIndexBlocks, "partition", partition);
+}
+ValueHandle NodeMetrics::kv_event_gaps(std::string_view partition) const {
+  return counter(kKvEventGaps, "partition", partition);
+}
+ValueHandle NodeMetrics::kv_dump_requests(std::string_view partition) const {
+  return counter(kKvDumpRequests, "partition", partition);
+}
+ValueHandle NodeMetrics::session_bindings(std::string_view partition) const {
+  return gauge(kSessionBindings, "partition", partition);
+}
+ValueHandle NodeMetrics::session_rebinds(std::string_view partition) const {
+  return counter(kSessionRebinds, "partition", partition);
+}
+
+ValueHandle NodeMetrics::discovery_requests() const { return counter(kDiscoveryRequests); }
+ValueHandle NodeMetrics::bad_messages(std::string_view subject) const {
+  return counter(kBadMessages, "subject", subject);
+}
+ValueHandle NodeMetrics::nats_reconnects() const { return counter(kNatsReconnects); }
+ValueHandle NodeMetrics::nats_connected() const { return gauge(kNatsConnected); }
+
+ValueHandle NodeMetrics::generate_requests(std::string_view ingress) const {
+  return counter(kGenerateRequests, "ingress", ingress);
+}
+ValueHandle NodeMetrics::generate_outcomes(std::string_view outcome) const {
+  return counter(kGenerateOutcomes, "outcome", outcome);
+}
+ValueHandle NodeMetrics::generate_retries() const { return counter(kGenerateRetries); }
+ValueHandle NodeMetrics::generate_first_token_timeouts() const {
+  return counter(kGenerateFirstTokenTimeouts);
+}
+ValueHandle NodeMetrics::generate_stale_chunks() const { return counter(kGenerateStaleChunks); }
+ValueHandle NodeMetrics::generate_in_flight() const { return gauge(kGenerateInFlight); }
+
+}  // namespace kvr::actors::metrics

@@ -1,0 +1,127 @@
+// The router node's metrics in one place: every family's name, type and help text, and the series
+// the node's parts (its actors, the NATS bridge) write, resolved from a MetricsRegistry. Plain
+// C++, no CAF. Tests, the docs and dashboards read these names: they never change.
+#pragma once
+
+#include <span>
+#include <string_view>
+
+#include "actors/metrics/metrics_registry.hpp"
+#include "messages/error.hpp"
+#include "messages/ids.hpp"
+
+namespace kvr::actors::metrics {
+
+/// One metric family of a node, as /metrics declares it.
+struct NodeMetricFamily {
+  std::string_view name;
+  MetricType type = MetricType::Counter;
+  std::string_view help;
+  /// Ascending upper bounds; histograms only.
+  std::span<const double> buckets;
+};
+
+/// A node's metric families and its series, resolved from a registry. A view: cheap to copy,
+/// valid while the registry lives. Each accessor finds (or creates) its series under the
+/// registry's lock: a hot path resolves its series once and keeps the handle; a rare event
+/// resolves it when it happens, so that a series shows once it has happened at least once.
+class NodeMetrics {
+ public:
+  // ---- family names ----------------------------------------------------------------------------
+  // Route mode.
+  static constexpr std::string_view kRouteRequests = "kvr_route_requests_total";
+  static constexpr std::string_view kRouteDecisions = "kvr_route_decisions_total";
+  static constexpr std::string_view kRouteErrors = "kvr_route_errors_total";
+  static constexpr std::string_view kRouteLatency = "kvr_route_latency_seconds";
+  static constexpr std::string_view kLeasesOpen = "kvr_leases_open";
+  static constexpr std::string_view kLeasesExpired = "kvr_leases_expired_total";
+  static constexpr std::string_view kBookingsRolledBack = "kvr_bookings_rolled_back_total";
+  static constexpr std::string_view kLifecycleReports = "kvr_lifecycle_reports_total";
+  // Partitions (the selectors).
+  static constexpr std::string_view kSelectionLatency = "kvr_selection_latency_seconds";
+  static constexpr std::string_view kBookingsOpen = "kvr_bookings_open";
+  static constexpr std::string_view kWorkers = "kvr_workers";
+  static constexpr std::string_view kWorkersExpired = "kvr_workers_expired_total";
+  static constexpr std::string_view kWorkerMessagesRefused = "kvr_worker_messages_refused_total";
+  static constexpr std::string_view kIndexBlocks = "kvr_index_blocks";
+  static constexpr std::string_view kKvEventGaps = "kvr_kv_event_gaps_total";
+  static constexpr std::string_view kKvDumpRequests = "kvr_kv_dump_requests_total";
+  static constexpr std::string_view kSessionBindings = "kvr_session_bindings";
+  static constexpr std::string_view kSessionRebinds = "kvr_session_rebinds_total";
+  // Discovery and NATS.
+  static constexpr std::string_view kDiscoveryRequests = "kvr_discovery_requests_total";
+  static constexpr std::string_view kBadMessages = "kvr_bad_messages_total";
+  static constexpr std::string_view kNatsReconnects = "kvr_nats_reconnects_total";
+  static constexpr std::string_view kNatsConnected = "kvr_nats_connected";
+  // Generate mode.
+  static constexpr std::string_view kGenerateRequests = "kvr_generate_requests_total";
+  static constexpr std::string_view kGenerateOutcomes = "kvr_generate_outcomes_total";
+  static constexpr std::string_view kGenerateRetries = "kvr_generate_retries_total";
+  static constexpr std::string_view kGenerateFirstTokenTimeouts =
+      "kvr_generate_first_token_timeouts_total";
+  static constexpr std::string_view kGenerateStaleChunks = "kvr_generate_stale_chunks_total";
+  static constexpr std::string_view kGenerateInFlight = "kvr_generate_in_flight";
+
+  /// Every family of a node, in the order /metrics help was written.
+  static std::span<const NodeMetricFamily> families();
+
+  /// Declares every family in `registry` (help text, type, histogram buckets) and the series that
+  /// show from the start (kvr_leases_open and kvr_nats_reconnects_total at 0).
+  static void describe(MetricsRegistry& registry);
+
+  explicit NodeMetrics(MetricsRegistry& registry) : registry_(&registry) {}
+
+  // ---- route mode ------------------------------------------------------------------------------
+  /// Route requests received, by ingress ("nats", "actor").
+  ValueHandle route_requests(std::string_view ingress) const;
+  /// Successful decisions delivered, by chosen worker.
+  ValueHandle route_decisions(WorkerId worker) const;
+  /// Requests answered with an error, labelled with the error's as_str() ("no_workers").
+  ValueHandle route_errors(Error code) const;
+  HistogramHandle route_latency() const;
+  ValueHandle leases_open() const;
+  ValueHandle leases_expired() const;
+  ValueHandle bookings_rolled_back() const;
+  /// Lifecycle reports by event ("first_token", ...) and whether a lease accepted them.
+  ValueHandle lifecycle_reports(std::string_view event, bool accepted) const;
+
+  // ---- partitions (label `partition`: "model/routing group") ------------------------------------
+  HistogramHandle selection_latency() const;
+  ValueHandle bookings_open(std::string_view partition) const;
+  ValueHandle workers(std::string_view partition) const;
+  ValueHandle workers_expired(std::string_view partition) const;
+  /// Worker messages a partition refused, by kind ("registration", "heartbeat", ...).
+  ValueHandle worker_messages_refused(std::string_view partition, std::string_view kind) const;
+  ValueHandle index_blocks(std::string_view partition) const;
+  ValueHandle kv_event_gaps(std::string_view partition) const;
+  ValueHandle kv_dump_requests(std::string_view partition) const;
+  ValueHandle session_bindings(std::string_view partition) const;
+  ValueHandle session_rebinds(std::string_view partition) const;
+
+  // ---- discovery and NATS ----------------------------------------------------------------------
+  ValueHandle discovery_requests() const;
+  /// Network messages dropped, by subscribed subject.
+  ValueHandle bad_messages(std::string_view subject) const;
+  ValueHandle nats_reconnects() const;
+  ValueHandle nats_connected() const;
+
+  // ---- generate mode ---------------------------------------------------------------------------
+  /// Generate requests received, by ingress ("nats", "actor").
+  ValueHandle generate_requests(std::string_view ingress) const;
+  /// Generate requests ended, by outcome ("completed", "error", "cancelled").
+  ValueHandle generate_outcomes(std::string_view outcome) const;
+  ValueHandle generate_retries() const;
+  ValueHandle generate_first_token_timeouts() const;
+  ValueHandle generate_stale_chunks() const;
+  ValueHandle generate_in_flight() const;
+
+ private:
+  ValueHandle counter(std::string_view name, std::string_view label = {},
+                      std::string_view value = {}) const;
+  ValueHandle gauge(std::string_view name, std::string_view label = {},
+                    std::string_view value = {}) const;
+
+  MetricsRegistry* registry_;
+};
+
+}  // namespace kvr::actors::metrics
