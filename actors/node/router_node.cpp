@@ -197,13 +197,11 @@ struct RouterNode::Impl {
   }
 
   void spawn_ingress() {
-    ingress = system->spawn(
-        ingress_behavior,
-        IngressActorConfig{.reservation = reservation,
-                           .lifecycle = lifecycle,
-                           .limits = {},
-                           .metrics = registry,
-                           .clock = options.clock});
+    ingress = system->spawn(ingress_behavior, IngressActorConfig{.reservation = reservation,
+                                                                 .lifecycle = lifecycle,
+                                                                 .limits = {},
+                                                                 .metrics = registry,
+                                                                 .clock = options.clock});
   }
 
   // Publishes the ingress actor through CAF's middleman, when asked (--actor-port).
