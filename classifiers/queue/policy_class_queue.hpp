@@ -12,14 +12,27 @@
 //      order; a class starting its turn adds its quantum to its deficit and is served while its
 //      deficit covers its candidate's cost (max(1, scheduling_cost_tokens)), paying that cost
 //      each time. A class that empties loses its deficit and its turn; a class without a
-//      candidate is passed over, keeping its deficit but gaining none. With every class
-//      backlogged, each class's share of the served tokens is its quantum's share of the quanta.
+//      candidate of that priority is passed over, keeping its deficit but gaining none. With
+//      every class backlogged, each class's share of the served tokens is its quantum's share of
+//      the quanta (quanta 512:128 and equal costs: 4 requests to 1).
 //   4. Within a class (and lane) the order is: priority (higher first), due time (earliest first;
 //      requests with a due time before those without), then the class order: fcfs by arrival, or
-//      wspt by scheduling_cost_tokens ascending with ties by arrival.
+//      wspt by scheduling_cost_tokens ascending with ties by arrival. Due times and the class
+//      order rank requests within their class only; across classes, steps 2 and 3 decide (a
+//      classifier that needs to overtake other classes raises the priority). Under sustained load
+//      wspt can keep an expensive request waiting indefinitely; a due time bounds its wait.
+// Cost: enqueue and removal are O(log n) in the requests of their lane; next_dispatchable checks
+// the head of every non-empty lane, so it is linear in the classes and in the pinned workers that
+// have requests waiting.
 // Due times order dispatch but never dispatch by themselves: the owner calls expire(now) before it
 // drains, and schedules a wake-up at earliest_due() to reject the requests that could not be served
 // in time (`due_time_expired`).
+//
+// The selector's use: a request goes to selection at once unless its class must queue
+// (should_queue over its eligible workers) or the queue is not empty; then it is enqueued
+// (queue_full and unknown classes answer the request) and the queue drained. Whenever capacity
+// frees (first token, completion, a new worker) and at earliest_due(), the selector calls
+// expire(now), rejects what it returns, and drains in the same turn. A cancel calls remove().
 #pragma once
 
 #include <chrono>
