@@ -73,27 +73,6 @@ std::expected<void, QueueError> PolicyClassQueue::enqueue(QueuedRequest request,
   const std::uint32_t class_index = found->second;
   ClassState& state = classes_[class_index];
   const PolicyClassConfig& config = state.config;
-  if (const auto& limit = config.request_queue_limit_per_worker) {
-    const std::uint64_t allowed = saturating_multiply(*limit, eligible_workers);
-    if (state.requests + 1 > allowed) {
-      return std::unexpected(QueueError{
-          QueueError::Kind::QueueFull,
-          fmt::format("policy class '{}' is full: {} requests queued, limit {} ({} per worker, {} "
-                      "eligible workers)",
-                      config.name, state.requests, allowed, *limit, eligible_workers)});
-    }
-  }
-  if (const auto& limit = config.uncached_token_queue_limit_per_worker) {
-    const std::uint64_t allowed = saturating_multiply(*limit, eligible_workers);
-    if (saturating_add(state.uncached_tokens, request.uncached_tokens) > allowed) {
-      return std::unexpected(QueueError{
-          QueueError::Kind::QueueFull,
-          fmt::format("policy class '{}' is full: {} uncached tokens queued, {} more would exceed "
-                      "the limit {} ({} per worker, {} eligible workers)",
-                      config.name, state.uncached_tokens, request.uncached_tokens, allowed, *limit,
-                      eligible_workers)});
-    }
-  }
 
   std::string id = request.request_id;
   auto [entry, inserted] = entries_.try_emplace(std::move(id));
@@ -101,6 +80,34 @@ std::expected<void, QueueError> PolicyClassQueue::enqueue(QueuedRequest request,
     return std::unexpected(
         QueueError{QueueError::Kind::DuplicateRequest,
                    fmt::format("request '{}' is already queued", request.request_id)});
+  }
+  // Checked once the id is known to be new, so that a duplicate is reported as one; the entry is
+  // taken back out when a limit refuses the request.
+  std::optional<QueueError> refusal;
+  if (const auto& limit = config.request_queue_limit_per_worker) {
+    const std::uint64_t allowed = saturating_multiply(*limit, eligible_workers);
+    if (state.requests + 1 > allowed) {
+      refusal.emplace(
+          QueueError::Kind::QueueFull,
+          fmt::format("policy class '{}' is full: {} requests queued, limit {} ({} per worker, {} "
+                      "eligible workers)",
+                      config.name, state.requests, allowed, *limit, eligible_workers));
+    }
+  }
+  if (const auto& limit = config.uncached_token_queue_limit_per_worker; limit && !refusal) {
+    const std::uint64_t allowed = saturating_multiply(*limit, eligible_workers);
+    if (saturating_add(state.uncached_tokens, request.uncached_tokens) > allowed) {
+      refusal.emplace(
+          QueueError::Kind::QueueFull,
+          fmt::format("policy class '{}' is full: {} uncached tokens queued, {} more would exceed "
+                      "the limit {} ({} per worker, {} eligible workers)",
+                      config.name, state.uncached_tokens, request.uncached_tokens, allowed, *limit,
+                      eligible_workers));
+    }
+  }
+  if (refusal) {
+    entries_.erase(entry);
+    return std::unexpected(std::move(*refusal));
   }
   Stored& stored = entry->second;
   request.arrival_sequence = next_sequence_++;
@@ -167,7 +174,8 @@ std::uint32_t PolicyClassQueue::pick_class(std::uint32_t priority) {
         if (!competes(index)) continue;
         const ClassState& state = classes_[index];
         const std::uint64_t missing = cost(index) - state.deficit;
-        rounds = std::min(rounds, (missing + state.config.quantum - 1) / state.config.quantum);
+        const std::uint64_t quantum = state.config.quantum;
+        rounds = std::min(rounds, missing / quantum + (missing % quantum != 0 ? 1 : 0));
       }
       for (std::uint32_t index = 0; index < class_count; ++index) {
         if (!competes(index)) continue;

@@ -332,6 +332,45 @@ TEST(PolicyClassQueueTest, RefusesAnUnknownClassAndADuplicateId) {
   EXPECT_EQ(queue.size(), 1U);
 }
 
+TEST(PolicyClassQueueTest, ADuplicateIdIsReportedAsSuchEvenWhenTheClassIsFull) {
+  PolicyClassConfig limited = policy_class("default");
+  limited.request_queue_limit_per_worker = 1;
+  PolicyClassQueue queue{{limited}};
+  ASSERT_TRUE(queue.enqueue(request("r1"), 1).has_value());
+  auto duplicate = queue.enqueue(request("r1"), 1);
+  ASSERT_FALSE(duplicate.has_value());
+  EXPECT_EQ(duplicate.error().kind(), QueueError::Kind::DuplicateRequest);
+  auto full = queue.enqueue(request("r2"), 1);
+  ASSERT_FALSE(full.has_value());
+  EXPECT_EQ(full.error().kind(), QueueError::Kind::QueueFull);
+  EXPECT_THAT(drain_ids(queue), ElementsAre("r1"));
+}
+
+TEST(PolicyClassQueueTest, DispatchMayEnqueueDuringDrain) {
+  PolicyClassQueue queue{{policy_class("default")}};
+  enqueue_all(queue, {request("r1"), request("r2")});
+  std::vector<std::string> dispatched;
+  queue.drain(kAlways, [&](QueuedRequest&& queued) {
+    dispatched.push_back(queued.request_id);
+    if (queued.request_id == "r1") {
+      EXPECT_TRUE(queue.enqueue(request("r3"), 1).has_value());
+    }
+  });
+  EXPECT_THAT(dispatched, ElementsAre("r1", "r2", "r3"));
+}
+
+TEST(PolicyClassQueueTest, AMovedQueueKeepsItsRequests) {
+  PolicyClassQueue original{{policy_class("default")}};
+  QueuedRequest due = request("r2");
+  due.due_at = QueueTimePoint{} + 1s;
+  enqueue_all(original, {request("r1"), std::move(due), pinned("r3", {1, 0})});
+  PolicyClassQueue moved{std::move(original)};
+  EXPECT_EQ(moved.size(), 3U);
+  EXPECT_TRUE(moved.remove("r3").has_value());
+  EXPECT_EQ(moved.expire(QueueTimePoint{} + 1s).size(), 1U);
+  EXPECT_THAT(drain_ids(moved), ElementsAre("r1"));
+}
+
 TEST(PolicyClassQueueTest, RemoveTakesOutOneRequestAndKeepsTheOrder) {
   PolicyClassQueue queue{{policy_class("default")}};
   QueuedRequest due = request("r2");
