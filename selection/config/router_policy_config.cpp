@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include "classifiers/plugin_parameters.hpp"
 #include "classifiers/yaml_description.hpp"
 #include "selection/plugin_registry.hpp"
 
@@ -17,12 +18,21 @@ namespace kvr::selection {
 namespace {
 
 using classifiers::describe_yaml;
+using classifiers::PolicyClassConfig;
 
-constexpr std::string_view kTopLevelKeys[] = {"worker_selection", "request_classifier"};
+constexpr std::string_view kTopLevelKeys[] = {"worker_selection", "request_classifier",
+                                              "policy_classes"};
 constexpr std::string_view kWorkerSelectionKeys[] = {"aggregated", "prefill", "decode", "encode",
                                                      "instances"};
 constexpr std::string_view kInstanceKeys[] = {"name", "type", "parameters"};
 constexpr std::string_view kRequestClassifierKeys[] = {"type", "parameters"};
+constexpr std::string_view kPolicyClassKeys[] = {"name",
+                                                 "quantum",
+                                                 "order",
+                                                 "prefill_busy_threshold",
+                                                 "prefill_busy_threshold_frac",
+                                                 "request_queue_limit_per_worker",
+                                                 "uncached_token_queue_limit_per_worker"};
 
 std::string join(std::span<const std::string_view> names) {
   std::string joined;
@@ -58,8 +68,9 @@ class Parser {
     auto entries = mapping_entries(root, "", kTopLevelKeys);
     if (!entries) return std::unexpected(std::move(entries.error()));
     for (const MappingEntry& entry : *entries) {
-      auto parsed = entry.key == "worker_selection" ? parse_worker_selection(entry.value)
-                                                    : parse_request_classifier(entry.value);
+      auto parsed = entry.key == "worker_selection"     ? parse_worker_selection(entry.value)
+                    : entry.key == "request_classifier" ? parse_request_classifier(entry.value)
+                                                        : parse_policy_classes(entry.value);
       if (!parsed) return parsed;
     }
     return {};
@@ -242,10 +253,118 @@ class Parser {
     return {};
   }
 
+  // A number read with the plugin parameters' strict conversions (no quoted numbers, no octal,
+  // no fraction for an integer); the message already names the key path.
+  template <class T>
+  std::expected<T, std::string> number_value(const classifiers::ParameterSource& item,
+                                             const MappingEntry& entry) const {
+    auto value = classifiers::read_parameter<T>(item, entry.key);
+    if (!value) return fail(entry.value, "", value.error());
+    return **value;  // present: mapping_entries found the key
+  }
+
+  std::expected<void, std::string> parse_policy_classes(const YAML::Node& node) {
+    constexpr std::string_view path = "policy_classes";
+    if (node.IsNull()) return {};
+    if (!node.IsSequence()) {
+      return fail(node, path,
+                  fmt::format("expected a list of policy classes, got {}", describe_yaml(node)));
+    }
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      const YAML::Node item = node[i];
+      const std::string item_path = fmt::format("{}[{}]", path, i);
+      if (!item.IsMap()) {
+        return fail(item, item_path,
+                    fmt::format("expected a mapping with the keys {}, got {}",
+                                join(kPolicyClassKeys), describe_yaml(item)));
+      }
+      auto entries = mapping_entries(item, item_path, kPolicyClassKeys);
+      if (!entries) return std::unexpected(std::move(entries.error()));
+      auto source = ParameterSource::from_yaml(item, item_path);
+      if (!source) return fail(item, item_path, source.error());
+
+      PolicyClassConfig policy_class;
+      bool has_name = false;
+      for (const MappingEntry& entry : *entries) {
+        const std::string entry_path = child_path(item_path, entry.key);
+        if (entry.key == "name") {
+          auto name = name_value(entry.value, entry_path, "a policy class name");
+          if (!name) return std::unexpected(std::move(name.error()));
+          policy_class.name = std::move(*name);
+          has_name = true;
+        } else if (entry.key == "order") {
+          auto order = name_value(entry.value, entry_path, "a queue order: fcfs or wspt");
+          if (!order) return std::unexpected(std::move(order.error()));
+          const auto parsed = classifiers::parse_queue_order(*order);
+          if (!parsed) {
+            return fail(entry.value, entry_path,
+                        fmt::format("expected fcfs or wspt, got {}", describe_yaml(entry.value)));
+          }
+          policy_class.order = *parsed;
+        } else if (entry.key == "prefill_busy_threshold_frac") {
+          auto frac = number_value<double>(**source, entry);
+          if (!frac) return std::unexpected(std::move(frac.error()));
+          policy_class.prefill_busy_threshold_frac = *frac;
+        } else {
+          auto tokens = number_value<std::uint64_t>(**source, entry);
+          if (!tokens) return std::unexpected(std::move(tokens.error()));
+          if (entry.key == "quantum") {
+            policy_class.quantum = *tokens;
+          } else if (entry.key == "prefill_busy_threshold") {
+            policy_class.prefill_busy_threshold = *tokens;
+          } else if (entry.key == "request_queue_limit_per_worker") {
+            policy_class.request_queue_limit_per_worker = *tokens;
+          } else {
+            policy_class.uncached_token_queue_limit_per_worker = *tokens;
+          }
+        }
+      }
+      if (!has_name) return fail(item, item_path, "missing key 'name'");
+      if (auto valid = classifiers::validate_policy_class(policy_class); !valid) {
+        const auto entry = std::ranges::find(*entries, valid.error().key, &MappingEntry::key);
+        const YAML::Node& where = entry == entries->end() ? item : entry->value;
+        return fail(where, child_path(item_path, valid.error().key), valid.error().message);
+      }
+      const auto previous =
+          std::ranges::find(config_.policy_classes, policy_class.name, &PolicyClassConfig::name);
+      if (previous != config_.policy_classes.end()) {
+        return fail(item, child_path(item_path, "name"),
+                    fmt::format("duplicate policy class name '{}' (also {}[{}])", policy_class.name,
+                                path, previous - config_.policy_classes.begin()));
+      }
+      config_.policy_classes.push_back(std::move(policy_class));
+    }
+    return {};
+  }
+
   RouterPolicyConfig& config_;
 };
 
 }  // namespace
+
+bool RouterPolicyConfig::has_policy_class(std::string_view name) const {
+  return name == classifiers::kDefaultPolicyClass ||
+         std::ranges::find(policy_classes, name, &PolicyClassConfig::name) != policy_classes.end();
+}
+
+std::expected<void, std::string> RouterPolicyConfig::check_policy_class(
+    std::string_view name, std::string_view where) const {
+  if (has_policy_class(name)) return {};
+  std::string known;
+  for (const PolicyClassConfig& policy_class : policy_classes) {
+    if (policy_class.name == classifiers::kDefaultPolicyClass) continue;
+    known += fmt::format("{}, ", policy_class.name);
+  }
+  known += classifiers::kDefaultPolicyClass;
+  const std::string problem =
+      policy_classes.empty() ? fmt::format(
+                                   "unknown policy class '{}'; no policy_classes are "
+                                   "configured, so the only class is {}",
+                                   name, known)
+                             : fmt::format("unknown policy class '{}'; known: {}", name, known);
+  if (where.empty()) return std::unexpected(fmt::format("{}: {}", source_name, problem));
+  return std::unexpected(fmt::format("{}: {}: {}", source_name, where, problem));
+}
 
 std::expected<RouterPolicyConfig, std::string> parse_router_policy_config(
     std::string_view yaml_text, std::string source_name) {

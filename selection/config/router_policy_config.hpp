@@ -12,6 +12,12 @@
 //   request_classifier:
 //     type: max-in-flight
 //     parameters: {max_in_flight: 32}
+//   policy_classes:                 # omitted: the single class `default`
+//     - name: interactive
+//       quantum: 2048               # uncached tokens per deficit-round-robin turn
+//       order: wspt                 # or fcfs (the default)
+//       prefill_busy_threshold_frac: 0.75
+//       request_queue_limit_per_worker: 64
 #pragma once
 
 #include <array>
@@ -24,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "classifiers/queue/policy_class_config.hpp"
 #include "messages/ids.hpp"
 #include "selection/config/parameter_source.hpp"
 
@@ -62,6 +69,10 @@ struct RouterPolicyConfig {
   /// In document order; names are unique and never "default".
   std::vector<WorkerSelectionInstanceConfig> instances;
   std::optional<RequestClassifierConfig> request_classifier;
+  /// `policy_classes`, in document order, each valid (classifiers::validate_policy_class), names
+  /// unique. Empty: the single class `default`. A class named `default` configures that class;
+  /// otherwise it is added with the node's settings (classifiers::resolve_policy_classes).
+  std::vector<classifiers::PolicyClassConfig> policy_classes;
   /// The file path (or the name given to parse_router_policy_config), used in messages.
   std::string source_name;
 
@@ -71,12 +82,21 @@ struct RouterPolicyConfig {
   SelectionSource source_for(WorkerType type) const {
     return worker_selection_sources[static_cast<std::size_t>(type)];
   }
+
+  /// True when a request may be put in the class `name`: "default" or a configured class.
+  bool has_policy_class(std::string_view name) const;
+  /// For startup checks of what a classifier may set: fails, naming `where` (e.g. the classifier's
+  /// parameter path) and the known classes, when has_policy_class(name) is false.
+  std::expected<void, std::string> check_policy_class(std::string_view name,
+                                                      std::string_view where) const;
 };
 
 /// Parses router-policy YAML. Fails, naming `source_name`, the line and the key path, on bad
-/// syntax, an unknown key at any level (listing the allowed keys), a duplicate key or instance
-/// name, a missing or empty name or type, the reserved name "default" as an instance name or
-/// type, and values of the wrong kind. An empty document is an empty configuration.
+/// syntax, an unknown key at any level (listing the allowed keys), a duplicate key, instance name
+/// or policy class name, a missing or empty name or type, the reserved name "default" as an
+/// instance name or type, values of the wrong kind, and policy-class settings out of range (an
+/// order other than fcfs or wspt, a zero quantum or limit, a fraction outside (0, 1]). An empty
+/// document is an empty configuration.
 std::expected<RouterPolicyConfig, std::string> parse_router_policy_config(
     std::string_view yaml_text, std::string source_name);
 

@@ -84,7 +84,7 @@ TEST(RouterPolicyConfigTest, AnEmptyDocumentIsAnEmptyConfiguration) {
 TEST(RouterPolicyConfigTest, RejectsAnUnknownTopLevelKey) {
   EXPECT_EQ(parse_error("worker_selection: {}\nworker_selections: {}\n"),
             "router.yaml:2: worker_selections: unknown key; allowed: worker_selection, "
-            "request_classifier");
+            "request_classifier, policy_classes");
 }
 
 TEST(RouterPolicyConfigTest, RejectsAnUnknownKeyUnderWorkerSelection) {
@@ -208,7 +208,7 @@ TEST(RouterPolicyConfigTest, RejectsADuplicateParameter) {
 TEST(RouterPolicyConfigTest, RejectsATopLevelList) {
   EXPECT_EQ(parse_error("- worker_selection\n"),
             "router.yaml:1: expected a mapping with the keys worker_selection, "
-            "request_classifier, got a list");
+            "request_classifier, policy_classes, got a list");
 }
 
 TEST(RouterPolicyConfigTest, RejectsADuplicateKey) {
@@ -219,6 +219,160 @@ TEST(RouterPolicyConfigTest, RejectsADuplicateKey) {
 TEST(RouterPolicyConfigTest, RejectsSeveralDocuments) {
   EXPECT_EQ(parse_error("worker_selection: {}\n---\nworker_selection: {}\n"),
             "router.yaml: expected one YAML document, found 2");
+}
+
+constexpr std::string_view kPolicyClassesYaml = R"(policy_classes:
+  - name: interactive
+    quantum: 512
+    order: wspt
+    prefill_busy_threshold: 8192
+    prefill_busy_threshold_frac: 0.75
+    request_queue_limit_per_worker: 64
+    uncached_token_queue_limit_per_worker: 131072
+  - name: batch
+    quantum: 128
+)";
+
+TEST(RouterPolicyConfigTest, ParsesPolicyClasses) {
+  auto config = parse_router_policy_config(kPolicyClassesYaml, "router.yaml");
+  ASSERT_TRUE(config.has_value()) << config.error();
+  ASSERT_EQ(config->policy_classes.size(), 2U);
+  const classifiers::PolicyClassConfig& interactive = config->policy_classes[0];
+  EXPECT_EQ(interactive.name, "interactive");
+  EXPECT_EQ(interactive.quantum, 512U);
+  EXPECT_EQ(interactive.order, classifiers::QueueOrder::Wspt);
+  EXPECT_EQ(interactive.prefill_busy_threshold, 8192U);
+  EXPECT_EQ(interactive.prefill_busy_threshold_frac, 0.75);
+  EXPECT_EQ(interactive.request_queue_limit_per_worker, 64U);
+  EXPECT_EQ(interactive.uncached_token_queue_limit_per_worker, 131072U);
+  const classifiers::PolicyClassConfig& batch = config->policy_classes[1];
+  EXPECT_EQ(batch.name, "batch");
+  EXPECT_EQ(batch.quantum, 128U);
+  EXPECT_EQ(batch.order, classifiers::QueueOrder::Fcfs);
+  EXPECT_EQ(batch.prefill_busy_threshold, std::nullopt);
+  EXPECT_EQ(batch.prefill_busy_threshold_frac, std::nullopt);
+  EXPECT_EQ(batch.request_queue_limit_per_worker, std::nullopt);
+  EXPECT_EQ(batch.uncached_token_queue_limit_per_worker, std::nullopt);
+}
+
+TEST(RouterPolicyConfigTest, WithoutPolicyClassesOnlyTheDefaultClassIsKnown) {
+  for (std::string_view yaml : {"", "policy_classes:\n", "policy_classes: []\n"}) {
+    auto config = parse_router_policy_config(yaml, "router.yaml");
+    ASSERT_TRUE(config.has_value()) << config.error();
+    EXPECT_TRUE(config->policy_classes.empty());
+    EXPECT_TRUE(config->has_policy_class("default"));
+    EXPECT_FALSE(config->has_policy_class("interactive"));
+  }
+}
+
+TEST(RouterPolicyConfigTest, KnowsTheConfiguredPolicyClassesAndDefault) {
+  auto config = parse_router_policy_config(kPolicyClassesYaml, "router.yaml");
+  ASSERT_TRUE(config.has_value()) << config.error();
+  EXPECT_TRUE(config->has_policy_class("interactive"));
+  EXPECT_TRUE(config->has_policy_class("batch"));
+  EXPECT_TRUE(config->has_policy_class("default"));
+  EXPECT_FALSE(config->has_policy_class("Batch"));
+  EXPECT_TRUE(
+      config->check_policy_class("batch", "request_classifier.parameters.class").has_value());
+  auto unknown = config->check_policy_class("bulk", "request_classifier.parameters.class");
+  ASSERT_FALSE(unknown.has_value());
+  EXPECT_EQ(unknown.error(),
+            "router.yaml: request_classifier.parameters.class: unknown policy class 'bulk'; known: "
+            "interactive, batch, default");
+}
+
+TEST(RouterPolicyConfigTest, CheckPolicyClassSaysWhenNoneAreConfigured) {
+  auto config = parse_router_policy_config("", "router.yaml");
+  ASSERT_TRUE(config.has_value()) << config.error();
+  auto unknown = config->check_policy_class("short", "");
+  ASSERT_FALSE(unknown.has_value());
+  EXPECT_EQ(unknown.error(),
+            "router.yaml: unknown policy class 'short'; no policy_classes are configured, so the "
+            "only class is default");
+}
+
+TEST(RouterPolicyConfigTest, AcceptsAConfiguredDefaultClass) {
+  auto config =
+      parse_router_policy_config("policy_classes:\n  - {name: default, quantum: 64}\n", "inline");
+  ASSERT_TRUE(config.has_value()) << config.error();
+  ASSERT_EQ(config->policy_classes.size(), 1U);
+  EXPECT_EQ(config->policy_classes[0].quantum, 64U);
+}
+
+TEST(RouterPolicyConfigTest, RejectsAnUnknownKeyInAPolicyClass) {
+  EXPECT_EQ(parse_error("policy_classes:\n  - name: a\n    quantun: 5\n"),
+            "router.yaml:3: policy_classes[0].quantun: unknown key; allowed: name, quantum, order, "
+            "prefill_busy_threshold, prefill_busy_threshold_frac, request_queue_limit_per_worker, "
+            "uncached_token_queue_limit_per_worker");
+}
+
+TEST(RouterPolicyConfigTest, RejectsADuplicatePolicyClassName) {
+  EXPECT_EQ(parse_error("policy_classes:\n  - {name: a}\n  - {name: b}\n  - {name: a}\n"),
+            "router.yaml:4: policy_classes[2].name: duplicate policy class name 'a' (also "
+            "policy_classes[0])");
+}
+
+TEST(RouterPolicyConfigTest, RejectsAPolicyClassWithoutAName) {
+  EXPECT_EQ(parse_error("policy_classes:\n  - quantum: 5\n"),
+            "router.yaml:2: policy_classes[0]: missing key 'name'");
+  EXPECT_EQ(parse_error("policy_classes:\n  - name: ''\n"),
+            "router.yaml:2: policy_classes[0].name: a policy class name must not be empty");
+}
+
+TEST(RouterPolicyConfigTest, RejectsABadOrder) {
+  EXPECT_EQ(parse_error("policy_classes:\n  - name: a\n    order: sjf\n"),
+            "router.yaml:3: policy_classes[0].order: expected fcfs or wspt, got 'sjf'");
+  EXPECT_EQ(parse_error("policy_classes:\n  - name: a\n    order: [fcfs]\n"),
+            "router.yaml:3: policy_classes[0].order: expected a queue order: fcfs or wspt, got a "
+            "list");
+}
+
+TEST(RouterPolicyConfigTest, RejectsBadNumbersInAPolicyClass) {
+  EXPECT_EQ(parse_error("policy_classes:\n  - name: a\n    quantum: 0\n"),
+            "router.yaml:3: policy_classes[0].quantum: must be greater than 0");
+  EXPECT_EQ(parse_error("policy_classes:\n  - name: a\n    quantum: -5\n"),
+            "router.yaml:3: policy_classes[0].quantum: expected a non-negative 64-bit integer, got "
+            "'-5'");
+  EXPECT_EQ(parse_error("policy_classes:\n  - name: a\n    quantum: 1.5\n"),
+            "router.yaml:3: policy_classes[0].quantum: expected a non-negative 64-bit integer, got "
+            "'1.5'");
+  EXPECT_EQ(parse_error("policy_classes:\n  - name: a\n    quantum: \"512\"\n"),
+            "router.yaml:3: policy_classes[0].quantum: expected a non-negative 64-bit integer, got "
+            "\"512\" (quoted, so a string)");
+  EXPECT_EQ(parse_error("policy_classes:\n  - name: a\n    prefill_busy_threshold: lots\n"),
+            "router.yaml:3: policy_classes[0].prefill_busy_threshold: expected a non-negative "
+            "64-bit integer, got 'lots'");
+  EXPECT_EQ(parse_error("policy_classes:\n  - name: a\n    prefill_busy_threshold_frac: 1.5\n"),
+            "router.yaml:3: policy_classes[0].prefill_busy_threshold_frac: must be a fraction in "
+            "(0, 1] of the worker's max batched tokens, got 1.5");
+  EXPECT_EQ(parse_error("policy_classes:\n  - name: a\n    prefill_busy_threshold_frac: 0\n"),
+            "router.yaml:3: policy_classes[0].prefill_busy_threshold_frac: must be a fraction in "
+            "(0, 1] of the worker's max batched tokens, got 0");
+  EXPECT_EQ(parse_error("policy_classes:\n  - name: a\n    prefill_busy_threshold_frac: .nan\n"),
+            "router.yaml:3: policy_classes[0].prefill_busy_threshold_frac: expected a finite "
+            "number, got '.nan'");
+  EXPECT_EQ(parse_error("policy_classes:\n  - name: a\n    request_queue_limit_per_worker: 0\n"),
+            "router.yaml:3: policy_classes[0].request_queue_limit_per_worker: must be greater "
+            "than 0 (omit the key for no limit)");
+  EXPECT_EQ(
+      parse_error("policy_classes:\n  - name: a\n    uncached_token_queue_limit_per_worker: 0\n"),
+      "router.yaml:3: policy_classes[0].uncached_token_queue_limit_per_worker: must be greater "
+      "than 0 (omit the key for no limit)");
+}
+
+TEST(RouterPolicyConfigTest, RejectsPolicyClassesThatAreNotAListOfMappings) {
+  EXPECT_EQ(parse_error("policy_classes: {name: a}\n"),
+            "router.yaml:1: policy_classes: expected a list of policy classes, got a mapping");
+  EXPECT_EQ(parse_error("policy_classes:\n  - interactive\n"),
+            "router.yaml:2: policy_classes[0]: expected a mapping with the keys name, quantum, "
+            "order, prefill_busy_threshold, prefill_busy_threshold_frac, "
+            "request_queue_limit_per_worker, uncached_token_queue_limit_per_worker, got "
+            "'interactive'");
+}
+
+TEST(RouterPolicyConfigTest, RejectsADuplicateKeyInAPolicyClass) {
+  EXPECT_EQ(parse_error("policy_classes:\n  - name: a\n    quantum: 1\n    quantum: 2\n"),
+            "router.yaml:4: policy_classes[0].quantum: duplicate key");
 }
 
 class RouterPolicyConfigFileTest : public ::testing::Test {
