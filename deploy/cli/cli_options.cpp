@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "messages/subjects.hpp"
 
@@ -142,6 +143,18 @@ std::expected<void, std::string> check_simulated_blocks(std::uint64_t engines,
         engines_option, blocks, kMaxSimulatedBlocks));
   }
   return {};
+}
+
+void warn_unapplied_admission(std::string_view command,
+                              const selection::RouterPolicyConfig& config) {
+  if (config.request_classifier) {
+    spdlog::warn("{}: request_classifier '{}' is not applied: admission does not run yet", command,
+                 config.request_classifier->type);
+  }
+  if (!config.policy_classes.empty()) {
+    spdlog::warn("{}: policy_classes ({} classes) are not applied: requests are not queued yet",
+                 command, config.policy_classes.size());
+  }
 }
 
 }  // namespace kvr::cli

@@ -11,6 +11,7 @@
 
 #include "actors/nats/nats_client.hpp"
 #include "deploy/simulation/engine_config.hpp"
+#include "selection/config/router_policy_config.hpp"
 
 namespace kvr::cli {
 
@@ -42,5 +43,11 @@ void add_engine_options(CLI::App& app, simulation::EngineConfig& config);
 std::expected<void, std::string> check_simulated_blocks(std::uint64_t engines,
                                                         const simulation::EngineConfig& config,
                                                         std::string_view engines_option);
+
+/// Admission (the request classifier and the policy-class queue) is loaded and checked but not run
+/// yet: logs a warning naming each configured section, so that a user is never misled into
+/// thinking it takes effect.
+void warn_unapplied_admission(std::string_view command,
+                              const selection::RouterPolicyConfig& config);
 
 }  // namespace kvr::cli

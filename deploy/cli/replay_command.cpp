@@ -54,6 +54,7 @@ int run_replay(const ReplayCommandOptions& options) {
     }
     base_config = std::move(*loaded);
   }
+  warn_unapplied_admission(kCommand, base_config);
   const std::vector<std::string> names = split_names(options.policies);
   if (names.empty()) {
     std::cerr << kCommand << ": --policies names no policy\n";
