@@ -119,8 +119,8 @@ KvCapacityPauseParameters::read(const RequestClassifierParameters& parameters) {
         fmt::format("parameters.resume_below: must be in [0, pause_above) = [0, {}), got {}",
                     *pause_above, *resume_below));
   }
-  // Beyond about 290 years the steady clock's nanosecond count overflows.
-  constexpr std::uint64_t kMaxMs = std::uint64_t{1} << 43;
+  // About 34 years: far below where the clock's nanosecond count would overflow.
+  constexpr std::uint64_t kMaxMs = std::uint64_t{1} << 40;
   if (*max_pause_ms < 1 || *max_pause_ms > kMaxMs) {
     return fail(
         fmt::format("parameters.max_pause_ms: must be in [1, {}], got {}", kMaxMs, *max_pause_ms));

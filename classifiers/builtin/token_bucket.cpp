@@ -32,6 +32,8 @@ using BucketKey = std::optional<std::string>;
 
 // Rounding in the refill arithmetic must not leave a request a hair short at its wake time.
 constexpr double kTokenTolerance = 1e-6;
+// The longest wake-up time a deferred request asks for at once.
+constexpr double kMaxWaitSeconds = 86'400.0;
 // How often classify() forgets full, idle buckets (they are the same as a new one).
 constexpr std::uint64_t kSweepEvery = 4096;
 
@@ -102,8 +104,10 @@ struct TokenBucketClassifier::State {
   // When `bucket` (refilled at now) will hold `cost`'s tokens.
   TimePoint refill_time(const Bucket& bucket, std::uint64_t cost) const {
     const double missing = std::max(0.0, needed(cost) - bucket.tokens);
+    // A tiny rate could put the time beyond the clock's range: a poll a day later recomputes it.
+    const double seconds = std::min(missing / rate, kMaxWaitSeconds);
     const auto wait =
-        std::chrono::ceil<TimePoint::duration>(std::chrono::duration<double>(missing / rate));
+        std::chrono::ceil<TimePoint::duration>(std::chrono::duration<double>(seconds));
     return bucket.refilled_at + wait;
   }
 

@@ -6,8 +6,9 @@
 // Over the rate:
 //   - `mode: reject` (the default) rejects at once with ClassifierError::rate_limited;
 //   - `mode: defer` defers the request behind the tenant's earlier deferred ones (FIFO): the
-//     oldest asks to be polled (wake_at) when the bucket will have refilled enough, the others
-//     wait for a Waker fired when the one before them is admitted or dropped.
+//     oldest asks to be polled (wake_at) when the bucket will have refilled enough (at most a
+//     day ahead: then it asks again), the others wait for a Waker fired when the one before
+//     them is admitted or dropped.
 // classify() decides at ClassifyRequest::arrived_at(), a deferred poll at PollContext::now().
 //
 // Written against the public API (classifiers/request_classifier.hpp) only, as an example.

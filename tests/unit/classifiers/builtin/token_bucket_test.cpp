@@ -144,6 +144,21 @@ TEST_F(TokenBucketTest, ADroppedFirstInLineHandsTheTurnToTheNext) {
   EXPECT_TRUE(second->is_ready());
 }
 
+TEST(TokenBucketLongWaitTest, ATinyRateAsksForAWakeUpAtMostADayAhead) {
+  TokenBucketClassifier classifier{TokenBucketParameters{
+      .rate_tokens_per_s = 1e-9, .burst_tokens = 10, .mode = TokenBucketMode::Defer}};
+  auto spend = Admission::start(
+      classifier, make_request({.id = "r1", .input_tokens = 10, .arrived_at = kStart}), kStart);
+  ASSERT_TRUE(spend->is_ready());
+  auto deferred = Admission::start(
+      classifier, make_request({.id = "r2", .input_tokens = 10, .arrived_at = kStart}), kStart);
+  ASSERT_TRUE(deferred->is_pending());
+  EXPECT_EQ(deferred->wake_time(), kStart + 24h);
+  ASSERT_TRUE(deferred->step(kStart + 24h));
+  EXPECT_TRUE(deferred->is_pending());  // asks again, a day later
+  EXPECT_EQ(deferred->wake_time(), kStart + 48h);
+}
+
 TEST(TokenBucketParametersTest, ReadsRateBurstAndMode) {
   auto parsed = TokenBucketParameters::read(
       testing::parameters("{rate_tokens_per_s: 2.5, burst_tokens: 4000, mode: defer}"));
