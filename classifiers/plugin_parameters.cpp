@@ -261,6 +261,32 @@ read_parameter<std::vector<double>>(const ParameterSource&, std::string_view);
 template std::expected<std::optional<std::vector<std::string>>, std::string>
 read_parameter<std::vector<std::string>>(const ParameterSource&, std::string_view);
 
+std::expected<std::optional<std::vector<std::shared_ptr<const ParameterSource>>>, std::string>
+read_mapping_list(const ParameterSource& source, std::string_view key) {
+  using Sources = std::vector<std::shared_ptr<const ParameterSource>>;
+  const YAML::Node* node = source.find(key);
+  if (node == nullptr) return std::optional<Sources>{};
+  try {
+    if (!node->IsSequence()) {
+      return std::unexpected(type_error(source, key, "a list of mappings", *node));
+    }
+    Sources elements;
+    elements.reserve(node->size());
+    for (std::size_t i = 0; i < node->size(); ++i) {
+      const std::string item = fmt::format("{}[{}]", key, i);
+      const YAML::Node element = (*node)[i];
+      if (!element.IsMap()) return std::unexpected(type_error(source, item, "a mapping", element));
+      auto parsed =
+          ParameterSource::from_yaml(element, fmt::format("{}.{}", source.context(), item));
+      if (!parsed) return std::unexpected(std::move(parsed.error()));
+      elements.push_back(std::move(*parsed));
+    }
+    return std::optional<Sources>{std::move(elements)};
+  } catch (const YAML::Exception& error) {
+    return std::unexpected(fmt::format("{}.{}: {}", source.context(), key, error.what()));
+  }
+}
+
 std::string missing_parameter_message(const ParameterSource& source, std::string_view key) {
   if (source.keys().empty()) {
     return fmt::format("{}.{}: required parameter is missing (no parameters given)",

@@ -78,6 +78,12 @@ template <ParameterValue T>
 std::expected<std::optional<T>, std::string> read_parameter(const ParameterSource& source,
                                                             std::string_view key);
 
+/// Reads `key` as a list of mappings (e.g. `buckets: [{max_input_tokens: 512, ...}]`): nullopt
+/// when absent, else one ParameterSource per element, named "<context>.<key>[i]" in messages; an
+/// error naming the key when it is not a list or an element is not a mapping.
+std::expected<std::optional<std::vector<std::shared_ptr<const ParameterSource>>>, std::string>
+read_mapping_list(const ParameterSource& source, std::string_view key);
+
 /// The message for a required key that is absent.
 std::string missing_parameter_message(const ParameterSource& source, std::string_view key);
 
@@ -123,6 +129,22 @@ class BasicParameterReader {
   template <classifiers::ParameterValue T>
   std::expected<std::optional<T>, Error> optional(std::string_view key) {
     return read<T>(key);
+  }
+
+  /// The list of mappings at `key`, one strict reader per element (each element's keys are
+  /// checked by that reader's own finish()); an error names the key when it is missing, not a
+  /// list, or holds something other than mappings.
+  std::expected<std::vector<BasicParameterReader>, Error> required_mappings(std::string_view key) {
+    read_keys_.emplace_back(key);
+    auto elements = classifiers::read_mapping_list(*source_, key);
+    if (!elements) return std::unexpected(Error{std::move(elements.error())});
+    if (!*elements) {
+      return std::unexpected(Error{classifiers::missing_parameter_message(*source_, key)});
+    }
+    std::vector<BasicParameterReader> readers;
+    readers.reserve((*elements)->size());
+    for (auto& element : **elements) readers.emplace_back(std::move(element));
+    return readers;
   }
 
   /// Fails naming every key that no required()/optional() call read (misspellings stop startup).

@@ -47,6 +47,11 @@ std::optional<std::string_view> ClassifyRequest::request_id() const {
   return std::string_view{*arrival_.request_id};
 }
 
+std::optional<std::string_view> ClassifyRequest::tenant() const {
+  if (!arrival_.tenant) return std::nullopt;
+  return std::string_view{*arrival_.tenant};
+}
+
 const SessionContext* ClassifyRequest::session_context() const {
   return arrival_.session ? &*arrival_.session : nullptr;
 }

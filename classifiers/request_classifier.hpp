@@ -60,6 +60,11 @@ class ClassifyRequest {
     std::size_t input_tokens = 0;
     std::optional<SessionContext> session;
     std::optional<WorkerWithDpRank> pinned_worker;
+    /// The tenant the client named in its RouteRequest; empty when it named none.
+    std::optional<std::string> tenant;
+    /// The host's clock when the request reached the classifier, i.e. the time of the classify()
+    /// call (logical time in replay): classify() has no PollContext to ask.
+    TimePoint arrived_at{};
   };
 
   /// Host side: policy class "default", no due time, a scheduling cost of input_tokens, no
@@ -68,6 +73,11 @@ class ClassifyRequest {
 
   std::optional<std::string_view> request_id() const;
   std::size_t input_tokens() const { return arrival_.input_tokens; }
+  /// The tenant a client names in its RouteRequest (e.g. for per-tenant limits); empty when none.
+  std::optional<std::string_view> tenant() const;
+  /// When the request reached the classifier, on the host's clock (see Arrival::arrived_at): the
+  /// time of the decision in classify(); a deferred poll reads PollContext::now() instead.
+  TimePoint arrived_at() const { return arrival_.arrived_at; }
   /// Shared with the host, which raises it as the request proceeds.
   const RequestProgress& progress() const { return *progress_; }
 
@@ -269,6 +279,14 @@ struct Aborted {
 /// A lifecycle event of an admitted request.
 using ClassifyEvent = std::variant<Sent, Responding, Completed, Aborted>;
 
+/// How full the model's fleet is, as the host last observed it.
+struct FleetLoad {
+  /// Used over total KV cache blocks across the model's workers, in [0, 1].
+  double kv_usage = 0.0;
+  /// When the host observed it, on the classifier actor's clock.
+  TimePoint at{};
+};
+
 /// Decides admission for each request of one routed model. Owned by one classifier actor, so it is
 /// never called from two threads at once; it must not block or throw.
 class RequestClassifier {
@@ -280,6 +298,9 @@ class RequestClassifier {
   }
   /// Lifecycle events of admitted requests, in lifecycle order per request.
   virtual void on_event(const ClassifyEvent& /*event*/) {}
+  /// The fleet's load, called by the host whenever it changes (in time order). A classifier that
+  /// defers on load keeps the latest value and fires its parked Wakers when it allows more.
+  virtual void on_fleet_load(const FleetLoad& /*load*/) {}
 };
 
 /// One (worker, rank) of the model's fleet, as a classifier's factory sees it.

@@ -3,6 +3,7 @@
 #include <array>
 #include <string>
 
+#include "selection/classifiers_registration.hpp"
 #include "selection/policies/bounded_load_hash/bounded_load_hash_policy.hpp"
 #include "selection/policies/kv_cost/kv_cost_policy.hpp"
 #include "selection/policies/least_loaded/least_loaded_policy.hpp"
@@ -52,7 +53,7 @@ std::expected<void, plugins::RegistryError> register_builtin_policies(
     auto registered = registry.register_worker_selection(std::string{policy.type}, policy.provider);
     if (!registered) return registered;
   }
-  return {};
+  return register_builtin_classifiers(registry);
 }
 
 }  // namespace kvr::selection

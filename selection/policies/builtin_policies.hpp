@@ -1,5 +1,6 @@
-// Registers kvr's built-in worker-selection policies with the plugin registry. The node, replay
-// and tests call register_builtin_policies once at startup, before any catalog registers.
+// Registers kvr's built-in worker-selection policies, and with them the built-in request
+// classifiers, with the plugin registry. The node, replay and tests call register_builtin_policies
+// once at startup, before any catalog registers.
 #pragma once
 
 #include <expected>
@@ -14,7 +15,9 @@ namespace kvr::selection {
 std::span<const std::string_view> builtin_policy_types();
 
 /// Registers kv-cost, least-loaded, round-robin, random, power-of-two, two-tier,
-/// soft-affinity-load-guard and bounded-load-hash; fails when a name is already registered.
+/// soft-affinity-load-guard and bounded-load-hash, then the built-in request classifiers
+/// (register_builtin_classifiers, selection/classifiers_registration.hpp); fails when a name is
+/// already registered.
 std::expected<void, plugins::RegistryError> register_builtin_policies(
     plugins::RouterPluginRegistry& registry);
 

@@ -58,6 +58,18 @@ TEST(ClassifyRequestTest, ExposesSessionAndPin) {
   EXPECT_EQ(req.pinned_worker(), (WorkerWithDpRank{3, 0}));
 }
 
+TEST(ClassifyRequestTest, ExposesTenantAndArrivalTime) {
+  EXPECT_EQ(request("r1").tenant(), std::nullopt);
+  const ClassifyRequest req{ClassifyRequest::Arrival{.request_id = "r1",
+                                                     .input_tokens = 10,
+                                                     .session = std::nullopt,
+                                                     .pinned_worker = std::nullopt,
+                                                     .tenant = "alice",
+                                                     .arrived_at = TimePoint{} + 3s}};
+  EXPECT_EQ(req.tenant(), "alice");
+  EXPECT_EQ(req.arrived_at(), TimePoint{} + 3s);
+}
+
 TEST(ClassifyRequestTest, CopiesShareAMonotonicProgress) {
   const ClassifyRequest req = request("r1", 100);
   const ClassifyRequest kept = req;
