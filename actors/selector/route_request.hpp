@@ -24,6 +24,8 @@ struct RouteRequest {
   std::vector<std::uint32_t> prompt_token_ids;
   /// The cache namespace the token ids are hashed in.
   std::string cache_namespace;
+  /// Who the request is for, as the client named it (per-tenant admission); empty: none.
+  std::string tenant;
 
   const std::string& id() const { return selection.request_id; }
 };

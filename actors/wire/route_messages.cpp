@@ -44,10 +44,14 @@ std::expected<RouteRequest, RouteFailure> decode_route_request(const v1::RouteRe
     return invalid(fmt::format("model, routing_group or cache_namespace: longer than {} bytes",
                                limits.max_id_length));
   }
+  if (too_long(wire.tenant())) {
+    return invalid(fmt::format("tenant: longer than {} bytes", limits.max_id_length));
+  }
   RouteRequest data;
   selection::SelectionRequest& request = data.selection;
   request.request_id = wire.request_id();
   data.partition.model = wire.model();
+  data.tenant = wire.tenant();
   data.partition.routing_group = wire.routing_group().empty() ? "default" : wire.routing_group();
   // A request that names no role is for aggregated workers.
   const auto worker_type = wire.worker_role() == v1::WORKER_ROLE_UNSPECIFIED

@@ -24,6 +24,7 @@ struct RouteCommandOptions {
   std::string role = "aggregated";
   std::string request_id;
   std::string cache_namespace;
+  std::string tenant;
   int timeout_ms = 5000;
 };
 
@@ -59,6 +60,7 @@ int run_route(const RouteCommandOptions& options) {
   request.set_routing_group(options.routing_group);
   request.set_worker_role(wire_role(options.role));
   request.set_cache_namespace(options.cache_namespace);
+  request.set_tenant(options.tenant);
   auto* tokens = request.mutable_tokens();
   if (!options.text.empty()) {
     // The stated rule for --text: each UTF-8 byte of the text is one token id (0..255).
@@ -113,6 +115,8 @@ void add_route_command(CLI::App& app, int& exit_code) {
   command->add_option("--request-id", options->request_id, "request id (default: random)");
   command->add_option("--cache-namespace", options->cache_namespace,
                       "cache namespace mixed into the block hashes (e.g. a LoRA name)");
+  command->add_option("--tenant", options->tenant,
+                      "who the request is for (per-tenant admission; default: none)");
   command->add_option("--timeout-ms", options->timeout_ms, "how long to wait for the decision")
       ->capture_default_str()
       ->check(CLI::Range(1, 600'000));

@@ -30,6 +30,15 @@ TEST(RouteRequestTest, KeepsTokenIdsAndCacheNamespaceForThePartitionsSelectorToH
   EXPECT_EQ(decoded->selection.prompt_tokens, 40U);
   EXPECT_EQ(decoded->partition.routing_group, "default");
   EXPECT_EQ(decoded->worker_type, WorkerType::Aggregated);
+  EXPECT_TRUE(decoded->tenant.empty());
+}
+
+TEST(RouteRequestTest, KeepsTheTenantTheClientNamed) {
+  auto wire = token_request(8);
+  wire.set_tenant("team-a");
+  auto decoded = decode_route_request(wire);
+  ASSERT_TRUE(decoded) << decoded.error().message;
+  EXPECT_EQ(decoded->tenant, "team-a");
 }
 
 TEST(RouteRequestTest, UsesBlockHashesAsGiven) {
@@ -106,6 +115,7 @@ INSTANTIATE_TEST_SUITE_P(
                     "preferred_taints"},
         InvalidCase{"SessionWithoutId",
                     [](auto& w) { w.mutable_session()->set_session_final(true); }, "session_id"},
+        InvalidCase{"LongTenant", [](auto& w) { w.set_tenant(std::string(300, 't')); }, "tenant"},
         InvalidCase{"LongRequestId", [](auto& w) { w.set_request_id(std::string(300, 'x')); },
                     "request_id"}),
     [](const auto& test_case) { return test_case.param.name; });
