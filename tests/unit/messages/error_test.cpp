@@ -12,11 +12,14 @@ TEST(ErrorTest, MapsToWireCodes) {
   EXPECT_EQ(to_route_error_code(Error::all_filtered), v1::ROUTE_ERROR_ALL_FILTERED);
   EXPECT_EQ(to_route_error_code(Error::rejected), v1::ROUTE_ERROR_REJECTED);
   EXPECT_EQ(to_route_error_code(Error::bad_message), v1::ROUTE_ERROR_INVALID_REQUEST);
+  EXPECT_EQ(to_route_error_code(Error::overloaded), v1::ROUTE_ERROR_OVERLOADED);
+  EXPECT_EQ(to_route_error_code(Error::rate_limited), v1::ROUTE_ERROR_RATE_LIMITED);
+  EXPECT_EQ(to_route_error_code(Error::due_time_expired), v1::ROUTE_ERROR_DUE_TIME_EXPIRED);
 }
 
 TEST(ErrorTest, EveryCodeHasAName) {
   for (int code = static_cast<int>(Error::invalid_request);
-       code <= static_cast<int>(Error::unknown_lease); ++code) {
+       code <= static_cast<int>(Error::due_time_expired); ++code) {
     EXPECT_NE(as_str(static_cast<Error>(code)), "unknown_error") << code;
   }
 }
