@@ -124,9 +124,27 @@ void hand_on(Self self, Waiting& waiting, const rc::ClassifyRequest& admitted) {
   generate.promise.delegate(config.lifecycle, generate_atom::value, std::move(generate.envelope));
 }
 
+// Counts an actor client's waiting requests: the first is monitored, the last stops it.
+void track_client(Self self, const Waiting& waiting) {
+  const auto* generate = std::get_if<WaitingGenerate>(&waiting);
+  if (generate == nullptr || !generate->envelope.stream_actor) return;
+  const caf::actor& client = generate->envelope.stream_actor;
+  if (++self->state.monitored_clients[client.address()] == 1) self->monitor(client);
+}
+void untrack_client(Self self, const Waiting& waiting) {
+  const auto* generate = std::get_if<WaitingGenerate>(&waiting);
+  if (generate == nullptr || !generate->envelope.stream_actor) return;
+  auto& clients = self->state.monitored_clients;
+  const auto it = clients.find(generate->envelope.stream_actor.address());
+  if (it == clients.end() || --it->second > 0) return;
+  self->demonitor(it->first);
+  clients.erase(it);
+}
+
 void settle(Self self, ClassifierActorState::Model& model, AdmissionOutcome& outcome) {
   auto node = model.waiting.extract(outcome.request_id);
   if (node.empty()) return;
+  untrack_client(self, node.mapped());
   if (outcome.admitted()) {
     hand_on(self, node.mapped(), outcome.request());
   } else {
@@ -176,6 +194,7 @@ void admit(Self self, const std::string& model_name, std::string request_id,
                fmt::format("request '{}' is already waiting for admission", request_id)});
     return;
   }
+  track_client(self, it->second);
   const auto now = self->state.config.clock->now();
   if (auto outcome = model.admission->admit(request_id, classify_request(request, now), now)) {
     settle(self, model, *outcome);
@@ -187,6 +206,37 @@ void admit(Self self, const std::string& model_name, std::string request_id,
 
 classifier_actor::behavior_type classifier_behavior(Self self, ClassifierActorConfig config) {
   self->state.config = std::move(config);
+  // Shutdown: no undecided request is left without an answer.
+  self->set_exit_handler([self](caf::exit_msg& message) {
+    for (auto& [name, model] : self->state.models) {
+      for (auto& [request_id, waiting] : model.waiting) {
+        model.admission->cancel(request_id, "the router node is shutting down");
+        reject(self, waiting,
+               AdmissionRejected{Error::unavailable, "the router node is shutting down"});
+      }
+      model.waiting.clear();
+    }
+    self->quit(message.reason);
+  });
+  // An actor client that terminated waits for nothing: drop its undecided requests.
+  self->set_down_handler([self](caf::down_msg& message) {
+    self->state.monitored_clients.erase(message.source);
+    for (auto& [name, model] : self->state.models) {
+      std::vector<std::string> gone;
+      for (const auto& [request_id, waiting] : model.waiting) {
+        const auto* generate = std::get_if<WaitingGenerate>(&waiting);
+        if (generate != nullptr && generate->envelope.stream_actor &&
+            generate->envelope.stream_actor.address() == message.source) {
+          gone.push_back(request_id);
+        }
+      }
+      for (const std::string& request_id : gone) {
+        model.admission->cancel(request_id, "the client actor terminated");
+        model.waiting.erase(request_id);
+      }
+    }
+    arm_timer(self);
+  });
   return {
       [self](route_atom, RouteEnvelope& envelope) -> caf::result<RouteDecisionMessage> {
         auto promise = self->make_response_promise<RouteDecisionMessage>();
@@ -209,6 +259,7 @@ classifier_actor::behavior_type classifier_behavior(Self self, ClassifierActorCo
           auto node = model.waiting.extract(request_id);
           if (node.empty()) continue;
           model.admission->cancel(request_id, "cancelled by the client");
+          untrack_client(self, node.mapped());
           if (auto* generate = std::get_if<WaitingGenerate>(&node.mapped())) {
             end_generate(self, *generate, Error::unavailable,
                          fmt::format("request '{}' cancelled: cancelled by the client", request_id),

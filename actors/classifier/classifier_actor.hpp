@@ -20,6 +20,8 @@
 //   classify(ClassifierEvent)        — a lifecycle event of an admitted request (Sent, Responding,
 //                                      Completed, Aborted) from the reservation or lifecycle actor;
 //   targets(reservation, lifecycle)  — from the node, first: where admitted requests go;
+//   an exit message (node shutdown)  — every undecided request ends with an explicit error;
+//   a down message (actor client)    — the client's undecided requests are dropped;
 //   wake                             — internal: one delayed_send at the earliest wake or due time
 //                                      (re-armed when an earlier one appears), and one message per
 //                                      batch of fired Wakers.
@@ -32,12 +34,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <variant>
 
+#include <caf/actor_addr.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_response_promise.hpp>
 
@@ -85,6 +89,9 @@ struct ClassifierActorState {
     std::unordered_map<std::string, Waiting> waiting;
   };
   std::unordered_map<std::string, Model> models;
+  /// Actor clients with generate requests waiting here, monitored so that a client's end drops
+  /// its requests (the lifecycle actor does the same for admitted ones).
+  std::map<caf::actor_addr, std::size_t> monitored_clients;
   /// The earliest time a delayed wake message is on its way for; empty: none.
   std::optional<std::chrono::steady_clock::time_point> armed_for;
 };

@@ -3,6 +3,7 @@
 // actor clients (route, report, and generate with its stream). A fake publisher records what would
 // go out on NATS. The classifier actor sits in front of the reservation and lifecycle actors when
 // a request classifier is configured.
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -1022,6 +1023,63 @@ TEST_F(ClassifierActorsTest, CancellingADeferredGenerateEndsItsStreamAndFreesNot
   v1::GenerateRequest dispatched;
   ASSERT_TRUE(dispatched.ParseFromString(publisher_->published_on("gen.11")[0]));
   EXPECT_EQ(dispatched.route().request_id(), "g1");
+}
+
+// Actor clients through an ingress wired to the classifier, as the node wires it: a client that
+// terminates while its request waits for admission drops it (the next request is not queued
+// behind it), and the admitted request's stream is served as usual.
+TEST_F(ClassifierActorsTest, ATerminatedActorClientDropsItsWaitingRequest) {
+  register_workers({11});
+  start([] { return max_in_flight(1); });
+  auto ingress =
+      system_.spawn(ingress_behavior, IngressActorConfig{.reservation = admitted_reservation_,
+                                                         .lifecycle = admitted_lifecycle_,
+                                                         .classifier = classifier_,
+                                                         .limits = {},
+                                                         .metrics = metrics_});
+  caf::scoped_actor self{system_};
+  v1::RouteDecision first;
+  self->request(ingress, 5s, generate_atom::value,
+                GenerateRequestMessage{actor_generate_request("ag1")})
+      .receive([&](RouteDecisionMessage& message) { first = std::move(message.value); },
+               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  ASSERT_TRUE(first.has_success()) << first.error().message();
+  {
+    caf::scoped_actor gone{system_};
+    gone->send(ingress, generate_atom::value,
+               GenerateRequestMessage{actor_generate_request("ag2")});
+    // ag2 reached the classifier and waits behind ag1 before its client ends.
+    ASSERT_TRUE(testing::wait_until(
+        [&] {
+          return metrics_->value("kvr_generate_requests_total", {{"ingress", "actor"}}) == 2;
+        },
+        5s));
+  }
+  v1::GenerateChunk chunk;
+  chunk.set_request_id("ag1");
+  chunk.set_worker_id(11);
+  chunk.add_token_ids(7);
+  chunk.set_finished(true);
+  chunk.set_finish_reason("length");
+  caf::anon_send(admitted_lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  const auto last = next_chunk(self);
+  ASSERT_TRUE(last);
+  EXPECT_TRUE(last->finished());
+  // ag3 is admitted at once: nothing waits before it any more.
+  v1::RouteDecision third;
+  self->request(ingress, 5s, generate_atom::value,
+                GenerateRequestMessage{actor_generate_request("ag3")})
+      .receive([&](RouteDecisionMessage& message) { third = std::move(message.value); },
+               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  ASSERT_TRUE(third.has_success()) << third.error().message();
+  ASSERT_TRUE(
+      testing::wait_until([&] { return publisher_->published_on("gen.11").size() == 2; }, 5s));
+  v1::GenerateRequest dispatched;
+  ASSERT_TRUE(dispatched.ParseFromString(publisher_->published_on("gen.11")[1]));
+  EXPECT_EQ(dispatched.route().request_id(), "ag3");
+  const auto events = events_->snapshot();
+  EXPECT_EQ(std::count(events.begin(), events.end(), "sent ag2 11"), 0);
+  caf::anon_send_exit(ingress, caf::exit_reason::user_shutdown);
 }
 
 }  // namespace
