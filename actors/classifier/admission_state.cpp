@@ -21,6 +21,30 @@ Error admission_error(rc::ClassifierError::Kind kind) {
   return Error::rejected;
 }
 
+rc::ClassifyRequest classify_request(const RouteRequest& request, rc::TimePoint now) {
+  rc::ClassifyRequest::Arrival arrival;
+  arrival.request_id = request.id();
+  arrival.input_tokens = request.selection.prompt_tokens;
+  arrival.session = request.selection.session;
+  if (const auto& pin = request.selection.pinned_worker) {
+    // A pin without a rank names every rank of the worker; the classifier sees rank 0.
+    arrival.pinned_worker = WorkerWithDpRank{pin->worker_id, pin->dp_rank.value_or(0)};
+  }
+  if (!request.tenant.empty()) arrival.tenant = request.tenant;
+  arrival.arrived_at = now;
+  return rc::ClassifyRequest{std::move(arrival)};
+}
+
+void apply_admission(RouteRequest& request, const rc::ClassifyRequest& admitted) {
+  if (const auto target = admitted.worker_selection_target()) {
+    request.selection.affinity_target =
+        plugins::worker_selection::WorkerAffinityTarget{target->worker_id, target->dp_rank};
+  }
+  request.policy_class = std::string{admitted.policy_class()};
+  request.due_at = admitted.due_at();
+  request.scheduling_cost_tokens = admitted.scheduling_cost_tokens();
+}
+
 void AdmissionState::WokenQueue::push(std::uint64_t sequence) {
   bool first = false;
   {

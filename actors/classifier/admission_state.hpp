@@ -34,6 +34,7 @@
 #include <variant>
 #include <vector>
 
+#include "actors/selector/route_request.hpp"
 #include "classifiers/request_classifier.hpp"
 #include "messages/error.hpp"
 
@@ -63,6 +64,18 @@ struct AdmissionOutcome {
 /// The error code a classifier's rejection maps to: Overloaded → overloaded, RateLimited →
 /// rate_limited, Failed → rejected.
 Error admission_error(plugins::request_classifier::ClassifierError::Kind kind);
+
+/// What the classifier sees of a route request arriving at `now` (a pin without a rank is shown
+/// as rank 0; an empty tenant as none).
+plugins::request_classifier::ClassifyRequest classify_request(
+    const RouteRequest& request, plugins::request_classifier::TimePoint now);
+
+/// Carries an admitted request's decisions on the route request: the worker-selection target as
+/// selection.affinity_target (a soft target, which session affinity then does not replace), the
+/// policy class, due time and scheduling cost for the policy-class queue. A generate request
+/// keeps them for its retry, which routes the same RouteRequest again.
+void apply_admission(RouteRequest& request,
+                     const plugins::request_classifier::ClassifyRequest& admitted);
 
 /// What cancel() found.
 enum class AdmissionCancel : std::uint8_t {

@@ -43,31 +43,6 @@ ClassifierActorState::Model& model_for(Self self, const std::string& model) {
   return models.emplace(model, ClassifierActorState::Model{std::move(admission), {}}).first->second;
 }
 
-rc::ClassifyRequest classify_request(const RouteRequest& request, rc::TimePoint now) {
-  rc::ClassifyRequest::Arrival arrival;
-  arrival.request_id = request.id();
-  arrival.input_tokens = request.selection.prompt_tokens;
-  arrival.session = request.selection.session;
-  if (const auto& pin = request.selection.pinned_worker) {
-    // A pin without a rank names every rank of the worker; the classifier sees rank 0.
-    arrival.pinned_worker = WorkerWithDpRank{pin->worker_id, pin->dp_rank.value_or(0)};
-  }
-  if (!request.tenant.empty()) arrival.tenant = request.tenant;
-  arrival.arrived_at = now;
-  return rc::ClassifyRequest{std::move(arrival)};
-}
-
-// Carries the classifier's decisions on the request for worker selection and the later queue.
-void apply_admission(RouteRequest& request, const rc::ClassifyRequest& admitted) {
-  if (const auto target = admitted.worker_selection_target()) {
-    request.selection.affinity_target =
-        plugins::worker_selection::WorkerAffinityTarget{target->worker_id, target->dp_rank};
-  }
-  request.policy_class = std::string{admitted.policy_class()};
-  request.due_at = admitted.due_at();
-  request.scheduling_cost_tokens = admitted.scheduling_cost_tokens();
-}
-
 // Refuses a generate request with its decision and the final chunk of its stream, as the
 // lifecycle actor refuses one it cannot serve.
 void end_generate(Self self, WaitingGenerate& waiting, Error code, const std::string& message,

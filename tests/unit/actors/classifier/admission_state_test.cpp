@@ -272,5 +272,33 @@ TEST_F(AdmissionStateTest, ADuplicateRequestIdIsRejected) {
   EXPECT_EQ(again->rejection().code, Error::invalid_request);
 }
 
+TEST(AdmissionRouteRequestTest, TheClassifierSeesTheRequestAndItsDecisionsAreCarriedOn) {
+  RouteRequest route;
+  route.selection.request_id = "r1";
+  route.selection.prompt_tokens = 300;
+  route.selection.pinned_worker = plugins::worker_selection::WorkerAffinityTarget{7, std::nullopt};
+  route.tenant = "acme";
+  ClassifyRequest seen = classify_request(route, kStart + 5ms);
+  EXPECT_EQ(seen.request_id(), "r1");
+  EXPECT_EQ(seen.input_tokens(), 300U);
+  EXPECT_EQ(seen.tenant(), "acme");
+  EXPECT_EQ(seen.arrived_at(), kStart + 5ms);
+  EXPECT_EQ(seen.pinned_worker(), (WorkerWithDpRank{7, 0}));
+  route.tenant.clear();
+  EXPECT_FALSE(classify_request(route, kStart).tenant());
+
+  EXPECT_EQ(route.policy_class, "default");
+  seen.set_policy_class("short");
+  seen.set_due_at(kStart + 1s);
+  seen.set_scheduling_cost_tokens(42);
+  seen.set_worker_selection_target(kOtherWorker);
+  apply_admission(route, seen);
+  EXPECT_EQ(route.policy_class, "short");
+  EXPECT_EQ(route.due_at, kStart + 1s);
+  EXPECT_EQ(route.scheduling_cost_tokens, 42U);
+  EXPECT_EQ(route.selection.affinity_target, (plugins::worker_selection::WorkerAffinityTarget{
+                                                 kOtherWorker.worker_id, kOtherWorker.dp_rank}));
+}
+
 }  // namespace
 }  // namespace kvr::actors
