@@ -26,6 +26,7 @@
 #include "actors/wire/generate_messages.hpp"
 #include "actors/wire/route_messages.hpp"
 #include "actors/wire/worker_messages.hpp"
+#include "classifiers/request_classifier.hpp"
 #include "kvr/v1/routing.pb.h"
 #include "messages/caf_error.hpp"
 
@@ -95,6 +96,13 @@ struct ChunkEnvelope {
   v1::GenerateChunk chunk;
 };
 
+/// A lifecycle event of an admitted request, from the reservation or lifecycle actor to the
+/// classifier actor, with the model whose classifier admitted it.
+struct ClassifierEvent {
+  std::string model;
+  plugins::request_classifier::ClassifyEvent event;
+};
+
 /// The selector's answer to a BookingUpdate.
 struct BookingUpdateReply {
   bool applied = false;
@@ -142,6 +150,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::BookingUpdate)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::BookingUpdateReply)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::GenerateEnvelope)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ChunkEnvelope)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ClassifierEvent)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::RouteRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::WorkerLiveness)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::WorkerLoadReport)
@@ -177,6 +186,9 @@ CAF_ADD_ATOM(kvr_actors, kvr::actors, deadline_atom, "deadline")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, watch_atom, "watch")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, selectors_atom, "selectors")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, flush_atom, "flush")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, classify_atom, "classify")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, wake_atom, "wake")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, targets_atom, "targets")
 CAF_END_TYPE_ID_BLOCK(kvr_actors)
 
 namespace kvr::actors {
@@ -270,6 +282,22 @@ using lifecycle_actor = caf::typed_actor<
     caf::reacts_to<deadline_atom, std::uint64_t, std::uint32_t>,
     // internal: write the decisions and chunks relayed to NATS clients
     caf::reacts_to<flush_atom>>;
+
+/// The classifier actor (actors/classifier/classifier_actor.hpp): admission in front of the
+/// reservation (route) and lifecycle (generate) actors, when the node runs a request classifier.
+using classifier_actor = caf::typed_actor<
+    // a route request → its decision: admitted ones are delegated to the reservation actor
+    caf::replies_to<route_atom, RouteEnvelope>::with<RouteDecisionMessage>,
+    // a generate request → its first decision: admitted ones are delegated to the lifecycle actor
+    caf::replies_to<generate_atom, GenerateEnvelope>::with<RouteDecisionMessage>,
+    // the client's cancel, by request id: drops an undecided request, else goes to the lifecycle
+    caf::reacts_to<cancel_atom, std::string>,
+    // a lifecycle event of an admitted request (reservation and lifecycle actors)
+    caf::reacts_to<classify_atom, ClassifierEvent>,
+    // internal: a wake time passed or a Waker fired
+    caf::reacts_to<wake_atom>,
+    // from the node, first: where admitted route and generate requests go
+    caf::reacts_to<targets_atom, reservation_actor, lifecycle_actor>>;
 
 // ---- the published actor ------------------------------------------------------------------------
 

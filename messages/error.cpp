@@ -26,6 +26,12 @@ std::string_view as_str(Error error) {
       return "invalid_config";
     case Error::unknown_lease:
       return "unknown_lease";
+    case Error::overloaded:
+      return "overloaded";
+    case Error::rate_limited:
+      return "rate_limited";
+    case Error::due_time_expired:
+      return "due_time_expired";
   }
   return "unknown_error";
 }
@@ -53,6 +59,12 @@ v1::RouteErrorCode to_route_error_code(Error error) {
     case Error::unavailable:
     case Error::unknown_lease:
       return v1::ROUTE_ERROR_UNAVAILABLE;
+    case Error::overloaded:
+      return v1::ROUTE_ERROR_OVERLOADED;
+    case Error::rate_limited:
+      return v1::ROUTE_ERROR_RATE_LIMITED;
+    case Error::due_time_expired:
+      return v1::ROUTE_ERROR_DUE_TIME_EXPIRED;
   }
   return v1::ROUTE_ERROR_UNSPECIFIED;
 }

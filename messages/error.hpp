@@ -23,6 +23,9 @@ enum class Error : std::uint8_t {
   bad_message,          ///< a network message failed decoding or validation
   invalid_config,       ///< configuration rejected at startup
   unknown_lease,        ///< a lifecycle report names no open lease
+  overloaded,           ///< refused by admission: too much work in flight or queued
+  rate_limited,         ///< refused by admission: too many requests in a time window
+  due_time_expired,     ///< refused by admission: the due time passed while deferred
 };
 
 /// The snake_case name of an error code, e.g. "all_filtered".

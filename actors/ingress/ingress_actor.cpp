@@ -28,8 +28,12 @@ ingress_actor::behavior_type ingress_behavior(ingress_actor::pointer self,
         // response hop and a timer on CAF's clock thread per decision, measured at several
         // microseconds of CPU each (tests/bench/node).
         auto promise = self->make_response_promise<RouteDecisionMessage>();
-        promise.delegate(config.reservation, route_atom::value,
-                         RouteEnvelope{std::move(*request), {}, config.clock->now()});
+        RouteEnvelope envelope{std::move(*request), {}, config.clock->now()};
+        if (config.classifier) {
+          promise.delegate(config.classifier, route_atom::value, std::move(envelope));
+        } else {
+          promise.delegate(config.reservation, route_atom::value, std::move(envelope));
+        }
         return promise;
       },
       [self, config](report_atom,
@@ -61,13 +65,20 @@ ingress_actor::behavior_type ingress_behavior(ingress_actor::pointer self,
         // Delegated: the lifecycle actor answers with the first decision (always: a route
         // failure, a retry's end and shutdown each end the request with an explicit error).
         auto promise = self->make_response_promise<RouteDecisionMessage>();
-        promise.delegate(
-            config.lifecycle, generate_atom::value,
-            GenerateEnvelope{std::move(*request), {}, config.clock->now(), std::move(client)});
+        GenerateEnvelope envelope{std::move(*request), {}, config.clock->now(), std::move(client)};
+        if (config.classifier) {
+          promise.delegate(config.classifier, generate_atom::value, std::move(envelope));
+        } else {
+          promise.delegate(config.lifecycle, generate_atom::value, std::move(envelope));
+        }
         return promise;
       },
       [self, config](cancel_atom, GenerateCancelMessage& message) {
-        if (config.lifecycle && !message.value.request_id().empty()) {
+        if (!config.lifecycle || message.value.request_id().empty()) return;
+        if (config.classifier) {
+          self->send(config.classifier, cancel_atom::value,
+                     std::move(*message.value.mutable_request_id()));
+        } else {
           self->send(config.lifecycle, cancel_atom::value,
                      std::move(*message.value.mutable_request_id()));
         }

@@ -9,7 +9,8 @@
 // report(LifecycleReportMessage) → LifecycleAckMessage: validates and delegates it likewise;
 // generate(GenerateRequestMessage) → RouteDecisionMessage: validates it and delegates it to the
 // lifecycle actor, which answers with the first decision and streams the chunks to the sender;
-// cancel(GenerateCancelMessage): hands the request id to the lifecycle actor.
+// cancel(GenerateCancelMessage): hands the request id to the lifecycle actor. With a classifier
+// actor configured, route, generate and cancel go through it first.
 // Spawned by the router node. It must never block, throw, or leave a client without an answer.
 #pragma once
 
@@ -28,6 +29,9 @@ struct IngressActorConfig {
   reservation_actor reservation;
   /// Serves generate requests; without it they are refused (unavailable).
   lifecycle_actor lifecycle;
+  /// When the node runs a request classifier: route and generate requests and cancels go to it
+  /// instead (it hands admitted ones to the reservation and lifecycle actors). Null: direct.
+  classifier_actor classifier;
   RouteDecodeLimits limits;
   std::shared_ptr<metrics::MetricsRegistry> metrics;
   /// Stamps each request's arrival (the reservation actor measures route latency from it).

@@ -177,7 +177,12 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
                  : step.finish_affinity ? AffinityAction::finish
                                         : AffinityAction::none);
   }
-  // Classifier events (step.classifier_events) have no receiver yet: the node runs no classifier.
+  if (config.classifier) {
+    for (auto& event : step.classifier_events) {
+      self->send(config.classifier, classify_atom::value,
+                 ClassifierEvent{flight->request.route.partition.model, std::move(event)});
+    }
+  }
   if (step.forward_chunk && chunk != nullptr) {
     send_chunk(self, *flight, *chunk);
     ++flight->relayed;

@@ -27,8 +27,8 @@
 //   a down message (actor client)    — the client's requests in flight are cancelled.
 // It registers itself with the directory actor (watch, selectors) when spawned. Spawned by the
 // router node. Every request it makes carries a finite timeout; it must never block, throw, share
-// its state, or call NATS request(). Classifier events of the steps are not delivered yet (the node
-// has no classifier actor).
+// its state, or call NATS request(). The classifier events of the steps go to the classifier actor
+// when the node runs one.
 #pragma once
 
 #include <chrono>
@@ -68,6 +68,10 @@ struct LifecycleActorConfig {
   /// A dispatched attempt without a first chunk after this long counts as a worker failure.
   std::chrono::milliseconds first_token_timeout{30'000};
   LifecycleOptions lifecycle;
+  /// When the node runs a request classifier: told each request's classifier events (Sent per
+  /// dispatch, Responding at the first chunk, Completed at the final chunk, Aborted on an error,
+  /// cancel or timeout). Null: no messages.
+  classifier_actor classifier;
 };
 
 /// One generate request in flight.

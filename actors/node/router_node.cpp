@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "actors/actor_types.hpp"
+#include "actors/classifier/classifier_actor.hpp"
 #include "actors/directory/directory_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/lifecycle/lifecycle_actor.hpp"
@@ -33,9 +34,11 @@ std::string random_lease_prefix() {
 }
 
 // The bridge's callbacks only decode (in the bridge) and hand over to the actors.
+// With a classifier actor, route and generate requests and cancels go to it first.
 BridgeSinks make_bridge_sinks(const directory_actor& directory,
                               const reservation_actor& reservation,
-                              const lifecycle_actor& lifecycle) {
+                              const lifecycle_actor& lifecycle,
+                              const classifier_actor& classifier) {
   BridgeSinks sinks;
   sinks.registration = [directory](discovery::WorkerRegistration registration) {
     caf::anon_send(directory, worker_up_atom::value, std::move(registration));
@@ -55,23 +58,42 @@ BridgeSinks make_bridge_sinks(const directory_actor& directory,
   sinks.kv_dump = [directory](KvDump dump) {
     caf::anon_send(directory, kv_dump_atom::value, std::move(dump));
   };
-  sinks.route = [reservation](RouteRequest request, std::string reply,
-                              std::chrono::steady_clock::time_point received) {
-    caf::anon_send(reservation, route_atom::value,
-                   RouteEnvelope{std::move(request), std::move(reply), received});
-  };
+  if (classifier) {
+    sinks.route = [classifier](RouteRequest request, std::string reply,
+                               std::chrono::steady_clock::time_point received) {
+      caf::anon_send(classifier, route_atom::value,
+                     RouteEnvelope{std::move(request), std::move(reply), received});
+    };
+  } else {
+    sinks.route = [reservation](RouteRequest request, std::string reply,
+                                std::chrono::steady_clock::time_point received) {
+      caf::anon_send(reservation, route_atom::value,
+                     RouteEnvelope{std::move(request), std::move(reply), received});
+    };
+  }
   sinks.report = [reservation](LifecycleReportData report, std::string reply) {
     caf::anon_send(reservation, report_atom::value,
                    ReportEnvelope{std::move(report), std::move(reply)});
   };
-  sinks.generate = [lifecycle](GenerateRequestData request, std::string reply,
-                               std::chrono::steady_clock::time_point received) {
-    caf::anon_send(lifecycle, generate_atom::value,
-                   GenerateEnvelope{std::move(request), std::move(reply), received});
-  };
-  sinks.generate_cancel = [lifecycle](std::string request_id) {
-    caf::anon_send(lifecycle, cancel_atom::value, std::move(request_id));
-  };
+  if (classifier) {
+    sinks.generate = [classifier](GenerateRequestData request, std::string reply,
+                                  std::chrono::steady_clock::time_point received) {
+      caf::anon_send(classifier, generate_atom::value,
+                     GenerateEnvelope{std::move(request), std::move(reply), received});
+    };
+    sinks.generate_cancel = [classifier](std::string request_id) {
+      caf::anon_send(classifier, cancel_atom::value, std::move(request_id));
+    };
+  } else {
+    sinks.generate = [lifecycle](GenerateRequestData request, std::string reply,
+                                 std::chrono::steady_clock::time_point received) {
+      caf::anon_send(lifecycle, generate_atom::value,
+                     GenerateEnvelope{std::move(request), std::move(reply), received});
+    };
+    sinks.generate_cancel = [lifecycle](std::string request_id) {
+      caf::anon_send(lifecycle, cancel_atom::value, std::move(request_id));
+    };
+  }
   sinks.chunk = [lifecycle](std::uint64_t stream_id, v1::GenerateChunk chunk) {
     caf::anon_send(lifecycle, chunk_atom::value, ChunkEnvelope{stream_id, std::move(chunk)});
   };
@@ -121,6 +143,8 @@ struct RouterNode::Impl {
   directory_actor directory;
   reservation_actor reservation;
   lifecycle_actor lifecycle;
+  /// Null unless plugins.request_classifier is set.
+  classifier_actor classifier;
   ingress_actor ingress;
   std::uint16_t actor_port = 0;
 
@@ -170,6 +194,23 @@ struct RouterNode::Impl {
     directory = system->spawn(directory_behavior, DirectoryActorConfig{selector, {}});
   }
 
+  // Admission in front of the reservation and lifecycle actors, only with a configured
+  // request_classifier. Spawned before them (they tell it lifecycle events), it learns their
+  // handles in its first message (hand_classifier_targets), before any request can reach it.
+  void spawn_classifier() {
+    if (!plugins.request_classifier) return;
+    ClassifierActorConfig settings;
+    settings.factory = plugins.request_classifier->factory;
+    settings.publisher = bridge;
+    settings.metrics = registry;
+    settings.clock = options.clock;
+    classifier = system->spawn(classifier_behavior, std::move(settings));
+  }
+
+  void hand_classifier_targets() {
+    if (classifier) caf::anon_send(classifier, targets_atom::value, reservation, lifecycle);
+  }
+
   void spawn_reservation() {
     ReservationActorConfig settings;
     settings.directory = directory;
@@ -181,6 +222,7 @@ struct RouterNode::Impl {
     settings.selector_timeout = options.selector_timeout;
     settings.tick_interval = options.tick_interval;
     settings.clock = options.clock;
+    settings.classifier = classifier;
     reservation = system->spawn(reservation_behavior, std::move(settings));
   }
 
@@ -193,12 +235,14 @@ struct RouterNode::Impl {
     settings.stream_inbox_prefix = bridge->stream_inbox_prefix();
     settings.selector_timeout = options.selector_timeout;
     settings.first_token_timeout = options.first_token_timeout;
+    settings.classifier = classifier;
     lifecycle = system->spawn(lifecycle_behavior, std::move(settings));
   }
 
   void spawn_ingress() {
     ingress = system->spawn(ingress_behavior, IngressActorConfig{.reservation = reservation,
                                                                  .lifecycle = lifecycle,
+                                                                 .classifier = classifier,
                                                                  .limits = {},
                                                                  .metrics = registry,
                                                                  .clock = options.clock});
@@ -220,7 +264,7 @@ struct RouterNode::Impl {
 
   // Hands the bridge's decoded messages to the actors and subscribes.
   std::expected<void, std::string> start_bridge() {
-    return bridge->start(make_bridge_sinks(directory, reservation, lifecycle));
+    return bridge->start(make_bridge_sinks(directory, reservation, lifecycle, classifier));
   }
 
   // Serves /metrics and /healthz, when asked (--metrics-port).
@@ -244,7 +288,8 @@ struct RouterNode::Impl {
   void log_summary() const {
     spdlog::info(
         "kvr node: namespace '{}', block size {}, lease ttl {} ms, first-token timeout {} ms, "
-        "session affinity {}, {} scheduler threads; NATS {}; metrics {}; actor port {}",
+        "session affinity {}, request classifier {}, {} scheduler threads; NATS {}; metrics {}; "
+        "actor port {}",
         options.ns,
         options.router.block_size != 0 ? std::to_string(options.router.block_size)
                                        : std::string{"learnt per partition"},
@@ -253,6 +298,7 @@ struct RouterNode::Impl {
             ? fmt::format("{} (ttl {} s)", as_str(options.session_affinity.mode),
                           options.session_affinity.ttl->count())
             : std::string{"off"},
+        plugins.request_classifier ? plugins.request_classifier->type : std::string{"none"},
         scheduler_threads, options.nats.url,
         http ? fmt::format("http://{}:{}/metrics", options.bind_host, http->port())
              : std::string{"off"},
@@ -269,6 +315,8 @@ struct RouterNode::Impl {
       caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
       caf::anon_send_exit(reservation, caf::exit_reason::user_shutdown);
       caf::anon_send_exit(ingress, caf::exit_reason::user_shutdown);
+      if (classifier) caf::anon_send_exit(classifier, caf::exit_reason::user_shutdown);
+      classifier = nullptr;
       lifecycle = nullptr;
       directory = nullptr;
       reservation = nullptr;
@@ -300,8 +348,10 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   if (auto connected = impl->connect_nats(); !connected) return std::unexpected(connected.error());
   impl->start_actor_system();
   impl->spawn_directory();
+  impl->spawn_classifier();
   impl->spawn_reservation();
   impl->spawn_lifecycle();
+  impl->hand_classifier_targets();
   impl->spawn_ingress();
   // From here on a failed step stops what the steps before it started.
   const auto fail = [&impl](std::string error) {

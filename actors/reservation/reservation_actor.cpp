@@ -38,6 +38,15 @@ void update_booking(Self self, BookingUpdate update) {
             });
 }
 
+// Tells the classifier actor (when the node runs one) a lifecycle event of a request.
+void tell_classifier(Self self, const std::string& model,
+                     plugins::request_classifier::ClassifyEvent event) {
+  const auto& classifier = self->state.config.classifier;
+  if (classifier) {
+    self->send(classifier, classify_atom::value, ClassifierEvent{model, std::move(event)});
+  }
+}
+
 metrics::NodeMetrics node_metrics(Self self) {
   return metrics::NodeMetrics{*self->state.config.metrics};
 }
@@ -94,6 +103,10 @@ void deliver_error(Self self, const RouteEnvelope& envelope, DecisionPromise& pr
                    std::string_view message) {
   node_metrics(self).route_errors(code).add();
   deliver_decision(self, envelope, promise, make_route_error(envelope.request.id(), code, message));
+  // An admitted request that found no worker ends here.
+  tell_classifier(self, envelope.request.partition.model,
+                  plugins::request_classifier::Aborted{envelope.request.id(), std::nullopt,
+                                                       std::string{message}});
 }
 
 // Ends leases that expired unreported, at most `limit` of them: their bookings expire in the
@@ -104,6 +117,11 @@ void expire_leases(Self self, TimePoint now, std::size_t limit) {
   if (expired.empty()) return;
   state.leases_expired.add(static_cast<double>(expired.size()));
   publish_leases_gauge(self);
+  for (const Lease& lease : expired) {
+    tell_classifier(self, lease.partition.model,
+                    plugins::request_classifier::Aborted{lease.request_id, lease.worker,
+                                                         "the lease expired unreported"});
+  }
 }
 
 // Registers a request to a selector; the expiry timer fails it after the selector timeout.
@@ -135,7 +153,13 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
                                           .lease_ttl = state.config.lease_ttl,
                                           .policy = std::move(reply.policy),
                                           .generate_subject = std::move(reply.generate_subject)});
-  if (!deliver_decision(self, pending.envelope, pending.promise, std::move(decision))) {
+  if (deliver_decision(self, pending.envelope, pending.promise, std::move(decision))) {
+    tell_classifier(self, request.partition.model,
+                    plugins::request_classifier::Sent{request.id(), outcome.worker});
+  } else {
+    tell_classifier(self, request.partition.model,
+                    plugins::request_classifier::Aborted{request.id(), std::nullopt,
+                                                         "the decision could not be delivered"});
     // Nobody learnt of this booking: roll it back.
     if (auto lease = state.ledger->close(lease_id)) {
       node_metrics(self).bookings_rolled_back().add();
@@ -206,6 +230,17 @@ AckPromise handle_report(Self self, ReportEnvelope& envelope) {
     deliver_ack(self, envelope, promise, false,
                 fmt::format("lease '{}': {}", report.lease_id, as_str(lease.error())));
     return promise;
+  }
+  namespace rc = plugins::request_classifier;
+  if (first_token) {
+    tell_classifier(self, lease->partition.model, rc::Responding{lease->request_id, lease->worker});
+  } else if (report.event == LifecycleEventKind::Completed) {
+    tell_classifier(self, lease->partition.model,
+                    rc::Completed{lease->request_id, lease->worker, std::nullopt});
+  } else {
+    tell_classifier(self, lease->partition.model,
+                    rc::Aborted{lease->request_id, lease->worker,
+                                report.error.empty() ? std::string{"aborted"} : report.error});
   }
   BookingUpdate update{lease->partition, lease->request_id, !first_token,
                        report.event == LifecycleEventKind::Completed

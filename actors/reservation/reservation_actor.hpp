@@ -67,6 +67,10 @@ struct ReservationActorConfig {
   std::chrono::milliseconds tick_interval{100};
   /// Where the actor reads the time (injected by tests).
   std::shared_ptr<const Clock> clock = Clock::steady();
+  /// When the node runs a request classifier: told each admitted request's lifecycle (Sent at
+  /// the decision, Responding at FIRST_TOKEN, Completed, Aborted at ABORTED, lease expiry, a
+  /// failed delivery or a route error). Null: no messages.
+  classifier_actor classifier;
 };
 
 /// The reservation actor's state.

@@ -3,7 +3,9 @@
 // decoders (actors/wire) produce it, the selector's state consumes it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,12 @@ struct RouteRequest {
   std::string cache_namespace;
   /// Who the request is for, as the client named it (per-tenant admission); empty: none.
   std::string tenant;
+  /// What admission decided (the request classifier, when the node runs one), carried for the
+  /// policy-class queue: the class it is queued and accounted under, when it should be served by,
+  /// and what it costs the queue in tokens (empty: its uncached tokens).
+  std::string policy_class = "default";
+  std::optional<std::chrono::steady_clock::time_point> due_at;
+  std::optional<std::uint64_t> scheduling_cost_tokens;
 
   const std::string& id() const { return selection.request_id; }
 };

@@ -145,9 +145,9 @@ std::expected<void, std::string> check_simulated_blocks(std::uint64_t engines,
   return {};
 }
 
-void warn_unapplied_admission(std::string_view command,
-                              const selection::RouterPolicyConfig& config) {
-  if (config.request_classifier) {
+void warn_unapplied_admission(std::string_view command, const selection::RouterPolicyConfig& config,
+                              bool runs_classifier) {
+  if (config.request_classifier && !runs_classifier) {
     spdlog::warn("{}: request_classifier '{}' is not applied: admission does not run yet", command,
                  config.request_classifier->type);
   }

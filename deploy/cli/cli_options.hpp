@@ -44,10 +44,10 @@ std::expected<void, std::string> check_simulated_blocks(std::uint64_t engines,
                                                         const simulation::EngineConfig& config,
                                                         std::string_view engines_option);
 
-/// Admission (the request classifier and the policy-class queue) is loaded and checked but not run
-/// yet: logs a warning naming each configured section, so that a user is never misled into
-/// thinking it takes effect.
-void warn_unapplied_admission(std::string_view command,
-                              const selection::RouterPolicyConfig& config);
+/// The admission sections a command loads and checks but does not run (the policy-class queue
+/// everywhere; the request classifier unless `runs_classifier`, as in `kvr node`): logs a warning
+/// naming each, so that a user is never misled into thinking it takes effect.
+void warn_unapplied_admission(std::string_view command, const selection::RouterPolicyConfig& config,
+                              bool runs_classifier = false);
 
 }  // namespace kvr::cli

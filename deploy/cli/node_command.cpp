@@ -52,7 +52,8 @@ std::expected<plugins::RouterPlugins, std::string> resolve_policies(
     if (!loaded) return std::unexpected("--router-policy-config: " + loaded.error());
     config = std::move(*loaded);
   }
-  warn_unapplied_admission("kvr node", config);
+  // The node runs the request classifier; the policy-class queue not yet.
+  warn_unapplied_admission("kvr node", config, /*runs_classifier=*/true);
   selection::SelectionOverrides overrides;
   for (WorkerType role : kAllWorkerTypes) {
     const std::string& value = options.role_policies[static_cast<std::size_t>(role)];

@@ -12,11 +12,27 @@ TEST(ErrorTest, MapsToWireCodes) {
   EXPECT_EQ(to_route_error_code(Error::all_filtered), v1::ROUTE_ERROR_ALL_FILTERED);
   EXPECT_EQ(to_route_error_code(Error::rejected), v1::ROUTE_ERROR_REJECTED);
   EXPECT_EQ(to_route_error_code(Error::bad_message), v1::ROUTE_ERROR_INVALID_REQUEST);
+  EXPECT_EQ(to_route_error_code(Error::overloaded), v1::ROUTE_ERROR_OVERLOADED);
+  EXPECT_EQ(to_route_error_code(Error::rate_limited), v1::ROUTE_ERROR_RATE_LIMITED);
+  EXPECT_EQ(to_route_error_code(Error::due_time_expired), v1::ROUTE_ERROR_DUE_TIME_EXPIRED);
+}
+
+// The admission codes were appended: the numbers clients already know keep their meaning.
+TEST(ErrorTest, AdmissionCodesAreAppendedToBothEnums) {
+  EXPECT_EQ(static_cast<int>(Error::unknown_lease), 11);
+  EXPECT_EQ(static_cast<int>(Error::overloaded), 12);
+  EXPECT_EQ(static_cast<int>(Error::rate_limited), 13);
+  EXPECT_EQ(static_cast<int>(Error::due_time_expired), 14);
+  EXPECT_EQ(v1::ROUTE_ERROR_UNAVAILABLE, 8);
+  EXPECT_EQ(v1::ROUTE_ERROR_OVERLOADED, 9);
+  EXPECT_EQ(v1::ROUTE_ERROR_RATE_LIMITED, 10);
+  EXPECT_EQ(v1::ROUTE_ERROR_DUE_TIME_EXPIRED, 11);
+  EXPECT_EQ(as_str(Error::due_time_expired), "due_time_expired");
 }
 
 TEST(ErrorTest, EveryCodeHasAName) {
   for (int code = static_cast<int>(Error::invalid_request);
-       code <= static_cast<int>(Error::unknown_lease); ++code) {
+       code <= static_cast<int>(Error::due_time_expired); ++code) {
     EXPECT_NE(as_str(static_cast<Error>(code)), "unknown_error") << code;
   }
 }

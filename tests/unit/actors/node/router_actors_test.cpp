@@ -1,7 +1,9 @@
 // The node's actors together, in one actor system without NATS: the directory actor spawns a
 // selector per partition, the reservation actor books and leases, the ingress actor answers
 // actor clients (route, report, and generate with its stream). A fake publisher records what would
-// go out on NATS.
+// go out on NATS. The classifier actor sits in front of the reservation and lifecycle actors when
+// a request classifier is configured.
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -17,11 +19,13 @@
 #include <gtest/gtest.h>
 
 #include "actors/actor_types.hpp"
+#include "actors/classifier/classifier_actor.hpp"
 #include "actors/directory/directory_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/lifecycle/lifecycle_actor.hpp"
 #include "actors/metrics/node_metrics.hpp"
 #include "actors/reservation/reservation_actor.hpp"
+#include "classifiers/builtin/max_in_flight.hpp"
 #include "messages/clock.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
@@ -746,6 +750,336 @@ TEST_F(RouterActorsTest, NoFirstChunkInTimeCountsAsAFailureRetriedOnceThenAnErro
   EXPECT_EQ(metrics_->value("kvr_generate_first_token_timeouts_total"), 2);
   EXPECT_TRUE(testing::wait_until([&] { return bookings() == 0; }, 5s));
   caf::anon_send_exit(impatient, caf::exit_reason::user_shutdown);
+}
+
+// ---- admission: the classifier actor in front of the reservation and lifecycle actors ----------
+
+namespace rc = plugins::request_classifier;
+
+// The lifecycle events a classifier was told, as "kind id worker".
+struct ClassifierEventLog {
+  mutable std::mutex mutex;
+  std::vector<std::string> events;
+
+  std::vector<std::string> snapshot() const {
+    std::lock_guard lock{mutex};
+    return events;
+  }
+};
+
+// Records every event, then hands it to the classifier under test.
+class RecordingClassifier final : public rc::RequestClassifier {
+ public:
+  RecordingClassifier(std::unique_ptr<rc::RequestClassifier> inner,
+                      std::shared_ptr<ClassifierEventLog> log)
+      : inner_(std::move(inner)), log_(std::move(log)) {}
+  rc::AdmissionFuture classify(rc::ClassifyRequest request) override {
+    return inner_->classify(std::move(request));
+  }
+  void on_event(const rc::ClassifyEvent& event) override {
+    std::visit(
+        [this](const auto& e) {
+          using E = std::decay_t<decltype(e)>;
+          const char* kind = std::is_same_v<E, rc::Sent>         ? "sent"
+                             : std::is_same_v<E, rc::Responding> ? "responding"
+                             : std::is_same_v<E, rc::Completed>  ? "completed"
+                                                                 : "aborted";
+          std::string worker;
+          if constexpr (std::is_same_v<E, rc::Aborted>) {
+            worker = e.worker ? std::to_string(e.worker->worker_id) : "-";
+          } else {
+            worker = std::to_string(e.worker.worker_id);
+          }
+          std::lock_guard lock{log_->mutex};
+          log_->events.push_back(fmt::format("{} {} {}", kind, e.request_id, worker));
+        },
+        event);
+    inner_->on_event(event);
+  }
+
+ private:
+  std::unique_ptr<rc::RequestClassifier> inner_;
+  std::shared_ptr<ClassifierEventLog> log_;
+};
+
+// Rejects every request as overloaded, naming why.
+class RejectingClassifier final : public rc::RequestClassifier {
+ public:
+  rc::AdmissionFuture classify(rc::ClassifyRequest) override {
+    return rc::AdmissionFuture::rejected(rc::ClassifierError::overloaded("the fleet is full"));
+  }
+};
+
+class ClassifierActorsTest : public RouterActorsTest {
+ protected:
+  ~ClassifierActorsTest() override {
+    for (const caf::actor& actor : {caf::actor_cast<caf::actor>(classifier_),
+                                    caf::actor_cast<caf::actor>(admitted_reservation_),
+                                    caf::actor_cast<caf::actor>(admitted_lifecycle_)}) {
+      if (actor) caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+    }
+  }
+
+  // A classifier actor with its own reservation and lifecycle actors, wired as the node does.
+  void start(std::function<std::unique_ptr<rc::RequestClassifier>()> make_inner) {
+    ClassifierActorConfig settings;
+    auto log = events_;
+    settings.factory = [make_inner, log](const rc::RequestClassifierContext&) {
+      return std::make_unique<RecordingClassifier>(make_inner(), log);
+    };
+    settings.publisher = publisher_;
+    settings.metrics = metrics_;
+    classifier_ = system_.spawn(classifier_behavior, std::move(settings));
+    ReservationActorConfig reservation = reservation_config(directory_, metrics_);
+    reservation.classifier = classifier_;
+    admitted_reservation_ = system_.spawn(reservation_behavior, std::move(reservation));
+    LifecycleActorConfig lifecycle;
+    lifecycle.directory = directory_;
+    lifecycle.publisher = publisher_;
+    lifecycle.metrics = metrics_;
+    lifecycle.log = log_;
+    lifecycle.stream_inbox_prefix = "admitted.streams";
+    lifecycle.first_token_timeout = 60s;
+    lifecycle.classifier = classifier_;
+    admitted_lifecycle_ = system_.spawn(lifecycle_behavior, std::move(lifecycle));
+    caf::anon_send(classifier_, targets_atom::value, admitted_reservation_, admitted_lifecycle_);
+  }
+
+  static std::unique_ptr<rc::RequestClassifier> max_in_flight(std::uint32_t limit) {
+    return std::make_unique<classifiers::builtin::MaxInFlightClassifier>(
+        classifiers::builtin::MaxInFlightParameters{.max_in_flight = limit});
+  }
+
+  v1::RouteDecision decision_on(const std::string& subject) const {
+    v1::RouteDecision decision;
+    const auto published = publisher_->published_on(subject);
+    EXPECT_EQ(published.size(), 1U) << subject;
+    if (!published.empty()) {
+      EXPECT_TRUE(decision.ParseFromString(published.front()));
+    }
+    return decision;
+  }
+
+  std::shared_ptr<ClassifierEventLog> events_ = std::make_shared<ClassifierEventLog>();
+  classifier_actor classifier_;
+  reservation_actor admitted_reservation_;
+  lifecycle_actor admitted_lifecycle_;
+};
+
+TEST_F(ClassifierActorsTest, ARejectedRouteRequestGetsAnExplicitErrorWithTheReason) {
+  register_workers({11});
+  start([] { return std::make_unique<RejectingClassifier>(); });
+  caf::scoped_actor self{system_};
+  v1::RouteDecision decision;
+  self->request(classifier_, 5s, route_atom::value,
+                RouteEnvelope{request("r1"), {}, std::chrono::steady_clock::now()})
+      .receive([&](RouteDecisionMessage& message) { decision = std::move(message.value); },
+               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  ASSERT_TRUE(decision.has_error());
+  EXPECT_EQ(decision.request_id(), "r1");
+  EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_OVERLOADED);
+  EXPECT_EQ(decision.error().message(), "the fleet is full");
+  EXPECT_EQ(bookings(), 0);  // never reached the selector
+  EXPECT_EQ(metrics_->value("kvr_route_errors_total", {{"code", "overloaded"}}), 1);
+
+  // Over NATS, the decision goes to the reply subject; a generate request's stream also ends.
+  caf::anon_send(classifier_, route_atom::value,
+                 RouteEnvelope{request("r2"), "reply.r2", std::chrono::steady_clock::now()});
+  GenerateRequestData generate;
+  generate.route = request("g1");
+  generate.stream_subject = "client.stream";
+  generate.wire.mutable_route()->set_request_id("g1");
+  caf::anon_send(classifier_, generate_atom::value,
+                 GenerateEnvelope{generate, "client.reply", std::chrono::steady_clock::now()});
+  ASSERT_TRUE(testing::wait_until(
+      [&] {
+        return publisher_->published_on("reply.r2").size() == 1 &&
+               publisher_->published_on("client.stream").size() == 1;
+      },
+      5s));
+  EXPECT_EQ(decision_on("reply.r2").error().code(), v1::ROUTE_ERROR_OVERLOADED);
+  EXPECT_EQ(decision_on("client.reply").error().code(), v1::ROUTE_ERROR_OVERLOADED);
+  v1::GenerateChunk end;
+  ASSERT_TRUE(end.ParseFromString(publisher_->published_on("client.stream")[0]));
+  EXPECT_TRUE(end.finished());
+  EXPECT_EQ(end.finish_reason(), "error");
+  EXPECT_EQ(end.error().code(), v1::ROUTE_ERROR_OVERLOADED);
+  EXPECT_TRUE(publisher_->published_on("gen.11").empty());
+}
+
+TEST_F(ClassifierActorsTest, MaxInFlightOneAnswersTheSecondRouteOnlyAfterTheFirstCompletes) {
+  register_workers({11, 12});
+  start([] { return max_in_flight(1); });
+  // Both from one sender: the classifier sees r1 first, and defers r2 at once.
+  caf::anon_send(classifier_, route_atom::value,
+                 RouteEnvelope{request("r1"), "reply.r1", std::chrono::steady_clock::now()});
+  caf::anon_send(classifier_, route_atom::value,
+                 RouteEnvelope{request("r2"), "reply.r2", std::chrono::steady_clock::now()});
+  // r1's decision was written and its Sent reached the classifier.
+  ASSERT_TRUE(testing::wait_until(
+      [&] {
+        return !events_->snapshot().empty() && publisher_->published_on("reply.r1").size() == 1;
+      },
+      5s));
+  const v1::RouteDecision first = decision_on("reply.r1");
+  ASSERT_TRUE(first.has_success()) << first.error().message();
+  EXPECT_EQ(events_->snapshot(),
+            std::vector<std::string>{fmt::format("sent r1 {}", first.success().worker_id())});
+  // Sent frees nothing: r2 is still waiting.
+  EXPECT_TRUE(publisher_->published_on("reply.r2").empty());
+  EXPECT_EQ(bookings(), 1);
+
+  EXPECT_TRUE(
+      report_via(admitted_reservation_, first.success().lease_id(), LifecycleEventKind::FirstToken)
+          .accepted());
+  ASSERT_TRUE(testing::wait_until([&] { return events_->snapshot().size() == 2; }, 5s));
+  EXPECT_TRUE(publisher_->published_on("reply.r2").empty());  // nor does the first token
+  EXPECT_TRUE(
+      report_via(admitted_reservation_, first.success().lease_id(), LifecycleEventKind::Completed)
+          .accepted());
+  ASSERT_TRUE(
+      testing::wait_until([&] { return publisher_->published_on("reply.r2").size() == 1; }, 5s));
+  const v1::RouteDecision second = decision_on("reply.r2");
+  ASSERT_TRUE(second.has_success()) << second.error().message();
+  EXPECT_EQ(second.request_id(), "r2");
+  ASSERT_TRUE(testing::wait_until([&] { return events_->snapshot().size() == 4; }, 5s));
+  const auto worker = first.success().worker_id();
+  EXPECT_EQ(events_->snapshot(),
+            (std::vector<std::string>{fmt::format("sent r1 {}", worker),
+                                      fmt::format("responding r1 {}", worker),
+                                      fmt::format("completed r1 {}", worker),
+                                      fmt::format("sent r2 {}", second.success().worker_id())}));
+}
+
+TEST_F(ClassifierActorsTest, GenerateWithARetryTellsTheClassifierTwoSentsInOrder) {
+  register_workers({11, 12});
+  start([] { return max_in_flight(2); });
+  GenerateRequestData generate;
+  generate.route = request("g1");
+  generate.stream_subject = "client.stream";
+  generate.wire.mutable_route()->set_request_id("g1");
+  generate.wire.set_max_output_tokens(2);
+  caf::anon_send(classifier_, generate_atom::value,
+                 GenerateEnvelope{generate, "client.reply", std::chrono::steady_clock::now()});
+  WorkerId first = 0;
+  ASSERT_TRUE(testing::wait_until(
+      [&] {
+        for (WorkerId id : {11, 12}) {
+          if (!publisher_->published_on("gen." + std::to_string(id)).empty()) first = id;
+        }
+        return first != 0;
+      },
+      5s));
+  const WorkerId second = first == 11 ? 12 : 11;
+  // The worker leaves before its first token: the request is retried on the other one.
+  caf::anon_send(directory_, worker_down_atom::value, WorkerLiveness{first, 1});
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return !publisher_->published_on("gen." + std::to_string(second)).empty(); }, 5s));
+  v1::GenerateChunk chunk;
+  chunk.set_request_id("g1");
+  chunk.set_worker_id(second);
+  chunk.add_token_ids(7);
+  caf::anon_send(admitted_lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  chunk.set_index(1);
+  chunk.set_finished(true);
+  chunk.set_finish_reason("length");
+  caf::anon_send(admitted_lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  ASSERT_TRUE(testing::wait_until([&] { return events_->snapshot().size() == 4; }, 5s))
+      << ::testing::PrintToString(events_->snapshot());
+  EXPECT_EQ(events_->snapshot(), (std::vector<std::string>{
+                                     fmt::format("sent g1 {}", first),
+                                     fmt::format("sent g1 {}", second),
+                                     fmt::format("responding g1 {}", second),
+                                     fmt::format("completed g1 {}", second),
+                                 }));
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return publisher_->published_on("client.stream").size() == 2; }, 5s));
+}
+
+TEST_F(ClassifierActorsTest, CancellingADeferredGenerateEndsItsStreamAndFreesNothing) {
+  register_workers({11});
+  start([] { return max_in_flight(1); });
+  GenerateRequestData generate;
+  generate.route = request("g1");
+  generate.stream_subject = "g1.stream";
+  generate.wire.mutable_route()->set_request_id("g1");
+  caf::anon_send(classifier_, generate_atom::value,
+                 GenerateEnvelope{generate, "g1.reply", std::chrono::steady_clock::now()});
+  generate.route = request("g2");
+  generate.stream_subject = "g2.stream";
+  generate.wire.mutable_route()->set_request_id("g2");
+  caf::anon_send(classifier_, generate_atom::value,
+                 GenerateEnvelope{generate, "g2.reply", std::chrono::steady_clock::now()});
+  caf::anon_send(classifier_, cancel_atom::value, std::string{"g2"});
+  ASSERT_TRUE(
+      testing::wait_until([&] { return publisher_->published_on("g2.stream").size() == 1; }, 5s));
+  v1::GenerateChunk end;
+  ASSERT_TRUE(end.ParseFromString(publisher_->published_on("g2.stream")[0]));
+  EXPECT_TRUE(end.finished());
+  EXPECT_EQ(end.finish_reason(), "cancelled");
+  // g1 is still served, g2 never reached a worker.
+  ASSERT_TRUE(
+      testing::wait_until([&] { return publisher_->published_on("gen.11").size() == 1; }, 5s));
+  v1::GenerateRequest dispatched;
+  ASSERT_TRUE(dispatched.ParseFromString(publisher_->published_on("gen.11")[0]));
+  EXPECT_EQ(dispatched.route().request_id(), "g1");
+}
+
+// Actor clients through an ingress wired to the classifier, as the node wires it: a client that
+// terminates while its request waits for admission drops it (the next request is not queued
+// behind it), and the admitted request's stream is served as usual.
+TEST_F(ClassifierActorsTest, ATerminatedActorClientDropsItsWaitingRequest) {
+  register_workers({11});
+  start([] { return max_in_flight(1); });
+  auto ingress =
+      system_.spawn(ingress_behavior, IngressActorConfig{.reservation = admitted_reservation_,
+                                                         .lifecycle = admitted_lifecycle_,
+                                                         .classifier = classifier_,
+                                                         .limits = {},
+                                                         .metrics = metrics_});
+  caf::scoped_actor self{system_};
+  v1::RouteDecision first;
+  self->request(ingress, 5s, generate_atom::value,
+                GenerateRequestMessage{actor_generate_request("ag1")})
+      .receive([&](RouteDecisionMessage& message) { first = std::move(message.value); },
+               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  ASSERT_TRUE(first.has_success()) << first.error().message();
+  {
+    caf::scoped_actor gone{system_};
+    gone->send(ingress, generate_atom::value,
+               GenerateRequestMessage{actor_generate_request("ag2")});
+    // ag2 reached the classifier and waits behind ag1 before its client ends.
+    ASSERT_TRUE(testing::wait_until(
+        [&] {
+          return metrics_->value("kvr_generate_requests_total", {{"ingress", "actor"}}) == 2;
+        },
+        5s));
+  }
+  v1::GenerateChunk chunk;
+  chunk.set_request_id("ag1");
+  chunk.set_worker_id(11);
+  chunk.add_token_ids(7);
+  chunk.set_finished(true);
+  chunk.set_finish_reason("length");
+  caf::anon_send(admitted_lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  const auto last = next_chunk(self);
+  ASSERT_TRUE(last);
+  EXPECT_TRUE(last->finished());
+  // ag3 is admitted at once: nothing waits before it any more.
+  v1::RouteDecision third;
+  self->request(ingress, 5s, generate_atom::value,
+                GenerateRequestMessage{actor_generate_request("ag3")})
+      .receive([&](RouteDecisionMessage& message) { third = std::move(message.value); },
+               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  ASSERT_TRUE(third.has_success()) << third.error().message();
+  ASSERT_TRUE(
+      testing::wait_until([&] { return publisher_->published_on("gen.11").size() == 2; }, 5s));
+  v1::GenerateRequest dispatched;
+  ASSERT_TRUE(dispatched.ParseFromString(publisher_->published_on("gen.11")[1]));
+  EXPECT_EQ(dispatched.route().request_id(), "ag3");
+  const auto events = events_->snapshot();
+  EXPECT_EQ(std::count(events.begin(), events.end(), "sent ag2 11"), 0);
+  caf::anon_send_exit(ingress, caf::exit_reason::user_shutdown);
 }
 
 }  // namespace

@@ -1,0 +1,272 @@
+#include "actors/classifier/classifier_actor.hpp"
+
+#include <vector>
+
+#include <caf/actor_cast.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/send.hpp>
+#include <caf/typed_event_based_actor.hpp>
+#include <fmt/format.h>
+
+#include "actors/lifecycle/request_lifecycle.hpp"
+#include "actors/metrics/node_metrics.hpp"
+
+namespace kvr::actors {
+namespace {
+
+namespace rc = plugins::request_classifier;
+using Self = classifier_actor::stateful_pointer<ClassifierActorState>;
+using DecisionPromise = caf::typed_response_promise<RouteDecisionMessage>;
+using Waiting = ClassifierActorState::Waiting;
+using WaitingRoute = ClassifierActorState::WaitingRoute;
+using WaitingGenerate = ClassifierActorState::WaitingGenerate;
+
+metrics::NodeMetrics node_metrics(Self self) {
+  return metrics::NodeMetrics{*self->state.config.metrics};
+}
+
+// The model's admission state, created at its first request. The factory sees block size 0 and
+// no workers (file comment of classifier_actor.hpp).
+ClassifierActorState::Model& model_for(Self self, const std::string& model) {
+  auto& models = self->state.models;
+  auto it = models.find(model);
+  if (it != models.end()) return it->second;
+  const rc::RequestClassifierContext context{0, {}};
+  // A Waker only enqueues a wake message (it may fire inside the classifier or on any thread);
+  // the address is weak, so a late Waker finds no actor instead of keeping it alive.
+  const caf::actor_addr address = self->address();
+  auto admission = std::make_unique<AdmissionState>(self->state.config.factory(context), [address] {
+    if (auto strong = caf::actor_cast<caf::strong_actor_ptr>(address)) {
+      caf::anon_send(caf::actor_cast<classifier_actor>(strong), wake_atom::value);
+    }
+  });
+  return models.emplace(model, ClassifierActorState::Model{std::move(admission), {}}).first->second;
+}
+
+// Refuses a generate request with its decision and the final chunk of its stream, as the
+// lifecycle actor refuses one it cannot serve.
+void end_generate(Self self, WaitingGenerate& waiting, Error code, const std::string& message,
+                  const char* finish_reason) {
+  auto& config = self->state.config;
+  const GenerateEnvelope& envelope = waiting.envelope;
+  const std::string& request_id = envelope.request.route.id();
+  const v1::RouteDecision decision = make_route_error(request_id, code, message);
+  const v1::GenerateChunk end = make_end_chunk(
+      request_id, 0,
+      StreamEnd{finish_reason,
+                std::string_view{finish_reason} == "error" ? std::optional{code} : std::nullopt,
+                message},
+      std::nullopt);
+  if (envelope.stream_actor) {
+    // The decision leaves before the stream's end, as for a request that was served.
+    waiting.promise.deliver(RouteDecisionMessage{decision});
+    self->send(caf::actor_cast<stream_client_actor>(envelope.stream_actor), chunk_atom::value,
+               GenerateChunkMessage{end});
+    return;
+  }
+  if (!envelope.reply_subject.empty()) {
+    config.publisher->publish(envelope.reply_subject, decision.SerializeAsString());
+  }
+  config.publisher->publish(envelope.request.stream_subject, end.SerializeAsString());
+  waiting.promise.deliver(RouteDecisionMessage{decision});  // nobody waits: dropped
+}
+
+void reject(Self self, Waiting& waiting, const AdmissionRejected& rejection) {
+  node_metrics(self).route_errors(rejection.code).add();
+  if (auto* route = std::get_if<WaitingRoute>(&waiting)) {
+    const v1::RouteDecision decision =
+        make_route_error(route->envelope.request.id(), rejection.code, rejection.message);
+    if (!route->envelope.reply_subject.empty()) {
+      self->state.config.publisher->publish(route->envelope.reply_subject,
+                                            decision.SerializeAsString());
+    }
+    route->promise.deliver(RouteDecisionMessage{decision});
+    return;
+  }
+  end_generate(self, std::get<WaitingGenerate>(waiting), rejection.code, rejection.message,
+               "error");
+}
+
+void hand_on(Self self, Waiting& waiting, const rc::ClassifyRequest& admitted) {
+  auto& config = self->state.config;
+  if (auto* route = std::get_if<WaitingRoute>(&waiting)) {
+    apply_admission(route->envelope.request, admitted);
+    route->promise.delegate(config.reservation, route_atom::value, std::move(route->envelope));
+    return;
+  }
+  auto& generate = std::get<WaitingGenerate>(waiting);
+  apply_admission(generate.envelope.request.route, admitted);
+  generate.promise.delegate(config.lifecycle, generate_atom::value, std::move(generate.envelope));
+}
+
+// Counts an actor client's waiting requests: the first is monitored, the last stops it.
+void track_client(Self self, const Waiting& waiting) {
+  const auto* generate = std::get_if<WaitingGenerate>(&waiting);
+  if (generate == nullptr || !generate->envelope.stream_actor) return;
+  const caf::actor& client = generate->envelope.stream_actor;
+  if (++self->state.monitored_clients[client.address()] == 1) self->monitor(client);
+}
+void untrack_client(Self self, const Waiting& waiting) {
+  const auto* generate = std::get_if<WaitingGenerate>(&waiting);
+  if (generate == nullptr || !generate->envelope.stream_actor) return;
+  auto& clients = self->state.monitored_clients;
+  const auto it = clients.find(generate->envelope.stream_actor.address());
+  if (it == clients.end() || --it->second > 0) return;
+  self->demonitor(it->first);
+  clients.erase(it);
+}
+
+void settle(Self self, ClassifierActorState::Model& model, AdmissionOutcome& outcome) {
+  auto node = model.waiting.extract(outcome.request_id);
+  if (node.empty()) return;
+  untrack_client(self, node.mapped());
+  if (outcome.admitted()) {
+    hand_on(self, node.mapped(), outcome.request());
+  } else {
+    reject(self, node.mapped(), outcome.rejection());
+  }
+}
+
+// Arms one delayed wake message at the earliest wake or due time of all models, unless one is on
+// its way for that time or earlier.
+void arm_timer(Self self) {
+  auto& state = self->state;
+  std::optional<rc::TimePoint> next;
+  for (const auto& [name, model] : state.models) {
+    if (const auto deadline = model.admission->next_deadline();
+        deadline && (!next || *deadline < *next)) {
+      next = deadline;
+    }
+  }
+  if (!next || (state.armed_for && *state.armed_for <= *next)) return;
+  state.armed_for = next;
+  const auto now = state.config.clock->now();
+  const auto delay = *next > now
+                         ? std::chrono::duration_cast<std::chrono::microseconds>(*next - now)
+                         : std::chrono::microseconds{0};
+  self->delayed_send(self, delay, wake_atom::value);
+}
+
+// Polls what is due in one model and settles the decisions.
+void drive(Self self, ClassifierActorState::Model& model) {
+  const auto now = self->state.config.clock->now();
+  const auto deadline = model.admission->next_deadline();
+  if (!model.admission->has_woken() && !(deadline && *deadline <= now)) return;
+  auto outcomes = model.admission->poll_due(now);
+  for (auto& outcome : outcomes) settle(self, model, outcome);
+}
+
+template <class WaitingKind>
+void admit(Self self, const std::string& model_name, std::string request_id,
+           const RouteRequest& request, WaitingKind waiting) {
+  auto& model = model_for(self, model_name);
+  auto [it, inserted] = model.waiting.try_emplace(request_id, std::move(waiting));
+  if (!inserted) {
+    Waiting duplicate{std::move(waiting)};
+    reject(self, duplicate,
+           AdmissionRejected{
+               Error::invalid_request,
+               fmt::format("request '{}' is already waiting for admission", request_id)});
+    return;
+  }
+  track_client(self, it->second);
+  const auto now = self->state.config.clock->now();
+  if (auto outcome = model.admission->admit(request_id, classify_request(request, now), now)) {
+    settle(self, model, *outcome);
+  }
+  arm_timer(self);
+}
+
+}  // namespace
+
+classifier_actor::behavior_type classifier_behavior(Self self, ClassifierActorConfig config) {
+  self->state.config = std::move(config);
+  // Shutdown: no undecided request is left without an answer.
+  self->set_exit_handler([self](caf::exit_msg& message) {
+    for (auto& [name, model] : self->state.models) {
+      for (auto& [request_id, waiting] : model.waiting) {
+        model.admission->cancel(request_id, "the router node is shutting down");
+        reject(self, waiting,
+               AdmissionRejected{Error::unavailable, "the router node is shutting down"});
+      }
+      model.waiting.clear();
+    }
+    self->quit(message.reason);
+  });
+  // An actor client that terminated waits for nothing: drop its undecided requests.
+  self->set_down_handler([self](caf::down_msg& message) {
+    self->state.monitored_clients.erase(message.source);
+    for (auto& [name, model] : self->state.models) {
+      std::vector<std::string> gone;
+      for (const auto& [request_id, waiting] : model.waiting) {
+        const auto* generate = std::get_if<WaitingGenerate>(&waiting);
+        if (generate != nullptr && generate->envelope.stream_actor &&
+            generate->envelope.stream_actor.address() == message.source) {
+          gone.push_back(request_id);
+        }
+      }
+      for (const std::string& request_id : gone) {
+        model.admission->cancel(request_id, "the client actor terminated");
+        model.waiting.erase(request_id);
+      }
+    }
+    arm_timer(self);
+  });
+  return {
+      [self](route_atom, RouteEnvelope& envelope) -> caf::result<RouteDecisionMessage> {
+        auto promise = self->make_response_promise<RouteDecisionMessage>();
+        const std::string model = envelope.request.partition.model;
+        const std::string request_id = envelope.request.id();
+        const RouteRequest request = envelope.request;
+        admit(self, model, request_id, request, WaitingRoute{std::move(envelope), promise});
+        return promise;
+      },
+      [self](generate_atom, GenerateEnvelope& envelope) -> caf::result<RouteDecisionMessage> {
+        auto promise = self->make_response_promise<RouteDecisionMessage>();
+        const std::string model = envelope.request.route.partition.model;
+        const std::string request_id = envelope.request.route.id();
+        const RouteRequest request = envelope.request.route;
+        admit(self, model, request_id, request, WaitingGenerate{std::move(envelope), promise});
+        return promise;
+      },
+      [self](cancel_atom, std::string& request_id) {
+        for (auto& [name, model] : self->state.models) {
+          auto node = model.waiting.extract(request_id);
+          if (node.empty()) continue;
+          model.admission->cancel(request_id, "cancelled by the client");
+          untrack_client(self, node.mapped());
+          if (auto* generate = std::get_if<WaitingGenerate>(&node.mapped())) {
+            end_generate(self, *generate, Error::unavailable,
+                         fmt::format("request '{}' cancelled: cancelled by the client", request_id),
+                         "cancelled");
+          }
+          arm_timer(self);
+          return;
+        }
+        // Admitted (or unknown here): the lifecycle actor ends it and reports Aborted.
+        self->send(self->state.config.lifecycle, cancel_atom::value, std::move(request_id));
+      },
+      [self](classify_atom, ClassifierEvent& event) {
+        auto it = self->state.models.find(event.model);
+        if (it == self->state.models.end()) return;
+        it->second.admission->on_event(event.event);
+        // Wakers fired by the event are polled in this turn; their wake message finds nothing.
+        drive(self, it->second);
+        arm_timer(self);
+      },
+      [self](targets_atom, reservation_actor& reservation, lifecycle_actor& lifecycle) {
+        self->state.config.reservation = std::move(reservation);
+        self->state.config.lifecycle = std::move(lifecycle);
+      },
+      [self](wake_atom) {
+        auto& state = self->state;
+        if (state.armed_for && *state.armed_for <= state.config.clock->now()) {
+          state.armed_for.reset();
+        }
+        for (auto& [name, model] : state.models) drive(self, model);
+        arm_timer(self);
+      },
+  };
+}
+
+}  // namespace kvr::actors

@@ -1,0 +1,103 @@
+// The classifier actor: one per node, in front of the reservation (route mode) and lifecycle
+// (generate mode) actors when the node runs a request classifier (`request_classifier` in the
+// router-policy YAML). It keeps one AdmissionState per routed model, created at the model's first
+// request from the resolved factory. Every route and generate request is classified; an admitted
+// one is handed on (its response promise delegated) with the classifier's decisions applied: the
+// worker-selection target as selection.affinity_target, the policy class, due time and scheduling
+// cost in the RouteRequest's fields of the same names. A rejected one gets an explicit
+// RouteDecision error with the classifier's reason (overloaded, rate_limited, due_time_expired,
+// or rejected when the classifier failed), on the request's NATS reply subject or as the actor
+// client's response, and for generate also the final error chunk of its stream.
+//
+// State it owns: the AdmissionStates by model; the undecided requests (request id → model, the
+// envelope and the response promise); the time its wake-up timer is armed for.
+// Messages it handles (its typed interface, `classifier_actor`, in actors/actor_types.hpp):
+//   route(RouteEnvelope) → RouteDecisionMessage       — from the NATS bridge and the ingress;
+//   generate(GenerateEnvelope) → RouteDecisionMessage — likewise;
+//   cancel(request id)               — an undecided generate request ends with a "cancelled"
+//                                      chunk and its future is dropped; others go to the lifecycle
+//                                      actor, which reports Aborted;
+//   classify(ClassifierEvent)        — a lifecycle event of an admitted request (Sent, Responding,
+//                                      Completed, Aborted) from the reservation or lifecycle actor;
+//   targets(reservation, lifecycle)  — from the node, first: where admitted requests go;
+//   an exit message (node shutdown)  — every undecided request ends with an explicit error;
+//   a down message (actor client)    — the client's undecided requests are dropped;
+//   wake                             — internal: one delayed_send at the earliest wake or due time
+//                                      (re-armed when an earlier one appears), and one message per
+//                                      batch of fired Wakers.
+// Undecided requests are re-polled only on a wake-up, never on a timer tick. The RequestClassifier
+// Context has block size 0 and no workers: the classifier is created at the model's first request,
+// before the node necessarily knows its fleet. Spawned by the router node only when a classifier
+// is configured; otherwise the node wires the bridge and the ingress straight to the reservation
+// and lifecycle actors, so pass-through costs nothing. It must never block or throw.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <variant>
+
+#include <caf/actor_addr.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_response_promise.hpp>
+
+#include "actors/actor_types.hpp"
+#include "actors/classifier/admission_state.hpp"
+#include "actors/metrics/metrics_registry.hpp"
+#include "actors/nats/nats_bridge.hpp"
+#include "messages/clock.hpp"
+
+namespace kvr::actors {
+
+/// What the classifier actor is spawned with.
+struct ClassifierActorConfig {
+  /// Creates one classifier per model (RouterPlugins::request_classifier).
+  plugins::request_classifier::RequestClassifierFactory factory;
+  /// Where admitted requests go (also settable by a targets message, which the node sends first
+  /// because these actors are spawned after this one).
+  reservation_actor reservation;
+  lifecycle_actor lifecycle;
+  /// Publishes rejections to NATS clients.
+  std::shared_ptr<RouterPublisher> publisher;
+  std::shared_ptr<metrics::MetricsRegistry> metrics;
+  /// The classifier's clock (ClassifyRequest::Arrival::arrived_at, PollContext::now).
+  std::shared_ptr<const Clock> clock = Clock::steady();
+};
+
+/// The classifier actor's state.
+struct ClassifierActorState {
+  static inline const char* name = "kvr.classifier";
+  ClassifierActorConfig config;
+
+  /// A request waiting for its admission decision, and how to answer or hand it on.
+  struct WaitingRoute {
+    RouteEnvelope envelope;
+    caf::typed_response_promise<RouteDecisionMessage> promise;
+  };
+  struct WaitingGenerate {
+    GenerateEnvelope envelope;
+    caf::typed_response_promise<RouteDecisionMessage> promise;
+  };
+  using Waiting = std::variant<WaitingRoute, WaitingGenerate>;
+
+  struct Model {
+    std::unique_ptr<AdmissionState> admission;
+    std::unordered_map<std::string, Waiting> waiting;
+  };
+  std::unordered_map<std::string, Model> models;
+  /// Actor clients with generate requests waiting here, monitored so that a client's end drops
+  /// its requests (the lifecycle actor does the same for admitted ones).
+  std::map<caf::actor_addr, std::size_t> monitored_clients;
+  /// The earliest time a delayed wake message is on its way for; empty: none.
+  std::optional<std::chrono::steady_clock::time_point> armed_for;
+};
+
+/// The classifier actor's behaviour.
+classifier_actor::behavior_type classifier_behavior(
+    classifier_actor::stateful_pointer<ClassifierActorState> self, ClassifierActorConfig config);
+
+}  // namespace kvr::actors

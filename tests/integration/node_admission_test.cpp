@@ -1,0 +1,171 @@
+// `kvr node` with a request classifier, as real processes: a nats-server on loopback, `kvr mocker`
+// workers and `kvr node --router-policy-config` naming `max-in-flight` with a budget of 2. Ten
+// concurrent generate requests all complete, and never more than two are at the workers at once.
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "actors/nats/nats_client.hpp"
+#include "kvr/v1/routing.pb.h"
+#include "messages/subjects.hpp"
+#include "tests/testing/kvr_cluster_test.hpp"
+#include "tests/testing/loopback_http.hpp"
+#include "tests/testing/nats_recorder.hpp"
+
+namespace kvr {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ChildProcess;
+using testing::ChunkStream;
+using testing::free_port;
+using testing::NatsRecorder;
+using testing::prompt;
+using testing::wait_until;
+
+constexpr std::string_view kNamespace = "adm";
+constexpr std::uint32_t kBlockSize = 16;
+
+class NodeAdmissionTest : public testing::KvrClusterTest {
+ protected:
+  NodeAdmissionTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+
+  void TearDown() override {
+    if (HasFailure()) {
+      if (node_) std::cerr << "---- node log\n" << node_->log();
+      if (mocker_) std::cerr << "---- mocker log\n" << mocker_->log();
+    }
+    streams_.clear();
+  }
+
+  std::unique_ptr<ChunkStream>& open_stream() {
+    streams_.push_back(std::make_unique<ChunkStream>());
+    EXPECT_TRUE(streams_.back()->open(*client_));
+    return streams_.back();
+  }
+
+  std::optional<ChildProcess> mocker_;
+  std::optional<ChildProcess> node_;
+  std::vector<std::unique_ptr<ChunkStream>> streams_;
+};
+
+TEST_F(NodeAdmissionTest, MaxInFlightTwoKeepsAtMostTwoAtTheWorkersAndCompletesAll) {
+  constexpr int kRequests = 10;
+  constexpr std::uint32_t kOutputTokens = 24;
+  const std::set<WorkerId> workers{100, 101, 102, 103};
+  auto mocker = kvr_->start_mocker({.workers = static_cast<int>(workers.size()),
+                                    .worker_id_base = 100,
+                                    .block_size = kBlockSize,
+                                    .num_gpu_blocks = 2048,
+                                    .time_scale = "1",
+                                    .lease_ttl_ms = 600,
+                                    .load_interval_ms = 50},
+                                   "mocker.log");
+  ASSERT_TRUE(mocker);
+  mocker_ = std::move(*mocker);
+  const auto config = directory_.path() / "router.yaml";
+  {
+    std::ofstream yaml{config};
+    yaml << "request_classifier:\n"
+            "  type: max-in-flight\n"
+            "  parameters: {max_in_flight: 2}\n";
+  }
+  const std::uint16_t metrics_port = free_port();
+  node_ = kvr_->start_node({.block_size = kBlockSize,
+                            .metrics_port = metrics_port,
+                            .extra = {"--router-policy-config", config.string()}});
+  ASSERT_TRUE(node_);
+  ASSERT_TRUE(testing::wait_until_healthy(metrics_port, 20s)) << node_->log();
+  // Route-mode probes (each reported completed) pass through the classifier too.
+  int probes = 0;
+  for (WorkerId worker : workers) {
+    ASSERT_TRUE(testing::wait_until_routable(
+        *client_, kNamespace, worker, [&] { return "probe-" + std::to_string(++probes); }, 20s));
+  }
+
+  // The observable: every message on the server, in the order it delivers them to one
+  // subscription. A request is "at a worker" from the node's dispatch (a GenerateRequest on the
+  // worker's generate subject) until the worker's own final chunk (on the node's stream inbox,
+  // which the dispatch names). The classifier frees a slot only once the node has received that
+  // final chunk, so the next dispatch is published after the server already delivered the chunk
+  // to this subscription: the order seen here is causal, and the running count is exact.
+  NatsRecorder everything;
+  ASSERT_TRUE(everything.listen(*client_, ">"));
+  NatsRecorder decisions;
+  const std::string reply = client_->new_inbox();
+  ASSERT_TRUE(decisions.listen(*client_, reply));
+
+  std::vector<ChunkStream*> streams;
+  for (int i = 0; i < kRequests; ++i) {
+    ChunkStream* stream = open_stream().get();
+    streams.push_back(stream);
+    v1::GenerateRequest request;
+    auto* route = request.mutable_route();
+    route->set_request_id("adm-" + std::to_string(i));
+    route->set_model("mock-model");
+    for (std::uint32_t token : prompt(64, 100 + i)) route->mutable_tokens()->add_ids(token);
+    request.set_max_output_tokens(kOutputTokens);
+    request.set_stream_subject(stream->subject());
+    ASSERT_TRUE(client_->publish_request(subjects::router_generate(kNamespace), reply,
+                                         request.SerializeAsString()));
+  }
+  ASSERT_TRUE(wait_until(
+      [&] {
+        for (ChunkStream* stream : streams) {
+          if (!stream->finished()) return false;
+        }
+        return true;
+      },
+      90s));
+  for (ChunkStream* stream : streams) {
+    const auto chunks = stream->chunks();
+    ASSERT_EQ(chunks.size(), kOutputTokens) << chunks.back().DebugString();
+    EXPECT_EQ(chunks.back().finish_reason(), "length");
+  }
+  ASSERT_TRUE(decisions.wait_for(kRequests, 10s));
+  for (const auto& decision : decisions.decoded<v1::RouteDecision>()) {
+    EXPECT_TRUE(decision.has_success()) << decision.DebugString();
+  }
+
+  std::map<std::string, WorkerId> node_streams;  // the node's stream inbox subjects → worker
+  int at_workers = 0;
+  int most_at_workers = 0;
+  int dispatches = 0;
+  int worker_finals = 0;
+  for (const auto& message : everything.messages()) {
+    bool dispatch = false;
+    for (WorkerId worker : workers) {
+      if (message.subject == subjects::worker_generate(kNamespace, worker)) {
+        v1::GenerateRequest dispatched;
+        ASSERT_TRUE(dispatched.ParseFromString(message.data));
+        node_streams.emplace(dispatched.stream_subject(), worker);
+        dispatch = true;
+      }
+    }
+    if (dispatch) {
+      ++dispatches;
+      most_at_workers = std::max(most_at_workers, ++at_workers);
+      continue;
+    }
+    if (!node_streams.contains(message.subject)) continue;
+    v1::GenerateChunk chunk;
+    ASSERT_TRUE(chunk.ParseFromString(message.data));
+    if (chunk.finished()) {
+      ++worker_finals;
+      --at_workers;
+    }
+  }
+  EXPECT_EQ(dispatches, kRequests);  // no retries: each request reached one worker once
+  EXPECT_EQ(worker_finals, kRequests);
+  EXPECT_EQ(at_workers, 0);
+  EXPECT_EQ(most_at_workers, 2);  // the budget was used, and never exceeded
+  EXPECT_TRUE(node_->running());
+}
+
+}  // namespace
+}  // namespace kvr
