@@ -38,12 +38,14 @@ void update_booking(Self self, BookingUpdate update) {
             });
 }
 
-// Tells the classifier actor (when the node runs one) a lifecycle event of a request.
-void tell_classifier(Self self, const std::string& model,
-                     plugins::request_classifier::ClassifyEvent event) {
+// Tells the classifier actor (when the node runs one) a lifecycle event of a request; the event
+// is built only then, so a node without a classifier pays nothing for it.
+template <class MakeEvent>
+void tell_classifier(Self self, const std::string& model, MakeEvent&& make_event) {
   const auto& classifier = self->state.config.classifier;
   if (classifier) {
-    self->send(classifier, classify_atom::value, ClassifierEvent{model, std::move(event)});
+    self->send(classifier, classify_atom::value,
+               ClassifierEvent{model, plugins::request_classifier::ClassifyEvent{make_event()}});
   }
 }
 
@@ -104,9 +106,10 @@ void deliver_error(Self self, const RouteEnvelope& envelope, DecisionPromise& pr
   node_metrics(self).route_errors(code).add();
   deliver_decision(self, envelope, promise, make_route_error(envelope.request.id(), code, message));
   // An admitted request that found no worker ends here.
-  tell_classifier(self, envelope.request.partition.model,
-                  plugins::request_classifier::Aborted{envelope.request.id(), std::nullopt,
-                                                       std::string{message}});
+  tell_classifier(self, envelope.request.partition.model, [&] {
+    return plugins::request_classifier::Aborted{envelope.request.id(), std::nullopt,
+                                                std::string{message}};
+  });
 }
 
 // Ends leases that expired unreported, at most `limit` of them: their bookings expire in the
@@ -118,9 +121,10 @@ void expire_leases(Self self, TimePoint now, std::size_t limit) {
   state.leases_expired.add(static_cast<double>(expired.size()));
   publish_leases_gauge(self);
   for (const Lease& lease : expired) {
-    tell_classifier(self, lease.partition.model,
-                    plugins::request_classifier::Aborted{lease.request_id, lease.worker,
-                                                         "the lease expired unreported"});
+    tell_classifier(self, lease.partition.model, [&] {
+      return plugins::request_classifier::Aborted{lease.request_id, lease.worker,
+                                                  "the lease expired unreported"};
+    });
   }
 }
 
@@ -154,12 +158,14 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
                                           .policy = std::move(reply.policy),
                                           .generate_subject = std::move(reply.generate_subject)});
   if (deliver_decision(self, pending.envelope, pending.promise, std::move(decision))) {
-    tell_classifier(self, request.partition.model,
-                    plugins::request_classifier::Sent{request.id(), outcome.worker});
+    tell_classifier(self, request.partition.model, [&] {
+      return plugins::request_classifier::Sent{request.id(), outcome.worker};
+    });
   } else {
-    tell_classifier(self, request.partition.model,
-                    plugins::request_classifier::Aborted{request.id(), std::nullopt,
-                                                         "the decision could not be delivered"});
+    tell_classifier(self, request.partition.model, [&] {
+      return plugins::request_classifier::Aborted{request.id(), std::nullopt,
+                                                  "the decision could not be delivered"};
+    });
     // Nobody learnt of this booking: roll it back.
     if (auto lease = state.ledger->close(lease_id)) {
       node_metrics(self).bookings_rolled_back().add();
@@ -233,14 +239,18 @@ AckPromise handle_report(Self self, ReportEnvelope& envelope) {
   }
   namespace rc = plugins::request_classifier;
   if (first_token) {
-    tell_classifier(self, lease->partition.model, rc::Responding{lease->request_id, lease->worker});
+    tell_classifier(self, lease->partition.model, [&] {
+      return rc::Responding{lease->request_id, lease->worker};
+    });
   } else if (report.event == LifecycleEventKind::Completed) {
-    tell_classifier(self, lease->partition.model,
-                    rc::Completed{lease->request_id, lease->worker, std::nullopt});
+    tell_classifier(self, lease->partition.model, [&] {
+      return rc::Completed{lease->request_id, lease->worker, std::nullopt};
+    });
   } else {
-    tell_classifier(self, lease->partition.model,
-                    rc::Aborted{lease->request_id, lease->worker,
-                                report.error.empty() ? std::string{"aborted"} : report.error});
+    tell_classifier(self, lease->partition.model, [&] {
+      return rc::Aborted{lease->request_id, lease->worker,
+                         report.error.empty() ? std::string{"aborted"} : report.error};
+    });
   }
   BookingUpdate update{lease->partition, lease->request_id, !first_token,
                        report.event == LifecycleEventKind::Completed
