@@ -35,7 +35,26 @@ v1::WorkerRole wire_role(std::string_view role) {
   return v1::WORKER_ROLE_AGGREGATED;
 }
 
+// The exit codes of `kvr route` (also in its --help): an answered decision that refuses the request
+// is not a failure of the tool, and a script must tell an admission refusal (retry later, or lower
+// the rate) from a request that cannot be routed at all.
+constexpr int kRouted = 0;
+constexpr int kRouteError = 1;
+constexpr int kNoDecision = 2;
+constexpr int kRejectedByAdmission = 3;
+
+// The codes with which admission control (the node's request classifier) refuses a request.
+bool is_admission_rejection(v1::RouteErrorCode code) {
+  return code == v1::ROUTE_ERROR_REJECTED || code == v1::ROUTE_ERROR_OVERLOADED ||
+         code == v1::ROUTE_ERROR_RATE_LIMITED || code == v1::ROUTE_ERROR_DUE_TIME_EXPIRED;
+}
+
 std::string print_decision(const v1::RouteDecision& decision) {
+  if (decision.has_error() && is_admission_rejection(decision.error().code())) {
+    return fmt::format("request {}: rejected by admission: {}: {}", decision.request_id(),
+                       v1::RouteErrorCode_Name(decision.error().code()),
+                       decision.error().message());
+  }
   if (decision.has_error()) {
     return fmt::format("request {}: error {}: {}", decision.request_id(),
                        v1::RouteErrorCode_Name(decision.error().code()),
@@ -71,21 +90,25 @@ int run_route(const RouteCommandOptions& options) {
   auto client = actors::nats::NatsClient::connect(options.nats);
   if (!client) {
     std::cerr << "kvr route: " << client.error() << '\n';
-    return 2;
+    return kNoDecision;
   }
   auto reply = (*client)->request(subjects::router_route(options.ns), request.SerializeAsString(),
                                   std::chrono::milliseconds(options.timeout_ms));
   if (!reply) {
     std::cerr << "kvr route: no decision: " << reply.error() << '\n';
-    return 2;
+    return kNoDecision;
   }
   v1::RouteDecision decision;
   if (!decision.ParseFromString(reply->data)) {
     std::cerr << "kvr route: the reply is not a RouteDecision\n";
-    return 2;
+    return kNoDecision;
   }
   std::cout << print_decision(decision) << '\n';
-  return decision.has_success() ? 0 : 1;
+  if (decision.has_success()) return kRouted;
+  if (decision.has_error() && is_admission_rejection(decision.error().code())) {
+    return kRejectedByAdmission;
+  }
+  return kRouteError;
 }
 
 }  // namespace
@@ -93,6 +116,11 @@ int run_route(const RouteCommandOptions& options) {
 void add_route_command(CLI::App& app, int& exit_code) {
   auto* command = app.add_subcommand(
       "route", "ask the router nodes for one routing decision (RouteRequest over NATS)");
+  command->footer(
+      "Exit codes: 0 routed (a worker was chosen); 1 the decision is a route error (e.g. no "
+      "workers); 2 no decision (bad options, no connection, no reply in time); 3 rejected by "
+      "admission (ROUTE_ERROR_OVERLOADED, _RATE_LIMITED, _DUE_TIME_EXPIRED or _REJECTED from the "
+      "node's request classifier). A decision, error or not, is printed on stdout.");
   auto options = std::make_shared<RouteCommandOptions>();
   add_nats_options(*command, options->nats);
   options->nats.name = "kvr-route";
