@@ -1,6 +1,8 @@
 // `kvr node` with a request classifier, as real processes: a nats-server on loopback, `kvr mocker`
 // workers and `kvr node --router-policy-config` naming `max-in-flight` with a budget of 2. Ten
 // concurrent generate requests all complete, and never more than two are at the workers at once.
+// With `token-bucket` in reject mode, a tenant over its budget gets explicit rate-limited decisions
+// while another tenant within its own budget is served.
 #include <fstream>
 #include <map>
 #include <memory>
@@ -16,6 +18,7 @@
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_recorder.hpp"
+#include "tests/testing/process_run.hpp"
 
 namespace kvr {
 namespace {
@@ -164,6 +167,118 @@ TEST_F(NodeAdmissionTest, MaxInFlightTwoKeepsAtMostTwoAtTheWorkersAndCompletesAl
   EXPECT_EQ(worker_finals, kRequests);
   EXPECT_EQ(at_workers, 0);
   EXPECT_EQ(most_at_workers, 2);  // the budget was used, and never exceeded
+  EXPECT_TRUE(node_->running());
+}
+
+TEST_F(NodeAdmissionTest, TokenBucketRejectsTheTenantOverItsBudgetAndServesTheOther) {
+  // Each prompt costs kPromptTokens; a bucket holds exactly kBurstPrompts of them. The refill is
+  // so slow (a thousandth of a token per second) that no refill can admit another prompt during
+  // the test however slow the machine: the outcome is fixed by counting, not by timing.
+  constexpr std::uint32_t kPromptTokens = 64;
+  constexpr int kBurstPrompts = 4;
+  constexpr int kHeavyRequests = 12;
+  constexpr int kLightEvery = 4;  // light sends one request per four of heavy's: 3 in all
+  constexpr int kLightRequests = kHeavyRequests / kLightEvery;
+  static_assert(kLightRequests <= kBurstPrompts);
+  auto mocker = kvr_->start_mocker({.workers = 2,
+                                    .worker_id_base = 200,
+                                    .block_size = kBlockSize,
+                                    .num_gpu_blocks = 2048,
+                                    .time_scale = "1",
+                                    .lease_ttl_ms = 600,
+                                    .load_interval_ms = 50},
+                                   "mocker.log");
+  ASSERT_TRUE(mocker);
+  mocker_ = std::move(*mocker);
+  const auto config = directory_.path() / "router.yaml";
+  {
+    std::ofstream yaml{config};
+    yaml << "request_classifier:\n"
+            "  type: token-bucket\n"
+            "  parameters: {rate_tokens_per_s: 0.001, burst_tokens: "
+         << kPromptTokens * kBurstPrompts << ", mode: reject}\n";
+  }
+  const std::uint16_t metrics_port = free_port();
+  node_ = kvr_->start_node({.block_size = kBlockSize,
+                            .metrics_port = metrics_port,
+                            .extra = {"--router-policy-config", config.string()}});
+  ASSERT_TRUE(node_);
+  ASSERT_TRUE(testing::wait_until_healthy(metrics_port, 20s)) << node_->log();
+  // Until the workers are routable, each probe names a tenant of its own, so the probes (which
+  // pass through the classifier too, however many a slow start takes) never drain a bucket.
+  int probes = 0;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        v1::RouteRequest request;
+        request.set_request_id("probe-" + std::to_string(++probes));
+        request.set_tenant(request.request_id());
+        request.set_model("mock-model");
+        for (std::uint32_t token : prompt(32, 1)) request.mutable_tokens()->add_ids(token);
+        const auto decision = testing::request_route(*client_, kNamespace, request);
+        if (!decision || !decision->has_success()) return false;
+        (void)testing::report_lifecycle(*client_, kNamespace, decision->success().lease_id(),
+                                        v1::LIFECYCLE_EVENT_COMPLETED);
+        return true;
+      },
+      20s));
+
+  int request_number = 0;
+  const auto route = [&](const std::string& tenant) -> std::optional<v1::RouteDecision> {
+    v1::RouteRequest request;
+    request.set_request_id(tenant + "-" + std::to_string(request_number));
+    request.set_model("mock-model");
+    request.set_tenant(tenant);
+    for (std::uint32_t token : prompt(kPromptTokens, 300 + request_number)) {
+      request.mutable_tokens()->add_ids(token);
+    }
+    ++request_number;
+    auto decision = testing::request_route(*client_, kNamespace, request);
+    if (decision && decision->has_success()) {
+      (void)testing::report_lifecycle(*client_, kNamespace, decision->success().lease_id(),
+                                      v1::LIFECYCLE_EVENT_COMPLETED);
+    }
+    return decision;
+  };
+
+  int heavy_admitted = 0;
+  int heavy_limited = 0;
+  int light_admitted = 0;
+  for (int i = 0; i < kHeavyRequests; ++i) {
+    const auto heavy = route("heavy");
+    ASSERT_TRUE(heavy) << "heavy request " << i << " got no decision";
+    if (heavy->has_success()) {
+      ++heavy_admitted;
+    } else {
+      ASSERT_TRUE(heavy->has_error()) << heavy->DebugString();
+      EXPECT_EQ(heavy->error().code(), v1::ROUTE_ERROR_RATE_LIMITED) << heavy->DebugString();
+      EXPECT_FALSE(heavy->error().message().empty());
+      ++heavy_limited;
+    }
+    if (i % kLightEvery == 0) {
+      const auto light = route("light");
+      ASSERT_TRUE(light) << "light request after heavy " << i << " got no decision";
+      EXPECT_TRUE(light->has_success()) << light->DebugString();
+      if (light->has_success()) ++light_admitted;
+    }
+  }
+  EXPECT_GT(heavy_limited, 0);
+  EXPECT_EQ(heavy_admitted, kBurstPrompts);
+  EXPECT_EQ(heavy_limited, kHeavyRequests - kBurstPrompts);
+  EXPECT_EQ(light_admitted, kLightRequests);
+
+  // `kvr route` shows heavy's next request as an answered refusal, with its own exit code.
+  std::string tokens;
+  for (std::uint32_t token : prompt(kPromptTokens, 900)) {
+    tokens += (tokens.empty() ? "" : ",") + std::to_string(token);
+  }
+  const auto refused =
+      testing::run_process({KVR_BINARY, "route", "--nats", server_->url(), "--namespace",
+                            std::string{kNamespace}, "--tenant", "heavy", "--tokens", tokens},
+                           directory_.path() / "route.log", 20s);
+  EXPECT_EQ(refused.exit_code, 3) << refused.output;
+  EXPECT_NE(refused.output.find("rejected by admission: ROUTE_ERROR_RATE_LIMITED"),
+            std::string::npos)
+      << refused.output;
   EXPECT_TRUE(node_->running());
 }
 
