@@ -129,6 +129,21 @@ void add_replay_live_command(CLI::App& app, int& exit_code) {
   command->add_flag("--send-tokens", live.send_tokens,
                     "send the synthesized prompt tokens (the router hashes them) instead of block "
                     "hashes");
+  auto* tenant = command->add_option(
+      "--tenant", live.tenant,
+      "tenant every request names (per-tenant admission in the node; default: none)");
+  auto* tenants =
+      command
+          ->add_option("--tenants", live.tenants,
+                       "spread the requests over N tenants: request i names tenant t<i mod N>")
+          ->check(CLI::Range(std::size_t{1}, std::size_t{1'000'000}));
+  tenant->excludes(tenants);
+  tenants->excludes(tenant);
+  command->footer(
+      "A request the node's admission control refuses (ROUTE_ERROR_OVERLOADED, _RATE_LIMITED, "
+      "_DUE_TIME_EXPIRED, _REJECTED) is counted as \"rejected by admission\", not as failed. "
+      "Exit codes: 0 every request completed or was rejected by admission; 1 a request failed; "
+      "2 bad options or no cluster to replay against.");
   command->callback([options, &exit_code] { exit_code = run_live_replay(*options); });
 }
 

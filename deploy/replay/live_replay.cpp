@@ -136,6 +136,7 @@ struct LiveReplay::State {
     request.set_request_id(request_id(index));
     request.set_model(options.model);
     request.set_expected_output_tokens(std::max<std::uint32_t>(1, trace.output_length));
+    request.set_tenant(tenant_of(options, index));
     if (options.send_tokens) {
       for (std::uint32_t token : simulation::synthesize_prompt_tokens(trace)) {
         request.mutable_tokens()->add_ids(token);
@@ -222,6 +223,12 @@ struct LiveReplay::State {
     if (!parsed) {
       ++result.route_errors;
       return fail(index, "route: undecodable RouteDecision");
+    }
+    if (decision.has_error() && is_admission_rejection(decision.error().code())) {
+      // An answer, not a failure: the router is up and chose to refuse the request.
+      ++result.rejected_by_admission;
+      ++result.rejected_by_code[v1::RouteErrorCode_Name(decision.error().code())];
+      return end(index);
     }
     if (decision.has_error()) {
       ++result.route_errors;
@@ -444,6 +451,8 @@ struct LiveReplay::State {
     result.policies.assign(policies.begin(), policies.end());
     result.workers = fleet_size != 0 ? fleet_size : result.decisions_per_worker.size();
     result.report = simulation::make_policy_report(label, trace.size(), outcomes, result.workers);
+    // make_policy_report counts every request without an outcome as failed; refusals are not.
+    result.report.failed -= std::min(result.report.failed, result.rejected_by_admission);
     result.report.failures.assign(failures.begin(), failures.end());
     result.route_ms = simulation::summarize(std::move(route_rtts));
     route_rtts = {};
@@ -606,6 +615,16 @@ std::expected<std::unique_ptr<LiveReplay>, std::string> LiveReplay::connect(
   return std::unique_ptr<LiveReplay>(new LiveReplay(std::move(state)));
 }
 
+bool is_admission_rejection(int code) {
+  return code == v1::ROUTE_ERROR_REJECTED || code == v1::ROUTE_ERROR_OVERLOADED ||
+         code == v1::ROUTE_ERROR_RATE_LIMITED || code == v1::ROUTE_ERROR_DUE_TIME_EXPIRED;
+}
+
+std::string tenant_of(const LiveReplayOptions& options, std::size_t index) {
+  if (options.tenants > 0) return fmt::format("t{}", index % options.tenants);
+  return options.tenant;
+}
+
 std::string format_live_summary(const LiveReplayResult& result) {
   std::string text = fmt::format(
       "live: policy {}; route round trip (client) mean {:.3f} p50 {:.3f} p99 {:.3f} max {:.3f} "
@@ -631,6 +650,15 @@ std::string format_live_summary(const LiveReplayResult& result) {
       result.workers == 0 ? 0.0 : static_cast<double>(total) / static_cast<double>(result.workers),
       most, result.timed_out, result.route_errors, result.worker_errors, result.delayed_by_cap,
       result.reports_refused, result.reports_unacknowledged);
+  text += fmt::format("live: rejected by admission: {}", result.rejected_by_admission);
+  if (!result.rejected_by_code.empty()) {
+    std::vector<std::string> codes;
+    for (const auto& [code, count] : result.rejected_by_code) {
+      codes.push_back(fmt::format("{} {}", code, count));
+    }
+    text += fmt::format(" ({})", fmt::join(codes, ", "));
+  }
+  text += '\n';
   return text;
 }
 
@@ -646,6 +674,8 @@ std::string live_report_json(const simulation::ReplayReport& report,
                                 {"delayed_by_concurrency_cap", result.delayed_by_cap},
                                 {"policies", result.policies},
                                 {"reports_refused", result.reports_refused},
+                                {"rejected_by_admission", result.rejected_by_admission},
+                                {"rejected_by_admission_codes", result.rejected_by_code},
                                 {"reports_unacknowledged", result.reports_unacknowledged},
                                 {"route_errors", result.route_errors},
                                 {"route_ms", latency_json(result.route_ms)},

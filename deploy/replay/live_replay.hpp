@@ -41,6 +41,10 @@ struct LiveReplayOptions {
   /// Send the synthesized prompt tokens instead of precomputed block hashes (the router hashes
   /// them; larger messages).
   bool send_tokens = false;
+  /// The tenant every request names (RouteRequest.tenant, for per-tenant admission); empty: none.
+  std::string tenant;
+  /// When > 0, request i of the trace names tenant "t{i mod tenants}" instead of `tenant`.
+  std::size_t tenants = 0;
   /// How long to wait for the workers to announce themselves and for the router to route a
   /// probe request before giving up.
   std::chrono::milliseconds ready_timeout{15'000};
@@ -67,8 +71,13 @@ struct LiveReplayResult {
   std::map<WorkerId, std::size_t> decisions_per_worker;
   /// Client-observed route request → decision round trip, in ms.
   simulation::LatencySummary route_ms;
-  std::size_t timed_out = 0;      ///< requests abandoned at their timeout
-  std::size_t route_errors = 0;   ///< explicit error decisions, or no router answering
+  std::size_t timed_out = 0;     ///< requests abandoned at their timeout
+  std::size_t route_errors = 0;  ///< explicit error decisions, or no router answering
+  /// Requests the router's admission control refused (an answered outcome of their own: neither
+  /// route errors nor failed requests; the report's `failed` leaves them out).
+  std::size_t rejected_by_admission = 0;
+  /// The same, by RouteErrorCode name (ROUTE_ERROR_RATE_LIMITED, …).
+  std::map<std::string, std::size_t> rejected_by_code;
   std::size_t worker_errors = 0;  ///< error or cancelled streams
   /// Arrivals that waited for the concurrency cap.
   std::size_t delayed_by_cap = 0;
@@ -104,11 +113,18 @@ class LiveReplay {
   std::unique_ptr<State> state_;
 };
 
+/// Whether a RouteDecision error with `code` is a refusal by admission control (overloaded, rate
+/// limited, due time expired, rejected), which a client counts apart from route errors.
+bool is_admission_rejection(int code);
+
+/// The tenant trace request `index` names under `options` (empty: none).
+std::string tenant_of(const LiveReplayOptions& options, std::size_t index);
+
 /// The live-only figures as text lines, printed after the common table.
 std::string format_live_summary(const LiveReplayResult& result);
 
 /// The common JSON report (simulation::to_json) with a "live" object added (route round trip,
-/// decisions per worker, timeouts and errors); keys stay sorted.
+/// decisions per worker, timeouts, errors and admission rejections); keys stay sorted.
 std::string live_report_json(const simulation::ReplayReport& report,
                              const LiveReplayResult& result);
 

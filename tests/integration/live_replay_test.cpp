@@ -1,6 +1,9 @@
 // `kvr replay-live` against a real cluster on loopback: a nats-server, a `kvr mocker` fleet and a
 // `kvr node`. Every trace request is routed, streamed from its worker and reported; the run ends
-// with the common report, and it stops with an explicit error when no router answers.
+// with the common report, and it stops with an explicit error when no router answers. Requests a
+// node's admission control refuses are counted as rejected by admission, not as failed.
+#include <fstream>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -40,8 +43,8 @@ class LiveReplayTest : public ::testing::Test {
     ASSERT_TRUE(mocker_);
   }
 
-  void start_node() {
-    node_ = kvr_->start_node({.block_size = 64});
+  void start_node(std::vector<std::string> extra = {}) {
+    node_ = kvr_->start_node({.block_size = 64, .extra = std::move(extra)});
     ASSERT_TRUE(node_);
   }
 
@@ -108,6 +111,51 @@ TEST_F(LiveReplayTest, StopsWithAnExplicitErrorWhenNoRouterAnswers) {
   EXPECT_EQ(status, 2);
   EXPECT_NE(read_file(replay_log()).find("no router routed a probe request"), std::string::npos)
       << read_file(replay_log());
+}
+
+TEST_F(LiveReplayTest, CountsAdmissionRejectionsApartFromFailures) {
+  // A bucket of 1000 tokens per tenant that (practically) never refills: every prompt of the trace
+  // is longer, so each tenant's first request is admitted (a request larger than the bucket
+  // needs it full) and every later one is rejected as rate limited, however slow the machine.
+  // The readiness probe names no tenant and costs 1 token of its own bucket.
+  const auto config = directory_.path() / "router.yaml";
+  {
+    std::ofstream yaml{config};
+    yaml << "request_classifier:\n"
+            "  type: token-bucket\n"
+            "  parameters: {rate_tokens_per_s: 0.001, burst_tokens: 1000}\n";
+  }
+  start_mocker();
+  start_node({"--router-policy-config", config.string()});
+
+  const auto run = [&](std::vector<std::string> tenant_options, int admitted) {
+    const auto json_path = directory_.path() / "live.json";
+    std::vector<std::string> arguments{"--limit",   "6",  "--speedup", "20",
+                                       "--timeout", "60", "--json",    json_path.string()};
+    arguments.insert(arguments.end(), tenant_options.begin(), tenant_options.end());
+    const auto status = replay_live(arguments);
+    // Refusals are answers, not failures: the run succeeds.
+    ASSERT_EQ(status, 0) << read_file(replay_log());
+    const auto report = nlohmann::json::parse(read_file(json_path), nullptr, false);
+    ASSERT_FALSE(report.is_discarded()) << read_file(json_path);
+    const auto& policy = report["policies"][0];
+    EXPECT_EQ(policy["completed"], admitted) << policy.dump(2);
+    EXPECT_EQ(policy["failed"], 0) << policy.dump(2);
+    const auto& live = report["live"];
+    EXPECT_EQ(live["rejected_by_admission"], 6 - admitted) << live.dump(2);
+    EXPECT_EQ(live["rejected_by_admission_codes"]["ROUTE_ERROR_RATE_LIMITED"], 6 - admitted)
+        << live.dump(2);
+    EXPECT_EQ(live["route_errors"], 0) << live.dump(2);
+    EXPECT_NE(read_file(replay_log())
+                  .find("rejected by admission: " + std::to_string(6 - admitted) +
+                        " (ROUTE_ERROR_RATE_LIMITED " + std::to_string(6 - admitted) + ")"),
+              std::string::npos)
+        << read_file(replay_log());
+  };
+  // One tenant: its first request only.
+  run({"--tenant", "heavy"}, 1);
+  // Three new tenants t0, t1, t2 (request i names t<i mod 3>): the first request of each.
+  run({"--tenants", "3"}, 3);
 }
 
 }  // namespace
