@@ -69,4 +69,9 @@ v1::RouteErrorCode to_route_error_code(Error error) {
   return v1::ROUTE_ERROR_UNSPECIFIED;
 }
 
+bool is_admission_rejection(v1::RouteErrorCode code) {
+  return code == v1::ROUTE_ERROR_REJECTED || code == v1::ROUTE_ERROR_OVERLOADED ||
+         code == v1::ROUTE_ERROR_RATE_LIMITED || code == v1::ROUTE_ERROR_DUE_TIME_EXPIRED;
+}
+
 }  // namespace kvr

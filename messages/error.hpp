@@ -37,4 +37,8 @@ std::string to_string(Error error);
 /// The wire code a NATS client receives for an error.
 v1::RouteErrorCode to_route_error_code(Error error);
 
+/// Whether a RouteDecision error with `code` is a refusal by admission control (overloaded, rate
+/// limited, due time expired, rejected): an answer a client counts apart from route errors.
+bool is_admission_rejection(v1::RouteErrorCode code);
+
 }  // namespace kvr

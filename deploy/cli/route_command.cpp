@@ -9,6 +9,7 @@
 #include "actors/nats/nats_client.hpp"
 #include "deploy/cli/cli_options.hpp"
 #include "kvr/v1/routing.pb.h"
+#include "messages/error.hpp"
 #include "messages/subjects.hpp"
 
 namespace kvr::cli {
@@ -42,12 +43,6 @@ constexpr int kRouted = 0;
 constexpr int kRouteError = 1;
 constexpr int kNoDecision = 2;
 constexpr int kRejectedByAdmission = 3;
-
-// The codes with which admission control (the node's request classifier) refuses a request.
-bool is_admission_rejection(v1::RouteErrorCode code) {
-  return code == v1::ROUTE_ERROR_REJECTED || code == v1::ROUTE_ERROR_OVERLOADED ||
-         code == v1::ROUTE_ERROR_RATE_LIMITED || code == v1::ROUTE_ERROR_DUE_TIME_EXPIRED;
-}
 
 std::string print_decision(const v1::RouteDecision& decision) {
   if (decision.has_error() && is_admission_rejection(decision.error().code())) {

@@ -17,6 +17,7 @@
 
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
+#include "messages/error.hpp"
 #include "messages/subjects.hpp"
 
 namespace kvr::replay {
@@ -613,11 +614,6 @@ std::expected<std::unique_ptr<LiveReplay>, std::string> LiveReplay::connect(
     return std::unexpected(flushed.error());
   }
   return std::unique_ptr<LiveReplay>(new LiveReplay(std::move(state)));
-}
-
-bool is_admission_rejection(int code) {
-  return code == v1::ROUTE_ERROR_REJECTED || code == v1::ROUTE_ERROR_OVERLOADED ||
-         code == v1::ROUTE_ERROR_RATE_LIMITED || code == v1::ROUTE_ERROR_DUE_TIME_EXPIRED;
 }
 
 std::string tenant_of(const LiveReplayOptions& options, std::size_t index) {

@@ -113,10 +113,6 @@ class LiveReplay {
   std::unique_ptr<State> state_;
 };
 
-/// Whether a RouteDecision error with `code` is a refusal by admission control (overloaded, rate
-/// limited, due time expired, rejected), which a client counts apart from route errors.
-bool is_admission_rejection(int code);
-
 /// The tenant trace request `index` names under `options` (empty: none).
 std::string tenant_of(const LiveReplayOptions& options, std::size_t index);
 

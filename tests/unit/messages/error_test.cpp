@@ -37,6 +37,18 @@ TEST(ErrorTest, EveryCodeHasAName) {
   }
 }
 
+TEST(ErrorTest, AdmissionRejectionsAreTheClassifiersCodesOnly) {
+  for (const Error error :
+       {Error::overloaded, Error::rate_limited, Error::due_time_expired, Error::rejected}) {
+    EXPECT_TRUE(is_admission_rejection(to_route_error_code(error))) << as_str(error);
+  }
+  for (const Error error :
+       {Error::invalid_request, Error::no_workers, Error::all_filtered, Error::policy_failed,
+        Error::timeout, Error::worker_failed, Error::unavailable}) {
+    EXPECT_FALSE(is_admission_rejection(to_route_error_code(error))) << as_str(error);
+  }
+}
+
 TEST(ErrorTest, CarriedByCafErrorWithKvrCategory) {
   caf::error error = caf::make_error(Error::all_filtered, "every worker filtered");
   EXPECT_EQ(error.category(), caf::atom("kvr"));
