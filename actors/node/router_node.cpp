@@ -204,6 +204,9 @@ struct RouterNode::Impl {
     settings.publisher = bridge;
     settings.metrics = registry;
     settings.clock = options.clock;
+    // A request that waits for admission longer than the node waits for a worker's first token
+    // is refused (timeout) rather than booked for a client that has likely given up.
+    settings.max_wait = options.first_token_timeout;
     classifier = system->spawn(classifier_behavior, std::move(settings));
   }
 

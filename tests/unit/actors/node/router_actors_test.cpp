@@ -810,6 +810,25 @@ class RejectingClassifier final : public rc::RequestClassifier {
   }
 };
 
+// Never admits: defers every request, keeping a Waker it never fires, except that a "probe" is
+// rejected at once (its answer tells the test that the classifier actor handled everything sent
+// before it).
+class NeverAdmittingClassifier final : public rc::RequestClassifier {
+ public:
+  rc::AdmissionFuture classify(rc::ClassifyRequest request) override {
+    if (request.request_id().value_or("").starts_with("probe")) {
+      return rc::AdmissionFuture::rejected(rc::ClassifierError::overloaded("probe"));
+    }
+    return rc::AdmissionFuture::deferred([this](rc::PollContext& context) {
+      wakers_.push_back(context.waker());
+      return rc::Poll::pending();
+    });
+  }
+
+ private:
+  std::vector<rc::Waker> wakers_;
+};
+
 class ClassifierActorsTest : public RouterActorsTest {
  protected:
   ~ClassifierActorsTest() override {
@@ -821,7 +840,8 @@ class ClassifierActorsTest : public RouterActorsTest {
   }
 
   // A classifier actor with its own reservation and lifecycle actors, wired as the node does.
-  void start(std::function<std::unique_ptr<rc::RequestClassifier>()> make_inner) {
+  void start(std::function<std::unique_ptr<rc::RequestClassifier>()> make_inner,
+             const std::function<void(ClassifierActorConfig&)>& adjust = {}) {
     ClassifierActorConfig settings;
     auto log = events_;
     settings.factory = [make_inner, log](const rc::RequestClassifierContext&) {
@@ -829,6 +849,7 @@ class ClassifierActorsTest : public RouterActorsTest {
     };
     settings.publisher = publisher_;
     settings.metrics = metrics_;
+    if (adjust) adjust(settings);
     classifier_ = system_.spawn(classifier_behavior, std::move(settings));
     ReservationActorConfig reservation = reservation_config(directory_, metrics_);
     reservation.classifier = classifier_;
@@ -1023,6 +1044,73 @@ TEST_F(ClassifierActorsTest, CancellingADeferredGenerateEndsItsStreamAndFreesNot
   v1::GenerateRequest dispatched;
   ASSERT_TRUE(dispatched.ParseFromString(publisher_->published_on("gen.11")[0]));
   EXPECT_EQ(dispatched.route().request_id(), "g1");
+}
+
+// A request the classifier never admits is refused with a timeout once it has waited max_wait on
+// the classifier's clock; its future is dropped and it never reaches a worker.
+TEST_F(ClassifierActorsTest, ARequestWaitingPastTheWaitLimitGetsATimeout) {
+  register_workers({11});
+  auto clock = std::make_shared<ManualClock>();
+  start([] { return std::make_unique<NeverAdmittingClassifier>(); },
+        [clock](ClassifierActorConfig& settings) {
+          settings.clock = clock;
+          settings.max_wait = 200ms;
+        });
+  caf::scoped_actor self{system_};
+  int probes = 0;
+  // A probe from the same sender: once it is answered, everything sent before it was handled.
+  const auto handled_so_far = [&] {
+    self->request(classifier_, 5s, route_atom::value,
+                  RouteEnvelope{request(fmt::format("probe{}", probes++)), {}, clock->now()})
+        .receive([](RouteDecisionMessage& message) { EXPECT_TRUE(message.value.has_error()); },
+                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  };
+  const auto wake_and_wait = [&] {
+    self->send(classifier_, wake_atom::value);
+    handled_so_far();
+  };
+  self->send(classifier_, route_atom::value, RouteEnvelope{request("r1"), {}, clock->now()});
+  GenerateRequestData generate;
+  generate.route = request("g1");
+  generate.stream_subject = "g1.stream";
+  generate.wire.mutable_route()->set_request_id("g1");
+  // Anonymous, so that its decision goes only to the reply subject (the mailbox is FIFO).
+  caf::anon_send(classifier_, generate_atom::value,
+                 GenerateEnvelope{generate, "g1.reply", clock->now()});
+  handled_so_far();  // both arrived (and wait) before the clock moves
+  // Just before the limit both still wait.
+  clock->advance(199ms);
+  wake_and_wait();
+  EXPECT_TRUE(publisher_->published_on("g1.reply").empty());
+  clock->advance(1ms);
+  self->send(classifier_, wake_atom::value);
+  v1::RouteDecision decision;
+  self->receive([&](RouteDecisionMessage& message) { decision = std::move(message.value); },
+                caf::after(std::chrono::seconds(5)) >> [] { ADD_FAILURE() << "no decision"; });
+  ASSERT_TRUE(decision.has_error());
+  EXPECT_EQ(decision.request_id(), "r1");
+  EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_TIMEOUT);
+  EXPECT_NE(decision.error().message().find("waited for admission"), std::string::npos)
+      << decision.error().message();
+  // The generate client gets the same decision and the error end of its stream.
+  ASSERT_TRUE(testing::wait_until(
+      [&] {
+        return publisher_->published_on("g1.reply").size() == 1 &&
+               publisher_->published_on("g1.stream").size() == 1;
+      },
+      5s));
+  EXPECT_EQ(decision_on("g1.reply").error().code(), v1::ROUTE_ERROR_TIMEOUT);
+  v1::GenerateChunk end;
+  ASSERT_TRUE(end.ParseFromString(publisher_->published_on("g1.stream")[0]));
+  EXPECT_TRUE(end.finished());
+  EXPECT_EQ(end.finish_reason(), "error");
+  EXPECT_EQ(end.error().code(), v1::ROUTE_ERROR_TIMEOUT);
+  EXPECT_EQ(metrics_->value("kvr_route_errors_total", {{"code", "timeout"}}), 2);
+  // Dropped, not admitted: nothing was booked or sent, and the classifier was told nothing.
+  wake_and_wait();
+  EXPECT_EQ(bookings(), 0);
+  EXPECT_TRUE(publisher_->published_on("gen.11").empty());
+  EXPECT_TRUE(events_->snapshot().empty());
 }
 
 // Actor clients through an ingress wired to the classifier, as the node wires it: a client that
