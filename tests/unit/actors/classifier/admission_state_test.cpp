@@ -14,6 +14,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "classifiers/builtin/kv_capacity_pause.hpp"
 #include "classifiers/builtin/max_in_flight.hpp"
 #include "messages/clock.hpp"
 
@@ -310,6 +311,26 @@ TEST(AdmissionStateWaitLimitTest, AnEarlierDueTimeWinsAndARequestAdmittedInTimeI
   EXPECT_TRUE(state.poll_due(clock.now()).empty());
   state.on_event(Completed{"late", kWorker, 10});
   EXPECT_THAT(scripted->events, ElementsAre("completed late 1"));
+}
+
+TEST(AdmissionStateFleetLoadTest, FleetLoadReachesTheClassifierAndItsWakersResumeAPause) {
+  AdmissionState state{std::make_unique<classifiers::builtin::KvCapacityPauseClassifier>(
+                           classifiers::builtin::KvCapacityPauseParameters{
+                               .pause_above = 0.5, .resume_below = 0.3, .max_pause_ms = 60'000}),
+                       {}};
+  ASSERT_TRUE(state.admit("before", make_request("before"), kStart)->admitted());
+  state.on_fleet_load(FleetLoad{.kv_usage = 0.9, .at = kStart + 1ms});
+  // Paused: a new session (no session metadata) is deferred.
+  EXPECT_FALSE(state.admit("paused", make_request("paused"), kStart + 2ms));
+  EXPECT_EQ(state.pending(), 1U);
+  state.on_fleet_load(FleetLoad{.kv_usage = 0.4, .at = kStart + 3ms});  // hysteresis: still paused
+  EXPECT_FALSE(state.has_woken());
+  state.on_fleet_load(FleetLoad{.kv_usage = 0.2, .at = kStart + 4ms});
+  EXPECT_TRUE(state.has_woken());
+  auto outcomes = state.poll_due(kStart + 4ms);
+  ASSERT_EQ(outcomes.size(), 1U);
+  EXPECT_EQ(outcomes[0].request_id, "paused");
+  EXPECT_TRUE(outcomes[0].admitted());
 }
 
 TEST_F(AdmissionStateTest, CancelDropsAPendingFutureWithoutAnEvent) {
