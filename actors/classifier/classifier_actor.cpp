@@ -257,6 +257,24 @@ classifier_actor::behavior_type classifier_behavior(Self self, ClassifierActorCo
         drive(self, it->second);
         arm_timer(self);
       },
+      [self](load_atom, const std::string& model_name, const std::string& group, std::uint64_t used,
+             std::uint64_t total) {
+        auto& partitions = self->state.fleet_blocks[model_name];
+        partitions[group] = {used, total};
+        std::uint64_t fleet_used = 0;
+        std::uint64_t fleet_total = 0;
+        for (const auto& [name, blocks] : partitions) {
+          fleet_used += blocks.first;
+          fleet_total += blocks.second;
+        }
+        if (fleet_total == 0) return;
+        auto& model = model_for(self, model_name);
+        model.admission->on_fleet_load(rc::FleetLoad{
+            .kv_usage = static_cast<double>(fleet_used) / static_cast<double>(fleet_total),
+            .at = self->state.config.clock->now()});
+        drive(self, model);
+        arm_timer(self);
+      },
       [self](targets_atom, reservation_actor& reservation, lifecycle_actor& lifecycle) {
         self->state.config.reservation = std::move(reservation);
         self->state.config.lifecycle = std::move(lifecycle);

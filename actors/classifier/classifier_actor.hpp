@@ -21,6 +21,11 @@
 //   classify(ClassifierEvent)        — a lifecycle event of an admitted request (Sent, Responding,
 //                                      Completed, Aborted) from the reservation or lifecycle actor;
 //   targets(reservation, lifecycle)  — from the node, first: where admitted requests go;
+//   load(model, group, used, total)  — a selector's partition KV blocks after a load report: the
+//                                      model's fleet load (used over total blocks summed across
+//                                      its partitions, i.e. weighted by their totals) goes to its
+//                                      classifier's on_fleet_load (the model's state is created
+//                                      if needed), and the Wakers it fires are polled at once;
 //   an exit message (node shutdown)  — every undecided request ends with an explicit error;
 //   a down message (actor client)    — the client's undecided requests are dropped;
 //   wake                             — internal: one delayed_send at the earliest wake time, due
@@ -98,6 +103,9 @@ struct ClassifierActorState {
   /// Actor clients with generate requests waiting here, monitored so that a client's end drops
   /// its requests (the lifecycle actor does the same for admitted ones).
   std::map<caf::actor_addr, std::size_t> monitored_clients;
+  /// KV blocks (used, total) by model and routing group, as the selectors last sent them.
+  std::unordered_map<std::string, std::map<std::string, std::pair<std::uint64_t, std::uint64_t>>>
+      fleet_blocks;
   /// The earliest time a delayed wake message is on its way for; empty: none.
   std::optional<std::chrono::steady_clock::time_point> armed_for;
 };
