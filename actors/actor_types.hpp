@@ -296,6 +296,8 @@ using classifier_actor = caf::typed_actor<
     caf::reacts_to<classify_atom, ClassifierEvent>,
     // internal: a wake time passed or a Waker fired
     caf::reacts_to<wake_atom>,
+    // a selector's partition KV blocks after a load report: model, routing group, used, total
+    caf::reacts_to<load_atom, std::string, std::string, std::uint64_t, std::uint64_t>,
     // from the node, first: where admitted route and generate requests go
     caf::reacts_to<targets_atom, reservation_actor, lifecycle_actor>>;
 

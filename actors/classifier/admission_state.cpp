@@ -1,5 +1,6 @@
 #include "actors/classifier/admission_state.hpp"
 
+#include <algorithm>
 #include <exception>
 #include <unordered_set>
 
@@ -66,9 +67,16 @@ bool AdmissionState::WokenQueue::empty() {
   return woken.empty();
 }
 
+std::optional<AdmissionState::TimePoint> AdmissionState::Pending::expires_at() const {
+  if (due_at && wait_until) return std::min(*due_at, *wait_until);
+  return due_at ? due_at : wait_until;
+}
+
 AdmissionState::AdmissionState(std::unique_ptr<rc::RequestClassifier> classifier,
-                               WakeSignal on_wake)
-    : classifier_(std::move(classifier)), woken_(std::make_shared<WokenQueue>()) {
+                               WakeSignal on_wake, std::optional<Duration> max_wait)
+    : classifier_(std::move(classifier)),
+      woken_(std::make_shared<WokenQueue>()),
+      max_wait_(max_wait) {
   woken_->signal = std::move(on_wake);
 }
 
@@ -102,8 +110,10 @@ std::optional<AdmissionOutcome> AdmissionState::admit(std::string request_id,
   }
   const std::uint64_t sequence = next_sequence_++;
   pending_ids_.emplace(request_id, sequence);
-  pending_.emplace(sequence,
-                   Pending{std::move(request_id), std::move(*future), std::nullopt, due_at});
+  std::optional<TimePoint> wait_until;
+  if (max_wait_) wait_until = now + *max_wait_;
+  pending_.emplace(sequence, Pending{std::move(request_id), std::move(*future), std::nullopt,
+                                     due_at, wait_until});
   return poll(sequence, now);
 }
 
@@ -118,6 +128,14 @@ std::optional<AdmissionOutcome> AdmissionState::poll(std::uint64_t sequence, Tim
                   AdmissionRejected{Error::due_time_expired,
                                     "the request's due time passed while admission deferred it"});
   }
+  if (entry.wait_until && *entry.wait_until <= now) {
+    const auto limit = std::chrono::duration_cast<std::chrono::milliseconds>(*max_wait_);
+    return finish(sequence,
+                  AdmissionRejected{Error::timeout,
+                                    fmt::format("the request waited for admission longer than "
+                                                "the limit of {} ms",
+                                                limit.count())});
+  }
   const std::weak_ptr<WokenQueue> queue = woken_;
   rc::PollContext context{now, [queue, sequence] {
                             if (auto woken = queue.lock()) woken->push(sequence);
@@ -129,7 +147,7 @@ std::optional<AdmissionOutcome> AdmissionState::poll(std::uint64_t sequence, Tim
     entry.wake_at = *context.wake_time();
     wake_times_.emplace(*entry.wake_at, sequence);
   }
-  if (entry.due_at) due_times_.emplace(*entry.due_at, sequence);
+  if (const auto expires_at = entry.expires_at()) expiry_times_.emplace(*expires_at, sequence);
   return std::nullopt;
 }
 
@@ -154,14 +172,14 @@ AdmissionOutcome AdmissionState::finish(
 
 void AdmissionState::forget_timers(std::uint64_t sequence, const Pending& pending) {
   if (pending.wake_at) wake_times_.erase({*pending.wake_at, sequence});
-  if (pending.due_at) due_times_.erase({*pending.due_at, sequence});
+  if (const auto expires_at = pending.expires_at()) expiry_times_.erase({*expires_at, sequence});
 }
 
 std::vector<AdmissionOutcome> AdmissionState::poll_due(TimePoint now) {
   // Each request once: a poll that wakes its own future again waits for the next call (the wake
   // signal asks for it), so a misbehaving classifier cannot spin this loop.
   std::vector<std::uint64_t> due;
-  for (auto it = due_times_.begin(); it != due_times_.end() && it->first <= now; ++it) {
+  for (auto it = expiry_times_.begin(); it != expiry_times_.end() && it->first <= now; ++it) {
     due.push_back(it->second);
   }
   for (auto it = wake_times_.begin(); it != wake_times_.end() && it->first <= now; ++it) {
@@ -238,8 +256,8 @@ void AdmissionState::on_fleet_load(const rc::FleetLoad& load) {
 std::optional<AdmissionState::TimePoint> AdmissionState::next_deadline() const {
   std::optional<TimePoint> next;
   if (!wake_times_.empty()) next = wake_times_.begin()->first;
-  if (!due_times_.empty() && (!next || due_times_.begin()->first < *next)) {
-    next = due_times_.begin()->first;
+  if (!expiry_times_.empty() && (!next || expiry_times_.begin()->first < *next)) {
+    next = expiry_times_.begin()->first;
   }
   return next;
 }

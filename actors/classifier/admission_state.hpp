@@ -13,6 +13,10 @@
 //     Each request is polled at most once per call.
 //   - A deferred request whose due time (ClassifyRequest::due_at at arrival) passes is rejected
 //     with due_time_expired, whatever its future would answer.
+//   - With a wait limit, a request still deferred that long after admit() is refused with timeout
+//     (its client has most likely given up; admitting it later would book a worker for nobody).
+//     Its future is dropped and the classifier is told nothing, as for cancel(): it was never
+//     admitted. A due time that passes first wins (due_time_expired).
 //   - Lifecycle events of admitted requests go to on_event in the order given, each terminal one
 //     (Completed, Aborted) at most once: a request is forgotten at its end, and events for a
 //     request that is not admitted here (never, or no longer) are dropped.
@@ -92,9 +96,13 @@ class AdmissionState {
   /// poll_due() (it may run on any thread, inside the classifier's code).
   using WakeSignal = std::function<void()>;
 
+  using Duration = TimePoint::duration;
+
+  /// `max_wait`: the wait limit of deferred requests (file comment); empty: none. It must be
+  /// positive.
   explicit AdmissionState(
       std::unique_ptr<plugins::request_classifier::RequestClassifier> classifier,
-      WakeSignal on_wake = {});
+      WakeSignal on_wake = {}, std::optional<Duration> max_wait = std::nullopt);
   ~AdmissionState();
   AdmissionState(const AdmissionState&) = delete;
   AdmissionState& operator=(const AdmissionState&) = delete;
@@ -105,7 +113,7 @@ class AdmissionState {
                                         plugins::request_classifier::ClassifyRequest request,
                                         TimePoint now);
   /// Re-polls the woken requests and those whose wake time passed; rejects those whose due time
-  /// passed. Returns the decisions made, in the order made.
+  /// or wait limit passed. Returns the decisions made, in the order made.
   std::vector<AdmissionOutcome> poll_due(TimePoint now);
   /// Drops a pending request, or tells the classifier that an admitted one was aborted.
   AdmissionCancel cancel(const std::string& request_id, std::string_view reason);
@@ -113,7 +121,8 @@ class AdmissionState {
   void on_event(const plugins::request_classifier::ClassifyEvent& event);
   void on_fleet_load(const plugins::request_classifier::FleetLoad& load);
 
-  /// When poll_due() must run next for time reasons: the earliest wake or due time; empty: none.
+  /// When poll_due() must run next for time reasons: the earliest wake time, due time or wait
+  /// limit; empty: none.
   std::optional<TimePoint> next_deadline() const;
   /// True when a Waker fired since the last poll_due().
   bool has_woken() const;
@@ -128,6 +137,10 @@ class AdmissionState {
     plugins::request_classifier::AdmissionFuture future;
     std::optional<TimePoint> wake_at;
     std::optional<TimePoint> due_at;
+    /// When the wait limit refuses it; empty: no limit.
+    std::optional<TimePoint> wait_until;
+    /// The earliest of due_at and wait_until: its key in expiry_times_.
+    std::optional<TimePoint> expires_at() const;
   };
   struct Admitted {
     std::optional<WorkerWithDpRank> worker;
@@ -154,12 +167,14 @@ class AdmissionState {
 
   std::unique_ptr<plugins::request_classifier::RequestClassifier> classifier_;
   std::shared_ptr<WokenQueue> woken_;
+  std::optional<Duration> max_wait_;
   std::uint64_t next_sequence_ = 1;
   std::unordered_map<std::uint64_t, Pending> pending_;
   std::unordered_map<std::string, std::uint64_t> pending_ids_;
   std::unordered_map<std::string, Admitted> admitted_;
   std::set<std::pair<TimePoint, std::uint64_t>> wake_times_;
-  std::set<std::pair<TimePoint, std::uint64_t>> due_times_;
+  /// Pending requests by Pending::expires_at().
+  std::set<std::pair<TimePoint, std::uint64_t>> expiry_times_;
   std::uint64_t polls_ = 0;
 };
 

@@ -35,11 +35,14 @@ ClassifierActorState::Model& model_for(Self self, const std::string& model) {
   // A Waker only enqueues a wake message (it may fire inside the classifier or on any thread);
   // the address is weak, so a late Waker finds no actor instead of keeping it alive.
   const caf::actor_addr address = self->address();
-  auto admission = std::make_unique<AdmissionState>(self->state.config.factory(context), [address] {
-    if (auto strong = caf::actor_cast<caf::strong_actor_ptr>(address)) {
-      caf::anon_send(caf::actor_cast<classifier_actor>(strong), wake_atom::value);
-    }
-  });
+  auto admission = std::make_unique<AdmissionState>(
+      self->state.config.factory(context),
+      [address] {
+        if (auto strong = caf::actor_cast<caf::strong_actor_ptr>(address)) {
+          caf::anon_send(caf::actor_cast<classifier_actor>(strong), wake_atom::value);
+        }
+      },
+      self->state.config.max_wait);
   return models.emplace(model, ClassifierActorState::Model{std::move(admission), {}}).first->second;
 }
 
@@ -127,8 +130,8 @@ void settle(Self self, ClassifierActorState::Model& model, AdmissionOutcome& out
   }
 }
 
-// Arms one delayed wake message at the earliest wake or due time of all models, unless one is on
-// its way for that time or earlier.
+// Arms one delayed wake message at the earliest wake time, due time or wait limit of all models,
+// unless one is on its way for that time or earlier.
 void arm_timer(Self self) {
   auto& state = self->state;
   std::optional<rc::TimePoint> next;
@@ -252,6 +255,24 @@ classifier_actor::behavior_type classifier_behavior(Self self, ClassifierActorCo
         it->second.admission->on_event(event.event);
         // Wakers fired by the event are polled in this turn; their wake message finds nothing.
         drive(self, it->second);
+        arm_timer(self);
+      },
+      [self](load_atom, const std::string& model_name, const std::string& group, std::uint64_t used,
+             std::uint64_t total) {
+        auto& partitions = self->state.fleet_blocks[model_name];
+        partitions[group] = {used, total};
+        std::uint64_t fleet_used = 0;
+        std::uint64_t fleet_total = 0;
+        for (const auto& [name, blocks] : partitions) {
+          fleet_used += blocks.first;
+          fleet_total += blocks.second;
+        }
+        if (fleet_total == 0) return;
+        auto& model = model_for(self, model_name);
+        model.admission->on_fleet_load(rc::FleetLoad{
+            .kv_usage = static_cast<double>(fleet_used) / static_cast<double>(fleet_total),
+            .at = self->state.config.clock->now()});
+        drive(self, model);
         arm_timer(self);
       },
       [self](targets_atom, reservation_actor& reservation, lifecycle_actor& lifecycle) {

@@ -7,7 +7,8 @@
 // cost in the RouteRequest's fields of the same names. A rejected one gets an explicit
 // RouteDecision error with the classifier's reason (overloaded, rate_limited, due_time_expired,
 // or rejected when the classifier failed), on the request's NATS reply subject or as the actor
-// client's response, and for generate also the final error chunk of its stream.
+// client's response, and for generate also the final error chunk of its stream. A request still
+// waiting after ClassifierActorConfig::max_wait is refused the same way with `timeout`.
 //
 // State it owns: the AdmissionStates by model; the undecided requests (request id → model, the
 // envelope and the response promise); the time its wake-up timer is armed for.
@@ -20,11 +21,16 @@
 //   classify(ClassifierEvent)        — a lifecycle event of an admitted request (Sent, Responding,
 //                                      Completed, Aborted) from the reservation or lifecycle actor;
 //   targets(reservation, lifecycle)  — from the node, first: where admitted requests go;
+//   load(model, group, used, total)  — a selector's partition KV blocks after a load report: the
+//                                      model's fleet load (used over total blocks summed across
+//                                      its partitions, i.e. weighted by their totals) goes to its
+//                                      classifier's on_fleet_load (the model's state is created
+//                                      if needed), and the Wakers it fires are polled at once;
 //   an exit message (node shutdown)  — every undecided request ends with an explicit error;
 //   a down message (actor client)    — the client's undecided requests are dropped;
-//   wake                             — internal: one delayed_send at the earliest wake or due time
-//                                      (re-armed when an earlier one appears), and one message per
-//                                      batch of fired Wakers.
+//   wake                             — internal: one delayed_send at the earliest wake time, due
+//                                      time or wait limit (re-armed when an earlier one appears),
+//                                      and one message per batch of fired Wakers.
 // Undecided requests are re-polled only on a wake-up, never on a timer tick. The RequestClassifier
 // Context has block size 0 and no workers: the classifier is created at the model's first request,
 // before the node necessarily knows its fleet. Spawned by the router node only when a classifier
@@ -66,6 +72,11 @@ struct ClassifierActorConfig {
   std::shared_ptr<metrics::MetricsRegistry> metrics;
   /// The classifier's clock (ClassifyRequest::Arrival::arrived_at, PollContext::now).
   std::shared_ptr<const Clock> clock = Clock::steady();
+  /// How long a request may wait for its admission decision: past it, it is refused with
+  /// `timeout` (its client has most likely given up). The router node sets its first-token
+  /// timeout (`--router-first-token-timeout-ms`, 30 s by default): a request the node would not
+  /// wait that long for a worker's first token should not wait longer for admission. Positive.
+  std::chrono::milliseconds max_wait{30'000};
 };
 
 /// The classifier actor's state.
@@ -92,6 +103,9 @@ struct ClassifierActorState {
   /// Actor clients with generate requests waiting here, monitored so that a client's end drops
   /// its requests (the lifecycle actor does the same for admitted ones).
   std::map<caf::actor_addr, std::size_t> monitored_clients;
+  /// KV blocks (used, total) by model and routing group, as the selectors last sent them.
+  std::unordered_map<std::string, std::map<std::string, std::pair<std::uint64_t, std::uint64_t>>>
+      fleet_blocks;
   /// The earliest time a delayed wake message is on its way for; empty: none.
   std::optional<std::chrono::steady_clock::time_point> armed_for;
 };

@@ -191,12 +191,14 @@ struct RouterNode::Impl {
     selector.tick_interval = options.tick_interval;
     selector.affinity = options.session_affinity;
     selector.clock = options.clock;
+    selector.classifier = classifier;  // the selectors feed its fleet load
     directory = system->spawn(directory_behavior, DirectoryActorConfig{selector, {}});
   }
 
   // Admission in front of the reservation and lifecycle actors, only with a configured
-  // request_classifier. Spawned before them (they tell it lifecycle events), it learns their
-  // handles in its first message (hand_classifier_targets), before any request can reach it.
+  // request_classifier. Spawned before them and the directory (they tell it lifecycle events, the
+  // selectors their KV usage), it learns their handles in its first message
+  // (hand_classifier_targets), before any request can reach it.
   void spawn_classifier() {
     if (!plugins.request_classifier) return;
     ClassifierActorConfig settings;
@@ -204,6 +206,9 @@ struct RouterNode::Impl {
     settings.publisher = bridge;
     settings.metrics = registry;
     settings.clock = options.clock;
+    // A request that waits for admission longer than the node waits for a worker's first token
+    // is refused (timeout) rather than booked for a client that has likely given up.
+    settings.max_wait = options.first_token_timeout;
     classifier = system->spawn(classifier_behavior, std::move(settings));
   }
 
@@ -347,8 +352,8 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   metrics::NodeMetrics::describe(*impl->registry);
   if (auto connected = impl->connect_nats(); !connected) return std::unexpected(connected.error());
   impl->start_actor_system();
+  impl->spawn_classifier();  // first: the selectors tell it their KV usage
   impl->spawn_directory();
-  impl->spawn_classifier();
   impl->spawn_reservation();
   impl->spawn_lifecycle();
   impl->hand_classifier_targets();

@@ -1,5 +1,8 @@
 #include "actors/selector/selector_actor.hpp"
 
+#include <algorithm>
+#include <cmath>
+
 #include <caf/typed_event_based_actor.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -89,6 +92,36 @@ void forget_dumps(Self self, WorkerId id) {
   }
 }
 
+// Tells the classifier actor the partition's KV blocks, used over total across its ranks, when
+// the usage moved by at least 0.01 since the last time. Used blocks are the confirmed ones of the
+// last report plus the bookings' change since, as the busy signals count them (a rank without a
+// report or booking counts its total only). The classifier weighs partitions by their totals.
+void send_fleet_load(Self self) {
+  auto& state = self->state;
+  if (!state.config.classifier) return;
+  const discovery::PartitionWorkers& workers = state.selector->partition_workers();
+  std::uint64_t used = 0;
+  std::uint64_t total = 0;
+  for (const auto& [id, entry] : workers.catalog().entries()) {
+    for (DpRank rank = 0; rank < entry.registration.data_parallel_size; ++rank) {
+      const auto view = workers.load().rank_load({id, rank});
+      if (!view) continue;
+      total += view->total_kv_blocks;
+      const std::int64_t rank_used =
+          static_cast<std::int64_t>(view->confirmed ? view->confirmed->kv_blocks_used : 0) +
+          view->blocks_since_report;
+      used += std::min<std::uint64_t>(rank_used < 0 ? 0 : static_cast<std::uint64_t>(rank_used),
+                                      view->total_kv_blocks);
+    }
+  }
+  if (total == 0) return;
+  const double usage = static_cast<double>(used) / static_cast<double>(total);
+  if (state.sent_kv_usage && std::abs(usage - *state.sent_kv_usage) < 0.01) return;
+  state.sent_kv_usage = usage;
+  self->send(state.config.classifier, load_atom::value, state.config.options.partition.model,
+             state.config.options.partition.routing_group, used, total);
+}
+
 }  // namespace
 
 selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig config) {
@@ -153,6 +186,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
           auto updated = state.selector->update_load({report.worker_id, rank}, load);
           if (!updated) return refuse(self, "load", discovery::as_str(updated.error()));
         }
+        send_fleet_load(self);
       },
       [self](kv_events_atom, const KvEventBatch& batch) {
         auto& state = self->state;

@@ -61,6 +61,9 @@ struct SelectorActorConfig {
   std::chrono::milliseconds dump_retry{1000};
   /// Where the actor reads the time (injected by tests).
   std::shared_ptr<const Clock> clock = Clock::steady();
+  /// The node's classifier actor, told the partition's KV blocks (used, total) after load
+  /// reports, for its fleet load; null (no classifier configured): nothing is sent.
+  classifier_actor classifier;
 };
 
 /// The selector actor's state.
@@ -73,6 +76,8 @@ struct SelectorActorState {
   absl::flat_hash_map<WorkerWithDpRank, std::chrono::steady_clock::time_point> dump_requested;
   /// "model/routing group": the partition label of this selector's metrics and logs.
   std::string partition;
+  /// The KV usage last sent to the classifier actor; empty: none yet.
+  std::optional<double> sent_kv_usage;
   /// The series written per request, resolved once.
   struct Series {
     metrics::ValueHandle bookings_open;

@@ -1,6 +1,7 @@
 // AdmissionState without CAF, on explicit time points: ready, rejected, a throwing classifier,
 // deferred futures woken by time and by on_event (the built-in max-in-flight), no re-poll
-// without a wake-up, due-time expiry, cancel, and the lifecycle events' order and uniqueness.
+// without a wake-up, due-time expiry, the wait limit, cancel, and the lifecycle events' order and
+// uniqueness.
 #include "actors/classifier/admission_state.hpp"
 
 #include <chrono>
@@ -13,7 +14,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "classifiers/builtin/kv_capacity_pause.hpp"
 #include "classifiers/builtin/max_in_flight.hpp"
+#include "messages/clock.hpp"
 
 namespace kvr::actors {
 namespace {
@@ -225,6 +228,109 @@ TEST_F(AdmissionStateTest, DueTimePassingWhileDeferredRejects) {
   // Its Waker is silenced: firing it later polls nothing.
   scripted_->wakers[0].wake();
   EXPECT_TRUE(state_->poll_due(kStart + 1s).empty());
+}
+
+TEST(AdmissionStateWaitLimitTest, ARequestDeferredPastTheWaitLimitTimesOutAndIsDropped) {
+  ManualClock clock{kStart};
+  auto classifier = std::make_unique<ScriptedClassifier>();
+  ScriptedClassifier* scripted = classifier.get();
+  scripted->answer = [scripted](ClassifyRequest) {
+    return AdmissionFuture::deferred([scripted](PollContext& context) {
+      scripted->wakers.push_back(context.waker());
+      return Poll::pending();  // never admits
+    });
+  };
+  int signals = 0;
+  AdmissionState state{std::move(classifier), [&signals] { ++signals; }, 100ms};
+  EXPECT_FALSE(state.admit("r1", make_request("r1"), clock.now()));
+  clock.advance(30ms);
+  EXPECT_FALSE(state.admit("r2", make_request("r2"), clock.now()));
+  // The wait limit is a time poll_due() must run at, as a due time is.
+  EXPECT_EQ(state.next_deadline(), kStart + 100ms);
+  clock.advance(69ms);
+  EXPECT_TRUE(state.poll_due(clock.now()).empty());
+  EXPECT_EQ(state.polls(), 2U);
+  clock.advance(1ms);
+  auto outcomes = state.poll_due(clock.now());
+  ASSERT_EQ(outcomes.size(), 1U);
+  EXPECT_EQ(outcomes[0].request_id, "r1");
+  ASSERT_FALSE(outcomes[0].admitted());
+  EXPECT_EQ(outcomes[0].rejection().code, Error::timeout);
+  EXPECT_THAT(outcomes[0].rejection().message, HasSubstr("waited for admission"));
+  EXPECT_THAT(outcomes[0].rejection().message, HasSubstr("100 ms"));
+  // Its future is dropped (its Waker is silenced); r2 keeps waiting until its own limit.
+  EXPECT_EQ(state.pending(), 1U);
+  EXPECT_EQ(state.admitted(), 0U);
+  EXPECT_EQ(state.next_deadline(), kStart + 130ms);
+  scripted->wakers[0].wake();
+  EXPECT_EQ(signals, 0);
+  // Never admitted: the classifier is told nothing, and a cancel finds nothing.
+  EXPECT_TRUE(scripted->events.empty());
+  EXPECT_EQ(state.cancel("r1", "late"), AdmissionCancel::unknown);
+  clock.advance(30ms);
+  outcomes = state.poll_due(clock.now());
+  ASSERT_EQ(outcomes.size(), 1U);
+  EXPECT_EQ(outcomes[0].request_id, "r2");
+  EXPECT_EQ(outcomes[0].rejection().code, Error::timeout);
+  EXPECT_FALSE(state.next_deadline());
+  EXPECT_TRUE(scripted->events.empty());
+}
+
+TEST(AdmissionStateWaitLimitTest, AnEarlierDueTimeWinsAndARequestAdmittedInTimeIsNotTimedOut) {
+  ManualClock clock{kStart};
+  auto classifier = std::make_unique<ScriptedClassifier>();
+  ScriptedClassifier* scripted = classifier.get();
+  // "late" is admitted once woken at 50 ms; the others never.
+  scripted->answer = [](ClassifyRequest request) {
+    return AdmissionFuture::deferred([request](PollContext& context) {
+      if (request.request_id() == "late" && context.now() >= kStart + 50ms) {
+        return Poll::ready(request);
+      }
+      context.wake_at(kStart + 50ms);
+      return Poll::pending();
+    });
+  };
+  AdmissionState state{std::move(classifier), {}, 100ms};
+  ClassifyRequest due = make_request("due");
+  due.set_due_at(kStart + 20ms);
+  EXPECT_FALSE(state.admit("due", due, clock.now()));
+  EXPECT_FALSE(state.admit("late", make_request("late"), clock.now()));
+  EXPECT_EQ(state.next_deadline(), kStart + 20ms);
+  clock.advance(20ms);
+  auto outcomes = state.poll_due(clock.now());
+  ASSERT_EQ(outcomes.size(), 1U);
+  EXPECT_EQ(outcomes[0].rejection().code, Error::due_time_expired);
+  clock.advance(30ms);
+  outcomes = state.poll_due(clock.now());
+  ASSERT_EQ(outcomes.size(), 1U);
+  EXPECT_EQ(outcomes[0].request_id, "late");
+  EXPECT_TRUE(outcomes[0].admitted());
+  // Admitted before its limit: nothing is due any more, and its end is told as usual.
+  EXPECT_FALSE(state.next_deadline());
+  clock.advance(1h);
+  EXPECT_TRUE(state.poll_due(clock.now()).empty());
+  state.on_event(Completed{"late", kWorker, 10});
+  EXPECT_THAT(scripted->events, ElementsAre("completed late 1"));
+}
+
+TEST(AdmissionStateFleetLoadTest, FleetLoadReachesTheClassifierAndItsWakersResumeAPause) {
+  AdmissionState state{std::make_unique<classifiers::builtin::KvCapacityPauseClassifier>(
+                           classifiers::builtin::KvCapacityPauseParameters{
+                               .pause_above = 0.5, .resume_below = 0.3, .max_pause_ms = 60'000}),
+                       {}};
+  ASSERT_TRUE(state.admit("before", make_request("before"), kStart)->admitted());
+  state.on_fleet_load(FleetLoad{.kv_usage = 0.9, .at = kStart + 1ms});
+  // Paused: a new session (no session metadata) is deferred.
+  EXPECT_FALSE(state.admit("paused", make_request("paused"), kStart + 2ms));
+  EXPECT_EQ(state.pending(), 1U);
+  state.on_fleet_load(FleetLoad{.kv_usage = 0.4, .at = kStart + 3ms});  // hysteresis: still paused
+  EXPECT_FALSE(state.has_woken());
+  state.on_fleet_load(FleetLoad{.kv_usage = 0.2, .at = kStart + 4ms});
+  EXPECT_TRUE(state.has_woken());
+  auto outcomes = state.poll_due(kStart + 4ms);
+  ASSERT_EQ(outcomes.size(), 1U);
+  EXPECT_EQ(outcomes[0].request_id, "paused");
+  EXPECT_TRUE(outcomes[0].admitted());
 }
 
 TEST_F(AdmissionStateTest, CancelDropsAPendingFutureWithoutAnEvent) {

@@ -25,6 +25,7 @@
 #include "actors/lifecycle/lifecycle_actor.hpp"
 #include "actors/metrics/node_metrics.hpp"
 #include "actors/reservation/reservation_actor.hpp"
+#include "classifiers/builtin/kv_capacity_pause.hpp"
 #include "classifiers/builtin/max_in_flight.hpp"
 #include "messages/clock.hpp"
 #include "selection/config/router_policy_config.hpp"
@@ -760,6 +761,13 @@ namespace rc = plugins::request_classifier;
 struct ClassifierEventLog {
   mutable std::mutex mutex;
   std::vector<std::string> events;
+  /// The fleet loads the classifier was told, in order.
+  std::vector<double> loads;
+
+  std::vector<double> loads_snapshot() const {
+    std::lock_guard lock{mutex};
+    return loads;
+  }
 
   std::vector<std::string> snapshot() const {
     std::lock_guard lock{mutex};
@@ -796,6 +804,13 @@ class RecordingClassifier final : public rc::RequestClassifier {
         event);
     inner_->on_event(event);
   }
+  void on_fleet_load(const rc::FleetLoad& load) override {
+    {
+      std::lock_guard lock{log_->mutex};
+      log_->loads.push_back(load.kv_usage);
+    }
+    inner_->on_fleet_load(load);
+  }
 
  private:
   std::unique_ptr<rc::RequestClassifier> inner_;
@@ -810,6 +825,25 @@ class RejectingClassifier final : public rc::RequestClassifier {
   }
 };
 
+// Never admits: defers every request, keeping a Waker it never fires, except that a "probe" is
+// rejected at once (its answer tells the test that the classifier actor handled everything sent
+// before it).
+class NeverAdmittingClassifier final : public rc::RequestClassifier {
+ public:
+  rc::AdmissionFuture classify(rc::ClassifyRequest request) override {
+    if (request.request_id().value_or("").starts_with("probe")) {
+      return rc::AdmissionFuture::rejected(rc::ClassifierError::overloaded("probe"));
+    }
+    return rc::AdmissionFuture::deferred([this](rc::PollContext& context) {
+      wakers_.push_back(context.waker());
+      return rc::Poll::pending();
+    });
+  }
+
+ private:
+  std::vector<rc::Waker> wakers_;
+};
+
 class ClassifierActorsTest : public RouterActorsTest {
  protected:
   ~ClassifierActorsTest() override {
@@ -821,7 +855,11 @@ class ClassifierActorsTest : public RouterActorsTest {
   }
 
   // A classifier actor with its own reservation and lifecycle actors, wired as the node does.
-  void start(std::function<std::unique_ptr<rc::RequestClassifier>()> make_inner) {
+  // With `feed_fleet_load`, the fixture's directory is replaced by one whose selectors tell the
+  // classifier actor their KV usage, as the node wires them.
+  void start(std::function<std::unique_ptr<rc::RequestClassifier>()> make_inner,
+             const std::function<void(ClassifierActorConfig&)>& adjust = {},
+             bool feed_fleet_load = false) {
     ClassifierActorConfig settings;
     auto log = events_;
     settings.factory = [make_inner, log](const rc::RequestClassifierContext&) {
@@ -829,7 +867,14 @@ class ClassifierActorsTest : public RouterActorsTest {
     };
     settings.publisher = publisher_;
     settings.metrics = metrics_;
+    if (adjust) adjust(settings);
     classifier_ = system_.spawn(classifier_behavior, std::move(settings));
+    if (feed_fleet_load) {
+      caf::anon_send_exit(directory_, caf::exit_reason::user_shutdown);
+      SelectorActorConfig selector = selector_config(metrics_);
+      selector.classifier = classifier_;
+      directory_ = system_.spawn(directory_behavior, DirectoryActorConfig{selector, {}});
+    }
     ReservationActorConfig reservation = reservation_config(directory_, metrics_);
     reservation.classifier = classifier_;
     admitted_reservation_ = system_.spawn(reservation_behavior, std::move(reservation));
@@ -1023,6 +1068,132 @@ TEST_F(ClassifierActorsTest, CancellingADeferredGenerateEndsItsStreamAndFreesNot
   v1::GenerateRequest dispatched;
   ASSERT_TRUE(dispatched.ParseFromString(publisher_->published_on("gen.11")[0]));
   EXPECT_EQ(dispatched.route().request_id(), "g1");
+}
+
+// A request the classifier never admits is refused with a timeout once it has waited max_wait on
+// the classifier's clock; its future is dropped and it never reaches a worker.
+TEST_F(ClassifierActorsTest, ARequestWaitingPastTheWaitLimitGetsATimeout) {
+  register_workers({11});
+  auto clock = std::make_shared<ManualClock>();
+  start([] { return std::make_unique<NeverAdmittingClassifier>(); },
+        [clock](ClassifierActorConfig& settings) {
+          settings.clock = clock;
+          settings.max_wait = 200ms;
+        });
+  caf::scoped_actor self{system_};
+  int probes = 0;
+  // A probe from the same sender: once it is answered, everything sent before it was handled.
+  const auto handled_so_far = [&] {
+    self->request(classifier_, 5s, route_atom::value,
+                  RouteEnvelope{request(fmt::format("probe{}", probes++)), {}, clock->now()})
+        .receive([](RouteDecisionMessage& message) { EXPECT_TRUE(message.value.has_error()); },
+                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  };
+  const auto wake_and_wait = [&] {
+    self->send(classifier_, wake_atom::value);
+    handled_so_far();
+  };
+  self->send(classifier_, route_atom::value, RouteEnvelope{request("r1"), {}, clock->now()});
+  GenerateRequestData generate;
+  generate.route = request("g1");
+  generate.stream_subject = "g1.stream";
+  generate.wire.mutable_route()->set_request_id("g1");
+  // Anonymous, so that its decision goes only to the reply subject (the mailbox is FIFO).
+  caf::anon_send(classifier_, generate_atom::value,
+                 GenerateEnvelope{generate, "g1.reply", clock->now()});
+  handled_so_far();  // both arrived (and wait) before the clock moves
+  // Just before the limit both still wait.
+  clock->advance(199ms);
+  wake_and_wait();
+  EXPECT_TRUE(publisher_->published_on("g1.reply").empty());
+  clock->advance(1ms);
+  self->send(classifier_, wake_atom::value);
+  v1::RouteDecision decision;
+  self->receive([&](RouteDecisionMessage& message) { decision = std::move(message.value); },
+                caf::after(std::chrono::seconds(5)) >> [] { ADD_FAILURE() << "no decision"; });
+  ASSERT_TRUE(decision.has_error());
+  EXPECT_EQ(decision.request_id(), "r1");
+  EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_TIMEOUT);
+  EXPECT_NE(decision.error().message().find("waited for admission"), std::string::npos)
+      << decision.error().message();
+  // The generate client gets the same decision and the error end of its stream.
+  ASSERT_TRUE(testing::wait_until(
+      [&] {
+        return publisher_->published_on("g1.reply").size() == 1 &&
+               publisher_->published_on("g1.stream").size() == 1;
+      },
+      5s));
+  EXPECT_EQ(decision_on("g1.reply").error().code(), v1::ROUTE_ERROR_TIMEOUT);
+  v1::GenerateChunk end;
+  ASSERT_TRUE(end.ParseFromString(publisher_->published_on("g1.stream")[0]));
+  EXPECT_TRUE(end.finished());
+  EXPECT_EQ(end.finish_reason(), "error");
+  EXPECT_EQ(end.error().code(), v1::ROUTE_ERROR_TIMEOUT);
+  EXPECT_EQ(metrics_->value("kvr_route_errors_total", {{"code", "timeout"}}), 2);
+  // Dropped, not admitted: nothing was booked or sent, and the classifier was told nothing.
+  wake_and_wait();
+  EXPECT_EQ(bookings(), 0);
+  EXPECT_TRUE(publisher_->published_on("gen.11").empty());
+  EXPECT_TRUE(events_->snapshot().empty());
+}
+
+// The selectors feed the classifier the fleet's KV usage from load reports: kv-capacity-pause
+// defers a new session while usage is above pause_above and admits it once usage falls.
+TEST_F(ClassifierActorsTest, LoadReportsPauseAndResumeNewSessionsWithKvCapacityPause) {
+  start(
+      [] {
+        return std::make_unique<classifiers::builtin::KvCapacityPauseClassifier>(
+            classifiers::builtin::KvCapacityPauseParameters{.pause_above = 0.5,
+                                                            .resume_below = 0.3});
+      },
+      {}, true);
+  register_workers({11});  // 100 KV blocks
+  const auto report = [&](std::uint64_t used) {
+    caf::anon_send(
+        directory_, load_atom::value,
+        WorkerLoadReport{11, 1, {{0, discovery::ConfirmedLoad{.kv_blocks_used = used}}}});
+  };
+  const auto turn = [](std::string id, std::string session) {
+    RouteRequest route = request(std::move(id));
+    route.selection.session = SessionContext{std::move(session), std::nullopt, false, std::nullopt};
+    return route;
+  };
+  caf::scoped_actor self{system_};
+  const auto route_now = [&](RouteRequest route) {
+    v1::RouteDecision decision;
+    self->request(classifier_, 5s, route_atom::value,
+                  RouteEnvelope{std::move(route), {}, std::chrono::steady_clock::now()})
+        .receive([&](RouteDecisionMessage& message) { decision = std::move(message.value); },
+                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+    return decision;
+  };
+  // A running session, admitted before the fleet fills.
+  ASSERT_TRUE(route_now(turn("s1", "running")).has_success());
+  report(90);
+  ASSERT_TRUE(testing::wait_until(
+      [&] {
+        const auto loads = events_->loads_snapshot();
+        return !loads.empty() && loads.back() > 0.5;
+      },
+      5s));
+  EXPECT_NEAR(events_->loads_snapshot().back(), 0.9, 0.011);  // 90 of 100 (+ s1's booking)
+  // A new session is deferred; a turn of the running one, sent after it, is admitted and routed.
+  // Had the new one been admitted, its decision (routed ahead of it through the same actors)
+  // would be here first.
+  self->send(classifier_, route_atom::value,
+             RouteEnvelope{turn("new1", "new"), {}, std::chrono::steady_clock::now()});
+  ASSERT_TRUE(route_now(turn("s2", "running")).has_success());
+  bool early = false;
+  self->receive([&](RouteDecisionMessage&) { early = true; }, caf::after(0s) >> [] {});
+  EXPECT_FALSE(early) << "the new session was admitted during the pause";
+  // Usage falls below resume_below: the new session is admitted and routed.
+  report(10);
+  v1::RouteDecision resumed;
+  self->receive([&](RouteDecisionMessage& message) { resumed = std::move(message.value); },
+                caf::after(5s) >> [] { ADD_FAILURE() << "the new session was never admitted"; });
+  EXPECT_EQ(resumed.request_id(), "new1");
+  EXPECT_TRUE(resumed.has_success()) << resumed.error().message();
+  EXPECT_LT(events_->loads_snapshot().back(), 0.3);
 }
 
 // Actor clients through an ingress wired to the classifier, as the node wires it: a client that
