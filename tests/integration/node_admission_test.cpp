@@ -52,6 +52,20 @@ class NodeAdmissionTest : public testing::KvrClusterTest {
     return streams_.back();
   }
 
+  // Starts `workers` simulated workers with ids from `id_base`, at the modelled GPU's speed.
+  void start_fleet(int workers, WorkerId id_base) {
+    auto mocker = kvr_->start_mocker({.workers = workers,
+                                      .worker_id_base = id_base,
+                                      .block_size = kBlockSize,
+                                      .num_gpu_blocks = 2048,
+                                      .time_scale = "1",
+                                      .lease_ttl_ms = 600,
+                                      .load_interval_ms = 50},
+                                     "mocker.log");
+    ASSERT_TRUE(mocker);
+    mocker_ = std::move(*mocker);
+  }
+
   std::optional<ChildProcess> mocker_;
   std::optional<ChildProcess> node_;
   std::vector<std::unique_ptr<ChunkStream>> streams_;
@@ -61,16 +75,7 @@ TEST_F(NodeAdmissionTest, MaxInFlightTwoKeepsAtMostTwoAtTheWorkersAndCompletesAl
   constexpr int kRequests = 10;
   constexpr std::uint32_t kOutputTokens = 24;
   const std::set<WorkerId> workers{100, 101, 102, 103};
-  auto mocker = kvr_->start_mocker({.workers = static_cast<int>(workers.size()),
-                                    .worker_id_base = 100,
-                                    .block_size = kBlockSize,
-                                    .num_gpu_blocks = 2048,
-                                    .time_scale = "1",
-                                    .lease_ttl_ms = 600,
-                                    .load_interval_ms = 50},
-                                   "mocker.log");
-  ASSERT_TRUE(mocker);
-  mocker_ = std::move(*mocker);
+  ASSERT_NO_FATAL_FAILURE(start_fleet(static_cast<int>(workers.size()), 100));
   const auto config = directory_.path() / "router.yaml";
   {
     std::ofstream yaml{config};
@@ -180,16 +185,7 @@ TEST_F(NodeAdmissionTest, TokenBucketRejectsTheTenantOverItsBudgetAndServesTheOt
   constexpr int kLightEvery = 4;  // light sends one request per four of heavy's: 3 in all
   constexpr int kLightRequests = kHeavyRequests / kLightEvery;
   static_assert(kLightRequests <= kBurstPrompts);
-  auto mocker = kvr_->start_mocker({.workers = 2,
-                                    .worker_id_base = 200,
-                                    .block_size = kBlockSize,
-                                    .num_gpu_blocks = 2048,
-                                    .time_scale = "1",
-                                    .lease_ttl_ms = 600,
-                                    .load_interval_ms = 50},
-                                   "mocker.log");
-  ASSERT_TRUE(mocker);
-  mocker_ = std::move(*mocker);
+  ASSERT_NO_FATAL_FAILURE(start_fleet(2, 200));
   const auto config = directory_.path() / "router.yaml";
   {
     std::ofstream yaml{config};

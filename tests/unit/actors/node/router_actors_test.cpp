@@ -84,6 +84,13 @@ class FakePublisher final : public RouterPublisher {
     return dumps_;
   }
   /// Messages published on `subject` so far.
+  /// The first of `workers` whose generate subject ("gen.<id>") got a request; 0: none yet.
+  WorkerId dispatched_to(std::initializer_list<WorkerId> workers) const {
+    for (WorkerId id : workers) {
+      if (!published_on("gen." + std::to_string(id)).empty()) return id;
+    }
+    return 0;
+  }
   std::vector<std::string> published_on(std::string_view subject) const {
     std::lock_guard lock{mutex_};
     std::vector<std::string> result;
@@ -123,6 +130,15 @@ RouteRequest request(std::string id, std::string model = "m") {
   data.selection.prompt_tokens = 8;
   data.selection.block_hashes = {1, 2};
   return data;
+}
+
+// A generate request streaming to `stream_subject`, carrying its id on the wire too.
+GenerateRequestData generate_request(std::string id, std::string stream_subject) {
+  GenerateRequestData generate;
+  generate.route = request(id);
+  generate.stream_subject = std::move(stream_subject);
+  generate.wire.mutable_route()->set_request_id(std::move(id));
+  return generate;
 }
 
 class RouterActorsTest : public ::testing::Test {
@@ -375,10 +391,7 @@ TEST_F(RouterActorsTest, IngressAnswersActorClientsWithDecisionsAndErrors) {
 
 TEST_F(RouterActorsTest, GenerateIsRetriedOnceWhenItsWorkerLeavesBeforeTheFirstToken) {
   register_workers({11, 12});
-  GenerateRequestData generate;
-  generate.route = request("g1");
-  generate.stream_subject = "client.stream";
-  generate.wire.mutable_route()->set_request_id("g1");
+  GenerateRequestData generate = generate_request("g1", "client.stream");
   generate.wire.set_max_output_tokens(2);
   caf::anon_send(lifecycle_, generate_atom::value,
                  GenerateEnvelope{generate, "client.reply", std::chrono::steady_clock::now()});
@@ -386,10 +399,7 @@ TEST_F(RouterActorsTest, GenerateIsRetriedOnceWhenItsWorkerLeavesBeforeTheFirstT
   WorkerId first = 0;
   ASSERT_TRUE(testing::wait_until(
       [&] {
-        for (WorkerId id : {11, 12}) {
-          if (!publisher_->published_on("gen." + std::to_string(id)).empty()) first = id;
-        }
-        return first != 0;
+        return (first = publisher_->dispatched_to({11, 12})) != 0;
       },
       5s));
   const WorkerId second = first == 11 ? 12 : 11;
@@ -930,10 +940,7 @@ TEST_F(ClassifierActorsTest, ARejectedRouteRequestGetsAnExplicitErrorWithTheReas
   // Over NATS, the decision goes to the reply subject; a generate request's stream also ends.
   caf::anon_send(classifier_, route_atom::value,
                  RouteEnvelope{request("r2"), "reply.r2", std::chrono::steady_clock::now()});
-  GenerateRequestData generate;
-  generate.route = request("g1");
-  generate.stream_subject = "client.stream";
-  generate.wire.mutable_route()->set_request_id("g1");
+  GenerateRequestData generate = generate_request("g1", "client.stream");
   caf::anon_send(classifier_, generate_atom::value,
                  GenerateEnvelope{generate, "client.reply", std::chrono::steady_clock::now()});
   ASSERT_TRUE(testing::wait_until(
@@ -999,20 +1006,14 @@ TEST_F(ClassifierActorsTest, MaxInFlightOneAnswersTheSecondRouteOnlyAfterTheFirs
 TEST_F(ClassifierActorsTest, GenerateWithARetryTellsTheClassifierTwoSentsInOrder) {
   register_workers({11, 12});
   start([] { return max_in_flight(2); });
-  GenerateRequestData generate;
-  generate.route = request("g1");
-  generate.stream_subject = "client.stream";
-  generate.wire.mutable_route()->set_request_id("g1");
+  GenerateRequestData generate = generate_request("g1", "client.stream");
   generate.wire.set_max_output_tokens(2);
   caf::anon_send(classifier_, generate_atom::value,
                  GenerateEnvelope{generate, "client.reply", std::chrono::steady_clock::now()});
   WorkerId first = 0;
   ASSERT_TRUE(testing::wait_until(
       [&] {
-        for (WorkerId id : {11, 12}) {
-          if (!publisher_->published_on("gen." + std::to_string(id)).empty()) first = id;
-        }
-        return first != 0;
+        return (first = publisher_->dispatched_to({11, 12})) != 0;
       },
       5s));
   const WorkerId second = first == 11 ? 12 : 11;
@@ -1044,10 +1045,7 @@ TEST_F(ClassifierActorsTest, GenerateWithARetryTellsTheClassifierTwoSentsInOrder
 TEST_F(ClassifierActorsTest, CancellingADeferredGenerateEndsItsStreamAndFreesNothing) {
   register_workers({11});
   start([] { return max_in_flight(1); });
-  GenerateRequestData generate;
-  generate.route = request("g1");
-  generate.stream_subject = "g1.stream";
-  generate.wire.mutable_route()->set_request_id("g1");
+  GenerateRequestData generate = generate_request("g1", "g1.stream");
   caf::anon_send(classifier_, generate_atom::value,
                  GenerateEnvelope{generate, "g1.reply", std::chrono::steady_clock::now()});
   generate.route = request("g2");
@@ -1094,10 +1092,7 @@ TEST_F(ClassifierActorsTest, ARequestWaitingPastTheWaitLimitGetsATimeout) {
     handled_so_far();
   };
   self->send(classifier_, route_atom::value, RouteEnvelope{request("r1"), {}, clock->now()});
-  GenerateRequestData generate;
-  generate.route = request("g1");
-  generate.stream_subject = "g1.stream";
-  generate.wire.mutable_route()->set_request_id("g1");
+  GenerateRequestData generate = generate_request("g1", "g1.stream");
   // Anonymous, so that its decision goes only to the reply subject (the mailbox is FIFO).
   caf::anon_send(classifier_, generate_atom::value,
                  GenerateEnvelope{generate, "g1.reply", clock->now()});
