@@ -1,5 +1,6 @@
 #include "classifiers/request_classifier.hpp"
 
+#include <algorithm>
 #include <exception>
 #include <mutex>
 
@@ -159,6 +160,22 @@ Poll AdmissionFuture::poll(PollContext& context) {
   silence_wakers();
   state_ = std::monostate{};
   return std::move(*answer);
+}
+
+std::expected<void, RequestClassifierProviderError> RequestClassifierParameters::check_policy_class(
+    std::string_view name, std::string_view key) const {
+  if (!policy_classes_ || name == "default" ||
+      std::ranges::find(*policy_classes_, name) != policy_classes_->end()) {
+    return {};
+  }
+  std::string known;
+  for (const std::string& configured : *policy_classes_) {
+    if (configured != "default") known += fmt::format("{}, ", configured);
+  }
+  known += "default";
+  return std::unexpected(RequestClassifierProviderError{
+      fmt::format("{}: unknown policy class '{}'; policy_classes configures: {}", key, name,
+                  known)});
 }
 
 }  // namespace kvr::plugins::request_classifier

@@ -348,17 +348,27 @@ class RequestClassifierProviderError {
 /// ParameterReader: required<T>(key), optional<T>(key, fallback), finish().
 using ParameterReader = plugins::BasicParameterReader<RequestClassifierProviderError>;
 
-/// The classifier's YAML `parameters` mapping (may be absent: then every key is absent).
+/// The classifier's YAML `parameters` mapping (may be absent: then every key is absent), and the
+/// policy classes the router-policy YAML configures.
 class RequestClassifierParameters {
  public:
-  /// A null `source` means no parameters.
-  explicit RequestClassifierParameters(std::shared_ptr<const classifiers::ParameterSource> source)
-      : source_(std::move(source)) {}
+  /// A null `source` means no parameters. `policy_classes`: the configured class names ("default"
+  /// is always known); empty: the host does not say, and check_policy_class accepts any name.
+  explicit RequestClassifierParameters(
+      std::shared_ptr<const classifiers::ParameterSource> source,
+      std::optional<std::vector<std::string>> policy_classes = std::nullopt)
+      : source_(std::move(source)), policy_classes_(std::move(policy_classes)) {}
   /// A fresh strict reader over the mapping.
   ParameterReader reader() const { return ParameterReader{source_}; }
+  /// For a provider, about a class its classifier will set: fails, naming `key` (its parameter
+  /// path, e.g. "parameters.buckets[0].policy_class") and the known classes, when no class of
+  /// that name is configured, so that a typo stops startup rather than refusing requests.
+  std::expected<void, RequestClassifierProviderError> check_policy_class(std::string_view name,
+                                                                          std::string_view key) const;
 
  private:
   std::shared_ptr<const classifiers::ParameterSource> source_;
+  std::optional<std::vector<std::string>> policy_classes_;
 };
 
 using RequestClassifierFactory =

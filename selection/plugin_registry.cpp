@@ -10,6 +10,13 @@
 namespace kvr::plugins {
 namespace {
 
+// The class names a classifier may set: the configured ones (a provider checks against them).
+std::vector<std::string> policy_class_names(const selection::RouterPolicyConfig& config) {
+  std::vector<std::string> names;
+  for (const auto& policy_class : config.policy_classes) names.push_back(policy_class.name);
+  return names;
+}
+
 using request_classifier::RequestClassifierParameters;
 using worker_selection::WorkerSelectionPolicyParameters;
 
@@ -182,12 +189,14 @@ std::expected<RouterPlugins, RegistryError> RouterPluginRegistry::resolve_plugin
                       config.source_name, classifier.type, bracketed(request_classifier_types()))});
     }
     auto factory = run_provider(
-        provider->second, RequestClassifierParameters{classifier.parameters},
+        provider->second,
+        RequestClassifierParameters{classifier.parameters, policy_class_names(config)},
         fmt::format("{}: request_classifier ({})", config.source_name, classifier.type));
     if (!factory) return std::unexpected(std::move(factory.error()));
     plugins.request_classifier =
         RouterPlugins::RequestClassifier{classifier.type, std::move(*factory)};
   }
+  plugins.policy_classes = config.policy_classes;
   return plugins;
 }
 

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "classifiers/queue/policy_class_config.hpp"
 #include "classifiers/request_classifier.hpp"
 #include "selection/worker_selection.hpp"
 
@@ -51,6 +52,9 @@ struct RouterPlugins {
   std::array<WorkerSelection, 4> worker_selection;
   /// Empty: every request is admitted at once.
   std::optional<RequestClassifier> request_classifier;
+  /// The configured `policy_classes`, in document order (empty: only the class `default`);
+  /// classifiers::resolve_policy_classes turns them into a queue's classes.
+  std::vector<classifiers::PolicyClassConfig> policy_classes;
 
   const WorkerSelection& selection_for(WorkerType type) const {
     return worker_selection[static_cast<std::size_t>(type)];

@@ -175,6 +175,7 @@ void SelectorState::rebuild_rows() const {
     rows.descriptors.clear();
     rows.slots.clear();
     rows.total_kv_blocks.clear();
+    rows.max_batched_tokens.clear();
   }
   // Sorted by id so that the host sees a stable order whatever the hash map's iteration order.
   std::vector<const discovery::CatalogEntry*> entries;
@@ -194,6 +195,7 @@ void SelectorState::rebuild_rows() const {
           selection::WorkerDescriptor{.worker = worker, .taints = registration.taints});
       rows.slots.push_back(*slot);
       rows.total_kv_blocks.push_back(registration.total_kv_blocks);
+      rows.max_batched_tokens.push_back(registration.max_num_batched_tokens);
     }
   }
   rows_dirty_ = false;
@@ -351,6 +353,48 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::route(RouteRequest& req
   outcome.scorer_names = scorer_names_[static_cast<std::size_t>(request.worker_type)];
   outcome.eligible_workers = selected->eligible_workers;
   return book(request, std::move(outcome), now);
+}
+
+void SelectorState::eligible_prefill_loads(const RouteRequest& request,
+                                           std::vector<classifiers::WorkerPrefillLoad>& out) const {
+  out.clear();
+  const auto descriptors = workers(request.worker_type);
+  const RoleRows& rows = rows_[static_cast<std::size_t>(request.worker_type)];
+  for (std::size_t row = 0; row < descriptors.size(); ++row) {
+    const selection::WorkerDescriptor& descriptor = descriptors[row];
+    if (selection::violated_restriction(request.selection, descriptor.worker, descriptor.available,
+                                        descriptor.taints)) {
+      continue;
+    }
+    classifiers::WorkerPrefillLoad load{.max_batched_tokens = rows.max_batched_tokens[row]};
+    if (const auto view = workers_.load().rank_load(descriptor.worker)) {
+      load.active_prefill_tokens =
+          plus_change(view->confirmed ? view->confirmed->active_prefill_tokens : 0,
+                      view->prefill_tokens_since_report);
+    }
+    out.push_back(load);
+  }
+}
+
+std::uint64_t SelectorState::fewest_uncached_tokens(const RouteRequest& request) {
+  const auto descriptors = workers(request.worker_type);
+  const RoleRows& rows = rows_[static_cast<std::size_t>(request.worker_type)];
+  const discovery::MatchResult& matches = matches_for(request.selection.block_hashes);
+  std::uint64_t most_cached = 0;
+  for (std::size_t row = 0; row < descriptors.size(); ++row) {
+    const selection::WorkerDescriptor& descriptor = descriptors[row];
+    if (selection::violated_restriction(request.selection, descriptor.worker, descriptor.available,
+                                        descriptor.taints)) {
+      continue;
+    }
+    if (const discovery::WorkerMatch* match = matches.find(rows.slots[row])) {
+      most_cached = std::max<std::uint64_t>(
+          most_cached,
+          std::uint64_t{match->device_blocks} + match->host_blocks + match->disk_blocks);
+    }
+  }
+  return discovery::uncached_prefill_tokens(request.selection.prompt_tokens, most_cached,
+                                            block_size_);
 }
 
 std::optional<std::string> SelectorState::unroutable_reason(const RouteRequest& request,

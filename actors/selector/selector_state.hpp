@@ -17,6 +17,7 @@
 
 #include "actors/selector/route_request.hpp"
 #include "actors/selector/route_result.hpp"
+#include "classifiers/queue/policy_class_config.hpp"
 #include "discovery/partition_workers.hpp"
 #include "messages/error.hpp"
 #include "selection/plugin_registry.hpp"
@@ -88,6 +89,19 @@ class SelectorState final : public selection::WorkerSignalSource {
   std::expected<void, discovery::LoadError> release(std::string_view request_id,
                                                     discovery::BookingEnd end);
 
+  // ---- admission queue (actors/selector/partition_queue.hpp) --------------------------------
+  /// Hashes the request's token ids (at block_size()), stamps it with `now` and checks the prompt
+  /// and that its id has no open booking; route() and route_to() run it first themselves, and it
+  /// may run again on a prepared request.
+  std::expected<void, RouteFailure> prepare(RouteRequest& request, TimePoint now);
+  /// The prefill load of every worker rank eligible for `request` (of its role, passing its hard
+  /// restrictions), into `out` (cleared first): what the policy-class busy rule reads.
+  void eligible_prefill_loads(const RouteRequest& request,
+                              std::vector<classifiers::WorkerPrefillLoad>& out) const;
+  /// The fewest prompt tokens an eligible worker rank would have to compute for the prepared
+  /// `request` (its whole prompt when no eligible rank holds any of it): its queue cost.
+  std::uint64_t fewest_uncached_tokens(const RouteRequest& request);
+
   // ---- selection::WorkerSignalSource ------------------------------------------------------
   std::span<const selection::WorkerDescriptor> workers(WorkerType worker_type) const override;
   void compute_signals(const selection::SelectionRequest& request, WorkerType worker_type,
@@ -111,6 +125,7 @@ class SelectorState final : public selection::WorkerSignalSource {
     std::vector<selection::WorkerDescriptor> descriptors;
     std::vector<discovery::SlotId> slots;
     std::vector<std::uint64_t> total_kv_blocks;
+    std::vector<std::uint64_t> max_batched_tokens;
   };
 
   /// A worker refused for its block size, remembered to explain a request that finds no worker.
@@ -119,9 +134,6 @@ class SelectorState final : public selection::WorkerSignalSource {
     TimePoint forget_at;
   };
 
-  /// Hashes the request's token ids (at block_size()), stamps it and checks the prompt and that
-  /// the request id has no open booking.
-  std::expected<void, RouteFailure> prepare(RouteRequest& request, TimePoint now);
   /// Why `worker` cannot take `request` on its own (empty: it can).
   std::optional<std::string> unroutable_reason(const RouteRequest& request,
                                                WorkerWithDpRank worker) const;

@@ -39,6 +39,11 @@ std::expected<LengthClassParameters, RequestClassifierProviderError> LengthClass
     if (policy_class->empty()) {
       return fail(fmt::format("parameters.buckets[{}].policy_class: must not be empty", i));
     }
+    if (auto known = parameters.check_policy_class(
+            *policy_class, fmt::format("parameters.buckets[{}].policy_class", i));
+        !known) {
+      return std::unexpected(known.error());
+    }
     if (!parsed.buckets.empty() && *max_input_tokens <= parsed.buckets.back().max_input_tokens) {
       return fail(fmt::format(
           "parameters.buckets[{}].max_input_tokens: buckets must be strictly ascending, got {} "
@@ -49,6 +54,10 @@ std::expected<LengthClassParameters, RequestClassifierProviderError> LengthClass
         Bucket{.max_input_tokens = *max_input_tokens, .policy_class = std::move(*policy_class)});
   }
   if (default_class->empty()) return fail("parameters.default_class: must not be empty");
+  if (auto known = parameters.check_policy_class(*default_class, "parameters.default_class");
+      !known) {
+    return std::unexpected(known.error());
+  }
   parsed.default_class = std::move(*default_class);
   return parsed;
 }

@@ -53,8 +53,12 @@ constexpr ClassifierCase kCases[] = {
 // Names the case in test output instead of its bytes.
 void PrintTo(const ClassifierCase& builtin, std::ostream* out) { *out << builtin.type; }
 
+// The classes the cases name are configured, as a classifier's classes must be.
 std::string classifier_yaml(std::string_view type, std::string_view parameters) {
-  return fmt::format("request_classifier: {{type: {}, parameters: {}}}\n", type, parameters);
+  return fmt::format(
+      "request_classifier: {{type: {}, parameters: {}}}\n"
+      "policy_classes: [{{name: short}}, {{name: long}}]\n",
+      type, parameters);
 }
 
 class BuiltinClassifiersTest : public ::testing::TestWithParam<ClassifierCase> {
@@ -105,6 +109,22 @@ TEST_P(BuiltinClassifiersTest, AnUnknownParameterStopsStartupNamingIt) {
   auto plugins = resolve(classifier_yaml(builtin.type, "{no_such_parameter: 1}"));
   ASSERT_FALSE(plugins);
   EXPECT_THAT(plugins.error(), HasSubstr("no_such_parameter"));
+}
+
+TEST(LengthClassStartupTest, AClassThatIsNotConfiguredStopsStartupNamingTheKey) {
+  RouterPluginRegistry registry;
+  ASSERT_TRUE(register_builtin_policies(registry));
+  auto parsed = parse_router_policy_config(
+      "request_classifier: {type: length-class, parameters: {buckets: [{max_input_tokens: 512, "
+      "policy_class: short}, {max_input_tokens: 4096, policy_class: shrot}]}}\n"
+      "policy_classes: [{name: short}]\n",
+      "router.yaml");
+  ASSERT_TRUE(parsed) << parsed.error();
+  auto plugins = registry.resolve_plugins(*parsed);
+  ASSERT_FALSE(plugins);
+  EXPECT_THAT(std::string{plugins.error().message()},
+              HasSubstr("parameters.buckets[1].policy_class: unknown policy class 'shrot'; "
+                        "policy_classes configures: short, default"));
 }
 
 INSTANTIATE_TEST_SUITE_P(EachType, BuiltinClassifiersTest, ::testing::ValuesIn(kCases),
