@@ -219,12 +219,17 @@ using route_target_actor = caf::typed_actor<
     // select a worker and book it
     caf::replies_to<route_atom, RouteRequest>::with<SelectorReply>,
     // first token or release of a booking, with its session-affinity action
-    caf::replies_to<booking_atom, BookingUpdate>::with<BookingUpdateReply>>;
+    caf::replies_to<booking_atom, BookingUpdate>::with<BookingUpdateReply>,
+    // the caller gave up on a route request (model, routing group, request id): if it still
+    // waits in the partition's queue, it leaves without being booked
+    caf::reacts_to<cancel_atom, std::string, std::string, std::string>>;
 
 /// The selector actor of one partition (actors/selector/selector_actor.hpp).
 using selector_actor = worker_feed_actor::extend_with<route_target_actor>::extend<
     // internal: the expiry timer
-    caf::reacts_to<expire_atom>>;
+    caf::reacts_to<expire_atom>,
+    // internal: the queue's next due time or wait limit
+    caf::reacts_to<wake_atom>>;
 
 /// An actor told of the workers that left (expired or deregistered).
 using removal_watcher_actor = caf::typed_actor<

@@ -173,9 +173,8 @@ std::expected<void, RequestClassifierProviderError> RequestClassifierParameters:
     if (configured != "default") known += fmt::format("{}, ", configured);
   }
   known += "default";
-  return std::unexpected(RequestClassifierProviderError{
-      fmt::format("{}: unknown policy class '{}'; policy_classes configures: {}", key, name,
-                  known)});
+  return std::unexpected(RequestClassifierProviderError{fmt::format(
+      "{}: unknown policy class '{}'; policy_classes configures: {}", key, name, known)});
 }
 
 }  // namespace kvr::plugins::request_classifier

@@ -363,8 +363,8 @@ class RequestClassifierParameters {
   /// For a provider, about a class its classifier will set: fails, naming `key` (its parameter
   /// path, e.g. "parameters.buckets[0].policy_class") and the known classes, when no class of
   /// that name is configured, so that a typo stops startup rather than refusing requests.
-  std::expected<void, RequestClassifierProviderError> check_policy_class(std::string_view name,
-                                                                          std::string_view key) const;
+  std::expected<void, RequestClassifierProviderError> check_policy_class(
+      std::string_view name, std::string_view key) const;
 
  private:
   std::shared_ptr<const classifiers::ParameterSource> source_;

@@ -124,8 +124,10 @@ void settle(Self self, ClassifierActorState::Model& model, AdmissionOutcome& out
   if (node.empty()) return;
   untrack_client(self, node.mapped());
   if (outcome.admitted()) {
+    node_metrics(self).admission_decisions("admitted").add();
     hand_on(self, node.mapped(), outcome.request());
   } else {
+    node_metrics(self).admission_decisions("rejected", as_str(outcome.rejection().code)).add();
     reject(self, node.mapped(), outcome.rejection());
   }
 }
@@ -176,6 +178,8 @@ void admit(Self self, const std::string& model_name, std::string request_id,
   const auto now = self->state.config.clock->now();
   if (auto outcome = model.admission->admit(request_id, classify_request(request, now), now)) {
     settle(self, model, *outcome);
+  } else {
+    node_metrics(self).admission_decisions("deferred").add();
   }
   arm_timer(self);
 }

@@ -120,6 +120,12 @@ directory_actor::behavior_type directory_behavior(Self self, DirectoryActorConfi
         if (!selector) return BookingUpdateReply{false, "the partition has no workers any more"};
         return self->delegate(selector, booking_atom::value, std::move(update));
       },
+      [self](cancel_atom, std::string& model, std::string& group, std::string& request_id) {
+        if (auto selector = selector_of_partition(self, {model, group})) {
+          self->send(selector, cancel_atom::value, std::move(model), std::move(group),
+                     std::move(request_id));
+        }
+      },
       [self](resync_atom) { request_reregistration(self, true); },
       [self](removed_atom, const std::vector<WorkerId>& removed) {
         auto& state = self->state;

@@ -11,6 +11,7 @@
 //   load(WorkerLoadReport), kv_events(KvEventBatch), kv_dump(KvDump)   — forwarded;
 //   route(RouteRequest) → SelectorReply          — delegated, or a no_workers reply;
 //   booking(BookingUpdate) → BookingUpdateReply      — delegated, or "unknown partition";
+//   cancel(model, group, request id)                 — forwarded to the partition's selector;
 //   resync                                           — after a NATS reconnect: ask every worker
 //                                                      to register again;
 //   removed(std::vector<WorkerId>)                   — from a selector: these workers expired

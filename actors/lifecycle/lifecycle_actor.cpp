@@ -367,6 +367,9 @@ lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfi
         if (index == state.by_request_id.end()) return;  // served by another node, or ended
         const std::uint64_t stream_id = index->second;
         if (GenerateFlight* flight = find_flight(self, stream_id)) {
+          if (flight->route_pending) {
+            state.routes.cancel_route(self, flight->request.route.partition, request_id);
+          }
           apply(self, stream_id, flight->lifecycle.cancel("cancelled by the client"));
         }
       },

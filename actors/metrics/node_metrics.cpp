@@ -13,6 +13,10 @@ using N = NodeMetrics;
 constexpr auto kLatencyBuckets = std::to_array<double>(
     {0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1});
 
+// A queued request waits from a few milliseconds (a burst) to its wait limit (seconds).
+constexpr auto kQueueWaitBuckets =
+    std::to_array<double>({0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
+
 constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
     {N::kRouteRequests,
      MetricType::Counter,
@@ -83,6 +87,20 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
      MetricType::Counter,
      "Soft session bindings moved to another worker, by partition.",
      {}},
+    {N::kAdmissionDecisions,
+     MetricType::Counter,
+     "Request-classifier decisions, by decision (admitted, deferred, rejected) and reason.",
+     {}},
+    {N::kQueueDepth,
+     MetricType::Gauge,
+     "Requests waiting in the queue, by partition and class.",
+     {}},
+    {N::kQueueOutcomes,
+     MetricType::Counter,
+     "Requests that left or were refused by the queue, by partition, class and outcome.",
+     {}},
+    {N::kQueueWait, MetricType::Histogram,
+     "Time a dispatched request waited in its queue, by policy class.", kQueueWaitBuckets},
 });
 
 Labels one_label(std::string_view label, std::string_view value) {
@@ -163,6 +181,26 @@ ValueHandle NodeMetrics::session_bindings(std::string_view partition) const {
 }
 ValueHandle NodeMetrics::session_rebinds(std::string_view partition) const {
   return counter(kSessionRebinds, "partition", partition);
+}
+
+ValueHandle NodeMetrics::admission_decisions(std::string_view decision,
+                                             std::string_view reason) const {
+  return registry_->counter(kAdmissionDecisions,
+                            {{"decision", std::string{decision}}, {"reason", std::string{reason}}});
+}
+ValueHandle NodeMetrics::queue_depth(std::string_view partition,
+                                     std::string_view policy_class) const {
+  return registry_->gauge(
+      kQueueDepth, {{"partition", std::string{partition}}, {"class", std::string{policy_class}}});
+}
+ValueHandle NodeMetrics::queue_outcomes(std::string_view partition, std::string_view policy_class,
+                                        std::string_view outcome) const {
+  return registry_->counter(kQueueOutcomes, {{"partition", std::string{partition}},
+                                             {"class", std::string{policy_class}},
+                                             {"outcome", std::string{outcome}}});
+}
+HistogramHandle NodeMetrics::queue_wait(std::string_view policy_class) const {
+  return registry_->histogram(kQueueWait, {{"class", std::string{policy_class}}});
 }
 
 ValueHandle NodeMetrics::discovery_requests() const { return counter(kDiscoveryRequests); }

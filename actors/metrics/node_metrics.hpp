@@ -48,6 +48,11 @@ class NodeMetrics {
   static constexpr std::string_view kKvDumpRequests = "kvr_kv_dump_requests_total";
   static constexpr std::string_view kSessionBindings = "kvr_session_bindings";
   static constexpr std::string_view kSessionRebinds = "kvr_session_rebinds_total";
+  // Admission: the classifier and the policy-class queues.
+  static constexpr std::string_view kAdmissionDecisions = "kvr_admission_decisions_total";
+  static constexpr std::string_view kQueueDepth = "kvr_queue_depth";
+  static constexpr std::string_view kQueueOutcomes = "kvr_queue_outcomes_total";
+  static constexpr std::string_view kQueueWait = "kvr_queue_wait_seconds";
   // Discovery and NATS.
   static constexpr std::string_view kDiscoveryRequests = "kvr_discovery_requests_total";
   static constexpr std::string_view kBadMessages = "kvr_bad_messages_total";
@@ -97,6 +102,19 @@ class NodeMetrics {
   ValueHandle kv_dump_requests(std::string_view partition) const;
   ValueHandle session_bindings(std::string_view partition) const;
   ValueHandle session_rebinds(std::string_view partition) const;
+
+  // Admission.
+  /// A classifier's decision: `decision` admitted, deferred (pending at its first poll) or
+  /// rejected, with the error code of a rejection as `reason` (empty otherwise).
+  ValueHandle admission_decisions(std::string_view decision, std::string_view reason = {}) const;
+  /// Requests waiting in a partition's queue, by policy class.
+  ValueHandle queue_depth(std::string_view partition, std::string_view policy_class) const;
+  /// Requests that left a partition's queue (or were refused by it), by class and outcome:
+  /// dispatched, queue_full, due_time_expired, timeout, cancelled.
+  ValueHandle queue_outcomes(std::string_view partition, std::string_view policy_class,
+                             std::string_view outcome) const;
+  /// Time a dispatched request waited in its queue, by policy class.
+  HistogramHandle queue_wait(std::string_view policy_class) const;
 
   // ---- discovery and NATS ----------------------------------------------------------------------
   ValueHandle discovery_requests() const;

@@ -120,6 +120,9 @@ std::expected<void, std::string> NodeOptions::validate() const {
       first_token_timeout > std::chrono::hours(24)) {
     return std::unexpected("--router-first-token-timeout-ms: between 1 ms and 24 h");
   }
+  if (queue_threshold && !(*queue_threshold > 0 && *queue_threshold <= 1)) {
+    return std::unexpected("--router-queue-threshold: a fraction in (0, 1]");
+  }
   if (auto affinity = session_affinity.validate(); !affinity) {
     return std::unexpected(affinity.error());
   }
@@ -180,8 +183,25 @@ struct RouterNode::Impl {
     system = std::make_unique<caf::actor_system>(config);
   }
 
+  /// The queue's classes: the configured ones and `default` with the node's threshold.
+  std::vector<classifiers::PolicyClassConfig> policy_classes() const {
+    return classifiers::resolve_policy_classes(
+        plugins.policy_classes, classifiers::default_policy_class(options.queue_threshold));
+  }
+
+  /// How long the reservation and lifecycle actors wait for a selector's answer: a queued
+  /// request's wait limit on top of the selection itself.
+  std::chrono::milliseconds selector_answer_timeout() const {
+    return queues_requests(policy_classes())
+               ? options.selector_timeout + options.first_token_timeout
+               : options.selector_timeout;
+  }
+
   void spawn_directory() {
     SelectorActorConfig selector;
+    selector.policy_classes = policy_classes();
+    // A request waits for a worker no longer than the node waits for a worker's first token.
+    selector.queue_max_wait = options.first_token_timeout;
     selector.options.router = options.router;
     selector.options.lease_ttl = options.lease_ttl;
     selector.plugins = &plugins;
@@ -224,7 +244,7 @@ struct RouterNode::Impl {
     settings.log = log;
     settings.lease_prefix = random_lease_prefix();
     settings.lease_ttl = options.lease_ttl;
-    settings.selector_timeout = options.selector_timeout;
+    settings.selector_timeout = selector_answer_timeout();
     settings.tick_interval = options.tick_interval;
     settings.clock = options.clock;
     settings.classifier = classifier;
@@ -238,7 +258,7 @@ struct RouterNode::Impl {
     settings.metrics = registry;
     settings.log = log;
     settings.stream_inbox_prefix = bridge->stream_inbox_prefix();
-    settings.selector_timeout = options.selector_timeout;
+    settings.selector_timeout = selector_answer_timeout();
     settings.first_token_timeout = options.first_token_timeout;
     settings.classifier = classifier;
     lifecycle = system->spawn(lifecycle_behavior, std::move(settings));
@@ -290,11 +310,30 @@ struct RouterNode::Impl {
   // Workers that registered before this node started announce themselves again.
   void request_registrations() { caf::anon_send(directory, resync_atom::value); }
 
+  // "off", or the classes and their busy thresholds.
+  std::string describe_queue() const {
+    const auto classes = policy_classes();
+    if (!queues_requests(classes)) return "off";
+    std::string described;
+    for (const auto& policy_class : classes) {
+      if (!described.empty()) described += ", ";
+      described += policy_class.name;
+      if (policy_class.prefill_busy_threshold) {
+        described += fmt::format(" >{} tokens", *policy_class.prefill_busy_threshold);
+      }
+      if (policy_class.prefill_busy_threshold_frac) {
+        described +=
+            fmt::format(" >{:g} of max batched", *policy_class.prefill_busy_threshold_frac);
+      }
+    }
+    return described;
+  }
+
   void log_summary() const {
     spdlog::info(
         "kvr node: namespace '{}', block size {}, lease ttl {} ms, first-token timeout {} ms, "
-        "session affinity {}, request classifier {}, {} scheduler threads; NATS {}; metrics {}; "
-        "actor port {}",
+        "session affinity {}, request classifier {}, queue {}, {} scheduler threads; NATS {}; "
+        "metrics {}; actor port {}",
         options.ns,
         options.router.block_size != 0 ? std::to_string(options.router.block_size)
                                        : std::string{"learnt per partition"},
@@ -304,7 +343,7 @@ struct RouterNode::Impl {
                           options.session_affinity.ttl->count())
             : std::string{"off"},
         plugins.request_classifier ? plugins.request_classifier->type : std::string{"none"},
-        scheduler_threads, options.nats.url,
+        describe_queue(), scheduler_threads, options.nats.url,
         http ? fmt::format("http://{}:{}/metrics", options.bind_host, http->port())
              : std::string{"off"},
         actor_port);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <expected>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "actors/metrics/metrics_registry.hpp"
@@ -45,6 +46,11 @@ struct NodeOptions {
   /// Generate mode: a dispatched request without a first chunk after this long counts as a
   /// failure of its worker (retried once elsewhere).
   std::chrono::milliseconds first_token_timeout{30'000};
+  /// The default class's busy threshold (`--router-queue-threshold`): a fraction in (0, 1] of a
+  /// worker's max batched tokens; empty: the class `default` never queues. Requests queue only
+  /// when some class (this one, or one of the router-policy YAML's policy_classes) has a busy
+  /// threshold; a queued request waits at most first_token_timeout.
+  std::optional<double> queue_threshold;
   /// Session affinity (`--router-session-affinity-*`); off unless a TTL is set.
   SessionAffinityOptions session_affinity;
   /// Where the node's actors read the time (leases, deadlines, latencies); tests inject one.

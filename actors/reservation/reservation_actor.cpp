@@ -302,6 +302,7 @@ void fail_overdue(Self self, TimePoint now) {
     state.pending_deadlines.pop_front();
     if (auto route = state.pending_routes.extract(id); !route.empty()) {
       auto& [envelope, promise] = route.mapped();
+      state.routes.cancel_route(self, envelope.request.partition, envelope.request.id());
       deliver_error(self, envelope, promise, Error::timeout,
                     fmt::format("the selector did not answer within {} ms", timeout_ms));
     } else if (auto report = state.pending_reports.extract(id); !report.empty()) {

@@ -122,6 +122,114 @@ void send_fleet_load(Self self) {
              state.config.options.partition.routing_group, used, total);
 }
 
+// Selects and books one request (through session affinity): the reply to its caller.
+SelectorReply route_request(Self self, RouteRequest& request) {
+  auto& state = self->state;
+  const auto started = state.config.clock->now();
+  auto routed = route_with_session_affinity(*state.selector, state.affinity, request, started);
+  SelectorReply reply{routed ? std::expected<RouteOutcome, RouteFailure>{std::move(routed->outcome)}
+                             : std::unexpected(std::move(routed.error())),
+                      state.selector->policy_name(request.worker_type),
+                      {}};
+  const std::chrono::duration<double> elapsed = state.config.clock->now() - started;
+  state.series.selection_latency.observe(elapsed.count());
+  if (reply.result) {
+    const auto* entry =
+        state.selector->partition_workers().catalog().find(reply.result->worker.worker_id);
+    if (entry != nullptr) reply.generate_subject = entry->registration.generate_subject;
+    state.series.bookings_open.set(
+        static_cast<double>(state.selector->partition_workers().load().open_bookings()));
+    if (state.affinity.enabled()) {
+      state.series.session_bindings.set(static_cast<double>(state.affinity.size()));
+    }
+  }
+  return reply;
+}
+
+SelectorReply failure_reply(Self self, const RouteRequest& request, RouteFailure failure) {
+  return SelectorReply{std::unexpected(std::move(failure)),
+                       self->state.selector->policy_name(request.worker_type),
+                       {}};
+}
+
+void count_queue_outcome(Self self, std::string_view policy_class, std::string_view outcome) {
+  node_metrics(self).queue_outcomes(self->state.partition, policy_class, outcome).add();
+}
+
+void update_queue_gauges(Self self) {
+  auto& state = self->state;
+  const auto depths = state.queue->depths();
+  for (std::size_t i = 0; i < depths.size() && i < state.series.queue_depth.size(); ++i) {
+    state.series.queue_depth[i].set(static_cast<double>(depths[i].requests));
+  }
+}
+
+// Arms one wake message for the queue's next due time or wait limit, unless one is on its way
+// for that time or earlier.
+void arm_queue_timer(Self self) {
+  auto& state = self->state;
+  const auto next = state.queue->next_expiry();
+  if (!next || (state.wake_armed_for && *state.wake_armed_for <= *next)) return;
+  state.wake_armed_for = next;
+  const auto now = state.config.clock->now();
+  const auto delay = *next > now
+                         ? std::chrono::duration_cast<std::chrono::microseconds>(*next - now)
+                         : std::chrono::microseconds{0};
+  self->delayed_send(self, delay, wake_atom::value);
+}
+
+// Answers the waiting requests whose due time or wait limit passed.
+void expire_queue(Self self) {
+  auto& state = self->state;
+  for (RefusedRoute& refused : state.queue->expire(state.config.clock->now())) {
+    count_queue_outcome(self, refused.waiting.request.policy_class, as_str(refused.failure.code));
+    auto promise = state.queued_replies.extract(refused.waiting.ticket);
+    if (!promise.empty()) {
+      promise.mapped().deliver(
+          failure_reply(self, refused.waiting.request, std::move(refused.failure)));
+    }
+  }
+}
+
+// Dispatches what freed capacity allows, in the queue's order, each booked before the next is
+// checked; then re-arms the timer for what still waits.
+void drain_queue(Self self) {
+  auto& state = self->state;
+  if (!state.queue || state.queue->empty()) return;
+  expire_queue(self);
+  state.queue->drain(*state.selector, [self, &state](WaitingRoute&& waiting) {
+    const std::chrono::duration<double> waited = state.config.clock->now() - waiting.enqueued_at;
+    node_metrics(self).queue_wait(waiting.request.policy_class).observe(waited.count());
+    count_queue_outcome(self, waiting.request.policy_class, "dispatched");
+    SelectorReply reply = route_request(self, waiting.request);
+    auto promise = state.queued_replies.extract(waiting.ticket);
+    if (!promise.empty()) promise.mapped().deliver(std::move(reply));
+  });
+  update_queue_gauges(self);
+  arm_queue_timer(self);
+}
+
+// A route request when the queue runs: selected now, refused, or queued behind a promise.
+caf::result<SelectorReply> offer_to_queue(Self self, RouteRequest& request) {
+  auto& state = self->state;
+  const auto now = state.config.clock->now();
+  if (auto prepared = state.selector->prepare(request, now); !prepared) {
+    return failure_reply(self, request, std::move(prepared.error()));
+  }
+  const QueueTicket ticket = state.next_ticket++;
+  auto admission = state.queue->offer(*state.selector, request, ticket, now);
+  if (!admission) {
+    count_queue_outcome(self, request.policy_class,
+                        admission.error().code == Error::overloaded ? "queue_full" : "refused");
+    return failure_reply(self, request, std::move(admission.error()));
+  }
+  if (*admission == PartitionQueue::Admission::route_now) return route_request(self, request);
+  auto promise = self->make_response_promise<SelectorReply>();
+  state.queued_replies.emplace(ticket, promise);
+  drain_queue(self);
+  update_queue_gauges(self);
+  return promise;
+}
 }  // namespace
 
 selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig config) {
@@ -139,8 +247,27 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
                                             ? metrics.session_bindings(state.partition)
                                             : metrics::ValueHandle{},
                     .selection_latency = metrics.selection_latency()};
+    if (queues_requests(state.config.policy_classes)) {
+      state.queue.emplace(
+          PartitionQueueOptions{state.config.policy_classes, state.config.queue_max_wait});
+      for (const auto& policy_class : state.config.policy_classes) {
+        state.series.queue_depth.push_back(metrics.queue_depth(state.partition, policy_class.name));
+      }
+      update_queue_gauges(self);
+    }
     update_gauges(self);
     self->delayed_send(self, state.config.tick_interval, expire_atom::value);
+    // Shutdown: every waiting request gets an explicit answer.
+    self->set_exit_handler([self](caf::exit_msg& message) {
+      for (auto& [ticket, promise] : self->state.queued_replies) {
+        promise.deliver(SelectorReply{
+            std::unexpected(RouteFailure{Error::unavailable, "the router node is shutting down"}),
+            {},
+            {}});
+      }
+      self->state.queued_replies.clear();
+      self->quit(message.reason);
+    });
   }
 
   return {
@@ -155,6 +282,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
           spdlog::info("kvr node: worker {} {} in partition {}", id,
                        *change == discovery::RegistrationChange::added ? "joined" : "restarted",
                        state.partition);
+          drain_queue(self);
         }
         update_gauges(self);
       },
@@ -187,6 +315,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
           if (!updated) return refuse(self, "load", discovery::as_str(updated.error()));
         }
         send_fleet_load(self);
+        drain_queue(self);
       },
       [self](kv_events_atom, const KvEventBatch& batch) {
         auto& state = self->state;
@@ -207,30 +336,13 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
         state.dump_requested.erase(dump.worker);
         update_gauges(self);
       },
-      [self](route_atom, RouteRequest& request) -> SelectorReply {
+      [self](route_atom, RouteRequest& request) -> caf::result<SelectorReply> {
         auto& state = self->state;
-        const auto started = state.config.clock->now();
-        state.selector->expire_bookings(started, kExpiriesPerRequest);
-        auto routed =
-            route_with_session_affinity(*state.selector, state.affinity, request, started);
-        SelectorReply reply{
-            routed ? std::expected<RouteOutcome, RouteFailure>{std::move(routed->outcome)}
-                   : std::unexpected(std::move(routed.error())),
-            state.selector->policy_name(request.worker_type),
-            {}};
-        const std::chrono::duration<double> elapsed = state.config.clock->now() - started;
-        state.series.selection_latency.observe(elapsed.count());
-        if (reply.result) {
-          const auto* entry =
-              state.selector->partition_workers().catalog().find(reply.result->worker.worker_id);
-          if (entry != nullptr) reply.generate_subject = entry->registration.generate_subject;
-          state.series.bookings_open.set(
-              static_cast<double>(state.selector->partition_workers().load().open_bookings()));
-          if (state.affinity.enabled()) {
-            state.series.session_bindings.set(static_cast<double>(state.affinity.size()));
-          }
+        if (state.selector->expire_bookings(state.config.clock->now(), kExpiriesPerRequest) > 0) {
+          drain_queue(self);
         }
-        return reply;
+        if (state.queue) return offer_to_queue(self, request);
+        return route_request(self, request);
       },
       [self](booking_atom, const BookingUpdate& update) -> BookingUpdateReply {
         auto& state = self->state;
@@ -238,6 +350,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
                                       : state.selector->first_token(update.request_id);
         // Even when the booking is gone (its worker left), the proposal must end.
         apply_affinity(self, update.request_id, update.affinity);
+        if (changed) drain_queue(self);
         update_gauges(self);
         if (!changed) return {false, std::string{discovery::as_str(changed.error())}};
         return {true, {}};
@@ -258,8 +371,35 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
           if (state.config.directory)
             self->send(state.config.directory, removed_atom::value, removed);
         }
+        // Expired bookings free capacity; a removed worker's waiting requests get their answer.
+        drain_queue(self);
         update_gauges(self);
         self->delayed_send(self, state.config.tick_interval, expire_atom::value);
+      },
+      [self](wake_atom) {
+        auto& state = self->state;
+        state.wake_armed_for.reset();
+        if (!state.queue) return;
+        expire_queue(self);
+        drain_queue(self);
+        update_queue_gauges(self);
+        arm_queue_timer(self);
+      },
+      [self](cancel_atom, const std::string&, const std::string&, const std::string& request_id) {
+        auto& state = self->state;
+        if (!state.queue) return;
+        auto waiting = state.queue->cancel(request_id);
+        if (!waiting) return;
+        count_queue_outcome(self, waiting->request.policy_class, "cancelled");
+        auto promise = state.queued_replies.extract(waiting->ticket);
+        if (!promise.empty()) {
+          promise.mapped().deliver(failure_reply(
+              self, waiting->request,
+              RouteFailure{Error::unavailable,
+                           fmt::format("request '{}' was cancelled by its caller while queued",
+                                       request_id)}));
+        }
+        update_queue_gauges(self);
       },
   };
 }

@@ -13,11 +13,20 @@
 //                                                  proposed to the session's binding;
 //   booking(BookingUpdate) → BookingUpdateReply — first token / release of a booking, and the
 //                                                  affinity commit / abandon / finish it carries;
+//   cancel(model, group, request id)            — the caller gave up: a request still in the
+//                                                  queue leaves it unbooked;
 //   expire                                      — internal, its own timer: expires worker leases,
-//   unreported
-//                                                  bookings, approximate blocks and idle session
-//                                                  bindings, and tells the directory actor which
-//                                                  workers left (removed).
+//                                                  unreported bookings, approximate blocks and idle
+//                                                  session bindings, and tells the directory actor
+//                                                  which workers left (removed);
+//   wake                                        — internal: the queue's next due time or wait
+//                                                  limit (one delayed message, re-armed earlier
+//                                                  when needed).
+// The admission queue (actors/selector/partition_queue.hpp) runs only when one of the node's
+// policy classes has a busy threshold; then a route request whose eligible workers are all busy
+// for its class waits, its reply a response promise, and capacity that frees (first token,
+// release, a worker joining, a load report, expired bookings) dispatches waiting requests in
+// the same turn. Without it the route path is unchanged.
 // A worker that deregistered is also reported to the directory actor (removed), which tells the
 // lifecycle actor, so that requests in flight on it are retried.
 // It asks a worker for a KV dump (through RouterPublisher, never waiting) when its event ids
@@ -28,15 +37,19 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include <absl/container/flat_hash_map.h>
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_response_promise.hpp>
 
 #include "actors/actor_types.hpp"
 #include "actors/metrics/metrics_registry.hpp"
 #include "actors/metrics/node_metrics.hpp"
 #include "actors/metrics/rate_limited_log.hpp"
 #include "actors/nats/nats_bridge.hpp"
+#include "actors/selector/partition_queue.hpp"
 #include "actors/selector/selector_state.hpp"
 #include "actors/selector/session_affinity.hpp"
 #include "messages/clock.hpp"
@@ -64,6 +77,11 @@ struct SelectorActorConfig {
   /// The node's classifier actor, told the partition's KV blocks (used, total) after load
   /// reports, for its fleet load; null (no classifier configured): nothing is sent.
   classifier_actor classifier;
+  /// The policy classes, resolved (classifiers::resolve_policy_classes); the queue runs only
+  /// when queues_requests() holds for them.
+  std::vector<classifiers::PolicyClassConfig> policy_classes;
+  /// A request waits in the queue at most this long, then is refused with `timeout`.
+  std::chrono::milliseconds queue_max_wait{30'000};
 };
 
 /// The selector actor's state.
@@ -78,6 +96,13 @@ struct SelectorActorState {
   std::string partition;
   /// The KV usage last sent to the classifier actor; empty: none yet.
   std::optional<double> sent_kv_usage;
+  /// The admission queue; empty when no class can queue.
+  std::optional<PartitionQueue> queue;
+  /// The reply promise of each waiting request, by its queue ticket.
+  std::unordered_map<QueueTicket, caf::typed_response_promise<SelectorReply>> queued_replies;
+  QueueTicket next_ticket = 1;
+  /// The time the wake message on its way is for; empty: none.
+  std::optional<TimePoint> wake_armed_for;
   /// The series written per request, resolved once.
   struct Series {
     metrics::ValueHandle bookings_open;
@@ -85,6 +110,8 @@ struct SelectorActorState {
     metrics::ValueHandle index_blocks;
     metrics::ValueHandle session_bindings;
     metrics::HistogramHandle selection_latency;
+    /// Per policy class (in queue order), when the queue runs.
+    std::vector<metrics::ValueHandle> queue_depth;
   } series;
 };
 

@@ -388,9 +388,9 @@ std::uint64_t SelectorState::fewest_uncached_tokens(const RouteRequest& request)
       continue;
     }
     if (const discovery::WorkerMatch* match = matches.find(rows.slots[row])) {
-      most_cached = std::max<std::uint64_t>(
-          most_cached,
-          std::uint64_t{match->device_blocks} + match->host_blocks + match->disk_blocks);
+      most_cached =
+          std::max<std::uint64_t>(most_cached, std::uint64_t{match->device_blocks} +
+                                                   match->host_blocks + match->disk_blocks);
     }
   }
   return discovery::uncached_prefill_tokens(request.selection.prompt_tokens, most_cached,

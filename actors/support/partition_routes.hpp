@@ -29,6 +29,15 @@ class PartitionRoutes {
     selectors_[std::pair{std::move(model), std::move(routing_group)}] = selector;
   }
 
+  /// Tells the partition's selector that the caller gave up on a route request it sent, so that
+  /// a request still waiting in the partition's queue is never booked.
+  template <class Self>
+  void cancel_route(Self* self, const plugins::worker_selection::RoutingPartition& partition,
+                    const std::string& request_id) const {
+    self->send(selector_for(partition), cancel_atom::value, partition.model,
+               partition.routing_group, request_id);
+  }
+
   /// The partition's selector, or the directory while it is not announced (yet).
   const route_target_actor& selector_for(
       const plugins::worker_selection::RoutingPartition& partition) const {

@@ -151,10 +151,6 @@ void warn_unapplied_admission(std::string_view command, const selection::RouterP
     spdlog::warn("{}: request_classifier '{}' is not applied: admission does not run yet", command,
                  config.request_classifier->type);
   }
-  if (!config.policy_classes.empty()) {
-    spdlog::warn("{}: policy_classes ({} classes) are not applied: requests are not queued yet",
-                 command, config.policy_classes.size());
-  }
 }
 
 }  // namespace kvr::cli

@@ -44,9 +44,9 @@ std::expected<void, std::string> check_simulated_blocks(std::uint64_t engines,
                                                         const simulation::EngineConfig& config,
                                                         std::string_view engines_option);
 
-/// The admission sections a command loads and checks but does not run (the policy-class queue
-/// everywhere; the request classifier unless `runs_classifier`, as in `kvr node`): logs a warning
-/// naming each, so that a user is never misled into thinking it takes effect.
+/// The admission sections a command loads and checks but does not run (the request classifier
+/// unless `runs_classifier`): logs a warning naming each, so that a user is never misled into
+/// thinking it takes effect.
 void warn_unapplied_admission(std::string_view command, const selection::RouterPolicyConfig& config,
                               bool runs_classifier = false);
 

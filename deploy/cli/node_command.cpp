@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/node/router_node.hpp"
+#include "actors/selector/partition_queue.hpp"
 #include "deploy/cli/cli_options.hpp"
 #include "deploy/cli/stop_signals.hpp"
 #include "selection/config/router_policy_config.hpp"
@@ -30,6 +31,7 @@ struct NodeCommandOptions {
   std::optional<std::uint32_t> block_size;  // unset: each partition learns its workers' size
   std::optional<std::uint16_t> metrics_port;
   std::optional<std::uint16_t> actor_port;
+  std::optional<double> queue_threshold;  // unset: the class `default` never queues
 };
 
 // More scheduler threads than this only contend for the cores (and thousands take minutes to
@@ -52,8 +54,6 @@ std::expected<plugins::RouterPlugins, std::string> resolve_policies(
     if (!loaded) return std::unexpected("--router-policy-config: " + loaded.error());
     config = std::move(*loaded);
   }
-  // The node runs the request classifier; the policy-class queue not yet.
-  warn_unapplied_admission("kvr node", config, /*runs_classifier=*/true);
   selection::SelectionOverrides overrides;
   for (WorkerType role : kAllWorkerTypes) {
     const std::string& value = options.role_policies[static_cast<std::size_t>(role)];
@@ -81,6 +81,7 @@ int run_node(NodeCommandOptions options) {
   options.node.router.block_size = options.block_size.value_or(0);
   options.node.metrics_port = options.metrics_port.value_or(0);
   options.node.actor_port = options.actor_port.value_or(0);
+  options.node.queue_threshold = options.queue_threshold;
   options.node.lease_ttl = std::chrono::milliseconds(
       static_cast<std::int64_t>(std::llround(options.lease_ttl_secs * 1000)));
   const auto mode = actors::parse_session_affinity_mode(options.session_affinity_mode);
@@ -105,6 +106,14 @@ int run_node(NodeCommandOptions options) {
   if (!plugins) {
     spdlog::error("kvr node: {}", plugins.error());
     return kUsageError;
+  }
+  if (!plugins->policy_classes.empty() &&
+      !actors::queues_requests(classifiers::resolve_policy_classes(
+          plugins->policy_classes,
+          classifiers::default_policy_class(options.node.queue_threshold)))) {
+    spdlog::warn(
+        "kvr node: policy_classes are configured but none has a prefill_busy_threshold or "
+        "prefill_busy_threshold_frac (nor --router-queue-threshold): requests never queue");
   }
   auto node = actors::RouterNode::start(options.node, std::move(*plugins));
   if (!node) {
@@ -178,6 +187,21 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->envname("KVR_ROUTER_FIRST_TOKEN_TIMEOUT_MS")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{86'400'000}));
+  command
+      ->add_option("--router-queue-threshold", options->queue_threshold,
+                   "queue requests at the router while every eligible worker's active prefill "
+                   "tokens exceed this fraction of its max batched tokens (the class `default`; "
+                   "policy_classes set their own); unset: no queueing")
+      ->envname("KVR_ROUTER_QUEUE_THRESHOLD")
+      ->check(CLI::Validator(
+          [](const std::string& text) -> std::string {
+            double value = 0;
+            if (!CLI::detail::lexical_cast(text, value) || !(value > 0 && value <= 1)) {
+              return "a fraction in (0, 1]";
+            }
+            return {};
+          },
+          "FRACTION in (0, 1]"));
   command
       ->add_option("--metrics-port", options->metrics_port,
                    "serve /metrics and /healthz on 127.0.0.1:P, bound exclusively (a port in use "

@@ -636,6 +636,8 @@ caf::behavior silent_selector(caf::event_based_actor* self,
         (void)self->make_response_promise();
       },
       [](selectors_atom, const selector_subscriber_actor&) {},
+      // The reservation gives up on a request it timed out: nothing of it waits here.
+      [](cancel_atom, const std::string&, const std::string&, const std::string&) {},
   };
 }
 
@@ -1246,6 +1248,173 @@ TEST_F(ClassifierActorsTest, ATerminatedActorClientDropsItsWaitingRequest) {
   const auto events = events_->snapshot();
   EXPECT_EQ(std::count(events.begin(), events.end(), "sent ag2 11"), 0);
   caf::anon_send_exit(ingress, caf::exit_reason::user_shutdown);
+}
+
+// ---- the admission queue in the selector --------------------------------------------------------
+
+// A directory whose selectors queue (one class `default`, busy above 4 active prefill tokens: one
+// 8-token request makes a worker busy) and a reservation actor in front of it, on a manual clock.
+class QueueActorsTest : public RouterActorsTest {
+ protected:
+  ~QueueActorsTest() override {
+    if (queue_reservation_)
+      caf::anon_send_exit(queue_reservation_, caf::exit_reason::user_shutdown);
+    if (queue_directory_) caf::anon_send_exit(queue_directory_, caf::exit_reason::user_shutdown);
+  }
+
+  void start(classifiers::PolicyClassConfig policy_class,
+             std::chrono::milliseconds selector_timeout = 5s) {
+    SelectorActorConfig selector = selector_config(metrics_);
+    selector.policy_classes = {std::move(policy_class)};
+    selector.queue_max_wait = 10s;
+    selector.tick_interval = 1h;  // the test drives time
+    selector.clock = clock_;
+    queue_directory_ = system_.spawn(directory_behavior, DirectoryActorConfig{selector, {}});
+    ReservationActorConfig reservation = reservation_config(queue_directory_, metrics_);
+    reservation.selector_timeout = selector_timeout;
+    reservation.tick_interval = 1h;
+    reservation.clock = clock_;
+    queue_reservation_ = system_.spawn(reservation_behavior, std::move(reservation));
+    caf::anon_send(queue_directory_, worker_up_atom::value, registration(11));
+    ASSERT_TRUE(testing::wait_until(
+        [&] {
+          return metrics_->value("kvr_workers", {{"partition", "m/default"}}) == 1;
+        },
+        5s));
+  }
+
+  static classifiers::PolicyClassConfig busy_class() {
+    classifiers::PolicyClassConfig config;
+    config.name = "default";
+    config.prefill_busy_threshold = 4;
+    return config;
+  }
+
+  // Routes over "NATS": the decision is published on reply.<id>.
+  void send_route(RouteRequest data) {
+    const std::string reply = "reply." + data.id();
+    caf::anon_send(queue_reservation_, route_atom::value,
+                   RouteEnvelope{std::move(data), reply, clock_->now()});
+  }
+  bool answered(const std::string& id) const {
+    return publisher_->published_on("reply." + id).size() == 1U;
+  }
+  double depth() const {
+    return metrics_->value("kvr_queue_depth", {{"partition", "m/default"}, {"class", "default"}});
+  }
+  double queue_outcome(std::string_view outcome) const {
+    return metrics_->value(
+        "kvr_queue_outcomes_total",
+        {{"partition", "m/default"}, {"class", "default"}, {"outcome", std::string{outcome}}});
+  }
+
+  std::shared_ptr<ManualClock> clock_ = std::make_shared<ManualClock>();
+  directory_actor queue_directory_;
+  reservation_actor queue_reservation_;
+};
+
+TEST_F(QueueActorsTest, AQueuedRouteIsAnsweredWhenTheFirstTokenFreesItsWorker) {
+  start(busy_class());
+  send_route(request("r1"));
+  ASSERT_TRUE(testing::wait_until([&] { return answered("r1"); }, 5s));
+  send_route(request("r2"));
+  ASSERT_TRUE(testing::wait_until([&] { return depth() == 1; }, 5s));
+  EXPECT_FALSE(answered("r2"));
+  EXPECT_EQ(bookings(), 1);
+
+  const v1::RouteDecision first = [&] {
+    v1::RouteDecision decision;
+    EXPECT_TRUE(decision.ParseFromString(publisher_->published_on("reply.r1")[0]));
+    return decision;
+  }();
+  ASSERT_TRUE(first.has_success());
+  clock_->advance(250ms);
+  EXPECT_TRUE(
+      report_via(queue_reservation_, first.success().lease_id(), LifecycleEventKind::FirstToken)
+          .accepted());
+  ASSERT_TRUE(testing::wait_until([&] { return answered("r2"); }, 5s));
+  v1::RouteDecision second;
+  ASSERT_TRUE(second.ParseFromString(publisher_->published_on("reply.r2")[0]));
+  ASSERT_TRUE(second.has_success()) << second.error().message();
+  EXPECT_EQ(second.success().worker_id(), 11U);
+  EXPECT_EQ(bookings(), 2);
+  EXPECT_EQ(depth(), 0);
+  EXPECT_EQ(queue_outcome("dispatched"), 1);
+  // It waited the 250 ms the clock moved.
+  const std::string rendered = metrics_->render();
+  EXPECT_NE(rendered.find("kvr_queue_wait_seconds_count{class=\"default\"} 1\n"), std::string::npos)
+      << rendered;
+  EXPECT_NE(rendered.find("kvr_queue_wait_seconds_sum{class=\"default\"} 0.25\n"),
+            std::string::npos)
+      << rendered;
+}
+
+TEST_F(QueueActorsTest, AClassOverItsLimitRefusesTheNewcomerWithQueueFull) {
+  classifiers::PolicyClassConfig limited = busy_class();
+  limited.request_queue_limit_per_worker = 1;
+  start(limited);
+  send_route(request("r1"));
+  ASSERT_TRUE(testing::wait_until([&] { return answered("r1"); }, 5s));
+  send_route(request("r2"));
+  send_route(request("r3"));
+  ASSERT_TRUE(testing::wait_until([&] { return answered("r3"); }, 5s));
+  v1::RouteDecision refused;
+  ASSERT_TRUE(refused.ParseFromString(publisher_->published_on("reply.r3")[0]));
+  ASSERT_TRUE(refused.has_error());
+  EXPECT_EQ(refused.error().code(), v1::ROUTE_ERROR_OVERLOADED);
+  EXPECT_NE(refused.error().message().find("queue_full"), std::string::npos)
+      << refused.error().message();
+  EXPECT_FALSE(answered("r2"));
+  EXPECT_EQ(depth(), 1);
+  EXPECT_EQ(queue_outcome("queue_full"), 1);
+}
+
+TEST_F(QueueActorsTest, ADueTimeThatPassesWhileQueuedRefusesWithDueTimeExpired) {
+  start(busy_class());
+  send_route(request("r1"));
+  ASSERT_TRUE(testing::wait_until([&] { return answered("r1"); }, 5s));
+  RouteRequest due = request("r2");
+  due.due_at = clock_->now() + 50ms;
+  send_route(std::move(due));
+  ASSERT_TRUE(testing::wait_until([&] { return depth() == 1; }, 5s));
+  clock_->advance(60ms);
+  // Any turn of the selector that could dispatch first refuses what is overdue (here a load
+  // report that frees nothing); its own wake-up timer does the same at the due time.
+  caf::anon_send(
+      queue_directory_, load_atom::value,
+      WorkerLoadReport{11, 1, {{0, discovery::ConfirmedLoad{.active_prefill_tokens = 8}}}});
+  ASSERT_TRUE(testing::wait_until([&] { return answered("r2"); }, 5s));
+  v1::RouteDecision expired;
+  ASSERT_TRUE(expired.ParseFromString(publisher_->published_on("reply.r2")[0]));
+  ASSERT_TRUE(expired.has_error());
+  EXPECT_EQ(expired.error().code(), v1::ROUTE_ERROR_DUE_TIME_EXPIRED);
+  EXPECT_EQ(bookings(), 1);
+  EXPECT_EQ(queue_outcome("due_time_expired"), 1);
+}
+
+TEST_F(QueueActorsTest, ARouteItsCallerGaveUpOnLeavesTheQueueUnbooked) {
+  start(busy_class(), /*selector_timeout=*/100ms);
+  send_route(request("r1"));
+  ASSERT_TRUE(testing::wait_until([&] { return answered("r1"); }, 5s));
+  send_route(request("r2"));
+  ASSERT_TRUE(testing::wait_until([&] { return depth() == 1; }, 5s));
+  // The reservation's deadline passes: it answers timeout and tells the selector.
+  clock_->advance(100ms);
+  caf::anon_send(queue_reservation_, expire_atom::value);
+  ASSERT_TRUE(testing::wait_until([&] { return answered("r2"); }, 5s));
+  v1::RouteDecision timed_out;
+  ASSERT_TRUE(timed_out.ParseFromString(publisher_->published_on("reply.r2")[0]));
+  EXPECT_EQ(timed_out.error().code(), v1::ROUTE_ERROR_TIMEOUT);
+  ASSERT_TRUE(testing::wait_until([&] { return queue_outcome("cancelled") == 1; }, 5s));
+  EXPECT_EQ(depth(), 0);
+  // Freed capacity finds nothing to dispatch: r2 is never booked.
+  v1::RouteDecision first;
+  ASSERT_TRUE(first.ParseFromString(publisher_->published_on("reply.r1")[0]));
+  EXPECT_TRUE(
+      report_via(queue_reservation_, first.success().lease_id(), LifecycleEventKind::Completed)
+          .accepted());
+  EXPECT_EQ(bookings(), 0);
+  EXPECT_EQ(queue_outcome("dispatched"), 0);
 }
 
 }  // namespace

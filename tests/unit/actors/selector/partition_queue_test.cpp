@@ -249,10 +249,10 @@ TEST_F(PartitionQueueTest, TheCostDefaultsToTheFewestUncachedTokensOnAnEligibleW
       .worker = {1, 0},
       .incarnation = 1,
       .event_id = 1,
-      .events = {KvStoredEvent{std::nullopt,
-                               {warm.selection.block_hashes.begin(),
-                                warm.selection.block_hashes.begin() + 5},
-                               StorageTier::Device}}});
+      .events = {KvStoredEvent{
+          std::nullopt,
+          {warm.selection.block_hashes.begin(), warm.selection.block_hashes.begin() + 5},
+          StorageTier::Device}}});
   ASSERT_TRUE(stored);
   EXPECT_EQ(selector_->fewest_uncached_tokens(warm), 3U * kBlockSize);
   warm.selection.excluded_workers = {1};
