@@ -2,7 +2,8 @@
 // workers and `kvr node --router-policy-config` naming `max-in-flight` with a budget of 2. Ten
 // concurrent generate requests all complete, and never more than two are at the workers at once.
 // With `token-bucket` in reject mode, a tenant over its budget gets explicit rate-limited decisions
-// while another tenant within its own budget is served.
+// while another tenant within its own budget is served. With `--router-queue-threshold`, requests
+// wait in the node's queue while every worker is prefilling, and all complete.
 #include <fstream>
 #include <map>
 #include <memory>
@@ -275,6 +276,109 @@ TEST_F(NodeAdmissionTest, TokenBucketRejectsTheTenantOverItsBudgetAndServesTheOt
   EXPECT_NE(refused.output.find("rejected by admission: ROUTE_ERROR_RATE_LIMITED"),
             std::string::npos)
       << refused.output;
+  EXPECT_TRUE(node_->running());
+}
+
+TEST_F(NodeAdmissionTest, TheQueueHoldsRequestsWhileEveryWorkerPrefillsAndCompletesAll) {
+  constexpr int kRequests = 10;
+  constexpr std::uint32_t kOutputTokens = 16;
+  const std::set<WorkerId> workers{300, 301};
+  // One load report at start and none after (a minute apart): the node's picture of each
+  // worker's prefill is its own bookings only, so "busy" is exact: a worker is busy from its
+  // dispatch until its first chunk reaches the node.
+  auto mocker = kvr_->start_mocker({.workers = static_cast<int>(workers.size()),
+                                    .worker_id_base = 300,
+                                    .block_size = kBlockSize,
+                                    .num_gpu_blocks = 2048,
+                                    .time_scale = "1",
+                                    .lease_ttl_ms = 600,
+                                    .load_interval_ms = 60'000},
+                                   "mocker.log");
+  ASSERT_TRUE(mocker);
+  mocker_ = std::move(*mocker);
+  const std::uint16_t metrics_port = free_port();
+  // Busy above a ten-thousandth of the max batched tokens: any prefill at all.
+  node_ = kvr_->start_node({.block_size = kBlockSize,
+                            .metrics_port = metrics_port,
+                            .extra = {"--router-queue-threshold", "0.0001"}});
+  ASSERT_TRUE(node_);
+  ASSERT_TRUE(testing::wait_until_healthy(metrics_port, 20s)) << node_->log();
+  int probes = 0;
+  for (WorkerId worker : workers) {
+    ASSERT_TRUE(testing::wait_until_routable(
+        *client_, kNamespace, worker, [&] { return "probe-" + std::to_string(++probes); }, 20s));
+  }
+
+  NatsRecorder everything;
+  ASSERT_TRUE(everything.listen(*client_, ">"));
+  NatsRecorder decisions;
+  const std::string reply = client_->new_inbox();
+  ASSERT_TRUE(decisions.listen(*client_, reply));
+  std::vector<ChunkStream*> streams;
+  for (int i = 0; i < kRequests; ++i) {
+    ChunkStream* stream = open_stream().get();
+    streams.push_back(stream);
+    v1::GenerateRequest request;
+    auto* route = request.mutable_route();
+    route->set_request_id("queued-" + std::to_string(i));
+    route->set_model("mock-model");
+    for (std::uint32_t token : prompt(256, 500 + i)) route->mutable_tokens()->add_ids(token);
+    request.set_max_output_tokens(kOutputTokens);
+    request.set_stream_subject(stream->subject());
+    ASSERT_TRUE(client_->publish_request(subjects::router_generate(kNamespace), reply,
+                                         request.SerializeAsString()));
+  }
+  ASSERT_TRUE(wait_until(
+      [&] {
+        for (ChunkStream* stream : streams) {
+          if (!stream->finished()) return false;
+        }
+        return true;
+      },
+      90s));
+  for (ChunkStream* stream : streams) {
+    const auto chunks = stream->chunks();
+    ASSERT_EQ(chunks.size(), kOutputTokens) << chunks.back().DebugString();
+    EXPECT_EQ(chunks.back().finish_reason(), "length");
+  }
+  ASSERT_TRUE(decisions.wait_for(kRequests, 10s));
+  for (const auto& decision : decisions.decoded<v1::RouteDecision>()) {
+    EXPECT_TRUE(decision.has_success()) << decision.DebugString();
+  }
+
+  // Per worker, requests between their dispatch and their first chunk, in the server's order
+  // (causal, as in the max-in-flight test: a dispatch from the queue follows the first chunk
+  // that freed its worker).
+  std::map<std::string, WorkerId> node_streams;
+  std::map<WorkerId, int> prefilling;
+  std::set<std::string> first_seen;
+  int most_prefilling = 0;
+  for (const auto& message : everything.messages()) {
+    for (WorkerId worker : workers) {
+      if (message.subject == subjects::worker_generate(kNamespace, worker)) {
+        v1::GenerateRequest dispatched;
+        ASSERT_TRUE(dispatched.ParseFromString(message.data));
+        node_streams.emplace(dispatched.stream_subject(), worker);
+        most_prefilling = std::max(most_prefilling, ++prefilling[worker]);
+      }
+    }
+    const auto stream = node_streams.find(message.subject);
+    if (stream == node_streams.end() || !first_seen.insert(message.subject).second) continue;
+    --prefilling[stream->second];
+  }
+  EXPECT_EQ(node_streams.size(), static_cast<std::size_t>(kRequests));
+  EXPECT_EQ(most_prefilling, 1);  // a worker never got a second request while prefilling one
+  // Published in one burst, most requests found both workers prefilling and waited.
+  const std::string metrics = testing::http_get(metrics_port, "/metrics");
+  const std::string dispatched_series =
+      "kvr_queue_outcomes_total{partition=\"mock-model/default\",class=\"default\","
+      "outcome=\"dispatched\"} ";
+  const auto dispatched = metrics.find(dispatched_series);
+  ASSERT_NE(dispatched, std::string::npos) << metrics;
+  EXPECT_GE(std::stod(metrics.substr(dispatched + dispatched_series.size())), 1) << metrics;
+  EXPECT_NE(metrics.find("kvr_queue_depth{partition=\"mock-model/default\",class=\"default\"} 0\n"),
+            std::string::npos)
+      << metrics;
   EXPECT_TRUE(node_->running());
 }
 
