@@ -103,6 +103,16 @@ struct ClassifierEvent {
   plugins::request_classifier::ClassifyEvent event;
 };
 
+/// A partition's fleet as a selector tells the classifier actor after it changed: what a model's
+/// classifier is created with (RequestClassifierContext).
+struct PartitionFleet {
+  std::string model;
+  std::string routing_group;
+  /// The partition's block size; 0 while it has no worker.
+  std::uint32_t block_size = 0;
+  std::vector<plugins::request_classifier::ClassifierWorker> workers;
+};
+
 /// The selector's answer to a BookingUpdate.
 struct BookingUpdateReply {
   bool applied = false;
@@ -151,6 +161,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::BookingUpdateReply)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::GenerateEnvelope)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ChunkEnvelope)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ClassifierEvent)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::PartitionFleet)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::RouteRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::WorkerLiveness)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::WorkerLoadReport)
@@ -303,6 +314,8 @@ using classifier_actor = caf::typed_actor<
     caf::reacts_to<wake_atom>,
     // a selector's partition KV blocks after a load report: model, routing group, used, total
     caf::reacts_to<load_atom, std::string, std::string, std::uint64_t, std::uint64_t>,
+    // a selector's partition fleet after it changed, for the context a classifier is made with
+    caf::reacts_to<worker_up_atom, PartitionFleet>,
     // from the node, first: where admitted route and generate requests go
     caf::reacts_to<targets_atom, reservation_actor, lifecycle_actor>>;
 

@@ -31,7 +31,17 @@ ClassifierActorState::Model& model_for(Self self, const std::string& model) {
   auto& models = self->state.models;
   auto it = models.find(model);
   if (it != models.end()) return it->second;
-  const rc::RequestClassifierContext context{0, {}};
+  // The fleet the model's selectors described so far (the context is the classifier's view of
+  // it at creation; later changes reach it as fleet load).
+  std::uint32_t block_size = 0;
+  std::vector<rc::ClassifierWorker> workers;
+  if (const auto fleet = self->state.fleets.find(model); fleet != self->state.fleets.end()) {
+    for (const auto& [group, partition] : fleet->second) {
+      if (block_size == 0) block_size = partition.block_size;
+      workers.insert(workers.end(), partition.workers.begin(), partition.workers.end());
+    }
+  }
+  const rc::RequestClassifierContext context{block_size, workers};
   // A Waker only enqueues a wake message (it may fire inside the classifier or on any thread);
   // the address is weak, so a late Waker finds no actor instead of keeping it alive.
   const caf::actor_addr address = self->address();
@@ -278,6 +288,11 @@ classifier_actor::behavior_type classifier_behavior(Self self, ClassifierActorCo
             .at = self->state.config.clock->now()});
         drive(self, model);
         arm_timer(self);
+      },
+      [self](worker_up_atom, PartitionFleet& fleet) {
+        auto& partitions = self->state.fleets[fleet.model];
+        std::string group = fleet.routing_group;
+        partitions.insert_or_assign(std::move(group), std::move(fleet));
       },
       [self](targets_atom, reservation_actor& reservation, lifecycle_actor& lifecycle) {
         self->state.config.reservation = std::move(reservation);

@@ -31,11 +31,13 @@
 //   wake                             — internal: one delayed_send at the earliest wake time, due
 //                                      time or wait limit (re-armed when an earlier one appears),
 //                                      and one message per batch of fired Wakers.
-// Undecided requests are re-polled only on a wake-up, never on a timer tick. The RequestClassifier
-// Context has block size 0 and no workers: the classifier is created at the model's first request,
-// before the node necessarily knows its fleet. Spawned by the router node only when a classifier
-// is configured; otherwise the node wires the bridge and the ingress straight to the reservation
-// and lifecycle actors, so pass-through costs nothing. It must never block or throw.
+//   worker_up(PartitionFleet)         — a selector's partition after a worker joined or left.
+// Undecided requests are re-polled only on a wake-up, never on a timer tick. A model's classifier
+// is created at its first request (or load report) with the fleet its selectors described by then:
+// the block size of its first partition that has one, and every worker rank of its partitions.
+// Spawned by the router node only when a classifier is configured; otherwise the node wires the
+// bridge and the ingress straight to the reservation and lifecycle actors, so pass-through costs
+// nothing. It must never block or throw.
 #pragma once
 
 #include <chrono>
@@ -106,6 +108,8 @@ struct ClassifierActorState {
   /// KV blocks (used, total) by model and routing group, as the selectors last sent them.
   std::unordered_map<std::string, std::map<std::string, std::pair<std::uint64_t, std::uint64_t>>>
       fleet_blocks;
+  /// Each model's partitions as their selectors last described them, by routing group.
+  std::unordered_map<std::string, std::map<std::string, PartitionFleet>> fleets;
   /// The earliest time a delayed wake message is on its way for; empty: none.
   std::optional<std::chrono::steady_clock::time_point> armed_for;
 };

@@ -230,6 +230,23 @@ caf::result<SelectorReply> offer_to_queue(Self self, RouteRequest& request) {
   update_queue_gauges(self);
   return promise;
 }
+// Tells the classifier actor the partition's fleet after it changed (its block size and worker
+// ranks), for the context a model's classifier is created with.
+void send_fleet(Self self) {
+  auto& state = self->state;
+  if (!state.config.classifier) return;
+  PartitionFleet fleet{state.config.options.partition.model,
+                       state.config.options.partition.routing_group,
+                       state.selector->block_size(),
+                       {}};
+  for (const auto& [id, entry] : state.selector->partition_workers().catalog().entries()) {
+    for (DpRank rank = 0; rank < entry.registration.data_parallel_size; ++rank) {
+      fleet.workers.emplace_back(WorkerWithDpRank{id, rank}, entry.registration.total_kv_blocks);
+    }
+  }
+  self->send(state.config.classifier, worker_up_atom::value, std::move(fleet));
+}
+
 }  // namespace
 
 selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig config) {
@@ -282,6 +299,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
           spdlog::info("kvr node: worker {} {} in partition {}", id,
                        *change == discovery::RegistrationChange::added ? "joined" : "restarted",
                        state.partition);
+          send_fleet(self);
           drain_queue(self);
         }
         update_gauges(self);
@@ -298,6 +316,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
         spdlog::info("kvr node: worker {} left partition {}", deregistration.worker_id,
                      self->state.partition);
         forget_dumps(self, deregistration.worker_id);
+        send_fleet(self);
         if (self->state.config.directory) {
           self->send(self->state.config.directory, removed_atom::value,
                      std::vector<WorkerId>{deregistration.worker_id});
@@ -368,6 +387,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
             node_metrics(self).workers_expired(state.partition).add();
             forget_dumps(self, id);
           }
+          send_fleet(self);
           if (state.config.directory)
             self->send(state.config.directory, removed_atom::value, removed);
         }

@@ -1193,6 +1193,37 @@ TEST_F(ClassifierActorsTest, LoadReportsPauseAndResumeNewSessionsWithKvCapacityP
   EXPECT_LT(events_->loads_snapshot().back(), 0.3);
 }
 
+// The selectors describe their partitions to the classifier actor: a model's classifier is created
+// at its first request with the block size and the worker ranks its selectors know by then.
+TEST_F(ClassifierActorsTest, AModelsClassifierIsCreatedWithTheFleetItsSelectorsDescribed) {
+  struct Seen {
+    std::mutex mutex;
+    std::vector<std::pair<std::size_t, std::size_t>> contexts;  // (block size, workers)
+  };
+  auto seen = std::make_shared<Seen>();
+  start([] { return max_in_flight(8); },
+        [seen](ClassifierActorConfig& settings) {
+          settings.factory =
+              [seen, inner = settings.factory](const rc::RequestClassifierContext& context) {
+                std::lock_guard lock{seen->mutex};
+                seen->contexts.emplace_back(context.block_size(), context.workers().size());
+                return inner(context);
+              };
+        },
+        /*feed_fleet_load=*/true);
+  register_workers({11, 12});
+  caf::scoped_actor self{system_};
+  v1::RouteDecision decision;
+  self->request(classifier_, 5s, route_atom::value,
+                RouteEnvelope{request("r1"), {}, std::chrono::steady_clock::now()})
+      .receive([&](RouteDecisionMessage& message) { decision = std::move(message.value); },
+               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  ASSERT_TRUE(decision.has_success()) << decision.error().message();
+  std::lock_guard lock{seen->mutex};
+  ASSERT_EQ(seen->contexts.size(), 1U);
+  EXPECT_EQ(seen->contexts[0], (std::pair<std::size_t, std::size_t>{4, 2}));
+}
+
 // Actor clients through an ingress wired to the classifier, as the node wires it: a client that
 // terminates while its request waits for admission drops it (the next request is not queued
 // behind it), and the admitted request's stream is served as usual.
