@@ -325,6 +325,9 @@ struct RouterNode::Impl {
         described +=
             fmt::format(" >{:g} of max batched", *policy_class.prefill_busy_threshold_frac);
       }
+      if (policy_class.kv_busy_threshold) {
+        described += fmt::format(" >{:g} of KV", *policy_class.kv_busy_threshold);
+      }
     }
     return described;
   }

@@ -36,7 +36,8 @@ RouteFailure refusal(const QueueError& error, const RouteRequest& request) {
 
 bool queues_requests(const std::vector<PolicyClassConfig>& classes) {
   return std::ranges::any_of(classes, [](const PolicyClassConfig& config) {
-    return config.prefill_busy_threshold || config.prefill_busy_threshold_frac;
+    return config.prefill_busy_threshold || config.prefill_busy_threshold_frac ||
+           config.kv_busy_threshold;
   });
 }
 

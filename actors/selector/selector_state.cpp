@@ -368,9 +368,16 @@ void SelectorState::eligible_prefill_loads(const RouteRequest& request,
     }
     classifiers::WorkerPrefillLoad load{.max_batched_tokens = rows.max_batched_tokens[row]};
     if (const auto view = workers_.load().rank_load(descriptor.worker)) {
+      const discovery::ConfirmedLoad confirmed =
+          view->confirmed.value_or(discovery::ConfirmedLoad{});
       load.active_prefill_tokens =
-          plus_change(view->confirmed ? view->confirmed->active_prefill_tokens : 0,
-                      view->prefill_tokens_since_report);
+          plus_change(confirmed.active_prefill_tokens, view->prefill_tokens_since_report);
+      // As the busy signals count it: the report's blocks and the bookings' change since.
+      if ((view->confirmed || view->open_bookings > 0) && rows.total_kv_blocks[row] > 0) {
+        load.kv_usage =
+            static_cast<double>(plus_change(confirmed.kv_blocks_used, view->blocks_since_report)) /
+            static_cast<double>(rows.total_kv_blocks[row]);
+      }
     }
     out.push_back(load);
   }

@@ -38,6 +38,13 @@ std::expected<void, PolicyClassConfigError> validate_policy_class(const PolicyCl
                       *frac)});
     }
   }
+  if (const auto& frac = config.kv_busy_threshold) {
+    if (!std::isfinite(*frac) || *frac <= 0.0 || *frac > 1.0) {
+      return std::unexpected(PolicyClassConfigError{
+          "kv_busy_threshold",
+          fmt::format("must be a fraction in (0, 1] of the worker's KV blocks, got {}", *frac)});
+    }
+  }
   constexpr std::string_view kNoLimitHint = "must be greater than 0 (omit the key for no limit)";
   if (config.request_queue_limit_per_worker == 0U) {
     return std::unexpected(
@@ -75,9 +82,10 @@ bool is_worker_busy(const PolicyClassConfig& config, const WorkerPrefillLoad& wo
   if (config.prefill_busy_threshold_frac && worker.max_batched_tokens > 0) {
     const double limit =
         *config.prefill_busy_threshold_frac * static_cast<double>(worker.max_batched_tokens);
-    return static_cast<double>(worker.active_prefill_tokens) > limit;
+    if (static_cast<double>(worker.active_prefill_tokens) > limit) return true;
   }
-  return false;
+  return config.kv_busy_threshold && worker.kv_usage &&
+         *worker.kv_usage > *config.kv_busy_threshold;
 }
 
 bool should_queue(const PolicyClassConfig& config,

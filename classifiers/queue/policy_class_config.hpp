@@ -30,9 +30,9 @@ std::string_view as_str(QueueOrder order);
 /// Parses "fcfs" or "wspt"; nullopt for anything else.
 std::optional<QueueOrder> parse_queue_order(std::string_view text);
 
-/// One policy class. A worker is busy for the class when its active prefill tokens exceed the
-/// class's threshold (see is_worker_busy); a request queues only when every eligible worker is
-/// busy for its class. Without any threshold the class never queues.
+/// One policy class. A worker is busy for the class when its active prefill tokens or its KV
+/// usage exceed the class's thresholds (see is_worker_busy); a request queues only when every
+/// eligible worker is busy for its class. Without any threshold the class never queues.
 struct PolicyClassConfig {
   /// Unique among the classes; requests name it (ClassifyRequest::policy_class).
   std::string name;
@@ -44,6 +44,9 @@ struct PolicyClassConfig {
   std::optional<std::uint64_t> prefill_busy_threshold;
   /// Busy above this fraction, in (0, 1], of the worker's max batched tokens; empty: none.
   std::optional<double> prefill_busy_threshold_frac;
+  /// Busy above this fraction, in (0, 1], of the worker's KV blocks in use (bookings included),
+  /// so that a class can keep KV headroom for the others; empty: none.
+  std::optional<double> kv_busy_threshold;
   /// At most this many queued requests (> 0) per eligible worker; empty: no limit.
   std::optional<std::uint64_t> request_queue_limit_per_worker;
   /// At most this many queued uncached tokens (> 0) per eligible worker; empty: no limit.
@@ -60,7 +63,7 @@ struct PolicyClassConfigError {
   std::string message;
 };
 
-/// Checks one class: a non-empty name, quantum > 0, a finite threshold fraction in (0, 1], limits
+/// Checks one class: a non-empty name, quantum > 0, finite threshold fractions in (0, 1], limits
 /// greater than 0.
 std::expected<void, PolicyClassConfigError> validate_policy_class(const PolicyClassConfig& config);
 
@@ -80,12 +83,16 @@ struct WorkerPrefillLoad {
   std::uint64_t active_prefill_tokens = 0;
   /// The worker's max batched tokens per step; 0 when unknown (no fraction threshold applies).
   std::uint64_t max_batched_tokens = 0;
+  /// The fraction of its KV blocks in use, bookings included; empty without a load observation
+  /// (no KV threshold applies).
+  std::optional<double> kv_usage;
 };
 
 /// True when `worker` is busy for `config`: its active prefill tokens exceed
 /// prefill_busy_threshold, or exceed prefill_busy_threshold_frac × max_batched_tokens (when the
-/// worker's max batched tokens are known). With both set the lower bound counts; with neither, or
-/// only a fraction and an unknown max, the worker is never busy.
+/// worker's max batched tokens are known), or its KV usage exceeds kv_busy_threshold (when known).
+/// Any threshold exceeded makes it busy; with none set, or only ones whose input is unknown, it
+/// never is.
 bool is_worker_busy(const PolicyClassConfig& config, const WorkerPrefillLoad& worker);
 
 /// True when a request of `config` must queue rather than go to selection now: every one of its

@@ -112,8 +112,9 @@ int run_node(NodeCommandOptions options) {
           plugins->policy_classes,
           classifiers::default_policy_class(options.node.queue_threshold)))) {
     spdlog::warn(
-        "kvr node: policy_classes are configured but none has a prefill_busy_threshold or "
-        "prefill_busy_threshold_frac (nor --router-queue-threshold): requests never queue");
+        "kvr node: policy_classes are configured but none has a prefill_busy_threshold, "
+        "prefill_busy_threshold_frac or kv_busy_threshold (nor --router-queue-threshold): "
+        "requests never queue");
   }
   auto node = actors::RouterNode::start(options.node, std::move(*plugins));
   if (!node) {

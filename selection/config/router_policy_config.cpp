@@ -31,6 +31,7 @@ constexpr std::string_view kPolicyClassKeys[] = {"name",
                                                  "order",
                                                  "prefill_busy_threshold",
                                                  "prefill_busy_threshold_frac",
+                                                 "kv_busy_threshold",
                                                  "request_queue_limit_per_worker",
                                                  "uncached_token_queue_limit_per_worker"};
 
@@ -301,10 +302,11 @@ class Parser {
                         fmt::format("expected fcfs or wspt, got {}", describe_yaml(entry.value)));
           }
           policy_class.order = *parsed;
-        } else if (entry.key == "prefill_busy_threshold_frac") {
+        } else if (entry.key == "prefill_busy_threshold_frac" || entry.key == "kv_busy_threshold") {
           auto frac = number_value<double>(**source, entry);
           if (!frac) return std::unexpected(std::move(frac.error()));
-          policy_class.prefill_busy_threshold_frac = *frac;
+          (entry.key == "kv_busy_threshold" ? policy_class.kv_busy_threshold
+                                            : policy_class.prefill_busy_threshold_frac) = *frac;
         } else {
           auto tokens = number_value<std::uint64_t>(**source, entry);
           if (!tokens) return std::unexpected(std::move(tokens.error()));

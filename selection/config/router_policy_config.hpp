@@ -17,6 +17,7 @@
 //       quantum: 2048               # uncached tokens per deficit-round-robin turn
 //       order: wspt                 # or fcfs (the default)
 //       prefill_busy_threshold_frac: 0.75
+//       kv_busy_threshold: 0.9         # busy above this fraction of KV blocks in use
 //       request_queue_limit_per_worker: 64
 #pragma once
 

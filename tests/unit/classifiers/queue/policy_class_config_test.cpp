@@ -41,6 +41,9 @@ TEST(PolicyClassConfigTest, NamesTheInvalidField) {
     config = named("a");
     config.prefill_busy_threshold_frac = frac;
     EXPECT_EQ(invalid_key(config), "prefill_busy_threshold_frac") << frac;
+    config = named("a");
+    config.kv_busy_threshold = frac;
+    EXPECT_EQ(invalid_key(config), "kv_busy_threshold") << frac;
   }
   config = named("a");
   config.request_queue_limit_per_worker = 0;
@@ -108,6 +111,19 @@ TEST(ShouldQueueTest, FractionThresholdUsesTheWorkersMaxBatchedTokens) {
       is_worker_busy(config, {.active_prefill_tokens = 4097, .max_batched_tokens = 16384}));
   // Unknown max batched tokens: the fraction cannot judge the worker.
   EXPECT_FALSE(is_worker_busy(config, {.active_prefill_tokens = 1'000'000}));
+}
+
+TEST(ShouldQueueTest, KvThresholdReadsTheWorkersKvUsageWhenKnown) {
+  PolicyClassConfig config = named("a");
+  config.kv_busy_threshold = 0.8;
+  EXPECT_FALSE(is_worker_busy(config, {.kv_usage = 0.8}));
+  EXPECT_TRUE(is_worker_busy(config, {.kv_usage = 0.81}));
+  // No load observation yet: the KV threshold cannot judge the worker.
+  EXPECT_FALSE(is_worker_busy(config, {}));
+  // Either threshold exceeded makes it busy.
+  config.prefill_busy_threshold = 1000;
+  EXPECT_TRUE(is_worker_busy(config, {.active_prefill_tokens = 1001, .kv_usage = 0.1}));
+  EXPECT_FALSE(is_worker_busy(config, {.active_prefill_tokens = 10, .kv_usage = 0.1}));
 }
 
 TEST(ShouldQueueTest, WithBothThresholdsTheLowerCounts) {

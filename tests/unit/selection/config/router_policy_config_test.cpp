@@ -227,6 +227,7 @@ constexpr std::string_view kPolicyClassesYaml = R"(policy_classes:
     order: wspt
     prefill_busy_threshold: 8192
     prefill_busy_threshold_frac: 0.75
+    kv_busy_threshold: 0.9
     request_queue_limit_per_worker: 64
     uncached_token_queue_limit_per_worker: 131072
   - name: batch
@@ -243,6 +244,7 @@ TEST(RouterPolicyConfigTest, ParsesPolicyClasses) {
   EXPECT_EQ(interactive.order, classifiers::QueueOrder::Wspt);
   EXPECT_EQ(interactive.prefill_busy_threshold, 8192U);
   EXPECT_EQ(interactive.prefill_busy_threshold_frac, 0.75);
+  EXPECT_EQ(interactive.kv_busy_threshold, 0.9);
   EXPECT_EQ(interactive.request_queue_limit_per_worker, 64U);
   EXPECT_EQ(interactive.uncached_token_queue_limit_per_worker, 131072U);
   const classifiers::PolicyClassConfig& batch = config->policy_classes[1];
@@ -302,8 +304,8 @@ TEST(RouterPolicyConfigTest, AcceptsAConfiguredDefaultClass) {
 TEST(RouterPolicyConfigTest, RejectsAnUnknownKeyInAPolicyClass) {
   EXPECT_EQ(parse_error("policy_classes:\n  - name: a\n    quantun: 5\n"),
             "router.yaml:3: policy_classes[0].quantun: unknown key; allowed: name, quantum, order, "
-            "prefill_busy_threshold, prefill_busy_threshold_frac, request_queue_limit_per_worker, "
-            "uncached_token_queue_limit_per_worker");
+            "prefill_busy_threshold, prefill_busy_threshold_frac, kv_busy_threshold, "
+            "request_queue_limit_per_worker, uncached_token_queue_limit_per_worker");
 }
 
 TEST(RouterPolicyConfigTest, RejectsADuplicatePolicyClassName) {
@@ -365,7 +367,7 @@ TEST(RouterPolicyConfigTest, RejectsPolicyClassesThatAreNotAListOfMappings) {
             "router.yaml:1: policy_classes: expected a list of policy classes, got a mapping");
   EXPECT_EQ(parse_error("policy_classes:\n  - interactive\n"),
             "router.yaml:2: policy_classes[0]: expected a mapping with the keys name, quantum, "
-            "order, prefill_busy_threshold, prefill_busy_threshold_frac, "
+            "order, prefill_busy_threshold, prefill_busy_threshold_frac, kv_busy_threshold, "
             "request_queue_limit_per_worker, uncached_token_queue_limit_per_worker, got "
             "'interactive'");
 }
