@@ -421,6 +421,7 @@ class PolicyRun {
           .trace_index = done.id, .worker = worker, .stats = done};
       // The engine saw the request when the router dispatched it; its latencies count from its
       // arrival, admission and queue waits included (the same time when nothing waited).
+      outcome.dispatched_ms = done.arrival_ms;
       outcome.stats.arrival_ms = arrival_ms_[done.id];
       outcomes_.push_back(std::move(outcome));
     }
@@ -557,9 +558,9 @@ double TraceReplay::infinite_cache_hit_rate() const {
   return simulation::infinite_cache_hit_rate(requests_, block_hashes_, options_.engine.block_size);
 }
 
-simulation::PolicyReport TraceReplay::run(const std::string& label,
-                                          const plugins::RouterPlugins& plugins,
-                                          std::size_t policy_index) const {
+simulation::PolicyReport TraceReplay::run(
+    const std::string& label, const plugins::RouterPlugins& plugins, std::size_t policy_index,
+    std::vector<simulation::ReplayRequestOutcome>* outcomes_out) const {
   PolicyRun run{*this, requests_, block_hashes_, plugins};
   const auto outcomes = run.run(policy_index);
   simulation::PolicyReport report =
@@ -571,6 +572,7 @@ simulation::PolicyReport TraceReplay::run(const std::string& label,
   // make_policy_report counts every request without an outcome as failed; refusals are not.
   report.failed -= std::min(report.failed, run.rejections().size());
   if (!tenants_.empty()) report.tenants = tenant_reports(outcomes, run.rejections());
+  if (outcomes_out != nullptr) *outcomes_out = outcomes;
   if (report.makespan_s > 0) {
     report.utilization =
         run.busy_ms() / (1000.0 * report.makespan_s * static_cast<double>(options_.workers));

@@ -65,8 +65,10 @@ class TraceReplay {
   /// Replays the trace with the policy `plugins` selects for aggregated workers, and their request
   /// classifier and policy classes; `label` names it in the report. `policy_index` is passed to
   /// the progress callback. Latencies count from a request's arrival in the trace.
-  simulation::PolicyReport run(const std::string& label, const plugins::RouterPlugins& plugins,
-                               std::size_t policy_index = 0) const;
+  /// `outcomes`, when given, receives each completed request's outcome, by trace index.
+  simulation::PolicyReport run(
+      const std::string& label, const plugins::RouterPlugins& plugins, std::size_t policy_index = 0,
+      std::vector<simulation::ReplayRequestOutcome>* outcomes = nullptr) const;
 
   const std::string& trace_name() const { return trace_name_; }
   std::size_t size() const { return requests_.size(); }

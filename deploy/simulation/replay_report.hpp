@@ -27,7 +27,11 @@ LatencySummary summarize(std::vector<double> values);
 struct ReplayRequestOutcome {
   std::size_t trace_index = 0;
   WorkerWithDpRank worker;
+  /// stats.arrival_ms is the request's arrival at the router, so its latencies include any wait
+  /// for admission or in the queue.
   RequestStats stats;
+  /// When the router sent it to its worker (stats.arrival_ms when it did not wait); 0 if unknown.
+  double dispatched_ms = 0;
 };
 
 /// Counts by name (an error code, a failure message), sorted by name.
