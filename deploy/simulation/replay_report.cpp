@@ -170,10 +170,12 @@ std::string format_table(const ReplayReport& report) {
                          "rejected by code");
     for (const PolicyReport& policy : report.policies) {
       for (const TenantReport& tenant : policy.tenants) {
-        table += fmt::format("{:<26} {:<12} {:>9} {:>9} {:>9} {:>9.1f} {:>9.1f}  {}\n",
-                             policy.policy, tenant.tenant, tenant.requests, tenant.completed,
-                             total(tenant.rejected), tenant.ttft_ms.p50, tenant.ttft_ms.p99,
-                             tenant.rejected.empty() ? "" : counts_text(tenant.rejected));
+        std::string row =
+            fmt::format("{:<26} {:<12} {:>9} {:>9} {:>9} {:>9.1f} {:>9.1f}", policy.policy,
+                        tenant.tenant, tenant.requests, tenant.completed, total(tenant.rejected),
+                        tenant.ttft_ms.p50, tenant.ttft_ms.p99);
+        if (!tenant.rejected.empty()) row += "  " + counts_text(tenant.rejected);
+        table += row + "\n";
       }
     }
   }
