@@ -6,6 +6,7 @@
 #include "classifiers/builtin/kv_capacity_pause.hpp"
 #include "classifiers/builtin/length_class.hpp"
 #include "classifiers/builtin/max_in_flight.hpp"
+#include "classifiers/builtin/tenant_class.hpp"
 #include "classifiers/builtin/token_bucket.hpp"
 
 namespace kvr::selection {
@@ -21,10 +22,11 @@ struct BuiltinClassifier {
       const RequestClassifierParameters&);
 };
 
-constexpr std::array<BuiltinClassifier, 4> kBuiltinClassifiers{{
+constexpr std::array<BuiltinClassifier, 5> kBuiltinClassifiers{{
     {classifiers::builtin::kKvCapacityPauseType, &classifiers::builtin::kv_capacity_pause_provider},
     {classifiers::builtin::kLengthClassType, &classifiers::builtin::length_class_provider},
     {classifiers::builtin::kMaxInFlightType, &classifiers::builtin::max_in_flight_provider},
+    {classifiers::builtin::kTenantClassType, &classifiers::builtin::tenant_class_provider},
     {classifiers::builtin::kTokenBucketType, &classifiers::builtin::token_bucket_provider},
 }};
 

@@ -2,11 +2,14 @@
 
 #include <chrono>
 #include <iostream>
+#include <optional>
 
 #include <fmt/format.h>
 
+#include "classifiers/queue/policy_class_config.hpp"
 #include "deploy/cli/cli_options.hpp"
 #include "deploy/cli/replay_output.hpp"
+#include "deploy/replay/tenant_assignment.hpp"
 #include "deploy/replay/trace_replay.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
@@ -20,6 +23,11 @@ struct ReplayCommandOptions {
   ReplayOutputOptions output;
   std::string policies = "kv-cost,round-robin,random,least-loaded";
   std::string router_policy_config;
+  /// `name:weight,...`; empty: no tenants.
+  std::string tenants;
+  /// Replay only this tenant's requests; empty: all.
+  std::string only_tenant;
+  std::optional<double> queue_threshold;
   replay::ReplayOptions replay;
 };
 
@@ -54,7 +62,7 @@ int run_replay(const ReplayCommandOptions& options) {
     }
     base_config = std::move(*loaded);
   }
-  warn_unapplied_admission(kCommand, base_config);
+  // Replay runs the request classifier and the policy-class queue, so nothing is left unapplied.
   const std::vector<std::string> names = split_names(options.policies);
   if (names.empty()) {
     std::cerr << kCommand << ": --policies names no policy\n";
@@ -73,14 +81,42 @@ int run_replay(const ReplayCommandOptions& options) {
     resolved.push_back(std::move(*plugins));
   }
 
+  replay::TenantAssignment tenants;
+  if (!options.tenants.empty()) {
+    auto weights = replay::parse_tenant_weights(options.tenants);
+    if (!weights) {
+      std::cerr << kCommand << ": --tenants: " << weights.error() << '\n';
+      return kUsageError;
+    }
+    tenants = replay::assign_tenants(*weights, trace->size(), options.replay.seed);
+  }
+  if (!options.only_tenant.empty()) {
+    // The tenant's own requests at their own arrival times: the baseline of it running alone.
+    const auto chosen = std::ranges::find(tenants.names, options.only_tenant);
+    if (chosen == tenants.names.end()) {
+      std::cerr << kCommand << ": --only-tenant: '" << options.only_tenant
+                << "' is not one of the --tenants\n";
+      return kUsageError;
+    }
+    const auto tenant = static_cast<std::uint32_t>(chosen - tenants.names.begin());
+    std::vector<simulation::TraceRequest> kept;
+    for (std::size_t i = 0; i < trace->size(); ++i) {
+      if (tenants.of_request[i] == tenant) kept.push_back(std::move((*trace)[i]));
+    }
+    *trace = std::move(kept);
+    tenants = replay::TenantAssignment{{options.only_tenant},
+                                       std::vector<std::uint32_t>(trace->size(), 0)};
+  }
+
   ProgressBar progress{names, trace->size(), !options.output.quiet};
   replay::ReplayOptions replay_options = options.replay;
+  replay_options.queue_threshold = options.queue_threshold;
   replay_options.speedup = options.output.speedup;
   replay_options.on_progress = [&progress](std::size_t policy, std::size_t done) {
     progress.update(policy, done);
   };
   const std::string name = trace_name(options.output);
-  replay::TraceReplay replay{name, std::move(*trace), replay_options};
+  replay::TraceReplay replay{name, std::move(*trace), replay_options, std::move(tenants)};
 
   simulation::ReplayReport report;
   report.trace = name;
@@ -129,6 +165,22 @@ void add_replay_command(CLI::App& app, int& exit_code) {
                    "router-policy YAML whose instances --policies may name")
       ->check(CLI::ExistingFile);
   command
+      ->add_option("--router-queue-threshold", options->queue_threshold,
+                   "queue requests of the policy class `default` while every worker's active "
+                   "prefill tokens exceed this fraction in (0, 1] of its max batched tokens (when "
+                   "policy_classes configure no `default`; default: off)")
+      ->check(finite_range(0, 1));
+  auto* tenants = command
+                      ->add_option("--tenants", options->tenants,
+                                   "assign the requests to tenants in proportion to weights, e.g. "
+                                   "heavy:5,light:1 (seeded by --seed)")
+                      ->check(non_empty());
+  command
+      ->add_option("--only-tenant", options->only_tenant,
+                   "replay only this tenant's requests, at their own arrival times")
+      ->check(non_empty())
+      ->needs(tenants);
+  command
       ->add_option("--kv-event-delay-ms", options->replay.kv_event_delay_ms,
                    "delay from a worker's KV event or load report to the router")
       ->capture_default_str()
@@ -151,6 +203,16 @@ void add_replay_command(CLI::App& app, int& exit_code) {
       std::cerr << kCommand << ": " << valid.error() << '\n';
       exit_code = kUsageError;
       return;
+    }
+    if (options->queue_threshold) {
+      // The same rule as a configured class's prefill_busy_threshold_frac.
+      if (auto valid = classifiers::validate_policy_class(
+              classifiers::default_policy_class(*options->queue_threshold));
+          !valid) {
+        std::cerr << kCommand << ": --router-queue-threshold: " << valid.error().message << '\n';
+        exit_code = kUsageError;
+        return;
+      }
     }
     exit_code = run_replay(*options);
   });

@@ -1,19 +1,28 @@
 #include "deploy/replay/trace_replay.hpp"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <deque>
+#include <limits>
 #include <map>
+#include <memory>
 #include <queue>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
+#include "actors/classifier/admission_state.hpp"
+#include "actors/selector/partition_queue.hpp"
 #include "actors/selector/selector_state.hpp"
+#include "classifiers/queue/policy_class_config.hpp"
 #include "deploy/simulation/engine.hpp"
 #include "messages/check.hpp"
 
 namespace kvr::replay {
 namespace {
 
+namespace rc = plugins::request_classifier;
 using simulation::Engine;
 using simulation::StepResult;
 
@@ -23,6 +32,9 @@ enum class EventKind : std::uint8_t {
   StepEnd,     // a worker's engine step finishes: its tokens and events exist now
   KvDelivery,  // a worker's KV event batch reaches the router
   LoadReport,  // a worker's load report reaches the router
+  // The router's admission timer: a classifier's wake-up, due time or wait limit, or a queued
+  // request's due time or wait limit, has come (the worker bits are unused).
+  RouterTimer,
 };
 
 // A worker's event in the queue. Sixteen bytes, so that the heap moves whole aligned entries:
@@ -54,7 +66,37 @@ std::chrono::steady_clock::time_point logical_time(double ms) {
           std::chrono::duration<double, std::milli>(ms))};
 }
 
+// The first logical time, in ms, at which `at` has come: converting to ms rounds, and a timer
+// that fired a nanosecond early would find nothing due and be armed again for the same time.
+double at_or_after(std::chrono::steady_clock::time_point at) {
+  double ms = std::chrono::duration<double, std::milli>(at.time_since_epoch()).count();
+  while (logical_time(ms) < at) ms = std::nextafter(ms, std::numeric_limits<double>::infinity());
+  return ms;
+}
+
 std::string request_id(std::size_t index) { return fmt::format("r{}", index); }
+
+// The trace index request_id() encoded.
+std::uint32_t trace_index_of(std::string_view id) {
+  std::uint32_t index = 0;
+  const auto [end, error] = std::from_chars(id.data() + 1, id.data() + id.size(), index);
+  KVR_CHECK(!id.empty() && error == std::errc{} && end == id.data() + id.size());
+  return index;
+}
+
+// The policy-class queue the plugins and options configure; nullptr when no class has a busy
+// threshold, so that no request would ever wait.
+std::unique_ptr<actors::PartitionQueue> make_class_queue(const ReplayOptions& options,
+                                                         const plugins::RouterPlugins& plugins) {
+  const classifiers::PolicyClassConfig fallback =
+      classifiers::default_policy_class(options.queue_threshold);
+  KVR_CHECK(classifiers::validate_policy_class(fallback).has_value());
+  std::vector<classifiers::PolicyClassConfig> classes =
+      classifiers::resolve_policy_classes(plugins.policy_classes, fallback);
+  if (!actors::queues_requests(classes)) return nullptr;
+  return std::make_unique<actors::PartitionQueue>(
+      actors::PartitionQueueOptions{std::move(classes), options.admission_max_wait});
+}
 
 // The whole state of one policy's replay.
 class PolicyRun {
@@ -65,34 +107,38 @@ class PolicyRun {
       : options_(replay.options()),
         requests_(requests),
         block_hashes_(block_hashes),
+        tenants_(replay.tenants()),
+        plugins_(plugins),
         selector_(make_selector_options(replay.options()), plugins) {}
 
-  std::vector<simulation::ReplayRequestOutcome> run(std::size_t policy_index,
-                                                    std::map<std::string, std::size_t>& failures) {
+  std::vector<simulation::ReplayRequestOutcome> run(std::size_t policy_index) {
     start_fleet();
+    start_admission();
     // Arrivals are known up front, so they are read in (time, trace index) order from a sorted
     // list instead of sitting in the heap: the heap then holds only the few events of the workers.
     // An arrival goes before a worker event due at the same time, as it would if every arrival
     // had been scheduled first.
     std::vector<std::uint32_t> arrivals(requests_.size());
-    std::vector<double> arrival_ms(requests_.size());
+    arrival_ms_.resize(requests_.size());
     for (std::size_t i = 0; i < arrivals.size(); ++i) {
       arrivals[i] = static_cast<std::uint32_t>(i);
-      arrival_ms[i] = static_cast<double>(requests_[i].timestamp_ms) / options_.speedup;
+      arrival_ms_[i] = static_cast<double>(requests_[i].timestamp_ms) / options_.speedup;
     }
-    std::ranges::stable_sort(arrivals, {}, [&](std::uint32_t index) { return arrival_ms[index]; });
+    std::ranges::stable_sort(arrivals, {}, [&](std::uint32_t index) { return arrival_ms_[index]; });
     std::size_t routed = 0;
     while (routed < arrivals.size() || !queue_.empty()) {
       if (routed < arrivals.size() &&
-          (queue_.empty() || arrival_ms[arrivals[routed]] <= queue_.top().time_ms)) {
+          (queue_.empty() || arrival_ms_[arrivals[routed]] <= queue_.top().time_ms)) {
         const std::uint32_t index = arrivals[routed];
-        arrive(index, arrival_ms[index], failures);
+        now_ms_ = arrival_ms_[index];
+        arrive(index, now_ms_);
         ++routed;
         if (options_.on_progress) options_.on_progress(policy_index, routed);
         continue;
       }
       const Event event = queue_.top();
       queue_.pop();
+      now_ms_ = event.time_ms;
       switch (event.kind()) {
         case EventKind::StepEnd:
           finish_step(event.worker(), event.time_ms);
@@ -101,9 +147,18 @@ class PolicyRun {
           deliver_kv(event.worker());
           break;
         case EventKind::LoadReport:
-          deliver_load(event.worker());
+          deliver_load(event.worker(), event.time_ms);
+          break;
+        case EventKind::RouterTimer:
+          on_router_timer(event.time_ms);
           break;
       }
+    }
+    // Every wait is bounded (admission_max_wait), so nothing is left; if something were, it
+    // would be reported rather than lost.
+    if (!deferred_.empty()) failures_["still deferred by admission at the end"] += deferred_.size();
+    if (class_queue_ && !class_queue_->empty()) {
+      failures_["still queued at the end"] += class_queue_->size();
     }
     std::ranges::sort(outcomes_, {}, &simulation::ReplayRequestOutcome::trace_index);
     return std::move(outcomes_);
@@ -111,6 +166,10 @@ class PolicyRun {
 
   /// Engine time summed over every worker, in ms.
   double busy_ms() const { return busy_ms_; }
+  /// Requests the router could not place, by message.
+  const std::map<std::string, std::size_t>& failures() const { return failures_; }
+  /// Requests admission or the queue refused: (trace index, error code), in the order refused.
+  const std::vector<std::pair<std::uint32_t, Error>>& rejections() const { return rejections_; }
 
  private:
   static actors::SelectorOptions make_selector_options(const ReplayOptions& options) {
@@ -159,32 +218,180 @@ class PolicyRun {
     }
   }
 
-  void arrive(std::uint32_t index, double now, std::map<std::string, std::size_t>& failures) {
+  // The classifier (told the fleet as it registered) and the queue, when the plugins configure
+  // them; without either, every request goes straight to selection as before.
+  void start_admission() {
+    class_queue_ = make_class_queue(options_, plugins_);
+    if (!plugins_.request_classifier) return;
+    std::vector<rc::ClassifierWorker> workers;
+    for (std::size_t w = 0; w < options_.workers; ++w) {
+      workers.emplace_back(WorkerWithDpRank{w + 1, 0}, options_.engine.num_gpu_blocks);
+    }
+    auto classifier = plugins_.request_classifier->factory(
+        rc::RequestClassifierContext{options_.engine.block_size, workers});
+    KVR_CHECK(classifier != nullptr);
+    // Wakers only mark their request; settle() polls it in the same step, as the classifier
+    // actor does in the same turn.
+    admission_ = std::make_unique<actors::AdmissionState>(
+        std::move(classifier), [] {},
+        std::chrono::duration_cast<actors::AdmissionState::Duration>(options_.admission_max_wait));
+    kv_blocks_used_.assign(options_.workers, 0);
+  }
+
+  void arrive(std::uint32_t index, double now) {
     const simulation::TraceRequest& trace = requests_[index];
-    const std::vector<BlockHash>& hashes = block_hashes_[index];
-    const std::string id = request_id(index);
-    actors::RouteRequest request{.selection = {.request_id = id,
+    actors::RouteRequest request{.selection = {.request_id = request_id(index),
                                                .prompt_tokens = trace.input_length,
-                                               .block_hashes = hashes,
+                                               .block_hashes = block_hashes_[index],
                                                .expected_output_tokens = trace.output_length}};
+    if (!tenants_.empty()) request.tenant = tenants_.names[tenants_.of_request[index]];
+    if (!admission_ && !class_queue_) {
+      route_and_start(request, index, now);
+      return;
+    }
+    if (admission_) {
+      const auto at = logical_time(now);
+      auto outcome = admission_->admit(request.id(), actors::classify_request(request, at), at);
+      if (outcome) {
+        decide(*outcome, request, index, now);
+      } else {
+        deferred_.emplace(index, std::move(request));
+      }
+    } else {
+      enter_queue(request, index, now);
+    }
+    settle(now);
+  }
+
+  // An admission decision for `request`: on to the queue with the classifier's overrides, or
+  // refused.
+  void decide(const actors::AdmissionOutcome& outcome, actors::RouteRequest& request,
+              std::uint32_t index, double now) {
+    if (!outcome.admitted()) {
+      rejections_.emplace_back(index, outcome.rejection().code);
+      return;
+    }
+    actors::apply_admission(request, outcome.request());
+    enter_queue(request, index, now);
+  }
+
+  // A decision that poll_due() made for a deferred request.
+  void decide_deferred(const actors::AdmissionOutcome& outcome, double now) {
+    const std::uint32_t index = trace_index_of(outcome.request_id);
+    auto node = deferred_.extract(index);
+    KVR_CHECK(!node.empty());
+    decide(outcome, node.mapped(), index, now);
+  }
+
+  // An admitted request goes to selection now, or waits in the policy-class queue.
+  void enter_queue(actors::RouteRequest& request, std::uint32_t index, double now) {
+    if (!class_queue_) {
+      route_and_start(request, index, now);
+      return;
+    }
+    const auto at = logical_time(now);
+    if (auto prepared = selector_.prepare(request, at); !prepared) {
+      fail(request.id(), prepared.error().message);
+      return;
+    }
+    auto offered = class_queue_->offer(selector_, request, index, at);
+    if (!offered) {
+      refuse(request.id(), index, offered.error());
+    } else if (*offered == actors::PartitionQueue::Admission::route_now) {
+      route_and_start(request, index, now);
+    }
+    // Queued: the caller's settle() drains, so that a newcomer never overtakes the queue.
+  }
+
+  void route_and_start(actors::RouteRequest& request, std::uint32_t index, double now) {
+    const simulation::TraceRequest& trace = requests_[index];
     auto routed = selector_.route(request, logical_time(now));
     if (!routed) {
-      ++failures[routed.error().message];
+      fail(request.id(), routed.error().message);
       return;
     }
     const std::size_t w = routed->worker.worker_id - 1;
     auto added = engines_[w].add_request(
         simulation::EngineRequest{.id = index,
-                                  .block_hashes = hashes,
+                                  .block_hashes = block_hashes_[index],
                                   .prompt_tokens = trace.input_length,
                                   .output_tokens = std::max<std::uint32_t>(1, trace.output_length)},
         now);
     if (!added) {
-      ++failures[fmt::format("engine refused: {}", simulation::as_str(added.error()))];
-      (void)selector_.release(id, discovery::BookingEnd::failed);
+      (void)selector_.release(request.id(), discovery::BookingEnd::failed);
+      fail(request.id(), fmt::format("engine refused: {}", simulation::as_str(added.error())));
       return;
     }
+    if (admission_) admission_->on_event(rc::Sent{request.id(), routed->worker});
     if (!stepping_[w]) start_step(w, now);
+  }
+
+  // The router could not place a request: a failure; an admitted one is aborted for the
+  // classifier, which frees what it held for it.
+  void fail(const std::string& id, const std::string& message) {
+    ++failures_[message];
+    if (admission_) (void)admission_->cancel(id, message);
+  }
+
+  // The queue refused a request (over its limits, its due time or wait limit passed): an answer,
+  // counted by its code.
+  void refuse(const std::string& id, std::uint32_t index, const actors::RouteFailure& failure) {
+    rejections_.emplace_back(index, failure.code);
+    if (admission_) (void)admission_->cancel(id, failure.message);
+  }
+
+  // After anything that may free capacity or wake the classifier: polls the woken admission
+  // futures and drains the queue, as a node does in the same actor turn, then arms the timer.
+  void settle(double now) {
+    const auto at = logical_time(now);
+    for (;;) {
+      bool decided = false;
+      if (admission_ && admission_->has_woken()) {
+        for (const auto& outcome : admission_->poll_due(at)) {
+          decide_deferred(outcome, now);
+          decided = true;
+        }
+      }
+      if (class_queue_ && !class_queue_->empty()) {
+        class_queue_->drain(selector_, [&](actors::WaitingRoute&& waiting) {
+          route_and_start(waiting.request, static_cast<std::uint32_t>(waiting.ticket), now);
+        });
+      }
+      // Dispatches tell the classifier Sent, which may wake more futures; a classifier that
+      // only wakes itself again without deciding is polled at the next event instead.
+      if (!decided || !admission_->has_woken()) break;
+    }
+    arm_timer();
+  }
+
+  // Schedules one timer event for the earliest admission or queue deadline, unless one is
+  // scheduled for that time or earlier.
+  void arm_timer() {
+    std::optional<actors::TimePoint> next;
+    if (admission_) next = admission_->next_deadline();
+    if (class_queue_) {
+      if (const auto expiry = class_queue_->next_expiry(); expiry && (!next || *expiry < *next)) {
+        next = expiry;
+      }
+    }
+    if (!next || (timer_armed_for_ && *timer_armed_for_ <= *next)) return;
+    timer_armed_for_ = next;
+    schedule(std::max(now_ms_, at_or_after(*next)), EventKind::RouterTimer, 0);
+  }
+
+  void on_router_timer(double now) {
+    const auto at = logical_time(now);
+    if (timer_armed_for_ && *timer_armed_for_ <= at) timer_armed_for_.reset();
+    if (admission_) {
+      for (const auto& outcome : admission_->poll_due(at)) decide_deferred(outcome, now);
+    }
+    if (class_queue_) {
+      for (const auto& refused : class_queue_->expire(at)) {
+        refuse(refused.waiting.request.id(), static_cast<std::uint32_t>(refused.waiting.ticket),
+               refused.failure);
+      }
+    }
+    settle(now);
   }
 
   void start_step(std::size_t w, double now) {
@@ -196,13 +403,27 @@ class PolicyRun {
 
   void finish_step(std::uint32_t w, double now) {
     StepResult& result = in_flight_[w];
+    const WorkerWithDpRank worker{w + 1, 0};
     for (const auto& first : result.first_tokens) {
-      (void)selector_.first_token(request_id(first.id));
+      std::string id = request_id(first.id);
+      (void)selector_.first_token(id);
+      if (admission_) admission_->on_event(rc::Responding{std::move(id), worker});
     }
     for (const auto& done : result.completions) {
-      (void)selector_.release(request_id(done.id), discovery::BookingEnd::completed);
-      outcomes_.push_back(simulation::ReplayRequestOutcome{
-          .trace_index = done.id, .worker = {w + 1, 0}, .stats = done});
+      std::string id = request_id(done.id);
+      (void)selector_.release(id, discovery::BookingEnd::completed);
+      if (admission_) {
+        admission_->on_event(
+            rc::Completed{std::move(id), worker,
+                          static_cast<std::size_t>(done.prompt_tokens + done.output_tokens)});
+      }
+      simulation::ReplayRequestOutcome outcome{
+          .trace_index = done.id, .worker = worker, .stats = done};
+      // The engine saw the request when the router dispatched it; its latencies count from its
+      // arrival, admission and queue waits included (the same time when nothing waited).
+      outcome.dispatched_ms = done.arrival_ms;
+      outcome.stats.arrival_ms = arrival_ms_[done.id];
+      outcomes_.push_back(std::move(outcome));
     }
     const double delivery = now + options_.kv_event_delay_ms;
     if (!result.kv_events.empty()) {
@@ -230,6 +451,8 @@ class PolicyRun {
     } else {
       start_step(w, now);
     }
+    // First tokens and completions free capacity: queued and deferred requests may go now.
+    if (admission_ || class_queue_) settle(now);
   }
 
   // Every delivery comes kv_event_delay_ms after its step ended, and steps end in time order, so
@@ -239,14 +462,28 @@ class PolicyRun {
     pending_batches_[w].pop_front();
   }
 
-  void deliver_load(std::uint32_t w) {
-    (void)selector_.update_load({w + 1, 0}, pending_loads_[w].front());
+  void deliver_load(std::uint32_t w, double now) {
+    const discovery::ConfirmedLoad& load = pending_loads_[w].front();
+    (void)selector_.update_load({w + 1, 0}, load);
+    if (admission_) {
+      fleet_blocks_used_ = fleet_blocks_used_ - kv_blocks_used_[w] + load.kv_blocks_used;
+      kv_blocks_used_[w] = load.kv_blocks_used;
+      const double total = static_cast<double>(options_.workers) *
+                           static_cast<double>(options_.engine.num_gpu_blocks);
+      admission_->on_fleet_load(
+          rc::FleetLoad{.kv_usage = std::min(1.0, static_cast<double>(fleet_blocks_used_) / total),
+                        .at = logical_time(now)});
+    }
     pending_loads_[w].pop_front();
+    // A report may show a worker less busy than the router predicted.
+    if (admission_ || class_queue_) settle(now);
   }
 
   const ReplayOptions& options_;
   const std::vector<simulation::TraceRequest>& requests_;
   const std::vector<std::vector<BlockHash>>& block_hashes_;
+  const TenantAssignment& tenants_;
+  const plugins::RouterPlugins& plugins_;
   actors::SelectorState selector_;
   std::vector<Engine> engines_;
   std::vector<bool> stepping_;
@@ -260,15 +497,33 @@ class PolicyRun {
   std::vector<std::deque<KvEventBatch>> pending_batches_;
   std::vector<std::deque<discovery::ConfirmedLoad>> pending_loads_;
   std::vector<simulation::ReplayRequestOutcome> outcomes_;
+  std::vector<double> arrival_ms_;  // per trace index
+  double now_ms_ = 0;               // the time of the arrival or event being handled
+  std::map<std::string, std::size_t> failures_;
+  std::vector<std::pair<std::uint32_t, Error>> rejections_;
+
+  // Admission, when configured (start_admission()); both null: every request goes straight to
+  // selection.
+  std::unique_ptr<actors::AdmissionState> admission_;
+  std::unique_ptr<actors::PartitionQueue> class_queue_;
+  // Requests whose admission future is pending, by trace index.
+  std::unordered_map<std::uint32_t, actors::RouteRequest> deferred_;
+  // The time of the earliest router timer event scheduled and not yet handled.
+  std::optional<actors::TimePoint> timer_armed_for_;
+  // Each worker's KV blocks in use as last reported, and their sum: the fleet's KV usage.
+  std::vector<std::uint64_t> kv_blocks_used_;
+  std::uint64_t fleet_blocks_used_ = 0;
 };
 
 }  // namespace
 
 TraceReplay::TraceReplay(std::string trace_name, std::vector<simulation::TraceRequest> requests,
-                         ReplayOptions options)
+                         ReplayOptions options, TenantAssignment tenants)
     : trace_name_(std::move(trace_name)),
       requests_(std::move(requests)),
-      options_(std::move(options)) {
+      options_(std::move(options)),
+      tenants_(std::move(tenants)) {
+  KVR_CHECK(tenants_.empty() || tenants_.of_request.size() == requests_.size());
   block_hashes_.reserve(requests_.size());
   for (const auto& request : requests_) {
     block_hashes_.push_back(
@@ -276,19 +531,48 @@ TraceReplay::TraceReplay(std::string trace_name, std::vector<simulation::TraceRe
   }
 }
 
+std::vector<simulation::TenantReport> TraceReplay::tenant_reports(
+    const std::vector<simulation::ReplayRequestOutcome>& outcomes,
+    const std::vector<std::pair<std::uint32_t, Error>>& rejections) const {
+  std::vector<simulation::TenantReport> reports(tenants_.names.size());
+  std::vector<std::vector<double>> ttft(tenants_.names.size());
+  std::vector<std::map<std::string, std::size_t>> rejected(tenants_.names.size());
+  for (std::size_t i = 0; i < reports.size(); ++i) reports[i].tenant = tenants_.names[i];
+  for (const std::uint32_t tenant : tenants_.of_request) ++reports[tenant].requests;
+  for (const auto& outcome : outcomes) {
+    const std::uint32_t tenant = tenants_.of_request[outcome.trace_index];
+    ++reports[tenant].completed;
+    ttft[tenant].push_back(outcome.stats.ttft_ms());
+  }
+  for (const auto& [index, code] : rejections) {
+    ++rejected[tenants_.of_request[index]][std::string{as_str(code)}];
+  }
+  for (std::size_t i = 0; i < reports.size(); ++i) {
+    reports[i].ttft_ms = simulation::summarize(std::move(ttft[i]));
+    reports[i].rejected.assign(rejected[i].begin(), rejected[i].end());
+  }
+  return reports;
+}
+
 double TraceReplay::infinite_cache_hit_rate() const {
   return simulation::infinite_cache_hit_rate(requests_, block_hashes_, options_.engine.block_size);
 }
 
-simulation::PolicyReport TraceReplay::run(const std::string& label,
-                                          const plugins::RouterPlugins& plugins,
-                                          std::size_t policy_index) const {
-  std::map<std::string, std::size_t> failures;
+simulation::PolicyReport TraceReplay::run(
+    const std::string& label, const plugins::RouterPlugins& plugins, std::size_t policy_index,
+    std::vector<simulation::ReplayRequestOutcome>* outcomes_out) const {
   PolicyRun run{*this, requests_, block_hashes_, plugins};
-  const auto outcomes = run.run(policy_index, failures);
+  const auto outcomes = run.run(policy_index);
   simulation::PolicyReport report =
       simulation::make_policy_report(label, requests_.size(), outcomes, options_.workers);
-  report.failures.assign(failures.begin(), failures.end());
+  report.failures.assign(run.failures().begin(), run.failures().end());
+  std::map<std::string, std::size_t> rejected;
+  for (const auto& [index, code] : run.rejections()) ++rejected[std::string{as_str(code)}];
+  report.rejected.assign(rejected.begin(), rejected.end());
+  // make_policy_report counts every request without an outcome as failed; refusals are not.
+  report.failed -= std::min(report.failed, run.rejections().size());
+  if (!tenants_.empty()) report.tenants = tenant_reports(outcomes, run.rejections());
+  if (outcomes_out != nullptr) *outcomes_out = outcomes;
   if (report.makespan_s > 0) {
     report.utilization =
         run.busy_ms() / (1000.0 * report.makespan_s * static_cast<double>(options_.workers));

@@ -1,16 +1,23 @@
 // Deterministic discrete-event replay of a Mooncake trace through the real selection pipeline
 // and discovery core (the selector's state), with one simulated engine per worker, on a logical
 // clock. Used by `kvr replay` and the quickstart; equal inputs and seed give equal reports.
+// Admission runs as in a router node when the plugins configure it: the request classifier
+// (actors/classifier/admission_state.hpp) and the policy-class queue
+// (actors/selector/partition_queue.hpp), their timers on the same logical clock.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "deploy/replay/tenant_assignment.hpp"
 #include "deploy/simulation/engine_config.hpp"
 #include "deploy/simulation/mooncake_trace.hpp"
 #include "deploy/simulation/replay_report.hpp"
+#include "messages/error.hpp"
 #include "selection/plugin_registry.hpp"
 
 namespace kvr::replay {
@@ -32,6 +39,13 @@ struct ReplayOptions {
   double load_report_interval_ms = 50.0;
   /// Router settings other than the block size (kv-cost defaults, temperature, thresholds).
   plugins::worker_selection::RouterConfig router;
+  /// The busy threshold of the policy class `default` when the plugins configure no class of
+  /// that name (`--router-queue-threshold`): a fraction in (0, 1] of a worker's max batched
+  /// tokens. Empty: `default` never queues.
+  std::optional<double> queue_threshold;
+  /// A request waits at most this long for admission, and as long again in the policy-class
+  /// queue, then it is refused with `timeout` (a router node's first-token timeout).
+  std::chrono::milliseconds admission_max_wait{30'000};
   /// Called after each request is routed: (policy index, requests routed so far).
   std::function<void(std::size_t, std::size_t)> on_progress;
 };
@@ -40,26 +54,38 @@ struct ReplayOptions {
 class TraceReplay {
  public:
   /// Expands every request's hash ids into engine blocks (done once for all policies).
+  /// `tenants` names each request's tenant (empty: none), which classifiers see and the report
+  /// breaks the results down by.
   TraceReplay(std::string trace_name, std::vector<simulation::TraceRequest> requests,
-              ReplayOptions options);
+              ReplayOptions options, TenantAssignment tenants = {});
 
   /// The hit rate of one shared infinite cache over the trace: an upper bound for any router.
   double infinite_cache_hit_rate() const;
 
-  /// Replays the trace with the policy `plugins` selects for aggregated workers; `label` names
-  /// it in the report. `policy_index` is passed to the progress callback.
-  simulation::PolicyReport run(const std::string& label, const plugins::RouterPlugins& plugins,
-                               std::size_t policy_index = 0) const;
+  /// Replays the trace with the policy `plugins` selects for aggregated workers, and their request
+  /// classifier and policy classes; `label` names it in the report. `policy_index` is passed to
+  /// the progress callback. Latencies count from a request's arrival in the trace.
+  /// `outcomes`, when given, receives each completed request's outcome, by trace index.
+  simulation::PolicyReport run(
+      const std::string& label, const plugins::RouterPlugins& plugins, std::size_t policy_index = 0,
+      std::vector<simulation::ReplayRequestOutcome>* outcomes = nullptr) const;
 
   const std::string& trace_name() const { return trace_name_; }
   std::size_t size() const { return requests_.size(); }
   const ReplayOptions& options() const { return options_; }
+  const TenantAssignment& tenants() const { return tenants_; }
 
  private:
   std::string trace_name_;
   std::vector<simulation::TraceRequest> requests_;
   std::vector<std::vector<BlockHash>> block_hashes_;
+  /// Per tenant: requests, completions, TTFT and rejections.
+  std::vector<simulation::TenantReport> tenant_reports(
+      const std::vector<simulation::ReplayRequestOutcome>& outcomes,
+      const std::vector<std::pair<std::uint32_t, Error>>& rejections) const;
+
   ReplayOptions options_;
+  TenantAssignment tenants_;
 };
 
 }  // namespace kvr::replay

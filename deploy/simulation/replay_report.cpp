@@ -35,7 +35,30 @@ nlohmann::ordered_json latency_json(const LatencySummary& summary) {
   return json;
 }
 
+nlohmann::ordered_json counts_json(const NamedCounts& counts) {
+  // Sorted by name whatever the order the report holds them in; a name given twice adds up.
+  std::map<std::string, std::size_t> sorted;
+  for (const auto& [name, count] : counts) sorted[name] += count;
+  nlohmann::ordered_json json = nlohmann::ordered_json::object();
+  for (const auto& [name, count] : sorted) json[name] = count;
+  return json;
+}
+
+std::string counts_text(const NamedCounts& counts) {
+  std::string text;
+  for (const auto& [name, count] : counts) {
+    text += fmt::format("{}{} {}", text.empty() ? "" : ", ", name, count);
+  }
+  return text.empty() ? "none" : text;
+}
+
 }  // namespace
+
+std::size_t total(const NamedCounts& counts) {
+  std::size_t sum = 0;
+  for (const auto& [name, count] : counts) sum += count;
+  return sum;
+}
 
 LatencySummary summarize(std::vector<double> values) {
   LatencySummary summary;
@@ -129,6 +152,33 @@ std::string format_table(const ReplayReport& report) {
       "(latencies in ms of simulated time; hit = prompt tokens served from cache / prompt "
       "tokens; imbal = max/mean tokens served per worker; busy = share of time workers ran "
       "steps)\n";
+  // Only runs with admission or tenants have these, so other tables stay as they were.
+  const bool any_rejected = std::ranges::any_of(
+      report.policies, [](const PolicyReport& policy) { return !policy.rejected.empty(); });
+  if (any_rejected) {
+    table += "rejected by admission or the queue (answered, not failed):\n";
+    for (const PolicyReport& policy : report.policies) {
+      table += fmt::format("  {:<26} {} ({})\n", policy.policy, total(policy.rejected),
+                           counts_text(policy.rejected));
+    }
+  }
+  const bool any_tenants = std::ranges::any_of(
+      report.policies, [](const PolicyReport& policy) { return !policy.tenants.empty(); });
+  if (any_tenants) {
+    table += fmt::format("{:<26} {:<12} {:>9} {:>9} {:>9} {:>9} {:>9}  {}\n", "policy", "tenant",
+                         "requests", "completed", "rejected", "ttft p50", "ttft p99",
+                         "rejected by code");
+    for (const PolicyReport& policy : report.policies) {
+      for (const TenantReport& tenant : policy.tenants) {
+        std::string row =
+            fmt::format("{:<26} {:<12} {:>9} {:>9} {:>9} {:>9.1f} {:>9.1f}", policy.policy,
+                        tenant.tenant, tenant.requests, tenant.completed, total(tenant.rejected),
+                        tenant.ttft_ms.p50, tenant.ttft_ms.p99);
+        if (!tenant.rejected.empty()) row += "  " + counts_text(tenant.rejected);
+        table += row + "\n";
+      }
+    }
+  }
   return table;
 }
 
@@ -139,20 +189,27 @@ std::string to_json(const ReplayReport& report) {
     entry["completed"] = policy.completed;
     entry["e2e_ms"] = latency_json(policy.e2e_ms);
     entry["failed"] = policy.failed;
-    // Sorted by message whatever the order the report holds them in.
-    std::map<std::string, std::size_t> sorted_failures;
-    for (const auto& [message, count] : policy.failures) sorted_failures[message] += count;
-    nlohmann::ordered_json failures = nlohmann::ordered_json::object();
-    for (const auto& [message, count] : sorted_failures) failures[message] = count;
-    entry["failures"] = failures;
+    entry["failures"] = counts_json(policy.failures);
     entry["hit_rate"] = rounded(policy.hit_rate);
     entry["itl_ms"] = latency_json(policy.itl_ms);
     entry["load_imbalance"] = rounded(policy.load_imbalance);
     entry["makespan_s"] = rounded(policy.makespan_s);
     entry["output_tokens_per_s"] = rounded(policy.output_tokens_per_s);
     entry["policy"] = policy.policy;
+    entry["rejected"] = counts_json(policy.rejected);
     entry["requests"] = policy.requests;
     entry["requests_per_s"] = rounded(policy.requests_per_s);
+    nlohmann::ordered_json tenants = nlohmann::ordered_json::array();
+    for (const TenantReport& tenant : policy.tenants) {
+      nlohmann::ordered_json tenant_entry;
+      tenant_entry["completed"] = tenant.completed;
+      tenant_entry["rejected"] = counts_json(tenant.rejected);
+      tenant_entry["requests"] = tenant.requests;
+      tenant_entry["tenant"] = tenant.tenant;
+      tenant_entry["ttft_ms"] = latency_json(tenant.ttft_ms);
+      tenants.push_back(std::move(tenant_entry));
+    }
+    entry["tenants"] = std::move(tenants);
     entry["ttft_ms"] = latency_json(policy.ttft_ms);
     entry["utilization"] = rounded(policy.utilization);
     policies.push_back(std::move(entry));

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "deploy/simulation/engine.hpp"
@@ -26,7 +27,26 @@ LatencySummary summarize(std::vector<double> values);
 struct ReplayRequestOutcome {
   std::size_t trace_index = 0;
   WorkerWithDpRank worker;
+  /// stats.arrival_ms is the request's arrival at the router, so its latencies include any wait
+  /// for admission or in the queue.
   RequestStats stats;
+  /// When the router sent it to its worker (stats.arrival_ms when it did not wait); 0 if unknown.
+  double dispatched_ms = 0;
+};
+
+/// Counts by name (an error code, a failure message), sorted by name.
+using NamedCounts = std::vector<std::pair<std::string, std::size_t>>;
+
+/// One tenant's share of a policy's run.
+struct TenantReport {
+  std::string tenant;
+  /// The tenant's requests in the trace replayed.
+  std::size_t requests = 0;
+  std::size_t completed = 0;
+  /// From the request's arrival, admission and queue waits included.
+  LatencySummary ttft_ms;
+  /// The tenant's requests refused by admission or the queue, by error code.
+  NamedCounts rejected;
 };
 
 /// The result of one policy over one trace.
@@ -34,8 +54,11 @@ struct PolicyReport {
   std::string policy;
   std::size_t requests = 0;
   std::size_t completed = 0;
-  /// Requests the router could not place (explicit selection errors).
+  /// Requests the router could not place (explicit selection errors); rejections are not failures.
   std::size_t failed = 0;
+  /// Requests admission (the request classifier) or the policy-class queue refused, by error code
+  /// (e.g. rate_limited, overloaded, timeout): answered outcomes, counted apart from failures.
+  NamedCounts rejected;
   /// Prompt tokens served from cache / prompt tokens.
   double hit_rate = 0;
   LatencySummary ttft_ms;
@@ -52,11 +75,17 @@ struct PolicyReport {
   double utilization = 0;
   /// Selection failures by message, for diagnosis.
   std::vector<std::pair<std::string, std::size_t>> failures;
+  /// Per tenant, in the order the tenants were named; empty when the replay names none.
+  std::vector<TenantReport> tenants;
   /// Wall-clock seconds the replay of this policy took (not part of the JSON: it varies).
   double wall_seconds = 0;
 };
 
-/// Builds a report from outcomes; `workers` is the fleet size, for the imbalance figure.
+/// The total of `counts`.
+std::size_t total(const NamedCounts& counts);
+
+/// Builds a report from outcomes; `workers` is the fleet size, for the imbalance figure. Every
+/// request without an outcome counts as failed (subtract the rejections once they are known).
 PolicyReport make_policy_report(std::string policy, std::size_t requests,
                                 const std::vector<ReplayRequestOutcome>& outcomes,
                                 std::size_t workers);
@@ -74,7 +103,8 @@ struct ReplayReport {
   std::vector<PolicyReport> policies;
 };
 
-/// A fixed-width table with one row per policy.
+/// A fixed-width table with one row per policy; below it, when any policy has them, each policy's
+/// rejections by code and a table of its tenants.
 std::string format_table(const ReplayReport& report);
 
 /// Deterministic JSON (keys sorted, fixed float formatting): equal inputs give equal bytes.

@@ -1,6 +1,7 @@
 // `kvr replay` as a real process: equal runs write equal JSON reports, an unknown policy or a
 // malformed trace stops it with exit code 2 and a message naming the culprit, and --plot draws a
-// PNG through Debian's python3-matplotlib.
+// PNG through Debian's python3-matplotlib. With a classifier, tenants and --only-tenant it reports
+// rejections and tenants; bad tenant and queue flags stop it with exit code 2.
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -113,6 +114,66 @@ TEST_F(ReplayCliTest, PlotWritesAPngFile) {
   EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
   // Without --json the report went through a temporary file, which is gone again.
   EXPECT_FALSE(std::filesystem::exists(plot.string() + ".json.tmp"));
+}
+
+TEST_F(ReplayCliTest, AClassifierAndTenantsGiveCountedRejectionsPerTenant) {
+  const auto yaml = directory_.path() / "bucket.yaml";
+  {
+    std::ofstream output{yaml};
+    output << "request_classifier: {type: token-bucket, parameters: {rate_tokens_per_s: 2000, "
+              "burst_tokens: 20000}}\n";
+  }
+  const auto json_path = directory_.path() / "tenants.json";
+  const auto status =
+      replay("tenants", {"--limit", "200", "--workers", "4", "--speedup", "4", "--policies",
+                         "kv-cost", "--tenants", "heavy:3,light:1", "--router-policy-config",
+                         yaml.string(), "--json", json_path.string(), "--quiet"});
+  ASSERT_EQ(status, 0) << log("tenants");
+  const auto report = nlohmann::json::parse(read_file(json_path), nullptr, false);
+  ASSERT_TRUE(report.is_object());
+  const auto& policy = report["policies"][0];
+  const int rate_limited = policy["rejected"].value("rate_limited", 0);
+  EXPECT_GT(rate_limited, 0) << policy.dump();
+  EXPECT_EQ(policy["failed"], 0);
+  EXPECT_EQ(policy["completed"].get<int>() + rate_limited, 200);
+  ASSERT_EQ(policy["tenants"].size(), 2U);
+  EXPECT_EQ(policy["tenants"][0]["tenant"], "heavy");
+  EXPECT_EQ(policy["tenants"][0]["requests"], 150);
+  EXPECT_EQ(policy["tenants"][1]["requests"], 50);
+  const std::string output = log("tenants");
+  EXPECT_NE(output.find("rate_limited"), std::string::npos) << output;
+  EXPECT_EQ(output.find("not applied"), std::string::npos) << output;
+
+  // The light tenant alone: its 50 requests and nothing else.
+  const auto alone_path = directory_.path() / "alone.json";
+  ASSERT_EQ(replay("alone", {"--limit", "200", "--workers", "4", "--policies", "kv-cost",
+                             "--tenants", "heavy:3,light:1", "--only-tenant", "light", "--json",
+                             alone_path.string(), "--quiet"}),
+            0)
+      << log("alone");
+  const auto alone = nlohmann::json::parse(read_file(alone_path), nullptr, false);
+  EXPECT_EQ(alone["requests"], 50);
+  ASSERT_EQ(alone["policies"][0]["tenants"].size(), 1U);
+  EXPECT_EQ(alone["policies"][0]["tenants"][0]["tenant"], "light");
+  EXPECT_EQ(alone["policies"][0]["completed"], 50);
+}
+
+TEST_F(ReplayCliTest, BadTenantAndQueueFlagsExitWithTwoNamingThem) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{"--tenants", "heavy:0"}, "--tenants"},
+      {{"--tenants", "a:1,a:2"}, "named twice"},
+      {{"--tenants", "heavy:5,light:1", "--only-tenant", "medium"}, "--only-tenant"},
+      {{"--only-tenant", "light"}, "--tenants"},
+      {{"--router-queue-threshold", "0"}, "--router-queue-threshold"},
+      {{"--router-queue-threshold", "1.5"}, "--router-queue-threshold"},
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const std::string name = "bad" + std::to_string(i);
+    std::vector<std::string> arguments{"--limit", "10", "--policies", "kv-cost", "--quiet"};
+    arguments.insert(arguments.end(), cases[i].first.begin(), cases[i].first.end());
+    ASSERT_EQ(replay(name, arguments), 2) << log(name);
+    EXPECT_NE(log(name).find(cases[i].second), std::string::npos) << log(name);
+  }
 }
 
 }  // namespace

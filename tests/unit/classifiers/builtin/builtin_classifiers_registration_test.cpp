@@ -46,6 +46,8 @@ constexpr ClassifierCase kCases[] = {
      "{buckets: [{max_input_tokens: 512, policy_class: short}], default_class: long}",
      "{buckets: [{max_input_tokens: 512, policy_class: short, quantum: 4}]}", "quantum"},
     {"max-in-flight", "{max_in_flight: 32}", "{max_in_flight: 0}", "max_in_flight"},
+    {"tenant-class", "{tenants: [{tenant: heavy, policy_class: long}], default_class: short}",
+     "{tenants: [{tenant: heavy, policy_class: long, quantum: 4}]}", "quantum"},
     {"token-bucket", "{rate_tokens_per_s: 1000, burst_tokens: 4000, mode: defer}",
      "{rate_tokens_per_s: 1000, burst_tokens: 4000, mode: later}", "mode"},
 };

@@ -1,10 +1,15 @@
 // Trace replay through the selector state and simulated engines: equal inputs and seed give
 // byte-equal reports, cache-aware routing beats round-robin on conversations, the infinite-cache
 // ceiling bounds it, every request completes, and router-policy YAML instances can be replayed.
+// Admission runs in replay: a classifier caps or refuses requests (refusals are counted by code,
+// per tenant too), the policy-class queue holds requests while the fleet is busy and their TTFT
+// counts the wait, and tenant classes with deficit round robin protect a light tenant.
 #include "deploy/replay/trace_replay.hpp"
 
+#include <algorithm>
 #include <random>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "selection/config/router_policy_config.hpp"
@@ -105,8 +110,71 @@ class TraceReplayTest : public ::testing::Test {
     return simulation::to_json(report);
   }
 
+  // The plugins of a router-policy YAML (request classifier, policy classes, policies).
+  plugins::RouterPlugins plugins_from_yaml(std::string_view yaml) {
+    auto config = selection::parse_router_policy_config(yaml, "replay-test.yaml");
+    EXPECT_TRUE(config) << config.error();
+    if (!config) return plugins_for("kv-cost");
+    auto plugins = registry_.resolve_plugins(*config);
+    EXPECT_TRUE(plugins) << plugins.error().message();
+    return plugins ? std::move(*plugins) : plugins_for("kv-cost");
+  }
+
+  // One policy's report as JSON, tenants and rejections included.
+  static std::string report_json(const TraceReplay& replay, const plugins::RouterPlugins& plugins) {
+    simulation::ReplayReport report;
+    report.trace = replay.trace_name();
+    report.requests = replay.size();
+    report.workers = replay.options().workers;
+    report.seed = replay.options().seed;
+    report.policies.push_back(replay.run("admission", plugins));
+    return simulation::to_json(report);
+  }
+
   plugins::RouterPluginRegistry registry_;
 };
+
+// The most requests at the workers at once: each holds a worker from its dispatch to its
+// completion (a request ending at the time another is dispatched is no longer counted).
+std::size_t most_at_the_workers(const std::vector<simulation::ReplayRequestOutcome>& outcomes) {
+  std::vector<std::pair<double, int>> changes;
+  for (const auto& outcome : outcomes) {
+    changes.emplace_back(outcome.dispatched_ms, +1);
+    changes.emplace_back(outcome.stats.completion_ms, -1);
+  }
+  std::ranges::sort(changes);  // at equal times -1 sorts before +1
+  std::size_t current = 0;
+  std::size_t most = 0;
+  for (const auto& [time, change] : changes) {
+    current = change > 0 ? current + 1 : current - 1;
+    most = std::max(most, current);
+  }
+  return most;
+}
+
+// Requests of `blocks` blocks of their own (no shared prefix), all arriving within a few ms.
+std::vector<TraceRequest> burst_trace(std::size_t requests, std::uint32_t blocks) {
+  std::vector<TraceRequest> trace;
+  for (std::size_t i = 0; i < requests; ++i) {
+    TraceRequest request;
+    request.timestamp_ms = i;
+    for (std::uint32_t block = 0; block < blocks; ++block) {
+      request.hash_ids.push_back(static_cast<std::uint32_t>(i) * 100 + block);
+    }
+    request.input_length = blocks * simulation::kMooncakeTraceBlockSize;
+    request.output_length = 8;
+    trace.push_back(std::move(request));
+  }
+  return trace;
+}
+
+std::size_t count_of(const simulation::NamedCounts& counts, std::string_view name) {
+  std::size_t sum = 0;
+  for (const auto& [key, count] : counts) {
+    if (key == name) sum += count;
+  }
+  return sum;
+}
 
 TEST_F(TraceReplayTest, SameInputsAndSeedGiveByteIdenticalReports) {
   ReplayOptions replay_options = options(4, 7);
@@ -255,6 +323,165 @@ TEST_F(TraceReplayTest, InfiniteCacheHitRateCountsEveryRepeatedPrefix) {
   const TraceReplay replay{"repeat", {request, repeat}, options(1)};
   EXPECT_DOUBLE_EQ(replay.infinite_cache_hit_rate(), 960.0 / 2048.0);
   EXPECT_DOUBLE_EQ(TraceReplay("empty", {}, options(1)).infinite_cache_hit_rate(), 0.0);
+}
+
+TEST_F(TraceReplayTest, AMaxInFlightClassifierCapsTheRequestsAtTheWorkersAndAllComplete) {
+  const TraceReplay replay{"random", random_trace(60, 5), options(4)};
+  std::vector<simulation::ReplayRequestOutcome> uncapped;
+  (void)replay.run("kv-cost", plugins_for("kv-cost"), 0, &uncapped);
+  ASSERT_GT(most_at_the_workers(uncapped), 2U) << "the trace must be busy enough to cap";
+
+  const auto plugins = plugins_from_yaml(
+      "request_classifier: {type: max-in-flight, parameters: {max_in_flight: 2}}\n");
+  std::vector<simulation::ReplayRequestOutcome> capped;
+  const auto report = replay.run("max-in-flight", plugins, 0, &capped);
+  EXPECT_EQ(report.completed, replay.size());
+  EXPECT_EQ(report.failed, 0U);
+  EXPECT_TRUE(report.rejected.empty());
+  EXPECT_TRUE(report.failures.empty()) << report.failures.front().first;
+  EXPECT_EQ(most_at_the_workers(capped), 2U);
+  // The requests held back waited, and their TTFT counts the wait from their arrival.
+  const auto waited = std::ranges::count_if(
+      capped, [](const auto& outcome) { return outcome.dispatched_ms > outcome.stats.arrival_ms; });
+  EXPECT_GT(waited, 10);
+  for (const auto& outcome : capped) {
+    EXPECT_GT(outcome.stats.ttft_ms(), outcome.dispatched_ms - outcome.stats.arrival_ms);
+  }
+}
+
+TEST_F(TraceReplayTest, ATokenBucketInRejectModeGivesCountedRateLimitedOutcomes) {
+  // About 33 requests/s of about 2,800 tokens each, against a rate of 20,000 tokens/s.
+  const TraceReplay replay{"random", random_trace(120, 3), options(4)};
+  const auto plugins = plugins_from_yaml(
+      "request_classifier: {type: token-bucket, parameters: {rate_tokens_per_s: 20000, "
+      "burst_tokens: 8000}}\n");
+  const auto report = replay.run("token-bucket", plugins);
+  const std::size_t rate_limited = count_of(report.rejected, "rate_limited");
+  EXPECT_GT(rate_limited, 20U);
+  EXPECT_EQ(simulation::total(report.rejected), rate_limited) << "no other code";
+  EXPECT_EQ(report.completed + rate_limited, replay.size());
+  EXPECT_EQ(report.failed, 0U) << "a rejection is an answer, not a failure";
+  EXPECT_TRUE(report.failures.empty());
+  const std::string json = report_json(replay, plugins);
+  EXPECT_NE(json.find(fmt::format("\"rejected\": {{\n        \"rate_limited\": {}", rate_limited)),
+            std::string::npos)
+      << json;
+}
+
+TEST_F(TraceReplayTest, TheQueueHoldsRequestsWhileTheWorkerIsBusyAndTheirTtftCountsTheWait) {
+  // Ten 2,048-token prompts at once on one worker; busy above 5% of its 8,192 batched tokens, so
+  // one prefill at a time: the others wait in the router's queue, not in the engine.
+  const std::vector<TraceRequest> trace = burst_trace(10, 4);
+  ReplayOptions queued_options = options(1);
+  queued_options.queue_threshold = 0.05;
+  const TraceReplay queued{"burst", trace, queued_options};
+  const TraceReplay unqueued{"burst", trace, options(1)};
+  std::vector<simulation::ReplayRequestOutcome> outcomes;
+  const auto report = queued.run("queued", plugins_for("kv-cost"), 0, &outcomes);
+  std::vector<simulation::ReplayRequestOutcome> direct;
+  const auto direct_report = unqueued.run("direct", plugins_for("kv-cost"), 0, &direct);
+  EXPECT_EQ(report.completed, trace.size());
+  EXPECT_TRUE(report.rejected.empty());
+  ASSERT_EQ(outcomes.size(), trace.size());
+
+  double longest_wait = 0;
+  std::size_t waited = 0;
+  for (const auto& outcome : outcomes) {
+    EXPECT_DOUBLE_EQ(outcome.stats.arrival_ms,
+                     static_cast<double>(trace[outcome.trace_index].timestamp_ms));
+    const double wait = outcome.dispatched_ms - outcome.stats.arrival_ms;
+    EXPECT_GE(wait, 0.0);
+    if (wait > 0) ++waited;
+    longest_wait = std::max(longest_wait, wait);
+    EXPECT_GT(outcome.stats.ttft_ms(), wait) << "request " << outcome.trace_index;
+  }
+  EXPECT_GE(waited, 8U) << "all but the first request (or two) wait";
+  EXPECT_GT(report.ttft_ms.max, longest_wait);
+  // Without the queue nothing waits in the router.
+  for (const auto& outcome : direct) {
+    EXPECT_DOUBLE_EQ(outcome.dispatched_ms, outcome.stats.arrival_ms);
+  }
+  EXPECT_EQ(direct_report.completed, trace.size());
+}
+
+TEST_F(TraceReplayTest, RejectionsAndTtftAreReportedPerTenant) {
+  // heavy sends five times light's traffic; each tenant has its own bucket, which only heavy's
+  // rate exceeds.
+  const std::vector<TraceRequest> trace = random_trace(240, 8);
+  const auto tenants = parse_tenant_weights("heavy:5,light:1");
+  ASSERT_TRUE(tenants);
+  const TraceReplay replay{"random", trace, options(4), assign_tenants(*tenants, trace.size(), 0)};
+  const auto plugins = plugins_from_yaml(
+      "request_classifier: {type: token-bucket, parameters: {rate_tokens_per_s: 40000, "
+      "burst_tokens: 20000}}\n");
+  const auto report = replay.run("token-bucket", plugins);
+  ASSERT_EQ(report.tenants.size(), 2U);
+  const simulation::TenantReport& heavy = report.tenants[0];
+  const simulation::TenantReport& light = report.tenants[1];
+  EXPECT_EQ(heavy.tenant, "heavy");
+  EXPECT_EQ(light.tenant, "light");
+  EXPECT_EQ(heavy.requests, 200U);
+  EXPECT_EQ(light.requests, 40U);
+  EXPECT_GT(count_of(heavy.rejected, "rate_limited"), 0U);
+  EXPECT_TRUE(light.rejected.empty());
+  EXPECT_EQ(light.completed, 40U);
+  EXPECT_EQ(heavy.completed + count_of(heavy.rejected, "rate_limited"), 200U);
+  EXPECT_EQ(simulation::total(report.rejected), simulation::total(heavy.rejected));
+  EXPECT_GT(light.ttft_ms.p50, 0.0);
+  EXPECT_LE(light.ttft_ms.p50, light.ttft_ms.p99);
+}
+
+TEST_F(TraceReplayTest, TenantClassesWithDeficitRoundRobinProtectTheLightTenant) {
+  // Two workers overloaded by a heavy tenant sending five times the light tenant's traffic.
+  // Without classes the light tenant's requests wait behind the heavy ones in the engines; with a
+  // class per tenant and equal quanta they are dispatched as soon as a worker frees up.
+  const std::vector<TraceRequest> trace = random_trace(600, 21);
+  const auto tenants = parse_tenant_weights("heavy:5,light:1");
+  ASSERT_TRUE(tenants);
+  ReplayOptions replay_options = options(2);
+  replay_options.speedup = 3;
+  const TraceReplay replay{"random", trace, replay_options,
+                           assign_tenants(*tenants, trace.size(), 0)};
+  const auto shared = replay.run("shared", plugins_for("kv-cost"));
+  const auto classes = plugins_from_yaml(R"(
+request_classifier:
+  type: tenant-class
+  parameters:
+    tenants: [{tenant: heavy, policy_class: heavy}, {tenant: light, policy_class: light}]
+policy_classes:
+  - {name: heavy, quantum: 4096, prefill_busy_threshold_frac: 0.5}
+  - {name: light, quantum: 4096, prefill_busy_threshold_frac: 0.5}
+)");
+  const auto fair = replay.run("tenant-class", classes);
+  ASSERT_EQ(shared.tenants.size(), 2U);
+  ASSERT_EQ(fair.tenants.size(), 2U);
+  EXPECT_EQ(fair.tenants[1].completed + simulation::total(fair.tenants[1].rejected), 100U);
+  EXPECT_TRUE(fair.tenants[1].rejected.empty());
+  EXPECT_LT(fair.tenants[1].ttft_ms.p99, 0.5 * shared.tenants[1].ttft_ms.p99)
+      << "light p99 TTFT with classes " << fair.tenants[1].ttft_ms.p99 << " ms, without "
+      << shared.tenants[1].ttft_ms.p99 << " ms";
+}
+
+TEST_F(TraceReplayTest, AdmissionRunsGiveByteIdenticalReportsForEqualSeeds) {
+  const std::vector<TraceRequest> trace = random_trace(200, 4);
+  const auto tenants = parse_tenant_weights("a:2,b:1");
+  ASSERT_TRUE(tenants);
+  ReplayOptions replay_options = options(2, 9);
+  replay_options.speedup = 2;
+  replay_options.router.temperature = 0.5;
+  const auto plugins = plugins_from_yaml(R"(
+request_classifier: {type: max-in-flight, parameters: {max_in_flight: 6, per_tenant: true}}
+policy_classes:
+  - {name: default, quantum: 2048, prefill_busy_threshold_frac: 0.25}
+)");
+  const TraceReplay first{"random", trace, replay_options,
+                          assign_tenants(*tenants, trace.size(), 9)};
+  const TraceReplay second{"random", trace, replay_options,
+                           assign_tenants(*tenants, trace.size(), 9)};
+  const std::string json = report_json(first, plugins);
+  EXPECT_EQ(report_json(first, plugins), json);
+  EXPECT_EQ(report_json(second, plugins), json);
+  EXPECT_NE(json.find("\"tenant\": \"b\""), std::string::npos) << json;
 }
 
 }  // namespace

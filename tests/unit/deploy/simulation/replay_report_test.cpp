@@ -224,5 +224,50 @@ TEST(ReplayJsonTest, EqualReportsGiveEqualBytesWithFixedPrecision) {
   EXPECT_EQ(json.back(), '\n');
 }
 
+TEST(ReplayTableTest, RejectionsAndTenantsAreListedBelowTheTableOnlyWhenThereAreAny) {
+  ReplayReport report = sample_report();
+  EXPECT_EQ(format_table(report).find("rejected"), std::string::npos);
+  EXPECT_EQ(format_table(report).find("tenant"), std::string::npos);
+
+  report.policies[0].rejected = {{"overloaded", 3}, {"rate_limited", 12}};
+  TenantReport light{.tenant = "light", .requests = 4, .completed = 2};
+  light.ttft_ms.p50 = 12.5;
+  light.ttft_ms.p99 = 40;
+  light.rejected = {{"rate_limited", 2}};
+  report.policies[0].tenants = {light};
+  const std::string table = format_table(report);
+  EXPECT_NE(table.find("kv-cost                    15 (overloaded 3, rate_limited 12)"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("round-robin                0 (none)"), std::string::npos) << table;
+  EXPECT_NE(table.find("light                4         2         2      12.5      40.0  "
+                       "rate_limited 2\n"),
+            std::string::npos)
+      << table;
+}
+
+TEST(ReplayJsonTest, RejectionsAndTenantsAreCountedByCode) {
+  ReplayReport report = sample_report();
+  report.policies[0].rejected = {{"rate_limited", 12}, {"overloaded", 3}};
+  TenantReport heavy{.tenant = "heavy", .requests = 3, .completed = 1};
+  heavy.rejected = {{"rate_limited", 2}};
+  heavy.ttft_ms.p99 = 250;
+  report.policies[0].tenants = {heavy, TenantReport{.tenant = "light", .requests = 1}};
+  const auto parsed = nlohmann::ordered_json::parse(to_json(report));
+  expect_sorted_keys(parsed, "$");
+  const auto& policy = parsed["policies"][0];
+  EXPECT_EQ(policy["rejected"]["rate_limited"], 12);
+  EXPECT_EQ(policy["rejected"]["overloaded"], 3);
+  ASSERT_EQ(policy["tenants"].size(), 2U);
+  EXPECT_EQ(policy["tenants"][0]["tenant"], "heavy");
+  EXPECT_EQ(policy["tenants"][0]["requests"], 3);
+  EXPECT_EQ(policy["tenants"][0]["completed"], 1);
+  EXPECT_EQ(policy["tenants"][0]["rejected"]["rate_limited"], 2);
+  EXPECT_EQ(policy["tenants"][0]["ttft_ms"]["p99"], 250.0);
+  EXPECT_TRUE(policy["tenants"][1]["rejected"].empty());
+  EXPECT_TRUE(parsed["policies"][1]["rejected"].empty());
+  EXPECT_TRUE(parsed["policies"][1]["tenants"].empty());
+}
+
 }  // namespace
 }  // namespace kvr::simulation
