@@ -125,7 +125,8 @@ EngineLoad Engine::load() const {
   load.waiting_requests = waiting_.size();
   load.active_decode_blocks = pool_.active_blocks();
   load.active_prefill_tokens = pending_prefill_tokens_;
-  load.kv_blocks_used = pool_.active_blocks() + pool_.cached_blocks();
+  // As vLLM and SGLang report KV usage: evictable cached blocks count as free.
+  load.kv_blocks_used = pool_.active_blocks();
   load.total_blocks = pool_.total_blocks();
   return load;
 }

@@ -125,7 +125,8 @@ struct EngineLoad {
   /// Prompt tokens still to prefill: for running requests exactly; for waiting ones the prompt
   /// minus the prefix that was cached when they arrived (or were preempted).
   std::uint64_t active_prefill_tokens = 0;
-  /// Blocks holding KV: referenced ones plus cached, reusable ones.
+  /// Blocks held by requests (the referenced ones): the engine's KV usage as vLLM reports it,
+  /// where cached blocks that no request holds are free (evictable).
   std::uint64_t kv_blocks_used = 0;
   /// Blocks in the pool.
   std::uint64_t total_blocks = 0;
