@@ -168,7 +168,7 @@ TEST_F(JetStreamKvTest, AnExistingBucketKeepsItsSettings) {
   EXPECT_EQ(second->get("k")->value, "v");
 }
 
-TEST_F(JetStreamKvTest, ATtlBelowTheServersMinimumIsRefused) {
+TEST_F(JetStreamKvTest, ATtlBelowTheServersMinimumOf100MsIsRefused) {
   KvBucketOptions options;
   options.bucket = "kvr_test_short";
   options.ttl = 10ms;
