@@ -226,7 +226,7 @@ std::vector<OwnedPartition> LeaseKeeper::owned(Clock::time_point now) const {
   std::vector<OwnedPartition> result;
   for (const auto& [partition, held] : held_) {
     if (now - held.written_at < options_.renew_deadline) {
-      result.push_back({partition, held.revision});
+      result.push_back({partition, held.revision, held.written_at + options_.renew_deadline});
     }
   }
   return result;

@@ -125,6 +125,10 @@ using LeaseAction = std::variant<AcquireLease, RenewLease, ReleaseLease, Prepare
 struct OwnedPartition {
   std::string partition;
   std::uint64_t epoch = 0;  ///< the lease revision
+  /// The fence: the partition stops being owned at this instant unless a renewal succeeds
+  /// first. Hand it to the serving selector so that it stops on its own clock even when the
+  /// node's cluster code is stuck in a KV call.
+  std::chrono::steady_clock::time_point owned_until;
 
   friend bool operator==(const OwnedPartition&, const OwnedPartition&) = default;
 };

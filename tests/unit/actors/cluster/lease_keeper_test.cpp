@@ -491,7 +491,9 @@ TEST(LeaseKeeperTest, RenewalMovesTheEpochToTheNewRevision) {
   keeper.on_acquired("m/default", 5);
   keeper.step(start + kRenewInterval, members, partitions, LeaseTable{});
   keeper.on_renewed("m/default", 9);
-  EXPECT_EQ(keeper.owned(start + kRenewInterval), (std::vector<OwnedPartition>{{"m/default", 9}}));
+  EXPECT_EQ(
+      keeper.owned(start + kRenewInterval),
+      (std::vector<OwnedPartition>{{"m/default", 9, start + kRenewInterval + kRenewDeadline}}));
   // The deadline counts from when the renewal was sent.
   EXPECT_EQ(keeper.next_fence(), start + kRenewInterval + kRenewDeadline);
 }
