@@ -128,6 +128,9 @@ class NatsClient {
   bool connected() const;
   /// Successful reconnects since connect.
   std::uint64_t reconnects() const;
+  /// The nats.c connection, for APIs this class does not wrap (JetStream key-value,
+  /// actors/cluster/jetstream_kv.hpp). It stays owned by this client.
+  __natsConnection* native_handle() const { return connection_; }
 
  private:
   struct Callbacks;
