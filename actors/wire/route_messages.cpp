@@ -27,7 +27,65 @@ std::optional<InputTrigger> trigger_from(v1::InputTrigger trigger) {
   }
 }
 
+v1::InputTrigger trigger_to(InputTrigger trigger) {
+  switch (trigger) {
+    case InputTrigger::UserMessage:
+      return v1::INPUT_TRIGGER_USER_MESSAGE;
+    case InputTrigger::ToolResult:
+      return v1::INPUT_TRIGGER_TOOL_RESULT;
+    case InputTrigger::Other:
+      return v1::INPUT_TRIGGER_OTHER;
+  }
+  return v1::INPUT_TRIGGER_OTHER;
+}
+
 }  // namespace
+
+v1::RouteRequest encode_route_request(const RouteRequest& data) {
+  const selection::SelectionRequest& request = data.selection;
+  v1::RouteRequest wire;
+  wire.set_request_id(request.request_id);
+  wire.set_model(data.partition.model);
+  wire.set_routing_group(data.partition.routing_group);
+  wire.set_worker_role(to_wire(data.worker_type));
+  wire.set_tenant(data.tenant);
+  if (!data.prompt_token_ids.empty()) {
+    wire.mutable_tokens()->mutable_ids()->Add(data.prompt_token_ids.begin(),
+                                              data.prompt_token_ids.end());
+    wire.set_cache_namespace(data.cache_namespace);
+  } else {
+    auto* hashes = wire.mutable_block_hashes();
+    hashes->set_prompt_tokens(request.prompt_tokens);
+    hashes->mutable_hashes()->Add(request.block_hashes.begin(), request.block_hashes.end());
+  }
+  if (request.expected_output_tokens) {
+    wire.set_expected_output_tokens(*request.expected_output_tokens);
+  }
+  if (const auto& session = request.session) {
+    auto* metadata = wire.mutable_session();
+    metadata->set_session_id(std::string{session->session_id()});
+    if (const auto parent = session->parent_session_id()) {
+      metadata->set_parent_session_id(std::string{*parent});
+    }
+    if (const auto final_turn = session->session_final()) metadata->set_session_final(*final_turn);
+    if (const auto trigger = session->input_trigger()) {
+      metadata->set_input_trigger(trigger_to(*trigger));
+    }
+  }
+  wire.set_priority(request.strict_priority);
+  if (const auto& pinned = request.pinned_worker) {
+    auto* ref = wire.mutable_pinned_worker();
+    ref->set_worker_id(pinned->worker_id);
+    if (pinned->dp_rank) ref->set_dp_rank(*pinned->dp_rank);
+  }
+  wire.mutable_allowed_workers()->Add(request.allowed_workers.begin(),
+                                      request.allowed_workers.end());
+  for (const std::string& taint : request.required_taints) wire.add_required_taints(taint);
+  for (const auto& taint : request.preferred_taints) {
+    (*wire.mutable_preferred_taints())[taint.taint] = taint.weight;
+  }
+  return wire;
+}
 
 std::expected<RouteRequest, RouteFailure> decode_route_request(const v1::RouteRequest& wire,
                                                                const RouteDecodeLimits& limits) {

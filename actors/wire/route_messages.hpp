@@ -34,6 +34,11 @@ struct RouteDecodeLimits {
 std::expected<RouteRequest, RouteFailure> decode_route_request(
     const v1::RouteRequest& wire, const RouteDecodeLimits& limits = {});
 
+/// The wire form of a client's request as decode_route_request read it: what a node forwards to
+/// the partition's owner in a cluster. decode_route_request(encode_route_request(r)) gives `r`
+/// back (its client fields: admission and retry state are not part of the wire request).
+v1::RouteRequest encode_route_request(const RouteRequest& request);
+
 /// A decision that reports `error` for `request_id`.
 v1::RouteDecision make_route_error(std::string_view request_id, Error error,
                                    std::string_view message);

@@ -120,6 +120,68 @@ INSTANTIATE_TEST_SUITE_P(
                     "request_id"}),
     [](const auto& test_case) { return test_case.param.name; });
 
+// A node in a cluster forwards the request it decoded: encoding and decoding again loses nothing.
+TEST(RouteRequestTest, EncodingADecodedRequestGivesItBackWhole) {
+  v1::RouteRequest wire;
+  wire.set_request_id("r1");
+  wire.set_model("llama");
+  wire.set_routing_group("batch");
+  wire.set_worker_role(v1::WORKER_ROLE_PREFILL);
+  wire.set_tenant("acme");
+  for (std::uint32_t token : {5U, 6U, 7U}) wire.mutable_tokens()->add_ids(token);
+  wire.set_cache_namespace("lora-a");
+  wire.set_expected_output_tokens(64);
+  wire.mutable_session()->set_session_id("s1");
+  wire.mutable_session()->set_parent_session_id("s0");
+  wire.mutable_session()->set_session_final(true);
+  wire.mutable_session()->set_input_trigger(v1::INPUT_TRIGGER_TOOL_RESULT);
+  wire.set_priority(3);
+  wire.mutable_pinned_worker()->set_worker_id(9);
+  wire.mutable_pinned_worker()->set_dp_rank(1);
+  wire.add_allowed_workers(9);
+  wire.add_allowed_workers(10);
+  wire.add_required_taints("gpu");
+  (*wire.mutable_preferred_taints())["fast"] = 0.5;
+  (*wire.mutable_preferred_taints())["cheap"] = 0.25;
+  const auto decoded = decode_route_request(wire);
+  ASSERT_TRUE(decoded) << decoded.error().message;
+  const v1::RouteRequest encoded = encode_route_request(*decoded);
+  const auto again = decode_route_request(encoded);
+  ASSERT_TRUE(again) << again.error().message;
+  EXPECT_EQ(encoded.SerializeAsString(), encode_route_request(*again).SerializeAsString());
+  EXPECT_EQ(again->selection.request_id, "r1");
+  EXPECT_EQ(again->partition.routing_group, "batch");
+  EXPECT_EQ(again->worker_type, WorkerType::Prefill);
+  EXPECT_EQ(again->tenant, "acme");
+  EXPECT_EQ(again->prompt_token_ids, (std::vector<std::uint32_t>{5, 6, 7}));
+  EXPECT_EQ(again->cache_namespace, "lora-a");
+  EXPECT_EQ(again->selection.expected_output_tokens, 64U);
+  ASSERT_TRUE(again->selection.session);
+  EXPECT_EQ(again->selection.session->parent_session_id(), "s0");
+  EXPECT_EQ(again->selection.session->session_final(), true);
+  EXPECT_EQ(again->selection.session->input_trigger(), InputTrigger::ToolResult);
+  EXPECT_EQ(again->selection.strict_priority, 3U);
+  ASSERT_TRUE(again->selection.pinned_worker);
+  EXPECT_EQ(again->selection.pinned_worker->dp_rank, 1U);
+  EXPECT_EQ(again->selection.allowed_workers, (std::vector<WorkerId>{9, 10}));
+  EXPECT_EQ(again->selection.required_taints, std::vector<std::string>{"gpu"});
+  ASSERT_EQ(again->selection.preferred_taints.size(), 2U);
+  EXPECT_EQ(again->selection.preferred_taints[0].taint, "cheap");
+
+  // A block-hash prompt keeps its hashes and prompt length.
+  v1::RouteRequest hashed;
+  hashed.set_request_id("r2");
+  hashed.set_model("llama");
+  hashed.mutable_block_hashes()->set_prompt_tokens(40);
+  hashed.mutable_block_hashes()->add_hashes(11);
+  hashed.mutable_block_hashes()->add_hashes(12);
+  const auto from_hashes =
+      decode_route_request(encode_route_request(*decode_route_request(hashed)));
+  ASSERT_TRUE(from_hashes);
+  EXPECT_EQ(from_hashes->selection.prompt_tokens, 40U);
+  EXPECT_EQ(from_hashes->selection.block_hashes, (std::vector<BlockHash>{11, 12}));
+}
+
 TEST(RouteRequestTest, ErrorDecisionCarriesTheWireCode) {
   const auto decision = make_route_error("r", Error::no_workers, "none");
   EXPECT_EQ(decision.request_id(), "r");
