@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <expected>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include <caf/type_id.hpp>
 #include <caf/typed_actor.hpp>
 
+#include "actors/cluster/cluster_session.hpp"
 #include "actors/selector/selector_state.hpp"
 #include "actors/wire/generate_messages.hpp"
 #include "actors/wire/route_messages.hpp"
@@ -113,6 +115,16 @@ struct PartitionFleet {
   std::vector<plugins::request_classifier::ClassifierWorker> workers;
 };
 
+/// What this node's cluster actor learnt in its last step (cluster mode): the partitions it owns
+/// (each with its epoch and fence), those to warm up or drop, and who owns the others.
+struct ClusterView {
+  std::vector<cluster::OwnedPartition> owned;
+  std::vector<std::string> prepare;
+  std::vector<std::string> drop;
+  std::map<std::string, cluster::PartitionOwner> elsewhere;
+  std::vector<cluster::MemberRecord> members;
+};
+
 /// The selector's answer to a BookingUpdate.
 struct BookingUpdateReply {
   bool applied = false;
@@ -162,6 +174,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::GenerateEnvelope)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ChunkEnvelope)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ClassifierEvent)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::PartitionFleet)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ClusterView)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::RouteRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::WorkerLiveness)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::WorkerLoadReport)
@@ -200,6 +213,9 @@ CAF_ADD_ATOM(kvr_actors, kvr::actors, flush_atom, "flush")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, classify_atom, "classify")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, wake_atom, "wake")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, targets_atom, "targets")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, ownership_atom, "ownership")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, partition_atom, "partition")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, ready_atom, "ready")
 CAF_END_TYPE_ID_BLOCK(kvr_actors)
 
 namespace kvr::actors {
@@ -237,6 +253,8 @@ using route_target_actor = caf::typed_actor<
 
 /// The selector actor of one partition (actors/selector/selector_actor.hpp).
 using selector_actor = worker_feed_actor::extend_with<route_target_actor>::extend<
+    // cluster mode: the partition is owned until this time (its lease's fence)
+    caf::reacts_to<ownership_atom, std::chrono::steady_clock::time_point>,
     // internal: the expiry timer
     caf::reacts_to<expire_atom>,
     // internal: the queue's next due time or wait limit
@@ -254,6 +272,8 @@ using selector_subscriber_actor = caf::typed_actor<
 
 /// The directory actor (actors/directory/directory_actor.hpp).
 using directory_actor = worker_feed_actor::extend_with<route_target_actor>::extend<
+    // cluster mode: what this node owns, warms up or drops, from the cluster actor
+    caf::reacts_to<ownership_atom, ClusterView>,
     // after a NATS reconnect: ask every worker to register again
     caf::reacts_to<resync_atom>,
     // from a selector: these workers left; forwarded to the watchers
@@ -336,5 +356,35 @@ using ingress_actor = caf::typed_actor<
     caf::replies_to<report_atom, LifecycleReportMessage>::with<LifecycleAckMessage>,
     caf::replies_to<generate_atom, GenerateRequestMessage>::with<RouteDecisionMessage>,
     caf::reacts_to<cancel_atom, GenerateCancelMessage>>;
+
+// ---- cluster mode -------------------------------------------------------------------------------
+
+/// The forwarder actor (actors/cluster/forwarder_actor.hpp): in cluster mode, the NATS bridge's
+/// route, report and generate requests go through it; those whose partition (or lease) another
+/// node owns go to that node's ingress actor over CAF's middleman, the others to this node's.
+using forwarder_actor =
+    caf::typed_actor<caf::reacts_to<route_atom, RouteEnvelope>,
+                     caf::reacts_to<report_atom, ReportEnvelope>,
+                     caf::reacts_to<generate_atom, GenerateEnvelope>,
+                     // a client's cancel of a generate request, by request id
+                     caf::reacts_to<cancel_atom, std::string>,
+                     // a forwarded generate request's chunk, from the owner's ingress actor
+                     caf::reacts_to<chunk_atom, GenerateChunkMessage>,
+                     // the cluster actor's last step
+                     caf::reacts_to<ownership_atom, ClusterView>>;
+
+/// The cluster actor (actors/cluster/cluster_actor.hpp): this node's membership and partition
+/// leases in NATS JetStream, stepped on its own thread.
+using cluster_actor = caf::typed_actor<
+    // the directory learnt of a partition ("<model>/<routing group>")
+    caf::reacts_to<partition_atom, std::string>,
+    // the directory warmed a partition up (its selector runs and the workers were asked for
+    // their registrations)
+    caf::reacts_to<ready_atom, std::string>,
+    // from the node, once its actors run: whom to tell each step, and this node's middleman
+    // address ("host:port") for its member record; the first step follows
+    caf::reacts_to<targets_atom, directory_actor, forwarder_actor, std::string>,
+    // internal: the next step
+    caf::reacts_to<expire_atom>>;
 
 }  // namespace kvr::actors

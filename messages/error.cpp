@@ -32,6 +32,8 @@ std::string_view as_str(Error error) {
       return "rate_limited";
     case Error::due_time_expired:
       return "due_time_expired";
+    case Error::owner_lost:
+      return "owner_lost";
   }
   return "unknown_error";
 }
@@ -65,6 +67,8 @@ v1::RouteErrorCode to_route_error_code(Error error) {
       return v1::ROUTE_ERROR_RATE_LIMITED;
     case Error::due_time_expired:
       return v1::ROUTE_ERROR_DUE_TIME_EXPIRED;
+    case Error::owner_lost:
+      return v1::ROUTE_ERROR_OWNER_LOST;
   }
   return v1::ROUTE_ERROR_UNSPECIFIED;
 }

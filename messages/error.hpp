@@ -26,6 +26,7 @@ enum class Error : std::uint8_t {
   overloaded,           ///< refused by admission: too much work in flight or queued
   rate_limited,         ///< refused by admission: too many requests in a time window
   due_time_expired,     ///< refused by admission: the due time passed while deferred
+  owner_lost,           ///< cluster: the node that owns the partition went away mid-request
 };
 
 /// The snake_case name of an error code, e.g. "all_filtered".

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/actor_types.hpp"
+#include "actors/cluster/placement.hpp"
 #include "actors/metrics/node_metrics.hpp"
 
 namespace kvr::actors {
@@ -32,6 +33,8 @@ selector_actor selector_of_worker(Self self, WorkerId worker) {
   if (partition != state.worker_partition.end()) {
     const auto selector = state.selectors.find(partition->second);
     if (selector != state.selectors.end()) return selector->second;
+    // Cluster mode: a worker of a partition another node owns.
+    if (state.config.cluster) return {};
   }
   // A worker we never heard register (this node started after it, or the registration was lost).
   request_reregistration(self, false);
@@ -59,6 +62,70 @@ selector_actor spawn_selector(Self self, const PartitionKey& key) {
   return selector;
 }
 
+// Cluster mode: stops a selector whose partition this node no longer owns or warms up.
+void retire_selector(Self self, const PartitionKey& key) {
+  auto& state = self->state;
+  const auto it = state.selectors.find(key);
+  if (it == state.selectors.end()) return;
+  // Unlinked first: a retired selector's exit must not take the directory with it.
+  self->unlink_from(it->second);
+  self->send_exit(it->second, caf::exit_reason::user_shutdown);
+  state.selectors.erase(it);
+  // This node holds nothing of the partition any more.
+  const metrics::NodeMetrics metrics{*state.config.selector.metrics};
+  const std::string label = fmt::format("{}/{}", key.first, key.second);
+  metrics.workers(label).set(0);
+  metrics.bookings_open(label).set(0);
+  metrics.index_blocks(label).set(0);
+  for (const selector_subscriber_actor& subscriber : state.selector_subscribers) {
+    self->send(subscriber, selectors_atom::value, key.first, key.second, selector_actor{});
+  }
+  spdlog::info("kvr node: no longer serving partition {}/{}", key.first, key.second);
+}
+
+// Cluster mode: runs a selector for every partition owned or warming up, passes each owned
+// one its fence, retires the rest, and asks the workers to register again for new selectors.
+void apply_ownership(Self self, const ClusterView& view) {
+  auto& state = self->state;
+  std::map<PartitionKey, std::chrono::steady_clock::time_point> wanted;
+  bool unknown = false;
+  const auto key_of = [&](const std::string& partition) -> std::optional<PartitionKey> {
+    const auto known = state.known_partitions.find(partition);
+    if (known == state.known_partitions.end()) {
+      unknown = true;
+      return std::nullopt;
+    }
+    return known->second;
+  };
+  for (const cluster::OwnedPartition& owned : view.owned) {
+    if (auto key = key_of(owned.partition)) wanted[*key] = owned.owned_until;
+  }
+  for (const std::string& partition : view.prepare) {
+    if (auto key = key_of(partition)) wanted.try_emplace(*key);  // fenced: not owned yet
+  }
+  std::vector<PartitionKey> retired;
+  for (const auto& [key, selector] : state.selectors) {
+    if (!wanted.contains(key)) retired.push_back(key);
+  }
+  for (const PartitionKey& key : retired) retire_selector(self, key);
+  bool spawned = false;
+  for (const auto& [key, owned_until] : wanted) {
+    selector_actor selector = selector_of_partition(self, key);
+    if (!selector) {
+      selector = spawn_selector(self, key);
+      spawned = true;
+    }
+    self->send(selector, ownership_atom::value, owned_until);
+  }
+  // A new selector learns its workers from their registrations (and asks for their KV dumps).
+  if (spawned || unknown) request_reregistration(self, spawned);
+  for (const std::string& partition : view.prepare) {
+    if (state.known_partitions.contains(partition)) {
+      self->send(state.config.cluster, ready_atom::value, partition);
+    }
+  }
+}
+
 }  // namespace
 
 directory_actor::behavior_type directory_behavior(Self self, DirectoryActorConfig config) {
@@ -70,8 +137,17 @@ directory_actor::behavior_type directory_behavior(Self self, DirectoryActorConfi
         // A worker that moved to another partition (restarted with a new model or group) stops
         // renewing its old registration there, which then expires with its lease.
         selector_actor selector = selector_of_partition(self, key);
-        if (!selector) selector = spawn_selector(self, key);
         state.worker_partition[registration.worker_id] = key;
+        if (state.config.cluster) {
+          std::string partition = cluster::partition_key(key.first, key.second);
+          if (state.known_partitions.emplace(partition, key).second) {
+            self->send(state.config.cluster, partition_atom::value, std::move(partition));
+          }
+          // A partition another node owns: its workers' messages stop here.
+          if (!selector) return;
+        } else if (!selector) {
+          selector = spawn_selector(self, key);
+        }
         self->send(selector, worker_up_atom::value, std::move(registration));
       },
       [self](heartbeat_atom, const WorkerLiveness& heartbeat) {
@@ -103,6 +179,18 @@ directory_actor::behavior_type directory_behavior(Self self, DirectoryActorConfi
       [self](route_atom, RouteRequest& request) -> caf::result<SelectorReply> {
         auto selector =
             selector_of_partition(self, {request.partition.model, request.partition.routing_group});
+        if (!selector && self->state.config.cluster &&
+            self->state.known_partitions.contains(
+                cluster::partition_key(request.partition.model, request.partition.routing_group))) {
+          return SelectorReply{
+              std::unexpected(RouteFailure{
+                  Error::unavailable,
+                  fmt::format("partition {}/{} is not served by this node: another node owns "
+                              "it, or it is changing hands; retry",
+                              request.partition.model, request.partition.routing_group)}),
+              {},
+              {}};
+        }
         if (!selector) {
           return SelectorReply{
               std::unexpected(RouteFailure{
@@ -127,6 +215,7 @@ directory_actor::behavior_type directory_behavior(Self self, DirectoryActorConfi
         }
       },
       [self](resync_atom) { request_reregistration(self, true); },
+      [self](ownership_atom, const ClusterView& view) { apply_ownership(self, view); },
       [self](removed_atom, const std::vector<WorkerId>& removed) {
         auto& state = self->state;
         const auto sender = caf::actor_cast<caf::actor>(self->current_sender());

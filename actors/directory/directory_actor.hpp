@@ -22,6 +22,10 @@
 //                                                      selectors(model, group, selector) for every
 //                                                      partition, now and when one is spawned, so
 //                                                      that it can skip this actor's hop.
+// In cluster mode it runs selectors only for the partitions the cluster actor says this node owns
+// or warms up (ownership, with each owned partition's fence passed to its selector), drops the
+// worker messages of the others early, retires a selector whose partition it lost, and tells the
+// cluster actor of every partition it sees.
 // Messages from a worker it does not know (heartbeat, load, KV events) make it ask the workers to
 // register again (at most once per throttle period). Spawned by the router node. It must never
 // block, throw, touch a selector's state, or call NATS request().
@@ -48,6 +52,9 @@ struct DirectoryActorConfig {
   SelectorActorConfig selector;
   /// Workers are asked to register again at most this often.
   std::chrono::milliseconds reregistration_throttle{1000};
+  /// Cluster mode: told of every partition; a selector runs only for the partitions this node
+  /// owns or warms up (its ownership messages). Null: a node that owns every partition.
+  cluster_actor cluster;
 };
 
 /// The directory actor's state.
@@ -59,8 +66,10 @@ struct DirectoryActorState {
   std::chrono::steady_clock::time_point last_reregistration_request{};
   /// Told of every worker removal (removed_atom).
   std::vector<removal_watcher_actor> watchers;
-  /// Told of every selector (selectors_atom); selectors live as long as this actor.
+  /// Told of every selector (selectors_atom), and of a retired one (an invalid handle).
   std::vector<selector_subscriber_actor> selector_subscribers;
+  /// Cluster mode: every partition seen in a registration, by its placement key.
+  std::map<std::string, std::pair<std::string, std::string>> known_partitions;
 };
 
 /// The directory actor's behaviour.

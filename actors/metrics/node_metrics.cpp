@@ -101,6 +101,25 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
      {}},
     {N::kQueueWait, MetricType::Histogram,
      "Time a dispatched request waited in its queue, by policy class.", kQueueWaitBuckets},
+    {N::kClusterOwnedPartitions,
+     MetricType::Gauge,
+     "Partitions this node owns (cluster mode).",
+     {}},
+    {N::kClusterMembers, MetricType::Gauge, "Live cluster members, this node included.", {}},
+    {N::kClusterPartitionOwned,
+     MetricType::Gauge,
+     "1 while this node owns the partition (its lease held and renewed in time), else 0.",
+     {}},
+    {N::kClusterRenewFailures,
+     MetricType::Counter,
+     "Partition lease renewals that failed (the partition is lost at once).",
+     {}},
+    {N::kClusterForwards,
+     MetricType::Counter,
+     "Requests forwarded to the node that owns their partition or lease, by kind and outcome.",
+     {}},
+    {N::kClusterForwardLatency, MetricType::Histogram,
+     "Time from forwarding a request to its owner's answer.", kLatencyBuckets},
 });
 
 Labels one_label(std::string_view label, std::string_view value) {
@@ -201,6 +220,20 @@ ValueHandle NodeMetrics::queue_outcomes(std::string_view partition, std::string_
 }
 HistogramHandle NodeMetrics::queue_wait(std::string_view policy_class) const {
   return registry_->histogram(kQueueWait, {{"class", std::string{policy_class}}});
+}
+
+ValueHandle NodeMetrics::cluster_owned_partitions() const { return gauge(kClusterOwnedPartitions); }
+ValueHandle NodeMetrics::cluster_members() const { return gauge(kClusterMembers); }
+ValueHandle NodeMetrics::cluster_partition_owned(std::string_view partition) const {
+  return gauge(kClusterPartitionOwned, "partition", partition);
+}
+ValueHandle NodeMetrics::cluster_renew_failures() const { return counter(kClusterRenewFailures); }
+ValueHandle NodeMetrics::cluster_forwards(std::string_view kind, std::string_view outcome) const {
+  return registry_->counter(kClusterForwards,
+                            {{"kind", std::string{kind}}, {"outcome", std::string{outcome}}});
+}
+HistogramHandle NodeMetrics::cluster_forward_latency() const {
+  return registry_->histogram(kClusterForwardLatency);
 }
 
 ValueHandle NodeMetrics::discovery_requests() const { return counter(kDiscoveryRequests); }

@@ -53,6 +53,14 @@ class NodeMetrics {
   static constexpr std::string_view kQueueDepth = "kvr_queue_depth";
   static constexpr std::string_view kQueueOutcomes = "kvr_queue_outcomes_total";
   static constexpr std::string_view kQueueWait = "kvr_queue_wait_seconds";
+  // Cluster mode.
+  static constexpr std::string_view kClusterOwnedPartitions = "kvr_cluster_owned_partitions";
+  static constexpr std::string_view kClusterMembers = "kvr_cluster_members";
+  static constexpr std::string_view kClusterPartitionOwned = "kvr_cluster_partition_owned";
+  static constexpr std::string_view kClusterRenewFailures =
+      "kvr_cluster_lease_renew_failures_total";
+  static constexpr std::string_view kClusterForwards = "kvr_cluster_forwards_total";
+  static constexpr std::string_view kClusterForwardLatency = "kvr_cluster_forward_latency_seconds";
   // Discovery and NATS.
   static constexpr std::string_view kDiscoveryRequests = "kvr_discovery_requests_total";
   static constexpr std::string_view kBadMessages = "kvr_bad_messages_total";
@@ -115,6 +123,18 @@ class NodeMetrics {
                              std::string_view outcome) const;
   /// Time a dispatched request waited in its queue, by policy class.
   HistogramHandle queue_wait(std::string_view policy_class) const;
+
+  // Cluster mode.
+  ValueHandle cluster_owned_partitions() const;
+  ValueHandle cluster_members() const;
+  /// 1 while this node owns `partition` ("<model>/<routing group>"), else 0.
+  ValueHandle cluster_partition_owned(std::string_view partition) const;
+  ValueHandle cluster_renew_failures() const;
+  /// Requests forwarded to a partition's owner, by kind (route, report, generate) and outcome
+  /// (answered, owner_lost).
+  ValueHandle cluster_forwards(std::string_view kind, std::string_view outcome) const;
+  /// From forwarding a request to its owner's answer.
+  HistogramHandle cluster_forward_latency() const;
 
   // ---- discovery and NATS ----------------------------------------------------------------------
   ValueHandle discovery_requests() const;

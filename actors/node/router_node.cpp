@@ -1,5 +1,6 @@
 #include "actors/node/router_node.hpp"
 
+#include <cmath>
 #include <random>
 #include <thread>
 
@@ -8,6 +9,7 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/send.hpp>
+#include <caf/spawn_options.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -15,6 +17,8 @@
 
 #include "actors/actor_types.hpp"
 #include "actors/classifier/classifier_actor.hpp"
+#include "actors/cluster/cluster_actor.hpp"
+#include "actors/cluster/forwarder_actor.hpp"
 #include "actors/directory/directory_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/lifecycle/lifecycle_actor.hpp"
@@ -123,6 +127,16 @@ std::expected<void, std::string> NodeOptions::validate() const {
   if (queue_threshold && !(*queue_threshold > 0 && *queue_threshold <= 1)) {
     return std::unexpected("--router-queue-threshold: a fraction in (0, 1]");
   }
+  if (cluster.enabled) {
+    if (cluster.lease_ttl < std::chrono::milliseconds(300) ||
+        cluster.lease_ttl > std::chrono::minutes(1)) {
+      return std::unexpected("--cluster-lease-ttl-ms: between 300 ms and 60 s");
+    }
+    if (!(cluster.capacity > 0) || !std::isfinite(cluster.capacity)) {
+      return std::unexpected("--node-capacity: a positive number");
+    }
+    if (cluster.address.empty()) return std::unexpected("--cluster-address: empty");
+  }
   if (auto affinity = session_affinity.validate(); !affinity) {
     return std::unexpected(affinity.error());
   }
@@ -150,6 +164,12 @@ struct RouterNode::Impl {
   classifier_actor classifier;
   ingress_actor ingress;
   std::uint16_t actor_port = 0;
+  /// Cluster mode only.
+  std::shared_ptr<ClusterLink> cluster_link;
+  cluster_actor cluster;
+  forwarder_actor forwarder;
+  std::uint64_t incarnation = 0;
+  std::string cluster_address;
 
   // ---- the steps of RouterNode::start, in order ----------------------------------------------
 
@@ -166,6 +186,89 @@ struct RouterNode::Impl {
     return {};
   }
 
+  // Cluster mode: its own NATS connection and the two buckets (created when missing), so that a
+  // server without JetStream stops startup here with a clear error.
+  std::expected<void, std::string> join_cluster() {
+    if (!options.cluster.enabled) return {};
+    std::random_device device;
+    do {
+      incarnation = (std::uint64_t{device()} << 32) ^ device();
+    } while (incarnation == 0);
+    auto link = std::make_shared<ClusterLink>();
+    auto client = nats::NatsClient::connect(options.nats);
+    if (!client) return std::unexpected("cluster: " + client.error());
+    link->client = std::move(*client);
+    const auto bucket = [&](std::string name) {
+      return cluster::JetStreamKv::open_or_create(
+          link->client->native_handle(),
+          cluster::KvBucketOptions{.bucket = std::move(name),
+                                   .ttl = options.cluster.lease_ttl,
+                                   .timeout = options.cluster.lease_ttl / 6});
+    };
+    auto members = bucket(cluster::members_bucket(options.ns));
+    if (!members) return std::unexpected("cluster: " + members.error().message);
+    auto partitions = bucket(cluster::partitions_bucket(options.ns));
+    if (!partitions) return std::unexpected("cluster: " + partitions.error().message);
+    link->members = std::move(*members);
+    link->partitions = std::move(*partitions);
+    const auto ttl = options.cluster.lease_ttl;
+    link->leases = cluster::LeaseKeeperOptions{
+        .ttl = ttl, .renew_interval = ttl / 3, .renew_deadline = ttl * 2 / 3};
+    std::string node_id = options.cluster.node_id;
+    if (node_id.empty()) {
+      char host[256] = {};
+      (void)::gethostname(host, sizeof(host) - 1);
+      node_id = fmt::format("{}-{}", host, ::getpid());
+    }
+    link->self = cluster::MemberRecord{
+        .node_id = std::move(node_id),
+        .incarnation = incarnation,
+        .address = {},
+        .capacity = options.cluster.capacity,
+        .started_at_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count()};
+    cluster_link = std::move(link);
+    return {};
+  }
+
+  // Detached: every step blocks on KV calls.
+  void spawn_cluster() {
+    if (!cluster_link) return;
+    cluster =
+        system->spawn<caf::detached>(cluster_behavior, ClusterActorConfig{cluster_link, registry});
+  }
+
+  void spawn_forwarder() {
+    if (!cluster_link) return;
+    ForwarderActorConfig settings;
+    settings.node_id = cluster_link->self.node_id;
+    settings.classifier = classifier;
+    settings.reservation = reservation;
+    settings.lifecycle = lifecycle;
+    settings.publisher = bridge;
+    settings.metrics = registry;
+    // A forwarded request may wait in its owner's queue as long as a local one would.
+    settings.forward_timeout = selector_answer_timeout() + std::chrono::seconds(1);
+    forwarder = system->spawn(forwarder_behavior, std::move(settings));
+  }
+
+  // Publishes the ingress actor on the cluster address (peers forward to it) and starts the
+  // cluster actor's steps.
+  std::expected<void, std::string> start_cluster() {
+    if (!cluster_link) return {};
+    auto published = system->middleman().publish(ingress, options.cluster.port,
+                                                 options.cluster.address.c_str(), true);
+    if (!published) {
+      return std::unexpected(fmt::format("cluster: cannot publish on {}:{}: {}",
+                                         options.cluster.address, options.cluster.port,
+                                         system->render(published.error())));
+    }
+    cluster_address = fmt::format("{}:{}", options.cluster.address, *published);
+    caf::anon_send(cluster, targets_atom::value, directory, forwarder, cluster_address);
+    return {};
+  }
+
   void start_actor_system() {
     // One scheduler thread per core: the default max(4, cores) oversubscribes small machines.
     scheduler_threads = options.scheduler_threads != 0
@@ -179,6 +282,12 @@ struct RouterNode::Impl {
     // wake-ups.
     config.set("work-stealing.moderate-poll-attempts", 0);
     config.load<caf::io::middleman>();
+    if (options.cluster.enabled) {
+      // A hung peer (SIGSTOP) is detected within a second instead of never (CAF 0.17 has no
+      // request timeout towards a dead node by itself).
+      config.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(200)});
+      config.set("middleman.connection-timeout", caf::timespan{std::chrono::seconds(1)});
+    }
     config.add_message_types<caf::id_block::kvr_actors>();
     system = std::make_unique<caf::actor_system>(config);
   }
@@ -212,7 +321,10 @@ struct RouterNode::Impl {
     selector.affinity = options.session_affinity;
     selector.clock = options.clock;
     selector.classifier = classifier;  // the selectors feed its fleet load
-    directory = system->spawn(directory_behavior, DirectoryActorConfig{selector, {}});
+    selector.fenced = options.cluster.enabled;
+    // A handover takes one step of the successor, a takeover the lease TTL and a step.
+    selector.ownership_wait = options.cluster.lease_ttl;
+    directory = system->spawn(directory_behavior, DirectoryActorConfig{selector, {}, cluster});
   }
 
   // Admission in front of the reservation and lifecycle actors, only with a configured
@@ -242,7 +354,9 @@ struct RouterNode::Impl {
     settings.publisher = bridge;
     settings.metrics = registry;
     settings.log = log;
-    settings.lease_prefix = random_lease_prefix();
+    // In a cluster, a lease id names its node (by incarnation), so any node can forward a report.
+    settings.lease_prefix =
+        cluster_link ? cluster_lease_prefix(incarnation) : random_lease_prefix();
     settings.lease_ttl = options.lease_ttl;
     settings.selector_timeout = selector_answer_timeout();
     settings.tick_interval = options.tick_interval;
@@ -289,7 +403,30 @@ struct RouterNode::Impl {
 
   // Hands the bridge's decoded messages to the actors and subscribes.
   std::expected<void, std::string> start_bridge() {
-    return bridge->start(make_bridge_sinks(directory, reservation, lifecycle, classifier));
+    BridgeSinks sinks = make_bridge_sinks(directory, reservation, lifecycle, classifier);
+    if (forwarder) {
+      // Any node accepts any request: the forwarder serves it here or at its partition's owner.
+      sinks.route = [target = forwarder](RouteRequest request, std::string reply,
+                                         std::chrono::steady_clock::time_point received) {
+        caf::anon_send(target, route_atom::value,
+                       RouteEnvelope{std::move(request), std::move(reply), received});
+      };
+      sinks.report = [target = forwarder](LifecycleReportData report, std::string reply) {
+        caf::anon_send(target, report_atom::value,
+                       ReportEnvelope{std::move(report), std::move(reply)});
+      };
+      if (sinks.generate) {
+        sinks.generate = [target = forwarder](GenerateRequestData request, std::string reply,
+                                              std::chrono::steady_clock::time_point received) {
+          caf::anon_send(target, generate_atom::value,
+                         GenerateEnvelope{std::move(request), std::move(reply), received});
+        };
+        sinks.generate_cancel = [target = forwarder](std::string request_id) {
+          caf::anon_send(target, cancel_atom::value, std::move(request_id));
+        };
+      }
+    }
+    return bridge->start(std::move(sinks));
   }
 
   // Serves /metrics and /healthz, when asked (--metrics-port).
@@ -336,7 +473,7 @@ struct RouterNode::Impl {
     spdlog::info(
         "kvr node: namespace '{}', block size {}, lease ttl {} ms, first-token timeout {} ms, "
         "session affinity {}, request classifier {}, queue {}, {} scheduler threads; NATS {}; "
-        "metrics {}; actor port {}",
+        "metrics {}; actor port {}; cluster {}",
         options.ns,
         options.router.block_size != 0 ? std::to_string(options.router.block_size)
                                        : std::string{"learnt per partition"},
@@ -349,7 +486,10 @@ struct RouterNode::Impl {
         describe_queue(), scheduler_threads, options.nats.url,
         http ? fmt::format("http://{}:{}/metrics", options.bind_host, http->port())
              : std::string{"off"},
-        actor_port);
+        actor_port,
+        cluster_link ? fmt::format("node {} at {}, lease ttl {} ms", cluster_link->self.node_id,
+                                   cluster_address, options.cluster.lease_ttl.count())
+                     : std::string{"off"});
   }
 
   void shutdown() {
@@ -357,7 +497,12 @@ struct RouterNode::Impl {
     http.reset();
     if (system) {
       if (actor_port != 0) (void)system->middleman().unpublish(ingress, actor_port);
-      // The lifecycle actor first: it ends every client's stream with an explicit error.
+      // The cluster actor first: it hands its leases back, so the others take over at once.
+      if (cluster) caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
+      if (forwarder) caf::anon_send_exit(forwarder, caf::exit_reason::user_shutdown);
+      cluster = nullptr;
+      forwarder = nullptr;
+      // The lifecycle actor next: it ends every client's stream with an explicit error.
       caf::anon_send_exit(lifecycle, caf::exit_reason::user_shutdown);
       caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
       caf::anon_send_exit(reservation, caf::exit_reason::user_shutdown);
@@ -371,6 +516,7 @@ struct RouterNode::Impl {
       system->await_all_actors_done();
       system.reset();
     }
+    cluster_link.reset();
     bridge.reset();
   }
 };
@@ -393,19 +539,23 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   auto impl = std::make_unique<Impl>(std::move(options), std::move(plugins));
   metrics::NodeMetrics::describe(*impl->registry);
   if (auto connected = impl->connect_nats(); !connected) return std::unexpected(connected.error());
+  if (auto joined = impl->join_cluster(); !joined) return std::unexpected(joined.error());
   impl->start_actor_system();
   impl->spawn_classifier();  // first: the selectors tell it their KV usage
+  impl->spawn_cluster();     // before the directory, which tells it every partition
   impl->spawn_directory();
   impl->spawn_reservation();
   impl->spawn_lifecycle();
   impl->hand_classifier_targets();
   impl->spawn_ingress();
+  impl->spawn_forwarder();
   // From here on a failed step stops what the steps before it started.
   const auto fail = [&impl](std::string error) {
     impl->shutdown();
     return std::unexpected(std::move(error));
   };
   if (auto published = impl->publish_ingress(); !published) return fail(published.error());
+  if (auto joined = impl->start_cluster(); !joined) return fail(joined.error());
   if (auto started = impl->start_bridge(); !started) return fail(started.error());
   if (auto serving = impl->start_metrics_endpoint(); !serving) return fail(serving.error());
   impl->request_registrations();

@@ -22,6 +22,23 @@
 
 namespace kvr::actors {
 
+/// Cluster mode (`--cluster`): membership and partition leases in NATS JetStream, requests for
+/// partitions other nodes own forwarded to them over CAF's middleman.
+struct ClusterNodeOptions {
+  bool enabled = false;
+  /// Stable across restarts (placement hashes it); empty: "<hostname>-<pid>".
+  std::string node_id;
+  /// The middleman binds here (it has no authentication: a private address).
+  std::string address = "127.0.0.1";
+  /// 0: any free port (the member record carries the one bound).
+  std::uint16_t port = 0;
+  /// Placement weight: a node of capacity 2 owns about twice the partitions.
+  double capacity = 1.0;
+  /// A lease not renewed for this long ages out; renewals every third of it, and a node stops
+  /// serving a partition two thirds of it after its last successful renewal.
+  std::chrono::milliseconds lease_ttl{3000};
+};
+
 /// Everything a node is configured with (command line, environment, policy YAML).
 struct NodeOptions {
   nats::NatsOptions nats;
@@ -51,6 +68,7 @@ struct NodeOptions {
   /// when some class (this one, or one of the router-policy YAML's policy_classes) has a busy
   /// threshold; a queued request waits at most first_token_timeout.
   std::optional<double> queue_threshold;
+  ClusterNodeOptions cluster;
   /// Session affinity (`--router-session-affinity-*`); off unless a TTL is set.
   SessionAffinityOptions session_affinity;
   /// Where the node's actors read the time (leases, deadlines, latencies); tests inject one.

@@ -230,6 +230,24 @@ caf::result<SelectorReply> offer_to_queue(Self self, RouteRequest& request) {
   update_queue_gauges(self);
   return promise;
 }
+RouteFailure not_owned(Self self) {
+  return RouteFailure{Error::unavailable,
+                      fmt::format("partition {} is not owned by this node (its lease is not held "
+                                  "or not renewed in time); retry",
+                                  self->state.partition)};
+}
+
+// Cluster mode: refuses the requests that waited for the lease longer than ownership_wait.
+void answer_overdue_awaiting(Self self, TimePoint now) {
+  auto& awaiting = self->state.awaiting_ownership;
+  auto overdue =
+      std::ranges::partition(awaiting, [now](const auto& waiting) { return waiting.until > now; });
+  for (auto it = overdue.begin(); it != overdue.end(); ++it) {
+    it->promise.deliver(failure_reply(self, it->request, not_owned(self)));
+  }
+  awaiting.erase(overdue.begin(), overdue.end());
+}
+
 // Tells the classifier actor the partition's fleet after it changed (its block size and worker
 // ranks), for the context a model's classifier is created with.
 void send_fleet(Self self) {
@@ -276,6 +294,13 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
     self->delayed_send(self, state.config.tick_interval, expire_atom::value);
     // Shutdown: every waiting request gets an explicit answer.
     self->set_exit_handler([self](caf::exit_msg& message) {
+      for (auto& waiting : self->state.awaiting_ownership) {
+        waiting.promise.deliver(SelectorReply{
+            std::unexpected(RouteFailure{Error::unavailable, "the partition's selector stopped"}),
+            {},
+            {}});
+      }
+      self->state.awaiting_ownership.clear();
       for (auto& [ticket, promise] : self->state.queued_replies) {
         promise.deliver(SelectorReply{
             std::unexpected(RouteFailure{Error::unavailable, "the router node is shutting down"}),
@@ -300,6 +325,15 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
                        *change == discovery::RegistrationChange::added ? "joined" : "restarted",
                        state.partition);
           send_fleet(self);
+          // A partition that changed hands: the new owner rebuilds the index from dumps.
+          if (state.config.fenced) {
+            const auto* entry = state.selector->partition_workers().catalog().find(id);
+            if (entry != nullptr && entry->registration.publishes_kv_events) {
+              for (DpRank rank = 0; rank < entry->registration.data_parallel_size; ++rank) {
+                request_dump(self, {id, rank});
+              }
+            }
+          }
           drain_queue(self);
         }
         update_gauges(self);
@@ -357,6 +391,18 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
       },
       [self](route_atom, RouteRequest& request) -> caf::result<SelectorReply> {
         auto& state = self->state;
+        if (state.config.fenced && state.config.clock->now() >= state.owned_until) {
+          // A handover or takeover in progress: the lease is about to be this node's.
+          constexpr std::size_t kMaxAwaiting = 10'000;
+          if (state.awaiting_ownership.size() >= kMaxAwaiting) {
+            return failure_reply(self, request, not_owned(self));
+          }
+          auto promise = self->make_response_promise<SelectorReply>();
+          state.awaiting_ownership.push_back(
+              {std::move(request), promise,
+               state.config.clock->now() + state.config.ownership_wait});
+          return promise;
+        }
         if (state.selector->expire_bookings(state.config.clock->now(), kExpiriesPerRequest) > 0) {
           drain_queue(self);
         }
@@ -393,8 +439,25 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
         }
         // Expired bookings free capacity; a removed worker's waiting requests get their answer.
         drain_queue(self);
+        answer_overdue_awaiting(self, now);
         update_gauges(self);
         self->delayed_send(self, state.config.tick_interval, expire_atom::value);
+      },
+      [self](ownership_atom, TimePoint owned_until) {
+        auto& state = self->state;
+        state.owned_until = owned_until;
+        if (state.config.clock->now() >= owned_until || state.awaiting_ownership.empty()) return;
+        auto awaiting = std::move(state.awaiting_ownership);
+        state.awaiting_ownership.clear();
+        for (auto& waiting : awaiting) {
+          if (state.queue) {
+            // Through the mailbox: the queue decides as for any newcomer.
+            waiting.promise.delegate(caf::actor_cast<selector_actor>(self), route_atom::value,
+                                     std::move(waiting.request));
+          } else {
+            waiting.promise.deliver(route_request(self, waiting.request));
+          }
+        }
       },
       [self](wake_atom) {
         auto& state = self->state;

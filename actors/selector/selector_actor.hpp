@@ -82,6 +82,12 @@ struct SelectorActorConfig {
   std::vector<classifiers::PolicyClassConfig> policy_classes;
   /// A request waits in the queue at most this long, then is refused with `timeout`.
   std::chrono::milliseconds queue_max_wait{30'000};
+  /// Cluster mode: the selector routes only while its partition's lease fence (ownership
+  /// messages) lies ahead, and asks every worker that joins for its KV dump. A request that
+  /// arrives while the partition is not (or not yet) owned here waits up to ownership_wait for
+  /// the lease (a handover or takeover in progress), then is refused with `unavailable`.
+  bool fenced = false;
+  std::chrono::milliseconds ownership_wait{3000};
 };
 
 /// The selector actor's state.
@@ -103,6 +109,15 @@ struct SelectorActorState {
   QueueTicket next_ticket = 1;
   /// The time the wake message on its way is for; empty: none.
   std::optional<TimePoint> wake_armed_for;
+  /// Cluster mode: the partition is this node's until then.
+  TimePoint owned_until{};
+  /// Cluster mode: requests waiting for the partition's lease, oldest first.
+  struct AwaitingOwnership {
+    RouteRequest request;
+    caf::typed_response_promise<SelectorReply> promise;
+    TimePoint until;
+  };
+  std::vector<AwaitingOwnership> awaiting_ownership;
   /// The series written per request, resolved once.
   struct Series {
     metrics::ValueHandle bookings_open;

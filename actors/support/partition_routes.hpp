@@ -24,8 +24,13 @@ class PartitionRoutes {
 
   const route_target_actor& directory() const { return directory_; }
 
-  /// Records a selector the directory announced.
+  /// Records a selector the directory announced; an invalid handle: the partition's selector
+  /// was retired (cluster mode), so its requests go to the directory again.
   void learn(std::string model, std::string routing_group, const selector_actor& selector) {
+    if (!selector) {
+      selectors_.erase(std::pair{std::move(model), std::move(routing_group)});
+      return;
+    }
     selectors_[std::pair{std::move(model), std::move(routing_group)}] = selector;
   }
 

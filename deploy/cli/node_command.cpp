@@ -32,6 +32,7 @@ struct NodeCommandOptions {
   std::optional<std::uint16_t> metrics_port;
   std::optional<std::uint16_t> actor_port;
   std::optional<double> queue_threshold;  // unset: the class `default` never queues
+  std::uint64_t cluster_lease_ttl_ms = 3000;
 };
 
 // More scheduler threads than this only contend for the cores (and thousands take minutes to
@@ -82,6 +83,8 @@ int run_node(NodeCommandOptions options) {
   options.node.metrics_port = options.metrics_port.value_or(0);
   options.node.actor_port = options.actor_port.value_or(0);
   options.node.queue_threshold = options.queue_threshold;
+  options.node.cluster.lease_ttl = std::chrono::milliseconds(
+      static_cast<std::int64_t>(std::min<std::uint64_t>(options.cluster_lease_ttl_ms, 60'000)));
   options.node.lease_ttl = std::chrono::milliseconds(
       static_cast<std::int64_t>(std::llround(options.lease_ttl_secs * 1000)));
   const auto mode = actors::parse_session_affinity_mode(options.session_affinity_mode);
@@ -203,6 +206,50 @@ void add_node_command(CLI::App& app, int& exit_code) {
             return {};
           },
           "FRACTION in (0, 1]"));
+  const std::string cluster_group = "Cluster";
+  command
+      ->add_flag("--cluster", options->node.cluster.enabled,
+                 "join the router cluster of the namespace: partitions are placed across the "
+                 "nodes (NATS JetStream key-value buckets; the server must run with -js), and "
+                 "requests for partitions another node owns are forwarded to it")
+      ->envname("KVR_CLUSTER")
+      ->group(cluster_group);
+  command
+      ->add_option("--node-id", options->node.cluster.node_id,
+                   "this node's id in the cluster, stable across restarts; unset: "
+                   "<hostname>-<pid>")
+      ->envname("KVR_NODE_ID")
+      ->group(cluster_group);
+  command
+      ->add_option("--cluster-address", options->node.cluster.address,
+                   "the private address the cluster's CAF middleman binds to (it has no "
+                   "authentication)")
+      ->envname("KVR_CLUSTER_ADDRESS")
+      ->capture_default_str()
+      ->group(cluster_group);
+  command
+      ->add_option("--cluster-port", options->node.cluster.port,
+                   "the middleman's port; 0: any free one (peers learn it from the members "
+                   "bucket)")
+      ->envname("KVR_CLUSTER_PORT")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65'535))
+      ->group(cluster_group);
+  command
+      ->add_option("--node-capacity", options->node.cluster.capacity,
+                   "placement weight: a node of capacity 2 owns about twice the partitions")
+      ->envname("KVR_NODE_CAPACITY")
+      ->capture_default_str()
+      ->check(finite_range(0.01, 1000))
+      ->group(cluster_group);
+  command
+      ->add_option("--cluster-lease-ttl-ms", options->cluster_lease_ttl_ms,
+                   "a partition lease not renewed for this long ages out and another node takes "
+                   "it; the owner stops serving it two thirds of it after its last renewal")
+      ->envname("KVR_CLUSTER_LEASE_TTL_MS")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{300}, std::uint64_t{60'000}))
+      ->group(cluster_group);
   command
       ->add_option("--metrics-port", options->metrics_port,
                    "serve /metrics and /healthz on 127.0.0.1:P, bound exclusively (a port in use "

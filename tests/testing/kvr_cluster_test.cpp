@@ -5,14 +5,16 @@
 namespace kvr::testing {
 
 KvrClusterTest::KvrClusterTest(std::string binary, std::string ns,
-                               actors::nats::NatsOptions client_options)
+                               actors::nats::NatsOptions client_options,
+                               std::vector<std::string> server_args)
     : binary_(std::move(binary)),
       namespace_(std::move(ns)),
-      client_options_(std::move(client_options)) {}
+      client_options_(std::move(client_options)),
+      server_args_(std::move(server_args)) {}
 
 void KvrClusterTest::SetUp() {
   std::string error;
-  server_ = NatsServer::start(&error);
+  server_ = NatsServer::start(&error, std::nullopt, server_args_);
   ASSERT_TRUE(server_) << error;
   client_options_.url = server_->url();
   auto client = actors::nats::NatsClient::connect(client_options_);

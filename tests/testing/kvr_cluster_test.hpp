@@ -21,7 +21,9 @@ class KvrClusterTest : public ::testing::Test {
  protected:
   /// `binary` is the kvr executable, `ns` the namespace of every process; `client_options` are
   /// the client's (its URL is the server's).
-  KvrClusterTest(std::string binary, std::string ns, actors::nats::NatsOptions client_options = {});
+  /// `server_args` go to the nats-server (e.g. {"-js"}).
+  KvrClusterTest(std::string binary, std::string ns, actors::nats::NatsOptions client_options = {},
+                 std::vector<std::string> server_args = {});
 
   void SetUp() override;
 
@@ -34,6 +36,7 @@ class KvrClusterTest : public ::testing::Test {
   std::string binary_;
   std::string namespace_;
   actors::nats::NatsOptions client_options_;
+  std::vector<std::string> server_args_;
 };
 
 }  // namespace kvr::testing

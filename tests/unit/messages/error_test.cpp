@@ -15,6 +15,7 @@ TEST(ErrorTest, MapsToWireCodes) {
   EXPECT_EQ(to_route_error_code(Error::overloaded), v1::ROUTE_ERROR_OVERLOADED);
   EXPECT_EQ(to_route_error_code(Error::rate_limited), v1::ROUTE_ERROR_RATE_LIMITED);
   EXPECT_EQ(to_route_error_code(Error::due_time_expired), v1::ROUTE_ERROR_DUE_TIME_EXPIRED);
+  EXPECT_EQ(to_route_error_code(Error::owner_lost), v1::ROUTE_ERROR_OWNER_LOST);
 }
 
 // The admission codes were appended: the numbers clients already know keep their meaning.
@@ -28,11 +29,14 @@ TEST(ErrorTest, AdmissionCodesAreAppendedToBothEnums) {
   EXPECT_EQ(v1::ROUTE_ERROR_RATE_LIMITED, 10);
   EXPECT_EQ(v1::ROUTE_ERROR_DUE_TIME_EXPIRED, 11);
   EXPECT_EQ(as_str(Error::due_time_expired), "due_time_expired");
+  EXPECT_EQ(static_cast<int>(Error::owner_lost), 15);
+  EXPECT_EQ(v1::ROUTE_ERROR_OWNER_LOST, 12);
+  EXPECT_FALSE(is_admission_rejection(v1::ROUTE_ERROR_OWNER_LOST));
 }
 
 TEST(ErrorTest, EveryCodeHasAName) {
   for (int code = static_cast<int>(Error::invalid_request);
-       code <= static_cast<int>(Error::due_time_expired); ++code) {
+       code <= static_cast<int>(Error::owner_lost); ++code) {
     EXPECT_NE(as_str(static_cast<Error>(code)), "unknown_error") << code;
   }
 }

@@ -1,0 +1,382 @@
+#include "actors/cluster/forwarder_actor.hpp"
+
+#include <charconv>
+
+#include <caf/io/middleman.hpp>
+#include <caf/io/middleman_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "actors/cluster/placement.hpp"
+#include "actors/lifecycle/request_lifecycle.hpp"
+#include "actors/metrics/node_metrics.hpp"
+#include "actors/wire/generate_messages.hpp"
+#include "actors/wire/route_messages.hpp"
+
+namespace kvr::actors {
+namespace {
+
+using Self = forwarder_actor::stateful_pointer<ForwarderActorState>;
+using Clock = std::chrono::steady_clock;
+
+metrics::NodeMetrics node_metrics(Self self) {
+  return metrics::NodeMetrics{*self->state.config.metrics};
+}
+
+void publish(Self self, const std::string& subject, const std::string& bytes) {
+  if (!subject.empty()) self->state.config.publisher->publish(subject, bytes);
+}
+
+// The node that owns `partition` when it is not this one; empty: serve it here (this node owns
+// it, or nobody is known to).
+std::string remote_owner(Self self, const std::string& partition) {
+  auto& state = self->state;
+  if (state.owned.contains(partition)) return {};
+  const auto owner = state.view.elsewhere.find(partition);
+  if (owner == state.view.elsewhere.end() || owner->second.node_id == state.config.node_id) {
+    return {};
+  }
+  return owner->second.node_id;
+}
+
+std::string partition_of(const RouteRequest& request) {
+  return cluster::partition_key(request.partition.model, request.partition.routing_group);
+}
+
+// Runs `use` with the peer's ingress actor, connecting first when needed; an invalid handle when
+// the peer cannot be reached.
+void with_peer(Self self, const std::string& node_id,
+               std::function<void(const ingress_actor&)> use) {
+  auto& state = self->state;
+  auto& peer = state.peers[node_id];
+  const auto address = state.address_by_node.find(node_id);
+  if (address != state.address_by_node.end() && address->second != peer.address) {
+    peer.address = address->second;  // restarted elsewhere: connect again
+    peer.ingress = nullptr;
+  }
+  if (peer.ingress) return use(peer.ingress);
+  peer.waiting.push_back(std::move(use));
+  if (peer.connecting) return;
+  const auto colon = peer.address.rfind(':');
+  std::uint16_t port = 0;
+  if (colon == std::string::npos || std::from_chars(peer.address.data() + colon + 1,
+                                                    peer.address.data() + peer.address.size(), port)
+                                            .ec != std::errc{}) {
+    spdlog::warn("kvr node: cluster: member {} has no usable address '{}'", node_id, peer.address);
+    auto waiting = std::move(peer.waiting);
+    for (auto& callback : waiting) callback(ingress_actor{});
+    return;
+  }
+  peer.connecting = true;
+  const std::string host = peer.address.substr(0, colon);
+  self->request(self->system().middleman().actor_handle(), state.config.connect_timeout,
+                caf::connect_atom::value, host, port)
+      .then(
+          [self, node_id](const caf::node_id&, caf::strong_actor_ptr& handle,
+                          const std::set<std::string>&) {
+            auto& connected = self->state.peers[node_id];
+            connected.connecting = false;
+            connected.ingress = caf::actor_cast<ingress_actor>(std::move(handle));
+            if (connected.ingress) self->monitor(connected.ingress);
+            auto waiting = std::move(connected.waiting);
+            for (auto& callback : waiting) callback(connected.ingress);
+          },
+          [self, node_id](caf::error& error) {
+            auto& failed = self->state.peers[node_id];
+            failed.connecting = false;
+            spdlog::warn("kvr node: cluster: cannot reach member {} at {}: {}", node_id,
+                         failed.address, self->system().render(error));
+            auto waiting = std::move(failed.waiting);
+            for (auto& callback : waiting) callback(ingress_actor{});
+          });
+}
+
+// ---- route ----------------------------------------------------------------------------------
+
+void route_locally(Self self, RouteEnvelope envelope) {
+  const auto& config = self->state.config;
+  // Anonymous: the local actors answer the client on its reply subject, not this actor.
+  if (config.classifier) {
+    caf::anon_send(config.classifier, route_atom::value, std::move(envelope));
+  } else {
+    caf::anon_send(config.reservation, route_atom::value, std::move(envelope));
+  }
+}
+
+void forward_route(Self self, RouteEnvelope envelope, const std::string& owner, bool retried);
+
+// Serves a route request here, forwards it to its partition's owner, or (once) holds it for the
+// next view when neither this node nor a known other one owns the partition.
+void dispatch_route(Self self, RouteEnvelope envelope, bool retried) {
+  const std::string partition = partition_of(envelope.request);
+  const std::string owner = remote_owner(self, partition);
+  if (!owner.empty()) return forward_route(self, std::move(envelope), owner, retried);
+  if (!retried && !self->state.owned.contains(partition)) {
+    self->state.awaiting_view.push_back(std::move(envelope));
+    return;
+  }
+  route_locally(self, std::move(envelope));
+}
+
+void forward_route(Self self, RouteEnvelope envelope, const std::string& owner, bool retried) {
+  auto shared = std::make_shared<RouteEnvelope>(std::move(envelope));
+  with_peer(self, owner, [self, shared, owner, retried](const ingress_actor& ingress) {
+    const auto lost = [self, shared, owner](const std::string& why) {
+      node_metrics(self).cluster_forwards("route", "owner_lost").add();
+      node_metrics(self).route_errors(Error::owner_lost).add();
+      publish(self, shared->reply_subject,
+              make_route_error(
+                  shared->request.id(), Error::owner_lost,
+                  fmt::format("the partition's owner, node {}, did not answer: {}", owner, why))
+                  .SerializeAsString());
+    };
+    if (!ingress) return lost("it cannot be reached");
+    const auto started = Clock::now();
+    self->request(ingress, self->state.config.forward_timeout, route_atom::value,
+                  RouteRequestMessage{encode_route_request(shared->request)})
+        .then(
+            [self, shared, started, retried](RouteDecisionMessage& decision) {
+              // Not (or no longer) its partition: the next view names the new owner.
+              if (!retried && decision.value.has_error() &&
+                  decision.value.error().code() == v1::ROUTE_ERROR_UNAVAILABLE) {
+                self->state.awaiting_view.push_back(std::move(*shared));
+                return;
+              }
+              const std::chrono::duration<double> took = Clock::now() - started;
+              node_metrics(self).cluster_forward_latency().observe(took.count());
+              node_metrics(self).cluster_forwards("route", "answered").add();
+              publish(self, shared->reply_subject, decision.value.SerializeAsString());
+            },
+            [self, lost](caf::error& error) { lost(self->system().render(error)); });
+  });
+}
+
+// ---- report ---------------------------------------------------------------------------------
+
+v1::LifecycleReport encode_report(const LifecycleReportData& report) {
+  v1::LifecycleReport wire;
+  wire.set_lease_id(report.lease_id);
+  switch (report.event) {
+    case LifecycleEventKind::FirstToken:
+      wire.set_event(v1::LIFECYCLE_EVENT_FIRST_TOKEN);
+      break;
+    case LifecycleEventKind::Completed:
+      wire.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
+      break;
+    case LifecycleEventKind::Aborted:
+      wire.set_event(v1::LIFECYCLE_EVENT_ABORTED);
+      break;
+  }
+  wire.set_error(report.error);
+  return wire;
+}
+
+// The node whose lease `lease_id` is; empty: this one, or unknown (served here, which refuses
+// a lease it does not hold).
+std::string lease_owner(Self self, const std::string& lease_id) {
+  const auto dash = lease_id.find('-');
+  if (dash == std::string::npos) return {};
+  const auto node = self->state.node_by_lease_prefix.find(lease_id.substr(0, dash));
+  if (node == self->state.node_by_lease_prefix.end() ||
+      node->second == self->state.config.node_id) {
+    return {};
+  }
+  return node->second;
+}
+
+void forward_report(Self self, ReportEnvelope envelope, const std::string& owner) {
+  auto shared = std::make_shared<ReportEnvelope>(std::move(envelope));
+  with_peer(self, owner, [self, shared, owner](const ingress_actor& ingress) {
+    const auto lost = [self, shared, owner](const std::string& why) {
+      node_metrics(self).cluster_forwards("report", "owner_lost").add();
+      publish(self, shared->reply_subject,
+              make_lifecycle_ack(false, fmt::format("owner_lost: the lease's node, {}, did not "
+                                                    "answer: {}",
+                                                    owner, why))
+                  .SerializeAsString());
+    };
+    if (!ingress) return lost("it cannot be reached");
+    self->request(ingress, self->state.config.forward_timeout, report_atom::value,
+                  LifecycleReportMessage{encode_report(shared->report)})
+        .then(
+            [self, shared](LifecycleAckMessage& ack) {
+              node_metrics(self).cluster_forwards("report", "answered").add();
+              publish(self, shared->reply_subject, ack.value.SerializeAsString());
+            },
+            [self, lost](caf::error& error) { lost(self->system().render(error)); });
+  });
+}
+
+// ---- generate -------------------------------------------------------------------------------
+
+void generate_locally(Self self, GenerateEnvelope envelope) {
+  const auto& config = self->state.config;
+  if (config.classifier) {
+    caf::anon_send(config.classifier, generate_atom::value, std::move(envelope));
+  } else {
+    caf::anon_send(config.lifecycle, generate_atom::value, std::move(envelope));
+  }
+}
+
+// Ends a forwarded stream whose owner went away: its decision (when none was published yet) and
+// a final error chunk.
+void end_stream(Self self, const std::string& request_id, const std::string& why) {
+  auto node = self->state.streams.extract(request_id);
+  if (node.empty()) return;
+  const ForwarderActorState::ForwardedStream& stream = node.mapped();
+  node_metrics(self).cluster_forwards("generate", "owner_lost").add();
+  node_metrics(self).route_errors(Error::owner_lost).add();
+  const std::string message =
+      fmt::format("the partition's owner, node {}, went away: {}", stream.owner, why);
+  if (!stream.first_chunk_seen) {
+    publish(self, stream.envelope.reply_subject,
+            make_route_error(request_id, Error::owner_lost, message).SerializeAsString());
+  }
+  publish(
+      self, stream.envelope.request.stream_subject,
+      make_end_chunk(request_id, 0, StreamEnd{"error", Error::owner_lost, message}, std::nullopt)
+          .SerializeAsString());
+}
+
+void route_generate(Self self, GenerateEnvelope envelope, bool retried);
+
+void forward_generate(Self self, GenerateEnvelope envelope, const std::string& owner,
+                      bool retried) {
+  const std::string request_id = envelope.request.route.id();
+  auto& streams = self->state.streams;
+  streams.insert_or_assign(
+      request_id, ForwarderActorState::ForwardedStream{std::move(envelope), owner, false, retried});
+  with_peer(self, owner, [self, request_id, owner](const ingress_actor& ingress) {
+    auto stream = self->state.streams.find(request_id);
+    if (stream == self->state.streams.end()) return;  // cancelled meanwhile
+    // Before any chunk, a lost owner gets the request once more, on the current view's owner.
+    const auto lost = [self, request_id](const std::string& why) {
+      auto it = self->state.streams.find(request_id);
+      if (it == self->state.streams.end()) return;
+      if (!it->second.first_chunk_seen && !it->second.retried) {
+        GenerateEnvelope again = std::move(it->second.envelope);
+        self->state.streams.erase(it);
+        node_metrics(self).generate_retries().add();
+        return route_generate(self, std::move(again), true);
+      }
+      end_stream(self, request_id, why);
+    };
+    if (!ingress) return lost("it cannot be reached");
+    self->request(ingress, self->state.config.forward_timeout, generate_atom::value,
+                  GenerateRequestMessage{stream->second.envelope.request.wire})
+        .then(
+            [self, request_id](RouteDecisionMessage& decision) {
+              auto it = self->state.streams.find(request_id);
+              if (it == self->state.streams.end()) return;
+              node_metrics(self).cluster_forwards("generate", "answered").add();
+              publish(self, it->second.envelope.reply_subject, decision.value.SerializeAsString());
+              // An error decision ends the stream there: its final chunk follows from the owner.
+            },
+            [self, lost](caf::error& error) { lost(self->system().render(error)); });
+  });
+}
+
+void route_generate(Self self, GenerateEnvelope envelope, bool retried) {
+  const std::string owner = remote_owner(self, partition_of(envelope.request.route));
+  if (owner.empty()) return generate_locally(self, std::move(envelope));
+  forward_generate(self, std::move(envelope), owner, retried);
+}
+
+void update_view(Self self, ClusterView view) {
+  auto& state = self->state;
+  state.owned.clear();
+  for (const auto& owned : view.owned) state.owned.insert(owned.partition);
+  state.node_by_lease_prefix.clear();
+  state.address_by_node.clear();
+  for (const auto& member : view.members) {
+    state.node_by_lease_prefix[cluster_lease_prefix(member.incarnation)] = member.node_id;
+    state.address_by_node[member.node_id] = member.address;
+  }
+  state.view = std::move(view);
+}
+
+}  // namespace
+
+std::string cluster_lease_prefix(std::uint64_t incarnation) {
+  return fmt::format("{:016x}", incarnation);
+}
+
+forwarder_actor::behavior_type forwarder_behavior(Self self, ForwarderActorConfig config) {
+  self->state.config = std::move(config);
+  // A peer whose connection dropped: its streams in flight end (or are retried before their
+  // first chunk), and the next forward connects again.
+  self->set_down_handler([self](caf::down_msg& message) {
+    auto& state = self->state;
+    for (auto& [node_id, peer] : state.peers) {
+      if (!peer.ingress || peer.ingress.address() != message.source) continue;
+      peer.ingress = nullptr;
+      std::vector<std::string> lost;
+      for (const auto& [request_id, stream] : state.streams) {
+        if (stream.owner == node_id) lost.push_back(request_id);
+      }
+      for (const std::string& request_id : lost) {
+        auto it = state.streams.find(request_id);
+        if (it == state.streams.end()) continue;
+        if (!it->second.first_chunk_seen && !it->second.retried) {
+          GenerateEnvelope again = std::move(it->second.envelope);
+          state.streams.erase(it);
+          route_generate(self, std::move(again), true);
+        } else {
+          end_stream(self, request_id, self->system().render(message.reason));
+        }
+      }
+    }
+  });
+  return {
+      [self](route_atom, RouteEnvelope& envelope) {
+        dispatch_route(self, std::move(envelope), false);
+      },
+      [self](report_atom, ReportEnvelope& envelope) {
+        const std::string owner = lease_owner(self, envelope.report.lease_id);
+        if (owner.empty()) {
+          caf::anon_send(self->state.config.reservation, report_atom::value, std::move(envelope));
+          return;
+        }
+        forward_report(self, std::move(envelope), owner);
+      },
+      [self](generate_atom, GenerateEnvelope& envelope) {
+        route_generate(self, std::move(envelope), false);
+      },
+      [self](cancel_atom, std::string& request_id) {
+        auto& state = self->state;
+        const auto stream = state.streams.find(request_id);
+        if (stream == state.streams.end()) {
+          if (state.config.classifier) {
+            caf::anon_send(state.config.classifier, cancel_atom::value, std::move(request_id));
+          } else {
+            caf::anon_send(state.config.lifecycle, cancel_atom::value, std::move(request_id));
+          }
+          return;
+        }
+        const auto peer = state.peers.find(stream->second.owner);
+        if (peer != state.peers.end() && peer->second.ingress) {
+          v1::GenerateCancel cancel;
+          cancel.set_request_id(request_id);
+          self->send(peer->second.ingress, cancel_atom::value, GenerateCancelMessage{cancel});
+        }
+      },
+      [self](chunk_atom, GenerateChunkMessage& chunk) {
+        auto& state = self->state;
+        const auto stream = state.streams.find(chunk.value.request_id());
+        if (stream == state.streams.end()) return;
+        stream->second.first_chunk_seen = true;
+        publish(self, stream->second.envelope.request.stream_subject,
+                chunk.value.SerializeAsString());
+        if (chunk.value.finished()) state.streams.erase(stream);
+      },
+      [self](ownership_atom, ClusterView& view) {
+        update_view(self, std::move(view));
+        auto waiting = std::move(self->state.awaiting_view);
+        self->state.awaiting_view.clear();
+        for (RouteEnvelope& envelope : waiting) dispatch_route(self, std::move(envelope), true);
+      },
+  };
+}
+
+}  // namespace kvr::actors

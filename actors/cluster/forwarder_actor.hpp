@@ -1,0 +1,100 @@
+// The forwarder actor (cluster mode): any node accepts any request. The NATS bridge hands it every
+// route, report, generate request and generate cancel. A request whose partition this node owns,
+// or whose owner is unknown, goes to this node's actors as without a cluster. A request whose
+// partition another node owns is sent, re-encoded as its wire form, to that node's ingress actor
+// over CAF's middleman, and the answer returns through this node: the decision (or ack) on the
+// client's reply subject, and a generate request's chunks on its stream subject. A report goes to
+// the node whose lease it names (a lease id starts with its node's incarnation).
+//
+// A route request whose partition has no known owner yet, or that its presumed owner refused as
+// not its own (the partition changing hands), waits for the next view once and is routed again.
+// Every forward carries a timeout. A forward whose owner is gone or silent ends with an explicit
+// `owner_lost` error (route, report), or, for a generate request that has produced no chunk yet,
+// is retried once on this node's current view of the owner; after its first chunk it ends with an
+// `owner_lost` error chunk. Peers are connected asynchronously through the middleman (with a
+// timeout) from the address in their member record, and monitored: a peer whose connection drops
+// is connected again at its next forward.
+//
+// Messages it handles (its typed interface, `forwarder_actor`, in actors/actor_types.hpp):
+//   route(RouteEnvelope), report(ReportEnvelope), generate(GenerateEnvelope), cancel(request id)
+//                         — from the NATS bridge;
+//   chunk(GenerateChunkMessage) — a forwarded generate request's chunk, from the owner's ingress;
+//   ownership(ClusterView)     — the cluster actor's last step.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include <caf/stateful_actor.hpp>
+
+#include "actors/actor_types.hpp"
+#include "actors/metrics/metrics_registry.hpp"
+#include "actors/nats/nats_bridge.hpp"
+
+namespace kvr::actors {
+
+/// What the forwarder is spawned with.
+struct ForwarderActorConfig {
+  /// This node's member record node id (its own partitions are served locally).
+  std::string node_id;
+  /// This node's actors, as the bridge would reach them without a cluster.
+  classifier_actor classifier;
+  reservation_actor reservation;
+  lifecycle_actor lifecycle;
+  /// Publishes answers to NATS clients.
+  std::shared_ptr<RouterPublisher> publisher;
+  std::shared_ptr<metrics::MetricsRegistry> metrics;
+  /// Bound on a forward's answer (a generate request's first decision) and on connecting a peer.
+  std::chrono::milliseconds forward_timeout{5000};
+  std::chrono::milliseconds connect_timeout{1000};
+};
+
+/// The forwarder's state.
+struct ForwarderActorState {
+  static inline const char* name = "kvr.forwarder";
+  ForwarderActorConfig config;
+  ClusterView view;
+  /// Owned partition keys, from the view.
+  std::set<std::string> owned;
+  /// Member node ids by the lease-id prefix of their leases (their incarnation in hex).
+  std::map<std::string, std::string> node_by_lease_prefix;
+  /// Member addresses by node id.
+  std::map<std::string, std::string> address_by_node;
+
+  /// A peer's ingress actor, or the forwards waiting for it to connect.
+  struct Peer {
+    std::string address;
+    ingress_actor ingress;
+    bool connecting = false;
+    std::vector<std::function<void(const ingress_actor&)>> waiting;
+  };
+  std::map<std::string, Peer> peers;
+
+  /// A generate request forwarded to another node, until its last chunk.
+  struct ForwardedStream {
+    GenerateEnvelope envelope;
+    std::string owner;
+    bool first_chunk_seen = false;
+    bool retried = false;
+  };
+  std::unordered_map<std::string, ForwardedStream> streams;
+  /// Route requests that wait for the next view: their partition had no known owner, or the
+  /// owner they were sent to no longer served it (a handover or takeover in progress). Each
+  /// waits once; then it is served here or forwarded as the new view says.
+  std::vector<RouteEnvelope> awaiting_view;
+};
+
+/// The forwarder's behaviour.
+forwarder_actor::behavior_type forwarder_behavior(
+    forwarder_actor::stateful_pointer<ForwarderActorState> self, ForwarderActorConfig config);
+
+/// The lease-id prefix of a node's leases in cluster mode: its incarnation, in hex.
+std::string cluster_lease_prefix(std::uint64_t incarnation);
+
+}  // namespace kvr::actors

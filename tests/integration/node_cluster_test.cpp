@@ -1,0 +1,213 @@
+// `kvr node --cluster` as real processes: a nats-server with JetStream on loopback, one `kvr
+// mocker` worker per model and three router nodes. Every partition is owned by exactly one node;
+// a route sent to the namespace's queue group, whichever node takes it, is answered (by the owner,
+// forwarded over CAF's middleman), and its lifecycle report reaches the node that holds the lease,
+// so no report is refused and no booking is left open. Killed with SIGKILL, a node's partitions
+// are owned again by the others, and routes for them are answered again.
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include "kvr/v1/routing.pb.h"
+#include "tests/testing/kvr_cluster_test.hpp"
+#include "tests/testing/loopback_http.hpp"
+#include "tests/testing/nats_recorder.hpp"
+
+namespace kvr {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ChildProcess;
+using testing::free_port;
+using testing::prompt;
+using testing::wait_until;
+
+constexpr std::string_view kNamespace = "cluster";
+constexpr int kModels = 6;
+constexpr int kNodes = 3;
+
+// The value of one series in a /metrics text; 0 when absent.
+double metric(const std::string& text, const std::string& series) {
+  const std::string line_start = series + " ";
+  for (std::size_t at = text.find(line_start); at != std::string::npos;
+       at = text.find(line_start, at + 1)) {
+    if (at == 0 || text[at - 1] == '\n') return std::stod(text.substr(at + line_start.size()));
+  }
+  return 0;
+}
+
+std::string model(int index) { return fmt::format("model-{}", index); }
+std::string owned_series(int index) {
+  return fmt::format("kvr_cluster_partition_owned{{partition=\"{}/default\"}}", model(index));
+}
+
+class NodeClusterTest : public testing::KvrClusterTest {
+ protected:
+  NodeClusterTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}, {}, {"-js"}) {}
+
+  void SetUp() override {
+    KvrClusterTest::SetUp();
+    for (int m = 0; m < kModels; ++m) {
+      auto mocker = kvr_->start_mocker({.workers = 1,
+                                        .worker_id_base = static_cast<WorkerId>(100 + 10 * m),
+                                        .block_size = 16,
+                                        .num_gpu_blocks = 512,
+                                        .lease_ttl_ms = 1000,
+                                        .extra = {"--model", model(m)}},
+                                       fmt::format("mocker-{}.log", m));
+      ASSERT_TRUE(mocker);
+      mockers_.push_back(std::move(*mocker));
+    }
+    for (int n = 0; n < kNodes; ++n) {
+      const std::uint16_t port = free_port();
+      auto node = kvr_->start_node({.metrics_port = port,
+                                    .extra = {"--cluster", "--node-id", fmt::format("node-{}", n),
+                                              "--cluster-lease-ttl-ms", "1500"}},
+                                   fmt::format("node-{}.log", n));
+      ASSERT_TRUE(node);
+      nodes_.push_back(std::move(*node));
+      metrics_ports_.push_back(port);
+    }
+    for (std::uint16_t port : metrics_ports_) {
+      ASSERT_TRUE(testing::wait_until_healthy(port, 20s));
+    }
+  }
+
+  void TearDown() override {
+    if (HasFailure()) {
+      for (int n = 0; n < kNodes; ++n) {
+        std::cerr << "---- node-" << n << " log\n" << nodes_[n].log();
+      }
+    }
+  }
+
+  std::string metrics_of(int node) { return testing::http_get(metrics_ports_[node], "/metrics"); }
+
+  // partition index → the nodes (among `live`) that own it now.
+  std::map<int, std::vector<int>> owners(const std::set<int>& live) {
+    std::map<int, std::vector<int>> result;
+    for (int n : live) {
+      const std::string text = metrics_of(n);
+      for (int m = 0; m < kModels; ++m) {
+        if (metric(text, owned_series(m)) == 1) result[m].push_back(n);
+      }
+    }
+    return result;
+  }
+
+  // Waits until every partition has exactly one owner among `live`.
+  bool each_partition_owned_once(const std::set<int>& live, std::chrono::milliseconds timeout) {
+    return wait_until(
+        [&] {
+          const auto now = owners(live);
+          if (now.size() != static_cast<std::size_t>(kModels)) return false;
+          for (const auto& [partition, who] : now) {
+            if (who.size() != 1) return false;
+          }
+          return true;
+        },
+        timeout);
+  }
+
+  std::optional<v1::RouteDecision> route(int model_index, int request) {
+    v1::RouteRequest wire;
+    wire.set_request_id(fmt::format("r-{}-{}", model_index, request));
+    wire.set_model(model(model_index));
+    for (std::uint32_t token : prompt(64, 1000 * static_cast<std::uint32_t>(request))) {
+      wire.mutable_tokens()->add_ids(token);
+    }
+    return testing::request_route(*client_, kNamespace, wire);
+  }
+
+  std::vector<ChildProcess> mockers_;
+  std::vector<ChildProcess> nodes_;
+  std::vector<std::uint16_t> metrics_ports_;
+};
+
+TEST_F(NodeClusterTest, EveryPartitionHasOneOwnerAndEveryNodeAnswersForIt) {
+  ASSERT_TRUE(each_partition_owned_once({0, 1, 2}, 20s));
+  std::map<int, int> owned_per_node;
+  for (const auto& [partition, who] : owners({0, 1, 2})) ++owned_per_node[who.front()];
+  for (const auto& [node, count] : owned_per_node) EXPECT_LE(count, 3) << "node-" << node;
+  // Until each owner has heard its worker, a route may find none: wait for every model.
+  for (int m = 0; m < kModels; ++m) {
+    ASSERT_TRUE(wait_until(
+        [&] {
+          const auto decision = route(m, 0);
+          if (!decision || !decision->has_success()) return false;
+          return testing::report_lifecycle(*client_, kNamespace, decision->success().lease_id(),
+                                           v1::LIFECYCLE_EVENT_COMPLETED)
+              .has_value();
+        },
+        20s))
+        << model(m);
+  }
+
+  // Requests land on any node (one queue group); each is answered, and each report reaches the
+  // node that holds its lease.
+  int answered = 0;
+  int reports_accepted = 0;
+  for (int request = 1; request <= 8; ++request) {
+    for (int m = 0; m < kModels; ++m) {
+      const auto decision = route(m, request);
+      ASSERT_TRUE(decision) << model(m) << " request " << request << ": no answer";
+      ASSERT_TRUE(decision->has_success()) << decision->DebugString();
+      ++answered;
+      for (auto event : {v1::LIFECYCLE_EVENT_FIRST_TOKEN, v1::LIFECYCLE_EVENT_COMPLETED}) {
+        const auto ack =
+            testing::report_lifecycle(*client_, kNamespace, decision->success().lease_id(), event);
+        ASSERT_TRUE(ack);
+        EXPECT_TRUE(ack->accepted()) << ack->DebugString();
+        if (ack->accepted()) ++reports_accepted;
+      }
+    }
+  }
+  EXPECT_EQ(answered, 8 * kModels);
+  EXPECT_EQ(reports_accepted, 2 * 8 * kModels);
+  double forwarded = 0;
+  double bookings = 0;
+  for (int n = 0; n < kNodes; ++n) {
+    const std::string text = metrics_of(n);
+    forwarded += metric(text, "kvr_cluster_forwards_total{kind=\"route\",outcome=\"answered\"}");
+    for (int m = 0; m < kModels; ++m) {
+      bookings +=
+          metric(text, fmt::format("kvr_bookings_open{{partition=\"{}/default\"}}", model(m)));
+    }
+  }
+  EXPECT_GT(forwarded, 0) << "with three nodes, some requests land away from their owner";
+  EXPECT_EQ(bookings, 0) << "every booking was released by its report";
+}
+
+TEST_F(NodeClusterTest, AKilledNodesPartitionsAreOwnedAgainAndAnswered) {
+  ASSERT_TRUE(each_partition_owned_once({0, 1, 2}, 20s));
+  std::map<int, int> owned_per_node;
+  for (const auto& [partition, who] : owners({0, 1, 2})) ++owned_per_node[who.front()];
+  const int victim = owned_per_node.begin()->first;
+  std::set<int> live{0, 1, 2};
+  live.erase(victim);
+  nodes_[victim].signal(SIGKILL);
+  (void)nodes_[victim].stop();
+  const auto killed = std::chrono::steady_clock::now();
+  // The lease TTL (1.5 s) decides: its partitions are owned again within a few seconds.
+  ASSERT_TRUE(each_partition_owned_once(live, 10s));
+  const auto reowned = std::chrono::steady_clock::now() - killed;
+  EXPECT_LT(reowned, 5s);
+  for (int m = 0; m < kModels; ++m) {
+    ASSERT_TRUE(wait_until(
+        [&] {
+          const auto decision = route(m, 100);
+          return decision && decision->has_success();
+        },
+        10s))
+        << model(m);
+  }
+  for (int n : live) EXPECT_TRUE(nodes_[n].running()) << "node-" << n;
+}
+
+}  // namespace
+}  // namespace kvr
