@@ -9,6 +9,7 @@ packages=(
   libyaml-cpp-dev libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev libbenchmark-dev
   libssl-dev libabsl-dev libxxhash-dev libspdlog-dev libfmt-dev libcli11-dev libcpp-httplib-dev
+  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev  # kvr bridge: the engines' ZMQ KV events
   nlohmann-json3-dev python3 python3-matplotlib
   openssl  # the tests make a self-signed certificate for their TLS nats-server
 )

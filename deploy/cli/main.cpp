@@ -1,11 +1,12 @@
-// The kvr command: one executable, one subcommand per job (mocker, node, replay, replay-live,
-// route).
+// The kvr command: one executable, one subcommand per job (bridge, mocker, node, replay,
+// replay-live, route).
 #include <iostream>
 #include <string>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "deploy/cli/bridge_command.hpp"
 #include "deploy/cli/cli_options.hpp"
 #include "deploy/cli/mocker_command.hpp"
 #include "deploy/cli/node_command.hpp"
@@ -18,6 +19,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "kvr 0.1.0");
   int exit_code = 0;
+  kvr::cli::add_bridge_command(app, exit_code);
   kvr::cli::add_mocker_command(app, exit_code);
   kvr::cli::add_node_command(app, exit_code);
   kvr::cli::add_replay_command(app, exit_code);

@@ -1,0 +1,437 @@
+#include "deploy/bridge/engine_bridge.hpp"
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <variant>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/wire/kv_event_codec.hpp"
+#include "deploy/bridge/kv_translator.hpp"
+#include "kvr/v1/kv_events.pb.h"
+#include "kvr/v1/worker.pb.h"
+#include "messages/subjects.hpp"
+#include "messages/worker_role.hpp"
+
+namespace kvr::bridge {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::uint64_t unix_ms() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count());
+}
+
+// What the other threads hand to the run loop.
+struct BatchItem {
+  DpRank rank;
+  EngineKvEventBatch batch;
+};
+struct LostItem {
+  DpRank rank;
+};
+struct DumpItem {
+  actors::nats::NatsMessage message;
+};
+struct DiscoverItem {};
+using InboxItem = std::variant<BatchItem, LostItem, DumpItem, DiscoverItem>;
+
+// What the engine said when it last came up.
+struct EngineFacts {
+  std::string model;
+  std::uint32_t block_size = 0;
+  std::uint64_t num_gpu_blocks = 0;
+};
+
+}  // namespace
+
+std::expected<void, std::string> BridgeOptions::validate() const {
+  if (!subjects::is_valid_namespace(ns)) {
+    return std::unexpected("--namespace must be non-empty and use only [A-Za-z0-9_-]");
+  }
+  if (!engine_url.starts_with("http://") && !engine_url.starts_with("https://")) {
+    return std::unexpected("--engine-url must start with http:// or https://");
+  }
+  if (kv_events.empty()) return std::unexpected("--kv-events must not be empty");
+  if (data_parallel_size == 0 || data_parallel_size > 64) {
+    return std::unexpected("--data-parallel-size must be in [1, 64]");
+  }
+  if (lease_ttl < std::chrono::milliseconds(100)) {
+    return std::unexpected("--lease-ttl-ms must be at least 100");
+  }
+  if (load_interval < std::chrono::milliseconds(10)) {
+    return std::unexpected("--load-interval-ms must be at least 10");
+  }
+  for (DpRank rank = 0; rank < data_parallel_size; ++rank) {
+    if (auto endpoint = endpoint_for_rank(kv_events, rank); !endpoint) {
+      return std::unexpected("--kv-events: " + endpoint.error());
+    }
+    if (!kv_events_replay.empty()) {
+      if (auto endpoint = endpoint_for_rank(kv_events_replay, rank); !endpoint) {
+        return std::unexpected("--kv-events-replay: " + endpoint.error());
+      }
+    }
+  }
+  return {};
+}
+
+struct EngineBridge::State {
+  BridgeOptions options;
+  std::unique_ptr<actors::nats::NatsClient> nats;
+  std::vector<actors::nats::NatsSubscription> subscriptions;
+  WorkerId worker_id = 0;
+  Incarnation incarnation = 0;
+  std::mt19937_64 random{std::random_device{}()};
+
+  std::mutex inbox_mutex;
+  std::condition_variable inbox_signal;
+  std::deque<InboxItem> inbox;
+
+  // Set while registered (the engine answers).
+  std::optional<EngineFacts> facts;
+  std::optional<KvTranslator> translator;
+  std::unique_ptr<ZmqKvSubscriber> subscriber;
+  bool logged_waiting = false;
+  BridgeStats stats;
+
+  void enqueue(InboxItem item) {
+    {
+      std::lock_guard lock{inbox_mutex};
+      inbox.push_back(std::move(item));
+    }
+    inbox_signal.notify_one();
+  }
+
+  void publish(const std::string& subject, const google::protobuf::MessageLite& message) {
+    if (auto sent = nats->publish(subject, message.SerializeAsString()); !sent) {
+      spdlog::warn("kvr bridge: {}", sent.error());
+    }
+  }
+
+  httplib::Client http() const {
+    httplib::Client client{options.engine_url};
+    const auto timeout =
+        std::chrono::duration_cast<std::chrono::microseconds>(options.http_timeout);
+    client.set_connection_timeout(0, static_cast<time_t>(timeout.count()));
+    client.set_read_timeout(0, static_cast<time_t>(timeout.count()));
+    return client;
+  }
+
+  std::optional<std::string> get(const std::string& path) const {
+    auto client = http();
+    auto result = client.Get(path);
+    if (!result || result->status != 200) return std::nullopt;
+    return std::move(result->body);
+  }
+
+  // Asks the engine what it serves; nullopt (logged) while it cannot say.
+  std::optional<EngineFacts> discover_engine() {
+    EngineFacts engine;
+    const auto models = get("/v1/models");
+    if (!models) return std::nullopt;
+    try {
+      const auto json = nlohmann::json::parse(*models);
+      const auto& data = json.at("data");
+      if (options.model.empty()) {
+        engine.model = data.at(0).at("id").get<std::string>();
+      } else {
+        engine.model = options.model;
+        bool served = false;
+        for (const auto& entry : data) served = served || entry.value("id", "") == options.model;
+        if (!served) spdlog::warn("kvr bridge: the engine does not list model '{}'", options.model);
+      }
+      for (const auto& entry : data) {
+        if (entry.value("id", "") == engine.model && entry.contains("max_model_len")) {
+          spdlog::info("kvr bridge: model '{}' with max length {}", engine.model,
+                       entry.at("max_model_len").dump());
+        }
+      }
+    } catch (const nlohmann::json::exception& error) {
+      spdlog::warn("kvr bridge: unreadable /v1/models answer: {}", error.what());
+      return std::nullopt;
+    }
+    engine.block_size = options.block_size;
+    engine.num_gpu_blocks = options.num_gpu_blocks;
+    if (engine.block_size == 0 || engine.num_gpu_blocks == 0) {
+      const auto metrics = get("/metrics");
+      if (metrics) {
+        const auto config = engine_cache_config(parse_prometheus_text(*metrics));
+        if (engine.block_size == 0) engine.block_size = config.block_size.value_or(0);
+        if (engine.num_gpu_blocks == 0) engine.num_gpu_blocks = config.num_gpu_blocks.value_or(0);
+      }
+    }
+    if (engine.block_size == 0 || engine.num_gpu_blocks == 0) {
+      spdlog::warn(
+          "kvr bridge: the engine reports no block size or KV capacity; pass --block-size and "
+          "--num-gpu-blocks");
+      return std::nullopt;
+    }
+    return engine;
+  }
+
+  v1::WorkerRegistration registration() const {
+    v1::WorkerRegistration wire;
+    wire.set_worker_id(worker_id);
+    wire.set_incarnation(incarnation);
+    wire.set_model(facts->model);
+    wire.set_role(to_wire(options.role));
+    wire.set_routing_group(options.routing_group);
+    wire.set_block_size(facts->block_size);
+    wire.set_total_kv_blocks(facts->num_gpu_blocks);
+    wire.set_data_parallel_size(options.data_parallel_size);
+    for (const auto& taint : options.taints) wire.add_taints(taint);
+    wire.set_publishes_kv_events(true);
+    wire.set_lease_ttl_ms(static_cast<std::uint32_t>(options.lease_ttl.count()));
+    wire.set_generate_subject(subjects::worker_generate(options.ns, worker_id));
+    wire.set_dump_subject(subjects::worker_dump(options.ns, worker_id));
+    return wire;
+  }
+
+  void register_worker(EngineFacts engine) {
+    facts = std::move(engine);
+    incarnation = random() | 1;
+    auto created =
+        KvTranslator::create(TranslatorOptions{.worker_id = worker_id,
+                                               .incarnation = incarnation,
+                                               .block_size = facts->block_size,
+                                               .data_parallel_size = options.data_parallel_size,
+                                               .capacity_blocks = facts->num_gpu_blocks});
+    if (!created) {
+      spdlog::error("kvr bridge: {}", created.error());
+      facts.reset();
+      return;
+    }
+    translator = std::move(*created);
+    // A fresh subscriber per engine start: the engine's sequence numbers restart with it.
+    auto subscriber_or = ZmqKvSubscriber::start(
+        ZmqSubscriberOptions{.endpoint = options.kv_events,
+                             .replay_endpoint = options.kv_events_replay,
+                             .topic = options.topic,
+                             .data_parallel_size = options.data_parallel_size,
+                             .receive_high_water_mark = options.zmq_high_water_mark},
+        ZmqSubscriberCallbacks{
+            .on_batch =
+                [this](DpRank rank, EngineKvEventBatch batch) {
+                  enqueue(BatchItem{rank, std::move(batch)});
+                },
+            .on_lost = [this](DpRank rank) { enqueue(LostItem{rank}); },
+            .on_malformed =
+                [this](DpRank rank, const DecodeError& error) {
+                  spdlog::warn("kvr bridge: dropped a malformed KV event payload of rank {}: {}",
+                               rank, error.message());
+                }});
+    if (!subscriber_or) {
+      spdlog::error("kvr bridge: {}", subscriber_or.error());
+      facts.reset();
+      translator.reset();
+      return;
+    }
+    subscriber = std::move(*subscriber_or);
+    publish(subjects::worker_register(options.ns), registration());
+    publish_heartbeat();
+    ++stats.registrations;
+    logged_waiting = false;
+    spdlog::info(
+        "kvr bridge: worker {} registered for {} engine at {} (model '{}', block size {}, {} KV "
+        "blocks per rank, {} ranks)",
+        worker_id, as_str(options.engine), options.engine_url, facts->model, facts->block_size,
+        facts->num_gpu_blocks, options.data_parallel_size);
+  }
+
+  void deregister_worker(std::string_view reason) {
+    if (subscriber) {
+      stats.malformed_payloads += subscriber->stats().malformed_payloads;
+      subscriber->stop();
+      subscriber.reset();
+    }
+    v1::WorkerDeregistration wire;
+    wire.set_worker_id(worker_id);
+    wire.set_incarnation(incarnation);
+    wire.set_reason(std::string{reason});
+    publish(subjects::worker_deregister(options.ns), wire);
+    facts.reset();
+    translator.reset();
+    ++stats.deregistrations;
+    // Batches queued by the stopped subscriber belong to the gone incarnation.
+    std::lock_guard lock{inbox_mutex};
+    std::erase_if(inbox, [](const InboxItem& item) {
+      return std::holds_alternative<BatchItem>(item) || std::holds_alternative<LostItem>(item);
+    });
+  }
+
+  void publish_heartbeat() {
+    v1::WorkerHeartbeat heartbeat;
+    heartbeat.set_worker_id(worker_id);
+    heartbeat.set_incarnation(incarnation);
+    heartbeat.set_sent_at_unix_ms(unix_ms());
+    publish(subjects::worker_heartbeat(options.ns), heartbeat);
+  }
+
+  void publish_load() {
+    const auto metrics = get("/metrics");
+    if (!metrics) return;
+    const auto ranks =
+        engine_load(parse_prometheus_text(*metrics), options.engine, options.data_parallel_size);
+    v1::LoadMetrics wire;
+    wire.set_worker_id(worker_id);
+    wire.set_incarnation(incarnation);
+    wire.set_sent_at_unix_ms(unix_ms());
+    for (std::uint32_t rank = 0; rank < ranks.size(); ++rank) {
+      v1::RankLoad* load = wire.add_ranks();
+      load->set_dp_rank(rank);
+      load->set_active_requests(ranks[rank].running + ranks[rank].waiting);
+      load->set_waiting_requests(ranks[rank].waiting);
+      const double usage = ranks[rank].kv_usage.value_or(0.0);
+      load->set_kv_blocks_used(
+          static_cast<std::uint64_t>(usage * static_cast<double>(facts->num_gpu_blocks) + 0.5));
+    }
+    publish(subjects::worker_load(options.ns), wire);
+    ++stats.load_reports;
+  }
+
+  void publish_batch(const std::optional<KvEventBatch>& batch) {
+    if (!batch) return;
+    publish(subjects::kv_events(options.ns, worker_id), encode_kv_event_batch(*batch));
+    ++stats.kv_batches_published;
+  }
+
+  void serve_dump(const actors::nats::NatsMessage& message) {
+    v1::KvDumpRequest request;
+    if (!request.ParseFromString(message.data) || message.reply.empty() ||
+        request.dp_rank() >= options.data_parallel_size) {
+      ++stats.bad_messages;
+      return;
+    }
+    // Unregistered: an empty dump of no incarnation; the router has dropped the worker anyway.
+    KvDump dump{.worker = {worker_id, request.dp_rank()}, .incarnation = incarnation};
+    if (translator) {
+      if (auto picture = translator->dump(request.dp_rank())) dump = std::move(*picture);
+    }
+    if (auto sent = nats->publish(message.reply, encode_kv_dump(dump).SerializeAsString()); !sent) {
+      spdlog::warn("kvr bridge: {}", sent.error());
+    }
+    ++stats.dumps_served;
+  }
+
+  void handle(InboxItem& item) {
+    if (auto* batch = std::get_if<BatchItem>(&item)) {
+      if (translator) publish_batch(translator->translate(batch->rank, batch->batch));
+    } else if (auto* lost = std::get_if<LostItem>(&item)) {
+      if (!translator) return;
+      ++stats.ranks_lost;
+      spdlog::warn("kvr bridge: rank {} missed KV events the engine cannot replay; cleared",
+                   lost->rank);
+      publish_batch(translator->clear_rank(lost->rank));
+    } else if (auto* dump = std::get_if<DumpItem>(&item)) {
+      serve_dump(dump->message);
+    } else if (facts) {
+      publish(subjects::worker_register(options.ns), registration());
+    }
+  }
+};
+
+EngineBridge::EngineBridge(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+EngineBridge::~EngineBridge() {
+  if (state_) {
+    state_->subscriber.reset();
+    state_->subscriptions.clear();
+  }
+}
+
+WorkerId EngineBridge::worker_id() const { return state_->worker_id; }
+
+std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
+    BridgeOptions options) {
+  if (auto valid = options.validate(); !valid) return std::unexpected(valid.error());
+  auto state = std::make_unique<State>();
+  State* raw = state.get();
+  // After a NATS reconnect, register again: a router that restarted meanwhile then asks for a
+  // dump, which the bridge serves from its picture.
+  auto client = actors::nats::NatsClient::connect(
+      options.nats,
+      actors::nats::NatsEventHandlers{.on_reconnected = [raw] { raw->enqueue(DiscoverItem{}); }});
+  if (!client) return std::unexpected(client.error());
+  state->nats = std::move(*client);
+  state->options = std::move(options);
+  state->worker_id =
+      state->options.worker_id != 0 ? state->options.worker_id : (state->random() >> 16) + 1;
+  auto dump = raw->nats->subscribe(
+      subjects::worker_dump(raw->options.ns, raw->worker_id),
+      [raw](actors::nats::NatsMessage message) { raw->enqueue(DumpItem{std::move(message)}); });
+  if (!dump) return std::unexpected(dump.error());
+  state->subscriptions.push_back(std::move(*dump));
+  auto discover =
+      raw->nats->subscribe(subjects::worker_discover(raw->options.ns),
+                           [raw](actors::nats::NatsMessage) { raw->enqueue(DiscoverItem{}); });
+  if (!discover) return std::unexpected(discover.error());
+  state->subscriptions.push_back(std::move(*discover));
+  if (auto flushed = state->nats->flush(std::chrono::seconds(5)); !flushed) {
+    return std::unexpected(flushed.error());
+  }
+  return std::unique_ptr<EngineBridge>(new EngineBridge(std::move(state)));
+}
+
+BridgeStats EngineBridge::run(std::stop_token stop) {
+  State& state = *state_;
+  const auto heartbeat_interval = state.options.lease_ttl / 3;
+  auto next_health = Clock::now();
+  auto next_heartbeat = Clock::now();
+  auto next_load = Clock::now();
+  std::stop_callback wake_on_stop{stop, [&state] { state.inbox_signal.notify_all(); }};
+  std::deque<InboxItem> batch;
+  while (!stop.stop_requested()) {
+    auto now = Clock::now();
+    if (now >= next_health) {
+      const bool healthy = state.get("/health").has_value();
+      if (healthy && !state.facts) {
+        if (auto engine = state.discover_engine()) state.register_worker(std::move(*engine));
+      } else if (!healthy && state.facts) {
+        spdlog::warn("kvr bridge: the engine at {} stopped answering /health; deregistered",
+                     state.options.engine_url);
+        state.deregister_worker("engine stopped answering");
+      } else if (!healthy && !state.logged_waiting) {
+        spdlog::info("kvr bridge: waiting for the engine at {} to answer /health",
+                     state.options.engine_url);
+        state.logged_waiting = true;
+      }
+      now = Clock::now();
+      next_health = now + state.options.health_interval;
+    }
+    if (state.facts && now >= next_heartbeat) {
+      state.publish_heartbeat();
+      next_heartbeat = now + heartbeat_interval;
+    }
+    if (state.facts && now >= next_load) {
+      state.publish_load();
+      now = Clock::now();
+      next_load = now + state.options.load_interval;
+    }
+    {
+      std::lock_guard lock{state.inbox_mutex};
+      batch.swap(state.inbox);
+    }
+    for (InboxItem& item : batch) state.handle(item);
+    batch.clear();
+
+    auto wake = next_health;
+    if (state.facts) wake = std::min({wake, next_heartbeat, next_load});
+    std::unique_lock lock{state.inbox_mutex};
+    state.inbox_signal.wait_until(lock, wake,
+                                  [&] { return !state.inbox.empty() || stop.stop_requested(); });
+  }
+  if (state.facts) state.deregister_worker("bridge shutting down");
+  if (auto flushed = state.nats->flush(std::chrono::seconds(2)); !flushed) {
+    spdlog::warn("kvr bridge: {}", flushed.error());
+  }
+  return state.stats;
+}
+
+}  // namespace kvr::bridge

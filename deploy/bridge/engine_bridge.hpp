@@ -1,0 +1,92 @@
+// `kvr bridge`: makes one vLLM or SGLang engine (or one data-parallel group of it) a kvr worker
+// without changing the engine. It registers the worker with what the engine reports over HTTP,
+// heartbeats while the engine answers /health (deregistering when it stops, registering a new
+// incarnation when it returns), publishes LoadMetrics from the engine's /metrics, forwards the
+// engine's ZMQ KV events as kvr KvEventBatches, and serves KV dumps from its own picture.
+// Threads: the run loop owns all state; the ZMQ subscriber and NATS callbacks only queue.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <memory>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+#include "actors/nats/nats_client.hpp"
+#include "deploy/bridge/engine_metrics.hpp"
+#include "deploy/bridge/zmq_kv_subscriber.hpp"
+#include "messages/ids.hpp"
+
+namespace kvr::bridge {
+
+/// Everything a bridge is told on its command line.
+struct BridgeOptions {
+  actors::nats::NatsOptions nats;
+  std::string ns = "default";
+  EngineKind engine = EngineKind::vllm;
+  /// The engine's HTTP server: /health, /v1/models, /metrics.
+  std::string engine_url = "http://127.0.0.1:8000";
+  /// The engine's KV event sockets (rank 0; rank r at port + r) and topic.
+  std::string kv_events = "tcp://127.0.0.1:5557";
+  std::string kv_events_replay;
+  std::string topic;
+  /// Served model name; empty: the first model the engine lists on /v1/models.
+  std::string model;
+  /// Tokens per KV block; 0: from the engine's metrics (vllm:cache_config_info).
+  std::uint32_t block_size = 0;
+  /// KV capacity per rank in blocks; 0: from the engine's metrics.
+  std::uint64_t num_gpu_blocks = 0;
+  std::uint32_t data_parallel_size = 1;
+  /// 0 picks a random id.
+  WorkerId worker_id = 0;
+  WorkerType role = WorkerType::Aggregated;
+  std::string routing_group = "default";
+  std::vector<std::string> taints;
+  std::chrono::milliseconds lease_ttl{3000};
+  /// How often /metrics is scraped and LoadMetrics published.
+  std::chrono::milliseconds load_interval{200};
+  /// How often /health is asked.
+  std::chrono::milliseconds health_interval{500};
+  /// Longest wait for one HTTP answer of the engine.
+  std::chrono::milliseconds http_timeout{1000};
+  int zmq_high_water_mark = 100'000;
+
+  /// Checks ranges; the error names the option.
+  std::expected<void, std::string> validate() const;
+};
+
+/// Counters of one bridge run, for logs and tests.
+struct BridgeStats {
+  std::uint64_t registrations = 0;
+  std::uint64_t deregistrations = 0;
+  std::uint64_t kv_batches_published = 0;
+  std::uint64_t load_reports = 0;
+  std::uint64_t dumps_served = 0;
+  std::uint64_t ranks_lost = 0;
+  std::uint64_t malformed_payloads = 0;
+  std::uint64_t bad_messages = 0;
+};
+
+/// One bridge; run() serves until stopped.
+class EngineBridge {
+ public:
+  /// Validates the options and connects to NATS; an error names what failed.
+  static std::expected<std::unique_ptr<EngineBridge>, std::string> create(BridgeOptions options);
+  ~EngineBridge();
+  EngineBridge(const EngineBridge&) = delete;
+  EngineBridge& operator=(const EngineBridge&) = delete;
+
+  /// Serves until `stop` is requested, then deregisters; returns the run's counters.
+  BridgeStats run(std::stop_token stop);
+
+  WorkerId worker_id() const;
+
+ private:
+  struct State;
+  explicit EngineBridge(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace kvr::bridge

@@ -1,0 +1,253 @@
+// `kvr bridge` as a real process in front of stand-in engines that speak what vLLM speaks: an
+// HTTP server with /health, /v1/models and a Prometheus /metrics with vLLM's metric names, and a
+// ZMQ PUB socket sending msgpack KV event batches in vLLM's three-frame messages. With a real
+// nats-server and `kvr node`: the bridges register with what the engines report, publish their
+// load, forward KV events translated to kvr's hashes so the node routes a prompt to the engine
+// holding it, and leave routing when their engine stops answering /health.
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <msgpack.hpp>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "actors/nats/nats_client.hpp"
+#include "kvr/v1/routing.pb.h"
+#include "kvr/v1/worker.pb.h"
+#include "messages/subjects.hpp"
+#include "tests/testing/kvr_cluster_test.hpp"
+#include "tests/testing/loopback_http.hpp"
+#include "tests/testing/nats_recorder.hpp"
+
+namespace kvr {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ChildProcess;
+using testing::free_port;
+using testing::prompt;
+using testing::wait_until;
+
+constexpr std::string_view kNamespace = "bridge";
+constexpr WorkerId kFirstWorker = 300;
+constexpr std::uint32_t kBlockSize = 16;
+
+std::string be64(std::uint64_t value) {
+  std::string bytes(8, '\0');
+  for (int i = 7; i >= 0; --i) {
+    bytes[static_cast<std::size_t>(i)] = static_cast<char>(value & 0xFF);
+    value >>= 8;
+  }
+  return bytes;
+}
+
+// One engine stand-in: HTTP on a free port and a ZMQ PUB socket, both on loopback.
+class StandInEngine {
+ public:
+  explicit StandInEngine(zmq::context_t& context) : pub_(context, zmq::socket_type::pub) {
+    pub_.set(zmq::sockopt::linger, 0);
+    pub_.bind("tcp://127.0.0.1:*");
+    kv_endpoint_ = pub_.get(zmq::sockopt::last_endpoint);
+    server_.Get("/health", [this](const httplib::Request&, httplib::Response& response) {
+      response.status = healthy_.load() ? 200 : 503;
+    });
+    server_.Get("/v1/models", [](const httplib::Request&, httplib::Response& response) {
+      response.set_content(
+          R"({"object":"list","data":[{"id":"mock-model","object":"model","max_model_len":4096}]})",
+          "application/json");
+    });
+    server_.Get("/metrics", [](const httplib::Request&, httplib::Response& response) {
+      response.set_content(
+          "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+          "# TYPE vllm:num_requests_running gauge\n"
+          "vllm:num_requests_running{engine=\"0\",model_name=\"mock-model\"} 2.0\n"
+          "vllm:num_requests_waiting{engine=\"0\",model_name=\"mock-model\"} 3.0\n"
+          "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"mock-model\"} 0.25\n"
+          "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",engine=\"0\","
+          "num_gpu_blocks=\"512\",prefix_caching_hash_algo=\"sha256\"} 1.0\n",
+          "text/plain; version=0.0.4");
+    });
+    http_port_ = static_cast<std::uint16_t>(server_.bind_to_any_port("127.0.0.1"));
+    thread_ = std::thread{[this] { server_.listen_after_bind(); }};
+  }
+  ~StandInEngine() {
+    server_.stop();
+    thread_.join();
+  }
+
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(http_port_); }
+  const std::string& kv_endpoint() const { return kv_endpoint_; }
+  void set_healthy(bool healthy) { healthy_ = healthy; }
+
+  // Publishes, as vLLM's array-encoded batch, that the engine stored every full block of
+  // `tokens` as one chain, with engine hashes of its own (not kvr's).
+  void publish_stored(std::uint64_t sequence, const std::vector<std::uint32_t>& tokens) {
+    msgpack::sbuffer buffer;
+    msgpack::packer<msgpack::sbuffer> packer{buffer};
+    const std::size_t blocks = tokens.size() / kBlockSize;
+    std::vector<std::int64_t> hashes;
+    for (std::size_t i = 0; i < blocks; ++i) hashes.push_back(-1000 - static_cast<int>(i));
+    packer.pack_array(3);
+    packer.pack_double(1.0);
+    packer.pack_array(1);
+    packer.pack_array(7);
+    packer.pack(std::string{"BlockStored"});
+    packer.pack(hashes);
+    packer.pack_nil();
+    packer.pack(std::vector<std::uint32_t>(tokens.begin(), tokens.begin() + blocks * kBlockSize));
+    packer.pack(kBlockSize);
+    packer.pack_nil();
+    packer.pack(std::string{"GPU"});
+    packer.pack(0);
+    const std::string seq = be64(sequence);
+    std::array<zmq::const_buffer, 3> frames = {zmq::const_buffer{}, zmq::buffer(seq),
+                                               zmq::buffer(buffer.data(), buffer.size())};
+    zmq::send_multipart(pub_, frames);
+  }
+
+ private:
+  zmq::socket_t pub_;
+  std::string kv_endpoint_;
+  httplib::Server server_;
+  std::uint16_t http_port_ = 0;
+  std::atomic<bool> healthy_{true};
+  std::thread thread_;
+};
+
+class BridgeTest : public testing::KvrClusterTest {
+ protected:
+  BridgeTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+
+  void TearDown() override {
+    if (HasFailure()) {
+      if (node_) std::cerr << "---- node log\n" << node_->log();
+      for (auto& bridge : bridges_) std::cerr << "---- bridge log\n" << bridge.log();
+    }
+  }
+
+  void start_bridge(const StandInEngine& engine, WorkerId id) {
+    auto bridge =
+        kvr_->start({"bridge"},
+                    {"--engine", "vllm", "--engine-url", engine.url(), "--kv-events",
+                     engine.kv_endpoint(), "--worker-id", std::to_string(id), "--lease-ttl-ms",
+                     "600", "--load-interval-ms", "50", "--health-interval-ms", "50"},
+                    "bridge-" + std::to_string(id) + ".log");
+    ASSERT_TRUE(bridge);
+    bridges_.push_back(std::move(*bridge));
+  }
+
+  void start_node() {
+    metrics_port_ = free_port();
+    node_ = kvr_->start_node({.block_size = kBlockSize, .metrics_port = metrics_port_});
+    ASSERT_TRUE(node_);
+    ASSERT_TRUE(testing::wait_until_healthy(metrics_port_, 20s)) << node_->log();
+  }
+
+  std::string next_id() { return "req-" + std::to_string(++request_counter_); }
+
+  std::optional<v1::RouteDecision> route(const std::vector<std::uint32_t>& tokens) {
+    v1::RouteRequest request;
+    request.set_request_id(next_id());
+    request.set_model("mock-model");
+    for (std::uint32_t token : tokens) request.mutable_tokens()->add_ids(token);
+    auto decision = testing::request_route(*client_, kNamespace, request);
+    if (decision && decision->has_success()) {
+      testing::report_lifecycle(*client_, kNamespace, decision->success().lease_id(),
+                                v1::LIFECYCLE_EVENT_COMPLETED);
+    }
+    return decision;
+  }
+
+  zmq::context_t context_;
+  std::vector<ChildProcess> bridges_;
+  std::optional<ChildProcess> node_;
+  std::uint16_t metrics_port_ = 0;
+  int request_counter_ = 0;
+};
+
+TEST_F(BridgeTest, RegistersPublishesLoadAndRoutesToTheEngineHoldingThePrefix) {
+  StandInEngine first{context_};
+  StandInEngine second{context_};
+  testing::NatsRecorder registrations;
+  ASSERT_TRUE(registrations.listen(*client_, subjects::worker_register(kNamespace)));
+  testing::NatsRecorder loads;
+  ASSERT_TRUE(loads.listen(*client_, subjects::worker_load(kNamespace)));
+  start_bridge(first, kFirstWorker);
+  start_bridge(second, kFirstWorker + 1);
+
+  // Registered with what the engine reported: model, block size and capacity from its metrics.
+  v1::WorkerRegistration registration;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        for (const auto& message : registrations.messages()) {
+          if (registration.ParseFromString(message.data) &&
+              registration.worker_id() == kFirstWorker + 1) {
+            return true;
+          }
+        }
+        return false;
+      },
+      10s));
+  EXPECT_EQ(registration.model(), "mock-model");
+  EXPECT_EQ(registration.block_size(), kBlockSize);
+  EXPECT_EQ(registration.total_kv_blocks(), 512U);
+  EXPECT_TRUE(registration.publishes_kv_events());
+  EXPECT_EQ(registration.dump_subject(), subjects::worker_dump(kNamespace, kFirstWorker + 1));
+
+  // Load from vLLM's gauges: running 2 + waiting 3, 25 % of 512 blocks in use.
+  v1::LoadMetrics load;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        for (const auto& message : loads.messages()) {
+          if (load.ParseFromString(message.data) && load.worker_id() == kFirstWorker) return true;
+        }
+        return false;
+      },
+      10s));
+  ASSERT_EQ(load.ranks_size(), 1);
+  EXPECT_EQ(load.ranks(0).active_requests(), 5U);
+  EXPECT_EQ(load.ranks(0).waiting_requests(), 3U);
+  EXPECT_EQ(load.ranks(0).kv_blocks_used(), 128U);
+
+  start_node();
+  ASSERT_TRUE(testing::wait_until_routable(
+      *client_, kNamespace, std::nullopt, [&] { return next_id(); }, 20s))
+      << node_->log();
+
+  // The second engine stores a 128-token prompt; the node routes that prompt to it by overlap.
+  // Sequence 0 is sent until the bridge has it (a SUB misses what a PUB sent before it joined);
+  // the repeats are stale to the bridge.
+  const auto tokens = prompt(128, 70'000);
+  std::optional<v1::RouteDecision> decision;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        second.publish_stored(0, tokens);
+        decision = route(tokens);
+        return decision && decision->has_success() &&
+               decision->success().device_overlap_blocks() >= 8;
+      },
+      15s))
+      << node_->log();
+  EXPECT_EQ(decision->success().worker_id(), kFirstWorker + 1);
+  EXPECT_EQ(decision->success().device_overlap_blocks(), 8U);
+
+  // The second engine stops answering /health: its bridge deregisters and the node routes the
+  // prompt elsewhere; when it answers again it is registered anew.
+  second.set_healthy(false);
+  ASSERT_TRUE(wait_until(
+      [&] {
+        decision = route(tokens);
+        return decision && decision->has_success() &&
+               decision->success().worker_id() == kFirstWorker;
+      },
+      10s));
+  EXPECT_EQ(decision->success().device_overlap_blocks(), 0U);
+  second.set_healthy(true);
+  ASSERT_TRUE(testing::wait_until_routable(
+      *client_, kNamespace, kFirstWorker + 1, [&] { return next_id(); }, 10s));
+}
+
+}  // namespace
+}  // namespace kvr
