@@ -86,7 +86,7 @@ void ClusterSession::run(const LeaseAction& action, ClusterStep& result) {
           preparing_.erase(call.partition);
           result.drop.push_back(call.partition);
         } else if constexpr (std::is_same_v<Call, PreparePartition>) {
-          if (preparing_.insert(call.partition).second) result.prepare.push_back(call.partition);
+          preparing_.insert(call.partition);
         } else if constexpr (std::is_same_v<Call, AnnounceReady>) {
           auto written = partitions_->put(ready_key(call.partition), encode(call.value));
           if (!written) failed("announce", call.partition, written.error());
@@ -124,6 +124,7 @@ ClusterStep ClusterSession::step(LeaseKeeper::Clock::time_point now,
   for (const LeaseAction& action : keeper_.step(now, *members, partitions, *table)) {
     run(action, result);
   }
+  result.prepare.assign(preparing_.begin(), preparing_.end());
   result.owned = keeper_.owned(now);
   std::map<std::string, std::string> addresses;
   for (const MemberRecord& member : *members) addresses[member.node_id] = member.address;

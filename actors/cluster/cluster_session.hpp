@@ -33,7 +33,8 @@ struct PartitionOwner {
 struct ClusterStep {
   /// The partitions this node may serve now, with their epochs and fences.
   std::vector<OwnedPartition> owned;
-  /// Partitions to warm up (selector, registrations, KV dumps) before taking them over.
+  /// Partitions to warm up (selector, registrations, KV dumps) before taking them over; each is
+  /// named again every step until the node reports it warm (mark_prepared).
   std::vector<std::string> prepare;
   /// Partitions warmed up for nothing, or given up: their state can go.
   std::vector<std::string> drop;
@@ -61,7 +62,9 @@ class ClusterSession {
   ClusterStep step(LeaseKeeper::Clock::time_point now, const std::vector<std::string>& partitions);
 
   /// The node finished warming `partition` up.
-  void mark_prepared(const std::string& partition) { keeper_.mark_prepared(partition); }
+  void mark_prepared(const std::string& partition) {
+    if (preparing_.erase(partition) > 0) keeper_.mark_prepared(partition);
+  }
 
   /// Leaves the cluster: erases the member record and hands every lease back (their desired
   /// owners take them at their next step instead of after the TTL). Ownership ends at once.

@@ -94,34 +94,61 @@ void with_peer(Self self, const std::string& node_id,
 
 // ---- route ----------------------------------------------------------------------------------
 
-void route_locally(Self self, RouteEnvelope envelope) {
+void dispatch_route(Self self, RouteEnvelope envelope, int waits);
+
+// Serves a route request with this node's actors. Its answer comes back here rather than going
+// to the client directly, so that a request the partition's changing hands refused is routed
+// again at a later view.
+void route_locally(Self self, RouteEnvelope envelope, int waits) {
   const auto& config = self->state.config;
-  // Anonymous: the local actors answer the client on its reply subject, not this actor.
+  std::string reply = std::move(envelope.reply_subject);
+  envelope.reply_subject.clear();
+  auto keep = std::make_shared<RouteEnvelope>(envelope);
+  const auto answer = [self, keep, reply, waits](RouteDecisionMessage& decision) {
+    if (waits < kMaxViewWaits && decision.value.has_error() &&
+        decision.value.error().code() == v1::ROUTE_ERROR_UNAVAILABLE) {
+      keep->reply_subject = reply;
+      self->state.awaiting_view.emplace_back(std::move(*keep), waits + 1);
+      return;
+    }
+    publish(self, reply, decision.value.SerializeAsString());
+  };
+  const auto failed = [self, keep, reply](caf::error& error) {
+    node_metrics(self).route_errors(Error::unavailable).add();
+    publish(
+        self, reply,
+        make_route_error(keep->request.id(), Error::unavailable,
+                         fmt::format("this node did not answer: {}", self->system().render(error)))
+            .SerializeAsString());
+  };
   if (config.classifier) {
-    caf::anon_send(config.classifier, route_atom::value, std::move(envelope));
+    self->request(config.classifier, config.forward_timeout, route_atom::value, std::move(envelope))
+        .then(answer, failed);
   } else {
-    caf::anon_send(config.reservation, route_atom::value, std::move(envelope));
+    self->request(config.reservation, config.forward_timeout, route_atom::value,
+                  std::move(envelope))
+        .then(answer, failed);
   }
 }
 
-void forward_route(Self self, RouteEnvelope envelope, const std::string& owner, bool retried);
+void forward_route(Self self, RouteEnvelope envelope, const std::string& owner, int waits);
 
-// Serves a route request here, forwards it to its partition's owner, or (once) holds it for the
-// next view when neither this node nor a known other one owns the partition.
-void dispatch_route(Self self, RouteEnvelope envelope, bool retried) {
+// Serves a route request here, forwards it to its partition's owner, or holds it for the next
+// view when neither this node nor a known other one owns the partition.
+void dispatch_route(Self self, RouteEnvelope envelope, int waits) {
   const std::string partition = partition_of(envelope.request);
   const std::string owner = remote_owner(self, partition);
-  if (!owner.empty()) return forward_route(self, std::move(envelope), owner, retried);
-  if (!retried && !self->state.owned.contains(partition)) {
-    self->state.awaiting_view.push_back(std::move(envelope));
+  if (!owner.empty()) return forward_route(self, std::move(envelope), owner, waits);
+  if (waits < kMaxViewWaits && !self->state.owned.contains(partition)) {
+    self->state.awaiting_view.emplace_back(std::move(envelope), waits + 1);
     return;
   }
-  route_locally(self, std::move(envelope));
+  route_locally(self, std::move(envelope), waits);
 }
 
-void forward_route(Self self, RouteEnvelope envelope, const std::string& owner, bool retried) {
+void forward_route(Self self, RouteEnvelope envelope, const std::string& owner, int waits) {
   auto shared = std::make_shared<RouteEnvelope>(std::move(envelope));
-  with_peer(self, owner, [self, shared, owner, retried](const ingress_actor& ingress) {
+  with_peer(self, owner, [self, shared, owner, waits](const ingress_actor& ingress) {
     const auto lost = [self, shared, owner](const std::string& why) {
       node_metrics(self).cluster_forwards("route", "owner_lost").add();
       node_metrics(self).route_errors(Error::owner_lost).add();
@@ -136,11 +163,11 @@ void forward_route(Self self, RouteEnvelope envelope, const std::string& owner, 
     self->request(ingress, self->state.config.forward_timeout, route_atom::value,
                   RouteRequestMessage{encode_route_request(shared->request)})
         .then(
-            [self, shared, started, retried](RouteDecisionMessage& decision) {
-              // Not (or no longer) its partition: the next view names the new owner.
-              if (!retried && decision.value.has_error() &&
+            [self, shared, started, waits](RouteDecisionMessage& decision) {
+              // Not (or no longer) its partition: a later view names the new owner.
+              if (waits < kMaxViewWaits && decision.value.has_error() &&
                   decision.value.error().code() == v1::ROUTE_ERROR_UNAVAILABLE) {
-                self->state.awaiting_view.push_back(std::move(*shared));
+                self->state.awaiting_view.emplace_back(std::move(*shared), waits + 1);
                 return;
               }
               const std::chrono::duration<double> took = Clock::now() - started;
@@ -172,17 +199,32 @@ v1::LifecycleReport encode_report(const LifecycleReportData& report) {
   return wire;
 }
 
-// The node whose lease `lease_id` is; empty: this one, or unknown (served here, which refuses
-// a lease it does not hold).
-std::string lease_owner(Self self, const std::string& lease_id) {
+// The node whose lease `lease_id` is: this one (empty), another (its id), or none known
+// (nullopt: a node this one has not seen in a view yet, or not a cluster lease at all).
+std::optional<std::string> lease_owner(Self self, const std::string& lease_id) {
   const auto dash = lease_id.find('-');
-  if (dash == std::string::npos) return {};
-  const auto node = self->state.node_by_lease_prefix.find(lease_id.substr(0, dash));
-  if (node == self->state.node_by_lease_prefix.end() ||
-      node->second == self->state.config.node_id) {
-    return {};
+  if (dash == std::string::npos) return std::nullopt;
+  const std::string prefix = lease_id.substr(0, dash);
+  if (prefix == self->state.own_lease_prefix) return std::string{};
+  const auto node = self->state.node_by_lease_prefix.find(prefix);
+  if (node == self->state.node_by_lease_prefix.end()) return std::nullopt;
+  return node->second == self->state.config.node_id ? std::string{} : node->second;
+}
+
+void forward_report(Self self, ReportEnvelope envelope, const std::string& owner);
+
+void dispatch_report(Self self, ReportEnvelope envelope, int waits) {
+  const auto owner = lease_owner(self, envelope.report.lease_id);
+  if (!owner && waits < kMaxViewWaits) {
+    // A lease of a node that joined after this one's last view: the next view knows it.
+    self->state.awaiting_reports.emplace_back(std::move(envelope), waits + 1);
+    return;
   }
-  return node->second;
+  if (!owner || owner->empty()) {
+    caf::anon_send(self->state.config.reservation, report_atom::value, std::move(envelope));
+    return;
+  }
+  forward_report(self, std::move(envelope), *owner);
 }
 
 void forward_report(Self self, ReportEnvelope envelope, const std::string& owner) {
@@ -304,6 +346,7 @@ std::string cluster_lease_prefix(std::uint64_t incarnation) {
 
 forwarder_actor::behavior_type forwarder_behavior(Self self, ForwarderActorConfig config) {
   self->state.config = std::move(config);
+  self->state.own_lease_prefix = self->state.config.lease_prefix;
   // A peer whose connection dropped: its streams in flight end (or are retried before their
   // first chunk), and the next forward connects again.
   self->set_down_handler([self](caf::down_msg& message) {
@@ -329,16 +372,9 @@ forwarder_actor::behavior_type forwarder_behavior(Self self, ForwarderActorConfi
     }
   });
   return {
-      [self](route_atom, RouteEnvelope& envelope) {
-        dispatch_route(self, std::move(envelope), false);
-      },
+      [self](route_atom, RouteEnvelope& envelope) { dispatch_route(self, std::move(envelope), 0); },
       [self](report_atom, ReportEnvelope& envelope) {
-        const std::string owner = lease_owner(self, envelope.report.lease_id);
-        if (owner.empty()) {
-          caf::anon_send(self->state.config.reservation, report_atom::value, std::move(envelope));
-          return;
-        }
-        forward_report(self, std::move(envelope), owner);
+        dispatch_report(self, std::move(envelope), 0);
       },
       [self](generate_atom, GenerateEnvelope& envelope) {
         route_generate(self, std::move(envelope), false);
@@ -374,7 +410,10 @@ forwarder_actor::behavior_type forwarder_behavior(Self self, ForwarderActorConfi
         update_view(self, std::move(view));
         auto waiting = std::move(self->state.awaiting_view);
         self->state.awaiting_view.clear();
-        for (RouteEnvelope& envelope : waiting) dispatch_route(self, std::move(envelope), true);
+        for (auto& [envelope, waits] : waiting) dispatch_route(self, std::move(envelope), waits);
+        auto reports = std::move(self->state.awaiting_reports);
+        self->state.awaiting_reports.clear();
+        for (auto& [envelope, waits] : reports) dispatch_report(self, std::move(envelope), waits);
       },
   };
 }

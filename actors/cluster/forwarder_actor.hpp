@@ -28,6 +28,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -43,6 +44,8 @@ namespace kvr::actors {
 struct ForwarderActorConfig {
   /// This node's member record node id (its own partitions are served locally).
   std::string node_id;
+  /// The prefix of this node's lease ids (cluster_lease_prefix of its incarnation).
+  std::string lease_prefix;
   /// This node's actors, as the bridge would reach them without a cluster.
   classifier_actor classifier;
   reservation_actor reservation;
@@ -59,6 +62,7 @@ struct ForwarderActorConfig {
 struct ForwarderActorState {
   static inline const char* name = "kvr.forwarder";
   ForwarderActorConfig config;
+  std::string own_lease_prefix;
   ClusterView view;
   /// Owned partition keys, from the view.
   std::set<std::string> owned;
@@ -86,9 +90,15 @@ struct ForwarderActorState {
   std::unordered_map<std::string, ForwardedStream> streams;
   /// Route requests that wait for the next view: their partition had no known owner, or the
   /// owner they were sent to no longer served it (a handover or takeover in progress). Each
-  /// waits once; then it is served here or forwarded as the new view says.
-  std::vector<RouteEnvelope> awaiting_view;
+  /// waits for at most kMaxViewWaits views; then it is served here or forwarded as the last
+  /// view says, and its answer is final.
+  std::vector<std::pair<RouteEnvelope, int>> awaiting_view;  // with the views waited so far
+  /// Reports naming a lease prefix no member of the last view has, waiting likewise.
+  std::vector<std::pair<ReportEnvelope, int>> awaiting_reports;
 };
+
+/// How many views a route request may wait for while its partition changes hands.
+inline constexpr int kMaxViewWaits = 3;
 
 /// The forwarder's behaviour.
 forwarder_actor::behavior_type forwarder_behavior(

@@ -103,10 +103,19 @@ void apply_ownership(Self self, const ClusterView& view) {
   for (const std::string& partition : view.prepare) {
     if (auto key = key_of(partition)) wanted.try_emplace(*key);  // fenced: not owned yet
   }
+  std::set<PartitionKey> owned_now;
+  for (const cluster::OwnedPartition& owned : view.owned) {
+    if (auto key = key_of(owned.partition)) owned_now.insert(*key);
+  }
+  // A partition no longer owned drops its state, even when this node is to take it back later:
+  // what it booked as owner is not its to keep.
   std::vector<PartitionKey> retired;
   for (const auto& [key, selector] : state.selectors) {
-    if (!wanted.contains(key)) retired.push_back(key);
+    if (!wanted.contains(key) || (state.owned.contains(key) && !owned_now.contains(key))) {
+      retired.push_back(key);
+    }
   }
+  state.owned = std::move(owned_now);
   for (const PartitionKey& key : retired) retire_selector(self, key);
   bool spawned = false;
   for (const auto& [key, owned_until] : wanted) {
@@ -114,6 +123,13 @@ void apply_ownership(Self self, const ClusterView& view) {
     if (!selector) {
       selector = spawn_selector(self, key);
       spawned = true;
+      // Warm at once: the workers this node has heard register (their KV dumps follow).
+      for (const auto& [worker, registration] : state.registrations) {
+        const auto partition = state.worker_partition.find(worker);
+        if (partition != state.worker_partition.end() && partition->second == key) {
+          self->send(selector, worker_up_atom::value, registration);
+        }
+      }
     }
     self->send(selector, ownership_atom::value, owned_until);
   }
@@ -139,6 +155,7 @@ directory_actor::behavior_type directory_behavior(Self self, DirectoryActorConfi
         selector_actor selector = selector_of_partition(self, key);
         state.worker_partition[registration.worker_id] = key;
         if (state.config.cluster) {
+          state.registrations.insert_or_assign(registration.worker_id, registration);
           std::string partition = cluster::partition_key(key.first, key.second);
           if (state.known_partitions.emplace(partition, key).second) {
             self->send(state.config.cluster, partition_atom::value, std::move(partition));
@@ -156,9 +173,15 @@ directory_actor::behavior_type directory_behavior(Self self, DirectoryActorConfi
         }
       },
       [self](worker_down_atom, const WorkerLiveness& deregistration) {
+        auto& state = self->state;
+        if (const auto known = state.registrations.find(deregistration.worker_id);
+            known != state.registrations.end() &&
+            known->second.incarnation == deregistration.incarnation) {
+          state.registrations.erase(known);
+        }
         if (auto selector = selector_of_worker(self, deregistration.worker_id)) {
           self->send(selector, worker_down_atom::value, deregistration);
-          self->state.worker_partition.erase(deregistration.worker_id);
+          state.worker_partition.erase(deregistration.worker_id);
         }
       },
       [self](load_atom, WorkerLoadReport& report) {
@@ -224,6 +247,7 @@ directory_actor::behavior_type directory_behavior(Self self, DirectoryActorConfi
           if (it != state.worker_partition.end() &&
               selector_of_partition(self, it->second) == sender) {
             state.worker_partition.erase(it);
+            state.registrations.erase(id);
           }
         }
         for (const removal_watcher_actor& watcher : state.watchers) {

@@ -34,6 +34,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,6 +71,11 @@ struct DirectoryActorState {
   std::vector<selector_subscriber_actor> selector_subscribers;
   /// Cluster mode: every partition seen in a registration, by its placement key.
   std::map<std::string, std::pair<std::string, std::string>> known_partitions;
+  /// Cluster mode: each worker's last registration, whatever its partition, so that a selector
+  /// spawned to take a partition over knows its workers at once.
+  absl::flat_hash_map<WorkerId, discovery::WorkerRegistration> registrations;
+  /// Cluster mode: the partitions owned at the last ownership message.
+  std::set<std::pair<std::string, std::string>> owned;
 };
 
 /// The directory actor's behaviour.

@@ -243,6 +243,7 @@ struct RouterNode::Impl {
     if (!cluster_link) return;
     ForwarderActorConfig settings;
     settings.node_id = cluster_link->self.node_id;
+    settings.lease_prefix = cluster_lease_prefix(incarnation);
     settings.classifier = classifier;
     settings.reservation = reservation;
     settings.lifecycle = lifecycle;

@@ -4,6 +4,7 @@
 // forwarded over CAF's middleman), and its lifecycle report reaches the node that holds the lease,
 // so no report is refused and no booking is left open. Killed with SIGKILL, a node's partitions
 // are owned again by the others, and routes for them are answered again.
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -63,24 +64,44 @@ class NodeClusterTest : public testing::KvrClusterTest {
       ASSERT_TRUE(mocker);
       mockers_.push_back(std::move(*mocker));
     }
-    for (int n = 0; n < kNodes; ++n) {
-      const std::uint16_t port = free_port();
-      auto node = kvr_->start_node({.metrics_port = port,
-                                    .extra = {"--cluster", "--node-id", fmt::format("node-{}", n),
-                                              "--cluster-lease-ttl-ms", "1500"}},
-                                   fmt::format("node-{}.log", n));
-      ASSERT_TRUE(node);
-      nodes_.push_back(std::move(*node));
-      metrics_ports_.push_back(port);
-    }
-    for (std::uint16_t port : metrics_ports_) {
-      ASSERT_TRUE(testing::wait_until_healthy(port, 20s));
+    for (int n = 0; n < kNodes; ++n) ASSERT_NO_FATAL_FAILURE(start_node());
+  }
+
+  // Starts node-<next index>, with short leases (1.5 s), and waits for its /healthz.
+  void start_node() {
+    const int n = static_cast<int>(nodes_.size());
+    const std::uint16_t port = free_port();
+    auto node = kvr_->start_node({.metrics_port = port,
+                                  .nats_reconnect_wait_ms = 100,
+                                  .extra = {"--cluster", "--node-id", fmt::format("node-{}", n),
+                                            "--cluster-lease-ttl-ms", "1500"}},
+                                 fmt::format("node-{}.log", n));
+    ASSERT_TRUE(node);
+    nodes_.push_back(std::move(*node));
+    metrics_ports_.push_back(port);
+    ASSERT_TRUE(testing::wait_until_healthy(port, 20s));
+  }
+
+  // Routes one request of every model until each is answered with a decision (the owners have
+  // heard their workers); reports each completed.
+  void wait_until_every_model_routes(int request) {
+    for (int m = 0; m < kModels; ++m) {
+      ASSERT_TRUE(wait_until(
+          [&] {
+            const auto decision = route(m, request);
+            if (!decision || !decision->has_success()) return false;
+            (void)testing::report_lifecycle(*client_, kNamespace, decision->success().lease_id(),
+                                            v1::LIFECYCLE_EVENT_COMPLETED);
+            return true;
+          },
+          20s))
+          << model(m);
     }
   }
 
   void TearDown() override {
     if (HasFailure()) {
-      for (int n = 0; n < kNodes; ++n) {
+      for (std::size_t n = 0; n < nodes_.size(); ++n) {
         std::cerr << "---- node-" << n << " log\n" << nodes_[n].log();
       }
     }
@@ -98,6 +119,26 @@ class NodeClusterTest : public testing::KvrClusterTest {
       }
     }
     return result;
+  }
+
+  // Waits until every partition has exactly one owner among `live` and the owners match a
+  // balanced placement: every live node owns between one and ⌈1.1 · partitions / nodes⌉.
+  bool balanced(const std::set<int>& live, std::chrono::milliseconds timeout) {
+    const std::size_t cap = (11 * kModels + 10 * live.size() - 1) / (10 * live.size());
+    return wait_until(
+        [&] {
+          const auto now = owners(live);
+          if (now.size() != static_cast<std::size_t>(kModels)) return false;
+          std::map<int, std::size_t> per_node;
+          for (const auto& [partition, who] : now) {
+            if (who.size() != 1) return false;
+            ++per_node[who.front()];
+          }
+          if (per_node.size() != live.size()) return false;
+          return std::ranges::all_of(per_node,
+                                     [&](const auto& entry) { return entry.second <= cap; });
+        },
+        timeout);
   }
 
   // Waits until every partition has exactly one owner among `live`.
@@ -130,10 +171,8 @@ class NodeClusterTest : public testing::KvrClusterTest {
 };
 
 TEST_F(NodeClusterTest, EveryPartitionHasOneOwnerAndEveryNodeAnswersForIt) {
-  ASSERT_TRUE(each_partition_owned_once({0, 1, 2}, 20s));
-  std::map<int, int> owned_per_node;
-  for (const auto& [partition, who] : owners({0, 1, 2})) ++owned_per_node[who.front()];
-  for (const auto& [node, count] : owned_per_node) EXPECT_LE(count, 3) << "node-" << node;
+  // Placement spreads the six partitions over the three nodes, no node owning more than three.
+  ASSERT_TRUE(balanced({0, 1, 2}, 20s));
   // Until each owner has heard its worker, a route may find none: wait for every model.
   for (int m = 0; m < kModels; ++m) {
     ASSERT_TRUE(wait_until(
@@ -207,6 +246,95 @@ TEST_F(NodeClusterTest, AKilledNodesPartitionsAreOwnedAgainAndAnswered) {
         << model(m);
   }
   for (int n : live) EXPECT_TRUE(nodes_[n].running()) << "node-" << n;
+}
+
+TEST_F(NodeClusterTest, ANodeThatJoinsTakesItsShareWithoutAFailedRequest) {
+  ASSERT_TRUE(each_partition_owned_once({0, 1, 2}, 20s));
+  ASSERT_NO_FATAL_FAILURE(wait_until_every_model_routes(0));
+  ASSERT_NO_FATAL_FAILURE(start_node());  // node-3
+  // Requests keep flowing while partitions are handed to the new node: none fails.
+  int request = 1;
+  bool handed_over = false;
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!handed_over && std::chrono::steady_clock::now() < deadline) {
+    for (int m = 0; m < kModels; ++m, ++request) {
+      const auto decision = route(m, request);
+      ASSERT_TRUE(decision) << model(m) << ": no answer during the handover";
+      ASSERT_TRUE(decision->has_success()) << decision->DebugString();
+      const auto ack = testing::report_lifecycle(
+          *client_, kNamespace, decision->success().lease_id(), v1::LIFECYCLE_EVENT_COMPLETED);
+      ASSERT_TRUE(ack && ack->accepted()) << (ack ? ack->DebugString() : "no ack");
+    }
+    const auto now = owners({0, 1, 2, 3});
+    handed_over =
+        now.size() == static_cast<std::size_t>(kModels) &&
+        std::ranges::all_of(now, [](const auto& entry) { return entry.second.size() == 1; }) &&
+        std::ranges::any_of(now, [](const auto& entry) { return entry.second.front() == 3; });
+  }
+  EXPECT_TRUE(handed_over) << "node-3 was given no partition";
+}
+
+TEST_F(NodeClusterTest, AHungNodeLosesItsLeasesAndComesBackWithoutDoubleOwnership) {
+  ASSERT_TRUE(each_partition_owned_once({0, 1, 2}, 20s));
+  ASSERT_NO_FATAL_FAILURE(wait_until_every_model_routes(0));
+  std::map<int, int> owned_per_node;
+  for (const auto& [partition, who] : owners({0, 1, 2})) ++owned_per_node[who.front()];
+  const int victim = owned_per_node.begin()->first;
+  nodes_[victim].signal(SIGSTOP);
+  std::set<int> others{0, 1, 2};
+  others.erase(victim);
+  // Its leases age out and the others take them; requests for them are answered again.
+  ASSERT_TRUE(each_partition_owned_once(others, 10s));
+  ASSERT_NO_FATAL_FAILURE(wait_until_every_model_routes(1));
+  nodes_[victim].signal(SIGCONT);
+  // Back, it finds its fence passed and its leases taken. While it rejoins (and may be handed
+  // partitions back), every request is answered, and bookings open on one node per partition
+  // only: the requests below are never reported, so a node that booked while another owned the
+  // partition would still show them.
+  const auto deadline = std::chrono::steady_clock::now() + 4s;
+  int request = 2;
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (int m = 0; m < kModels; ++m, ++request) {
+      const auto decision = route(m, request);
+      ASSERT_TRUE(decision) << model(m) << ": no answer";
+      EXPECT_TRUE(decision->has_success()) << decision->DebugString();
+    }
+  }
+  ASSERT_TRUE(each_partition_owned_once({0, 1, 2}, 10s));
+  for (int m = 0; m < kModels; ++m) {
+    int nodes_with_bookings = 0;
+    for (int n = 0; n < kNodes; ++n) {
+      if (metric(metrics_of(n),
+                 fmt::format("kvr_bookings_open{{partition=\"{}/default\"}}", model(m))) > 0) {
+        ++nodes_with_bookings;
+      }
+    }
+    EXPECT_LE(nodes_with_bookings, 1) << model(m) << " is booked on two nodes";
+    if (nodes_with_bookings > 1) {
+      for (int n = 0; n < kNodes; ++n) {
+        const std::string text = metrics_of(n);
+        std::cerr << "node-" << n << " owned " << metric(text, owned_series(m)) << " bookings "
+                  << metric(text,
+                            fmt::format("kvr_bookings_open{{partition=\"{}/default\"}}", model(m)))
+                  << "\n";
+      }
+    }
+  }
+  for (int n = 0; n < kNodes; ++n) EXPECT_TRUE(nodes_[n].running()) << "node-" << n;
+}
+
+TEST_F(NodeClusterTest, TheClusterReconvergesAfterANatsServerRestart) {
+  ASSERT_TRUE(each_partition_owned_once({0, 1, 2}, 20s));
+  ASSERT_NO_FATAL_FAILURE(wait_until_every_model_routes(0));
+  server_->stop();
+  // Without NATS nobody can renew: every node stops serving what it held.
+  ASSERT_TRUE(wait_until([&] { return owners({0, 1, 2}).empty(); }, 10s));
+  std::string error;
+  ASSERT_TRUE(server_->restart(&error)) << error;
+  ASSERT_TRUE(each_partition_owned_once({0, 1, 2}, 20s));
+  ASSERT_TRUE(wait_until([&] { return client_->connected(); }, 10s));
+  ASSERT_NO_FATAL_FAILURE(wait_until_every_model_routes(1));
+  for (int n = 0; n < kNodes; ++n) EXPECT_TRUE(nodes_[n].running()) << "node-" << n;
 }
 
 }  // namespace
