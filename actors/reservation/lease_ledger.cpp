@@ -14,6 +14,8 @@ std::string_view as_str(LeaseError error) {
       return "unknown_lease";
     case LeaseError::first_token_repeated:
       return "first_token_repeated";
+    case LeaseError::already_ended:
+      return "already_ended";
   }
   return "unknown";
 }
@@ -62,8 +64,12 @@ const Lease* LeaseLedger::find(std::string_view lease_id) const {
 }
 
 std::expected<Lease, LeaseError> LeaseLedger::first_token(std::string_view lease_id) {
-  const auto it = find_exact(leases_, counter_of(lease_id), lease_id);
-  if (it == leases_.end()) return std::unexpected(LeaseError::unknown_lease);
+  const auto counter = counter_of(lease_id);
+  const auto it = find_exact(leases_, counter, lease_id);
+  if (it == leases_.end()) {
+    return std::unexpected(counter && ended_.contains(*counter) ? LeaseError::already_ended
+                                                                : LeaseError::unknown_lease);
+  }
   Lease* lease = &it->second;
   if (lease->first_token_reported) return std::unexpected(LeaseError::first_token_repeated);
   lease->first_token_reported = true;
@@ -74,6 +80,12 @@ std::expected<Lease, LeaseError> LeaseLedger::close(std::string_view lease_id) {
   const auto it = find_exact(leases_, counter_of(lease_id), lease_id);
   if (it == leases_.end()) return std::unexpected(LeaseError::unknown_lease);
   Lease lease = std::move(it->second);
+  ended_order_.push_back(it->first);
+  ended_.insert(it->first);
+  if (ended_order_.size() > kRecentlyEnded) {
+    ended_.erase(ended_order_.front());
+    ended_order_.pop_front();
+  }
   leases_.erase(it);
   compact_expiries();
   return lease;

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <expected>
 #include <limits>
 #include <optional>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
 
 #include "messages/ids.hpp"
 #include "selection/worker_selection.hpp"
@@ -34,9 +36,10 @@ struct Lease {
 enum class LeaseError : std::uint8_t {
   unknown_lease,         ///< never issued, already ended, or expired
   first_token_repeated,  ///< the first token of this lease was already reported
+  already_ended,         ///< a first token for a lease its completion or abort ended just before
 };
 
-/// "unknown_lease" or "first_token_repeated".
+/// "unknown_lease", "first_token_repeated" or "already_ended".
 std::string_view as_str(LeaseError error);
 
 /// Open leases by id, with an expiry order.
@@ -49,7 +52,10 @@ class LeaseLedger {
   std::string open(plugins::worker_selection::RoutingPartition partition, std::string request_id,
                    WorkerWithDpRank worker, std::chrono::steady_clock::time_point expires_at);
 
-  /// Marks the lease's first token; the lease stays open. Fails when unknown or repeated.
+  /// Marks the lease's first token; the lease stays open. Fails when unknown or repeated, and
+  /// with already_ended for one of the last kRecentlyEnded leases close() ended: reports travel
+  /// independently (in a cluster, through different nodes), so a completion may overtake its
+  /// first token.
   std::expected<Lease, LeaseError> first_token(std::string_view lease_id);
 
   /// Ends the lease (completed, aborted, or rolled back) and returns it; the caller releases
@@ -66,6 +72,9 @@ class LeaseLedger {
 
   std::size_t size() const { return leases_.size(); }
 
+  /// How many ended leases first_token() still recognises.
+  static constexpr std::size_t kRecentlyEnded = 8192;
+
  private:
   // Leases are keyed by their counter: an id is "<prefix>-<counter>", so a lookup parses the
   // counter back instead of hashing and comparing strings.
@@ -76,6 +85,9 @@ class LeaseLedger {
   std::string id_prefix_;
   std::uint64_t next_id_ = 1;
   absl::flat_hash_map<std::uint64_t, Lease> leases_;
+  // The counters of the last leases close() ended, oldest first, and the same as a set.
+  std::deque<std::uint64_t> ended_order_;
+  absl::flat_hash_set<std::uint64_t> ended_;
   // (expiry, counter), earliest on top; an entry whose lease ended is skipped when it surfaces.
   using Expiry = std::pair<std::chrono::steady_clock::time_point, std::uint64_t>;
   std::vector<Expiry> expiries_;

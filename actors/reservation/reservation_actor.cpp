@@ -233,8 +233,11 @@ AckPromise handle_report(Self self, ReportEnvelope& envelope) {
                            : state.ledger->close(report.lease_id);
   publish_leases_gauge(self);
   if (!lease) {
-    deliver_ack(self, envelope, promise, false,
-                fmt::format("lease '{}': {}", report.lease_id, as_str(lease.error())));
+    // A first token whose completion overtook it: nothing is left to do, and nothing is wrong.
+    const bool overtaken = lease.error() == LeaseError::already_ended;
+    deliver_ack(self, envelope, promise, overtaken,
+                overtaken ? fmt::format("lease '{}' already ended", report.lease_id)
+                          : fmt::format("lease '{}': {}", report.lease_id, as_str(lease.error())));
     return promise;
   }
   namespace rc = plugins::request_classifier;

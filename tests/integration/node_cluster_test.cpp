@@ -337,5 +337,71 @@ TEST_F(NodeClusterTest, TheClusterReconvergesAfterANatsServerRestart) {
   for (int n = 0; n < kNodes; ++n) EXPECT_TRUE(nodes_[n].running()) << "node-" << n;
 }
 
+// `kvr replay-live` through two and three cluster nodes: one model (one partition, one owner),
+// every request answered wherever it lands, every lifecycle report accepted by the node that
+// holds its lease, and no booking left open on any node at the end.
+class LiveClusterTest : public testing::KvrClusterTest, public ::testing::WithParamInterface<int> {
+ protected:
+  LiveClusterTest() : KvrClusterTest(KVR_BINARY, "livecluster", {}, {"-js"}) {}
+};
+
+TEST_P(LiveClusterTest, EveryReportReachesItsLeaseAndNoBookingIsLeftOpen) {
+  const int nodes = GetParam();
+  auto mocker = kvr_->start_mocker({.workers = 4, .block_size = 64, .time_scale = "50"});
+  ASSERT_TRUE(mocker);
+  std::vector<ChildProcess> routers;
+  std::vector<std::uint16_t> ports;
+  for (int n = 0; n < nodes; ++n) {
+    ports.push_back(free_port());
+    auto node = kvr_->start_node({.block_size = 64,
+                                  .metrics_port = ports.back(),
+                                  .extra = {"--cluster", "--node-id", fmt::format("live-{}", n),
+                                            "--cluster-lease-ttl-ms", "1500"}},
+                                 fmt::format("node-{}.log", n));
+    ASSERT_TRUE(node);
+    routers.push_back(std::move(*node));
+    ASSERT_TRUE(testing::wait_until_healthy(ports.back(), 20s));
+  }
+  const auto json_path = directory_.path() / "live.json";
+  auto replay = kvr_->start({"replay-live"},
+                            {"--quiet", "--limit", "100", "--speedup", "20", "--timeout", "60",
+                             "--json", json_path.string()},
+                            "replay.log");
+  ASSERT_TRUE(replay);
+  const auto status = replay->wait(150s);
+  ASSERT_EQ(status, 0) << replay->log();
+  const std::string report = testing::read_file(json_path);
+  EXPECT_NE(report.find("\"completed\": 100"), std::string::npos) << report;
+
+  double refused = 0;
+  double forwarded = 0;
+  for (int n = 0; n < nodes; ++n) {
+    const std::string text = testing::http_get(ports[n], "/metrics");
+    for (std::size_t at = text.find("kvr_lifecycle_reports_total{"); at != std::string::npos;
+         at = text.find("kvr_lifecycle_reports_total{", at + 1)) {
+      const std::string line = text.substr(at, text.find('\n', at) - at);
+      if (line.find("accepted=\"false\"") != std::string::npos) {
+        const double count = std::stod(line.substr(line.rfind(' ') + 1));
+        refused += count;
+        if (count > 0) ADD_FAILURE() << "node " << n << ": " << line;
+      }
+    }
+    forwarded += metric(text, "kvr_cluster_forwards_total{kind=\"report\",outcome=\"answered\"}");
+  }
+  EXPECT_EQ(refused, 0) << "every report found the node that holds its lease";
+  EXPECT_GT(forwarded, 0) << "with several nodes, some reports land away from their lease";
+  for (int n = 0; n < nodes; ++n) {
+    EXPECT_TRUE(wait_until(
+        [&] {
+          return metric(testing::http_get(ports[n], "/metrics"),
+                        "kvr_bookings_open{partition=\"mock-model/default\"}") == 0;
+        },
+        10s))
+        << "node " << n << " keeps bookings open";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Nodes, LiveClusterTest, ::testing::Values(2, 3));
+
 }  // namespace
 }  // namespace kvr

@@ -39,7 +39,23 @@ TEST(LeaseLedgerTest, FirstTokenKeepsTheLeaseOpenAndRefusesARepeat) {
   ASSERT_TRUE(ledger.first_token(id));
   EXPECT_EQ(ledger.first_token(id).error(), LeaseError::first_token_repeated);
   EXPECT_TRUE(ledger.close(id));
-  EXPECT_EQ(ledger.first_token(id).error(), LeaseError::unknown_lease);
+  EXPECT_EQ(ledger.first_token(id).error(), LeaseError::already_ended);
+}
+
+// Reports travel independently: a completion may overtake its first token, which then finds the
+// lease ended (not unknown), for the last kRecentlyEnded closed leases only.
+TEST(LeaseLedgerTest, AFirstTokenAfterItsCompletionFindsTheLeaseEnded) {
+  LeaseLedger ledger{"n"};
+  const std::string first = ledger.open(kPartition, "r0", {1, 0}, kStart + 10s);
+  ASSERT_TRUE(ledger.close(first));
+  const auto late = ledger.first_token(first);
+  ASSERT_FALSE(late);
+  EXPECT_EQ(late.error(), LeaseError::already_ended);
+  EXPECT_EQ(ledger.first_token("n-999").error(), LeaseError::unknown_lease);
+  for (std::size_t i = 0; i < LeaseLedger::kRecentlyEnded; ++i) {
+    ASSERT_TRUE(ledger.close(ledger.open(kPartition, "r", {1, 0}, kStart + 10s)));
+  }
+  EXPECT_EQ(ledger.first_token(first).error(), LeaseError::unknown_lease) << "forgotten by now";
 }
 
 TEST(LeaseLedgerTest, ExpireEndsOnlyDueLeasesAndNeverAClosedOne) {
