@@ -2,6 +2,10 @@
 // process (kv-cost, block size 16, leases of one second so bookings of unreported decisions
 // expire), and 64 simulated workers that registered, reported idle load and published their KV
 // caches over NATS. Started on first use, stopped by shutdown(). Plain C++ (no CAF).
+//
+// With KVR_BENCH_CLUSTER_NODES=N (N ≥ 1), N nodes run in cluster mode instead (a nats-server
+// with JetStream): one owns the fleet's partition and the others forward to it, so the NATS
+// benchmarks measure what forwarding costs; node() is the first, metrics_text() joins all.
 #pragma once
 
 #include <cstdint>
@@ -27,13 +31,17 @@ class NodeEnvironment {
   const RequestTemplates& templates() const { return templates_; }
   std::string url() const { return server_->url(); }
   int server_pid() const { return server_->process().pid(); }
-  actors::RouterNode& node() { return *node_; }
+  actors::RouterNode& node() { return *nodes_.front(); }
   /// The port the node's ingress actor is published on.
-  std::uint16_t actor_port() const { return node_->actor_port(); }
+  std::uint16_t actor_port() const { return nodes_.front()->actor_port(); }
   /// Renews every worker's lease (a heartbeat each); call before a measured run.
   void heartbeat();
   /// The node's metrics as Prometheus text (what /metrics serves).
-  std::string metrics_text() const { return node_->metrics().render(); }
+  std::string metrics_text() const {
+    std::string text;
+    for (const auto& node : nodes_) text += node->metrics().render();
+    return text;
+  }
 
   ~NodeEnvironment();
 
@@ -42,7 +50,9 @@ class NodeEnvironment {
   Workload workload_;
   RequestTemplates templates_{workload_};
   std::unique_ptr<testing::NatsServer> server_;
-  std::unique_ptr<actors::RouterNode> node_;
+  std::vector<std::unique_ptr<actors::RouterNode>> nodes_;
+  /// The sum of a series over the nodes.
+  double total(std::string_view name, const actors::metrics::Labels& labels) const;
   std::unique_ptr<actors::nats::NatsClient> fleet_;
 };
 

@@ -61,9 +61,19 @@ NodeEnvironment& NodeEnvironment::get() {
 
 void NodeEnvironment::shutdown() { environment().reset(); }
 
+double NodeEnvironment::total(std::string_view name, const metrics::Labels& labels) const {
+  double sum = 0;
+  for (const auto& node : nodes_) sum += node->metrics().value(name, labels);
+  return sum;
+}
+
 NodeEnvironment::NodeEnvironment() {
+  const char* cluster_nodes = std::getenv("KVR_BENCH_CLUSTER_NODES");
+  const int nodes = cluster_nodes != nullptr ? std::max(1, std::atoi(cluster_nodes)) : 0;
   std::string error;
-  server_ = testing::NatsServer::start(&error);
+  server_ = testing::NatsServer::start(
+      &error, std::nullopt,
+      nodes > 0 ? std::vector<std::string>{"-js"} : std::vector<std::string>{});
   if (!server_) die(error);
   plugins::RouterPluginRegistry registry;
   if (!selection::register_builtin_policies(registry)) die("cannot register the policies");
@@ -77,9 +87,16 @@ NodeEnvironment::NodeEnvironment() {
   options.router.block_size = kBlockSize;
   options.lease_ttl = 1s;
   options.actor_port = testing::free_port();
-  auto node = actors::RouterNode::start(options, std::move(*plugins));
-  if (!node) die(node.error());
-  node_ = std::move(*node);
+  for (int n = 0; n < std::max(1, nodes); ++n) {
+    if (nodes > 0) {
+      options.cluster.enabled = true;
+      options.cluster.node_id = fmt::format("bench-{}", n);
+    }
+    auto node = actors::RouterNode::start(options, *plugins);
+    if (!node) die(node.error());
+    nodes_.push_back(std::move(*node));
+    options.actor_port = 0;  // the first node's only
+  }
 
   actors::nats::NatsOptions fleet_options;
   fleet_options.url = server_->url();
@@ -96,8 +113,12 @@ NodeEnvironment::NodeEnvironment() {
   }
   (void)fleet_->flush(5s);
   if (!testing::wait_until(
-          [&] { return node_->metrics().value("kvr_workers", partition) == kWorkers; }, 20s)) {
-    die("the node did not register the fleet:\n" + node_->metrics().render());
+          [&] {
+            return total("kvr_workers", partition) == kWorkers &&
+                   (nodes == 0 || total("kvr_cluster_owned_partitions", {}) == 1);
+          },
+          20s)) {
+    die("the node did not register the fleet:\n" + metrics_text());
   }
   for (std::size_t w = 0; w < kWorkers; ++w) {
     const auto registration = workload_.registration(w);
@@ -109,16 +130,16 @@ NodeEnvironment::NodeEnvironment() {
   (void)fleet_->flush(5s);
   const bool ready = testing::wait_until(
       [&] {
-        return node_->metrics().value("kvr_index_blocks", partition) ==
+        return total("kvr_index_blocks", partition) ==
                static_cast<double>(workload_.distinct_blocks());
       },
       20s);
-  if (!ready) die("the node did not learn the fleet:\n" + node_->metrics().render());
+  if (!ready) die("the node did not learn the fleet:\n" + metrics_text());
 }
 
 NodeEnvironment::~NodeEnvironment() {
   fleet_.reset();
-  node_.reset();
+  nodes_.clear();
   server_.reset();
 }
 
