@@ -12,8 +12,10 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/wire/kv_event_codec.hpp"
+#include "deploy/bridge/generate_forwarder.hpp"
 #include "deploy/bridge/kv_translator.hpp"
 #include "kvr/v1/kv_events.pb.h"
+#include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
 #include "messages/subjects.hpp"
 #include "messages/worker_role.hpp"
@@ -69,6 +71,9 @@ std::expected<void, std::string> BridgeOptions::validate() const {
   if (load_interval < std::chrono::milliseconds(10)) {
     return std::unexpected("--load-interval-ms must be at least 10");
   }
+  if (max_concurrent_generates == 0 || max_concurrent_generates > 4096) {
+    return std::unexpected("--max-concurrent-generates must be in [1, 4096]");
+  }
   for (DpRank rank = 0; rank < data_parallel_size; ++rank) {
     if (auto endpoint = endpoint_for_rank(kv_events, rank); !endpoint) {
       return std::unexpected("--kv-events: " + endpoint.error());
@@ -98,6 +103,8 @@ struct EngineBridge::State {
   std::optional<EngineFacts> facts;
   std::optional<KvTranslator> translator;
   std::unique_ptr<ZmqKvSubscriber> subscriber;
+  // Serves generate requests on its own threads; publishes through `nats`.
+  std::unique_ptr<GenerateForwarder> generator;
   bool logged_waiting = false;
   BridgeStats stats;
 
@@ -234,6 +241,7 @@ struct EngineBridge::State {
       return;
     }
     subscriber = std::move(*subscriber_or);
+    generator->set_model(facts->model);
     publish(subjects::worker_register(options.ns), registration());
     publish_heartbeat();
     ++stats.registrations;
@@ -343,6 +351,8 @@ EngineBridge::~EngineBridge() {
   if (state_) {
     state_->subscriber.reset();
     state_->subscriptions.clear();
+    // Before the NATS client: open streams still publish their last chunk.
+    state_->generator.reset();
   }
 }
 
@@ -368,6 +378,40 @@ std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
       [raw](actors::nats::NatsMessage message) { raw->enqueue(DumpItem{std::move(message)}); });
   if (!dump) return std::unexpected(dump.error());
   state->subscriptions.push_back(std::move(*dump));
+  auto generator = GenerateForwarder::start(
+      GenerateForwarderOptions{.engine_url = raw->options.engine_url,
+                               .worker_id = raw->worker_id,
+                               .data_parallel_size = raw->options.data_parallel_size,
+                               .concurrency = raw->options.max_concurrent_generates,
+                               .read_timeout = raw->options.generate_read_timeout},
+      [raw](const std::string& subject, const v1::GenerateChunk& chunk) {
+        raw->publish(subject, chunk);
+      });
+  if (!generator) return std::unexpected(generator.error());
+  state->generator = std::move(*generator);
+  if (!raw->options.model.empty()) raw->generator->set_model(raw->options.model);
+  const std::string generate_subject = subjects::worker_generate(raw->options.ns, raw->worker_id);
+  auto generate = raw->nats->subscribe(generate_subject, [raw](actors::nats::NatsMessage message) {
+    v1::GenerateRequest request;
+    if (!request.ParseFromString(message.data)) {
+      spdlog::warn("kvr bridge: dropped a malformed GenerateRequest");
+      return;
+    }
+    raw->generator->submit(std::move(request));
+  });
+  if (!generate) return std::unexpected(generate.error());
+  state->subscriptions.push_back(std::move(*generate));
+  auto cancel =
+      raw->nats->subscribe(generate_subject + ".cancel", [raw](actors::nats::NatsMessage message) {
+        v1::GenerateCancel request;
+        if (!request.ParseFromString(message.data)) {
+          spdlog::warn("kvr bridge: dropped a malformed GenerateCancel");
+          return;
+        }
+        raw->generator->cancel(request.request_id());
+      });
+  if (!cancel) return std::unexpected(cancel.error());
+  state->subscriptions.push_back(std::move(*cancel));
   auto discover =
       raw->nats->subscribe(subjects::worker_discover(raw->options.ns),
                            [raw](actors::nats::NatsMessage) { raw->enqueue(DiscoverItem{}); });
@@ -431,6 +475,12 @@ BridgeStats EngineBridge::run(std::stop_token stop) {
   if (auto flushed = state.nats->flush(std::chrono::seconds(2)); !flushed) {
     spdlog::warn("kvr bridge: {}", flushed.error());
   }
+  const GenerateForwarderStats generated = state.generator->stats();
+  state.stats.generate_requests = generated.requests;
+  state.stats.generate_completed = generated.completed;
+  state.stats.generate_cancelled = generated.cancelled;
+  state.stats.generate_failed = generated.failed;
+  state.stats.generate_refused = generated.refused;
   return state.stats;
 }
 

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <msgpack.hpp>
+#include <nlohmann/json.hpp>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -69,6 +70,50 @@ class StandInEngine {
           "num_gpu_blocks=\"512\",prefix_caching_hash_algo=\"sha256\"} 1.0\n",
           "text/plain; version=0.0.4");
     });
+    // OpenAI's completions streaming as vLLM writes it: one event per token (its id in token_ids,
+    // with return_token_ids), the finish reason on the last, a usage-only event, then [DONE].
+    server_.Post("/v1/completions", [this](const httplib::Request& request,
+                                           httplib::Response& response) {
+      const auto body = nlohmann::json::parse(request.body, nullptr, false);
+      if (body.is_discarded() || !body.value("stream", false) || !body["prompt"].is_array()) {
+        response.status = 400;
+        response.set_content(R"({"object":"error","message":"bad request","code":400})",
+                             "application/json");
+        return;
+      }
+      ++completions_;
+      const int max_tokens = body.value("max_tokens", 16);
+      const std::size_t prompt_tokens = body["prompt"].size();
+      response.set_chunked_content_provider(
+          "text/event-stream", [max_tokens, prompt_tokens](std::size_t, httplib::DataSink& sink) {
+            for (int i = 0; i < max_tokens; ++i) {
+              const bool last = i + 1 == max_tokens;
+              const nlohmann::json event = {
+                  {"id", "cmpl-1"},
+                  {"object", "text_completion"},
+                  {"created", 1'700'000'000},
+                  {"model", "mock-model"},
+                  {"choices",
+                   {{{"index", 0},
+                     {"text", " t"},
+                     {"logprobs", nullptr},
+                     {"finish_reason", last ? nlohmann::json("length") : nlohmann::json()},
+                     {"stop_reason", nullptr},
+                     {"token_ids", {500 + i}}}}},
+                  {"usage",
+                   {{"prompt_tokens", prompt_tokens},
+                    {"completion_tokens", i + 1},
+                    {"total_tokens", prompt_tokens + static_cast<std::size_t>(i) + 1},
+                    {"prompt_tokens_details", {{"cached_tokens", 32}}}}}};
+              const std::string line = "data: " + event.dump() + "\n\n";
+              if (!sink.write(line.data(), line.size())) return false;
+            }
+            const std::string done = "data: [DONE]\n\n";
+            sink.write(done.data(), done.size());
+            sink.done();
+            return true;
+          });
+    });
     http_port_ = static_cast<std::uint16_t>(server_.bind_to_any_port("127.0.0.1"));
     thread_ = std::thread{[this] { server_.listen_after_bind(); }};
   }
@@ -80,6 +125,7 @@ class StandInEngine {
   std::string url() const { return "http://127.0.0.1:" + std::to_string(http_port_); }
   const std::string& kv_endpoint() const { return kv_endpoint_; }
   void set_healthy(bool healthy) { healthy_ = healthy; }
+  int completions() const { return completions_.load(); }
 
   // Publishes, as vLLM's array-encoded batch, that the engine stored every full block of
   // `tokens` as one chain, with engine hashes of its own (not kvr's).
@@ -113,6 +159,7 @@ class StandInEngine {
   httplib::Server server_;
   std::uint16_t http_port_ = 0;
   std::atomic<bool> healthy_{true};
+  std::atomic<int> completions_{0};
   std::thread thread_;
 };
 
@@ -247,6 +294,48 @@ TEST_F(BridgeTest, RegistersPublishesLoadAndRoutesToTheEngineHoldingThePrefix) {
   second.set_healthy(true);
   ASSERT_TRUE(testing::wait_until_routable(
       *client_, kNamespace, kFirstWorker + 1, [&] { return next_id(); }, 10s));
+}
+
+TEST_F(BridgeTest, GenerateStreamsThroughTheBridgeFromTheEnginesCompletions) {
+  StandInEngine engine{context_};
+  start_bridge(engine, kFirstWorker);
+  start_node();
+  ASSERT_TRUE(testing::wait_until_routable(
+      *client_, kNamespace, kFirstWorker, [&] { return next_id(); }, 20s))
+      << node_->log();
+
+  testing::ChunkStream stream;
+  ASSERT_TRUE(stream.open(*client_));
+  v1::GenerateRequest request;
+  request.mutable_route()->set_request_id("gen-1");
+  request.mutable_route()->set_model("mock-model");
+  for (std::uint32_t token : prompt(64, 1))
+    request.mutable_route()->mutable_tokens()->add_ids(token);
+  request.set_max_output_tokens(5);
+  request.set_stream_subject(stream.subject());
+  auto reply =
+      client_->request(subjects::router_generate(kNamespace), request.SerializeAsString(), 5s);
+  ASSERT_TRUE(reply) << reply.error();
+  v1::RouteDecision decision;
+  ASSERT_TRUE(decision.ParseFromString(reply->data));
+  ASSERT_TRUE(decision.has_success()) << decision.DebugString();
+  ASSERT_TRUE(wait_until([&] { return stream.finished(); }, 10s)) << node_->log();
+
+  // The node relays the bridge's chunks unchanged: one per SSE event, the engine's token ids,
+  // the cached tokens of the first, the finish reason of the last.
+  const auto chunks = stream.chunks();
+  ASSERT_EQ(chunks.size(), 5U);
+  for (std::uint32_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(chunks[i].index(), i);
+    EXPECT_EQ(chunks[i].worker_id(), kFirstWorker);
+    ASSERT_EQ(chunks[i].token_ids_size(), 1);
+    EXPECT_EQ(chunks[i].token_ids(0), 500 + i);
+    EXPECT_FALSE(chunks[i].has_error());
+  }
+  EXPECT_EQ(chunks[0].cached_prompt_tokens(), 32U);
+  EXPECT_TRUE(chunks[4].finished());
+  EXPECT_EQ(chunks[4].finish_reason(), "length");
+  EXPECT_EQ(engine.completions(), 1);
 }
 
 }  // namespace
