@@ -134,11 +134,14 @@ class BridgeVllmEngineTest : public testing::KvrClusterTest {
 
   std::string next_id() { return "req-" + std::to_string(++request_counter_); }
 
-  // A route-mode decision for `tokens` (its lease reported completed at once).
-  std::optional<v1::RouteDecision> route(const std::vector<std::uint32_t>& tokens) {
+  // A route-mode decision for `tokens`, pinned to `pinned` when given (its lease reported
+  // completed at once).
+  std::optional<v1::RouteDecision> route(const std::vector<std::uint32_t>& tokens,
+                                         std::optional<WorkerId> pinned = std::nullopt) {
     v1::RouteRequest request;
     request.set_request_id(next_id());
     request.set_model("mock-model");
+    if (pinned) request.mutable_pinned_worker()->set_worker_id(*pinned);
     for (std::uint32_t token : tokens) request.mutable_tokens()->add_ids(token);
     auto decision = testing::request_route(*client_, kNamespace, request);
     if (decision && decision->has_success()) {
@@ -308,24 +311,29 @@ TEST_F(BridgeVllmEngineTest, AKilledEngineLeavesRoutingWithinTheLeaseTtl) {
       *client_, kNamespace, kFirstWorker + 1, [&] { return next_id(); }, 20s));
   ASSERT_TRUE(wait_for_kv_events(second.worker, 3'000'000));
 
+  // The node prefers the second engine for a prompt it holds.
+  const auto tokens = prompt(64, 3'000'000);
+  ASSERT_TRUE(routes_with_overlap(tokens, second.worker, 4));
   // A stream in flight on the engine that dies ends with an error, not silence.
   auto [stream, decision] =
       start_generate(prompt(64, 40'000), kLongGeneration, second.worker, "doomed");
   ASSERT_TRUE(decision.has_success());
   ASSERT_TRUE(wait_until([&] { return stream->size() >= 1; }, 10s));
 
-  const auto tokens = prompt(64, 3'000'000);  // cached on the second engine
-  ASSERT_TRUE(routes_with_overlap(tokens, second.worker, 4));
   second.engine->signal(SIGKILL);
   const auto killed_at = std::chrono::steady_clock::now();
+  // Gone from routing: a request pinned to it is refused, the prompt it held goes elsewhere.
   ASSERT_TRUE(wait_until(
       [&] {
-        const auto decided = route(tokens);
-        return decided && decided->has_success() && decided->success().worker_id() == first.worker;
+        const auto pinned = route(tokens, second.worker);
+        return pinned && pinned->has_error();
       },
       10s));
   const auto elapsed = std::chrono::steady_clock::now() - killed_at;
   EXPECT_LT(elapsed, std::chrono::milliseconds(kLeaseTtlMs));
+  const auto elsewhere = route(tokens);
+  ASSERT_TRUE(elsewhere && elsewhere->has_success());
+  EXPECT_EQ(elsewhere->success().worker_id(), first.worker);
   ASSERT_TRUE(wait_until([&] { return stream->finished(); }, 10s));
   EXPECT_EQ(stream->chunks().back().finish_reason(), "error");
   // Nothing routes to the dead engine any more.
