@@ -5,6 +5,9 @@
 // engine's ZMQ KV events as kvr KvEventBatches, serves KV dumps from its own picture, and serves
 // the worker's generate subject through the engine's streaming /v1/completions
 // (generate_forwarder.hpp).
+// With --metrics-port it serves its own Prometheus /metrics (kvr_bridge_*: ZMQ messages, malformed
+// frames and payloads, sequence gaps, replays, cleared ranks, unknown removals, published batches
+// and blocks, generate outcomes) and /healthz (200 while registered with a live engine).
 // Threads: the run loop owns all state; the ZMQ subscriber and NATS callbacks only queue, except
 // generate requests and cancels, which go straight to the forwarder's own threads.
 #pragma once
@@ -13,6 +16,7 @@
 #include <cstdint>
 #include <expected>
 #include <memory>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <vector>
@@ -59,6 +63,9 @@ struct BridgeOptions {
   std::uint32_t max_concurrent_generates = 128;
   /// Longest silence of the engine within one generate stream.
   std::chrono::milliseconds generate_read_timeout{120'000};
+  /// Serve the bridge's own /metrics and /healthz on 127.0.0.1 at this port (0: any free port);
+  /// unset: none.
+  std::optional<std::uint16_t> metrics_port;
 
   /// Checks ranges; the error names the option.
   std::expected<void, std::string> validate() const;
@@ -94,6 +101,9 @@ class EngineBridge {
   BridgeStats run(std::stop_token stop);
 
   WorkerId worker_id() const;
+
+  /// The port of the bridge's /metrics, when it serves one.
+  std::optional<std::uint16_t> metrics_port() const;
 
  private:
   struct State;

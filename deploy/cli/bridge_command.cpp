@@ -141,6 +141,12 @@ void add_bridge_command(CLI::App& app, int& exit_code) {
       ->default_str("120000")
       ->envname("KVR_BRIDGE_GENERATE_READ_TIMEOUT_MS")
       ->check(CLI::Range(100, 3'600'000));
+  command
+      ->add_option("--metrics-port", options->metrics_port,
+                   "serve the bridge's /metrics and /healthz on 127.0.0.1:P, bound exclusively; "
+                   "unset: no HTTP endpoint")
+      ->envname("KVR_BRIDGE_METRICS_PORT")
+      ->check(CLI::Range(1, 65'535));
   command->callback([options, engine, role, &exit_code] {
     options->engine = *bridge::parse_engine_kind(*engine);
     options->role = *parse_worker_type(*role);

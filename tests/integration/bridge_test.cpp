@@ -153,6 +153,28 @@ class StandInEngine {
     zmq::send_multipart(pub_, frames);
   }
 
+  // Publishes, as vLLM's array-encoded batch, that the engine removed a block of hash `hash`.
+  void publish_removed(std::uint64_t sequence, std::int64_t hash) {
+    msgpack::sbuffer buffer;
+    msgpack::packer<msgpack::sbuffer> packer{buffer};
+    packer.pack_array(3);
+    packer.pack_double(2.0);
+    packer.pack_array(1);
+    packer.pack_array(3);
+    packer.pack(std::string{"BlockRemoved"});
+    packer.pack(std::vector<std::int64_t>{hash});
+    packer.pack(std::string{"GPU"});
+    packer.pack(0);
+    publish_raw({"", be64(sequence), std::string{buffer.data(), buffer.size()}});
+  }
+
+  // Sends `frames` as one multipart message, whatever they hold.
+  void publish_raw(const std::vector<std::string>& frames) {
+    std::vector<zmq::const_buffer> buffers;
+    for (const auto& frame : frames) buffers.push_back(zmq::buffer(frame));
+    zmq::send_multipart(pub_, buffers);
+  }
+
  private:
   zmq::socket_t pub_;
   std::string kv_endpoint_;
@@ -174,13 +196,27 @@ class BridgeTest : public testing::KvrClusterTest {
     }
   }
 
-  void start_bridge(const StandInEngine& engine, WorkerId id) {
-    auto bridge =
-        kvr_->start({"bridge"},
-                    {"--engine", "vllm", "--engine-url", engine.url(), "--kv-events",
-                     engine.kv_endpoint(), "--worker-id", std::to_string(id), "--lease-ttl-ms",
-                     "600", "--load-interval-ms", "50", "--health-interval-ms", "50"},
-                    "bridge-" + std::to_string(id) + ".log");
+  void start_bridge(const StandInEngine& engine, WorkerId id,
+                    std::optional<std::uint16_t> metrics_port = std::nullopt) {
+    std::vector<std::string> args = {"--engine",
+                                     "vllm",
+                                     "--engine-url",
+                                     engine.url(),
+                                     "--kv-events",
+                                     engine.kv_endpoint(),
+                                     "--worker-id",
+                                     std::to_string(id),
+                                     "--lease-ttl-ms",
+                                     "600",
+                                     "--load-interval-ms",
+                                     "50",
+                                     "--health-interval-ms",
+                                     "50"};
+    if (metrics_port) {
+      args.push_back("--metrics-port");
+      args.push_back(std::to_string(*metrics_port));
+    }
+    auto bridge = kvr_->start({"bridge"}, args, "bridge-" + std::to_string(id) + ".log");
     ASSERT_TRUE(bridge);
     bridges_.push_back(std::move(*bridge));
   }
@@ -294,6 +330,46 @@ TEST_F(BridgeTest, RegistersPublishesLoadAndRoutesToTheEngineHoldingThePrefix) {
   second.set_healthy(true);
   ASSERT_TRUE(testing::wait_until_routable(
       *client_, kNamespace, kFirstWorker + 1, [&] { return next_id(); }, 10s));
+}
+
+TEST_F(BridgeTest, CountsMalformedFramesPayloadsAndUnknownRemovalsOnItsMetrics) {
+  StandInEngine engine{context_};
+  const std::uint16_t bridge_metrics = free_port();
+  start_bridge(engine, kFirstWorker, bridge_metrics);
+  auto bridge_metric = [&](const std::string& name) {
+    return testing::metric(testing::http_get(bridge_metrics, "/metrics"), name);
+  };
+  ASSERT_TRUE(wait_until([&] { return bridge_metric("kvr_bridge_registered") == 1; }, 10s));
+  EXPECT_TRUE(testing::http_get(bridge_metrics, "/healthz").starts_with("HTTP/1.1 200"));
+
+  // Sequence 0 is sent until the bridge has it (a SUB misses what a PUB sent before it joined).
+  const auto tokens = prompt(64, 1);
+  ASSERT_TRUE(wait_until(
+      [&] {
+        engine.publish_stored(0, tokens);
+        return bridge_metric("kvr_bridge_blocks_stored_total") == 4;
+      },
+      10s));
+  EXPECT_EQ(bridge_metric("kvr_bridge_kv_batches_published_total"), 1);
+  // Two frames; an 8-byte sequence missing; a payload that is no msgpack batch; a removal of an
+  // engine hash the bridge never saw. None is fatal: each is counted and dropped.
+  engine.publish_raw({"", be64(1)});
+  engine.publish_raw({"", "1234", "\x93"});
+  engine.publish_raw({"", be64(1), "\xc1 not msgpack"});
+  engine.publish_removed(2, 123'456'789);
+  // The stored blocks are still routed by: a removal of an unknown hash removes nothing.
+  engine.publish_removed(3, -1000);
+  ASSERT_TRUE(
+      wait_until([&] { return bridge_metric("kvr_bridge_blocks_removed_total") == 1; }, 10s));
+  EXPECT_EQ(bridge_metric("kvr_bridge_malformed_frames_total"), 2);
+  EXPECT_EQ(bridge_metric("kvr_bridge_malformed_payloads_total"), 1);
+  EXPECT_EQ(bridge_metric("kvr_bridge_unknown_removed_blocks_total"), 1);
+  EXPECT_EQ(bridge_metric("kvr_bridge_sequence_gaps_total"), 0);
+  EXPECT_EQ(bridge_metric("kvr_bridge_kv_batches_published_total"), 2);
+
+  engine.set_healthy(false);
+  ASSERT_TRUE(wait_until([&] { return bridge_metric("kvr_bridge_registered") == 0; }, 10s));
+  EXPECT_TRUE(testing::http_get(bridge_metrics, "/healthz").starts_with("HTTP/1.1 503"));
 }
 
 TEST_F(BridgeTest, GenerateStreamsThroughTheBridgeFromTheEnginesCompletions) {

@@ -40,6 +40,7 @@ struct EnginePair {
   std::uint16_t http_port = 0;
   std::uint16_t kv_port = 0;
   std::uint16_t replay_port = 0;
+  std::uint16_t bridge_metrics_port = 0;
   std::optional<ChildProcess> engine;
   std::optional<ChildProcess> bridge;
 };
@@ -75,6 +76,7 @@ class BridgeVllmEngineTest : public testing::KvrClusterTest {
     pair->http_port = free_port();
     pair->kv_port = free_port();
     pair->replay_port = replay ? free_port() : 0;
+    pair->bridge_metrics_port = free_port();
     std::vector<std::string> args = {"--speak",
                                      "vllm",
                                      "--workers",
@@ -114,7 +116,9 @@ class BridgeVllmEngineTest : public testing::KvrClusterTest {
                                             "--load-interval-ms",
                                             "50",
                                             "--health-interval-ms",
-                                            "50"};
+                                            "50",
+                                            "--metrics-port",
+                                            std::to_string(pair->bridge_metrics_port)};
     if (replay) {
       bridge_args.push_back("--kv-events-replay");
       bridge_args.push_back("tcp://127.0.0.1:" + std::to_string(pair->replay_port));
@@ -208,6 +212,10 @@ class BridgeVllmEngineTest : public testing::KvrClusterTest {
 
   double engine_metric(const EnginePair& pair, const std::string& name) {
     return testing::metric(testing::http_get(pair.http_port, "/metrics"), name);
+  }
+
+  double bridge_metric(const EnginePair& pair, const std::string& name) {
+    return testing::metric(testing::http_get(pair.bridge_metrics_port, "/metrics"), name);
   }
 
   std::vector<std::unique_ptr<EnginePair>> pairs_;
@@ -364,6 +372,12 @@ TEST_F(BridgeVllmEngineTest, ASequenceGapIsFilledFromTheReplaySocket) {
     EXPECT_TRUE(wait_until([&] { return routes_with_overlap(prompts[i], pair.worker, 6); }, 10s))
         << "prompt " << i;
   }
+  // The bridge's own metrics: the gaps, each filled by a replay; nothing cleared.
+  EXPECT_GE(bridge_metric(pair, "kvr_bridge_sequence_gaps_total"), 2);
+  EXPECT_GE(bridge_metric(pair, "kvr_bridge_replays_total{outcome=\"filled\""), 2);
+  EXPECT_EQ(bridge_metric(pair, "kvr_bridge_replays_total{outcome=\"failed\""), 0);
+  EXPECT_EQ(bridge_metric(pair, "kvr_bridge_ranks_cleared_total"), 0);
+  EXPECT_EQ(bridge_metric(pair, "kvr_bridge_malformed_payloads_total"), 0);
 }
 
 TEST_F(BridgeVllmEngineTest, AGapWithoutReplayClearsTheRank) {
@@ -394,6 +408,8 @@ TEST_F(BridgeVllmEngineTest, AGapWithoutReplayClearsTheRank) {
       20s));
   EXPECT_TRUE(pair.bridge->log().find("cannot replay; cleared") != std::string::npos)
       << pair.bridge->log();
+  EXPECT_GE(bridge_metric(pair, "kvr_bridge_replays_total{outcome=\"failed\""), 1);
+  EXPECT_GE(bridge_metric(pair, "kvr_bridge_ranks_cleared_total"), 1);
 }
 
 }  // namespace
