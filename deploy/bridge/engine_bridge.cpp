@@ -1,5 +1,6 @@
 #include "deploy/bridge/engine_bridge.hpp"
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -11,9 +12,13 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "actors/metrics/metrics_http.hpp"
+#include "actors/metrics/metrics_registry.hpp"
 #include "actors/wire/kv_event_codec.hpp"
+#include "deploy/bridge/generate_forwarder.hpp"
 #include "deploy/bridge/kv_translator.hpp"
 #include "kvr/v1/kv_events.pb.h"
+#include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
 #include "messages/subjects.hpp"
 #include "messages/worker_role.hpp"
@@ -43,6 +48,48 @@ struct DumpItem {
 struct DiscoverItem {};
 using InboxItem = std::variant<BatchItem, LostItem, DumpItem, DiscoverItem>;
 
+// The bridge's metric families: name, help, and whether it is a counter (else a gauge).
+struct BridgeMetric {
+  std::string_view name;
+  std::string_view help;
+  bool counter = true;
+};
+constexpr BridgeMetric kBridgeMetrics[] = {
+    {"kvr_bridge_registered", "1 while the worker is registered (the engine answers /health)",
+     false},
+    {"kvr_bridge_registrations_total", "registrations of a new incarnation"},
+    {"kvr_bridge_zmq_messages_total",
+     "KV event messages received from the engine (live and "
+     "replayed)"},
+    {"kvr_bridge_malformed_frames_total",
+     "ZMQ messages without three frames or an 8-byte sequence number (dropped)"},
+    {"kvr_bridge_malformed_payloads_total", "msgpack payloads the decoder rejected (dropped)"},
+    {"kvr_bridge_stale_messages_total", "messages whose sequence number was seen before (dropped)"},
+    {"kvr_bridge_sequence_gaps_total", "sequence gaps detected"},
+    {"kvr_bridge_replays_total", "replays asked of the engine, by outcome (filled or failed)"},
+    {"kvr_bridge_ranks_cleared_total", "ranks cleared because missed events could not be replayed"},
+    {"kvr_bridge_unknown_removed_blocks_total",
+     "removed engine hashes the bridge did not know (skipped)"},
+    {"kvr_bridge_skipped_events_total",
+     "engine events not forwarded, by reason (unknown_parent, bad_stored, unknown_medium, "
+     "refused, other_group, unknown_type)"},
+    {"kvr_bridge_kv_batches_published_total", "kvr KvEventBatches published"},
+    {"kvr_bridge_blocks_stored_total", "blocks forwarded in Stored events"},
+    {"kvr_bridge_blocks_removed_total", "blocks forwarded in Removed events"},
+    {"kvr_bridge_load_reports_total", "LoadMetrics published"},
+    {"kvr_bridge_dumps_served_total", "KV dumps served"},
+    {"kvr_bridge_generate_requests_total",
+     "generate requests by outcome (completed, cancelled, failed, refused)"},
+};
+
+// Counters of subscribers and translators that were replaced (one per engine incarnation).
+struct RetiredTotals {
+  ZmqSubscriberStats zmq;
+  TranslatorStats translator;
+  std::uint64_t other_group_events = 0;
+  std::uint64_t unknown_events = 0;
+};
+
 // What the engine said when it last came up.
 struct EngineFacts {
   std::string model;
@@ -68,6 +115,9 @@ std::expected<void, std::string> BridgeOptions::validate() const {
   }
   if (load_interval < std::chrono::milliseconds(10)) {
     return std::unexpected("--load-interval-ms must be at least 10");
+  }
+  if (max_concurrent_generates == 0 || max_concurrent_generates > 4096) {
+    return std::unexpected("--max-concurrent-generates must be in [1, 4096]");
   }
   for (DpRank rank = 0; rank < data_parallel_size; ++rank) {
     if (auto endpoint = endpoint_for_rank(kv_events, rank); !endpoint) {
@@ -98,6 +148,16 @@ struct EngineBridge::State {
   std::optional<EngineFacts> facts;
   std::optional<KvTranslator> translator;
   std::unique_ptr<ZmqKvSubscriber> subscriber;
+  // Serves generate requests on its own threads; publishes through `nats`.
+  std::unique_ptr<GenerateForwarder> generator;
+  std::shared_ptr<actors::metrics::MetricsRegistry> registry =
+      std::make_shared<actors::metrics::MetricsRegistry>();
+  std::unique_ptr<actors::metrics::MetricsHttpServer> metrics_server;
+  std::atomic<bool> registered{false};
+  RetiredTotals retired;
+  // Events the decoder dropped (other KV cache groups, unknown tags), of the current translator.
+  std::uint64_t other_group_events = 0;
+  std::uint64_t unknown_events = 0;
   bool logged_waiting = false;
   BridgeStats stats;
 
@@ -234,6 +294,7 @@ struct EngineBridge::State {
       return;
     }
     subscriber = std::move(*subscriber_or);
+    generator->set_model(facts->model);
     publish(subjects::worker_register(options.ns), registration());
     publish_heartbeat();
     ++stats.registrations;
@@ -245,7 +306,103 @@ struct EngineBridge::State {
         facts->num_gpu_blocks, options.data_parallel_size);
   }
 
+  void retire_counters() {
+    if (subscriber) {
+      const ZmqSubscriberStats zmq = subscriber->stats();
+      retired.zmq.messages += zmq.messages;
+      retired.zmq.batches += zmq.batches;
+      retired.zmq.malformed_frames += zmq.malformed_frames;
+      retired.zmq.malformed_payloads += zmq.malformed_payloads;
+      retired.zmq.stale_messages += zmq.stale_messages;
+      retired.zmq.gaps += zmq.gaps;
+      retired.zmq.replays_filled += zmq.replays_filled;
+      retired.zmq.replays_failed += zmq.replays_failed;
+    }
+    if (translator) {
+      const TranslatorStats& t = translator->stats();
+      retired.translator.batches_translated += t.batches_translated;
+      retired.translator.blocks_stored += t.blocks_stored;
+      retired.translator.blocks_removed += t.blocks_removed;
+      retired.translator.ranks_cleared += t.ranks_cleared;
+      retired.translator.unknown_removed_blocks += t.unknown_removed_blocks;
+      retired.translator.unknown_parents += t.unknown_parents;
+      retired.translator.bad_stored_events += t.bad_stored_events;
+      retired.translator.unknown_media += t.unknown_media;
+      retired.translator.refused_events += t.refused_events;
+      retired.translator.bad_rank_batches += t.bad_rank_batches;
+    }
+    retired.other_group_events += other_group_events;
+    retired.unknown_events += unknown_events;
+    other_group_events = 0;
+    unknown_events = 0;
+  }
+
+  // Copies every counter into the registry that /metrics renders.
+  void refresh_metrics() {
+    if (!metrics_server) return;
+    ZmqSubscriberStats zmq = retired.zmq;
+    if (subscriber) {
+      const ZmqSubscriberStats now = subscriber->stats();
+      zmq.messages += now.messages;
+      zmq.malformed_frames += now.malformed_frames;
+      zmq.malformed_payloads += now.malformed_payloads;
+      zmq.stale_messages += now.stale_messages;
+      zmq.gaps += now.gaps;
+      zmq.replays_filled += now.replays_filled;
+      zmq.replays_failed += now.replays_failed;
+    }
+    TranslatorStats t = retired.translator;
+    if (translator) {
+      const TranslatorStats& now = translator->stats();
+      t.blocks_stored += now.blocks_stored;
+      t.blocks_removed += now.blocks_removed;
+      t.unknown_removed_blocks += now.unknown_removed_blocks;
+      t.unknown_parents += now.unknown_parents;
+      t.bad_stored_events += now.bad_stored_events;
+      t.unknown_media += now.unknown_media;
+      t.refused_events += now.refused_events;
+    }
+    const auto as_double = [](std::uint64_t value) { return static_cast<double>(value); };
+    auto& r = *registry;
+    r.set("kvr_bridge_registered", {}, facts ? 1.0 : 0.0);
+    r.set("kvr_bridge_registrations_total", {}, as_double(stats.registrations));
+    r.set("kvr_bridge_zmq_messages_total", {}, as_double(zmq.messages));
+    r.set("kvr_bridge_malformed_frames_total", {}, as_double(zmq.malformed_frames));
+    r.set("kvr_bridge_malformed_payloads_total", {}, as_double(zmq.malformed_payloads));
+    r.set("kvr_bridge_stale_messages_total", {}, as_double(zmq.stale_messages));
+    r.set("kvr_bridge_sequence_gaps_total", {}, as_double(zmq.gaps));
+    r.set("kvr_bridge_replays_total", {{"outcome", "filled"}}, as_double(zmq.replays_filled));
+    r.set("kvr_bridge_replays_total", {{"outcome", "failed"}}, as_double(zmq.replays_failed));
+    r.set("kvr_bridge_ranks_cleared_total", {}, as_double(stats.ranks_lost));
+    r.set("kvr_bridge_unknown_removed_blocks_total", {}, as_double(t.unknown_removed_blocks));
+    const std::pair<std::string_view, std::uint64_t> skipped[] = {
+        {"unknown_parent", t.unknown_parents},
+        {"bad_stored", t.bad_stored_events},
+        {"unknown_medium", t.unknown_media},
+        {"refused", t.refused_events},
+        {"other_group", retired.other_group_events + other_group_events},
+        {"unknown_type", retired.unknown_events + unknown_events}};
+    for (const auto& [reason, count] : skipped) {
+      r.set("kvr_bridge_skipped_events_total", {{"reason", std::string{reason}}}, as_double(count));
+    }
+    r.set("kvr_bridge_kv_batches_published_total", {}, as_double(stats.kv_batches_published));
+    r.set("kvr_bridge_blocks_stored_total", {}, as_double(t.blocks_stored));
+    r.set("kvr_bridge_blocks_removed_total", {}, as_double(t.blocks_removed));
+    r.set("kvr_bridge_load_reports_total", {}, as_double(stats.load_reports));
+    r.set("kvr_bridge_dumps_served_total", {}, as_double(stats.dumps_served));
+    const GenerateForwarderStats g = generator->stats();
+    const std::pair<std::string_view, std::uint64_t> outcomes[] = {{"completed", g.completed},
+                                                                   {"cancelled", g.cancelled},
+                                                                   {"failed", g.failed},
+                                                                   {"refused", g.refused}};
+    for (const auto& [outcome, count] : outcomes) {
+      r.set("kvr_bridge_generate_requests_total", {{"outcome", std::string{outcome}}},
+            as_double(count));
+    }
+  }
+
   void deregister_worker(std::string_view reason) {
+    retire_counters();
     if (subscriber) {
       stats.malformed_payloads += subscriber->stats().malformed_payloads;
       subscriber->stop();
@@ -322,6 +479,8 @@ struct EngineBridge::State {
 
   void handle(InboxItem& item) {
     if (auto* batch = std::get_if<BatchItem>(&item)) {
+      other_group_events += batch->batch.other_group_events;
+      unknown_events += batch->batch.unknown_events;
       if (translator) publish_batch(translator->translate(batch->rank, batch->batch));
     } else if (auto* lost = std::get_if<LostItem>(&item)) {
       if (!translator) return;
@@ -341,12 +500,20 @@ EngineBridge::EngineBridge(std::unique_ptr<State> state) : state_(std::move(stat
 
 EngineBridge::~EngineBridge() {
   if (state_) {
+    state_->metrics_server.reset();
     state_->subscriber.reset();
     state_->subscriptions.clear();
+    // Before the NATS client: open streams still publish their last chunk.
+    state_->generator.reset();
   }
 }
 
 WorkerId EngineBridge::worker_id() const { return state_->worker_id; }
+
+std::optional<std::uint16_t> EngineBridge::metrics_port() const {
+  if (!state_->metrics_server) return std::nullopt;
+  return state_->metrics_server->port();
+}
 
 std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
     BridgeOptions options) {
@@ -368,6 +535,40 @@ std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
       [raw](actors::nats::NatsMessage message) { raw->enqueue(DumpItem{std::move(message)}); });
   if (!dump) return std::unexpected(dump.error());
   state->subscriptions.push_back(std::move(*dump));
+  auto generator = GenerateForwarder::start(
+      GenerateForwarderOptions{.engine_url = raw->options.engine_url,
+                               .worker_id = raw->worker_id,
+                               .data_parallel_size = raw->options.data_parallel_size,
+                               .concurrency = raw->options.max_concurrent_generates,
+                               .read_timeout = raw->options.generate_read_timeout},
+      [raw](const std::string& subject, const v1::GenerateChunk& chunk) {
+        raw->publish(subject, chunk);
+      });
+  if (!generator) return std::unexpected(generator.error());
+  state->generator = std::move(*generator);
+  if (!raw->options.model.empty()) raw->generator->set_model(raw->options.model);
+  const std::string generate_subject = subjects::worker_generate(raw->options.ns, raw->worker_id);
+  auto generate = raw->nats->subscribe(generate_subject, [raw](actors::nats::NatsMessage message) {
+    v1::GenerateRequest request;
+    if (!request.ParseFromString(message.data)) {
+      spdlog::warn("kvr bridge: dropped a malformed GenerateRequest");
+      return;
+    }
+    raw->generator->submit(std::move(request));
+  });
+  if (!generate) return std::unexpected(generate.error());
+  state->subscriptions.push_back(std::move(*generate));
+  auto cancel =
+      raw->nats->subscribe(generate_subject + ".cancel", [raw](actors::nats::NatsMessage message) {
+        v1::GenerateCancel request;
+        if (!request.ParseFromString(message.data)) {
+          spdlog::warn("kvr bridge: dropped a malformed GenerateCancel");
+          return;
+        }
+        raw->generator->cancel(request.request_id());
+      });
+  if (!cancel) return std::unexpected(cancel.error());
+  state->subscriptions.push_back(std::move(*cancel));
   auto discover =
       raw->nats->subscribe(subjects::worker_discover(raw->options.ns),
                            [raw](actors::nats::NatsMessage) { raw->enqueue(DiscoverItem{}); });
@@ -375,6 +576,23 @@ std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
   state->subscriptions.push_back(std::move(*discover));
   if (auto flushed = state->nats->flush(std::chrono::seconds(5)); !flushed) {
     return std::unexpected(flushed.error());
+  }
+  if (state->options.metrics_port) {
+    for (const BridgeMetric& metric : kBridgeMetrics) {
+      state->registry->describe(std::string{metric.name},
+                                metric.counter ? actors::metrics::MetricType::Counter
+                                               : actors::metrics::MetricType::Gauge,
+                                std::string{metric.help});
+    }
+    auto server = actors::metrics::MetricsHttpServer::start(
+        "127.0.0.1", *state->options.metrics_port, state->registry, [raw] {
+          return raw->registered ? std::string{} : std::string{"the engine is not registered"};
+        });
+    if (!server) return std::unexpected("--metrics-port: " + server.error());
+    state->metrics_server = std::move(*server);
+    raw->refresh_metrics();
+    spdlog::info("kvr bridge: metrics on http://127.0.0.1:{}/metrics",
+                 state->metrics_server->port());
   }
   return std::unique_ptr<EngineBridge>(new EngineBridge(std::move(state)));
 }
@@ -420,6 +638,8 @@ BridgeStats EngineBridge::run(std::stop_token stop) {
     }
     for (InboxItem& item : batch) state.handle(item);
     batch.clear();
+    state.registered = state.facts.has_value();
+    state.refresh_metrics();
 
     auto wake = next_health;
     if (state.facts) wake = std::min({wake, next_heartbeat, next_load});
@@ -431,6 +651,12 @@ BridgeStats EngineBridge::run(std::stop_token stop) {
   if (auto flushed = state.nats->flush(std::chrono::seconds(2)); !flushed) {
     spdlog::warn("kvr bridge: {}", flushed.error());
   }
+  const GenerateForwarderStats generated = state.generator->stats();
+  state.stats.generate_requests = generated.requests;
+  state.stats.generate_completed = generated.completed;
+  state.stats.generate_cancelled = generated.cancelled;
+  state.stats.generate_failed = generated.failed;
+  state.stats.generate_refused = generated.refused;
   return state.stats;
 }
 

@@ -2,14 +2,21 @@
 // without changing the engine. It registers the worker with what the engine reports over HTTP,
 // heartbeats while the engine answers /health (deregistering when it stops, registering a new
 // incarnation when it returns), publishes LoadMetrics from the engine's /metrics, forwards the
-// engine's ZMQ KV events as kvr KvEventBatches, and serves KV dumps from its own picture.
-// Threads: the run loop owns all state; the ZMQ subscriber and NATS callbacks only queue.
+// engine's ZMQ KV events as kvr KvEventBatches, serves KV dumps from its own picture, and serves
+// the worker's generate subject through the engine's streaming /v1/completions
+// (generate_forwarder.hpp).
+// With --metrics-port it serves its own Prometheus /metrics (kvr_bridge_*: ZMQ messages, malformed
+// frames and payloads, sequence gaps, replays, cleared ranks, unknown removals, published batches
+// and blocks, generate outcomes) and /healthz (200 while registered with a live engine).
+// Threads: the run loop owns all state; the ZMQ subscriber and NATS callbacks only queue, except
+// generate requests and cancels, which go straight to the forwarder's own threads.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <expected>
 #include <memory>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <vector>
@@ -52,6 +59,13 @@ struct BridgeOptions {
   /// Longest wait for one HTTP answer of the engine.
   std::chrono::milliseconds http_timeout{1000};
   int zmq_high_water_mark = 100'000;
+  /// Generate requests streamed from the engine at once (HTTP threads).
+  std::uint32_t max_concurrent_generates = 128;
+  /// Longest silence of the engine within one generate stream.
+  std::chrono::milliseconds generate_read_timeout{120'000};
+  /// Serve the bridge's own /metrics and /healthz on 127.0.0.1 at this port (0: any free port);
+  /// unset: none.
+  std::optional<std::uint16_t> metrics_port;
 
   /// Checks ranges; the error names the option.
   std::expected<void, std::string> validate() const;
@@ -67,6 +81,11 @@ struct BridgeStats {
   std::uint64_t ranks_lost = 0;
   std::uint64_t malformed_payloads = 0;
   std::uint64_t bad_messages = 0;
+  std::uint64_t generate_requests = 0;
+  std::uint64_t generate_completed = 0;
+  std::uint64_t generate_cancelled = 0;
+  std::uint64_t generate_failed = 0;
+  std::uint64_t generate_refused = 0;
 };
 
 /// One bridge; run() serves until stopped.
@@ -82,6 +101,9 @@ class EngineBridge {
   BridgeStats run(std::stop_token stop);
 
   WorkerId worker_id() const;
+
+  /// The port of the bridge's /metrics, when it serves one.
+  std::optional<std::uint16_t> metrics_port() const;
 
  private:
   struct State;

@@ -4,7 +4,6 @@
 #include <cctype>
 #include <span>
 
-#include "absl/container/flat_hash_set.h"
 #include "discovery/block_hash.hpp"
 
 namespace kvr::bridge {
@@ -125,7 +124,11 @@ std::optional<KvEvent> KvTranslator::translate_removed(DpRank rank,
   }
   RankState& state = ranks_[rank];
   KvRemovedEvent event{.tier = *tier};
-  absl::flat_hash_set<BlockHash> seen;
+  // Applied one block at a time: a block removed from its last tier takes the blocks after it in
+  // its chain along, so a later hash of the same event may be gone already. Forwarding only the
+  // blocks that were still held when their turn came gives routers, which apply the event in the
+  // same order, exactly the picture's result.
+  KvRemovedEvent single{.block_hashes = {0}, .tier = *tier};
   for (EngineBlockHash engine_hash : removed.block_hashes) {
     auto known = state.kvr_hash.find(engine_hash);
     if (known == state.kvr_hash.end()) {
@@ -134,19 +137,19 @@ std::optional<KvEvent> KvTranslator::translate_removed(DpRank rank,
     }
     const BlockHash hash = known->second;
     // Gone already from this tier: removed with an evicted ancestor, or announced twice.
-    if ((picture_.tiers_held(slot(rank), hash) & tier_bit(*tier)) == 0 ||
-        !seen.insert(hash).second) {
+    if ((picture_.tiers_held(slot(rank), hash) & tier_bit(*tier)) == 0) {
       ++stats_.unknown_removed_blocks;
       if (picture_.tiers_held(slot(rank), hash) == 0) state.kvr_hash.erase(known);
+      continue;
+    }
+    single.block_hashes[0] = hash;
+    if (!picture_.apply_event(slot(rank), single)) {
+      ++stats_.refused_events;
       continue;
     }
     event.block_hashes.push_back(hash);
   }
   if (event.block_hashes.empty()) return std::nullopt;
-  if (!picture_.apply_event(slot(rank), event)) {
-    ++stats_.refused_events;
-    return std::nullopt;
-  }
   for (EngineBlockHash engine_hash : removed.block_hashes) {
     auto known = state.kvr_hash.find(engine_hash);
     if (known != state.kvr_hash.end() && picture_.tiers_held(slot(rank), known->second) == 0) {

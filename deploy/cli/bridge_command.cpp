@@ -22,9 +22,12 @@ int run_bridge(bridge::BridgeOptions options) {
   const bridge::BridgeStats stats = (*engine_bridge)->run(signals->stop_source().get_token());
   spdlog::info(
       "kvr bridge: stopped; registrations {} deregistrations {} kv batches {} load reports {} "
-      "dumps {} ranks lost {} malformed payloads {} bad messages {}",
+      "dumps {} ranks lost {} malformed payloads {} bad messages {}; generate {} completed {} "
+      "cancelled {} failed {} refused {}",
       stats.registrations, stats.deregistrations, stats.kv_batches_published, stats.load_reports,
-      stats.dumps_served, stats.ranks_lost, stats.malformed_payloads, stats.bad_messages);
+      stats.dumps_served, stats.ranks_lost, stats.malformed_payloads, stats.bad_messages,
+      stats.generate_requests, stats.generate_completed, stats.generate_cancelled,
+      stats.generate_failed, stats.generate_refused);
   return 0;
 }
 
@@ -32,7 +35,8 @@ int run_bridge(bridge::BridgeOptions options) {
 
 void add_bridge_command(CLI::App& app, int& exit_code) {
   auto* command = app.add_subcommand(
-      "bridge", "make a vLLM or SGLang engine a kvr worker (KV events, load, registration)");
+      "bridge",
+      "make a vLLM or SGLang engine a kvr worker (KV events, load, registration, generate)");
   auto options = std::make_shared<bridge::BridgeOptions>();
   auto engine = std::make_shared<std::string>("vllm");
   auto role = std::make_shared<std::string>("aggregated");
@@ -123,6 +127,26 @@ void add_bridge_command(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->envname("KVR_BRIDGE_ZMQ_HWM")
       ->check(CLI::Range(1, 10'000'000));
+  command
+      ->add_option("--max-concurrent-generates", options->max_concurrent_generates,
+                   "generate requests streamed from the engine at once (HTTP threads)")
+      ->capture_default_str()
+      ->envname("KVR_BRIDGE_MAX_CONCURRENT_GENERATES")
+      ->check(CLI::Range(std::uint32_t{1}, std::uint32_t{4096}));
+  command
+      ->add_option_function<int>(
+          "--generate-read-timeout-ms",
+          [options](int ms) { options->generate_read_timeout = std::chrono::milliseconds(ms); },
+          "longest silence of the engine within one generate stream")
+      ->default_str("120000")
+      ->envname("KVR_BRIDGE_GENERATE_READ_TIMEOUT_MS")
+      ->check(CLI::Range(100, 3'600'000));
+  command
+      ->add_option("--metrics-port", options->metrics_port,
+                   "serve the bridge's /metrics and /healthz on 127.0.0.1:P, bound exclusively; "
+                   "unset: no HTTP endpoint")
+      ->envname("KVR_BRIDGE_METRICS_PORT")
+      ->check(CLI::Range(1, 65'535));
   command->callback([options, engine, role, &exit_code] {
     options->engine = *bridge::parse_engine_kind(*engine);
     options->role = *parse_worker_type(*role);

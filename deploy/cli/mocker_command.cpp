@@ -4,14 +4,77 @@
 #include <mutex>
 #include <thread>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "deploy/cli/cli_options.hpp"
 #include "deploy/cli/stop_signals.hpp"
 #include "deploy/mocker/mocker_fleet.hpp"
+#include "deploy/mocker/vllm_engine_server.hpp"
 
 namespace kvr::cli {
 namespace {
+
+// Waits for a signal, or for `duration_s` seconds when positive.
+void wait_for_stop(std::stop_source stop, double duration_s) {
+  std::mutex mutex;
+  std::condition_variable_any wake;
+  std::unique_lock lock{mutex};
+  std::stop_token token = stop.get_token();
+  if (duration_s > 0) {
+    wake.wait_for(lock, token, std::chrono::duration<double>(duration_s), [] { return false; });
+  } else {
+    wake.wait(lock, token, [] { return false; });
+  }
+}
+
+// `--speak vllm`: one vLLM-speaking engine per --workers, engine i on every port + stride * i.
+int run_vllm_engines(const mocker::MockerOptions& options, const mocker::VllmEngineOptions& vllm,
+                     std::uint32_t stride, double duration_s) {
+  auto signals = StopSignals::install("kvr mocker");
+  if (options.data_parallel_size != 1) {
+    spdlog::error("kvr mocker: --speak vllm runs one rank per engine (--data-parallel-size 1)");
+    return kUsageError;
+  }
+  if (auto valid = check_simulated_blocks(options.workers, options.engine, "--workers"); !valid) {
+    spdlog::error("kvr mocker: {}", valid.error());
+    return kUsageError;
+  }
+  for (std::uint16_t port : {vllm.http_port, vllm.kv_events_port, vllm.replay_port}) {
+    if (port != 0 && std::uint32_t{port} + stride * (options.workers - 1) > 65535) {
+      spdlog::error("kvr mocker: port {} + --port-stride x (--workers - 1) exceeds 65535", port);
+      return kUsageError;
+    }
+  }
+  std::vector<std::unique_ptr<mocker::VllmEngineServer>> engines;
+  for (std::uint32_t i = 0; i < options.workers; ++i) {
+    mocker::VllmEngineOptions engine = vllm;
+    engine.model = options.model;
+    engine.engine = options.engine;
+    const auto offset = [i, stride](std::uint16_t port) {
+      return port == 0 ? port : static_cast<std::uint16_t>(port + stride * i);
+    };
+    engine.http_port = offset(vllm.http_port);
+    engine.kv_events_port = offset(vllm.kv_events_port);
+    engine.replay_port = offset(vllm.replay_port);
+    auto started = mocker::VllmEngineServer::start(std::move(engine));
+    if (!started) {
+      spdlog::error("kvr mocker: {}", started.error());
+      return kUsageError;
+    }
+    spdlog::info("kvr mocker: vLLM-speaking engine {} at {} (KV events tcp://{}:{}, replay {})", i,
+                 (*started)->url(), vllm.host, offset(vllm.kv_events_port),
+                 vllm.replay_port == 0
+                     ? std::string{"none"}
+                     : fmt::format("tcp://{}:{}", vllm.host, offset(vllm.replay_port)));
+    engines.push_back(std::move(*started));
+  }
+  signals->ready();
+  wait_for_stop(signals->stop_source(), duration_s);
+  engines.clear();
+  spdlog::info("kvr mocker: stopped");
+  return 0;
+}
 
 int run_mocker(mocker::MockerOptions options, double duration_s) {
   // Before any thread starts, so that every thread inherits the blocked signals.
@@ -63,6 +126,9 @@ void add_mocker_command(CLI::App& app, int& exit_code) {
   auto options = std::make_shared<mocker::MockerOptions>();
   auto duration_s = std::make_shared<double>(0.0);
   auto role = std::make_shared<std::string>("aggregated");
+  auto speak = std::make_shared<std::string>("kvr");
+  auto vllm = std::make_shared<mocker::VllmEngineOptions>();
+  auto stride = std::make_shared<std::uint32_t>(10);
   add_nats_options(*command, options->nats);
   add_namespace_option(*command, options->ns);
   command->add_option("--workers", options->workers, "simulated workers in this process")
@@ -110,9 +176,56 @@ void add_mocker_command(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(finite_range(0, 31'536'000));
   add_engine_options(*command, options->engine);
-  command->callback([options, duration_s, role, &exit_code] {
+  const std::string group = "Speaking vLLM (--speak vllm)";
+  command
+      ->add_option("--speak", *speak,
+                   "kvr: workers over NATS; vllm: engines speaking vLLM's HTTP API, Prometheus "
+                   "metrics and ZMQ KV events (no NATS), for `kvr bridge`")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"kvr", "vllm"}));
+  command->add_option("--listen-host", vllm->host, "interface the engines' sockets bind to")
+      ->group(group)
+      ->capture_default_str()
+      ->check(non_empty());
+  command
+      ->add_option("--http-port", vllm->http_port,
+                   "HTTP port of the first engine (0: any free port)")
+      ->group(group)
+      ->capture_default_str();
+  command
+      ->add_option("--kv-events-port", vllm->kv_events_port,
+                   "ZMQ PUB port of the first engine's KV events")
+      ->group(group)
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65535));
+  command
+      ->add_option("--kv-events-replay-port", vllm->replay_port,
+                   "ZMQ ROUTER replay port of the first engine (0: none)")
+      ->group(group)
+      ->capture_default_str();
+  command
+      ->add_option("--port-stride", *stride,
+                   "engine i listens on each port + stride x i (HTTP, KV events, replay)")
+      ->group(group)
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10'000));
+  command->add_option("--kv-events-topic", vllm->topic, "ZMQ topic of the KV event messages")
+      ->group(group);
+  command
+      ->add_option("--kv-events-replay-buffer", vllm->replay_buffer,
+                   "KV event batches the replay socket keeps")
+      ->group(group)
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}));
+  command
+      ->add_option("--kv-events-skip-every", vllm->skip_every,
+                   "fault injection: every nth KV event batch is not sent live (only replayed)")
+      ->group(group)
+      ->capture_default_str();
+  command->callback([options, duration_s, role, speak, vllm, stride, &exit_code] {
     options->role = *parse_worker_type(*role);
-    exit_code = run_mocker(*options, *duration_s);
+    exit_code = *speak == "vllm" ? run_vllm_engines(*options, *vllm, *stride, *duration_s)
+                                 : run_mocker(*options, *duration_s);
   });
 }
 

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <msgpack.hpp>
+#include <nlohmann/json.hpp>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -69,6 +70,50 @@ class StandInEngine {
           "num_gpu_blocks=\"512\",prefix_caching_hash_algo=\"sha256\"} 1.0\n",
           "text/plain; version=0.0.4");
     });
+    // OpenAI's completions streaming as vLLM writes it: one event per token (its id in token_ids,
+    // with return_token_ids), the finish reason on the last, a usage-only event, then [DONE].
+    server_.Post("/v1/completions", [this](const httplib::Request& request,
+                                           httplib::Response& response) {
+      const auto body = nlohmann::json::parse(request.body, nullptr, false);
+      if (body.is_discarded() || !body.value("stream", false) || !body["prompt"].is_array()) {
+        response.status = 400;
+        response.set_content(R"({"object":"error","message":"bad request","code":400})",
+                             "application/json");
+        return;
+      }
+      ++completions_;
+      const int max_tokens = body.value("max_tokens", 16);
+      const std::size_t prompt_tokens = body["prompt"].size();
+      response.set_chunked_content_provider(
+          "text/event-stream", [max_tokens, prompt_tokens](std::size_t, httplib::DataSink& sink) {
+            for (int i = 0; i < max_tokens; ++i) {
+              const bool last = i + 1 == max_tokens;
+              const nlohmann::json event = {
+                  {"id", "cmpl-1"},
+                  {"object", "text_completion"},
+                  {"created", 1'700'000'000},
+                  {"model", "mock-model"},
+                  {"choices",
+                   {{{"index", 0},
+                     {"text", " t"},
+                     {"logprobs", nullptr},
+                     {"finish_reason", last ? nlohmann::json("length") : nlohmann::json()},
+                     {"stop_reason", nullptr},
+                     {"token_ids", {500 + i}}}}},
+                  {"usage",
+                   {{"prompt_tokens", prompt_tokens},
+                    {"completion_tokens", i + 1},
+                    {"total_tokens", prompt_tokens + static_cast<std::size_t>(i) + 1},
+                    {"prompt_tokens_details", {{"cached_tokens", 32}}}}}};
+              const std::string line = "data: " + event.dump() + "\n\n";
+              if (!sink.write(line.data(), line.size())) return false;
+            }
+            const std::string done = "data: [DONE]\n\n";
+            sink.write(done.data(), done.size());
+            sink.done();
+            return true;
+          });
+    });
     http_port_ = static_cast<std::uint16_t>(server_.bind_to_any_port("127.0.0.1"));
     thread_ = std::thread{[this] { server_.listen_after_bind(); }};
   }
@@ -80,6 +125,7 @@ class StandInEngine {
   std::string url() const { return "http://127.0.0.1:" + std::to_string(http_port_); }
   const std::string& kv_endpoint() const { return kv_endpoint_; }
   void set_healthy(bool healthy) { healthy_ = healthy; }
+  int completions() const { return completions_.load(); }
 
   // Publishes, as vLLM's array-encoded batch, that the engine stored every full block of
   // `tokens` as one chain, with engine hashes of its own (not kvr's).
@@ -107,12 +153,35 @@ class StandInEngine {
     zmq::send_multipart(pub_, frames);
   }
 
+  // Publishes, as vLLM's array-encoded batch, that the engine removed a block of hash `hash`.
+  void publish_removed(std::uint64_t sequence, std::int64_t hash) {
+    msgpack::sbuffer buffer;
+    msgpack::packer<msgpack::sbuffer> packer{buffer};
+    packer.pack_array(3);
+    packer.pack_double(2.0);
+    packer.pack_array(1);
+    packer.pack_array(3);
+    packer.pack(std::string{"BlockRemoved"});
+    packer.pack(std::vector<std::int64_t>{hash});
+    packer.pack(std::string{"GPU"});
+    packer.pack(0);
+    publish_raw({"", be64(sequence), std::string{buffer.data(), buffer.size()}});
+  }
+
+  // Sends `frames` as one multipart message, whatever they hold.
+  void publish_raw(const std::vector<std::string>& frames) {
+    std::vector<zmq::const_buffer> buffers;
+    for (const auto& frame : frames) buffers.push_back(zmq::buffer(frame));
+    zmq::send_multipart(pub_, buffers);
+  }
+
  private:
   zmq::socket_t pub_;
   std::string kv_endpoint_;
   httplib::Server server_;
   std::uint16_t http_port_ = 0;
   std::atomic<bool> healthy_{true};
+  std::atomic<int> completions_{0};
   std::thread thread_;
 };
 
@@ -127,13 +196,27 @@ class BridgeTest : public testing::KvrClusterTest {
     }
   }
 
-  void start_bridge(const StandInEngine& engine, WorkerId id) {
-    auto bridge =
-        kvr_->start({"bridge"},
-                    {"--engine", "vllm", "--engine-url", engine.url(), "--kv-events",
-                     engine.kv_endpoint(), "--worker-id", std::to_string(id), "--lease-ttl-ms",
-                     "600", "--load-interval-ms", "50", "--health-interval-ms", "50"},
-                    "bridge-" + std::to_string(id) + ".log");
+  void start_bridge(const StandInEngine& engine, WorkerId id,
+                    std::optional<std::uint16_t> metrics_port = std::nullopt) {
+    std::vector<std::string> args = {"--engine",
+                                     "vllm",
+                                     "--engine-url",
+                                     engine.url(),
+                                     "--kv-events",
+                                     engine.kv_endpoint(),
+                                     "--worker-id",
+                                     std::to_string(id),
+                                     "--lease-ttl-ms",
+                                     "600",
+                                     "--load-interval-ms",
+                                     "50",
+                                     "--health-interval-ms",
+                                     "50"};
+    if (metrics_port) {
+      args.push_back("--metrics-port");
+      args.push_back(std::to_string(*metrics_port));
+    }
+    auto bridge = kvr_->start({"bridge"}, args, "bridge-" + std::to_string(id) + ".log");
     ASSERT_TRUE(bridge);
     bridges_.push_back(std::move(*bridge));
   }
@@ -247,6 +330,88 @@ TEST_F(BridgeTest, RegistersPublishesLoadAndRoutesToTheEngineHoldingThePrefix) {
   second.set_healthy(true);
   ASSERT_TRUE(testing::wait_until_routable(
       *client_, kNamespace, kFirstWorker + 1, [&] { return next_id(); }, 10s));
+}
+
+TEST_F(BridgeTest, CountsMalformedFramesPayloadsAndUnknownRemovalsOnItsMetrics) {
+  StandInEngine engine{context_};
+  const std::uint16_t bridge_metrics = free_port();
+  start_bridge(engine, kFirstWorker, bridge_metrics);
+  auto bridge_metric = [&](const std::string& name) {
+    return testing::metric(testing::http_get(bridge_metrics, "/metrics"), name);
+  };
+  ASSERT_TRUE(wait_until([&] { return bridge_metric("kvr_bridge_registered") == 1; }, 10s));
+  EXPECT_TRUE(testing::http_get(bridge_metrics, "/healthz").starts_with("HTTP/1.1 200"));
+
+  // Sequence 0 is sent until the bridge has it (a SUB misses what a PUB sent before it joined).
+  const auto tokens = prompt(64, 1);
+  ASSERT_TRUE(wait_until(
+      [&] {
+        engine.publish_stored(0, tokens);
+        return bridge_metric("kvr_bridge_blocks_stored_total") == 4;
+      },
+      10s));
+  EXPECT_EQ(bridge_metric("kvr_bridge_kv_batches_published_total"), 1);
+  // Two frames; an 8-byte sequence missing; a payload that is no msgpack batch; a removal of an
+  // engine hash the bridge never saw. None is fatal: each is counted and dropped.
+  engine.publish_raw({"", be64(1)});
+  engine.publish_raw({"", "1234", "\x93"});
+  engine.publish_raw({"", be64(1), "\xc1 not msgpack"});
+  engine.publish_removed(2, 123'456'789);
+  // The stored blocks are still routed by: a removal of an unknown hash removes nothing.
+  engine.publish_removed(3, -1000);
+  ASSERT_TRUE(
+      wait_until([&] { return bridge_metric("kvr_bridge_blocks_removed_total") == 1; }, 10s));
+  EXPECT_EQ(bridge_metric("kvr_bridge_malformed_frames_total"), 2);
+  EXPECT_EQ(bridge_metric("kvr_bridge_malformed_payloads_total"), 1);
+  EXPECT_EQ(bridge_metric("kvr_bridge_unknown_removed_blocks_total"), 1);
+  EXPECT_EQ(bridge_metric("kvr_bridge_sequence_gaps_total"), 0);
+  EXPECT_EQ(bridge_metric("kvr_bridge_kv_batches_published_total"), 2);
+
+  engine.set_healthy(false);
+  ASSERT_TRUE(wait_until([&] { return bridge_metric("kvr_bridge_registered") == 0; }, 10s));
+  EXPECT_TRUE(testing::http_get(bridge_metrics, "/healthz").starts_with("HTTP/1.1 503"));
+}
+
+TEST_F(BridgeTest, GenerateStreamsThroughTheBridgeFromTheEnginesCompletions) {
+  StandInEngine engine{context_};
+  start_bridge(engine, kFirstWorker);
+  start_node();
+  ASSERT_TRUE(testing::wait_until_routable(
+      *client_, kNamespace, kFirstWorker, [&] { return next_id(); }, 20s))
+      << node_->log();
+
+  testing::ChunkStream stream;
+  ASSERT_TRUE(stream.open(*client_));
+  v1::GenerateRequest request;
+  request.mutable_route()->set_request_id("gen-1");
+  request.mutable_route()->set_model("mock-model");
+  for (std::uint32_t token : prompt(64, 1))
+    request.mutable_route()->mutable_tokens()->add_ids(token);
+  request.set_max_output_tokens(5);
+  request.set_stream_subject(stream.subject());
+  auto reply =
+      client_->request(subjects::router_generate(kNamespace), request.SerializeAsString(), 5s);
+  ASSERT_TRUE(reply) << reply.error();
+  v1::RouteDecision decision;
+  ASSERT_TRUE(decision.ParseFromString(reply->data));
+  ASSERT_TRUE(decision.has_success()) << decision.DebugString();
+  ASSERT_TRUE(wait_until([&] { return stream.finished(); }, 10s)) << node_->log();
+
+  // The node relays the bridge's chunks unchanged: one per SSE event, the engine's token ids,
+  // the cached tokens of the first, the finish reason of the last.
+  const auto chunks = stream.chunks();
+  ASSERT_EQ(chunks.size(), 5U);
+  for (std::uint32_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(chunks[i].index(), i);
+    EXPECT_EQ(chunks[i].worker_id(), kFirstWorker);
+    ASSERT_EQ(chunks[i].token_ids_size(), 1);
+    EXPECT_EQ(chunks[i].token_ids(0), 500 + i);
+    EXPECT_FALSE(chunks[i].has_error());
+  }
+  EXPECT_EQ(chunks[0].cached_prompt_tokens(), 32U);
+  EXPECT_TRUE(chunks[4].finished());
+  EXPECT_EQ(chunks[4].finish_reason(), "length");
+  EXPECT_EQ(engine.completions(), 1);
 }
 
 }  // namespace

@@ -217,6 +217,29 @@ TEST(KvTranslatorTest, CountsTheRemovalOfABlockEvictedWithItsAncestor) {
   EXPECT_EQ(translator.stats().unknown_parents, 1U);
 }
 
+TEST(KvTranslatorTest, ForwardsARemovalListingAParentBeforeItsChildAsThePictureAppliedIt) {
+  KvTranslator translator = make_translator();
+  ASSERT_TRUE(
+      translator.translate(0, batch_of({stored({901, 902, 903}, std::nullopt, tokens(0, 12))})));
+  // One event evicts the chain head first: the head takes the rest along, so the forwarded
+  // event names only the head, and a router applying it is left where the picture is.
+  auto batch = translator.translate(
+      0, batch_of({EngineBlockRemoved{.block_hashes = {901, 902, 903}, .medium = "GPU"}}));
+  ASSERT_TRUE(batch);
+  ASSERT_EQ(batch->events.size(), 1U);
+  EXPECT_EQ(std::get<KvRemovedEvent>(batch->events[0]),
+            (KvRemovedEvent{.block_hashes = {kvr_hashes(tokens(0, 12))[0]},
+                            .tier = StorageTier::Device}));
+  EXPECT_EQ(translator.blocks_held(0, StorageTier::Device), 0U);
+  EXPECT_EQ(translator.stats().refused_events, 0U);
+  EXPECT_EQ(translator.stats().blocks_removed, 1U);
+  EXPECT_EQ(translator.stats().unknown_removed_blocks, 2U);
+  // The chain can be stored again under the same engine hashes.
+  EXPECT_TRUE(
+      translator.translate(0, batch_of({stored({901, 902, 903}, std::nullopt, tokens(0, 12))})));
+  EXPECT_EQ(translator.blocks_held(0, StorageTier::Device), 3U);
+}
+
 TEST(KvTranslatorTest, RefusesWhatTheRanksCapacityCannotHold) {
   KvTranslator translator = make_translator(1, 2);
   EXPECT_FALSE(translator.translate(0, batch_of({stored({1, 2, 3}, std::nullopt, tokens(0, 12))})));

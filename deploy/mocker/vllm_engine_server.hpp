@@ -1,0 +1,69 @@
+// `kvr mocker --speak vllm`: the simulated engine (deploy/simulation/engine.hpp) behind vLLM's own
+// wire formats instead of kvr's NATS protocol, so that `kvr bridge` can be tested against what a
+// real vLLM serves:
+//  - HTTP (cpp-httplib): POST /v1/completions (OpenAI completions with the prompt as token ids,
+//    streamed as `data: {json}\n\n` events ending `data: [DONE]`, or one JSON answer), GET
+//    /v1/models, GET /health and GET /metrics (Prometheus text with vLLM's metric names:
+//    vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc,
+//    vllm:cache_config_info, vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total).
+//  - ZMQ PUB: the engine's KV events as msgpack KVEventBatch in vLLM's three-frame messages
+//    (topic, 8-byte big-endian sequence from 0, payload), encoded as vLLM's msgspec Structs with
+//    array_like=True and omit_defaults=True: [ts, [events...], dp_rank], each event tagged by its
+//    class name first: ["BlockStored", hashes, parent, token_ids, block_size, lora_id, "GPU"],
+//    ["BlockRemoved", hashes, "GPU"], ["AllBlocksCleared"].
+//  - ZMQ ROUTER: vLLM's replay service: (identity, "", start sequence) is answered with every
+//    buffered batch from there, then sequence -1 with an empty payload.
+// The engine's block hashes are kvr's chained hashes multiplied by an odd constant (a bijection),
+// so a bridge that forwarded them unchanged, instead of recomputing kvr's from the tokens, would
+// route nowhere. Only the served model (no LoRA) and token-id prompts are accepted.
+#pragma once
+
+#include <cstdint>
+#include <expected>
+#include <memory>
+#include <string>
+
+#include "deploy/simulation/engine_config.hpp"
+
+namespace kvr::mocker {
+
+/// One vLLM-speaking engine.
+struct VllmEngineOptions {
+  std::string model = "mock-model";
+  /// Interface every socket binds to.
+  std::string host = "127.0.0.1";
+  std::uint16_t http_port = 8000;
+  std::uint16_t kv_events_port = 5557;
+  /// 0: no replay socket.
+  std::uint16_t replay_port = 5558;
+  /// The ZMQ topic of every KV event message (vLLM's default is empty).
+  std::string topic;
+  /// Batches the replay socket keeps (vLLM keeps 10,000).
+  std::size_t replay_buffer = 10'000;
+  /// Fault injection: every nth batch is not sent live (it stays replayable); 0: none.
+  std::uint32_t skip_every = 0;
+  /// HTTP server threads (each streaming response holds one).
+  std::uint32_t http_threads = 64;
+  simulation::EngineConfig engine;
+};
+
+/// The engine's threads and sockets; stops when destroyed.
+class VllmEngineServer {
+ public:
+  /// Binds every socket (an error names which) and starts serving.
+  static std::expected<std::unique_ptr<VllmEngineServer>, std::string> start(
+      VllmEngineOptions options);
+  ~VllmEngineServer();
+  VllmEngineServer(const VllmEngineServer&) = delete;
+  VllmEngineServer& operator=(const VllmEngineServer&) = delete;
+
+  /// "http://host:port".
+  std::string url() const;
+
+ private:
+  struct State;
+  explicit VllmEngineServer(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace kvr::mocker
