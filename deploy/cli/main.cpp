@@ -1,4 +1,4 @@
-// The kvr command: one executable, one subcommand per job (bridge, mocker, node, replay,
+// The kvr command: one executable, one subcommand per job (bridge, cluster, mocker, node, replay,
 // replay-live, route).
 #include <iostream>
 #include <string>
@@ -8,6 +8,7 @@
 
 #include "deploy/cli/bridge_command.hpp"
 #include "deploy/cli/cli_options.hpp"
+#include "deploy/cli/cluster_command.hpp"
 #include "deploy/cli/mocker_command.hpp"
 #include "deploy/cli/node_command.hpp"
 #include "deploy/cli/replay_command.hpp"
@@ -20,6 +21,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "kvr 0.1.0");
   int exit_code = 0;
   kvr::cli::add_bridge_command(app, exit_code);
+  kvr::cli::add_cluster_command(app, exit_code);
   kvr::cli::add_mocker_command(app, exit_code);
   kvr::cli::add_node_command(app, exit_code);
   kvr::cli::add_replay_command(app, exit_code);
@@ -33,8 +35,10 @@ int main(int argc, char** argv) {
     // Every other parse or validation error is a usage error: one line that names the option
     // (CLI11's message does), and exit code 2 rather than CLI11's own codes.
     std::string command = "kvr";
-    for (const CLI::App* subcommand : app.get_subcommands()) {
-      command += " " + subcommand->get_name();
+    // The whole chain of subcommands given ("kvr cluster status").
+    for (const CLI::App* level = &app; !level->get_subcommands().empty();) {
+      level = level->get_subcommands().front();
+      command += " " + level->get_name();
     }
     std::string message = error.what();
     // CLI11 says only that a subcommand is required when the first word is none of them.
