@@ -22,6 +22,7 @@ void step(Self self) {
   for (const std::string& failure : result.failures) {
     spdlog::warn("kvr node: cluster: {}", failure);
   }
+  if (result.released > 0) metrics.cluster_handovers().add(static_cast<double>(result.released));
   if (result.renew_failures > 0) {
     metrics.cluster_renew_failures().add(static_cast<double>(result.renew_failures));
   }

@@ -82,6 +82,7 @@ void ClusterSession::run(const LeaseAction& action, ClusterStep& result) {
           auto written =
               partitions_->update(lease_key(call.partition), encode(call.value), call.revision);
           if (!written) failed("release", call.partition, written.error());
+          if (written) ++result.released;
           keeper_.on_released(call.partition);
           preparing_.erase(call.partition);
           result.drop.push_back(call.partition);

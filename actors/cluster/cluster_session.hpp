@@ -47,6 +47,8 @@ struct ClusterStep {
   std::vector<std::string> failures;
   /// Renewals that failed in this step.
   std::size_t renew_failures = 0;
+  /// Leases this node handed over (or gave back) in this step.
+  std::size_t released = 0;
 };
 
 /// One node's cluster membership.

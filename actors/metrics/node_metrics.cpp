@@ -114,6 +114,10 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
      MetricType::Counter,
      "Partition lease renewals that failed (the partition is lost at once).",
      {}},
+    {N::kClusterHandovers,
+     MetricType::Counter,
+     "Partition leases this node handed to their desired owner or gave back.",
+     {}},
     {N::kClusterForwards,
      MetricType::Counter,
      "Requests forwarded to the node that owns their partition or lease, by kind and outcome.",
@@ -228,6 +232,7 @@ ValueHandle NodeMetrics::cluster_partition_owned(std::string_view partition) con
   return gauge(kClusterPartitionOwned, "partition", partition);
 }
 ValueHandle NodeMetrics::cluster_renew_failures() const { return counter(kClusterRenewFailures); }
+ValueHandle NodeMetrics::cluster_handovers() const { return counter(kClusterHandovers); }
 ValueHandle NodeMetrics::cluster_forwards(std::string_view kind, std::string_view outcome) const {
   return registry_->counter(kClusterForwards,
                             {{"kind", std::string{kind}}, {"outcome", std::string{outcome}}});

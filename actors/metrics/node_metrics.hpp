@@ -59,6 +59,7 @@ class NodeMetrics {
   static constexpr std::string_view kClusterPartitionOwned = "kvr_cluster_partition_owned";
   static constexpr std::string_view kClusterRenewFailures =
       "kvr_cluster_lease_renew_failures_total";
+  static constexpr std::string_view kClusterHandovers = "kvr_cluster_handovers_total";
   static constexpr std::string_view kClusterForwards = "kvr_cluster_forwards_total";
   static constexpr std::string_view kClusterForwardLatency = "kvr_cluster_forward_latency_seconds";
   // Discovery and NATS.
@@ -130,6 +131,8 @@ class NodeMetrics {
   /// 1 while this node owns `partition` ("<model>/<routing group>"), else 0.
   ValueHandle cluster_partition_owned(std::string_view partition) const;
   ValueHandle cluster_renew_failures() const;
+  /// Partition leases this node handed to their desired owner (or gave back on shutdown).
+  ValueHandle cluster_handovers() const;
   /// Requests forwarded to a partition's owner, by kind (route, report, generate) and outcome
   /// (answered, owner_lost).
   ValueHandle cluster_forwards(std::string_view kind, std::string_view outcome) const;

@@ -272,6 +272,9 @@ TEST_F(NodeClusterTest, ANodeThatJoinsTakesItsShareWithoutAFailedRequest) {
         std::ranges::any_of(now, [](const auto& entry) { return entry.second.front() == 3; });
   }
   EXPECT_TRUE(handed_over) << "node-3 was given no partition";
+  double handovers = 0;
+  for (int n = 0; n < 3; ++n) handovers += metric(metrics_of(n), "kvr_cluster_handovers_total");
+  EXPECT_GT(handovers, 0) << "the old owners counted what they handed over";
 }
 
 TEST_F(NodeClusterTest, AHungNodeLosesItsLeasesAndComesBackWithoutDoubleOwnership) {
