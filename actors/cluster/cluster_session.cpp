@@ -67,6 +67,10 @@ void ClusterSession::run(const LeaseAction& action, ClusterStep& result) {
           auto written = call.over_revision ? partitions_->update(key, value, *call.over_revision)
                                             : partitions_->create(key, value);
           if (!written) failed("acquire", call.partition, written.error());
+          if (written) {
+            preparing_.erase(call.partition);
+            prepared_.erase(call.partition);
+          }
           keeper_.on_acquired(call.partition,
                               written ? std::optional{*written} : std::optional<std::uint64_t>{});
         } else if constexpr (std::is_same_v<Call, RenewLease>) {
@@ -85,6 +89,7 @@ void ClusterSession::run(const LeaseAction& action, ClusterStep& result) {
           if (written) ++result.released;
           keeper_.on_released(call.partition);
           preparing_.erase(call.partition);
+          prepared_.erase(call.partition);
           result.drop.push_back(call.partition);
         } else if constexpr (std::is_same_v<Call, PreparePartition>) {
           preparing_.insert(call.partition);
@@ -98,6 +103,7 @@ void ClusterSession::run(const LeaseAction& action, ClusterStep& result) {
           }
         } else if constexpr (std::is_same_v<Call, AbandonPartition>) {
           preparing_.erase(call.partition);
+          prepared_.erase(call.partition);
           result.drop.push_back(call.partition);
         }
       },

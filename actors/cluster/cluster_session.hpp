@@ -33,8 +33,9 @@ struct PartitionOwner {
 struct ClusterStep {
   /// The partitions this node may serve now, with their epochs and fences.
   std::vector<OwnedPartition> owned;
-  /// Partitions to warm up (selector, registrations, KV dumps) before taking them over; each is
-  /// named again every step until the node reports it warm (mark_prepared).
+  /// Partitions to warm up (selector, registrations, KV dumps) before taking them over, or kept
+  /// warm while their handover is pending: each is named every step until the node owns it or
+  /// gives it up (then it is in `drop`).
   std::vector<std::string> prepare;
   /// Partitions warmed up for nothing, or given up: their state can go.
   std::vector<std::string> drop;
@@ -63,9 +64,11 @@ class ClusterSession {
   /// One step at `now` (read just before calling) over the partitions the node knows of.
   ClusterStep step(LeaseKeeper::Clock::time_point now, const std::vector<std::string>& partitions);
 
-  /// The node finished warming `partition` up.
+  /// The node finished warming `partition` up (again each step is harmless).
   void mark_prepared(const std::string& partition) {
-    if (preparing_.erase(partition) > 0) keeper_.mark_prepared(partition);
+    if (preparing_.contains(partition) && prepared_.insert(partition).second) {
+      keeper_.mark_prepared(partition);
+    }
   }
 
   /// Leaves the cluster: erases the member record and hands every lease back (their desired
@@ -85,7 +88,9 @@ class ClusterSession {
   JetStreamKv* members_;
   JetStreamKv* partitions_;
   LeaseKeeper keeper_;
+  // Asked to warm up and not owned yet; of those, the ones the node reported warm.
   std::set<std::string> preparing_;
+  std::set<std::string> prepared_;
 };
 
 }  // namespace kvr::actors::cluster
