@@ -1,9 +1,12 @@
 // `kvr node --cluster` as real processes: a nats-server with JetStream on loopback, one `kvr
-// mocker` worker per model and three router nodes. Every partition is owned by exactly one node;
-// a route sent to the namespace's queue group, whichever node takes it, is answered (by the owner,
-// forwarded over CAF's middleman), and its lifecycle report reaches the node that holds the lease,
-// so no report is refused and no booking is left open. Killed with SIGKILL, a node's partitions
-// are owned again by the others, and routes for them are answered again.
+// mocker` worker for each of 12 models and three router nodes. Every partition is owned by exactly
+// one node, spread over the three; a route sent to the namespace's queue group, whichever node
+// takes it, is answered (by the owner, forwarded over CAF's middleman), and its lifecycle report
+// reaches the node that holds the lease, so no report is refused and no booking is left open.
+// Killed with SIGKILL, a node's partitions are owned again by the others; a fourth node joins
+// without a failed request; a node hung by SIGSTOP loses its leases and comes back without two
+// nodes booking one partition; the cluster reconverges after a nats-server restart. And `kvr
+// replay-live` through two and three nodes: every report reaches its lease.
 #include <algorithm>
 #include <map>
 #include <set>
@@ -29,7 +32,7 @@ using testing::prompt;
 using testing::wait_until;
 
 constexpr std::string_view kNamespace = "cluster";
-constexpr int kModels = 6;
+constexpr int kModels = 12;
 constexpr int kNodes = 3;
 
 // The value of one series in a /metrics text; 0 when absent.
@@ -171,7 +174,8 @@ class NodeClusterTest : public testing::KvrClusterTest {
 };
 
 TEST_F(NodeClusterTest, EveryPartitionHasOneOwnerAndEveryNodeAnswersForIt) {
-  // Placement spreads the six partitions over the three nodes, no node owning more than three.
+  // Placement spreads the twelve partitions over the three nodes, none owning more than five
+  // (at most 6/4/2, as the issue asks; the bound is ⌈1.1 · 12 / 3⌉).
   ASSERT_TRUE(balanced({0, 1, 2}, 20s));
   // Until each owner has heard its worker, a route may find none: wait for every model.
   for (int m = 0; m < kModels; ++m) {
