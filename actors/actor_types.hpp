@@ -216,6 +216,7 @@ CAF_ADD_ATOM(kvr_actors, kvr::actors, targets_atom, "targets")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, ownership_atom, "ownership")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, partition_atom, "partition")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, ready_atom, "ready")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, forward_atom, "forward")
 CAF_END_TYPE_ID_BLOCK(kvr_actors)
 
 namespace kvr::actors {
@@ -366,6 +367,10 @@ using forwarder_actor =
     caf::typed_actor<caf::reacts_to<route_atom, RouteEnvelope>,
                      caf::reacts_to<report_atom, ReportEnvelope>,
                      caf::reacts_to<generate_atom, GenerateEnvelope>,
+                     // from this node's ingress: an actor client's request, answered to it
+                     caf::replies_to<forward_atom, RouteEnvelope>::with<RouteDecisionMessage>,
+                     caf::replies_to<forward_atom, ReportEnvelope>::with<LifecycleAckMessage>,
+                     caf::replies_to<forward_atom, GenerateEnvelope>::with<RouteDecisionMessage>,
                      // a client's cancel of a generate request, by request id
                      caf::reacts_to<cancel_atom, std::string>,
                      // a forwarded generate request's chunk, from the owner's ingress actor

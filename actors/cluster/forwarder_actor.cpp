@@ -94,74 +94,77 @@ void with_peer(Self self, const std::string& node_id,
 
 // ---- route ----------------------------------------------------------------------------------
 
-void dispatch_route(Self self, RouteEnvelope envelope, int waits);
+// Answers a route request: on its NATS reply subject, and to the actor client that asked.
+void answer_route(Self self, RouteJob& job, const v1::RouteDecision& decision) {
+  publish(self, job.envelope.reply_subject, decision.SerializeAsString());
+  if (job.promise) job.promise->deliver(RouteDecisionMessage{decision});
+}
+
+void dispatch_route(Self self, RouteJob job, int waits);
 
 // Serves a route request with this node's actors. Its answer comes back here rather than going
 // to the client directly, so that a request the partition's changing hands refused is routed
 // again at a later view.
-void route_locally(Self self, RouteEnvelope envelope, int waits) {
+void route_locally(Self self, RouteJob job, int waits) {
   const auto& config = self->state.config;
-  std::string reply = std::move(envelope.reply_subject);
-  envelope.reply_subject.clear();
-  auto keep = std::make_shared<RouteEnvelope>(envelope);
-  const auto answer = [self, keep, reply, waits](RouteDecisionMessage& decision) {
+  auto keep = std::make_shared<RouteJob>(std::move(job));
+  RouteEnvelope local = keep->envelope;
+  local.reply_subject.clear();
+  const auto answer = [self, keep, waits](RouteDecisionMessage& decision) {
     if (waits < kMaxViewWaits && decision.value.has_error() &&
         decision.value.error().code() == v1::ROUTE_ERROR_UNAVAILABLE) {
-      keep->reply_subject = reply;
       self->state.awaiting_view.emplace_back(std::move(*keep), waits + 1);
       return;
     }
-    publish(self, reply, decision.value.SerializeAsString());
+    answer_route(self, *keep, decision.value);
   };
-  const auto failed = [self, keep, reply](caf::error& error) {
+  const auto failed = [self, keep](caf::error& error) {
     node_metrics(self).route_errors(Error::unavailable).add();
-    publish(
-        self, reply,
-        make_route_error(keep->request.id(), Error::unavailable,
-                         fmt::format("this node did not answer: {}", self->system().render(error)))
-            .SerializeAsString());
+    answer_route(self, *keep,
+                 make_route_error(
+                     keep->envelope.request.id(), Error::unavailable,
+                     fmt::format("this node did not answer: {}", self->system().render(error))));
   };
   if (config.classifier) {
-    self->request(config.classifier, config.forward_timeout, route_atom::value, std::move(envelope))
+    self->request(config.classifier, config.forward_timeout, route_atom::value, std::move(local))
         .then(answer, failed);
   } else {
-    self->request(config.reservation, config.forward_timeout, route_atom::value,
-                  std::move(envelope))
+    self->request(config.reservation, config.forward_timeout, route_atom::value, std::move(local))
         .then(answer, failed);
   }
 }
 
-void forward_route(Self self, RouteEnvelope envelope, const std::string& owner, int waits);
+void forward_route(Self self, RouteJob job, const std::string& owner, int waits);
 
 // Serves a route request here, forwards it to its partition's owner, or holds it for the next
 // view when neither this node nor a known other one owns the partition.
-void dispatch_route(Self self, RouteEnvelope envelope, int waits) {
-  const std::string partition = partition_of(envelope.request);
+void dispatch_route(Self self, RouteJob job, int waits) {
+  const std::string partition = partition_of(job.envelope.request);
   const std::string owner = remote_owner(self, partition);
-  if (!owner.empty()) return forward_route(self, std::move(envelope), owner, waits);
+  if (!owner.empty()) return forward_route(self, std::move(job), owner, waits);
   if (waits < kMaxViewWaits && !self->state.owned.contains(partition)) {
-    self->state.awaiting_view.emplace_back(std::move(envelope), waits + 1);
+    self->state.awaiting_view.emplace_back(std::move(job), waits + 1);
     return;
   }
-  route_locally(self, std::move(envelope), waits);
+  route_locally(self, std::move(job), waits);
 }
 
-void forward_route(Self self, RouteEnvelope envelope, const std::string& owner, int waits) {
-  auto shared = std::make_shared<RouteEnvelope>(std::move(envelope));
+void forward_route(Self self, RouteJob job, const std::string& owner, int waits) {
+  auto shared = std::make_shared<RouteJob>(std::move(job));
   with_peer(self, owner, [self, shared, owner, waits](const ingress_actor& ingress) {
     const auto lost = [self, shared, owner](const std::string& why) {
       node_metrics(self).cluster_forwards("route", "owner_lost").add();
       node_metrics(self).route_errors(Error::owner_lost).add();
-      publish(self, shared->reply_subject,
-              make_route_error(
-                  shared->request.id(), Error::owner_lost,
-                  fmt::format("the partition's owner, node {}, did not answer: {}", owner, why))
-                  .SerializeAsString());
+      answer_route(
+          self, *shared,
+          make_route_error(
+              shared->envelope.request.id(), Error::owner_lost,
+              fmt::format("the partition's owner, node {}, did not answer: {}", owner, why)));
     };
     if (!ingress) return lost("it cannot be reached");
     const auto started = Clock::now();
     self->request(ingress, self->state.config.forward_timeout, route_atom::value,
-                  RouteRequestMessage{encode_route_request(shared->request)})
+                  RouteRequestMessage{encode_route_request(shared->envelope.request)})
         .then(
             [self, shared, started, waits](RouteDecisionMessage& decision) {
               // Not (or no longer) its partition: a later view names the new owner.
@@ -173,7 +176,7 @@ void forward_route(Self self, RouteEnvelope envelope, const std::string& owner, 
               const std::chrono::duration<double> took = Clock::now() - started;
               node_metrics(self).cluster_forward_latency().observe(took.count());
               node_metrics(self).cluster_forwards("route", "answered").add();
-              publish(self, shared->reply_subject, decision.value.SerializeAsString());
+              answer_route(self, *shared, decision.value);
             },
             [self, lost](caf::error& error) { lost(self->system().render(error)); });
   });
@@ -211,40 +214,50 @@ std::optional<std::string> lease_owner(Self self, const std::string& lease_id) {
   return node->second == self->state.config.node_id ? std::string{} : node->second;
 }
 
-void forward_report(Self self, ReportEnvelope envelope, const std::string& owner);
+// Answers a report: on its NATS reply subject, and to the actor client that sent it.
+void answer_report(Self self, ReportJob& job, const v1::LifecycleAck& ack) {
+  publish(self, job.envelope.reply_subject, ack.SerializeAsString());
+  if (job.promise) job.promise->deliver(LifecycleAckMessage{ack});
+}
 
-void dispatch_report(Self self, ReportEnvelope envelope, int waits) {
-  const auto owner = lease_owner(self, envelope.report.lease_id);
+void forward_report(Self self, ReportJob job, const std::string& owner);
+
+void dispatch_report(Self self, ReportJob job, int waits) {
+  const auto owner = lease_owner(self, job.envelope.report.lease_id);
   if (!owner && waits < kMaxViewWaits) {
     // A lease of a node that joined after this one's last view: the next view knows it.
-    self->state.awaiting_reports.emplace_back(std::move(envelope), waits + 1);
+    self->state.awaiting_reports.emplace_back(std::move(job), waits + 1);
     return;
   }
   if (!owner || owner->empty()) {
-    caf::anon_send(self->state.config.reservation, report_atom::value, std::move(envelope));
+    const auto& reservation = self->state.config.reservation;
+    if (job.promise) {
+      job.promise->delegate(reservation, report_atom::value, std::move(job.envelope));
+    } else {
+      caf::anon_send(reservation, report_atom::value, std::move(job.envelope));
+    }
     return;
   }
-  forward_report(self, std::move(envelope), *owner);
+  forward_report(self, std::move(job), *owner);
 }
 
-void forward_report(Self self, ReportEnvelope envelope, const std::string& owner) {
-  auto shared = std::make_shared<ReportEnvelope>(std::move(envelope));
+void forward_report(Self self, ReportJob job, const std::string& owner) {
+  auto shared = std::make_shared<ReportJob>(std::move(job));
   with_peer(self, owner, [self, shared, owner](const ingress_actor& ingress) {
     const auto lost = [self, shared, owner](const std::string& why) {
       node_metrics(self).cluster_forwards("report", "owner_lost").add();
-      publish(self, shared->reply_subject,
-              make_lifecycle_ack(false, fmt::format("owner_lost: the lease's node, {}, did not "
-                                                    "answer: {}",
-                                                    owner, why))
-                  .SerializeAsString());
+      answer_report(self, *shared,
+                    make_lifecycle_ack(false, fmt::format("owner_lost: the lease's node, {}, "
+                                                          "did not answer: {}",
+                                                          owner, why)));
     };
     if (!ingress) return lost("it cannot be reached");
     self->request(ingress, self->state.config.forward_timeout, report_atom::value,
-                  LifecycleReportMessage{encode_report(shared->report)})
+                  LifecycleReportMessage{encode_report(shared->envelope.report)})
         .then(
             [self, shared](LifecycleAckMessage& ack) {
               node_metrics(self).cluster_forwards("report", "answered").add();
-              publish(self, shared->reply_subject, ack.value.SerializeAsString());
+              answer_report(self, *shared, ack.value);
             },
             [self, lost](caf::error& error) { lost(self->system().render(error)); });
   });
@@ -252,43 +265,64 @@ void forward_report(Self self, ReportEnvelope envelope, const std::string& owner
 
 // ---- generate -------------------------------------------------------------------------------
 
-void generate_locally(Self self, GenerateEnvelope envelope) {
+void generate_locally(Self self, GenerateJob job) {
   const auto& config = self->state.config;
+  const auto target = [&](auto& local) {
+    // An actor client gets its decision and stream from the local lifecycle actor directly.
+    if (job.promise) {
+      job.promise->delegate(local, generate_atom::value, std::move(job.envelope));
+    } else {
+      caf::anon_send(local, generate_atom::value, std::move(job.envelope));
+    }
+  };
   if (config.classifier) {
-    caf::anon_send(config.classifier, generate_atom::value, std::move(envelope));
+    target(config.classifier);
   } else {
-    caf::anon_send(config.lifecycle, generate_atom::value, std::move(envelope));
+    target(config.lifecycle);
   }
 }
 
-// Ends a forwarded stream whose owner went away: its decision (when none was published yet) and
-// a final error chunk.
+// Sends a forwarded stream's chunk to its client: its actor, or its NATS stream subject.
+void relay_chunk(Self self, const ForwarderActorState::ForwardedStream& stream,
+                 const v1::GenerateChunk& chunk) {
+  if (stream.job.envelope.stream_actor) {
+    self->send(caf::actor_cast<stream_client_actor>(stream.job.envelope.stream_actor),
+               chunk_atom::value, GenerateChunkMessage{chunk});
+    return;
+  }
+  publish(self, stream.job.envelope.request.stream_subject, chunk.SerializeAsString());
+}
+
+void answer_generate(Self self, GenerateJob& job, const v1::RouteDecision& decision) {
+  publish(self, job.envelope.reply_subject, decision.SerializeAsString());
+  if (job.promise) job.promise->deliver(RouteDecisionMessage{decision});
+}
+
+// Ends a forwarded stream whose owner went away: its decision (when none was given yet) and a
+// final error chunk.
 void end_stream(Self self, const std::string& request_id, const std::string& why) {
   auto node = self->state.streams.extract(request_id);
   if (node.empty()) return;
-  const ForwarderActorState::ForwardedStream& stream = node.mapped();
+  ForwarderActorState::ForwardedStream& stream = node.mapped();
   node_metrics(self).cluster_forwards("generate", "owner_lost").add();
   node_metrics(self).route_errors(Error::owner_lost).add();
   const std::string message =
       fmt::format("the partition's owner, node {}, went away: {}", stream.owner, why);
-  if (!stream.first_chunk_seen) {
-    publish(self, stream.envelope.reply_subject,
-            make_route_error(request_id, Error::owner_lost, message).SerializeAsString());
+  if (!stream.decided) {
+    answer_generate(self, stream.job, make_route_error(request_id, Error::owner_lost, message));
   }
-  publish(
-      self, stream.envelope.request.stream_subject,
-      make_end_chunk(request_id, 0, StreamEnd{"error", Error::owner_lost, message}, std::nullopt)
-          .SerializeAsString());
+  relay_chunk(
+      self, stream,
+      make_end_chunk(request_id, 0, StreamEnd{"error", Error::owner_lost, message}, std::nullopt));
 }
 
-void route_generate(Self self, GenerateEnvelope envelope, bool retried);
+void route_generate(Self self, GenerateJob job, bool retried);
 
-void forward_generate(Self self, GenerateEnvelope envelope, const std::string& owner,
-                      bool retried) {
-  const std::string request_id = envelope.request.route.id();
+void forward_generate(Self self, GenerateJob job, const std::string& owner, bool retried) {
+  const std::string request_id = job.envelope.request.route.id();
   auto& streams = self->state.streams;
-  streams.insert_or_assign(
-      request_id, ForwarderActorState::ForwardedStream{std::move(envelope), owner, false, retried});
+  streams.insert_or_assign(request_id, ForwarderActorState::ForwardedStream{std::move(job), owner,
+                                                                            false, false, retried});
   with_peer(self, owner, [self, request_id, owner](const ingress_actor& ingress) {
     auto stream = self->state.streams.find(request_id);
     if (stream == self->state.streams.end()) return;  // cancelled meanwhile
@@ -296,8 +330,8 @@ void forward_generate(Self self, GenerateEnvelope envelope, const std::string& o
     const auto lost = [self, request_id](const std::string& why) {
       auto it = self->state.streams.find(request_id);
       if (it == self->state.streams.end()) return;
-      if (!it->second.first_chunk_seen && !it->second.retried) {
-        GenerateEnvelope again = std::move(it->second.envelope);
+      if (!it->second.first_chunk_seen && !it->second.decided && !it->second.retried) {
+        GenerateJob again = std::move(it->second.job);
         self->state.streams.erase(it);
         node_metrics(self).generate_retries().add();
         return route_generate(self, std::move(again), true);
@@ -306,23 +340,24 @@ void forward_generate(Self self, GenerateEnvelope envelope, const std::string& o
     };
     if (!ingress) return lost("it cannot be reached");
     self->request(ingress, self->state.config.forward_timeout, generate_atom::value,
-                  GenerateRequestMessage{stream->second.envelope.request.wire})
+                  GenerateRequestMessage{stream->second.job.envelope.request.wire})
         .then(
             [self, request_id](RouteDecisionMessage& decision) {
               auto it = self->state.streams.find(request_id);
               if (it == self->state.streams.end()) return;
               node_metrics(self).cluster_forwards("generate", "answered").add();
-              publish(self, it->second.envelope.reply_subject, decision.value.SerializeAsString());
+              it->second.decided = true;
+              answer_generate(self, it->second.job, decision.value);
               // An error decision ends the stream there: its final chunk follows from the owner.
             },
             [self, lost](caf::error& error) { lost(self->system().render(error)); });
   });
 }
 
-void route_generate(Self self, GenerateEnvelope envelope, bool retried) {
-  const std::string owner = remote_owner(self, partition_of(envelope.request.route));
-  if (owner.empty()) return generate_locally(self, std::move(envelope));
-  forward_generate(self, std::move(envelope), owner, retried);
+void route_generate(Self self, GenerateJob job, bool retried) {
+  const std::string owner = remote_owner(self, partition_of(job.envelope.request.route));
+  if (owner.empty()) return generate_locally(self, std::move(job));
+  forward_generate(self, std::move(job), owner, retried);
 }
 
 void update_view(Self self, ClusterView view) {
@@ -361,8 +396,8 @@ forwarder_actor::behavior_type forwarder_behavior(Self self, ForwarderActorConfi
       for (const std::string& request_id : lost) {
         auto it = state.streams.find(request_id);
         if (it == state.streams.end()) continue;
-        if (!it->second.first_chunk_seen && !it->second.retried) {
-          GenerateEnvelope again = std::move(it->second.envelope);
+        if (!it->second.first_chunk_seen && !it->second.decided && !it->second.retried) {
+          GenerateJob again = std::move(it->second.job);
           state.streams.erase(it);
           route_generate(self, std::move(again), true);
         } else {
@@ -372,12 +407,30 @@ forwarder_actor::behavior_type forwarder_behavior(Self self, ForwarderActorConfi
     }
   });
   return {
-      [self](route_atom, RouteEnvelope& envelope) { dispatch_route(self, std::move(envelope), 0); },
+      [self](route_atom, RouteEnvelope& envelope) {
+        dispatch_route(self, RouteJob{std::move(envelope), std::nullopt}, 0);
+      },
       [self](report_atom, ReportEnvelope& envelope) {
-        dispatch_report(self, std::move(envelope), 0);
+        dispatch_report(self, ReportJob{std::move(envelope), std::nullopt}, 0);
       },
       [self](generate_atom, GenerateEnvelope& envelope) {
-        route_generate(self, std::move(envelope), false);
+        route_generate(self, GenerateJob{std::move(envelope), std::nullopt}, false);
+      },
+      // Actor clients (this node's ingress): the same, answered to them.
+      [self](forward_atom, RouteEnvelope& envelope) -> caf::result<RouteDecisionMessage> {
+        auto promise = self->make_response_promise<RouteDecisionMessage>();
+        dispatch_route(self, RouteJob{std::move(envelope), promise}, 0);
+        return promise;
+      },
+      [self](forward_atom, ReportEnvelope& envelope) -> caf::result<LifecycleAckMessage> {
+        auto promise = self->make_response_promise<LifecycleAckMessage>();
+        dispatch_report(self, ReportJob{std::move(envelope), promise}, 0);
+        return promise;
+      },
+      [self](forward_atom, GenerateEnvelope& envelope) -> caf::result<RouteDecisionMessage> {
+        auto promise = self->make_response_promise<RouteDecisionMessage>();
+        route_generate(self, GenerateJob{std::move(envelope), promise}, false);
+        return promise;
       },
       [self](cancel_atom, std::string& request_id) {
         auto& state = self->state;
@@ -402,18 +455,17 @@ forwarder_actor::behavior_type forwarder_behavior(Self self, ForwarderActorConfi
         const auto stream = state.streams.find(chunk.value.request_id());
         if (stream == state.streams.end()) return;
         stream->second.first_chunk_seen = true;
-        publish(self, stream->second.envelope.request.stream_subject,
-                chunk.value.SerializeAsString());
+        relay_chunk(self, stream->second, chunk.value);
         if (chunk.value.finished()) state.streams.erase(stream);
       },
       [self](ownership_atom, ClusterView& view) {
         update_view(self, std::move(view));
         auto waiting = std::move(self->state.awaiting_view);
         self->state.awaiting_view.clear();
-        for (auto& [envelope, waits] : waiting) dispatch_route(self, std::move(envelope), waits);
+        for (auto& [job, waits] : waiting) dispatch_route(self, std::move(job), waits);
         auto reports = std::move(self->state.awaiting_reports);
         self->state.awaiting_reports.clear();
-        for (auto& [envelope, waits] : reports) dispatch_report(self, std::move(envelope), waits);
+        for (auto& [job, waits] : reports) dispatch_report(self, std::move(job), waits);
       },
   };
 }

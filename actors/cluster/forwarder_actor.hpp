@@ -18,6 +18,9 @@
 // Messages it handles (its typed interface, `forwarder_actor`, in actors/actor_types.hpp):
 //   route(RouteEnvelope), report(ReportEnvelope), generate(GenerateEnvelope), cancel(request id)
 //                         — from the NATS bridge;
+//   forward(RouteEnvelope | ReportEnvelope | GenerateEnvelope) → the decision or ack
+//                         — from this node's published ingress, for actor clients (a generate
+//                           request's chunks go to the client's actor);
 //   chunk(GenerateChunkMessage) — a forwarded generate request's chunk, from the owner's ingress;
 //   ownership(ClusterView)     — the cluster actor's last step.
 #pragma once
@@ -33,6 +36,7 @@
 #include <unordered_map>
 
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_response_promise.hpp>
 
 #include "actors/actor_types.hpp"
 #include "actors/metrics/metrics_registry.hpp"
@@ -56,6 +60,21 @@ struct ForwarderActorConfig {
   /// Bound on a forward's answer (a generate request's first decision) and on connecting a peer.
   std::chrono::milliseconds forward_timeout{5000};
   std::chrono::milliseconds connect_timeout{1000};
+};
+
+/// A request the forwarder serves: from NATS (answered on the envelope's subjects), or from an
+/// actor client of this node's ingress (answered through `promise`, streamed to its actor).
+struct RouteJob {
+  RouteEnvelope envelope;
+  std::optional<caf::typed_response_promise<RouteDecisionMessage>> promise;
+};
+struct ReportJob {
+  ReportEnvelope envelope;
+  std::optional<caf::typed_response_promise<LifecycleAckMessage>> promise;
+};
+struct GenerateJob {
+  GenerateEnvelope envelope;
+  std::optional<caf::typed_response_promise<RouteDecisionMessage>> promise;
 };
 
 /// The forwarder's state.
@@ -82,8 +101,9 @@ struct ForwarderActorState {
 
   /// A generate request forwarded to another node, until its last chunk.
   struct ForwardedStream {
-    GenerateEnvelope envelope;
+    GenerateJob job;
     std::string owner;
+    bool decided = false;  ///< the client has its decision
     bool first_chunk_seen = false;
     bool retried = false;
   };
@@ -92,9 +112,9 @@ struct ForwarderActorState {
   /// owner they were sent to no longer served it (a handover or takeover in progress). Each
   /// waits for at most kMaxViewWaits views; then it is served here or forwarded as the last
   /// view says, and its answer is final.
-  std::vector<std::pair<RouteEnvelope, int>> awaiting_view;  // with the views waited so far
+  std::vector<std::pair<RouteJob, int>> awaiting_view;  // with the views waited so far
   /// Reports naming a lease prefix no member of the last view has, waiting likewise.
-  std::vector<std::pair<ReportEnvelope, int>> awaiting_reports;
+  std::vector<std::pair<ReportJob, int>> awaiting_reports;
 };
 
 /// How many views a route request may wait for while its partition changes hands.

@@ -29,7 +29,9 @@ ingress_actor::behavior_type ingress_behavior(ingress_actor::pointer self,
         // microseconds of CPU each (tests/bench/node).
         auto promise = self->make_response_promise<RouteDecisionMessage>();
         RouteEnvelope envelope{std::move(*request), {}, config.clock->now()};
-        if (config.classifier) {
+        if (config.forwarder) {
+          promise.delegate(config.forwarder, forward_atom::value, std::move(envelope));
+        } else if (config.classifier) {
           promise.delegate(config.classifier, route_atom::value, std::move(envelope));
         } else {
           promise.delegate(config.reservation, route_atom::value, std::move(envelope));
@@ -42,8 +44,13 @@ ingress_actor::behavior_type ingress_behavior(ingress_actor::pointer self,
         if (!report) return LifecycleAckMessage{make_lifecycle_ack(false, report.error())};
         // Delegated as route requests are: the reservation actor always acknowledges.
         auto promise = self->make_response_promise<LifecycleAckMessage>();
-        promise.delegate(config.reservation, report_atom::value,
-                         ReportEnvelope{std::move(*report), {}});
+        if (config.forwarder) {
+          promise.delegate(config.forwarder, forward_atom::value,
+                           ReportEnvelope{std::move(*report), {}});
+        } else {
+          promise.delegate(config.reservation, report_atom::value,
+                           ReportEnvelope{std::move(*report), {}});
+        }
         return promise;
       },
       [self, config, metrics](
@@ -66,7 +73,9 @@ ingress_actor::behavior_type ingress_behavior(ingress_actor::pointer self,
         // failure, a retry's end and shutdown each end the request with an explicit error).
         auto promise = self->make_response_promise<RouteDecisionMessage>();
         GenerateEnvelope envelope{std::move(*request), {}, config.clock->now(), std::move(client)};
-        if (config.classifier) {
+        if (config.forwarder) {
+          promise.delegate(config.forwarder, forward_atom::value, std::move(envelope));
+        } else if (config.classifier) {
           promise.delegate(config.classifier, generate_atom::value, std::move(envelope));
         } else {
           promise.delegate(config.lifecycle, generate_atom::value, std::move(envelope));
@@ -75,7 +84,10 @@ ingress_actor::behavior_type ingress_behavior(ingress_actor::pointer self,
       },
       [self, config](cancel_atom, GenerateCancelMessage& message) {
         if (!config.lifecycle || message.value.request_id().empty()) return;
-        if (config.classifier) {
+        if (config.forwarder) {
+          self->send(config.forwarder, cancel_atom::value,
+                     std::move(*message.value.mutable_request_id()));
+        } else if (config.classifier) {
           self->send(config.classifier, cancel_atom::value,
                      std::move(*message.value.mutable_request_id()));
         } else {

@@ -32,6 +32,10 @@ struct IngressActorConfig {
   /// When the node runs a request classifier: route and generate requests and cancels go to it
   /// instead (it hands admitted ones to the reservation and lifecycle actors). Null: direct.
   classifier_actor classifier;
+  /// Cluster mode, for the ingress actor clients use: route, report, generate and cancel go to
+  /// the forwarder, which serves them here or at the node that owns their partition. The ingress
+  /// that peers forward to has none (it serves its own node's partitions: no forwarding loops).
+  forwarder_actor forwarder;
   RouteDecodeLimits limits;
   std::shared_ptr<metrics::MetricsRegistry> metrics;
   /// Stamps each request's arrival (the reservation actor measures route latency from it).

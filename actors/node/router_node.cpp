@@ -168,6 +168,8 @@ struct RouterNode::Impl {
   std::shared_ptr<ClusterLink> cluster_link;
   cluster_actor cluster;
   forwarder_actor forwarder;
+  /// What peers forward to: an ingress without the forwarder.
+  ingress_actor peer_ingress;
   std::uint64_t incarnation = 0;
   std::string cluster_address;
 
@@ -258,7 +260,7 @@ struct RouterNode::Impl {
   // cluster actor's steps.
   std::expected<void, std::string> start_cluster() {
     if (!cluster_link) return {};
-    auto published = system->middleman().publish(ingress, options.cluster.port,
+    auto published = system->middleman().publish(peer_ingress, options.cluster.port,
                                                  options.cluster.address.c_str(), true);
     if (!published) {
       return std::unexpected(fmt::format("cluster: cannot publish on {}:{}: {}",
@@ -379,13 +381,20 @@ struct RouterNode::Impl {
     lifecycle = system->spawn(lifecycle_behavior, std::move(settings));
   }
 
+  // The ingress actor clients use; in cluster mode it goes through the forwarder, and peers
+  // forward to a second one (peer_ingress) that serves this node's partitions only.
   void spawn_ingress() {
-    ingress = system->spawn(ingress_behavior, IngressActorConfig{.reservation = reservation,
-                                                                 .lifecycle = lifecycle,
-                                                                 .classifier = classifier,
-                                                                 .limits = {},
-                                                                 .metrics = registry,
-                                                                 .clock = options.clock});
+    const auto make = [&](forwarder_actor through) {
+      return system->spawn(ingress_behavior, IngressActorConfig{.reservation = reservation,
+                                                                .lifecycle = lifecycle,
+                                                                .classifier = classifier,
+                                                                .forwarder = std::move(through),
+                                                                .limits = {},
+                                                                .metrics = registry,
+                                                                .clock = options.clock});
+    };
+    ingress = make(forwarder);
+    if (cluster_link) peer_ingress = make(forwarder_actor{});
   }
 
   // Publishes the ingress actor through CAF's middleman, when asked (--actor-port).
@@ -501,8 +510,10 @@ struct RouterNode::Impl {
       // The cluster actor first: it hands its leases back, so the others take over at once.
       if (cluster) caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
       if (forwarder) caf::anon_send_exit(forwarder, caf::exit_reason::user_shutdown);
+      if (peer_ingress) caf::anon_send_exit(peer_ingress, caf::exit_reason::user_shutdown);
       cluster = nullptr;
       forwarder = nullptr;
+      peer_ingress = nullptr;
       // The lifecycle actor next: it ends every client's stream with an explicit error.
       caf::anon_send_exit(lifecycle, caf::exit_reason::user_shutdown);
       caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
@@ -548,8 +559,8 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   impl->spawn_reservation();
   impl->spawn_lifecycle();
   impl->hand_classifier_targets();
+  impl->spawn_forwarder();  // before the ingress, which hands it actor clients' requests
   impl->spawn_ingress();
-  impl->spawn_forwarder();
   // From here on a failed step stops what the steps before it started.
   const auto fail = [&impl](std::string error) {
     impl->shutdown();

@@ -13,10 +13,15 @@
 #include <string>
 #include <vector>
 
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include "actors/actor_types.hpp"
 #include "kvr/v1/routing.pb.h"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
@@ -74,11 +79,15 @@ class NodeClusterTest : public testing::KvrClusterTest {
   void start_node() {
     const int n = static_cast<int>(nodes_.size());
     const std::uint16_t port = free_port();
-    auto node = kvr_->start_node({.metrics_port = port,
-                                  .nats_reconnect_wait_ms = 100,
-                                  .extra = {"--cluster", "--node-id", fmt::format("node-{}", n),
-                                            "--cluster-lease-ttl-ms", "1500"}},
-                                 fmt::format("node-{}.log", n));
+    // node-0 also publishes the ingress actor clients use.
+    if (n == 0) actor_port_ = free_port();
+    auto node = kvr_->start_node(
+        {.metrics_port = port,
+         .actor_port = n == 0 ? std::optional<std::uint16_t>{actor_port_} : std::nullopt,
+         .nats_reconnect_wait_ms = 100,
+         .extra = {"--cluster", "--node-id", fmt::format("node-{}", n), "--cluster-lease-ttl-ms",
+                   "1500"}},
+        fmt::format("node-{}.log", n));
     ASSERT_TRUE(node);
     nodes_.push_back(std::move(*node));
     metrics_ports_.push_back(port);
@@ -171,6 +180,7 @@ class NodeClusterTest : public testing::KvrClusterTest {
   std::vector<ChildProcess> mockers_;
   std::vector<ChildProcess> nodes_;
   std::vector<std::uint16_t> metrics_ports_;
+  std::uint16_t actor_port_ = 0;
 };
 
 TEST_F(NodeClusterTest, EveryPartitionHasOneOwnerAndEveryNodeAnswersForIt) {
@@ -342,6 +352,79 @@ TEST_F(NodeClusterTest, TheClusterReconvergesAfterANatsServerRestart) {
   ASSERT_TRUE(wait_until([&] { return client_->connected(); }, 10s));
   ASSERT_NO_FATAL_FAILURE(wait_until_every_model_routes(1));
   for (int n = 0; n < kNodes; ++n) EXPECT_TRUE(nodes_[n].running()) << "node-" << n;
+}
+
+// An actor client of node-0's published ingress: every model is answered, its reports accepted
+// and a generate request streamed, whichever node owns the partition.
+TEST_F(NodeClusterTest, AnActorClientOfOneNodeIsServedForEveryPartition) {
+  ASSERT_TRUE(balanced({0, 1, 2}, 20s));
+  ASSERT_NO_FATAL_FAILURE(wait_until_every_model_routes(0));
+  caf::actor_system_config config;
+  config.set("scheduler.max-threads", 2);
+  config.load<caf::io::middleman>();
+  config.add_message_types<caf::id_block::kvr_actors>();
+  caf::actor_system system{config};
+  auto ingress = system.middleman().remote_actor<actors::ingress_actor>("127.0.0.1", actor_port_);
+  ASSERT_TRUE(ingress) << system.render(ingress.error());
+  const auto owned = owners({0, 1, 2});
+  int elsewhere = 0;
+  {
+    caf::scoped_actor self{system};
+    for (int m = 0; m < kModels; ++m) {
+      if (owned.at(m).front() != 0) ++elsewhere;
+      v1::RouteRequest request;
+      request.set_request_id(fmt::format("actor-{}", m));
+      request.set_model(model(m));
+      for (std::uint32_t token : prompt(64, 7000)) request.mutable_tokens()->add_ids(token);
+      v1::RouteDecision decision;
+      self->request(*ingress, 10s, actors::route_atom::value, actors::RouteRequestMessage{request})
+          .receive([&](actors::RouteDecisionMessage& reply) { decision = reply.value; },
+                   [&](caf::error& failure) { ADD_FAILURE() << system.render(failure); });
+      ASSERT_TRUE(decision.has_success()) << decision.DebugString();
+      v1::LifecycleReport report;
+      report.set_lease_id(decision.success().lease_id());
+      report.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
+      v1::LifecycleAck ack;
+      self->request(*ingress, 10s, actors::report_atom::value,
+                    actors::LifecycleReportMessage{report})
+          .receive([&](actors::LifecycleAckMessage& reply) { ack = reply.value; },
+                   [&](caf::error& failure) { ADD_FAILURE() << system.render(failure); });
+      EXPECT_TRUE(ack.accepted()) << model(m) << ": " << ack.message();
+    }
+    EXPECT_GT(elsewhere, 0) << "some partitions live on the other nodes";
+
+    // A generate request for a partition another node owns streams back through node-0.
+    int remote = 0;
+    while (owned.at(remote).front() == 0) ++remote;
+    v1::GenerateRequest generate;
+    generate.mutable_route()->set_request_id("actor-generate");
+    generate.mutable_route()->set_model(model(remote));
+    for (std::uint32_t token : prompt(64, 9000)) {
+      generate.mutable_route()->mutable_tokens()->add_ids(token);
+    }
+    generate.set_max_output_tokens(4);
+    v1::RouteDecision decision;
+    self->request(*ingress, 10s, actors::generate_atom::value,
+                  actors::GenerateRequestMessage{generate})
+        .receive([&](actors::RouteDecisionMessage& reply) { decision = reply.value; },
+                 [&](caf::error& failure) { ADD_FAILURE() << system.render(failure); });
+    ASSERT_TRUE(decision.has_success()) << decision.DebugString();
+    std::size_t tokens = 0;
+    bool finished = false;
+    while (!finished) {
+      bool received = false;
+      self->receive(
+          [&](actors::chunk_atom, actors::GenerateChunkMessage& chunk) {
+            received = true;
+            tokens += static_cast<std::size_t>(chunk.value.token_ids_size());
+            finished = chunk.value.finished();
+          },
+          caf::after(20s) >> [] {});
+      ASSERT_TRUE(received) << "no chunk within 20 s";
+    }
+    EXPECT_EQ(tokens, 4U);
+  }
+  ingress = caf::sec::cannot_connect_to_node;  // drop the proxy before the system stops
 }
 
 // `kvr replay-live` through two and three cluster nodes: one model (one partition, one owner),
