@@ -25,6 +25,20 @@ std::string kv_events(std::string_view ns, WorkerId worker) {
 }
 std::string kv_events_all(std::string_view ns) { return under(ns, "kv.*"); }
 std::string router_route(std::string_view ns) { return under(ns, "router.route"); }
+std::string router_partition_route(std::string_view ns, std::string_view partition) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string token;
+  for (const unsigned char c : partition) {
+    if (std::isalnum(c) != 0 || c == '-' || c == '/' || c == '_') {
+      token += static_cast<char>(c);
+    } else {
+      token += '=';
+      token += kHex[c >> 4];
+      token += kHex[c & 0xF];
+    }
+  }
+  return under(ns, "router." + token + ".route");
+}
 std::string router_generate(std::string_view ns) { return under(ns, "router.generate"); }
 std::string router_generate_cancel(std::string_view ns) {
   return under(ns, "router.generate.cancel");

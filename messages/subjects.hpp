@@ -25,6 +25,10 @@ std::string kv_events_all(std::string_view ns);
 std::string worker_discover(std::string_view ns);
 /// RouteRequest → RouteDecision (request/reply, queue group "kvr-router").
 std::string router_route(std::string_view ns);
+/// kvr.<ns>.router.<partition>.route: a partition's own route subject, served by its owner in a
+/// cluster, so that a client that knows the model skips the forwarding hop. `partition` is
+/// "<model>/<routing group>" with every byte outside [-/_A-Za-z0-9] written as =XX (hex).
+std::string router_partition_route(std::string_view ns, std::string_view partition);
 /// GenerateRequest → stream of GenerateChunk on the request's stream subject (request/reply, queue
 /// group "kvr-router"; the reply is the first RouteDecision, whose lease id is empty because the
 /// node manages the booking itself).

@@ -13,6 +13,7 @@
 #include "actors/metrics/node_metrics.hpp"
 #include "actors/wire/generate_messages.hpp"
 #include "actors/wire/route_messages.hpp"
+#include "messages/subjects.hpp"
 
 namespace kvr::actors {
 namespace {
@@ -364,6 +365,26 @@ void update_view(Self self, ClusterView view) {
   auto& state = self->state;
   state.owned.clear();
   for (const auto& owned : view.owned) state.owned.insert(owned.partition);
+  // The owner serves its partitions' own subjects: a client that knows the model skips the hop.
+  if (state.config.bridge) {
+    for (auto it = state.served_subjects.begin(); it != state.served_subjects.end();) {
+      if (state.owned.contains(it->first)) {
+        ++it;
+        continue;
+      }
+      state.config.bridge->stop_route_subject(it->second);
+      it = state.served_subjects.erase(it);
+    }
+    for (const std::string& partition : state.owned) {
+      if (state.served_subjects.contains(partition)) continue;
+      std::string subject = subjects::router_partition_route(state.config.ns, partition);
+      if (auto served = state.config.bridge->serve_route_subject(subject); !served) {
+        spdlog::warn("kvr node: cluster: cannot serve {}: {}", subject, served.error());
+        continue;
+      }
+      state.served_subjects.emplace(partition, std::move(subject));
+    }
+  }
   state.node_by_lease_prefix.clear();
   state.address_by_node.clear();
   for (const auto& member : view.members) {

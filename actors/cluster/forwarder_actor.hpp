@@ -48,6 +48,8 @@ namespace kvr::actors {
 struct ForwarderActorConfig {
   /// This node's member record node id (its own partitions are served locally).
   std::string node_id;
+  /// The subject namespace (for the partitions' own route subjects).
+  std::string ns = "default";
   /// The prefix of this node's lease ids (cluster_lease_prefix of its incarnation).
   std::string lease_prefix;
   /// This node's actors, as the bridge would reach them without a cluster.
@@ -56,6 +58,9 @@ struct ForwarderActorConfig {
   lifecycle_actor lifecycle;
   /// Publishes answers to NATS clients.
   std::shared_ptr<RouterPublisher> publisher;
+  /// Serves each owned partition's own route subject (subjects::router_partition_route); may be
+  /// null (tests).
+  std::shared_ptr<NatsBridge> bridge;
   std::shared_ptr<metrics::MetricsRegistry> metrics;
   /// Bound on a forward's answer (a generate request's first decision) and on connecting a peer.
   std::chrono::milliseconds forward_timeout{5000};
@@ -85,6 +90,10 @@ struct ForwarderActorState {
   ClusterView view;
   /// Owned partition keys, from the view.
   std::set<std::string> owned;
+  /// The partition route subjects served, by partition key.
+  std::map<std::string, std::string> served_subjects;
+  /// The namespace, for those subjects.
+  std::string ns;
   /// Member node ids by the lease-id prefix of their leases (their incarnation in hex).
   std::map<std::string, std::string> node_by_lease_prefix;
   /// Member addresses by node id.

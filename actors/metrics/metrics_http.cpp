@@ -57,6 +57,13 @@ std::expected<std::unique_ptr<MetricsHttpServer>, std::string> MetricsHttpServer
   }
   State* raw = state.get();
   state->thread = std::thread{[raw] { raw->server.listen_after_bind(); }};
+  // httplib's stop() does nothing until the listen loop runs: wait for it, so that a server
+  // stopped at once (a node that fails its next startup step) is not left listening forever.
+  // (bounded: a loop that ends at once never shows as running)
+  for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+       !state->server.is_running() && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::yield();
+  }
   return std::unique_ptr<MetricsHttpServer>(
       new MetricsHttpServer(std::move(state), static_cast<std::uint16_t>(bound)));
 }

@@ -60,6 +60,53 @@ NatsBridge::~NatsBridge() {
   client_.reset();
 }
 
+void NatsBridge::on_route(const std::string& subject, nats::NatsMessage message) {
+  const auto received = options_.clock->now();
+  metrics::NodeMetrics metrics{*registry_};
+  metrics.route_requests("nats").add();
+  v1::RouteRequest wire;
+  std::expected<RouteRequest, RouteFailure> request =
+      wire.ParseFromString(message.data)
+          ? decode_route_request(wire, options_.route_limits)
+          : std::unexpected(
+                RouteFailure{Error::invalid_request, "RouteRequest: not a valid protobuf message"});
+  if (!request) {
+    drop(subject, request.error().message);
+    metrics.route_errors(request.error().code).add();
+    if (!message.reply.empty()) {
+      (void)publish(message.reply, make_route_error(wire.request_id(), request.error().code,
+                                                    request.error().message)
+                                       .SerializeAsString());
+    }
+    return;
+  }
+  sinks_.route(std::move(*request), std::move(message.reply), received);
+}
+
+std::expected<void, std::string> NatsBridge::serve_route_subject(const std::string& subject) {
+  std::lock_guard lock{route_subjects_mutex_};
+  if (!started_.load() || route_subjects_.contains(subject)) return {};
+  // In the routers' queue group: while a partition changes hands, both owners may be subscribed,
+  // and each request still reaches one of them.
+  auto subscription = client_->subscribe(
+      subject,
+      [this, subject](nats::NatsMessage message) { on_route(subject, std::move(message)); },
+      subjects::kRouterQueueGroup);
+  if (!subscription) return std::unexpected(subscription.error());
+  route_subjects_.emplace(subject, std::move(*subscription));
+  return {};
+}
+
+void NatsBridge::stop_route_subject(const std::string& subject) {
+  std::optional<nats::NatsSubscription> stopped;
+  {
+    std::lock_guard lock{route_subjects_mutex_};
+    auto node = route_subjects_.extract(subject);
+    if (!node.empty()) stopped.emplace(std::move(node.mapped()));
+  }
+  // Unsubscribed outside the lock: it waits for a running callback.
+}
+
 void NatsBridge::drop(const std::string& subscription, std::string_view reason) {
   metrics::NodeMetrics{*registry_}.bad_messages(subscription).add();
   log_->warn(subscription,
@@ -138,28 +185,7 @@ std::expected<void, std::string> NatsBridge::start(BridgeSinks sinks) {
     subject = subjects::router_route(ns);
     subscribed = subscribe(
         subject,
-        [this, subject, route_requests = metrics::NodeMetrics{*registry_}.route_requests("nats")](
-            nats::NatsMessage message) {
-          const auto received = options_.clock->now();
-          route_requests.add();
-          v1::RouteRequest wire;
-          std::expected<RouteRequest, RouteFailure> request =
-              wire.ParseFromString(message.data)
-                  ? decode_route_request(wire, options_.route_limits)
-                  : std::unexpected(RouteFailure{Error::invalid_request,
-                                                 "RouteRequest: not a valid protobuf message"});
-          if (!request) {
-            drop(subject, request.error().message);
-            metrics::NodeMetrics{*registry_}.route_errors(request.error().code).add();
-            if (!message.reply.empty()) {
-              (void)publish(message.reply, make_route_error(wire.request_id(), request.error().code,
-                                                            request.error().message)
-                                               .SerializeAsString());
-            }
-            return;
-          }
-          sinks_.route(std::move(*request), std::move(message.reply), received);
-        },
+        [this, subject](nats::NatsMessage message) { on_route(subject, std::move(message)); },
         subjects::kRouterQueueGroup);
   }
   if (subscribed) {
@@ -264,6 +290,10 @@ std::expected<void, std::string> NatsBridge::subscribe_generate() {
 void NatsBridge::stop() {
   // Destroying a subscription waits for its running callback; after this no sink runs.
   subscriptions_.clear();
+  {
+    std::lock_guard lock{route_subjects_mutex_};
+    route_subjects_.clear();
+  }
   started_.store(false, std::memory_order_release);
 }
 

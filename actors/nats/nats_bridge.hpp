@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <expected>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -119,6 +121,12 @@ class NatsBridge final : public RouterPublisher {
   /// The subjects subscribed, for logs and tests.
   const std::vector<std::string>& subjects() const { return subjects_; }
 
+  /// Cluster mode: serves route requests on `subject` (a partition's own subject, see
+  /// subjects::router_partition_route) as on router.route, until stop_route_subject(). Thread-
+  /// safe; serving a subject twice is a no-op.
+  std::expected<void, std::string> serve_route_subject(const std::string& subject);
+  void stop_route_subject(const std::string& subject);
+
  private:
   NatsBridge(BridgeOptions options, std::shared_ptr<metrics::MetricsRegistry> registry,
              std::shared_ptr<metrics::RateLimitedLog> log);
@@ -127,6 +135,8 @@ class NatsBridge final : public RouterPublisher {
   void drop(const std::string& subscription, std::string_view reason);
   /// Subscribes router.generate, router.generate.cancel and the stream inbox.
   std::expected<void, std::string> subscribe_generate();
+  /// A route request received on `subject`: decoded and handed to the route sink, or refused.
+  void on_route(const std::string& subject, nats::NatsMessage message);
   std::expected<void, std::string> subscribe(std::string subject,
                                              std::function<void(nats::NatsMessage)> handler,
                                              std::string_view queue_group = {});
@@ -142,6 +152,8 @@ class NatsBridge final : public RouterPublisher {
   std::atomic<bool> started_{false};
   std::vector<std::string> subjects_;
   std::vector<nats::NatsSubscription> subscriptions_;
+  std::mutex route_subjects_mutex_;
+  std::map<std::string, nats::NatsSubscription> route_subjects_;
 };
 
 }  // namespace kvr::actors

@@ -250,6 +250,8 @@ struct RouterNode::Impl {
     settings.reservation = reservation;
     settings.lifecycle = lifecycle;
     settings.publisher = bridge;
+    settings.bridge = bridge;
+    settings.ns = options.ns;
     settings.metrics = registry;
     // A forwarded request may wait in its owner's queue as long as a local one would.
     settings.forward_timeout = selector_answer_timeout() + std::chrono::seconds(1);

@@ -775,6 +775,12 @@ std::expected<std::unique_ptr<VllmEngineServer>, std::string> VllmEngineServer::
   state->engine_thread = std::thread{[raw] { raw->run_engine(); }};
   if (state->replay_socket) state->replay_thread = std::thread{[raw] { raw->run_replay(); }};
   state->http_thread = std::thread{[raw] { raw->http.listen_after_bind(); }};
+  // httplib's stop() does nothing until the listen loop runs: wait for it.
+  // (bounded: a loop that ends at once never shows as running)
+  for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+       !state->http.is_running() && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::yield();
+  }
   return std::unique_ptr<VllmEngineServer>(new VllmEngineServer(std::move(state)));
 }
 

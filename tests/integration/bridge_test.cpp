@@ -116,6 +116,12 @@ class StandInEngine {
     });
     http_port_ = static_cast<std::uint16_t>(server_.bind_to_any_port("127.0.0.1"));
     thread_ = std::thread{[this] { server_.listen_after_bind(); }};
+    // httplib's stop() does nothing until the listen loop runs: wait for it.
+    // (bounded: a loop that ends at once never shows as running)
+    for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+         !server_.is_running() && std::chrono::steady_clock::now() < until;) {
+      std::this_thread::yield();
+    }
   }
   ~StandInEngine() {
     server_.stop();

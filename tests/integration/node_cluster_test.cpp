@@ -23,6 +23,7 @@
 
 #include "actors/actor_types.hpp"
 #include "kvr/v1/routing.pb.h"
+#include "messages/subjects.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_recorder.hpp"
@@ -234,6 +235,31 @@ TEST_F(NodeClusterTest, EveryPartitionHasOneOwnerAndEveryNodeAnswersForIt) {
   }
   EXPECT_GT(forwarded, 0) << "with three nodes, some requests land away from their owner";
   EXPECT_EQ(bookings, 0) << "every booking was released by its report";
+
+  // A client that knows the model asks the partition's own subject: its owner answers, and
+  // nothing is forwarded.
+  for (int m = 0; m < kModels; ++m) {
+    v1::RouteRequest wire;
+    wire.set_request_id(fmt::format("direct-{}", m));
+    wire.set_model(model(m));
+    for (std::uint32_t token : prompt(64, 5000)) wire.mutable_tokens()->add_ids(token);
+    const auto reply =
+        client_->request(subjects::router_partition_route(kNamespace, model(m) + "/default"),
+                         wire.SerializeAsString(), 5s);
+    ASSERT_TRUE(reply) << model(m) << ": " << reply.error();
+    v1::RouteDecision decision;
+    ASSERT_TRUE(decision.ParseFromString(reply->data));
+    ASSERT_TRUE(decision.has_success()) << decision.DebugString();
+    const auto ack = testing::report_lifecycle(*client_, kNamespace, decision.success().lease_id(),
+                                               v1::LIFECYCLE_EVENT_COMPLETED);
+    EXPECT_TRUE(ack && ack->accepted());
+  }
+  double forwarded_after = 0;
+  for (int n = 0; n < kNodes; ++n) {
+    forwarded_after +=
+        metric(metrics_of(n), "kvr_cluster_forwards_total{kind=\"route\",outcome=\"answered\"}");
+  }
+  EXPECT_EQ(forwarded_after, forwarded) << "requests on a partition's subject reach its owner";
 }
 
 TEST_F(NodeClusterTest, AKilledNodesPartitionsAreOwnedAgainAndAnswered) {

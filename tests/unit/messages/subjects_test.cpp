@@ -7,6 +7,11 @@ namespace {
 
 TEST(SubjectsTest, NamespacedUnderKvr) {
   EXPECT_EQ(router_route("prod"), "kvr.prod.router.route");
+  // A partition's own subject: bytes a NATS token cannot carry (the dot, spaces) are escaped.
+  EXPECT_EQ(router_partition_route("prod", "llama-3/default"),
+            "kvr.prod.router.llama-3/default.route");
+  EXPECT_EQ(router_partition_route("prod", "meta.llama 3/batch_1"),
+            "kvr.prod.router.meta=2Ellama=203/batch_1.route");
   EXPECT_EQ(kv_events("prod", 42), "kvr.prod.kv.42");
   EXPECT_EQ(kv_events_all("prod"), "kvr.prod.kv.*");
   EXPECT_EQ(worker_generate("dev", 7), "kvr.dev.worker.7.generate");
