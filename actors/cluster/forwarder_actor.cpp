@@ -162,7 +162,14 @@ void forward_route(Self self, RouteJob job, const std::string& owner, int waits)
               shared->envelope.request.id(), Error::owner_lost,
               fmt::format("the partition's owner, node {}, did not answer: {}", owner, why)));
     };
-    if (!ingress) return lost("it cannot be reached");
+    if (!ingress) {
+      // Never sent: safe to try again at a later view (a connection that failed to come up).
+      if (waits < kMaxViewWaits) {
+        self->state.awaiting_view.emplace_back(std::move(*shared), waits + 1);
+        return;
+      }
+      return lost("it cannot be reached");
+    }
     const auto started = Clock::now();
     self->request(ingress, self->state.config.forward_timeout, route_atom::value,
                   RouteRequestMessage{encode_route_request(shared->envelope.request)})
