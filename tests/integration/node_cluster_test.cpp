@@ -351,11 +351,24 @@ TEST_F(NodeClusterTest, AHungNodeLosesItsLeasesAndComesBackWithoutDoubleOwnershi
   for (const auto& [partition, who] : owners({0, 1, 2})) ++owned_per_node[who.front()];
   const int victim = owned_per_node.begin()->first;
   nodes_[victim].signal(SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
   std::set<int> others{0, 1, 2};
   others.erase(victim);
-  // Its leases age out and the others take them; requests for them are answered again.
+  // Its leases age out and the others take them; requests for them are answered again, and go
+  // on being answered while it stays hung for 10 s.
   ASSERT_TRUE(each_partition_owned_once(others, 10s));
   ASSERT_NO_FATAL_FAILURE(wait_until_every_model_routes(1));
+  for (int request = 1000; std::chrono::steady_clock::now() - stopped < 10s;) {
+    for (int m = 0; m < kModels; ++m, ++request) {
+      const auto decision = route(m, request);
+      ASSERT_TRUE(decision) << model(m) << ": no answer while a node hangs";
+      EXPECT_TRUE(decision->has_success()) << decision->DebugString();
+      if (decision->has_success()) {
+        (void)testing::report_lifecycle(*client_, kNamespace, decision->success().lease_id(),
+                                        v1::LIFECYCLE_EVENT_COMPLETED);
+      }
+    }
+  }
   nodes_[victim].signal(SIGCONT);
   // Back, it finds its fence passed and its leases taken. While it rejoins (and may be handed
   // partitions back), every request is answered, and bookings open on one node per partition
