@@ -275,6 +275,9 @@ using selector_subscriber_actor = caf::typed_actor<
 using directory_actor = worker_feed_actor::extend_with<route_target_actor>::extend<
     // cluster mode: what this node owns, warms up or drops, from the cluster actor
     caf::reacts_to<ownership_atom, ClusterView>,
+    // cluster mode: stop serving these partitions now (their leases are about to be handed
+    // over); answered once their selectors are retired
+    caf::replies_to<partition_atom, std::vector<std::string>>::with<bool>,
     // after a NATS reconnect: ask every worker to register again
     caf::reacts_to<resync_atom>,
     // from a selector: these workers left; forwarded to the watchers

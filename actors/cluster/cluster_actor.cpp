@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include <caf/scoped_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -17,7 +18,20 @@ void step(Self self) {
   auto& state = self->state;
   cluster::ClusterSession& session = *state.config.link->session;
   const std::vector<std::string> partitions(state.partitions.begin(), state.partitions.end());
-  cluster::ClusterStep result = session.step(std::chrono::steady_clock::now(), partitions);
+  // Before a lease is handed over, its selector stops: its fence may lie up to the renew
+  // deadline ahead, and the successor may take the lease at its next step.
+  const auto stop_serving = [self](const std::vector<std::string>& releasing) {
+    caf::scoped_actor blocking{self->system()};
+    blocking
+        ->request(self->state.directory, std::chrono::seconds(2), partition_atom::value, releasing)
+        .receive([](bool) {},
+                 [&](caf::error& error) {
+                   spdlog::warn("kvr node: cluster: the directory did not stop {} partitions: {}",
+                                releasing.size(), self->system().render(error));
+                 });
+  };
+  cluster::ClusterStep result =
+      session.step(std::chrono::steady_clock::now(), partitions, stop_serving);
   metrics::NodeMetrics metrics{*state.config.metrics};
   for (const std::string& failure : result.failures) {
     spdlog::warn("kvr node: cluster: {}", failure);

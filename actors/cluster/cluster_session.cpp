@@ -111,7 +111,8 @@ void ClusterSession::run(const LeaseAction& action, ClusterStep& result) {
 }
 
 ClusterStep ClusterSession::step(LeaseKeeper::Clock::time_point now,
-                                 const std::vector<std::string>& partitions) {
+                                 const std::vector<std::string>& partitions,
+                                 const StopServing& stop_serving) {
   ClusterStep result;
   // The announcement first: a node that cannot announce itself should not take leases either,
   // and the fence ends what it holds.
@@ -128,9 +129,17 @@ ClusterStep ClusterSession::step(LeaseKeeper::Clock::time_point now,
     result.owned = keeper_.owned(now);
     return result;
   }
-  for (const LeaseAction& action : keeper_.step(now, *members, partitions, *table)) {
-    run(action, result);
+  const std::vector<LeaseAction> actions = keeper_.step(now, *members, partitions, *table);
+  if (stop_serving) {
+    std::vector<std::string> releasing;
+    for (const LeaseAction& action : actions) {
+      if (const auto* release = std::get_if<ReleaseLease>(&action)) {
+        releasing.push_back(release->partition);
+      }
+    }
+    if (!releasing.empty()) stop_serving(releasing);
   }
+  for (const LeaseAction& action : actions) run(action, result);
   result.prepare.assign(preparing_.begin(), preparing_.end());
   result.owned = keeper_.owned(now);
   std::map<std::string, std::string> addresses;

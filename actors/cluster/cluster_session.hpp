@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <expected>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -61,8 +62,14 @@ class ClusterSession {
   ClusterSession(MemberRecord self, JetStreamKv& members, JetStreamKv& partitions,
                  LeaseKeeperOptions options);
 
+  /// Called with the partitions a step is about to hand over, before their leases are written:
+  /// it must return only once the node has stopped serving them (its selectors' fences may lie
+  /// ahead of the keeper's decision), so that the successor never serves beside it.
+  using StopServing = std::function<void(const std::vector<std::string>&)>;
+
   /// One step at `now` (read just before calling) over the partitions the node knows of.
-  ClusterStep step(LeaseKeeper::Clock::time_point now, const std::vector<std::string>& partitions);
+  ClusterStep step(LeaseKeeper::Clock::time_point now, const std::vector<std::string>& partitions,
+                   const StopServing& stop_serving = {});
 
   /// The node finished warming `partition` up (again each step is harmless).
   void mark_prepared(const std::string& partition) {

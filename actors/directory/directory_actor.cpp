@@ -239,6 +239,16 @@ directory_actor::behavior_type directory_behavior(Self self, DirectoryActorConfi
       },
       [self](resync_atom) { request_reregistration(self, true); },
       [self](ownership_atom, const ClusterView& view) { apply_ownership(self, view); },
+      [self](partition_atom, const std::vector<std::string>& partitions) {
+        auto& state = self->state;
+        for (const std::string& partition : partitions) {
+          const auto known = state.known_partitions.find(partition);
+          if (known == state.known_partitions.end()) continue;
+          retire_selector(self, known->second);
+          state.owned.erase(known->second);
+        }
+        return true;
+      },
       [self](removed_atom, const std::vector<WorkerId>& removed) {
         auto& state = self->state;
         const auto sender = caf::actor_cast<caf::actor>(self->current_sender());
