@@ -216,7 +216,7 @@ std::optional<std::string> lease_owner(Self self, const std::string& lease_id) {
   const auto dash = lease_id.find('-');
   if (dash == std::string::npos) return std::nullopt;
   const std::string prefix = lease_id.substr(0, dash);
-  if (prefix == self->state.own_lease_prefix) return std::string{};
+  if (prefix == self->state.config.lease_prefix) return std::string{};
   const auto node = self->state.node_by_lease_prefix.find(prefix);
   if (node == self->state.node_by_lease_prefix.end()) return std::nullopt;
   return node->second == self->state.config.node_id ? std::string{} : node->second;
@@ -409,7 +409,6 @@ std::string cluster_lease_prefix(std::uint64_t incarnation) {
 
 forwarder_actor::behavior_type forwarder_behavior(Self self, ForwarderActorConfig config) {
   self->state.config = std::move(config);
-  self->state.own_lease_prefix = self->state.config.lease_prefix;
   // A peer whose connection dropped: its streams in flight end (or are retried before their
   // first chunk), and the next forward connects again.
   self->set_down_handler([self](caf::down_msg& message) {

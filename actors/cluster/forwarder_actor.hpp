@@ -86,7 +86,6 @@ struct GenerateJob {
 struct ForwarderActorState {
   static inline const char* name = "kvr.forwarder";
   ForwarderActorConfig config;
-  std::string own_lease_prefix;
   ClusterView view;
   /// Owned partition keys, from the view.
   std::set<std::string> owned;

@@ -71,12 +71,6 @@ void retire_selector(Self self, const PartitionKey& key) {
   self->unlink_from(it->second);
   self->send_exit(it->second, caf::exit_reason::user_shutdown);
   state.selectors.erase(it);
-  // This node holds nothing of the partition any more.
-  const metrics::NodeMetrics metrics{*state.config.selector.metrics};
-  const std::string label = fmt::format("{}/{}", key.first, key.second);
-  metrics.workers(label).set(0);
-  metrics.bookings_open(label).set(0);
-  metrics.index_blocks(label).set(0);
   for (const selector_subscriber_actor& subscriber : state.selector_subscribers) {
     self->send(subscriber, selectors_atom::value, key.first, key.second, selector_actor{});
   }

@@ -309,7 +309,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
       }
       self->state.queued_replies.clear();
       // Cluster mode: a retired selector's partition holds nothing here any more. Reset last,
-      // after anything this actor handled before its exit (the directory resets them too).
+      // after anything this actor handled before its exit.
       if (self->state.config.fenced) {
         self->state.series.bookings_open.set(0);
         self->state.series.workers.set(0);

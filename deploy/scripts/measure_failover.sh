@@ -53,7 +53,8 @@ until "$kvr" route --nats "$nats" --namespace failover --model m0 --text x --tim
   >/dev/null 2>&1; do sleep 0.05; done
 
 kill -9 "${node_pid[$owner]}"
-killed=$(date +%s.%N)
+killed=$(date +%s%N)
 until "$kvr" route --nats "$nats" --namespace failover --model m0 --text x --timeout-ms 500 \
   >/dev/null 2>&1; do sleep 0.05; done
-echo "m0 was answered again $(echo "$(date +%s.%N) - $killed" | bc) s after its owner n$owner was killed"
+elapsed_ms=$((($(date +%s%N) - killed) / 1000000))
+echo "m0 was answered again $((elapsed_ms / 1000)).$(printf '%03d' $((elapsed_ms % 1000))) s after its owner n$owner was killed"
