@@ -20,7 +20,7 @@ MetricsHttpServer::MetricsHttpServer(std::unique_ptr<State> state, std::uint16_t
 
 std::expected<std::unique_ptr<MetricsHttpServer>, std::string> MetricsHttpServer::start(
     const std::string& host, std::uint16_t port, std::shared_ptr<const MetricsRegistry> registry,
-    std::function<std::string()> healthy) {
+    std::function<std::string()> healthy, std::function<void()> before_scrape) {
   auto state = std::make_unique<State>();
   // cpp-httplib sets SO_REUSEPORT by default, which lets a second process bind the same port and
   // share its scrapes. SO_REUSEADDR alone still refuses a port another socket listens on (it only
@@ -31,7 +31,9 @@ std::expected<std::unique_ptr<MetricsHttpServer>, std::string> MetricsHttpServer
   });
   // Two threads: a scrape and a health probe never wait for each other.
   state->server.new_task_queue = [] { return new httplib::ThreadPool(2); };
-  state->server.Get("/metrics", [registry](const httplib::Request&, httplib::Response& response) {
+  state->server.Get("/metrics", [registry, before_scrape = std::move(before_scrape)](
+                                    const httplib::Request&, httplib::Response& response) {
+    if (before_scrape) before_scrape();
     response.set_content(registry->render(), "text/plain; version=0.0.4; charset=utf-8");
   });
   state->server.Get("/healthz", [healthy](const httplib::Request&, httplib::Response& response) {

@@ -18,10 +18,12 @@ class MetricsHttpServer {
  public:
   /// Binds `host:port` exclusively (port 0: any free port; a port another socket listens on is
   /// an error, not shared) and serves in the background. `healthy` returns an empty string when
-  /// healthy, else the reason (sent with 503). The error names the option and the address.
+  /// healthy, else the reason (sent with 503). `before_scrape`, when set, runs before each
+  /// /metrics render (to copy values kept elsewhere into the registry). The error names the
+  /// option and the address.
   static std::expected<std::unique_ptr<MetricsHttpServer>, std::string> start(
       const std::string& host, std::uint16_t port, std::shared_ptr<const MetricsRegistry> registry,
-      std::function<std::string()> healthy);
+      std::function<std::string()> healthy, std::function<void()> before_scrape = {});
 
   ~MetricsHttpServer();
   MetricsHttpServer(const MetricsHttpServer&) = delete;

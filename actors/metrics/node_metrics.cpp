@@ -64,6 +64,10 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
     {N::kDiscoveryRequests, MetricType::Counter, "Requests to every worker to register again.", {}},
     {N::kNatsReconnects, MetricType::Counter, "Successful NATS reconnects.", {}},
     {N::kNatsConnected, MetricType::Gauge, "1 while connected to NATS.", {}},
+    {N::kNatsDropped,
+     MetricType::Counter,
+     "Messages dropped by the NATS client for a subscription that fell behind, by subject.",
+     {}},
     {N::kGenerateRequests, MetricType::Counter, "Generate requests received, by ingress.", {}},
     {N::kGenerateOutcomes,
      MetricType::Counter,
@@ -247,6 +251,9 @@ ValueHandle NodeMetrics::bad_messages(std::string_view subject) const {
 }
 ValueHandle NodeMetrics::nats_reconnects() const { return counter(kNatsReconnects); }
 ValueHandle NodeMetrics::nats_connected() const { return gauge(kNatsConnected); }
+ValueHandle NodeMetrics::nats_dropped(std::string_view subject) const {
+  return counter(kNatsDropped, "subject", subject);
+}
 
 ValueHandle NodeMetrics::generate_requests(std::string_view ingress) const {
   return counter(kGenerateRequests, "ingress", ingress);

@@ -67,6 +67,7 @@ class NodeMetrics {
   static constexpr std::string_view kBadMessages = "kvr_bad_messages_total";
   static constexpr std::string_view kNatsReconnects = "kvr_nats_reconnects_total";
   static constexpr std::string_view kNatsConnected = "kvr_nats_connected";
+  static constexpr std::string_view kNatsDropped = "kvr_nats_dropped_messages_total";
   // Generate mode.
   static constexpr std::string_view kGenerateRequests = "kvr_generate_requests_total";
   static constexpr std::string_view kGenerateOutcomes = "kvr_generate_outcomes_total";
@@ -145,6 +146,9 @@ class NodeMetrics {
   ValueHandle bad_messages(std::string_view subject) const;
   ValueHandle nats_reconnects() const;
   ValueHandle nats_connected() const;
+  /// Messages the NATS client dropped for a subscription that fell behind (slow consumer), by
+  /// subscribed subject; refreshed on every scrape.
+  ValueHandle nats_dropped(std::string_view subject) const;
 
   // ---- generate mode ---------------------------------------------------------------------------
   /// Generate requests received, by ingress ("nats", "actor").

@@ -47,6 +47,9 @@ std::expected<std::unique_ptr<NatsBridge>, std::string> NatsBridge::connect(
   auto client = nats::NatsClient::connect(nats_options, std::move(handlers));
   if (!client) return std::unexpected(client.error());
   bridge->client_ = std::move(*client);
+  const metrics::NodeMetrics metrics{*bridge->registry_};
+  bridge->route_requests_ = metrics.route_requests("nats");
+  bridge->generate_requests_ = metrics.generate_requests("nats");
   metrics::NodeMetrics{*bridge->registry_}.nats_connected().set(bridge->client_->connected() ? 1
                                                                                              : 0);
   bridge->dump_inbox_prefix_ = bridge->client_->new_inbox();
@@ -60,10 +63,9 @@ NatsBridge::~NatsBridge() {
   client_.reset();
 }
 
-void NatsBridge::on_route(const std::string& subject, nats::NatsMessage message) {
+void NatsBridge::on_route(const BadMessageCounter& bad, nats::NatsMessage message) {
   const auto received = options_.clock->now();
-  metrics::NodeMetrics metrics{*registry_};
-  metrics.route_requests("nats").add();
+  route_requests_.add();
   v1::RouteRequest wire;
   std::expected<RouteRequest, RouteFailure> request =
       wire.ParseFromString(message.data)
@@ -71,8 +73,8 @@ void NatsBridge::on_route(const std::string& subject, nats::NatsMessage message)
           : std::unexpected(
                 RouteFailure{Error::invalid_request, "RouteRequest: not a valid protobuf message"});
   if (!request) {
-    drop(subject, request.error().message);
-    metrics.route_errors(request.error().code).add();
+    drop(bad, request.error().message);
+    metrics::NodeMetrics{*registry_}.route_errors(request.error().code).add();
     if (!message.reply.empty()) {
       (void)publish(message.reply, make_route_error(wire.request_id(), request.error().code,
                                                     request.error().message)
@@ -90,7 +92,9 @@ std::expected<void, std::string> NatsBridge::serve_route_subject(const std::stri
   // and each request still reaches one of them.
   auto subscription = client_->subscribe(
       subject,
-      [this, subject](nats::NatsMessage message) { on_route(subject, std::move(message)); },
+      [this, bad = bad_message_counter(subject)](nats::NatsMessage message) {
+        on_route(bad, std::move(message));
+      },
       subjects::kRouterQueueGroup);
   if (!subscription) return std::unexpected(subscription.error());
   route_subjects_.emplace(subject, std::move(*subscription));
@@ -107,10 +111,30 @@ void NatsBridge::stop_route_subject(const std::string& subject) {
   // Unsubscribed outside the lock: it waits for a running callback.
 }
 
-void NatsBridge::drop(const std::string& subscription, std::string_view reason) {
-  metrics::NodeMetrics{*registry_}.bad_messages(subscription).add();
-  log_->warn(subscription,
-             fmt::format("kvr node: dropped a bad message on {}: {}", subscription, reason));
+void NatsBridge::refresh_drop_counts() {
+  const metrics::NodeMetrics metrics{*registry_};
+  std::lock_guard lock{subscriptions_mutex_};
+  for (std::size_t i = 0; i < subscriptions_.size() && i < subjects_.size(); ++i) {
+    metrics.nats_dropped(subjects_[i]).set(static_cast<double>(subscriptions_[i].dropped()));
+  }
+}
+
+NatsBridge::BadMessageCounter NatsBridge::bad_message_counter(std::string subject) const {
+  auto count = metrics::NodeMetrics{*registry_}.bad_messages(subject);
+  return BadMessageCounter{std::move(subject), count};
+}
+
+void NatsBridge::drop(const BadMessageCounter& bad, std::string_view reason) {
+  bad.count.add();
+  // A flood of bad messages costs a counter increment each; only an admitted line is formatted.
+  const auto suppressed = log_->admit(bad.subject);
+  if (!suppressed) return;
+  if (*suppressed == 0) {
+    spdlog::warn("kvr node: dropped a bad message on {}: {}", bad.subject, reason);
+  } else {
+    spdlog::warn("kvr node: dropped a bad message on {}: {} ({} similar messages suppressed)",
+                 bad.subject, reason, *suppressed);
+  }
 }
 
 std::expected<void, std::string> NatsBridge::subscribe(
@@ -118,6 +142,7 @@ std::expected<void, std::string> NatsBridge::subscribe(
     std::string_view queue_group) {
   auto subscription = client_->subscribe(subject, std::move(handler), queue_group);
   if (!subscription) return std::unexpected(subscription.error());
+  std::lock_guard lock{subscriptions_mutex_};
   subscriptions_.push_back(std::move(*subscription));
   subjects_.push_back(std::move(subject));
   return {};
@@ -131,53 +156,59 @@ std::expected<void, std::string> NatsBridge::start(BridgeSinks sinks) {
 
   // Each handler captures the subject it was subscribed with: that is the metrics label.
   std::string subject = subjects::worker_register(ns);
-  auto subscribed = subscribe(subject, [this, subject, &limits](nats::NatsMessage message) {
-    auto registration = decode_worker_registration(message.data, limits);
-    if (!registration) return drop(subject, registration.error());
-    sinks_.registration(std::move(*registration));
-  });
+  auto subscribed = subscribe(
+      subject, [this, bad = bad_message_counter(subject), &limits](nats::NatsMessage message) {
+        auto registration = decode_worker_registration(message.data, limits);
+        if (!registration) return drop(bad, registration.error());
+        sinks_.registration(std::move(*registration));
+      });
   if (subscribed) {
     subject = subjects::worker_heartbeat(ns);
-    subscribed = subscribe(subject, [this, subject](nats::NatsMessage message) {
-      auto heartbeat = decode_worker_heartbeat(message.data);
-      if (!heartbeat) return drop(subject, heartbeat.error());
-      sinks_.heartbeat(*heartbeat);
-    });
+    subscribed =
+        subscribe(subject, [this, bad = bad_message_counter(subject)](nats::NatsMessage message) {
+          auto heartbeat = decode_worker_heartbeat(message.data);
+          if (!heartbeat) return drop(bad, heartbeat.error());
+          sinks_.heartbeat(*heartbeat);
+        });
   }
   if (subscribed) {
     subject = subjects::worker_deregister(ns);
-    subscribed = subscribe(subject, [this, subject](nats::NatsMessage message) {
-      auto deregistration = decode_worker_deregistration(message.data);
-      if (!deregistration) return drop(subject, deregistration.error());
-      sinks_.deregistration(*deregistration);
-    });
+    subscribed =
+        subscribe(subject, [this, bad = bad_message_counter(subject)](nats::NatsMessage message) {
+          auto deregistration = decode_worker_deregistration(message.data);
+          if (!deregistration) return drop(bad, deregistration.error());
+          sinks_.deregistration(*deregistration);
+        });
   }
   if (subscribed) {
     subject = subjects::worker_load(ns);
-    subscribed = subscribe(subject, [this, subject, &limits](nats::NatsMessage message) {
-      auto load = decode_worker_load(message.data, limits);
-      if (!load) return drop(subject, load.error());
-      sinks_.load(std::move(*load));
-    });
+    subscribed = subscribe(
+        subject, [this, bad = bad_message_counter(subject), &limits](nats::NatsMessage message) {
+          auto load = decode_worker_load(message.data, limits);
+          if (!load) return drop(bad, load.error());
+          sinks_.load(std::move(*load));
+        });
   }
   if (subscribed) {
     subject = subjects::kv_events_all(ns);
-    subscribed = subscribe(subject, [this, subject, &limits](nats::NatsMessage message) {
-      auto batch = decode_kv_events(message.data, limits);
-      if (!batch) return drop(subject, batch.error());
-      // The subject names the publisher: a batch claiming another worker's id is refused.
-      if (message.subject != subjects::kv_events(options_.ns, batch->worker.worker_id)) {
-        return drop(subject, fmt::format("KvEventBatch of worker {} arrived on {}",
+    subscribed = subscribe(
+        subject, [this, bad = bad_message_counter(subject), &limits](nats::NatsMessage message) {
+          auto batch = decode_kv_events(message.data, limits);
+          if (!batch) return drop(bad, batch.error());
+          // The subject names the publisher: a batch claiming another worker's id is refused.
+          if (message.subject != subjects::kv_events(options_.ns, batch->worker.worker_id)) {
+            return drop(bad, fmt::format("KvEventBatch of worker {} arrived on {}",
                                          batch->worker.worker_id, message.subject));
-      }
-      sinks_.kv_events(std::move(*batch));
-    });
+          }
+          sinks_.kv_events(std::move(*batch));
+        });
   }
   if (subscribed) {
     subject = dump_inbox_prefix_ + ".*";
-    subscribed = subscribe(subject, [this, subject, &limits](nats::NatsMessage message) {
+    subscribed = subscribe(subject, [this, bad = bad_message_counter("kv_dump_reply"),
+                                     &limits](nats::NatsMessage message) {
       auto dump = decode_kv_dump_reply(message.data, limits);
-      if (!dump) return drop("kv_dump_reply", dump.error());
+      if (!dump) return drop(bad, dump.error());
       sinks_.kv_dump(std::move(*dump));
     });
   }
@@ -185,21 +216,23 @@ std::expected<void, std::string> NatsBridge::start(BridgeSinks sinks) {
     subject = subjects::router_route(ns);
     subscribed = subscribe(
         subject,
-        [this, subject](nats::NatsMessage message) { on_route(subject, std::move(message)); },
+        [this, bad = bad_message_counter(subject)](nats::NatsMessage message) {
+          on_route(bad, std::move(message));
+        },
         subjects::kRouterQueueGroup);
   }
   if (subscribed) {
     subject = subjects::router_report(ns);
     subscribed = subscribe(
         subject,
-        [this, subject](nats::NatsMessage message) {
+        [this, bad = bad_message_counter(subject)](nats::NatsMessage message) {
           v1::LifecycleReport wire;
           auto report =
               wire.ParseFromString(message.data)
                   ? decode_lifecycle_report(wire, options_.route_limits)
                   : std::unexpected(std::string{"LifecycleReport: not a valid protobuf message"});
           if (!report) {
-            drop(subject, report.error());
+            drop(bad, report.error());
             if (!message.reply.empty()) {
               (void)publish(message.reply,
                             make_lifecycle_ack(false, report.error()).SerializeAsString());
@@ -223,9 +256,9 @@ std::expected<void, std::string> NatsBridge::subscribe_generate() {
   std::string subject = subjects::router_generate(ns);
   auto subscribed = subscribe(
       subject,
-      [this, subject](nats::NatsMessage message) {
+      [this, bad = bad_message_counter(subject)](nats::NatsMessage message) {
         const auto received = options_.clock->now();
-        metrics::NodeMetrics{*registry_}.generate_requests("nats").add();
+        generate_requests_.add();
         v1::GenerateRequest wire;
         auto request =
             wire.ParseFromString(message.data)
@@ -233,7 +266,7 @@ std::expected<void, std::string> NatsBridge::subscribe_generate() {
                 : std::unexpected(RouteFailure{Error::invalid_request,
                                                "GenerateRequest: not a valid protobuf message"});
         if (!request) {
-          drop(subject, request.error().message);
+          drop(bad, request.error().message);
           metrics::NodeMetrics{*registry_}.route_errors(request.error().code).add();
           const std::string& request_id = wire.route().request_id();
           if (!message.reply.empty()) {
@@ -259,37 +292,45 @@ std::expected<void, std::string> NatsBridge::subscribe_generate() {
   if (subscribed) {
     subject = subjects::router_generate_cancel(ns);
     // No queue group: only the node serving the request acts on it.
-    subscribed = subscribe(subject, [this, subject](nats::NatsMessage message) {
-      v1::GenerateCancel cancel;
-      if (!cancel.ParseFromString(message.data) || cancel.request_id().empty() ||
-          cancel.request_id().size() > options_.route_limits.max_id_length) {
-        return drop(subject, "GenerateCancel: not a valid message or a bad request_id");
-      }
-      sinks_.generate_cancel(std::move(*cancel.mutable_request_id()));
-    });
+    subscribed =
+        subscribe(subject, [this, bad = bad_message_counter(subject)](nats::NatsMessage message) {
+          v1::GenerateCancel cancel;
+          if (!cancel.ParseFromString(message.data) || cancel.request_id().empty() ||
+              cancel.request_id().size() > options_.route_limits.max_id_length) {
+            return drop(bad, "GenerateCancel: not a valid message or a bad request_id");
+          }
+          sinks_.generate_cancel(std::move(*cancel.mutable_request_id()));
+        });
   }
   if (subscribed) {
     subject = stream_inbox_prefix_ + ".*";
-    subscribed = subscribe(subject, [this](nats::NatsMessage message) {
-      const std::string_view name = message.subject;
-      const std::size_t dot = name.rfind('.');
-      std::uint64_t stream_id = 0;
-      const auto digits = name.substr(dot + 1);
-      const auto parsed = std::from_chars(digits.data(), digits.data() + digits.size(), stream_id);
-      v1::GenerateChunk chunk;
-      if (dot == std::string_view::npos || parsed.ec != std::errc{} ||
-          parsed.ptr != digits.data() + digits.size() || !chunk.ParseFromString(message.data)) {
-        return drop("generate_stream", "GenerateChunk: not a valid message or stream id");
-      }
-      sinks_.chunk(stream_id, std::move(chunk));
-    });
+    subscribed = subscribe(
+        subject, [this, bad = bad_message_counter("generate_stream")](nats::NatsMessage message) {
+          const std::string_view name = message.subject;
+          const std::size_t dot = name.rfind('.');
+          std::uint64_t stream_id = 0;
+          const auto digits = name.substr(dot + 1);
+          const auto parsed =
+              std::from_chars(digits.data(), digits.data() + digits.size(), stream_id);
+          v1::GenerateChunk chunk;
+          if (dot == std::string_view::npos || parsed.ec != std::errc{} ||
+              parsed.ptr != digits.data() + digits.size() || !chunk.ParseFromString(message.data)) {
+            return drop(bad, "GenerateChunk: not a valid message or stream id");
+          }
+          sinks_.chunk(stream_id, std::move(chunk));
+        });
   }
   return subscribed;
 }
 
 void NatsBridge::stop() {
   // Destroying a subscription waits for its running callback; after this no sink runs.
-  subscriptions_.clear();
+  std::vector<nats::NatsSubscription> stopped;
+  {
+    std::lock_guard lock{subscriptions_mutex_};
+    stopped.swap(subscriptions_);
+  }
+  stopped.clear();
   {
     std::lock_guard lock{route_subjects_mutex_};
     route_subjects_.clear();

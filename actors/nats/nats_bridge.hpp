@@ -118,6 +118,9 @@ class NatsBridge final : public RouterPublisher {
   /// Workers publish generate chunks for this node on `<prefix>.<stream id>`.
   const std::string& stream_inbox_prefix() const { return stream_inbox_prefix_; }
 
+  /// Copies the NATS client's per-subscription drop counts (slow consumer) into the registry.
+  void refresh_drop_counts();
+
   /// The subjects subscribed, for logs and tests.
   const std::vector<std::string>& subjects() const { return subjects_; }
 
@@ -131,12 +134,18 @@ class NatsBridge final : public RouterPublisher {
   NatsBridge(BridgeOptions options, std::shared_ptr<metrics::MetricsRegistry> registry,
              std::shared_ptr<metrics::RateLimitedLog> log);
 
-  /// Counts, logs (rate-limited) and drops a bad message received on `subscription`.
-  void drop(const std::string& subscription, std::string_view reason);
+  /// A subscription's metrics label with its bad-message counter, resolved once.
+  struct BadMessageCounter {
+    std::string subject;
+    metrics::ValueHandle count;
+  };
+  BadMessageCounter bad_message_counter(std::string subject) const;
+  /// Counts, logs (rate-limited) and drops a bad message received on `bad.subject`.
+  void drop(const BadMessageCounter& bad, std::string_view reason);
   /// Subscribes router.generate, router.generate.cancel and the stream inbox.
   std::expected<void, std::string> subscribe_generate();
   /// A route request received on `subject`: decoded and handed to the route sink, or refused.
-  void on_route(const std::string& subject, nats::NatsMessage message);
+  void on_route(const BadMessageCounter& bad, nats::NatsMessage message);
   std::expected<void, std::string> subscribe(std::string subject,
                                              std::function<void(nats::NatsMessage)> handler,
                                              std::string_view queue_group = {});
@@ -148,8 +157,12 @@ class NatsBridge final : public RouterPublisher {
   std::string dump_inbox_prefix_;
   std::string stream_inbox_prefix_;
   std::atomic<std::uint64_t> next_dump_id_{1};
+  metrics::ValueHandle route_requests_;
+  metrics::ValueHandle generate_requests_;
   BridgeSinks sinks_;
   std::atomic<bool> started_{false};
+  // Guards subjects_ and subscriptions_ against a scrape (refresh_drop_counts) during stop().
+  mutable std::mutex subscriptions_mutex_;
   std::vector<std::string> subjects_;
   std::vector<nats::NatsSubscription> subscriptions_;
   std::mutex route_subjects_mutex_;

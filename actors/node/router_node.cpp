@@ -446,10 +446,14 @@ struct RouterNode::Impl {
     if (options.metrics_port == 0) return {};
     std::weak_ptr<NatsBridge> weak_bridge = bridge;
     auto started = metrics::MetricsHttpServer::start(
-        options.bind_host, options.metrics_port, registry, [weak_bridge]() -> std::string {
+        options.bind_host, options.metrics_port, registry,
+        [weak_bridge]() -> std::string {
           auto connection = weak_bridge.lock();
           if (!connection) return "stopping";
           return connection->connected() ? std::string{} : "NATS disconnected";
+        },
+        [weak_bridge] {
+          if (auto connection = weak_bridge.lock()) connection->refresh_drop_counts();
         });
     if (!started) return std::unexpected(started.error());
     http = std::move(*started);
