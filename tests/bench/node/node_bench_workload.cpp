@@ -171,11 +171,18 @@ HistogramSnapshot read_histogram(std::string_view text, std::string_view name) {
       const std::size_t close = line.find('"', bucket_prefix.size());
       const std::string bound = line.substr(bucket_prefix.size(), close - bucket_prefix.size());
       const double le = bound == "+Inf" ? INFINITY : std::stod(bound);
-      snapshot.buckets.emplace_back(le, std::stod(line.substr(line.rfind(' ') + 1)));
+      const double cumulative = std::stod(line.substr(line.rfind(' ') + 1));
+      // Several nodes' pages joined: the same bucket of each adds up.
+      auto same = std::ranges::find(snapshot.buckets, le, &std::pair<double, double>::first);
+      if (same != snapshot.buckets.end()) {
+        same->second += cumulative;
+      } else {
+        snapshot.buckets.emplace_back(le, cumulative);
+      }
     } else if (line.rfind(sum_prefix, 0) == 0) {
-      snapshot.sum = std::stod(line.substr(sum_prefix.size()));
+      snapshot.sum += std::stod(line.substr(sum_prefix.size()));
     } else if (line.rfind(count_prefix, 0) == 0) {
-      snapshot.count = std::stod(line.substr(count_prefix.size()));
+      snapshot.count += std::stod(line.substr(count_prefix.size()));
     }
   }
   return snapshot;

@@ -84,7 +84,8 @@ struct HistogramSnapshot {
   double sum = 0;
   double count = 0;
 };
-/// Reads histogram `name` (its unlabelled series) from Prometheus text.
+/// Reads histogram `name` (its unlabelled series) from Prometheus text; the pages of several nodes
+/// joined add up.
 HistogramSnapshot read_histogram(std::string_view text, std::string_view name);
 /// The observations between two snapshots: mean, and p50/p99 interpolated inside their bucket.
 LatencyPercentiles histogram_delta(const HistogramSnapshot& before, const HistogramSnapshot& after);

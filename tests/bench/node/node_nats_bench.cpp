@@ -336,6 +336,7 @@ void BM_NatsRouteDecisions(benchmark::State& state) {
   LoadResult result;
   LatencyPercentiles node_route;
   LatencyPercentiles node_selection;
+  LatencyPercentiles forward_hop;
   for (auto _ : state) {
     environment.heartbeat();
     const std::string before = environment.metrics_text();
@@ -346,8 +347,15 @@ void BM_NatsRouteDecisions(benchmark::State& state) {
                                  read_histogram(after, "kvr_route_latency_seconds"));
     node_selection = histogram_delta(read_histogram(before, "kvr_selection_latency_seconds"),
                                      read_histogram(after, "kvr_selection_latency_seconds"));
+    forward_hop = histogram_delta(read_histogram(before, "kvr_cluster_forward_latency_seconds"),
+                                  read_histogram(after, "kvr_cluster_forward_latency_seconds"));
   }
   const LatencyPercentiles client = percentiles(result.latencies_us);
+  if (std::getenv("KVR_BENCH_CLUSTER_NODES") != nullptr) {
+    // Cluster mode: from a forwarding node's send to the owner's answer, forwarded requests only.
+    state.counters["forward_p50_us"] = forward_hop.p50_us;
+    state.counters["forward_p99_us"] = forward_hop.p99_us;
+  }
   state.counters["decisions_per_s"] =
       result.seconds > 0 ? static_cast<double>(result.completed) / result.seconds : 0;
   state.counters["in_flight"] = connections * outstanding;
