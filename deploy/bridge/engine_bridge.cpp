@@ -50,7 +50,15 @@ struct DiscoverItem {};
 struct RestartItem {
   DpRank rank;
 };
-using InboxItem = std::variant<BatchItem, LostItem, DumpItem, DiscoverItem, RestartItem>;
+// What the prober thread learnt from the engine's HTTP server.
+struct HealthItem {
+  bool healthy = false;
+};
+struct MetricsItem {
+  std::string text;
+};
+using InboxItem =
+    std::variant<BatchItem, LostItem, DumpItem, DiscoverItem, RestartItem, HealthItem, MetricsItem>;
 
 // The bridge's metric families: name, help, and whether it is a counter (else a gauge).
 struct BridgeMetric {
@@ -528,10 +536,9 @@ struct EngineBridge::State {
     publish(subjects::worker_heartbeat(options.ns), heartbeat);
   }
 
-  void publish_load() {
-    const auto metrics = get("/metrics");
-    if (!metrics) return;
-    const auto samples = parse_prometheus_text(*metrics);
+  void publish_load(const std::string& metrics) {
+    if (!facts) return;
+    const auto samples = parse_prometheus_text(metrics);
     if (const auto start = engine_start_time(samples)) {
       if (facts->start_time && *facts->start_time != *start) {
         restart_worker("start_time", start);
@@ -597,8 +604,52 @@ struct EngineBridge::State {
       serve_dump(dump->message);
     } else if (auto* restart = std::get_if<RestartItem>(&item)) {
       handle_restart(restart->rank);
+    } else if (auto* health = std::get_if<HealthItem>(&item)) {
+      handle_health(health->healthy);
+    } else if (auto* metrics = std::get_if<MetricsItem>(&item)) {
+      publish_load(metrics->text);
     } else if (facts) {
       publish(subjects::worker_register(options.ns), registration());
+    }
+  }
+
+  void handle_health(bool healthy) {
+    if (healthy && !facts) {
+      if (auto engine = discover_engine()) register_worker(std::move(*engine));
+    } else if (!healthy && facts) {
+      spdlog::warn("kvr bridge: the engine at {} stopped answering /health; deregistered",
+                   options.engine_url);
+      deregister_worker("engine stopped answering");
+    } else if (!healthy && !logged_waiting) {
+      spdlog::info("kvr bridge: waiting for the engine at {} to answer /health",
+                   options.engine_url);
+      logged_waiting = true;
+    }
+  }
+
+  // The prober thread: asks /health every health interval and, while registered, /metrics every
+  // load interval, and queues the answers, so that the run loop, which forwards KV events, never
+  // waits on the engine's HTTP server.
+  void probe(const std::stop_token& stop) {
+    std::mutex mutex;
+    std::condition_variable_any wake;
+    auto next_health = Clock::now();
+    auto next_load = Clock::now();
+    while (!stop.stop_requested()) {
+      auto now = Clock::now();
+      if (now >= next_health) {
+        enqueue(HealthItem{get("/health").has_value()});
+        now = Clock::now();
+        next_health = now + options.health_interval;
+      }
+      if (registered && now >= next_load) {
+        if (auto text = get("/metrics")) enqueue(MetricsItem{std::move(*text)});
+        now = Clock::now();
+        next_load = now + options.load_interval;
+      }
+      std::unique_lock lock{mutex};
+      wake.wait_until(lock, stop, registered ? std::min(next_health, next_load) : next_health,
+                      [] { return false; });
     }
   }
 };
@@ -707,37 +758,15 @@ std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
 BridgeStats EngineBridge::run(std::stop_token stop) {
   State& state = *state_;
   const auto heartbeat_interval = state.options.lease_ttl / 3;
-  auto next_health = Clock::now();
   auto next_heartbeat = Clock::now();
-  auto next_load = Clock::now();
   std::stop_callback wake_on_stop{stop, [&state] { state.inbox_signal.notify_all(); }};
+  std::jthread prober{[&state](std::stop_token probe_stop) { state.probe(probe_stop); }};
   std::deque<InboxItem> batch;
   while (!stop.stop_requested()) {
-    auto now = Clock::now();
-    if (now >= next_health) {
-      const bool healthy = state.get("/health").has_value();
-      if (healthy && !state.facts) {
-        if (auto engine = state.discover_engine()) state.register_worker(std::move(*engine));
-      } else if (!healthy && state.facts) {
-        spdlog::warn("kvr bridge: the engine at {} stopped answering /health; deregistered",
-                     state.options.engine_url);
-        state.deregister_worker("engine stopped answering");
-      } else if (!healthy && !state.logged_waiting) {
-        spdlog::info("kvr bridge: waiting for the engine at {} to answer /health",
-                     state.options.engine_url);
-        state.logged_waiting = true;
-      }
-      now = Clock::now();
-      next_health = now + state.options.health_interval;
-    }
+    const auto now = Clock::now();
     if (state.facts && now >= next_heartbeat) {
       state.publish_heartbeat();
       next_heartbeat = now + heartbeat_interval;
-    }
-    if (state.facts && now >= next_load) {
-      state.publish_load();
-      now = Clock::now();
-      next_load = now + state.options.load_interval;
     }
     {
       std::lock_guard lock{state.inbox_mutex};
@@ -748,12 +777,16 @@ BridgeStats EngineBridge::run(std::stop_token stop) {
     state.registered = state.facts.has_value();
     state.refresh_metrics();
 
-    auto wake = next_health;
-    if (state.facts) wake = std::min({wake, next_heartbeat, next_load});
+    const auto ready = [&] { return !state.inbox.empty() || stop.stop_requested(); };
     std::unique_lock lock{state.inbox_mutex};
-    state.inbox_signal.wait_until(lock, wake,
-                                  [&] { return !state.inbox.empty() || stop.stop_requested(); });
+    if (state.facts) {
+      state.inbox_signal.wait_until(lock, next_heartbeat, ready);
+    } else {
+      state.inbox_signal.wait(lock, ready);
+    }
   }
+  prober.request_stop();
+  prober.join();
   if (state.facts) state.deregister_worker("bridge shutting down");
   if (auto flushed = state.nats->flush(std::chrono::seconds(2)); !flushed) {
     spdlog::warn("kvr bridge: {}", flushed.error());

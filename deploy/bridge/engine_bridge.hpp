@@ -9,8 +9,9 @@
 // Prometheus /metrics (kvr_bridge_*: ZMQ messages, malformed frames and payloads, sequence gaps,
 // replays, cleared ranks, engine restarts, unknown removals, published batches and blocks, generate
 // outcomes) and /healthz (200 while registered with a live engine). Threads: the run loop owns all
-// state; the ZMQ subscriber and NATS callbacks only queue, except generate requests and cancels,
-// which go straight to the forwarder's own threads.
+// state; the ZMQ subscriber, the prober (which asks the engine's /health and /metrics, so the
+// loop forwarding KV events never waits on HTTP) and NATS callbacks only queue, except generate
+// requests and cancels, which go straight to the forwarder's own threads.
 #pragma once
 
 #include <chrono>
