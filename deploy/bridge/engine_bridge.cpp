@@ -642,14 +642,16 @@ struct EngineBridge::State {
         now = Clock::now();
         next_health = now + options.health_interval;
       }
-      if (registered && now >= next_load) {
-        if (auto text = get("/metrics")) enqueue(MetricsItem{std::move(*text)});
-        now = Clock::now();
+      if (now >= next_load) {
+        // (Registration happens on the run loop: looked at every load interval.)
+        if (registered) {
+          if (auto text = get("/metrics")) enqueue(MetricsItem{std::move(*text)});
+          now = Clock::now();
+        }
         next_load = now + options.load_interval;
       }
       std::unique_lock lock{mutex};
-      wake.wait_until(lock, stop, registered ? std::min(next_health, next_load) : next_health,
-                      [] { return false; });
+      wake.wait_until(lock, stop, std::min(next_health, next_load), [] { return false; });
     }
   }
 };
