@@ -118,13 +118,14 @@ echo
 echo "== 4. Live through kvr bridge: $bridge_engines vLLM-speaking engines, each with a bridge =="
 echo "   (the same $live_requests requests; prompts sent as token ids, streamed over HTTP by the"
 echo "   engines; the bridges translate their ZMQ KV events and Prometheus load for the node)"
-# Each engine takes three consecutive ports (HTTP, KV events, replay): a base with all free.
+# Each engine takes three consecutive ports (HTTP, KV events, replay), then each bridge one for
+# its /healthz: a base with all free.
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 engine_base=
 for _ in $(seq 50); do
   candidate=$((20000 + RANDOM % 30000))
   all_free=1
-  for ((p = candidate; p < candidate + 3 * bridge_engines; p++)); do
+  for ((p = candidate; p < candidate + 4 * bridge_engines; p++)); do
     port_free "$p" || { all_free=0; break; }
   done
   if ((all_free)); then engine_base=$candidate; break; fi
@@ -145,9 +146,29 @@ for ((i = 0; i < bridge_engines; i++)); do
   http=$((engine_base + 3 * i))
   "$kvr" bridge --engine vllm --engine-url "http://127.0.0.1:$http" \
     --kv-events "tcp://127.0.0.1:$((http + 1))" --kv-events-replay "tcp://127.0.0.1:$((http + 2))" \
-    --nats "$nats_url" --namespace quickstart-bridge >"$out_dir/bridge_$i.log" 2>&1 &
+    --nats "$nats_url" --namespace quickstart-bridge \
+    --metrics-port $((engine_base + 3 * bridge_engines + i)) >"$out_dir/bridge_$i.log" 2>&1 &
   live_pids+=("$!")
 done
+# Every bridge registered (its /healthz answers 200 once its engine does), so the replay sees the
+# whole fleet from its first request.
+healthy() {
+  local reply
+  exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
+  printf 'GET /healthz HTTP/1.0\r\n\r\n' >&3
+  read -r -t 2 reply <&3 || true
+  exec 3>&-
+  [[ "$reply" == *" 200"* ]]
+}
+for _ in $(seq 300); do
+  registered=0
+  for ((i = 0; i < bridge_engines; i++)); do
+    healthy $((engine_base + 3 * bridge_engines + i)) 2>/dev/null && registered=$((registered + 1))
+  done
+  ((registered == bridge_engines)) && break
+  sleep 0.1
+done
+echo "   $registered of $bridge_engines bridges registered with their engines"
 "$kvr" node --nats "$nats_url" --namespace quickstart-bridge >"$out_dir/bridge_node.log" 2>&1 &
 live_pids+=("$!")
 if ! "$kvr" replay-live --nats "$nats_url" --namespace quickstart-bridge --limit "$live_requests" \
