@@ -2,8 +2,9 @@
 # README command one: installs what is missing, builds kvr (Release), then replays the bundled
 # Mooncake conversation trace (12,031 requests) on simulated workers, comparing the built-in
 # kv-cost policy with round-robin, random and least-loaded; then starts a real local cluster
-# (nats-server, one kvr node, a kvr mocker fleet) and routes a slice of the trace through it live.
-# Prints the tables and writes JSON reports and PNG plots to out/ (override with
+# (nats-server, one kvr node, a kvr mocker fleet) and routes a slice of the trace through it live;
+# then routes the same slice through `kvr bridge`s in front of vLLM-speaking engines (`kvr mocker
+# --speak vllm`: vLLM's HTTP API, Prometheus metrics and ZMQ KV events). Prints the tables and writes JSON reports and PNG plots to out/ (override with
 # KVR_QUICKSTART_OUT). The cluster is torn down on exit, failure or Ctrl-C.
 set -euo pipefail
 
@@ -59,35 +60,42 @@ trap 'exit 143' TERM
 # Shows the tail of each log when the live part fails.
 show_logs() {
   local log
-  for log in "$out_dir"/live_*.log; do
+  for log in "$out_dir"/live_*.log "$out_dir"/bridge_*.log; do
     [[ -f "$log" ]] && { echo "---- $log"; tail -n 20 "$log"; }
   done
+}
+
+# Starts nats-server on a free port (-p -1, learnt from the ports file) with a private store;
+# sets nats_url. Its log goes to $1.
+start_nats() {
+  local log=$1 ports_file
+  mkdir -p "$live_dir"
+  nats-server -a 127.0.0.1 -p -1 --ports_file_dir "$live_dir" -sd "$live_dir/store" \
+    >"$log" 2>&1 &
+  nats_pid=$!
+  live_pids+=("$nats_pid")
+  nats_url=
+  for _ in $(seq 100); do
+    ports_file="$live_dir/nats-server_$nats_pid.ports"
+    if [[ -s "$ports_file" ]]; then
+      nats_url=$(grep -o 'nats://127\.0\.0\.1:[0-9]*' "$ports_file" | head -n 1 || true)
+      [[ -n "$nats_url" ]] && break
+    fi
+    kill -0 "$nats_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [[ -z "$nats_url" ]]; then
+    echo "quickstart: nats-server did not start" >&2
+    show_logs >&2
+    exit 1
+  fi
+  echo "   nats-server at $nats_url"
 }
 
 echo
 echo "== 3. Live: nats-server, one kvr node and 8 kvr mocker workers on this machine =="
 echo "   (the first $live_requests requests routed for real over NATS; latencies are wall-clock)"
-# -p -1: a free port, learnt from the ports file; a private store directory.
-nats-server -a 127.0.0.1 -p -1 --ports_file_dir "$live_dir" -sd "$live_dir/store" \
-  >"$out_dir/live_nats-server.log" 2>&1 &
-nats_pid=$!
-live_pids+=("$nats_pid")
-nats_url=
-for _ in $(seq 100); do
-  ports_file="$live_dir/nats-server_$nats_pid.ports"
-  if [[ -s "$ports_file" ]]; then
-    nats_url=$(grep -o 'nats://127\.0\.0\.1:[0-9]*' "$ports_file" | head -n 1 || true)
-    [[ -n "$nats_url" ]] && break
-  fi
-  kill -0 "$nats_pid" 2>/dev/null || break
-  sleep 0.1
-done
-if [[ -z "$nats_url" ]]; then
-  echo "quickstart: nats-server did not start" >&2
-  show_logs >&2
-  exit 1
-fi
-echo "   nats-server at $nats_url"
+start_nats "$out_dir/live_nats-server.log"
 # 8 workers ten times faster than the modelled GPU (block size 64, the trace's 512-token blocks
 # in eight); the node learns the block size from their registrations. The slice arrives at 4x
 # the trace's rate.
@@ -104,5 +112,73 @@ if ! "$kvr" replay-live --nats "$nats_url" --namespace quickstart --limit "$live
 fi
 stop_cluster
 
+# ---- 4. live through bridges: the same slice, workers being vLLM-speaking engines -------------
+bridge_engines=${KVR_QUICKSTART_BRIDGE_ENGINES:-8}
 echo
-echo "Reports and plots are in $out_dir (live cluster logs: $out_dir/live_*.log)"
+echo "== 4. Live through kvr bridge: $bridge_engines vLLM-speaking engines, each with a bridge =="
+echo "   (the same $live_requests requests; prompts sent as token ids, streamed over HTTP by the"
+echo "   engines; the bridges translate their ZMQ KV events and Prometheus load for the node)"
+# Each engine takes three consecutive ports (HTTP, KV events, replay), then each bridge one for
+# its /healthz: a base with all free.
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+engine_base=
+for _ in $(seq 50); do
+  candidate=$((20000 + RANDOM % 30000))
+  all_free=1
+  for ((p = candidate; p < candidate + 4 * bridge_engines; p++)); do
+    port_free "$p" || { all_free=0; break; }
+  done
+  if ((all_free)); then engine_base=$candidate; break; fi
+done
+if [[ -z "$engine_base" ]]; then
+  echo "quickstart: no free port range for the engines" >&2
+  exit 1
+fi
+start_nats "$out_dir/bridge_nats-server.log"
+# The same engines as in run 3 (block size 64, ten times the modelled GPU's speed), behind
+# vLLM's wire formats; engine i listens on base + 3i (HTTP), + 1 (KV events), + 2 (replay).
+"$kvr" mocker --speak vllm --workers "$bridge_engines" --time-scale 10 \
+  --http-port "$engine_base" --kv-events-port $((engine_base + 1)) \
+  --kv-events-replay-port $((engine_base + 2)) --port-stride 3 \
+  >"$out_dir/bridge_engines.log" 2>&1 &
+live_pids+=("$!")
+for ((i = 0; i < bridge_engines; i++)); do
+  http=$((engine_base + 3 * i))
+  "$kvr" bridge --engine vllm --engine-url "http://127.0.0.1:$http" \
+    --kv-events "tcp://127.0.0.1:$((http + 1))" --kv-events-replay "tcp://127.0.0.1:$((http + 2))" \
+    --nats "$nats_url" --namespace quickstart-bridge \
+    --metrics-port $((engine_base + 3 * bridge_engines + i)) >"$out_dir/bridge_$i.log" 2>&1 &
+  live_pids+=("$!")
+done
+# Every bridge registered (its /healthz answers 200 once its engine does), so the replay sees the
+# whole fleet from its first request.
+healthy() {
+  local reply
+  exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
+  printf 'GET /healthz HTTP/1.0\r\n\r\n' >&3
+  read -r -t 2 reply <&3 || true
+  exec 3>&-
+  [[ "$reply" == *" 200"* ]]
+}
+for _ in $(seq 300); do
+  registered=0
+  for ((i = 0; i < bridge_engines; i++)); do
+    healthy $((engine_base + 3 * bridge_engines + i)) 2>/dev/null && registered=$((registered + 1))
+  done
+  ((registered == bridge_engines)) && break
+  sleep 0.1
+done
+echo "   $registered of $bridge_engines bridges registered with their engines"
+"$kvr" node --nats "$nats_url" --namespace quickstart-bridge >"$out_dir/bridge_node.log" 2>&1 &
+live_pids+=("$!")
+if ! "$kvr" replay-live --nats "$nats_url" --namespace quickstart-bridge --limit "$live_requests" \
+  --speedup 4 --timeout 60 --send-tokens --json "$out_dir/replay_live_bridge.json" \
+  --plot "$out_dir/replay_live_bridge.png"; then
+  echo "quickstart: the live replay through the bridges failed" >&2
+  show_logs >&2
+  exit 1
+fi
+stop_cluster
+
+echo
+echo "Reports and plots are in $out_dir (live cluster logs: $out_dir/live_*.log, $out_dir/bridge_*.log)"

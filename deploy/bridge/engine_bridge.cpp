@@ -46,7 +46,19 @@ struct DumpItem {
   actors::nats::NatsMessage message;
 };
 struct DiscoverItem {};
-using InboxItem = std::variant<BatchItem, LostItem, DumpItem, DiscoverItem>;
+// The engine's ZMQ publisher of `rank` restarted; the batches queued after this are the new one's.
+struct RestartItem {
+  DpRank rank;
+};
+// What the prober thread learnt from the engine's HTTP server.
+struct HealthItem {
+  bool healthy = false;
+};
+struct MetricsItem {
+  std::string text;
+};
+using InboxItem =
+    std::variant<BatchItem, LostItem, DumpItem, DiscoverItem, RestartItem, HealthItem, MetricsItem>;
 
 // The bridge's metric families: name, help, and whether it is a counter (else a gauge).
 struct BridgeMetric {
@@ -58,6 +70,9 @@ constexpr BridgeMetric kBridgeMetrics[] = {
     {"kvr_bridge_registered", "1 while the worker is registered (the engine answers /health)",
      false},
     {"kvr_bridge_registrations_total", "registrations of a new incarnation"},
+    {"kvr_bridge_engine_restarts_total",
+     "engine restarts seen between health probes, by signal (zmq_sequence: a rank's sequence "
+     "numbers went back; start_time: process_start_time_seconds changed)"},
     {"kvr_bridge_zmq_messages_total",
      "KV event messages received from the engine (live and "
      "replayed)"},
@@ -95,6 +110,8 @@ struct EngineFacts {
   std::string model;
   std::uint32_t block_size = 0;
   std::uint64_t num_gpu_blocks = 0;
+  // process_start_time_seconds, when the engine publishes it.
+  std::optional<double> start_time;
 };
 
 }  // namespace
@@ -159,6 +176,13 @@ struct EngineBridge::State {
   std::uint64_t other_group_events = 0;
   std::uint64_t unknown_events = 0;
   bool logged_waiting = false;
+  // Whether the current incarnation was started by a restart seen between health probes, and the
+  // ranks whose own restart signal has been seen since: a later signal of another rank belongs to
+  // the same restart (only that rank is cleared), a second one of a seen rank is a new restart.
+  bool restart_incarnation = false;
+  std::vector<bool> restarted_ranks;
+  std::uint64_t restarts_by_sequence = 0;
+  std::uint64_t restarts_by_start_time = 0;
   BridgeStats stats;
 
   void enqueue(InboxItem item) {
@@ -219,13 +243,12 @@ struct EngineBridge::State {
     }
     engine.block_size = options.block_size;
     engine.num_gpu_blocks = options.num_gpu_blocks;
-    if (engine.block_size == 0 || engine.num_gpu_blocks == 0) {
-      const auto metrics = get("/metrics");
-      if (metrics) {
-        const auto config = engine_cache_config(parse_prometheus_text(*metrics));
-        if (engine.block_size == 0) engine.block_size = config.block_size.value_or(0);
-        if (engine.num_gpu_blocks == 0) engine.num_gpu_blocks = config.num_gpu_blocks.value_or(0);
-      }
+    if (const auto metrics = get("/metrics")) {
+      const auto samples = parse_prometheus_text(*metrics);
+      const auto config = engine_cache_config(samples);
+      if (engine.block_size == 0) engine.block_size = config.block_size.value_or(0);
+      if (engine.num_gpu_blocks == 0) engine.num_gpu_blocks = config.num_gpu_blocks.value_or(0);
+      engine.start_time = engine_start_time(samples);
     }
     if (engine.block_size == 0 || engine.num_gpu_blocks == 0) {
       spdlog::warn(
@@ -254,8 +277,9 @@ struct EngineBridge::State {
     return wire;
   }
 
-  void register_worker(EngineFacts engine) {
-    facts = std::move(engine);
+  // A new incarnation with a fresh translator (the router drops the old one's KV picture when
+  // it registers); false, logged, when the translator cannot be made.
+  bool new_incarnation() {
     incarnation = random() | 1;
     auto created =
         KvTranslator::create(TranslatorOptions{.worker_id = worker_id,
@@ -265,10 +289,20 @@ struct EngineBridge::State {
                                                .capacity_blocks = facts->num_gpu_blocks});
     if (!created) {
       spdlog::error("kvr bridge: {}", created.error());
+      return false;
+    }
+    translator = std::move(*created);
+    restart_incarnation = false;
+    restarted_ranks.assign(options.data_parallel_size, false);
+    return true;
+  }
+
+  void register_worker(EngineFacts engine) {
+    facts = std::move(engine);
+    if (!new_incarnation()) {
       facts.reset();
       return;
     }
-    translator = std::move(*created);
     // A fresh subscriber per engine start: the engine's sequence numbers restart with it.
     auto subscriber_or = ZmqKvSubscriber::start(
         ZmqSubscriberOptions{.endpoint = options.kv_events,
@@ -282,6 +316,7 @@ struct EngineBridge::State {
                   enqueue(BatchItem{rank, std::move(batch)});
                 },
             .on_lost = [this](DpRank rank) { enqueue(LostItem{rank}); },
+            .on_restart = [this](DpRank rank) { enqueue(RestartItem{rank}); },
             .on_malformed =
                 [this](DpRank rank, const DecodeError& error) {
                   spdlog::warn("kvr bridge: dropped a malformed KV event payload of rank {}: {}",
@@ -307,6 +342,11 @@ struct EngineBridge::State {
   }
 
   void retire_counters() {
+    retire_subscriber_counters();
+    retire_translator_counters();
+  }
+
+  void retire_subscriber_counters() {
     if (subscriber) {
       const ZmqSubscriberStats zmq = subscriber->stats();
       retired.zmq.messages += zmq.messages;
@@ -317,7 +357,11 @@ struct EngineBridge::State {
       retired.zmq.gaps += zmq.gaps;
       retired.zmq.replays_filled += zmq.replays_filled;
       retired.zmq.replays_failed += zmq.replays_failed;
+      retired.zmq.restarts += zmq.restarts;
     }
+  }
+
+  void retire_translator_counters() {
     if (translator) {
       const TranslatorStats& t = translator->stats();
       retired.translator.batches_translated += t.batches_translated;
@@ -366,6 +410,10 @@ struct EngineBridge::State {
     auto& r = *registry;
     r.set("kvr_bridge_registered", {}, facts ? 1.0 : 0.0);
     r.set("kvr_bridge_registrations_total", {}, as_double(stats.registrations));
+    r.set("kvr_bridge_engine_restarts_total", {{"signal", "zmq_sequence"}},
+          as_double(restarts_by_sequence));
+    r.set("kvr_bridge_engine_restarts_total", {{"signal", "start_time"}},
+          as_double(restarts_by_start_time));
     r.set("kvr_bridge_zmq_messages_total", {}, as_double(zmq.messages));
     r.set("kvr_bridge_malformed_frames_total", {}, as_double(zmq.malformed_frames));
     r.set("kvr_bridge_malformed_payloads_total", {}, as_double(zmq.malformed_payloads));
@@ -419,8 +467,65 @@ struct EngineBridge::State {
     // Batches queued by the stopped subscriber belong to the gone incarnation.
     std::lock_guard lock{inbox_mutex};
     std::erase_if(inbox, [](const InboxItem& item) {
-      return std::holds_alternative<BatchItem>(item) || std::holds_alternative<LostItem>(item);
+      return std::holds_alternative<BatchItem>(item) || std::holds_alternative<LostItem>(item) ||
+             std::holds_alternative<RestartItem>(item);
     });
+  }
+
+  // The engine restarted while it kept answering (faster than the health probe): the old
+  // incarnation is deregistered and a new one registered with a fresh translator. The subscriber
+  // keeps running, so the new engine's first batches, queued after the restart signal, are not
+  // lost; they are translated for the new incarnation. `observed_start` is the start time that
+  // revealed the restart, if that was the signal.
+  void restart_worker(std::string_view signal, std::optional<double> observed_start) {
+    ++stats.engine_restarts;
+    (signal == "start_time" ? restarts_by_start_time : restarts_by_sequence) += 1;
+    const Incarnation old = incarnation;
+    retire_translator_counters();
+    translator.reset();
+    v1::WorkerDeregistration wire;
+    wire.set_worker_id(worker_id);
+    wire.set_incarnation(old);
+    wire.set_reason("engine restarted");
+    publish(subjects::worker_deregister(options.ns), wire);
+    ++stats.deregistrations;
+    // What the new engine serves; the old facts when it cannot say right now.
+    if (auto engine = discover_engine()) {
+      facts = std::move(*engine);
+    } else {
+      // Unknown until the next scrape records it (which then is no restart).
+      facts->start_time = observed_start;
+    }
+    if (!new_incarnation()) {
+      deregister_worker("no translator for the restarted engine");
+      return;
+    }
+    restart_incarnation = true;
+    generator->set_model(facts->model);
+    publish(subjects::worker_register(options.ns), registration());
+    publish_heartbeat();
+    ++stats.registrations;
+    spdlog::warn(
+        "kvr bridge: the engine at {} restarted between health probes ({}); worker {} "
+        "deregistered incarnation {:x} and registered {:x} with a fresh KV picture",
+        options.engine_url,
+        signal == "start_time" ? "its process_start_time_seconds changed"
+                               : "its KV event sequence numbers started over",
+        worker_id, old, incarnation);
+  }
+
+  void handle_restart(DpRank rank) {
+    if (!translator || rank >= restarted_ranks.size()) return;
+    if (restart_incarnation && !restarted_ranks[rank]) {
+      // The restart that started this incarnation, seen on another rank (or through the start
+      // time) first: this rank's batches before the signal were the old engine's.
+      restarted_ranks[rank] = true;
+      spdlog::info("kvr bridge: rank {} of the restarted engine numbers its KV events anew", rank);
+      publish_batch(translator->clear_rank(rank));
+      return;
+    }
+    restart_worker("zmq_sequence", std::nullopt);
+    restarted_ranks[rank] = true;
   }
 
   void publish_heartbeat() {
@@ -431,11 +536,18 @@ struct EngineBridge::State {
     publish(subjects::worker_heartbeat(options.ns), heartbeat);
   }
 
-  void publish_load() {
-    const auto metrics = get("/metrics");
-    if (!metrics) return;
-    const auto ranks =
-        engine_load(parse_prometheus_text(*metrics), options.engine, options.data_parallel_size);
+  void publish_load(const std::string& metrics) {
+    if (!facts) return;
+    const auto samples = parse_prometheus_text(metrics);
+    if (const auto start = engine_start_time(samples)) {
+      if (facts->start_time && *facts->start_time != *start) {
+        restart_worker("start_time", start);
+        if (!facts) return;
+      } else {
+        facts->start_time = start;
+      }
+    }
+    const auto ranks = engine_load(samples, options.engine, options.data_parallel_size);
     v1::LoadMetrics wire;
     wire.set_worker_id(worker_id);
     wire.set_incarnation(incarnation);
@@ -490,8 +602,56 @@ struct EngineBridge::State {
       publish_batch(translator->clear_rank(lost->rank));
     } else if (auto* dump = std::get_if<DumpItem>(&item)) {
       serve_dump(dump->message);
+    } else if (auto* restart = std::get_if<RestartItem>(&item)) {
+      handle_restart(restart->rank);
+    } else if (auto* health = std::get_if<HealthItem>(&item)) {
+      handle_health(health->healthy);
+    } else if (auto* metrics = std::get_if<MetricsItem>(&item)) {
+      publish_load(metrics->text);
     } else if (facts) {
       publish(subjects::worker_register(options.ns), registration());
+    }
+  }
+
+  void handle_health(bool healthy) {
+    if (healthy && !facts) {
+      if (auto engine = discover_engine()) register_worker(std::move(*engine));
+    } else if (!healthy && facts) {
+      spdlog::warn("kvr bridge: the engine at {} stopped answering /health; deregistered",
+                   options.engine_url);
+      deregister_worker("engine stopped answering");
+    } else if (!healthy && !logged_waiting) {
+      spdlog::info("kvr bridge: waiting for the engine at {} to answer /health",
+                   options.engine_url);
+      logged_waiting = true;
+    }
+  }
+
+  // The prober thread: asks /health every health interval and, while registered, /metrics every
+  // load interval, and queues the answers, so that the run loop, which forwards KV events, never
+  // waits on the engine's HTTP server.
+  void probe(const std::stop_token& stop) {
+    std::mutex mutex;
+    std::condition_variable_any wake;
+    auto next_health = Clock::now();
+    auto next_load = Clock::now();
+    while (!stop.stop_requested()) {
+      auto now = Clock::now();
+      if (now >= next_health) {
+        enqueue(HealthItem{get("/health").has_value()});
+        now = Clock::now();
+        next_health = now + options.health_interval;
+      }
+      if (now >= next_load) {
+        // (Registration happens on the run loop: looked at every load interval.)
+        if (registered) {
+          if (auto text = get("/metrics")) enqueue(MetricsItem{std::move(*text)});
+          now = Clock::now();
+        }
+        next_load = now + options.load_interval;
+      }
+      std::unique_lock lock{mutex};
+      wake.wait_until(lock, stop, std::min(next_health, next_load), [] { return false; });
     }
   }
 };
@@ -600,37 +760,15 @@ std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
 BridgeStats EngineBridge::run(std::stop_token stop) {
   State& state = *state_;
   const auto heartbeat_interval = state.options.lease_ttl / 3;
-  auto next_health = Clock::now();
   auto next_heartbeat = Clock::now();
-  auto next_load = Clock::now();
   std::stop_callback wake_on_stop{stop, [&state] { state.inbox_signal.notify_all(); }};
+  std::jthread prober{[&state](std::stop_token probe_stop) { state.probe(probe_stop); }};
   std::deque<InboxItem> batch;
   while (!stop.stop_requested()) {
-    auto now = Clock::now();
-    if (now >= next_health) {
-      const bool healthy = state.get("/health").has_value();
-      if (healthy && !state.facts) {
-        if (auto engine = state.discover_engine()) state.register_worker(std::move(*engine));
-      } else if (!healthy && state.facts) {
-        spdlog::warn("kvr bridge: the engine at {} stopped answering /health; deregistered",
-                     state.options.engine_url);
-        state.deregister_worker("engine stopped answering");
-      } else if (!healthy && !state.logged_waiting) {
-        spdlog::info("kvr bridge: waiting for the engine at {} to answer /health",
-                     state.options.engine_url);
-        state.logged_waiting = true;
-      }
-      now = Clock::now();
-      next_health = now + state.options.health_interval;
-    }
+    const auto now = Clock::now();
     if (state.facts && now >= next_heartbeat) {
       state.publish_heartbeat();
       next_heartbeat = now + heartbeat_interval;
-    }
-    if (state.facts && now >= next_load) {
-      state.publish_load();
-      now = Clock::now();
-      next_load = now + state.options.load_interval;
     }
     {
       std::lock_guard lock{state.inbox_mutex};
@@ -641,12 +779,16 @@ BridgeStats EngineBridge::run(std::stop_token stop) {
     state.registered = state.facts.has_value();
     state.refresh_metrics();
 
-    auto wake = next_health;
-    if (state.facts) wake = std::min({wake, next_heartbeat, next_load});
+    const auto ready = [&] { return !state.inbox.empty() || stop.stop_requested(); };
     std::unique_lock lock{state.inbox_mutex};
-    state.inbox_signal.wait_until(lock, wake,
-                                  [&] { return !state.inbox.empty() || stop.stop_requested(); });
+    if (state.facts) {
+      state.inbox_signal.wait_until(lock, next_heartbeat, ready);
+    } else {
+      state.inbox_signal.wait(lock, ready);
+    }
   }
+  prober.request_stop();
+  prober.join();
   if (state.facts) state.deregister_worker("bridge shutting down");
   if (auto flushed = state.nats->flush(std::chrono::seconds(2)); !flushed) {
     spdlog::warn("kvr bridge: {}", flushed.error());

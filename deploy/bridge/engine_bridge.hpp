@@ -1,15 +1,17 @@
 // `kvr bridge`: makes one vLLM or SGLang engine (or one data-parallel group of it) a kvr worker
 // without changing the engine. It registers the worker with what the engine reports over HTTP,
 // heartbeats while the engine answers /health (deregistering when it stops, registering a new
-// incarnation when it returns), publishes LoadMetrics from the engine's /metrics, forwards the
-// engine's ZMQ KV events as kvr KvEventBatches, serves KV dumps from its own picture, and serves
-// the worker's generate subject through the engine's streaming /v1/completions
-// (generate_forwarder.hpp).
-// With --metrics-port it serves its own Prometheus /metrics (kvr_bridge_*: ZMQ messages, malformed
-// frames and payloads, sequence gaps, replays, cleared ranks, unknown removals, published batches
-// and blocks, generate outcomes) and /healthz (200 while registered with a live engine).
-// Threads: the run loop owns all state; the ZMQ subscriber and NATS callbacks only queue, except
-// generate requests and cancels, which go straight to the forwarder's own threads.
+// incarnation when it returns, and likewise when the engine restarted between two probes: its
+// ZMQ sequence numbers went back or its process_start_time_seconds changed), publishes LoadMetrics
+// from the engine's /metrics, forwards the engine's ZMQ KV events as kvr KvEventBatches, serves KV
+// dumps from its own picture, and serves the worker's generate subject through the engine's
+// streaming /v1/completions (generate_forwarder.hpp). With --metrics-port it serves its own
+// Prometheus /metrics (kvr_bridge_*: ZMQ messages, malformed frames and payloads, sequence gaps,
+// replays, cleared ranks, engine restarts, unknown removals, published batches and blocks, generate
+// outcomes) and /healthz (200 while registered with a live engine). Threads: the run loop owns all
+// state; the ZMQ subscriber, the prober (which asks the engine's /health and /metrics, so the
+// loop forwarding KV events never waits on HTTP) and NATS callbacks only queue, except generate
+// requests and cancels, which go straight to the forwarder's own threads.
 #pragma once
 
 #include <chrono>
@@ -75,6 +77,8 @@ struct BridgeOptions {
 struct BridgeStats {
   std::uint64_t registrations = 0;
   std::uint64_t deregistrations = 0;
+  /// Restarts seen between health probes (each a deregistration and a registration).
+  std::uint64_t engine_restarts = 0;
   std::uint64_t kv_batches_published = 0;
   std::uint64_t load_reports = 0;
   std::uint64_t dumps_served = 0;

@@ -163,4 +163,14 @@ EngineCacheConfig engine_cache_config(const std::vector<PrometheusSample>& sampl
   return config;
 }
 
+std::optional<double> engine_start_time(const std::vector<PrometheusSample>& samples) {
+  for (const PrometheusSample& sample : samples) {
+    if (sample.name == "process_start_time_seconds" && std::isfinite(sample.value) &&
+        sample.value > 0) {
+      return sample.value;
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace kvr::bridge

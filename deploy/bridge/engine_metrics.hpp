@@ -13,6 +13,7 @@
 //                         [0, 1] that count evictable cached blocks as free, as kvr does.
 //   block size, capacity  vllm:cache_config_info labels         (flags only)
 //                         block_size, num_gpu_blocks
+//   engine restart        process_start_time_seconds changes    the same
 #pragma once
 
 #include <cstdint>
@@ -67,5 +68,10 @@ struct EngineCacheConfig {
 
 /// vLLM's `vllm:cache_config_info` labels; empty for an engine that does not publish them.
 EngineCacheConfig engine_cache_config(const std::vector<PrometheusSample>& samples);
+
+/// prometheus_client's `process_start_time_seconds` (the serving process's start, Unix seconds),
+/// which vLLM and SGLang expose with its default registry; a change means the engine restarted.
+/// nullopt when absent (e.g. a multi-process metrics registry).
+std::optional<double> engine_start_time(const std::vector<PrometheusSample>& samples);
 
 }  // namespace kvr::bridge

@@ -41,6 +41,36 @@ std::string error_message_of(std::string_view body) {
   return std::string{body.substr(0, kMaxErrorBody)};
 }
 
+// The request's sampling parameters under vLLM's (and, where it has them, OpenAI's) names; only
+// the ones set, so the engine's defaults stay in force for the rest.
+void add_sampling_params(const v1::SamplingParams& sampling, nlohmann::json& body) {
+  if (sampling.has_temperature()) body["temperature"] = sampling.temperature();
+  if (sampling.has_top_p()) body["top_p"] = sampling.top_p();
+  if (sampling.has_top_k()) body["top_k"] = sampling.top_k();
+  if (sampling.has_min_p()) body["min_p"] = sampling.min_p();
+  if (sampling.has_seed()) body["seed"] = sampling.seed();
+  if (!sampling.stop().empty()) {
+    body["stop"] = std::vector<std::string>(sampling.stop().begin(), sampling.stop().end());
+  }
+  if (!sampling.stop_token_ids().empty()) {
+    body["stop_token_ids"] = std::vector<std::uint32_t>(sampling.stop_token_ids().begin(),
+                                                        sampling.stop_token_ids().end());
+  }
+  if (sampling.has_presence_penalty()) body["presence_penalty"] = sampling.presence_penalty();
+  if (sampling.has_frequency_penalty()) body["frequency_penalty"] = sampling.frequency_penalty();
+  if (sampling.has_repetition_penalty()) {
+    body["repetition_penalty"] = sampling.repetition_penalty();
+  }
+  if (sampling.has_ignore_eos()) body["ignore_eos"] = sampling.ignore_eos();
+  if (sampling.has_min_tokens()) body["min_tokens"] = sampling.min_tokens();
+  if (sampling.has_include_stop_str_in_output()) {
+    body["include_stop_str_in_output"] = sampling.include_stop_str_in_output();
+  }
+  if (sampling.has_skip_special_tokens()) {
+    body["skip_special_tokens"] = sampling.skip_special_tokens();
+  }
+}
+
 }  // namespace
 
 CompletionEvent parse_completion_event(std::string_view data) {
@@ -146,6 +176,7 @@ std::expected<std::string, std::string> completion_request_body(const v1::Genera
   body["stream"] = true;
   body["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
   body["return_token_ids"] = true;
+  if (request.has_sampling()) add_sampling_params(request.sampling(), body);
   return body.dump();
 }
 

@@ -7,8 +7,11 @@
 // "stream_options": {"include_usage": true, "continuous_usage_stats": true},
 // "return_token_ids": true}; with a cache namespace (a LoRA name, as the bridge's KV translation
 // reads it) the model is that name, which is how the engines select an adapter. With more than one
-// data-parallel rank the rank goes in the `X-data-parallel-rank` header. GenerateRequest carries
-// no other sampling parameter, so the engine's defaults apply.
+// data-parallel rank the rank goes in the `X-data-parallel-rank` header. The request's
+// `sampling` fields that are set are added under vLLM's names (temperature, top_p, top_k, min_p,
+// seed, stop, stop_token_ids, presence_penalty, frequency_penalty, repetition_penalty, ignore_eos,
+// min_tokens, include_stop_str_in_output, skip_special_tokens); the engine's defaults apply to the
+// rest.
 //
 // The stream: `data: {json}` events separated by a blank line, ending with `data: [DONE]`. Each
 // event's `choices[0]` gives the chunk's tokens (`token_ids`) and, on the last one,

@@ -233,6 +233,10 @@ void SequenceTracker::accept(DpRank rank, std::uint64_t sequence) {
   if (rank < next_.size()) next_[rank] = sequence + 1;
 }
 
+void SequenceTracker::reset(DpRank rank) {
+  if (rank < next_.size()) next_[rank].reset();
+}
+
 std::optional<std::uint64_t> SequenceTracker::expected(DpRank rank) const {
   if (rank >= next_.size()) return std::nullopt;
   return next_[rank];

@@ -131,6 +131,10 @@ class SequenceTracker {
   /// Records that `sequence` was applied (or deliberately skipped): `sequence + 1` comes next.
   void accept(DpRank rank, std::uint64_t sequence);
 
+  /// Forgets what `rank` has seen: its next message is classified as a first one (the publisher
+  /// restarted and numbers from 0 again).
+  void reset(DpRank rank);
+
   /// The next sequence number `rank` expects, if it has seen any.
   std::optional<std::uint64_t> expected(DpRank rank) const;
 

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <charconv>
 #include <iterator>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -68,6 +69,8 @@ struct ZmqKvSubscriber::State {
   std::vector<zmq::socket_t> subscribers;  // one per rank
   std::vector<std::string> replay_endpoints;
   SequenceTracker sequences;
+  // The last live (not replayed) sequence number of each rank.
+  std::vector<std::optional<std::uint64_t>> last_live;
   std::jthread thread;
 
   std::atomic<std::uint64_t> messages{0};
@@ -78,11 +81,13 @@ struct ZmqKvSubscriber::State {
   std::atomic<std::uint64_t> gaps{0};
   std::atomic<std::uint64_t> replays_filled{0};
   std::atomic<std::uint64_t> replays_failed{0};
+  std::atomic<std::uint64_t> restarts{0};
 
   explicit State(ZmqSubscriberOptions opts, ZmqSubscriberCallbacks cbs)
       : options(std::move(opts)),
         callbacks(std::move(cbs)),
-        sequences(options.data_parallel_size) {}
+        sequences(options.data_parallel_size),
+        last_live(options.data_parallel_size) {}
 
   void deliver(DpRank rank, const zmq::message_t& payload) {
     auto batch = decode_kv_event_batch(
@@ -158,6 +163,14 @@ struct ZmqKvSubscriber::State {
     }
     ++messages;
     const std::uint64_t sequence = read_be64(frames[1]);
+    if (last_live[rank] && sequence < *last_live[rank]) {
+      // One publisher's messages arrive in order: this one numbers from 0 again. (A repeat of
+      // the last number is taken as a duplicate, stale, as before.)
+      ++restarts;
+      sequences.reset(rank);
+      if (callbacks.on_restart) callbacks.on_restart(rank);
+    }
+    last_live[rank] = sequence;
     const auto check = sequences.check(rank, sequence);
     if (check.verdict == SequenceTracker::Verdict::gap) {
       ++gaps;
@@ -253,7 +266,8 @@ ZmqSubscriberStats ZmqKvSubscriber::stats() const {
                             .stale_messages = s.stale_messages.load(),
                             .gaps = s.gaps.load(),
                             .replays_filled = s.replays_filled.load(),
-                            .replays_failed = s.replays_failed.load()};
+                            .replays_failed = s.replays_failed.load(),
+                            .restarts = s.restarts.load()};
 }
 
 }  // namespace kvr::bridge

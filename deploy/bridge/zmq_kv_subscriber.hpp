@@ -13,6 +13,14 @@
 // messages (and the engine's PUB drops at its own mark, 100,000 in vLLM). A dropped message shows
 // up as a sequence gap, which the replay fills while the engine still buffers it (vLLM keeps the
 // last 10,000 batches); beyond that the rank is cleared (on_lost), never left wrong.
+//
+// Engine restarts: PUB/SUB delivers one publisher's messages in order, so a live (not replayed)
+// message whose sequence number is below the last live one of its rank comes from a new
+// publisher, numbering from 0 again: the engine restarted, possibly faster than a health probe
+// could notice. The subscriber then forgets the rank's sequence, calls on_restart before it hands
+// on that message, and carries on (a gap in the new numbering is replayed as usual). A repeat of
+// the last number counts as a duplicate, so a new engine whose first message seen carries the old
+// one's last number is missed here; the bridge also watches process_start_time_seconds.
 #pragma once
 
 #include <atomic>
@@ -53,6 +61,7 @@ struct ZmqSubscriberStats {
   std::uint64_t gaps = 0;                ///< sequence gaps detected
   std::uint64_t replays_filled = 0;      ///< gaps the replay socket filled
   std::uint64_t replays_failed = 0;      ///< gaps it could not fill (the rank was lost)
+  std::uint64_t restarts = 0;            ///< publisher restarts seen (sequence numbers went back)
 };
 
 /// What the subscriber hands on, always from its own thread.
@@ -61,6 +70,9 @@ struct ZmqSubscriberCallbacks {
   std::function<void(DpRank rank, EngineKvEventBatch batch)> on_batch;
   /// `rank` missed messages that could not be replayed: what it holds is no longer known.
   std::function<void(DpRank rank)> on_lost;
+  /// The publisher of `rank` restarted: every batch of `rank` handed on after this call comes
+  /// from the new one. Called before the first of them.
+  std::function<void(DpRank rank)> on_restart;
   /// A payload of `rank` was rejected (already counted); for logging.
   std::function<void(DpRank rank, const DecodeError& error)> on_malformed;
 };

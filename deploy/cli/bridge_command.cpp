@@ -21,13 +21,13 @@ int run_bridge(bridge::BridgeOptions options) {
   signals->ready();
   const bridge::BridgeStats stats = (*engine_bridge)->run(signals->stop_source().get_token());
   spdlog::info(
-      "kvr bridge: stopped; registrations {} deregistrations {} kv batches {} load reports {} "
-      "dumps {} ranks lost {} malformed payloads {} bad messages {}; generate {} completed {} "
-      "cancelled {} failed {} refused {}",
-      stats.registrations, stats.deregistrations, stats.kv_batches_published, stats.load_reports,
-      stats.dumps_served, stats.ranks_lost, stats.malformed_payloads, stats.bad_messages,
-      stats.generate_requests, stats.generate_completed, stats.generate_cancelled,
-      stats.generate_failed, stats.generate_refused);
+      "kvr bridge: stopped; registrations {} deregistrations {} engine restarts {} kv batches {} "
+      "load reports {} dumps {} ranks lost {} malformed payloads {} bad messages {}; generate {} "
+      "completed {} cancelled {} failed {} refused {}",
+      stats.registrations, stats.deregistrations, stats.engine_restarts, stats.kv_batches_published,
+      stats.load_reports, stats.dumps_served, stats.ranks_lost, stats.malformed_payloads,
+      stats.bad_messages, stats.generate_requests, stats.generate_completed,
+      stats.generate_cancelled, stats.generate_failed, stats.generate_refused);
   return 0;
 }
 

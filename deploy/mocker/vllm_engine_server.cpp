@@ -17,6 +17,7 @@
 #include <zmq_addon.hpp>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "deploy/simulation/engine.hpp"
 #include "discovery/block_hash.hpp"
 
@@ -59,6 +60,14 @@ double unix_seconds() {
 struct Token {
   std::uint32_t id = 0;
   bool last = false;
+  bool stopped = false;  // the last token, and a stop token: finish_reason "stop"
+};
+
+// The sampling parameters the simulated engine honours (the others are accepted and ignored).
+struct Sampling {
+  std::optional<std::int64_t> seed;
+  absl::flat_hash_set<std::uint32_t> stop_token_ids;
+  std::uint32_t min_tokens = 0;
 };
 
 // The engine thread's side of one request and the HTTP thread's: guarded by `mutex`.
@@ -77,6 +86,7 @@ struct AddItem {
   std::vector<std::uint32_t> tokens;
   std::vector<BlockHash> hashes;
   std::uint32_t max_tokens = 0;
+  Sampling sampling;
   std::shared_ptr<Channel> channel;
 };
 struct AbortItem {
@@ -96,6 +106,7 @@ struct LiveRequest {
   std::vector<BlockHash> hashes;
   std::uint64_t prompt_tokens = 0;
   std::uint64_t generated = 0;
+  Sampling sampling;
 };
 
 struct LoadSnapshot {
@@ -122,6 +133,9 @@ struct VllmEngineServer::State {
   std::optional<Engine> engine;
   discovery::BlockHasher hasher{1};
   Clock::time_point start = Clock::now();
+  // Unix time the engine started, published as prometheus_client's process_start_time_seconds:
+  // a bridge reads a change of it as an engine restart.
+  double start_unix_seconds = unix_seconds();
   std::uint16_t http_port = 0;
 
   zmq::context_t context{1};
@@ -328,7 +342,8 @@ struct VllmEngineServer::State {
     }
     live.emplace(item.id, LiveRequest{.channel = item.channel,
                                       .hashes = std::move(item.hashes),
-                                      .prompt_tokens = item.tokens.size()});
+                                      .prompt_tokens = item.tokens.size(),
+                                      .sampling = std::move(item.sampling)});
     answer({});
   }
 
@@ -340,7 +355,18 @@ struct VllmEngineServer::State {
     live.erase(found);
   }
 
-  std::uint32_t token_for(EngineRequestId id, std::uint64_t index) const {
+  // The index-th generated token: a function of the seed when the request has one (the same
+  // seed gives the same tokens, as a seeded sampler does), else of the request.
+  static std::uint32_t token_for(EngineRequestId id, const Sampling& sampling,
+                                 std::uint64_t index) {
+    if (sampling.seed) {
+      std::uint64_t mixed = static_cast<std::uint64_t>(*sampling.seed) * 0x9E3779B97F4A7C15ULL +
+                            (index + 1) * 0xBF58476D1CE4E5B9ULL;
+      mixed ^= mixed >> 31;
+      mixed *= 0x94D049BB133111EBULL;
+      mixed ^= mixed >> 29;
+      return static_cast<std::uint32_t>(mixed % 32000);
+    }
     return static_cast<std::uint32_t>((id * 7919 + index) % 32000);
   }
 
@@ -351,24 +377,36 @@ struct VllmEngineServer::State {
     std::uint64_t generated = 0;
     std::uint64_t queries = 0;
     std::uint64_t hits = 0;
+    std::uint64_t stopped = 0;
     auto emit = [&](EngineRequestId id, std::optional<std::uint64_t> cached) {
       auto found = live.find(id);
       if (found == live.end()) return;  // aborted while the step ran
-      const bool last = finished.contains(id);
+      LiveRequest& request = found->second;
+      const std::uint32_t token = token_for(id, request.sampling, request.generated++);
+      // A stop token ends the request early (after min_tokens), as in vLLM: it is the last
+      // token sent, and the engine frees the request at once.
+      const bool stop = !finished.contains(id) &&
+                        request.generated >= request.sampling.min_tokens &&
+                        request.sampling.stop_token_ids.contains(token);
+      const bool last = finished.contains(id) || stop;
       ++generated;
       {
-        Channel& channel = *found->second.channel;
+        Channel& channel = *request.channel;
         std::lock_guard lock{channel.mutex};
         if (cached) channel.cached_tokens = *cached;
-        channel.tokens.push_back(Token{token_for(id, found->second.generated++), last});
+        channel.tokens.push_back(Token{token, last, stop});
         channel.changed.notify_all();
       }
       if (cached) {
-        queries += found->second.prompt_tokens;
+        queries += request.prompt_tokens;
         hits += *cached;
       }
+      if (stop) {
+        engine->abort_request(id);
+        ++stopped;
+      }
       if (last) {
-        release(found->second);
+        release(request);
         live.erase(found);
       }
     };
@@ -379,7 +417,7 @@ struct VllmEngineServer::State {
     load.prefix_queries += queries;
     load.prefix_hits += hits;
     load.prompt_tokens += queries;
-    load.completed += result.completions.size();
+    load.completed += result.completions.size() + stopped;
   }
 
   std::optional<double> advance(double now) {
@@ -521,6 +559,10 @@ struct VllmEngineServer::State {
     counter("vllm:prompt_tokens", "Number of prefill tokens processed.", snapshot.prompt_tokens);
     counter("vllm:generation_tokens", "Number of generation tokens processed.",
             snapshot.generation_tokens);
+    out += fmt::format(
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
+        "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {:.3f}\n",
+        start_unix_seconds);
     out += "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n";
     out += "# TYPE vllm:cache_config_info gauge\n";
     out += fmt::format(
@@ -533,13 +575,18 @@ struct VllmEngineServer::State {
     return out;
   }
 
+  static nlohmann::json finish_reason(const Token& token) {
+    if (!token.last) return nullptr;
+    return token.stopped ? "stop" : "length";
+  }
+
   std::string completion_event(const std::string& id, std::int64_t created, const Token& token,
                                bool return_token_ids, const std::optional<nlohmann::json>& usage) {
     nlohmann::json choice = {{"index", 0},
                              {"text", fmt::format(" t{}", token.id)},
                              {"logprobs", nullptr},
-                             {"finish_reason", token.last ? nlohmann::json("length") : nullptr},
-                             {"stop_reason", nullptr}};
+                             {"finish_reason", finish_reason(token)},
+                             {"stop_reason", token.stopped ? nlohmann::json(token.id) : nullptr}};
     if (return_token_ids) choice["token_ids"] = {token.id};
     const nlohmann::json event = {{"id", id},
                                   {"object", "text_completion"},
@@ -556,6 +603,60 @@ struct VllmEngineServer::State {
             {"total_tokens", prompt + completion},
             {"completion_tokens", completion},
             {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  }
+
+  // The sampling parameters of a completions body, checked for their types as vLLM checks them;
+  // seed, stop_token_ids and min_tokens are honoured, the others (temperature, top_p, top_k,
+  // min_p, stop, the penalties, ignore_eos: the simulated engine has no EOS token, so it always
+  // generates to max_tokens or a stop token) accepted and ignored.
+  static std::expected<Sampling, std::string> read_sampling(const nlohmann::json& body) {
+    Sampling sampling;
+    const auto null_or = [&](const char* field, auto&& valid) {
+      const auto found = body.find(field);
+      return found == body.end() || found->is_null() || valid(*found);
+    };
+    const auto number = [](const nlohmann::json& v) { return v.is_number(); };
+    const auto boolean = [](const nlohmann::json& v) { return v.is_boolean(); };
+    const auto integer = [](const nlohmann::json& v) { return v.is_number_integer(); };
+    const auto strings = [](const nlohmann::json& v) {
+      if (v.is_string()) return true;
+      if (!v.is_array()) return false;
+      for (const auto& entry : v) {
+        if (!entry.is_string()) return false;
+      }
+      return true;
+    };
+    for (const char* field : {"temperature", "top_p", "min_p", "presence_penalty",
+                              "frequency_penalty", "repetition_penalty"}) {
+      if (!null_or(field, number))
+        return std::unexpected(fmt::format("{} must be a number", field));
+    }
+    for (const char* field : {"ignore_eos", "include_stop_str_in_output", "skip_special_tokens"}) {
+      if (!null_or(field, boolean))
+        return std::unexpected(fmt::format("{} must be a boolean", field));
+    }
+    if (!null_or("top_k", integer)) return std::unexpected("top_k must be an integer");
+    if (!null_or("stop", strings)) return std::unexpected("stop must be a string or strings");
+    if (const auto seed = body.find("seed"); seed != body.end() && !seed->is_null()) {
+      if (!seed->is_number_integer()) return std::unexpected("seed must be an integer");
+      sampling.seed = seed->get<std::int64_t>();
+    }
+    if (const auto ids = body.find("stop_token_ids"); ids != body.end() && !ids->is_null()) {
+      if (!ids->is_array()) return std::unexpected("stop_token_ids must be a list of token ids");
+      for (const auto& id : *ids) {
+        if (!id.is_number_unsigned() || id.get<std::uint64_t>() > UINT32_MAX) {
+          return std::unexpected("stop_token_ids must be a list of token ids");
+        }
+        sampling.stop_token_ids.insert(id.get<std::uint32_t>());
+      }
+    }
+    if (const auto min = body.find("min_tokens"); min != body.end() && !min->is_null()) {
+      if (!min->is_number_unsigned() || min->get<std::uint64_t>() > kMaxOutputTokens) {
+        return std::unexpected("min_tokens must be in [0, 1048576]");
+      }
+      sampling.min_tokens = min->get<std::uint32_t>();
+    }
+    return sampling;
   }
 
   void serve_completion(const httplib::Request& http_request, httplib::Response& response) {
@@ -595,6 +696,12 @@ struct VllmEngineServer::State {
       return;
     }
     item.max_tokens = max_tokens.get<std::uint32_t>();
+    auto sampling = read_sampling(body);
+    if (!sampling) {
+      bad(400, sampling.error(), "BadRequestError");
+      return;
+    }
+    item.sampling = std::move(*sampling);
     const bool stream = body.value("stream", false);
     const bool return_token_ids = body.value("return_token_ids", false);
     const auto stream_options = body.value("stream_options", nlohmann::json::object());
@@ -640,6 +747,7 @@ struct VllmEngineServer::State {
       std::vector<std::uint32_t> ids;
       std::string text;
       std::uint64_t cached = 0;
+      Token final_token;
       while (true) {
         auto token = next_token();
         if (!token) {
@@ -649,13 +757,15 @@ struct VllmEngineServer::State {
         ids.push_back(token->first.id);
         text += fmt::format(" t{}", token->first.id);
         cached = token->second;
+        final_token = token->first;
         if (token->first.last) break;
       }
-      nlohmann::json choice = {{"index", 0},
-                               {"text", text},
-                               {"logprobs", nullptr},
-                               {"finish_reason", "length"},
-                               {"stop_reason", nullptr}};
+      nlohmann::json choice = {
+          {"index", 0},
+          {"text", text},
+          {"logprobs", nullptr},
+          {"finish_reason", finish_reason(final_token)},
+          {"stop_reason", final_token.stopped ? nlohmann::json(final_token.id) : nullptr}};
       if (return_token_ids) choice["token_ids"] = ids;
       response.set_content(nlohmann::json{{"id", completion_id},
                                           {"object", "text_completion"},

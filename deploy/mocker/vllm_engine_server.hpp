@@ -5,7 +5,10 @@
 //    streamed as `data: {json}\n\n` events ending `data: [DONE]`, or one JSON answer), GET
 //    /v1/models, GET /health and GET /metrics (Prometheus text with vLLM's metric names:
 //    vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc,
-//    vllm:cache_config_info, vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total).
+//    vllm:cache_config_info, vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total, and
+//    prometheus_client's process_start_time_seconds). Sampling parameters are accepted with
+//    vLLM's type checks; seed (the tokens follow it), stop_token_ids (finish_reason "stop") and
+//    min_tokens are honoured, the rest ignored.
 //  - ZMQ PUB: the engine's KV events as msgpack KVEventBatch in vLLM's three-frame messages
 //    (topic, 8-byte big-endian sequence from 0, payload), encoded as vLLM's msgspec Structs with
 //    array_like=True and omit_defaults=True: [ts, [events...], dp_rank], each event tagged by its

@@ -41,6 +41,7 @@ struct EnginePair {
   std::uint16_t kv_port = 0;
   std::uint16_t replay_port = 0;
   std::uint16_t bridge_metrics_port = 0;
+  std::vector<std::string> engine_args;  // to start it again on the same ports
   std::optional<ChildProcess> engine;
   std::optional<ChildProcess> bridge;
 };
@@ -67,10 +68,11 @@ class BridgeVllmEngineTest : public testing::KvrClusterTest {
   }
 
   // Starts an engine (with `engine_args`, its clock `time_scale` times the modelled GPU's) and
-  // its bridge (with a replay endpoint unless `replay` is false); waits until the engine answers
-  // /health.
+  // its bridge (with a replay endpoint unless `replay` is false, probing /health every
+  // `health_interval_ms`); waits until the engine answers /health.
   EnginePair& start_pair(WorkerId worker, std::vector<std::string> engine_args = {},
-                         bool replay = true, const std::string& time_scale = "20") {
+                         bool replay = true, const std::string& time_scale = "20",
+                         const std::string& health_interval_ms = "50") {
     auto pair = std::make_unique<EnginePair>();
     pair->worker = worker;
     pair->http_port = free_port();
@@ -96,6 +98,7 @@ class BridgeVllmEngineTest : public testing::KvrClusterTest {
                                      "--time-scale",
                                      time_scale};
     args.insert(args.end(), engine_args.begin(), engine_args.end());
+    pair->engine_args = args;
     const std::string name = std::to_string(worker);
     pair->engine = kvr_->start({"mocker"}, args, "engine-" + name + ".log");
     EXPECT_TRUE(pair->engine);
@@ -116,7 +119,7 @@ class BridgeVllmEngineTest : public testing::KvrClusterTest {
                                             "--load-interval-ms",
                                             "50",
                                             "--health-interval-ms",
-                                            "50",
+                                            health_interval_ms,
                                             "--metrics-port",
                                             std::to_string(pair->bridge_metrics_port)};
     if (replay) {
@@ -208,6 +211,19 @@ class BridgeVllmEngineTest : public testing::KvrClusterTest {
                  wait_until([&] { return routes_with_overlap(tokens, worker, 4); }, 2s);
         },
         20s);
+  }
+
+  // Kills the engine of `pair` and starts it again on the same ports; waits for its /health.
+  void restart_engine(EnginePair& pair) {
+    pair.engine->signal(SIGKILL);
+    ASSERT_TRUE(wait_until([&] { return !pair.engine->running(); }, 10s));
+    pair.engine = kvr_->start({"mocker"}, pair.engine_args,
+                              "engine-" + std::to_string(pair.worker) + "-restarted.log");
+    ASSERT_TRUE(pair.engine);
+    ASSERT_TRUE(wait_until(
+        [&] { return testing::http_get(pair.http_port, "/health").starts_with("HTTP/1.1 200"); },
+        20s))
+        << pair.engine->log();
   }
 
   double engine_metric(const EnginePair& pair, const std::string& name) {
@@ -410,6 +426,118 @@ TEST_F(BridgeVllmEngineTest, AGapWithoutReplayClearsTheRank) {
       << pair.bridge->log();
   EXPECT_GE(bridge_metric(pair, "kvr_bridge_replays_total{outcome=\"failed\""), 1);
   EXPECT_GE(bridge_metric(pair, "kvr_bridge_ranks_cleared_total"), 1);
+}
+
+TEST_F(BridgeVllmEngineTest, AnEngineRestartedBetweenHealthProbesBecomesANewIncarnation) {
+  // The bridge asks /health once, at its start: only the engine's KV event numbering and its
+  // process_start_time_seconds can show the restart.
+  EnginePair& pair = start_pair(kFirstWorker, {}, true, "20", "60000");
+  start_node();
+  ASSERT_TRUE(testing::wait_until_routable(
+      *client_, kNamespace, kFirstWorker, [&] { return next_id(); }, 20s));
+  ASSERT_TRUE(wait_for_kv_events(pair.worker, 6'000'000));
+  // A few more batches, so the old engine's last sequence number is well above 0.
+  std::vector<std::vector<std::uint32_t>> old_prompts;
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    old_prompts.push_back(prompt(96, 600'000 + 1000 * i));
+    ASSERT_FALSE(generate(old_prompts.back(), 1, pair.worker).chunks.empty());
+    ASSERT_TRUE(
+        wait_until([&] { return routes_with_overlap(old_prompts.back(), pair.worker, 6); }, 10s));
+  }
+  ASSERT_EQ(bridge_metric(pair, "kvr_bridge_registrations_total"), 1);
+
+  restart_engine(pair);
+  // One restart, whichever signal comes first (the load scrape every 50 ms reads the new start
+  // time; the new engine's first KV batch numbers from 0). A request routed to the old
+  // incarnation until then would fail when it is deregistered, so the test waits for it.
+  const auto restarts = [&] {
+    return bridge_metric(pair, "kvr_bridge_engine_restarts_total{signal=\"zmq_sequence\"") +
+           bridge_metric(pair, "kvr_bridge_engine_restarts_total{signal=\"start_time\"");
+  };
+  ASSERT_TRUE(wait_until([&] { return restarts() == 1; }, 10s)) << pair.bridge->log();
+  ASSERT_TRUE(testing::wait_until_routable(
+      *client_, kNamespace, kFirstWorker, [&] { return next_id(); }, 10s));
+  // The first request of the new engine: its BlockStored batch is the new engine's sequence 0.
+  const auto fresh = prompt(96, 700'000);
+  const Generated done = generate(fresh, 1, pair.worker);
+  ASSERT_FALSE(done.chunks.empty());
+  EXPECT_FALSE(done.chunks.back().has_error()) << done.chunks.back().error().message();
+  EXPECT_EQ(done.chunks[0].cached_prompt_tokens(), 0U) << "the new engine starts empty";
+  // The node drops the old incarnation's picture and learns the new engine's first batch: live,
+  // or (when it went out before the SUB socket reconnected) replayed once a later batch shows
+  // the gap.
+  std::uint32_t nudge = 0;
+  EXPECT_TRUE(wait_until(
+      [&] {
+        generate(prompt(64, 750'000 + 1000 * nudge++), 1, pair.worker);
+        return wait_until([&] { return routes_with_overlap(fresh, pair.worker, 6); }, 2s);
+      },
+      20s));
+  for (const auto& old : old_prompts) {
+    EXPECT_TRUE(wait_until([&] { return routes_with_overlap(old, pair.worker, 0); }, 10s));
+  }
+  // Still one restart (the other signal was the same one); a new registration, no health
+  // failure.
+  EXPECT_EQ(restarts(), 1);
+  EXPECT_EQ(bridge_metric(pair, "kvr_bridge_registrations_total"), 2);
+  EXPECT_EQ(bridge_metric(pair, "kvr_bridge_registered"), 1);
+  EXPECT_NE(pair.bridge->log().find("restarted between health probes"), std::string::npos)
+      << pair.bridge->log();
+  EXPECT_EQ(pair.bridge->log().find("stopped answering /health"), std::string::npos);
+  // Still exactly one restart after further traffic (the other signal is not a second one).
+  const auto later = prompt(96, 800'000);
+  ASSERT_FALSE(generate(later, 1, pair.worker).chunks.empty());
+  EXPECT_TRUE(wait_until([&] { return routes_with_overlap(later, pair.worker, 6); }, 10s));
+  EXPECT_EQ(restarts(), 1);
+  EXPECT_EQ(bridge_metric(pair, "kvr_bridge_registrations_total"), 2);
+}
+
+TEST_F(BridgeVllmEngineTest, SamplingParametersReachTheEngineThroughNodeAndBridge) {
+  start_pair(kFirstWorker);
+  start_node();
+  ASSERT_TRUE(testing::wait_until_routable(
+      *client_, kNamespace, kFirstWorker, [&] { return next_id(); }, 20s));
+  // A seeded generation of 8 tokens; the engine's tokens follow the seed.
+  auto seeded = [&](std::optional<std::uint32_t> stop_token) {
+    streams_.push_back(std::make_unique<ChunkStream>());
+    ChunkStream* stream = streams_.back().get();
+    EXPECT_TRUE(stream->open(*client_));
+    v1::GenerateRequest request;
+    request.mutable_route()->set_request_id(next_id());
+    request.mutable_route()->set_model("mock-model");
+    for (std::uint32_t token :
+         prompt(64, 900'000 + 100 * static_cast<std::uint32_t>(request_counter_))) {
+      request.mutable_route()->mutable_tokens()->add_ids(token);
+    }
+    request.set_max_output_tokens(8);
+    request.set_stream_subject(stream->subject());
+    v1::SamplingParams& sampling = *request.mutable_sampling();
+    sampling.set_seed(42);
+    sampling.set_temperature(0.0F);
+    sampling.set_ignore_eos(true);
+    if (stop_token) sampling.add_stop_token_ids(*stop_token);
+    auto reply =
+        client_->request(subjects::router_generate(kNamespace), request.SerializeAsString(), 5s);
+    EXPECT_TRUE(reply) << reply.error();
+    EXPECT_TRUE(wait_until([&] { return stream->finished(); }, 15s));
+    std::vector<std::uint32_t> tokens;
+    for (const auto& chunk : stream->chunks()) {
+      for (std::uint32_t token : chunk.token_ids()) tokens.push_back(token);
+    }
+    return std::pair{tokens, stream->chunks().back().finish_reason()};
+  };
+  const auto [first, first_reason] = seeded(std::nullopt);
+  ASSERT_EQ(first.size(), 8U);
+  EXPECT_EQ(first_reason, "length");
+  // The same seed on another prompt: the same tokens. A stop token at the fourth one ends the
+  // stream there with "stop".
+  const std::uint32_t stop = first[3];
+  std::size_t stop_at = 0;
+  while (first[stop_at] != stop) ++stop_at;
+  const auto [second, second_reason] = seeded(stop);
+  EXPECT_EQ(second_reason, "stop");
+  EXPECT_EQ(second, std::vector<std::uint32_t>(
+                        first.begin(), first.begin() + static_cast<std::ptrdiff_t>(stop_at) + 1));
 }
 
 }  // namespace

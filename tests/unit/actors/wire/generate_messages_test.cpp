@@ -72,6 +72,20 @@ TEST(GenerateMessagesTest, WorkerRequestCarriesTheNodeStreamSubjectAndRank) {
   EXPECT_EQ(dispatched.route().tokens().ids_size(), 40);
 }
 
+TEST(GenerateMessagesTest, WorkerRequestKeepsTheSamplingParametersUnchanged) {
+  v1::GenerateRequest wire = generate_request(40, 8);
+  wire.mutable_sampling()->set_temperature(0.0F);
+  wire.mutable_sampling()->set_seed(11);
+  wire.mutable_sampling()->add_stop_token_ids(5);
+  auto decoded = decode_generate_request(wire);
+  ASSERT_TRUE(decoded);
+  const auto dispatched = make_worker_generate_request(*decoded, 0, "_INBOX.node.8");
+  ASSERT_TRUE(dispatched.has_sampling());
+  EXPECT_EQ(dispatched.sampling().SerializeAsString(), wire.sampling().SerializeAsString());
+  EXPECT_TRUE(dispatched.sampling().has_temperature());
+  EXPECT_FALSE(dispatched.sampling().has_top_p());
+}
+
 TEST(GenerateMessagesTest, ChunksMapOntoStreamChunksWithErrors) {
   v1::GenerateChunk chunk;
   chunk.set_worker_id(5);

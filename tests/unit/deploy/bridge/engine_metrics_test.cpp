@@ -62,6 +62,18 @@ TEST(EngineMetricsTest, ReadsVllmCacheConfig) {
   EXPECT_FALSE(engine_cache_config(parse_prometheus_text("x 1\n")).block_size);
 }
 
+TEST(EngineMetricsTest, ReadsTheProcessStartTime) {
+  // As prometheus_client formats it.
+  const auto start = engine_start_time(parse_prometheus_text(
+      "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
+      "# TYPE process_start_time_seconds gauge\n"
+      "process_start_time_seconds 1.71234567891e+09\n"));
+  ASSERT_TRUE(start);
+  EXPECT_DOUBLE_EQ(*start, 1.71234567891e+09);
+  EXPECT_FALSE(engine_start_time(parse_prometheus_text(kVllmText)));
+  EXPECT_FALSE(engine_start_time(parse_prometheus_text("process_start_time_seconds NaN\n")));
+}
+
 TEST(EngineMetricsTest, NamesEngineKinds) {
   EXPECT_EQ(parse_engine_kind("vllm"), EngineKind::vllm);
   EXPECT_EQ(parse_engine_kind("sglang"), EngineKind::sglang);

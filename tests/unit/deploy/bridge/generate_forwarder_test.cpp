@@ -335,6 +335,67 @@ TEST(CompletionRequestBody, SendsTokenIdsStreamingAndMaxTokens) {
   EXPECT_FALSE(completion_request_body(request, "served"));
 }
 
+TEST(CompletionRequestBody, SendsOnlyTheSamplingParametersThatAreSet) {
+  v1::GenerateRequest request = make_request(4, 7);
+  // No sampling message: none of its fields, so the engine's defaults apply.
+  auto plain = nlohmann::json::parse(*completion_request_body(request, "served"));
+  for (const char* field :
+       {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+        "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "min_tokens",
+        "include_stop_str_in_output", "skip_special_tokens"}) {
+    EXPECT_FALSE(plain.contains(field)) << field;
+  }
+  // Set ones go under vLLM's names; a zero that is set is sent (temperature 0 means greedy).
+  v1::SamplingParams& sampling = *request.mutable_sampling();
+  sampling.set_temperature(0.0F);
+  sampling.set_top_p(0.5F);
+  sampling.set_top_k(40);
+  sampling.set_seed(-3);
+  sampling.add_stop("\n\n");
+  sampling.add_stop_token_ids(2);
+  sampling.add_stop_token_ids(7);
+  sampling.set_repetition_penalty(1.25F);
+  sampling.set_ignore_eos(false);
+  sampling.set_min_tokens(3);
+  const auto json = nlohmann::json::parse(*completion_request_body(request, "served"));
+  EXPECT_EQ(json["temperature"], 0.0);
+  EXPECT_EQ(json["top_p"], 0.5);
+  EXPECT_EQ(json["top_k"], 40);
+  EXPECT_EQ(json["seed"], -3);
+  EXPECT_EQ(json["stop"], nlohmann::json({"\n\n"}));
+  EXPECT_EQ(json["stop_token_ids"], nlohmann::json({2, 7}));
+  EXPECT_EQ(json["repetition_penalty"], 1.25);
+  EXPECT_EQ(json["ignore_eos"], false);
+  EXPECT_EQ(json["min_tokens"], 3);
+  for (const char* field : {"min_p", "presence_penalty", "frequency_penalty",
+                            "include_stop_str_in_output", "skip_special_tokens"}) {
+    EXPECT_FALSE(json.contains(field)) << field;
+  }
+  // The rest of the body is unchanged.
+  EXPECT_EQ(json["max_tokens"], 7);
+  EXPECT_EQ(json["stream"], true);
+}
+
+TEST(GenerateForwarder, TheEngineReceivesTheRequestsSamplingParameters) {
+  StandInEngine engine{StandInEngine::Behaviour::three_tokens};
+  Chunks chunks;
+  auto forwarder = start_forwarder(engine.url(), chunks);
+  v1::GenerateRequest request = make_request();
+  request.mutable_sampling()->set_temperature(0.25F);
+  request.mutable_sampling()->set_frequency_penalty(-0.5F);
+  request.mutable_sampling()->add_stop_token_ids(13);
+  request.mutable_sampling()->set_ignore_eos(true);
+  forwarder->submit(std::move(request));
+  ASSERT_EQ(chunks.wait().size(), 3U);
+  ASSERT_EQ(engine.bodies().size(), 1U);
+  const auto body = nlohmann::json::parse(engine.bodies()[0]);
+  EXPECT_EQ(body["temperature"], 0.25);
+  EXPECT_EQ(body["frequency_penalty"], -0.5);
+  EXPECT_EQ(body["stop_token_ids"], nlohmann::json({13}));
+  EXPECT_EQ(body["ignore_eos"], true);
+  EXPECT_FALSE(body.contains("top_p"));
+}
+
 TEST(GenerateForwarder, StreamsTheEnginesTokensAsChunks) {
   StandInEngine engine{StandInEngine::Behaviour::three_tokens};
   Chunks chunks;

@@ -2,6 +2,7 @@
 // engines' three-frame messages, and a ROUTER replay socket answering as vLLM's does.
 #include "deploy/bridge/zmq_kv_subscriber.hpp"
 
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -53,6 +54,7 @@ struct Received {
   std::vector<double> tags;  // ts of each batch, in delivery order
   int lost = 0;
   int malformed = 0;
+  std::vector<std::size_t> restarts;  // batches delivered before each on_restart
 
   ZmqSubscriberCallbacks callbacks() {
     return ZmqSubscriberCallbacks{.on_batch =
@@ -65,6 +67,12 @@ struct Received {
                                       [this](DpRank) {
                                         std::lock_guard lock{mutex};
                                         ++lost;
+                                        changed.notify_all();
+                                      },
+                                  .on_restart =
+                                      [this](DpRank) {
+                                        std::lock_guard lock{mutex};
+                                        restarts.push_back(tags.size());
                                         changed.notify_all();
                                       },
                                   .on_malformed =
@@ -93,6 +101,22 @@ class StandInPublisher {
     pub_.set(zmq::sockopt::linger, 0);
     endpoint_ = bound_endpoint(pub_);
   }
+  // Bound to `endpoint`, once the previous publisher there has let go of it: an engine restarted
+  // on the same port.
+  StandInPublisher(zmq::context_t& context, const std::string& endpoint)
+      : pub_(context, zmq::socket_type::pub), endpoint_(endpoint) {
+    pub_.set(zmq::sockopt::linger, 0);
+    const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+    while (true) {
+      try {
+        pub_.bind(endpoint);
+        return;
+      } catch (const zmq::error_t& error) {
+        if (error.num() != EADDRINUSE || std::chrono::steady_clock::now() > deadline) throw;
+        std::this_thread::yield();
+      }
+    }
+  }
   const std::string& endpoint() const { return endpoint_; }
 
   void send(std::uint64_t sequence, const std::string& body, bool keep = true) {
@@ -116,12 +140,16 @@ class StandInPublisher {
 
   // Publishes sequence 0 until the subscriber has it: ZMQ drops what a PUB sends before the SUB's
   // subscription arrives; the repeats are stale to the subscriber.
-  void send_first(Received& received) {
+  void send_first(Received& received) { send_until_delivered(received, 0, payload(0)); }
+
+  // Publishes `sequence` until the subscriber has handed on one more batch than before.
+  void send_until_delivered(Received& received, std::uint64_t sequence, const std::string& body) {
+    const std::size_t before = received.tags_now().size();
     for (int attempt = 0; attempt < 1000; ++attempt) {
-      send(0, payload(0));
-      if (received.wait([](const Received& r) { return !r.tags.empty(); }, 20ms)) return;
+      send(sequence, body);
+      if (received.wait([&](const Received& r) { return r.tags.size() > before; }, 20ms)) return;
     }
-    FAIL() << "the subscriber never received sequence 0";
+    FAIL() << "the subscriber never received sequence " << sequence;
   }
 
  private:
@@ -271,6 +299,74 @@ TEST(ZmqKvSubscriberTest, LosesTheRankOnAGapWithoutAReplayEndpoint) {
   engine.send(5, payload(5));
   ASSERT_TRUE(received.wait([](const Received& r) { return r.lost == 1 && r.tags.size() == 2; }));
   EXPECT_EQ(received.tags_now(), sequence_tags({0, 5}));
+}
+
+TEST(ZmqKvSubscriberTest, SeesAPublisherRestartBySequenceNumbersGoingBack) {
+  zmq::context_t context;
+  Received received;
+  auto old_engine = std::make_unique<StandInPublisher>(context);
+  const std::string endpoint = old_engine->endpoint();
+  auto subscriber = ZmqKvSubscriber::start(options_for(endpoint), received.callbacks());
+  ASSERT_TRUE(subscriber) << subscriber.error();
+  old_engine->send_first(received);
+  for (std::uint64_t sequence = 1; sequence <= 3; ++sequence) {
+    old_engine->send(sequence, payload(static_cast<double>(sequence)));
+  }
+  ASSERT_TRUE(received.wait([](const Received& r) { return r.tags.size() == 4; }));
+  EXPECT_TRUE(received.restarts.empty());
+
+  // The engine restarts on the same port and numbers from 0 again; the subscriber reconnects.
+  old_engine.reset();
+  StandInPublisher new_engine{context, endpoint};
+  new_engine.send_until_delivered(received, 0, payload(10));
+  new_engine.send(1, payload(11));
+  new_engine.send(2, payload(12));
+  ASSERT_TRUE(received.wait([](const Received& r) { return r.tags.size() == 7; }));
+  // Nothing of the new engine is dropped as stale, and the restart is signalled once, before
+  // its first batch.
+  EXPECT_EQ(received.tags_now(), sequence_tags({0, 1, 2, 3, 10, 11, 12}));
+  EXPECT_EQ(received.restarts, std::vector<std::size_t>{4});
+  const auto stats = (*subscriber)->stats();
+  EXPECT_EQ(stats.restarts, 1U);
+  EXPECT_EQ(stats.gaps, 0U);
+  EXPECT_EQ(received.lost, 0);
+}
+
+TEST(ZmqKvSubscriberTest, ReplaysWhatARestartedPublisherSentBeforeTheSubscriberRejoined) {
+  zmq::context_t context;
+  StandInReplay replay{context, {}};
+  Received received;
+  auto old_engine = std::make_unique<StandInPublisher>(context);
+  const std::string endpoint = old_engine->endpoint();
+  auto subscriber =
+      ZmqKvSubscriber::start(options_for(endpoint, replay.endpoint()), received.callbacks());
+  ASSERT_TRUE(subscriber) << subscriber.error();
+  old_engine->send_first(received);
+  for (std::uint64_t sequence = 1; sequence <= 5; ++sequence) {
+    old_engine->send(sequence, payload(static_cast<double>(sequence)));
+  }
+  ASSERT_TRUE(received.wait([](const Received& r) { return r.tags.size() == 6; }));
+
+  // The new engine's sequences 0 and 1 went out before the subscriber reconnected; its replay
+  // socket still has them.
+  old_engine.reset();
+  StandInPublisher new_engine{context, endpoint};
+  new_engine.keep_only(0, payload(20));
+  new_engine.keep_only(1, payload(21));
+  new_engine.keep_only(2, payload(22));
+  replay.set_buffer(new_engine.buffer());
+  new_engine.send_until_delivered(received, 2, payload(22));
+  ASSERT_TRUE(received.wait([](const Received& r) { return r.tags.size() == 9; }));
+  // (The next batch comes after the replay's bookkeeping.)
+  new_engine.send(3, payload(23));
+  ASSERT_TRUE(received.wait([](const Received& r) { return r.tags.size() == 10; }));
+  EXPECT_EQ(received.tags_now(), sequence_tags({0, 1, 2, 3, 4, 5, 20, 21, 22, 23}));
+  EXPECT_EQ(received.restarts, std::vector<std::size_t>{6});
+  const auto stats = (*subscriber)->stats();
+  EXPECT_EQ(stats.restarts, 1U);
+  EXPECT_EQ(stats.gaps, 1U);
+  EXPECT_EQ(stats.replays_filled, 1U);
+  EXPECT_EQ(received.lost, 0);
 }
 
 TEST(ZmqKvSubscriberTest, CountsAndDropsMalformedFramesAndPayloads) {
