@@ -84,15 +84,8 @@ SelectorState::register_worker(discovery::WorkerRegistration registration, TimeP
     refused_.erase(worker_id);
     if (block_size_ == 0) block_size_ = announced;
     if (*change != discovery::RegistrationChange::refreshed) {
-      // A new process: its history is dropped. It ramps when another worker is past its ramp.
-      bool warm_peer = false;
-      for (const auto& [id, entry] : workers_.catalog().entries()) {
-        if (id != worker_id && health_.weight(id, now) >= 1) {
-          warm_peer = true;
-          break;
-        }
-      }
-      health_.joined(worker_id, now, warm_peer);
+      // A new process: its history is dropped, and it may get slow start.
+      (void)health_.joined(worker_id, now);
     }
   }
   return change;

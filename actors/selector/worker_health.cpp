@@ -21,13 +21,24 @@ std::string_view as_str(FailureCause cause) {
 
 WorkerHealth::WorkerHealth(selection::WorkerHealthConfig config) : config_(config) {}
 
-void WorkerHealth::joined(WorkerId worker, TimePoint now, bool ramp) {
+bool WorkerHealth::joined(WorkerId worker, TimePoint now) {
   left(worker);
-  if (!ramp || config_.slow_start_window.count() == 0) return;
+  bool warm_peer = false;
+  if (config_.slow_start_window.count() > 0) {
+    for (const auto& [id, peer] : records_) {
+      if (now - peer.joined_at >= config_.slow_start_window) {
+        warm_peer = true;
+        break;
+      }
+    }
+  }
   Record& record = records_[worker];
+  record.joined_at = now;
   record.healthy_since = now;
+  if (!warm_peer) return false;
   record.ramp_started = now;
   ++ramping_;
+  return true;
 }
 
 void WorkerHealth::left(WorkerId worker) {
@@ -127,10 +138,11 @@ bool WorkerHealth::offer(WorkerId worker, TimePoint now) {
   const auto it = records_.find(worker);
   if (it == records_.end() || !it->second.ramp_started) return true;
   Record& record = it->second;
-  // At most one selection's worth banked, so a quiet spell does not buy a burst.
-  record.credit = std::min(1.0, record.credit + weight(worker, now));
+  record.credit += weight(worker, now);
   record.offered_last = record.credit >= 1.0 - 1e-9;
   if (record.offered_last) record.credit -= 1.0;
+  // Less than one selection's worth banked, so a spell of hidden selections buys no burst.
+  record.credit = std::min(record.credit, 1.0 - 1e-9);
   return record.offered_last;
 }
 

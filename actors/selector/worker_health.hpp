@@ -9,12 +9,14 @@
 // without an ejection forgets one of its past ejections. A worker that leaves (deregisters,
 // expires, restarts) drops its history.
 //
-// Slow start: a worker that joins while the partition has a worker past its own ramp is offered
+// Slow start: a worker that joins while the partition has a worker that joined a whole window
+// earlier is offered
 // to the policy on a growing share of the selections, from slow_start_min_weight at its join to
 // every selection at the end of the window, deterministically (a per-worker credit). Offering
 // instead of adjusting a cost keeps it policy-agnostic: no built-in or plugin policy needs to
 // know its units, and a cache-blind policy that would send it everything sends it that share.
-// Workers that join an empty partition together are not ramped (none of them is warmer).
+// Workers that join within one window of the partition's first are not ramped (none of them
+// is warmer than the others).
 //
 // Plain C++, single-threaded, the time passed in. Owned by SelectorState.
 #pragma once
@@ -68,9 +70,11 @@ class WorkerHealth {
 
   explicit WorkerHealth(selection::WorkerHealthConfig config = {});
 
-  /// A worker joined (or restarted: a new process, so its history is dropped). `ramp`: it gets
-  /// slow start (some other worker of the partition is already past its own).
-  void joined(WorkerId worker, TimePoint now, bool ramp);
+  /// A worker joined (or restarted: a new process, so its history is dropped). It gets slow
+  /// start (returns true) when some other worker of the partition joined a whole window earlier:
+  /// a fleet that registers together, or a node that starts and hears from every worker at
+  /// once, ramps nobody (none of them is warmer than the others).
+  bool joined(WorkerId worker, TimePoint now);
   /// A worker left: its history is dropped (an ejected worker stops counting against the cap).
   void left(WorkerId worker);
 
@@ -107,6 +111,7 @@ class WorkerHealth {
 
  private:
   struct Record {
+    TimePoint joined_at{};
     std::uint32_t consecutive_failures = 0;
     /// Ejections that count towards the next back-off (decays while healthy).
     std::uint32_t ejections = 0;
