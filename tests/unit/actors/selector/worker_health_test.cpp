@@ -284,8 +284,8 @@ class SelectorHealthTest : public ::testing::Test {
   }
 
   void add_worker(WorkerId id) {
-    auto added = state_->register_worker(
-        testing::worker_registration(id, "llama", kBlockSize, 60s), clock_.now());
+    auto added = state_->register_worker(testing::worker_registration(id, "llama", kBlockSize, 60s),
+                                         clock_.now());
     ASSERT_TRUE(added) << added.error().message();
     ASSERT_TRUE(state_->update_load({id, 0}, discovery::ConfirmedLoad{}));
   }
