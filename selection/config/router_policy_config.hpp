@@ -21,7 +21,7 @@
 //       request_queue_limit_per_worker: 64
 //   worker_health:                  # omitted: the defaults
 //   (selection/config/worker_health_config.hpp)
-//     consecutive_failures: 5
+//     consecutive_failures: 3
 //     slow_start_window_ms: 0
 #pragma once
 

@@ -3,7 +3,7 @@
 // growing back-off, and slow start, which ramps a newly joined worker's share of the traffic.
 //
 //   worker_health:
-//     consecutive_failures: 5        # failures in a row that eject a worker; 0: never eject
+//     consecutive_failures: 3        # failures in a row that eject a worker; 0: never eject
 //     base_ejection_time_ms: 5000    # the n-th ejection in a row lasts n times this ...
 //     max_ejection_time_ms: 60000    # ... but never longer than this
 //     max_ejection_percent: 50       # at most this share of a partition's workers is ejected
@@ -28,7 +28,7 @@ struct WorkerHealthConfigError {
 struct WorkerHealthConfig {
   /// Failures reported against a worker without a success in between that eject it (dispatch
   /// failures, first-token timeouts, aborts a client blames on the worker). 0: never eject.
-  std::uint32_t consecutive_failures = 5;
+  std::uint32_t consecutive_failures = 3;
   /// The n-th ejection of a worker (without a healthy stretch in between) lasts n times this.
   std::chrono::milliseconds base_ejection_time{5'000};
   /// An ejection never lasts longer than this.

@@ -232,7 +232,7 @@ TEST(WorkerHealthConfigTest, TheRouterPolicyYamlReadsAndChecksTheSection) {
 
   const auto defaults = selection::parse_router_policy_config("", "empty.yaml");
   ASSERT_TRUE(defaults);
-  EXPECT_EQ(defaults->worker_health.consecutive_failures, 5);
+  EXPECT_EQ(defaults->worker_health.consecutive_failures, 3);
   EXPECT_EQ(defaults->worker_health.slow_start_window, 0ms);
 
   const auto out_of_range = selection::parse_router_policy_config(
