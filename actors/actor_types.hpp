@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <expected>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,9 @@ struct BookingUpdate {
   bool release = true;  ///< false: first token (prefill tokens only)
   discovery::BookingEnd end = discovery::BookingEnd::completed;
   AffinityAction affinity = AffinityAction::none;
+  /// What the request's outcome says about its worker's health (passive health); empty: nothing
+  /// (a client's own cancellation, an abort with no cause).
+  std::optional<WorkerHealthReport> health;
 };
 
 /// Expired bookings (selector) and expired leases (reservation) each actor ends with every route

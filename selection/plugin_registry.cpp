@@ -197,6 +197,7 @@ std::expected<RouterPlugins, RegistryError> RouterPluginRegistry::resolve_plugin
         RouterPlugins::RequestClassifier{classifier.type, std::move(*factory)};
   }
   plugins.policy_classes = config.policy_classes;
+  plugins.worker_health = config.worker_health;
   return plugins;
 }
 

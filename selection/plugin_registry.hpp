@@ -13,6 +13,7 @@
 
 #include "classifiers/queue/policy_class_config.hpp"
 #include "classifiers/request_classifier.hpp"
+#include "selection/config/worker_health_config.hpp"
 #include "selection/worker_selection.hpp"
 
 namespace kvr::selection {
@@ -55,6 +56,8 @@ struct RouterPlugins {
   /// The configured `policy_classes`, in document order (empty: only the class `default`);
   /// classifiers::resolve_policy_classes turns them into a queue's classes.
   std::vector<classifiers::PolicyClassConfig> policy_classes;
+  /// The configured `worker_health` (the defaults when omitted).
+  selection::WorkerHealthConfig worker_health;
 
   const WorkerSelection& selection_for(WorkerType type) const {
     return worker_selection[static_cast<std::size_t>(type)];

@@ -207,6 +207,7 @@ v1::LifecycleReport encode_report(const LifecycleReportData& report) {
       break;
   }
   wire.set_error(report.error);
+  wire.set_abort_cause(to_wire(report.abort_cause));
   return wire;
 }
 

@@ -75,12 +75,12 @@ void untrack_client(Self self, const stream_client_actor& client) {
 // Sends a booking change to the partition's selector; a failure is only logged (the selector's
 // lease expiry releases a booking whose update was lost).
 void send_booking(Self self, const GenerateFlight& flight, bool release, discovery::BookingEnd end,
-                  AffinityAction affinity) {
+                  AffinityAction affinity, std::optional<WorkerHealthReport> health = {}) {
   auto& config = self->state.config;
   self->request(self->state.routes.selector_for(flight.request.route.partition),
                 config.selector_timeout, booking_atom::value,
                 BookingUpdate{flight.request.route.partition, flight.request.route.id(), release,
-                              end, affinity})
+                              end, affinity, std::move(health)})
       .then([](const BookingUpdateReply&) {},
             [self](const caf::error& error) {
               self->state.config.log->warn(
@@ -143,6 +143,7 @@ void dispatch(Self self, std::uint64_t stream_id) {
                                          .SerializeAsString());
   }
   if (!sent) {
+    flight->failure_cause = FailureCause::dispatch_failed;
     apply(self, stream_id,
           flight->lifecycle.worker_failed(
               worker.worker_id, flight->generate_subject.empty()
@@ -169,13 +170,20 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
   }
   if (step.first_token) {
     send_booking(self, *flight, false, discovery::BookingEnd::completed,
-                 step.commit_affinity ? AffinityAction::commit : AffinityAction::none);
+                 step.commit_affinity ? AffinityAction::commit : AffinityAction::none,
+                 worker ? std::optional{WorkerHealthReport{worker->worker_id, {}}} : std::nullopt);
   }
   if (step.release) {
+    std::optional<WorkerHealthReport> health;
+    if (flight->failure_cause && worker) {
+      health = WorkerHealthReport{worker->worker_id, flight->failure_cause};
+    }
+    flight->failure_cause.reset();
     send_booking(self, *flight, true, *step.release,
                  step.abandon_affinity  ? AffinityAction::abandon
                  : step.finish_affinity ? AffinityAction::finish
-                                        : AffinityAction::none);
+                                        : AffinityAction::none,
+                 std::move(health));
   }
   if (config.classifier) {
     for (auto& event : step.classifier_events) {
@@ -408,6 +416,7 @@ lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfi
           return;
         }
         node_metrics(self).generate_first_token_timeouts().add();
+        flight->failure_cause = FailureCause::first_token_timeout;
         apply(self, stream_id,
               flight->lifecycle.worker_failed(
                   flight->lifecycle.worker()->worker_id,

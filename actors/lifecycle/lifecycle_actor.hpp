@@ -7,6 +7,8 @@
 // commit / abandon / finish, a worker that fails before the first token (it left the fleet, it
 // sent an error chunk, or no chunk came within the first-token timeout) gets the request retried
 // once on another worker (excluding it), and after that the client gets an explicit error chunk.
+// Booking updates carry what the node saw of the worker's health: the first token is a success,
+// a dispatch failure or first-token timeout a failure (the selector may eject the worker).
 //
 // State it owns: the requests in flight (stream id → RequestLifecycle, the decoded request, the
 // client's stream and reply subjects, the current worker's generate subject), request id →
@@ -96,6 +98,9 @@ struct GenerateFlight {
   std::uint32_t relayed = 0;
   /// A route request to the selector is in flight (its booking must be undone if it arrives late).
   bool route_pending = false;
+  /// Why the current attempt is failing, when the node saw the worker fail it (dispatch failure,
+  /// first-token timeout): the attempt's release reports it against the worker (passive health).
+  std::optional<FailureCause> failure_cause;
 };
 
 /// The lifecycle actor's state.

@@ -55,6 +55,15 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
      {}},
     {N::kIndexBlocks, MetricType::Gauge, "Distinct blocks in the partition's KV index.", {}},
     {N::kWorkers, MetricType::Gauge, "Registered workers, by partition.", {}},
+    {N::kWorkerFailures,
+     MetricType::Counter,
+     "Request failures reported against a partition's workers, by cause.",
+     {}},
+    {N::kWorkerEjections,
+     MetricType::Counter,
+     "Workers ejected from routing after consecutive failures.",
+     {}},
+    {N::kWorkersEjected, MetricType::Gauge, "Workers ejected from routing now.", {}},
     {N::kWorkersExpired,
      MetricType::Counter,
      "Workers removed because their heartbeats stopped.",
@@ -185,6 +194,16 @@ ValueHandle NodeMetrics::bookings_open(std::string_view partition) const {
 }
 ValueHandle NodeMetrics::workers(std::string_view partition) const {
   return gauge(kWorkers, "partition", partition);
+}
+ValueHandle NodeMetrics::worker_failures(std::string_view partition, std::string_view cause) const {
+  return registry_->counter(kWorkerFailures,
+                            {{"partition", std::string{partition}}, {"cause", std::string{cause}}});
+}
+ValueHandle NodeMetrics::worker_ejections(std::string_view partition) const {
+  return counter(kWorkerEjections, "partition", partition);
+}
+ValueHandle NodeMetrics::workers_ejected(std::string_view partition) const {
+  return gauge(kWorkersEjected, "partition", partition);
 }
 ValueHandle NodeMetrics::workers_expired(std::string_view partition) const {
   return counter(kWorkersExpired, "partition", partition);

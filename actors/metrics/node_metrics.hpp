@@ -48,6 +48,9 @@ class NodeMetrics {
   static constexpr std::string_view kKvDumpRequests = "kvr_kv_dump_requests_total";
   static constexpr std::string_view kSessionBindings = "kvr_session_bindings";
   static constexpr std::string_view kSessionRebinds = "kvr_session_rebinds_total";
+  static constexpr std::string_view kWorkerFailures = "kvr_worker_failures_total";
+  static constexpr std::string_view kWorkerEjections = "kvr_worker_ejections_total";
+  static constexpr std::string_view kWorkersEjected = "kvr_workers_ejected";
   // Admission: the classifier and the policy-class queues.
   static constexpr std::string_view kAdmissionDecisions = "kvr_admission_decisions_total";
   static constexpr std::string_view kQueueDepth = "kvr_queue_depth";
@@ -112,6 +115,11 @@ class NodeMetrics {
   ValueHandle kv_dump_requests(std::string_view partition) const;
   ValueHandle session_bindings(std::string_view partition) const;
   ValueHandle session_rebinds(std::string_view partition) const;
+  /// Failures reported against the partition's workers, by cause (FailureCause).
+  ValueHandle worker_failures(std::string_view partition, std::string_view cause) const;
+  /// Workers ejected from routing by outlier detection, and those ejected now.
+  ValueHandle worker_ejections(std::string_view partition) const;
+  ValueHandle workers_ejected(std::string_view partition) const;
 
   // Admission.
   /// A classifier's decision: `decision` admitted, deferred (pending at its first poll) or

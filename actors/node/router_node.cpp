@@ -318,6 +318,7 @@ struct RouterNode::Impl {
     selector.queue_max_wait = options.first_token_timeout;
     selector.options.router = options.router;
     selector.options.lease_ttl = options.lease_ttl;
+    selector.options.health = plugins.worker_health;
     selector.plugins = &plugins;
     selector.publisher = bridge;
     selector.metrics = registry;

@@ -224,6 +224,26 @@ void deliver_ack(Self self, const ReportEnvelope& envelope, AckPromise& promise,
   promise.deliver(LifecycleAckMessage{std::move(ack)});
 }
 
+// What a report says about its worker's health: a first token or completion is a success; an
+// abort counts against the worker only when its cause blames it (a client's own cancellation,
+// or an abort that names no cause, never does).
+std::optional<WorkerHealthReport> health_report(const LifecycleReportData& report,
+                                                WorkerId worker) {
+  if (report.event != LifecycleEventKind::Aborted) return WorkerHealthReport{worker, {}};
+  switch (report.abort_cause) {
+    case AbortCause::worker_failed:
+      return WorkerHealthReport{worker, FailureCause::worker_failed};
+    case AbortCause::first_token_timeout:
+      return WorkerHealthReport{worker, FailureCause::first_token_timeout};
+    case AbortCause::stream_timeout:
+      return WorkerHealthReport{worker, FailureCause::stream_timeout};
+    case AbortCause::unspecified:
+    case AbortCause::client_cancelled:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
 AckPromise handle_report(Self self, ReportEnvelope& envelope) {
   auto promise = self->make_response_promise<LifecycleAckMessage>();
   auto& state = self->state;
@@ -261,7 +281,8 @@ AckPromise handle_report(Self self, ReportEnvelope& envelope) {
                            : (report.error.empty() ? discovery::BookingEnd::cancelled
                                                    : discovery::BookingEnd::failed),
                        // Session affinity commits at the first token and ends with the request.
-                       first_token ? AffinityAction::commit : AffinityAction::finish};
+                       first_token ? AffinityAction::commit : AffinityAction::finish,
+                       health_report(report, lease->worker.worker_id)};
   if (envelope.reply_subject.empty() && !self->current_message_id().is_request()) {
     // Nobody waits for an ack (a NATS publish without a reply subject): the lease is ended, so
     // the report is accepted whatever the selector finds, and the booking update goes one way.

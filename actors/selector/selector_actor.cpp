@@ -33,6 +33,35 @@ void update_gauges(Self self) {
   if (state.affinity.enabled()) {
     state.series.session_bindings.set(static_cast<double>(state.affinity.size()));
   }
+  state.series.workers_ejected.set(static_cast<double>(state.selector->health().ejected()));
+  for (WorkerId id : state.selector->take_returned()) {
+    spdlog::info("kvr node: worker {} returned to routing in partition {} after its ejection", id,
+                 state.partition);
+  }
+}
+
+// Applies a booking update's health report: counts a failure by its cause, and logs and counts an
+// ejection (or a worker the ejection cap kept in routing).
+void apply_health(Self self, const WorkerHealthReport& report) {
+  auto& state = self->state;
+  const auto verdict = state.selector->report_health(report, state.config.clock->now());
+  if (!verdict || !report.failure) return;
+  state.series.worker_failures[static_cast<std::size_t>(*report.failure)].add();
+  if (verdict->ejected) {
+    state.series.worker_ejections.add();
+    spdlog::warn(
+        "kvr node: worker {} ejected from routing in partition {} for {} ms after {} consecutive "
+        "failures (last: {})",
+        report.worker, state.partition, verdict->backoff.count(),
+        state.selector->health().config().consecutive_failures, as_str(*report.failure));
+  } else if (verdict->capped) {
+    state.config.log->warn(
+        fmt::format("{}:ejection-cap", state.partition),
+        fmt::format("kvr node: worker {} keeps failing in partition {} but stays in routing: {} of "
+                    "{} workers are ejected already (max_ejection_percent)",
+                    report.worker, state.partition, state.selector->health().ejected(),
+                    state.selector->partition_workers().catalog().size()));
+  }
 }
 
 // Applies a lifecycle's affinity action to the request's proposal.
@@ -281,7 +310,13 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
                     .session_bindings = state.affinity.enabled()
                                             ? metrics.session_bindings(state.partition)
                                             : metrics::ValueHandle{},
-                    .selection_latency = metrics.selection_latency()};
+                    .selection_latency = metrics.selection_latency(),
+                    .worker_ejections = metrics.worker_ejections(state.partition),
+                    .workers_ejected = metrics.workers_ejected(state.partition)};
+    for (std::size_t cause = 0; cause < kFailureCauses; ++cause) {
+      state.series.worker_failures[cause] =
+          metrics.worker_failures(state.partition, as_str(static_cast<FailureCause>(cause)));
+    }
     if (queues_requests(state.config.policy_classes)) {
       state.queue.emplace(
           PartitionQueueOptions{state.config.policy_classes, state.config.queue_max_wait});
@@ -314,6 +349,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
         self->state.series.bookings_open.set(0);
         self->state.series.workers.set(0);
         self->state.series.index_blocks.set(0);
+        self->state.series.workers_ejected.set(0);
       }
       self->quit(message.reason);
     });
@@ -422,6 +458,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
                                       : state.selector->first_token(update.request_id);
         // Even when the booking is gone (its worker left), the proposal must end.
         apply_affinity(self, update.request_id, update.affinity);
+        if (update.health) apply_health(self, *update.health);
         if (changed) drain_queue(self);
         update_gauges(self);
         if (!changed) return {false, std::string{discovery::as_str(changed.error())}};

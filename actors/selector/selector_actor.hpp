@@ -12,7 +12,9 @@
 //                                                  before the next selection runs); the pick is
 //                                                  proposed to the session's binding;
 //   booking(BookingUpdate) → BookingUpdateReply — first token / release of a booking, and the
-//                                                  affinity commit / abandon / finish it carries;
+//                                                  affinity commit / abandon / finish and the
+//                                                  worker health report it carries (a failure
+//                                                  may eject the worker: worker_health.hpp);
 //   cancel(model, group, request id)            — the caller gave up: a request still in the
 //                                                  queue leaves it unbooked;
 //   expire                                      — internal, its own timer: expires worker leases,
@@ -33,6 +35,7 @@
 // show a gap. It must never block, throw, share its state, or call NATS request().
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -125,6 +128,10 @@ struct SelectorActorState {
     metrics::ValueHandle index_blocks;
     metrics::ValueHandle session_bindings;
     metrics::HistogramHandle selection_latency;
+    metrics::ValueHandle worker_ejections;
+    metrics::ValueHandle workers_ejected;
+    /// By FailureCause.
+    std::array<metrics::ValueHandle, kFailureCauses> worker_failures;
     /// Per policy class (in queue order), when the queue runs.
     std::vector<metrics::ValueHandle> queue_depth;
   } series;

@@ -49,7 +49,8 @@ SelectorState::SelectorState(SelectorOptions options, const plugins::RouterPlugi
             return limits;
           }(),
           options_.index),
-      block_size_(options_.router.block_size) {}
+      block_size_(options_.router.block_size),
+      health_(options_.health) {}
 
 std::expected<discovery::RegistrationChange, discovery::RegistrationError>
 SelectorState::register_worker(discovery::WorkerRegistration registration, TimePoint now) {
@@ -82,6 +83,10 @@ SelectorState::register_worker(discovery::WorkerRegistration registration, TimeP
     rows_dirty_ = true;
     refused_.erase(worker_id);
     if (block_size_ == 0) block_size_ = announced;
+    if (*change != discovery::RegistrationChange::refreshed) {
+      // A new process: its history is dropped, and it may get slow start.
+      (void)health_.joined(worker_id, now);
+    }
   }
   return change;
 }
@@ -121,6 +126,7 @@ std::expected<void, discovery::CatalogError> SelectorState::deregister(WorkerId 
   auto removed = workers_.deregister(worker, incarnation);
   if (removed) {
     rows_dirty_ = true;
+    health_.left(worker);
     forget_block_size_when_empty();
   }
   return removed;
@@ -145,7 +151,9 @@ void SelectorState::expire(TimePoint now, std::vector<WorkerId>& removed_workers
   const std::size_t before = removed_workers.size();
   workers_.expire(now, removed_workers);
   absl::erase_if(refused_, [&](const auto& entry) { return entry.second.forget_at <= now; });
+  return_ejected(now);
   if (removed_workers.size() != before) {
+    for (std::size_t i = before; i < removed_workers.size(); ++i) health_.left(removed_workers[i]);
     rows_dirty_ = true;
     forget_block_size_when_empty();
   }
@@ -192,7 +200,9 @@ void SelectorState::rebuild_rows() const {
       const auto slot = workers_.index().slot_of(worker);
       if (!slot) continue;  // not indexed: cannot be offered
       rows.descriptors.push_back(
-          selection::WorkerDescriptor{.worker = worker, .taints = registration.taints});
+          selection::WorkerDescriptor{.worker = worker,
+                                      .taints = registration.taints,
+                                      .available = !health_.is_ejected(registration.worker_id)});
       rows.slots.push_back(*slot);
       rows.total_kv_blocks.push_back(registration.total_kv_blocks);
       rows.max_batched_tokens.push_back(registration.max_num_batched_tokens);
@@ -325,10 +335,29 @@ std::expected<void, RouteFailure> SelectorState::prepare(RouteRequest& request, 
 std::expected<RouteOutcome, RouteFailure> SelectorState::route(RouteRequest& request,
                                                                TimePoint now) {
   if (auto valid = prepare(request, now); !valid) return std::unexpected(std::move(valid.error()));
+  return_ejected(now);
   ++route_counter_;
   in_route_ = true;
+  // Usually false: only while a worker that joined a warm partition is in its slow start.
+  const bool ramping = health_.ramping(now);
+  if (ramping) hide_ramping(request.worker_type, now);
   auto selected = selection::select_worker(policy(request.worker_type), request.selection,
                                            options_.partition, *this);
+  if (ramping && !hidden_rows_.empty()) {
+    unhide_ramping(request.worker_type);
+    const bool none_left = !selected && (selected.error().kind() == Kind::NoEligibleWorkers ||
+                                         selected.error().kind() == Kind::AllFiltered);
+    if (none_left) {
+      // The ramp limits a worker's share; it never turns away a request only it can take.
+      for (const std::uint32_t row : hidden_rows_) {
+        health_.refund(
+            rows_[static_cast<std::size_t>(request.worker_type)].descriptors[row].worker.worker_id);
+      }
+      selected = selection::select_worker(policy(request.worker_type), request.selection,
+                                          options_.partition, *this);
+    }
+    hidden_rows_.clear();
+  }
   if (!selected) {
     in_route_ = false;
     return std::unexpected(explain(
@@ -479,6 +508,60 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::book(const RouteRequest
     (void)workers_.index().record_routing(outcome.worker, input.block_hashes, now);
   }
   return outcome;
+}
+
+std::optional<FailureVerdict> SelectorState::report_health(const WorkerHealthReport& report,
+                                                           TimePoint now) {
+  if (workers_.catalog().find(report.worker) == nullptr) return std::nullopt;
+  if (!report.failure) {
+    health_.success(report.worker);
+    return FailureVerdict{};
+  }
+  const FailureVerdict verdict = health_.failure(report.worker, now, workers_.catalog().size());
+  if (verdict.ejected) mark_ejections();
+  return verdict;
+}
+
+void SelectorState::return_ejected(TimePoint now) {
+  const std::size_t before = returned_.size();
+  health_.return_due(now, returned_);
+  if (returned_.size() != before) mark_ejections();
+}
+
+void SelectorState::mark_ejections() {
+  if (rows_dirty_) return;  // the rebuild marks them
+  for (RoleRows& rows : rows_) {
+    for (selection::WorkerDescriptor& descriptor : rows.descriptors) {
+      descriptor.available = !health_.is_ejected(descriptor.worker.worker_id);
+    }
+  }
+}
+
+void SelectorState::hide_ramping(WorkerType worker_type, TimePoint now) {
+  hidden_rows_.clear();
+  if (rows_dirty_) rebuild_rows();
+  RoleRows& rows = rows_[static_cast<std::size_t>(worker_type)];
+  for (std::size_t row = 0; row < rows.descriptors.size(); ++row) {
+    selection::WorkerDescriptor& descriptor = rows.descriptors[row];
+    if (!descriptor.available) continue;
+    // Ranks of one worker share its credit: the worker is offered or hidden as a whole.
+    if (row > 0 && rows.descriptors[row - 1].worker.worker_id == descriptor.worker.worker_id) {
+      if (!hidden_rows_.empty() && hidden_rows_.back() == row - 1) {
+        descriptor.available = false;
+        hidden_rows_.push_back(static_cast<std::uint32_t>(row));
+      }
+      continue;
+    }
+    if (!health_.offer(descriptor.worker.worker_id, now)) {
+      descriptor.available = false;
+      hidden_rows_.push_back(static_cast<std::uint32_t>(row));
+    }
+  }
+}
+
+void SelectorState::unhide_ramping(WorkerType worker_type) {
+  RoleRows& rows = rows_[static_cast<std::size_t>(worker_type)];
+  for (const std::uint32_t row : hidden_rows_) rows.descriptors[row].available = true;
 }
 
 std::expected<void, discovery::LoadError> SelectorState::first_token(std::string_view request_id) {

@@ -11,12 +11,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <absl/container/flat_hash_map.h>
 
 #include "actors/selector/route_request.hpp"
 #include "actors/selector/route_result.hpp"
+#include "actors/selector/worker_health.hpp"
 #include "classifiers/queue/policy_class_config.hpp"
 #include "discovery/partition_workers.hpp"
 #include "messages/error.hpp"
@@ -36,6 +38,8 @@ struct SelectorOptions {
   std::chrono::milliseconds lease_ttl{120'000};
   discovery::IndexerConfig index;
   discovery::RegistrationLimits registration;
+  /// Passive health: outlier ejection and slow start (actors/selector/worker_health.hpp).
+  selection::WorkerHealthConfig health;
 };
 
 /// One partition's routing state.
@@ -88,6 +92,16 @@ class SelectorState final : public selection::WorkerSignalSource {
   /// The request ended (completed, cancelled or failed): its booking is released.
   std::expected<void, discovery::LoadError> release(std::string_view request_id,
                                                     discovery::BookingEnd end);
+
+  // ---- passive health (actors/selector/worker_health.hpp) -----------------------------------
+  /// A success or failure reported against a worker of this partition; an ejection takes its
+  /// ranks out of routing at once. Empty: the worker is not registered here (nothing changed).
+  std::optional<FailureVerdict> report_health(const WorkerHealthReport& report, TimePoint now);
+  /// Ejected workers whose back-off ended return to routing (route() and expire() do it too).
+  void return_ejected(TimePoint now);
+  /// The workers that returned from an ejection since the last call (for the log).
+  std::vector<WorkerId> take_returned() { return std::exchange(returned_, {}); }
+  const WorkerHealth& health() const { return health_; }
 
   // ---- admission queue (actors/selector/partition_queue.hpp) --------------------------------
   /// Hashes the request's token ids (at block_size()), stamps it with `now` and checks the prompt
@@ -147,6 +161,12 @@ class SelectorState final : public selection::WorkerSignalSource {
   /// Fills the outcome's overlap by tier from the chosen worker's match.
   void set_overlap(RouteOutcome& outcome, std::span<const BlockHash> block_hashes);
   void rebuild_rows() const;
+  /// Re-marks every row's availability from the ejections after they changed.
+  void mark_ejections();
+  /// Slow start: hides the ramping rows of `worker_type` that are not offered to this selection
+  /// (remembered in hidden_rows_).
+  void hide_ramping(WorkerType worker_type, TimePoint now);
+  void unhide_ramping(WorkerType worker_type);
   void refresh_busy_signals(RoleRows& rows) const;
   /// The request's matched prefix on every rank: one index lookup per routed request, shared by
   /// the signal computation and the booking.
@@ -161,6 +181,9 @@ class SelectorState final : public selection::WorkerSignalSource {
   std::array<std::shared_ptr<const std::vector<std::string>>, 4> scorer_names_;
   mutable std::array<RoleRows, 4> rows_;
   mutable bool rows_dirty_ = true;
+  WorkerHealth health_;
+  std::vector<WorkerId> returned_;
+  std::vector<std::uint32_t> hidden_rows_;
 
   // Per-request scratch, reused so that a warm selection does not allocate.
   discovery::MatchResult matches_;

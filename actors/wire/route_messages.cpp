@@ -260,7 +260,41 @@ std::expected<LifecycleReportData, std::string> decode_lifecycle_report(
           fmt::format("event: unknown or unspecified value {}", static_cast<int>(wire.event())));
   }
   data.error = wire.error().substr(0, limits.max_id_length * 4);
+  switch (wire.abort_cause()) {
+    case v1::ABORT_CAUSE_CLIENT_CANCELLED:
+      data.abort_cause = AbortCause::client_cancelled;
+      break;
+    case v1::ABORT_CAUSE_WORKER_FAILED:
+      data.abort_cause = AbortCause::worker_failed;
+      break;
+    case v1::ABORT_CAUSE_FIRST_TOKEN_TIMEOUT:
+      data.abort_cause = AbortCause::first_token_timeout;
+      break;
+    case v1::ABORT_CAUSE_STREAM_TIMEOUT:
+      data.abort_cause = AbortCause::stream_timeout;
+      break;
+    default:
+      // Unspecified, or a cause newer than this node: it blames nobody.
+      data.abort_cause = AbortCause::unspecified;
+      break;
+  }
   return data;
+}
+
+v1::AbortCause to_wire(AbortCause cause) {
+  switch (cause) {
+    case AbortCause::unspecified:
+      return v1::ABORT_CAUSE_UNSPECIFIED;
+    case AbortCause::client_cancelled:
+      return v1::ABORT_CAUSE_CLIENT_CANCELLED;
+    case AbortCause::worker_failed:
+      return v1::ABORT_CAUSE_WORKER_FAILED;
+    case AbortCause::first_token_timeout:
+      return v1::ABORT_CAUSE_FIRST_TOKEN_TIMEOUT;
+    case AbortCause::stream_timeout:
+      return v1::ABORT_CAUSE_STREAM_TIMEOUT;
+  }
+  return v1::ABORT_CAUSE_UNSPECIFIED;
 }
 
 v1::LifecycleAck make_lifecycle_ack(bool accepted, std::string_view message) {

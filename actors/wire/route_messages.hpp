@@ -58,12 +58,27 @@ v1::RouteDecision make_route_success(std::string_view request_id, const RouteOut
 /// What a lifecycle report asks for.
 enum class LifecycleEventKind : std::uint8_t { FirstToken, Completed, Aborted };
 
+/// Why a request was aborted (kvr.v1.AbortCause): the causes after client_cancelled blame the
+/// worker (passive health counts them against it).
+enum class AbortCause : std::uint8_t {
+  unspecified,
+  client_cancelled,
+  worker_failed,
+  first_token_timeout,
+  stream_timeout,
+};
+
 /// A validated lifecycle report.
 struct LifecycleReportData {
   std::string lease_id;
   LifecycleEventKind event = LifecycleEventKind::Completed;
   std::string error;  ///< reason, for Aborted
+  /// For Aborted; an unknown wire value reads as unspecified (blames nobody).
+  AbortCause abort_cause = AbortCause::unspecified;
 };
+
+/// The wire value of an abort cause.
+v1::AbortCause to_wire(AbortCause cause);
 
 /// Validates a wire report: a non-empty, bounded lease id and a known event.
 std::expected<LifecycleReportData, std::string> decode_lifecycle_report(

@@ -162,12 +162,14 @@ struct LiveReplay::State {
     end(index);
   }
 
+  // `cause`: for an abort, who is to blame (the router's passive health counts the worker's).
   void report(std::size_t index, const std::string& lease_id, v1::LifecycleEvent event,
-              std::string_view error = {}) {
+              std::string_view error = {}, v1::AbortCause cause = v1::ABORT_CAUSE_UNSPECIFIED) {
     v1::LifecycleReport report;
     report.set_lease_id(lease_id);
     report.set_event(event);
     report.set_error(std::string{error});
+    report.set_abort_cause(cause);
     if (client
             ->publish_request(subjects::router_report(options.ns),
                               reply_subject(InboxKind::Ack, index), report.SerializeAsString())
@@ -179,14 +181,14 @@ struct LiveReplay::State {
   }
 
   // Stops a streaming request at its worker and releases its lease.
-  void abandon(std::size_t index, std::string_view why) {
+  void abandon(std::size_t index, std::string_view why, v1::AbortCause cause) {
     LiveRequest& request = live[index];
     if (!request.generate_subject.empty()) {
       v1::GenerateCancel cancel;
       cancel.set_request_id(request_id(index));
       (void)client->publish(request.generate_subject + ".cancel", cancel.SerializeAsString());
     }
-    report(index, request.lease_id, v1::LIFECYCLE_EVENT_ABORTED, why);
+    report(index, request.lease_id, v1::LIFECYCLE_EVENT_ABORTED, why, cause);
   }
 
   void dispatch(std::size_t index, Clock::time_point now) {
@@ -216,7 +218,7 @@ struct LiveReplay::State {
       // A decision that came after the request timed out: release its lease at once.
       if (parsed && decision.has_success()) {
         report(index, decision.success().lease_id(), v1::LIFECYCLE_EVENT_ABORTED,
-               "client timed out");
+               "client timed out", v1::ABORT_CAUSE_CLIENT_CANCELLED);
       }
       return;
     }
@@ -249,7 +251,8 @@ struct LiveReplay::State {
     policies.insert(success.policy());
     if (request.generate_subject.empty()) {
       ++result.worker_errors;
-      report(index, request.lease_id, v1::LIFECYCLE_EVENT_ABORTED, "no generate subject");
+      report(index, request.lease_id, v1::LIFECYCLE_EVENT_ABORTED, "no generate subject",
+             v1::ABORT_CAUSE_WORKER_FAILED);
       return fail(index, "route: the decision names no generate subject");
     }
     v1::GenerateRequest generate;
@@ -261,7 +264,9 @@ struct LiveReplay::State {
     if (!client->publish_request(request.generate_subject, reply_subject(InboxKind::Stream, index),
                                  generate.SerializeAsString())) {
       ++result.worker_errors;
-      report(index, request.lease_id, v1::LIFECYCLE_EVENT_ABORTED, "dispatch failed");
+      // The client's own connection failed, not the worker.
+      report(index, request.lease_id, v1::LIFECYCLE_EVENT_ABORTED, "dispatch failed",
+             v1::ABORT_CAUSE_CLIENT_CANCELLED);
       return fail(index, "generate: cannot dispatch to the worker");
     }
     request.phase = Phase::Streaming;
@@ -273,7 +278,7 @@ struct LiveReplay::State {
     v1::GenerateChunk chunk;
     if (!message.data.empty() && !chunk.ParseFromString(message.data)) {
       ++result.worker_errors;
-      abandon(index, "undecodable chunk");
+      abandon(index, "undecodable chunk", v1::ABORT_CAUSE_WORKER_FAILED);
       return fail(index, "generate: undecodable GenerateChunk");
     }
     if (message.data.empty() || chunk.has_error() || chunk.finish_reason() == "error" ||
@@ -283,7 +288,8 @@ struct LiveReplay::State {
                                      ? std::string{"no worker subscribed to the generate subject"}
                                  : chunk.has_error() ? chunk.error().message()
                                                      : chunk.finish_reason();
-      report(index, request.lease_id, v1::LIFECYCLE_EVENT_ABORTED, reason);
+      report(index, request.lease_id, v1::LIFECYCLE_EVENT_ABORTED, reason,
+             v1::ABORT_CAUSE_WORKER_FAILED);
       return fail(index, fmt::format("worker: {}", reason));
     }
     const double now_ms = ms_between(start, message.received);
@@ -361,7 +367,9 @@ struct LiveReplay::State {
         fail(index, "timed out waiting for a decision");
       } else if (request.phase == Phase::Streaming) {
         ++result.timed_out;
-        abandon(index, "client timed out");
+        abandon(index, "client timed out",
+                request.first_token_seen ? v1::ABORT_CAUSE_STREAM_TIMEOUT
+                                         : v1::ABORT_CAUSE_FIRST_TOKEN_TIMEOUT);
         fail(index, request.first_token_seen ? "timed out while streaming"
                                              : "timed out before the first token");
       }
@@ -579,6 +587,7 @@ std::expected<std::unique_ptr<LiveReplay>, std::string> LiveReplay::connect(
       v1::LifecycleReport release;
       release.set_lease_id(decision.success().lease_id());
       release.set_event(v1::LIFECYCLE_EVENT_ABORTED);
+      release.set_abort_cause(v1::ABORT_CAUSE_CLIENT_CANCELLED);
       (void)state->client->request(subjects::router_report(opts.ns), release.SerializeAsString(),
                                    std::chrono::milliseconds(1000));
       break;

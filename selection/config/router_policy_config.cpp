@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <span>
@@ -21,7 +23,7 @@ using classifiers::describe_yaml;
 using classifiers::PolicyClassConfig;
 
 constexpr std::string_view kTopLevelKeys[] = {"worker_selection", "request_classifier",
-                                              "policy_classes"};
+                                              "policy_classes", "worker_health"};
 constexpr std::string_view kWorkerSelectionKeys[] = {"aggregated", "prefill", "decode", "encode",
                                                      "instances"};
 constexpr std::string_view kInstanceKeys[] = {"name", "type", "parameters"};
@@ -34,6 +36,9 @@ constexpr std::string_view kPolicyClassKeys[] = {"name",
                                                  "kv_busy_threshold",
                                                  "request_queue_limit_per_worker",
                                                  "uncached_token_queue_limit_per_worker"};
+constexpr std::string_view kWorkerHealthKeys[] = {"consecutive_failures", "base_ejection_time_ms",
+                                                  "max_ejection_time_ms", "max_ejection_percent",
+                                                  "slow_start_window_ms", "slow_start_min_weight"};
 
 std::string join(std::span<const std::string_view> names) {
   std::string joined;
@@ -71,6 +76,7 @@ class Parser {
     for (const MappingEntry& entry : *entries) {
       auto parsed = entry.key == "worker_selection"     ? parse_worker_selection(entry.value)
                     : entry.key == "request_classifier" ? parse_request_classifier(entry.value)
+                    : entry.key == "worker_health"      ? parse_worker_health(entry.value)
                                                         : parse_policy_classes(entry.value);
       if (!parsed) return parsed;
     }
@@ -336,6 +342,54 @@ class Parser {
       }
       config_.policy_classes.push_back(std::move(policy_class));
     }
+    return {};
+  }
+
+  std::expected<void, std::string> parse_worker_health(const YAML::Node& node) {
+    constexpr std::string_view path = "worker_health";
+    if (node.IsNull()) return {};
+    if (!node.IsMap()) {
+      return fail(node, path,
+                  fmt::format("expected a mapping with the keys {}, got {}",
+                              join(kWorkerHealthKeys), describe_yaml(node)));
+    }
+    auto entries = mapping_entries(node, path, kWorkerHealthKeys);
+    if (!entries) return std::unexpected(std::move(entries.error()));
+    auto source = ParameterSource::from_yaml(node, std::string{path});
+    if (!source) return fail(node, path, source.error());
+    WorkerHealthConfig health;
+    for (const MappingEntry& entry : *entries) {
+      if (entry.key == "max_ejection_percent" || entry.key == "slow_start_min_weight") {
+        auto value = number_value<double>(**source, entry);
+        if (!value) return std::unexpected(std::move(value.error()));
+        (entry.key == "max_ejection_percent" ? health.max_ejection_percent
+                                             : health.slow_start_min_weight) = *value;
+        continue;
+      }
+      auto value = number_value<std::uint64_t>(**source, entry);
+      if (!value) return std::unexpected(std::move(value.error()));
+      if (entry.key == "consecutive_failures") {
+        // Clamped into range here; validate() then names the key of a value that is too large.
+        health.consecutive_failures =
+            static_cast<std::uint32_t>(std::min<std::uint64_t>(*value, UINT32_MAX));
+        continue;
+      }
+      const std::chrono::milliseconds ms{
+          static_cast<std::int64_t>(std::min<std::uint64_t>(*value, std::uint64_t{1} << 40))};
+      if (entry.key == "base_ejection_time_ms") {
+        health.base_ejection_time = ms;
+      } else if (entry.key == "max_ejection_time_ms") {
+        health.max_ejection_time = ms;
+      } else {
+        health.slow_start_window = ms;
+      }
+    }
+    if (auto valid = health.validate(); !valid) {
+      const auto entry = std::ranges::find(*entries, valid.error().key, &MappingEntry::key);
+      const YAML::Node& where = entry == entries->end() ? node : entry->value;
+      return fail(where, child_path(path, valid.error().key), valid.error().message);
+    }
+    config_.worker_health = health;
     return {};
   }
 

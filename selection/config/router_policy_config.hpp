@@ -19,6 +19,10 @@
 //       prefill_busy_threshold_frac: 0.75
 //       kv_busy_threshold: 0.9         # busy above this fraction of KV blocks in use
 //       request_queue_limit_per_worker: 64
+//   worker_health:                  # omitted: the defaults
+//   (selection/config/worker_health_config.hpp)
+//     consecutive_failures: 3
+//     slow_start_window_ms: 0
 #pragma once
 
 #include <array>
@@ -34,6 +38,7 @@
 #include "classifiers/queue/policy_class_config.hpp"
 #include "messages/ids.hpp"
 #include "selection/config/parameter_source.hpp"
+#include "selection/config/worker_health_config.hpp"
 
 namespace kvr::selection {
 
@@ -74,6 +79,8 @@ struct RouterPolicyConfig {
   /// unique. Empty: the single class `default`. A class named `default` configures that class;
   /// otherwise it is added with the node's settings (classifiers::resolve_policy_classes).
   std::vector<classifiers::PolicyClassConfig> policy_classes;
+  /// `worker_health`: passive health of every partition (valid; the defaults when omitted).
+  WorkerHealthConfig worker_health;
   /// The file path (or the name given to parse_router_policy_config), used in messages.
   std::string source_name;
 
@@ -96,7 +103,8 @@ struct RouterPolicyConfig {
 /// syntax, an unknown key at any level (listing the allowed keys), a duplicate key, instance name
 /// or policy class name, a missing or empty name or type, the reserved name "default" as an
 /// instance name or type, values of the wrong kind, and policy-class settings out of range (an
-/// order other than fcfs or wspt, a zero quantum or limit, a fraction outside (0, 1]). An empty
+/// order other than fcfs or wspt, a zero quantum or limit, a fraction outside (0, 1]) and
+/// worker_health settings out of range (WorkerHealthConfig::validate). An empty
 /// document is an empty configuration.
 std::expected<RouterPolicyConfig, std::string> parse_router_policy_config(
     std::string_view yaml_text, std::string source_name);

@@ -5,6 +5,7 @@
 // a request classifier is configured.
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -236,11 +237,12 @@ class RouterActorsTest : public ::testing::Test {
   }
 
   v1::LifecycleAck report_via(const reservation_actor& reservation, const std::string& lease,
-                              LifecycleEventKind event, std::string reason = {}) {
+                              LifecycleEventKind event, std::string reason = {},
+                              AbortCause cause = AbortCause::unspecified) {
     caf::scoped_actor self{system_};
     v1::LifecycleAck ack;
     self->request(reservation, 5s, report_atom::value,
-                  ReportEnvelope{LifecycleReportData{lease, event, std::move(reason)}, {}})
+                  ReportEnvelope{LifecycleReportData{lease, event, std::move(reason), cause}, {}})
         .receive([&](LifecycleAckMessage& message) { ack = std::move(message.value); },
                  [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
     return ack;
@@ -762,7 +764,51 @@ TEST_F(RouterActorsTest, NoFirstChunkInTimeCountsAsAFailureRetriedOnceThenAnErro
   EXPECT_EQ(end.error().code(), v1::ROUTE_ERROR_WORKER_FAILED);
   EXPECT_EQ(metrics_->value("kvr_generate_first_token_timeouts_total"), 2);
   EXPECT_TRUE(testing::wait_until([&] { return bookings() == 0; }, 5s));
+  // Each timeout was reported against its worker (passive health): one each is not enough to
+  // eject either.
+  EXPECT_TRUE(testing::wait_until(
+      [&] {
+        return metrics_->value("kvr_worker_failures_total",
+                               {{"partition", "m/default"}, {"cause", "first_token_timeout"}}) == 2;
+      },
+      5s));
+  EXPECT_EQ(metrics_->total("kvr_worker_ejections_total"), 0);
   caf::anon_send_exit(impatient, caf::exit_reason::user_shutdown);
+}
+
+// Route mode: an abort counts against its worker only when its cause blames the worker; three
+// in a row eject it (the default), and with two workers only one may be ejected.
+TEST_F(RouterActorsTest, RouteModeAbortsCountAgainstTheWorkerOnlyWhenTheirCauseBlamesIt) {
+  register_workers({11, 12});
+  int next = 0;
+  const auto route_and_abort = [&](AbortCause cause) {
+    const auto decision = route(request("h" + std::to_string(next++)));
+    EXPECT_TRUE(decision.has_success()) << decision.error().message();
+    EXPECT_TRUE(report_via(reservation_, decision.success().lease_id(), LifecycleEventKind::Aborted,
+                           "gave up", cause)
+                    .accepted());
+    return decision.success().worker_id();
+  };
+  for (int i = 0; i < 20; ++i) route_and_abort(AbortCause::client_cancelled);
+  for (int i = 0; i < 20; ++i) route_and_abort(AbortCause::unspecified);
+  EXPECT_EQ(metrics_->total("kvr_worker_failures_total"), 0);
+  EXPECT_EQ(metrics_->total("kvr_worker_ejections_total"), 0);
+
+  std::map<WorkerId, int> blamed;
+  while (metrics_->total("kvr_worker_ejections_total") == 0 && next < 200) {
+    ++blamed[route_and_abort(AbortCause::worker_failed)];
+  }
+  EXPECT_EQ(metrics_->value("kvr_worker_ejections_total", {{"partition", "m/default"}}), 1);
+  EXPECT_EQ(metrics_->value("kvr_workers_ejected", {{"partition", "m/default"}}), 1);
+  // Ejected: the one that reached three first. Every route now goes to the other one, and its
+  // own failures cannot eject it (the cap keeps one of two in routing).
+  const WorkerId ejected = blamed[11] >= 3 ? 11 : 12;
+  const WorkerId other = ejected == 11 ? 12 : 11;
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(route_and_abort(AbortCause::first_token_timeout), other);
+  EXPECT_EQ(metrics_->value("kvr_workers_ejected", {{"partition", "m/default"}}), 1);
+  EXPECT_GT(metrics_->value("kvr_worker_failures_total",
+                            {{"partition", "m/default"}, {"cause", "first_token_timeout"}}),
+            0);
 }
 
 // ---- admission: the classifier actor in front of the reservation and lifecycle actors ----------

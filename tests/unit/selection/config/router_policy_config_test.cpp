@@ -84,7 +84,7 @@ TEST(RouterPolicyConfigTest, AnEmptyDocumentIsAnEmptyConfiguration) {
 TEST(RouterPolicyConfigTest, RejectsAnUnknownTopLevelKey) {
   EXPECT_EQ(parse_error("worker_selection: {}\nworker_selections: {}\n"),
             "router.yaml:2: worker_selections: unknown key; allowed: worker_selection, "
-            "request_classifier, policy_classes");
+            "request_classifier, policy_classes, worker_health");
 }
 
 TEST(RouterPolicyConfigTest, RejectsAnUnknownKeyUnderWorkerSelection) {
@@ -208,7 +208,7 @@ TEST(RouterPolicyConfigTest, RejectsADuplicateParameter) {
 TEST(RouterPolicyConfigTest, RejectsATopLevelList) {
   EXPECT_EQ(parse_error("- worker_selection\n"),
             "router.yaml:1: expected a mapping with the keys worker_selection, "
-            "request_classifier, policy_classes, got a list");
+            "request_classifier, policy_classes, worker_health, got a list");
 }
 
 TEST(RouterPolicyConfigTest, RejectsADuplicateKey) {
