@@ -61,6 +61,7 @@ std::expected<void, CatalogError> WorkerCatalog::deregister(WorkerId worker_id,
 
 void WorkerCatalog::expire(std::chrono::steady_clock::time_point now,
                            std::vector<WorkerId>& expired) {
+  if (leases_held_) return;
   // Linear in the fleet; it runs on a timer a few times per lease, not per request.
   for (auto it = entries_.begin(); it != entries_.end();) {
     if (it->second.lease_expires_at <= now) {
@@ -70,6 +71,19 @@ void WorkerCatalog::expire(std::chrono::steady_clock::time_point now,
       ++it;
     }
   }
+}
+
+LeaseGrace WorkerCatalog::release_leases(std::chrono::steady_clock::time_point now) {
+  leases_held_ = false;
+  LeaseGrace grace;
+  for (auto& [id, entry] : entries_) {
+    const auto renewed_until = now + entry.registration.lease_ttl;
+    if (entry.lease_expires_at >= renewed_until) continue;
+    if (entry.lease_expires_at <= now) ++grace.held_over;
+    entry.lease_expires_at = renewed_until;
+    ++grace.renewed;
+  }
+  return grace;
 }
 
 const CatalogEntry* WorkerCatalog::find(WorkerId worker_id) const {
