@@ -33,7 +33,8 @@ enum class RegistrationChange : std::uint8_t {
 
 /// What WorkerCatalog::release_leases() did.
 struct LeaseGrace {
-  /// Leases that ran out while they were held: each of these workers would have been expired.
+  /// Leases that ran out while they were held (seen by an expire() during the hold, or overdue
+  /// at the release): each of these workers would have been expired.
   std::size_t held_over = 0;
   /// Leases pushed to the release time plus their TTL (the held-over ones included).
   std::size_t renewed = 0;
@@ -43,6 +44,9 @@ struct LeaseGrace {
 struct CatalogEntry {
   WorkerRegistration registration;
   std::chrono::steady_clock::time_point lease_expires_at;
+  /// The lease ran out while leases were held (seen by expire()): the worker would have been
+  /// expired. Cleared by release_leases().
+  bool lease_held_over = false;
 };
 
 /// Registered workers keyed by id, with leases renewed by heartbeats.
@@ -62,7 +66,7 @@ class WorkerCatalog {
   std::expected<void, CatalogError> deregister(WorkerId worker_id, Incarnation incarnation);
 
   /// Removes every worker whose lease ended at or before `now`, appending their ids to `expired`;
-  /// removes nobody while the leases are held.
+  /// while the leases are held it removes nobody and only marks the leases that ran out.
   void expire(std::chrono::steady_clock::time_point now, std::vector<WorkerId>& expired);
 
   /// The owner lost its own link to the workers (the node's NATS connection is down): their

@@ -158,6 +158,22 @@ TEST(WorkerCatalogTest, ReleaseCountsOnlyTheLeasesItMoved) {
   EXPECT_EQ(expired, (std::vector<WorkerId>{7, 8}));
 }
 
+TEST(WorkerCatalogTest, ALeaseThatRanOutDuringTheHoldCountsEvenIfAHeartbeatRacedTheRelease) {
+  WorkerCatalog catalog;
+  ASSERT_TRUE(catalog.register_worker(registration(7), kStart));
+  catalog.hold_leases();
+  std::vector<WorkerId> expired;
+  catalog.expire(kStart + milliseconds(3000), expired);  // a tick during the outage
+  EXPECT_TRUE(expired.empty());
+  EXPECT_TRUE(catalog.find(7)->lease_held_over);
+  // The worker's first heartbeat after the return arrives before the node hears of its reconnect.
+  ASSERT_TRUE(catalog.heartbeat(7, 1, kStart + milliseconds(5000)));
+  const LeaseGrace grace = catalog.release_leases(kStart + milliseconds(5001));
+  EXPECT_EQ(grace.held_over, 1U);
+  EXPECT_EQ(grace.renewed, 1U);
+  EXPECT_FALSE(catalog.find(7)->lease_held_over);
+}
+
 class DiscoveryStateTest : public ::testing::Test {
  protected:
   void SetUp() override {
