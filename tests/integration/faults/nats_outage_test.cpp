@@ -198,6 +198,7 @@ class NatsOutageTest : public testing::KvrClusterTest {
     const std::string before = metrics_text();
     const double expired_before = metric(before, "kvr_workers_expired_total");
     const double grants_before = metric(before, "kvr_worker_lease_grants_total");
+    const double dumps_before = metric(before, "kvr_kv_dump_requests_total");
 
     // The stream goes on through the outage, on its own thread.
     std::mutex samples_mutex;
@@ -267,6 +268,12 @@ class NatsOutageTest : public testing::KvrClusterTest {
       }
     }
 
+    // Every worker was asked for its KV state once it was heard from again.
+    EXPECT_TRUE(wait_until(
+        [&] {
+          return metric(metrics_text(), "kvr_kv_dump_requests_total") >= dumps_before + kWorkers;
+        },
+        5s));
     EXPECT_TRUE(node_alive_during);
     EXPECT_TRUE(aware) << "routing was not cache-aware again within 15 s of the return";
     // No crash: every process still runs.
