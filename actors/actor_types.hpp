@@ -260,6 +260,9 @@ using route_target_actor = caf::typed_actor<
 using selector_actor = worker_feed_actor::extend_with<route_target_actor>::extend<
     // cluster mode: the partition is owned until this time (its lease's fence)
     caf::reacts_to<ownership_atom, std::chrono::steady_clock::time_point>,
+    // the node's NATS connection went down (false: hold worker leases) or came back (true: each
+    // lease runs one TTL from now, and the workers' KV state is asked for again)
+    caf::reacts_to<resync_atom, bool>,
     // internal: the expiry timer
     caf::reacts_to<expire_atom>,
     // internal: the queue's next due time or wait limit
@@ -284,6 +287,9 @@ using directory_actor = worker_feed_actor::extend_with<route_target_actor>::exte
     caf::replies_to<partition_atom, std::vector<std::string>>::with<bool>,
     // after a NATS reconnect: ask every worker to register again
     caf::reacts_to<resync_atom>,
+    // the NATS connection went down (false) or came back (true): told to every selector, and
+    // after a reconnect every worker is asked to register again
+    caf::reacts_to<resync_atom, bool>,
     // from a selector: these workers left; forwarded to the watchers
     caf::reacts_to<removed_atom, std::vector<WorkerId>>,
     // the given actor gets every removal from now on

@@ -34,6 +34,14 @@ class PartitionWorkers {
   /// appends the removed worker ids to `removed`.
   void expire(std::chrono::steady_clock::time_point now, std::vector<WorkerId>& removed);
 
+  /// While the owner's own link to the workers is down, no lease expires (WorkerCatalog); the
+  /// bookings and approximate blocks still do.
+  void hold_leases() { catalog_.hold_leases(); }
+  /// The link is back: each lease runs at least one TTL from `now`, and expiry resumes.
+  LeaseGrace release_leases(std::chrono::steady_clock::time_point now) {
+    return catalog_.release_leases(now);
+  }
+
   const WorkerCatalog& catalog() const { return catalog_; }
   KvIndexer& index() { return index_; }
   const KvIndexer& index() const { return index_; }

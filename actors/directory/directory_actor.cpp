@@ -55,6 +55,8 @@ selector_actor spawn_selector(Self self, const PartitionKey& key) {
   // ends every selector.
   auto selector = self->spawn<caf::linked>(selector_behavior, std::move(config));
   state.selectors.emplace(key, selector);
+  // Spawned while the node is cut off from NATS: its leases are held from the start.
+  if (!state.nats_connected) self->send(selector, resync_atom::value, false);
   for (const selector_subscriber_actor& subscriber : state.selector_subscribers) {
     self->send(subscriber, selectors_atom::value, key.first, key.second, selector);
   }
@@ -232,6 +234,14 @@ directory_actor::behavior_type directory_behavior(Self self, DirectoryActorConfi
         }
       },
       [self](resync_atom) { request_reregistration(self, true); },
+      [self](resync_atom, bool connected) {
+        auto& state = self->state;
+        state.nats_connected = connected;
+        for (const auto& [key, selector] : state.selectors) {
+          self->send(selector, resync_atom::value, connected);
+        }
+        if (connected) request_reregistration(self, true);
+      },
       [self](ownership_atom, const ClusterView& view) { apply_ownership(self, view); },
       [self](partition_atom, const std::vector<std::string>& partitions) {
         auto& state = self->state;

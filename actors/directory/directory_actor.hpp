@@ -14,6 +14,12 @@
 //   cancel(model, group, request id)                 — forwarded to the partition's selector;
 //   resync                                           — after a NATS reconnect: ask every worker
 //                                                      to register again;
+//   resync(bool connected)                           — the NATS connection went down (false) or
+//                                                      came back (true): told to every selector
+//                                                      (worker leases held, then renewed for one
+//                                                      TTL, and KV dumps asked for again); after
+//                                                      a reconnect every worker is asked to
+//                                                      register again;
 //   removed(std::vector<WorkerId>)                   — from a selector: these workers expired
 //                                                      or deregistered; forwarded to watchers;
 //   watch(removal_watcher_actor)                     — `actor` (the lifecycle actor) gets every
@@ -65,6 +71,8 @@ struct DirectoryActorState {
   std::map<std::pair<std::string, std::string>, selector_actor> selectors;
   absl::flat_hash_map<WorkerId, std::pair<std::string, std::string>> worker_partition;
   std::chrono::steady_clock::time_point last_reregistration_request{};
+  /// False while the node's NATS connection is down (resync(false) until resync(true)).
+  bool nats_connected = true;
   /// Told of every worker removal (removed_atom).
   std::vector<removal_watcher_actor> watchers;
   /// Told of every selector (selectors_atom), and of a retired one (an invalid handle).

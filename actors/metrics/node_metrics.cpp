@@ -68,8 +68,20 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
      MetricType::Counter,
      "Workers removed because their heartbeats stopped.",
      {}},
+    {N::kWorkerExpiriesSuppressed,
+     MetricType::Counter,
+     "Worker leases that ran out while the node's own NATS connection was down, held instead of "
+     "expired (counted at the reconnect), by partition.",
+     {}},
+    {N::kWorkerLeaseGrants,
+     MetricType::Counter,
+     "Worker leases renewed to one TTL from a NATS reconnect (grace periods), by partition.",
+     {}},
     {N::kKvEventGaps, MetricType::Counter, "KV event batches that skipped event ids.", {}},
-    {N::kKvDumpRequests, MetricType::Counter, "KV dumps asked of workers after event-id gaps.", {}},
+    {N::kKvDumpRequests,
+     MetricType::Counter,
+     "KV dumps asked of workers after event-id gaps or a NATS reconnect.",
+     {}},
     {N::kDiscoveryRequests, MetricType::Counter, "Requests to every worker to register again.", {}},
     {N::kNatsReconnects, MetricType::Counter, "Successful NATS reconnects.", {}},
     {N::kNatsConnected, MetricType::Gauge, "1 while connected to NATS.", {}},
@@ -207,6 +219,12 @@ ValueHandle NodeMetrics::workers_ejected(std::string_view partition) const {
 }
 ValueHandle NodeMetrics::workers_expired(std::string_view partition) const {
   return counter(kWorkersExpired, "partition", partition);
+}
+ValueHandle NodeMetrics::worker_expiries_suppressed(std::string_view partition) const {
+  return counter(kWorkerExpiriesSuppressed, "partition", partition);
+}
+ValueHandle NodeMetrics::worker_lease_grants(std::string_view partition) const {
+  return counter(kWorkerLeaseGrants, "partition", partition);
 }
 ValueHandle NodeMetrics::worker_messages_refused(std::string_view partition,
                                                  std::string_view kind) const {

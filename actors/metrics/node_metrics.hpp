@@ -42,6 +42,9 @@ class NodeMetrics {
   static constexpr std::string_view kBookingsOpen = "kvr_bookings_open";
   static constexpr std::string_view kWorkers = "kvr_workers";
   static constexpr std::string_view kWorkersExpired = "kvr_workers_expired_total";
+  static constexpr std::string_view kWorkerExpiriesSuppressed =
+      "kvr_worker_expiries_suppressed_total";
+  static constexpr std::string_view kWorkerLeaseGrants = "kvr_worker_lease_grants_total";
   static constexpr std::string_view kWorkerMessagesRefused = "kvr_worker_messages_refused_total";
   static constexpr std::string_view kIndexBlocks = "kvr_index_blocks";
   static constexpr std::string_view kKvEventGaps = "kvr_kv_event_gaps_total";
@@ -108,6 +111,11 @@ class NodeMetrics {
   ValueHandle bookings_open(std::string_view partition) const;
   ValueHandle workers(std::string_view partition) const;
   ValueHandle workers_expired(std::string_view partition) const;
+  /// Worker leases that ran out while the node's own NATS connection was down and were held
+  /// instead of expired (counted at the reconnect).
+  ValueHandle worker_expiries_suppressed(std::string_view partition) const;
+  /// Worker leases renewed to one TTL from a NATS reconnect: the grace periods granted.
+  ValueHandle worker_lease_grants(std::string_view partition) const;
   /// Worker messages a partition refused, by kind ("registration", "heartbeat", ...).
   ValueHandle worker_messages_refused(std::string_view partition, std::string_view kind) const;
   ValueHandle index_blocks(std::string_view partition) const;

@@ -73,6 +73,9 @@ struct BridgeSinks {
   std::function<void(std::string request_id)> generate_cancel;
   /// A worker's chunk on the stream inbox `<stream_inbox_prefix()>.<stream id>`.
   std::function<void(std::uint64_t stream_id, v1::GenerateChunk chunk)> chunk;
+  /// The connection was lost (the client reconnects by itself): what the node hears of its
+  /// workers now says nothing about them.
+  std::function<void()> disconnected;
   /// The connection came back after an outage (subscriptions are restored by the client).
   std::function<void()> reconnected;
 };
@@ -163,6 +166,8 @@ class NatsBridge final : public RouterPublisher {
   std::atomic<bool> started_{false};
   // Guards subjects_ and subscriptions_ against a scrape (refresh_drop_counts) during stop().
   mutable std::mutex subscriptions_mutex_;
+  /// When the connection was last lost (the clock's ticks), for the reconnect's log line.
+  std::atomic<Clock::duration::rep> disconnected_at_{0};
   std::vector<std::string> subjects_;
   std::vector<nats::NatsSubscription> subscriptions_;
   std::mutex route_subjects_mutex_;

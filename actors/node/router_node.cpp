@@ -101,7 +101,10 @@ BridgeSinks make_bridge_sinks(const directory_actor& directory,
   sinks.chunk = [lifecycle](std::uint64_t stream_id, v1::GenerateChunk chunk) {
     caf::anon_send(lifecycle, chunk_atom::value, ChunkEnvelope{stream_id, std::move(chunk)});
   };
-  sinks.reconnected = [directory] { caf::anon_send(directory, resync_atom::value); };
+  // From the connection's thread, in order: the directory holds every worker lease while the
+  // node is cut off, then renews them and asks the workers to register and dump again.
+  sinks.disconnected = [directory] { caf::anon_send(directory, resync_atom::value, false); };
+  sinks.reconnected = [directory] { caf::anon_send(directory, resync_atom::value, true); };
   return sinks;
 }
 

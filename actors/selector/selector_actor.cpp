@@ -109,7 +109,7 @@ void request_dump(Self self, WorkerWithDpRank worker) {
   state.config.publisher->request_dump(entry->registration.dump_subject, worker);
 }
 
-// Forgets the dump requests of every rank of a worker.
+// Forgets the dump requests of every rank of a worker, and the resync dumps it still owed.
 void forget_dumps(Self self, WorkerId id) {
   auto& requested = self->state.dump_requested;
   for (auto it = requested.begin(); it != requested.end();) {
@@ -118,6 +118,66 @@ void forget_dumps(Self self, WorkerId id) {
     } else {
       ++it;
     }
+  }
+  self->state.resync_wanted.erase(id);
+  std::erase_if(self->state.resync_dumps,
+                [id](const WorkerWithDpRank& rank) { return rank.worker_id == id; });
+}
+
+// After a NATS reconnect: asks for the queued resync dumps that this tick's budget allows.
+void send_resync_dumps(Self self) {
+  auto& state = self->state;
+  while (state.resync_budget > 0 && !state.resync_dumps.empty()) {
+    const WorkerWithDpRank rank = state.resync_dumps.front();
+    state.resync_dumps.pop_front();
+    --state.resync_budget;
+    request_dump(self, rank);
+  }
+}
+
+// A message from worker `id` arrived. The first one after a NATS reconnect shows that the worker
+// is reachable again: its ranks' dumps are queued (a dump asked for before that might be lost,
+// while the worker itself was still reconnecting).
+void heard_from(Self self, WorkerId id) {
+  auto& state = self->state;
+  if (state.resync_wanted.empty()) return;
+  const auto wanted = state.resync_wanted.find(id);
+  if (wanted == state.resync_wanted.end()) return;
+  state.resync_wanted.erase(wanted);
+  const auto* entry = state.selector->partition_workers().catalog().find(id);
+  if (entry == nullptr) return;
+  for (DpRank rank = 0; rank < entry->registration.data_parallel_size; ++rank) {
+    state.resync_dumps.push_back({id, rank});
+  }
+  send_resync_dumps(self);
+}
+
+// The node's NATS connection went down (hold every worker lease: the missing heartbeats are the
+// node's own outage) or came back (each lease runs one TTL from now; the KV state of every worker
+// that publishes it is asked for again once the worker is heard from).
+void on_nats_link(Self self, bool connected) {
+  auto& state = self->state;
+  if (!connected) {
+    state.selector->hold_leases();
+    return;
+  }
+  const auto now = state.config.clock->now();
+  const discovery::LeaseGrace grace = state.selector->release_leases(now);
+  const metrics::NodeMetrics metrics = node_metrics(self);
+  metrics.worker_expiries_suppressed(state.partition).add(static_cast<double>(grace.held_over));
+  metrics.worker_lease_grants(state.partition).add(static_cast<double>(grace.renewed));
+  const discovery::WorkerCatalog& catalog = state.selector->partition_workers().catalog();
+  for (const auto& [id, entry] : catalog.entries()) {
+    if (entry.registration.publishes_kv_events) {
+      state.resync_wanted.insert_or_assign(id, now + entry.registration.lease_ttl);
+    }
+  }
+  if (catalog.size() > 0) {
+    spdlog::info(
+        "kvr node: partition {}: NATS is back; its {} workers were kept through the outage ({} "
+        "leases had run out), every lease now runs one TTL from the reconnect, and their KV "
+        "state is asked for again",
+        state.partition, catalog.size(), grace.held_over);
   }
 }
 
@@ -326,6 +386,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
       update_queue_gauges(self);
     }
     update_gauges(self);
+    state.resync_budget = state.config.resync_dumps_per_tick;
     self->delayed_send(self, state.config.tick_interval, expire_atom::value);
     // Shutdown: every waiting request gets an explicit answer.
     self->set_exit_handler([self](caf::exit_msg& message) {
@@ -378,13 +439,16 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
             }
           }
           drain_queue(self);
+        } else {
+          heard_from(self, id);
         }
         update_gauges(self);
       },
       [self](heartbeat_atom, const WorkerLiveness& heartbeat) {
         auto renewed = self->state.selector->heartbeat(heartbeat.worker_id, heartbeat.incarnation,
                                                        self->state.config.clock->now());
-        if (!renewed) refuse(self, "heartbeat", discovery::as_str(renewed.error()));
+        if (!renewed) return refuse(self, "heartbeat", discovery::as_str(renewed.error()));
+        heard_from(self, heartbeat.worker_id);
       },
       [self](worker_down_atom, const WorkerLiveness& deregistration) {
         auto removed =
@@ -424,6 +488,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
           node_metrics(self).kv_event_gaps(state.partition).add();
           request_dump(self, batch.worker);
         }
+        heard_from(self, batch.worker.worker_id);
       },
       [self](kv_dump_atom, const KvDump& dump) {
         auto& state = self->state;
@@ -484,9 +549,16 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
         // Expired bookings free capacity; a removed worker's waiting requests get their answer.
         drain_queue(self);
         answer_overdue_awaiting(self, now);
+        // A worker not heard from within its grace period after a reconnect owes no dump (it
+        // expires, or a later event gap asks for one).
+        absl::erase_if(state.resync_wanted,
+                       [now](const auto& wanted) { return wanted.second <= now; });
+        state.resync_budget = state.config.resync_dumps_per_tick;
+        send_resync_dumps(self);
         update_gauges(self);
         self->delayed_send(self, state.config.tick_interval, expire_atom::value);
       },
+      [self](resync_atom, bool connected) { on_nats_link(self, connected); },
       [self](ownership_atom, TimePoint owned_until) {
         auto& state = self->state;
         state.owned_until = owned_until;

@@ -24,6 +24,12 @@
 //   wake                                        — internal: the queue's next due time or wait
 //                                                  limit (one delayed message, re-armed earlier
 //                                                  when needed).
+//   resync(bool connected)                      — the node's own NATS connection went down
+//                                                  (false): worker leases are held, none expires
+//                                                  for heartbeats the node could not receive; it
+//                                                  came back (true): each lease runs one TTL
+//                                                  from now, and every worker heard from again
+//                                                  is asked for its KV dump (a few per tick).
 // The admission queue (actors/selector/partition_queue.hpp) runs only when one of the node's
 // policy classes has a busy threshold; then a route request whose eligible workers are all busy
 // for its class waits, its reply a response promise, and capacity that frees (first token,
@@ -37,6 +43,7 @@
 
 #include <array>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,6 +82,9 @@ struct SelectorActorConfig {
   std::chrono::milliseconds tick_interval{100};
   /// A rank's dump is not asked for again within this time.
   std::chrono::milliseconds dump_retry{1000};
+  /// After the node's NATS connection came back, at most this many KV dumps are asked for per
+  /// tick (the rest wait for the next ticks), so that a large fleet's resync is no storm.
+  std::size_t resync_dumps_per_tick = 16;
   /// Where the actor reads the time (injected by tests).
   std::shared_ptr<const Clock> clock = Clock::steady();
   /// The node's classifier actor, told the partition's KV blocks (used, total) after load
@@ -101,6 +111,14 @@ struct SelectorActorState {
   SelectorActorConfig config;
   /// When a dump was last asked for, per (worker, rank).
   absl::flat_hash_map<WorkerWithDpRank, std::chrono::steady_clock::time_point> dump_requested;
+  /// After a NATS reconnect: the workers whose KV state is to be dumped again once they are
+  /// heard from (a registration, heartbeat or KV event proves the request can reach them), each
+  /// until its grace period ends.
+  absl::flat_hash_map<WorkerId, TimePoint> resync_wanted;
+  /// The ranks of workers heard from whose resync dump is still to be asked for, oldest first.
+  std::deque<WorkerWithDpRank> resync_dumps;
+  /// Resync dumps that may still be asked for in this tick.
+  std::size_t resync_budget = 0;
   /// "model/routing group": the partition label of this selector's metrics and logs.
   std::string partition;
   /// The KV usage last sent to the classifier actor; empty: none yet.

@@ -67,6 +67,11 @@ class SelectorState final : public selection::WorkerSignalSource {
                                                         const discovery::ConfirmedLoad& load);
   /// Expires leases, bookings and approximate blocks; appends removed worker ids.
   void expire(TimePoint now, std::vector<WorkerId>& removed_workers);
+  /// The node's own NATS connection is down: worker leases are held (not expired) until
+  /// release_leases(); see discovery::WorkerCatalog::hold_leases().
+  void hold_leases() { workers_.hold_leases(); }
+  /// The connection is back at `now`: every worker's lease runs at least one TTL from `now`.
+  discovery::LeaseGrace release_leases(TimePoint now) { return workers_.release_leases(now); }
   /// Releases at most `limit` bookings whose lease ended; returns how many.
   std::size_t expire_bookings(TimePoint now, std::size_t limit) {
     return workers_.load().expire(now, limit);

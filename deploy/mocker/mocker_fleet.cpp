@@ -408,6 +408,8 @@ MockerFleet::~MockerFleet() {
   if (state_) {
     state_->discover_subscription.reset();
     for (auto& worker : state_->workers) worker.subscriptions.clear();
+    // Closed before the inbox its reconnect handler writes to is destroyed.
+    state_->nats.reset();
   }
 }
 
@@ -416,7 +418,16 @@ std::expected<std::unique_ptr<MockerFleet>, std::string> MockerFleet::create(
   if (auto valid = options.validate(); !valid) return std::unexpected(valid.error());
   auto state = std::make_unique<State>();
   options.nats.use_global_message_delivery = true;  // 3 subscriptions per worker share threads
-  auto client = actors::nats::NatsClient::connect(options.nats);
+  State* raw = state.get();
+  // A router that lost its view during the outage (or started meanwhile) hears of every worker
+  // again as soon as this process is back; the fleet thread publishes the registrations.
+  actors::nats::NatsEventHandlers handlers;
+  handlers.on_disconnected = [] { spdlog::warn("mocker: NATS connection lost; reconnecting"); };
+  handlers.on_reconnected = [raw] {
+    spdlog::info("mocker: NATS reconnected; registering every worker again");
+    raw->enqueue(InboxKind::Discover, 0, {});
+  };
+  auto client = actors::nats::NatsClient::connect(options.nats, std::move(handlers));
   if (!client) return std::unexpected(client.error());
   state->nats = std::move(*client);
   state->options = std::move(options);
@@ -425,7 +436,6 @@ std::expected<std::unique_ptr<MockerFleet>, std::string> MockerFleet::create(
   std::random_device entropy;
   std::mt19937_64 random{(static_cast<std::uint64_t>(entropy()) << 32) ^ entropy()};
   const WorkerId base = opts.worker_id_base != 0 ? opts.worker_id_base : (random() >> 16) + 1;
-  State* raw = state.get();
   for (std::uint32_t i = 0; i < opts.workers; ++i) {
     WorkerState worker;
     worker.id = base + i;

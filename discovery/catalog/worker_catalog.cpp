@@ -61,6 +61,12 @@ std::expected<void, CatalogError> WorkerCatalog::deregister(WorkerId worker_id,
 
 void WorkerCatalog::expire(std::chrono::steady_clock::time_point now,
                            std::vector<WorkerId>& expired) {
+  if (leases_held_) {
+    for (auto& [id, entry] : entries_) {
+      if (entry.lease_expires_at <= now) entry.lease_held_over = true;
+    }
+    return;
+  }
   // Linear in the fleet; it runs on a timer a few times per lease, not per request.
   for (auto it = entries_.begin(); it != entries_.end();) {
     if (it->second.lease_expires_at <= now) {
@@ -70,6 +76,21 @@ void WorkerCatalog::expire(std::chrono::steady_clock::time_point now,
       ++it;
     }
   }
+}
+
+LeaseGrace WorkerCatalog::release_leases(std::chrono::steady_clock::time_point now) {
+  leases_held_ = false;
+  LeaseGrace grace;
+  for (auto& [id, entry] : entries_) {
+    // A heartbeat that raced ahead of the reconnect's news does not hide that the lease ran out.
+    if (entry.lease_held_over || entry.lease_expires_at <= now) ++grace.held_over;
+    entry.lease_held_over = false;
+    const auto renewed_until = now + entry.registration.lease_ttl;
+    if (entry.lease_expires_at >= renewed_until) continue;
+    entry.lease_expires_at = renewed_until;
+    ++grace.renewed;
+  }
+  return grace;
 }
 
 const CatalogEntry* WorkerCatalog::find(WorkerId worker_id) const {

@@ -31,10 +31,22 @@ enum class RegistrationChange : std::uint8_t {
   refreshed,  ///< the same registration again: the lease was renewed
 };
 
+/// What WorkerCatalog::release_leases() did.
+struct LeaseGrace {
+  /// Leases that ran out while they were held (seen by an expire() during the hold, or overdue
+  /// at the release): each of these workers would have been expired.
+  std::size_t held_over = 0;
+  /// Leases pushed to the release time plus their TTL (the held-over ones included).
+  std::size_t renewed = 0;
+};
+
 /// One registered worker and its lease.
 struct CatalogEntry {
   WorkerRegistration registration;
   std::chrono::steady_clock::time_point lease_expires_at;
+  /// The lease ran out while leases were held (seen by expire()): the worker would have been
+  /// expired. Cleared by release_leases().
+  bool lease_held_over = false;
 };
 
 /// Registered workers keyed by id, with leases renewed by heartbeats.
@@ -53,8 +65,19 @@ class WorkerCatalog {
   /// Removes a worker (clean shutdown); refuses another incarnation's deregistration.
   std::expected<void, CatalogError> deregister(WorkerId worker_id, Incarnation incarnation);
 
-  /// Removes every worker whose lease ended at or before `now`, appending their ids to `expired`.
+  /// Removes every worker whose lease ended at or before `now`, appending their ids to `expired`;
+  /// while the leases are held it removes nobody and only marks the leases that ran out.
   void expire(std::chrono::steady_clock::time_point now, std::vector<WorkerId>& expired);
+
+  /// The owner lost its own link to the workers (the node's NATS connection is down): their
+  /// missing heartbeats say nothing about them, so until release_leases() no lease is expired.
+  /// Heartbeats and registrations that still arrive renew leases as usual.
+  void hold_leases() { leases_held_ = true; }
+  /// The link is back at `now`: every lease ending before `now` + its TTL is pushed to that time,
+  /// so each worker has one full TTL from the reconnect to be heard from again (a worker that died
+  /// during the outage expires one TTL after it), and expiry resumes.
+  LeaseGrace release_leases(std::chrono::steady_clock::time_point now);
+  bool leases_held() const { return leases_held_; }
 
   /// The entry of a worker, or nullptr.
   const CatalogEntry* find(WorkerId worker_id) const;
@@ -66,6 +89,7 @@ class WorkerCatalog {
  private:
   RegistrationLimits limits_;
   absl::flat_hash_map<WorkerId, CatalogEntry> entries_;
+  bool leases_held_ = false;
 };
 
 }  // namespace kvr::discovery

@@ -1,5 +1,6 @@
 #include "tests/testing/nats_server.hpp"
 
+#include <csignal>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -22,6 +23,14 @@ std::string NatsServer::url() const { return "nats://127.0.0.1:" + std::to_strin
 void NatsServer::stop() {
   if (process_) {
     process_->stop();
+    process_.reset();
+  }
+}
+
+void NatsServer::kill() {
+  if (process_) {
+    process_->signal(SIGKILL);
+    (void)process_->wait(std::chrono::seconds(5));
     process_.reset();
   }
 }

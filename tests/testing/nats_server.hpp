@@ -30,6 +30,9 @@ class NatsServer {
   std::string url() const;
   /// Stops the server (SIGTERM, then SIGKILL).
   void stop();
+  /// Kills the server as a crash would (SIGKILL: clients see their connections drop without a
+  /// goodbye) and reaps it; restart() brings it back on the same port.
+  void kill();
   /// Starts it again on the same port after stop().
   bool restart(std::string* error);
   ChildProcess& process() { return *process_; }

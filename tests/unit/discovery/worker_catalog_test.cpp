@@ -2,6 +2,8 @@
 // cascade of removals to the KV index and the bookings.
 #include "discovery/catalog/worker_catalog.hpp"
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include "discovery/block_hash.hpp"
@@ -98,6 +100,80 @@ TEST(WorkerCatalogTest, TellsRefreshFromRestart) {
   EXPECT_EQ(catalog.size(), 0U);
 }
 
+// The node's own NATS outage: leases are held while it lasts and each runs one TTL from the
+// reconnect (release), so a worker that died meanwhile expires one TTL after it.
+TEST(WorkerCatalogTest, HeldLeasesDoNotExpireAndRunOneTtlFromTheRelease) {
+  WorkerCatalog catalog;
+  ASSERT_TRUE(catalog.register_worker(registration(7), kStart));
+  ASSERT_TRUE(catalog.register_worker(registration(8), kStart));
+  catalog.hold_leases();
+  EXPECT_TRUE(catalog.leases_held());
+  std::vector<WorkerId> expired;
+  // Thirty TTLs without a heartbeat: the node heard nothing because it was cut off.
+  catalog.expire(kStart + milliseconds(30'000), expired);
+  EXPECT_TRUE(expired.empty());
+  EXPECT_EQ(catalog.size(), 2U);
+
+  const auto reconnect = kStart + milliseconds(30'000);
+  const LeaseGrace grace = catalog.release_leases(reconnect);
+  EXPECT_FALSE(catalog.leases_held());
+  EXPECT_EQ(grace.held_over, 2U);
+  EXPECT_EQ(grace.renewed, 2U);
+  EXPECT_EQ(catalog.find(7)->lease_expires_at, reconnect + milliseconds(1000));
+  // Worker 8 is alive and heartbeats after the reconnect; worker 7 died during the outage.
+  ASSERT_TRUE(catalog.heartbeat(8, 1, reconnect + milliseconds(600)));
+  catalog.expire(reconnect + milliseconds(999), expired);
+  EXPECT_TRUE(expired.empty());
+  catalog.expire(reconnect + milliseconds(1000), expired);
+  EXPECT_EQ(expired, std::vector<WorkerId>{7});
+  EXPECT_NE(catalog.find(8), nullptr);
+  ASSERT_TRUE(catalog.heartbeat(8, 1, reconnect + milliseconds(1500)));
+  catalog.expire(reconnect + milliseconds(2400), expired);
+  EXPECT_EQ(expired, std::vector<WorkerId>{7});
+  EXPECT_NE(catalog.find(8), nullptr);
+}
+
+TEST(WorkerCatalogTest, ReleaseCountsOnlyTheLeasesItMoved) {
+  WorkerCatalog catalog;
+  WorkerRegistration long_lived = registration(9);
+  long_lived.lease_ttl = milliseconds(10'000);
+  ASSERT_TRUE(catalog.register_worker(registration(7), kStart));
+  ASSERT_TRUE(catalog.register_worker(registration(8), kStart));
+  ASSERT_TRUE(catalog.register_worker(long_lived, kStart));
+  catalog.hold_leases();
+  // A short outage: worker 7's lease ran out (it would have expired), worker 9's did not, and
+  // worker 8 was heard from the moment the connection came back.
+  const auto reconnect = kStart + milliseconds(1500);
+  ASSERT_TRUE(catalog.heartbeat(8, 1, reconnect));
+  const LeaseGrace grace = catalog.release_leases(reconnect);
+  EXPECT_EQ(grace.held_over, 1U);
+  EXPECT_EQ(grace.renewed, 2U);
+  EXPECT_EQ(catalog.find(7)->lease_expires_at, reconnect + milliseconds(1000));
+  EXPECT_EQ(catalog.find(8)->lease_expires_at, reconnect + milliseconds(1000));
+  EXPECT_EQ(catalog.find(9)->lease_expires_at, reconnect + milliseconds(10'000));
+  // Without a hold, leases expire as before.
+  std::vector<WorkerId> expired;
+  catalog.expire(reconnect + milliseconds(1000), expired);
+  std::ranges::sort(expired);
+  EXPECT_EQ(expired, (std::vector<WorkerId>{7, 8}));
+}
+
+TEST(WorkerCatalogTest, ALeaseThatRanOutDuringTheHoldCountsEvenIfAHeartbeatRacedTheRelease) {
+  WorkerCatalog catalog;
+  ASSERT_TRUE(catalog.register_worker(registration(7), kStart));
+  catalog.hold_leases();
+  std::vector<WorkerId> expired;
+  catalog.expire(kStart + milliseconds(3000), expired);  // a tick during the outage
+  EXPECT_TRUE(expired.empty());
+  EXPECT_TRUE(catalog.find(7)->lease_held_over);
+  // The worker's first heartbeat after the return arrives before the node hears of its reconnect.
+  ASSERT_TRUE(catalog.heartbeat(7, 1, kStart + milliseconds(5000)));
+  const LeaseGrace grace = catalog.release_leases(kStart + milliseconds(5001));
+  EXPECT_EQ(grace.held_over, 1U);
+  EXPECT_EQ(grace.renewed, 1U);
+  EXPECT_FALSE(catalog.find(7)->lease_held_over);
+}
+
 class DiscoveryStateTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -142,6 +218,19 @@ TEST_F(DiscoveryStateTest, RestartResetsTheWorkersState) {
   EXPECT_EQ(state_.index().apply(KvEventBatch{{7, 0}, 1, 1, {}}).error(),
             IndexError::incarnation_mismatch);
   EXPECT_TRUE(state_.index().apply(KvEventBatch{{7, 0}, 2, 1, {}}));
+}
+
+TEST_F(DiscoveryStateTest, HeldLeasesKeepTheIndexWhileBookingsStillExpire) {
+  state_.hold_leases();
+  std::vector<WorkerId> removed;
+  state_.expire(kStart + milliseconds(61'000), removed);
+  EXPECT_TRUE(removed.empty());
+  EXPECT_EQ(matches(), 1U);                      // the cached prefix survives the outage
+  EXPECT_EQ(state_.load().open_bookings(), 0U);  // the node's own bookings still end
+  (void)state_.release_leases(kStart + milliseconds(61'000));
+  state_.expire(kStart + milliseconds(62'000), removed);
+  EXPECT_EQ(removed, std::vector<WorkerId>{7});
+  EXPECT_EQ(matches(), 0U);
 }
 
 TEST_F(DiscoveryStateTest, DeregistrationCascades) {
