@@ -41,7 +41,7 @@ struct ClusterNodeOptions {
 };
 
 /// Default caps on what unreported leases may hold (`--router-max-open-leases`,
-/// `--router-max-booked-blocks`): each open lease costs about 1 KB plus 25 to 45 bytes per prompt
+/// `--router-max-booked-blocks`): each open lease costs about 1 KB plus 27 to 47 bytes per prompt
 /// block (docs/protocol.md), so the defaults bound the bookings to a few hundred MB.
 inline constexpr std::uint64_t kDefaultMaxOpenLeases = 100'000;
 inline constexpr std::uint64_t kDefaultMaxBookedBlocks = 8'000'000;

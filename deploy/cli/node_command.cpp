@@ -179,7 +179,7 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(std::uint64_t{1}, actors::kMaxBookingCap));
   command
       ->add_option("--router-max-booked-blocks", options->node.node_caps.max_blocks,
-                   "prompt KV blocks over all open leases (each costs 25 to 45 bytes of memory "
+                   "prompt KV blocks over all open leases (each costs 27 to 47 bytes of memory "
                    "until its lease ends); a route beyond it is refused as overloaded")
       ->envname("KVR_ROUTER_MAX_BOOKED_BLOCKS")
       ->capture_default_str()

@@ -81,13 +81,10 @@ class LeaseCapTest : public testing::KvrClusterTest {
                      1),
               0);
     metrics_port_ = free_port();
-    node_ = kvr_->start_node(
-        {.block_size = kBlockSize,
-         .metrics_port = metrics_port_,
-         .lease_ttl_secs = std::to_string(kLeaseTtlSecs),
-         .extra = {"--router-max-open-leases", std::to_string(kNodeLeases),
-                   "--router-partition-max-open-leases", std::to_string(kPartitionLeases),
-                   "--router-partition-max-booked-blocks", std::to_string(kPartitionBlocks)}});
+    node_ = kvr_->start_node({.block_size = kBlockSize,
+                              .metrics_port = metrics_port_,
+                              .lease_ttl_secs = std::to_string(kLeaseTtlSecs),
+                              .extra = cap_flags()});
     unsetenv("KVR_ROUTER_MAX_BOOKED_BLOCKS");
     if (saved_asan.empty()) {
       unsetenv("ASAN_OPTIONS");
@@ -113,6 +110,16 @@ class LeaseCapTest : public testing::KvrClusterTest {
 
   void TearDown() override {
     if (HasFailure() && node_) std::cerr << "---- node log\n" << node_->log();
+  }
+
+  // The caps the node starts with, besides the node-wide block cap (in the environment).
+  virtual std::vector<std::string> cap_flags() const {
+    return {"--router-max-open-leases",
+            std::to_string(kNodeLeases),
+            "--router-partition-max-open-leases",
+            std::to_string(kPartitionLeases),
+            "--router-partition-max-booked-blocks",
+            std::to_string(kPartitionBlocks)};
   }
 
   // Routes a prompt of `blocks` distinct blocks; remembers the lease of a success.
@@ -230,6 +237,35 @@ TEST_F(LeaseCapTest, ARogueClientIsStoppedAtItsCapsWhileOthersAreServed) {
   // And the memory the expired leases held is reused, not added to.
   EXPECT_LT(resident_bytes(node_->pid()), resident_at_cap + 32e6);
   EXPECT_TRUE(node_->running());
+}
+
+// What a lease of a short prompt costs: many of them, as a pipelined flood leaves open.
+class ShortLeasesTest : public LeaseCapTest {
+ protected:
+  std::vector<std::string> cap_flags() const override {
+    return {"--router-max-open-leases", std::to_string(kShortLeases + 10)};
+  }
+  static constexpr std::size_t kShortLeases = 10'000;
+  static constexpr std::size_t kShortPromptBlocks = 8;
+};
+
+TEST_F(ShortLeasesTest, ManyShortLeasesStayUnderTheBound) {
+  const double resident_before = resident_bytes(node_->pid());
+  for (std::size_t i = 0; i < kShortLeases; ++i) {
+    ASSERT_TRUE(route(*rogue_, "rogue-model", "flood-" + std::to_string(i), kShortPromptBlocks)
+                    .has_success())
+        << "lease " << i;
+  }
+  EXPECT_EQ(node_metric("kvr_leases_open"), static_cast<double>(kShortLeases));
+  const double resident_after = resident_bytes(node_->pid());
+  const double bound = static_cast<double>(kShortLeases) *
+                       (kBytesPerLease + kBytesPerBlock * static_cast<double>(kShortPromptBlocks));
+  EXPECT_LT(resident_after - resident_before, bound * 1.125 + 32e6)
+      << "RSS " << resident_before / 1e6 << " MB -> " << resident_after / 1e6 << " MB";
+  std::cout << "node RSS " << resident_before / 1e6 << " MB before, " << resident_after / 1e6
+            << " MB with " << kShortLeases << " leases of " << kShortPromptBlocks << " blocks ("
+            << (resident_after - resident_before) / static_cast<double>(kShortLeases)
+            << " bytes a lease)\n";
 }
 
 }  // namespace
