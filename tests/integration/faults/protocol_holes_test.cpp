@@ -31,7 +31,7 @@ class ProtocolHolesTest : public testing::KvrClusterTest {
     KvrClusterTest::SetUp();
     if (HasFatalFailure()) return;
     auto mocker = kvr_->start_mocker(
-        {.workers = 1, .worker_id_base = 1, .block_size = kBlockSize, .lease_ttl_ms = 2000});
+        {.workers = 1, .worker_id_base = 1, .block_size = kBlockSize, .lease_ttl_ms = 10'000});
     ASSERT_TRUE(mocker);
     mocker_ = std::move(*mocker);
     metrics_port_ = free_port();
