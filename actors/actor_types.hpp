@@ -367,6 +367,8 @@ using classifier_actor = caf::typed_actor<
 /// connects with middleman().remote_actor<ingress_actor>(host, port).
 using ingress_actor = caf::typed_actor<
     caf::replies_to<route_atom, RouteRequestMessage>::with<RouteDecisionMessage>,
+    // A route request another node forwards, with its client's scope (scope_request_id).
+    caf::replies_to<route_atom, RouteRequestMessage, std::string>::with<RouteDecisionMessage>,
     caf::replies_to<report_atom, LifecycleReportMessage>::with<LifecycleAckMessage>,
     caf::replies_to<generate_atom, GenerateRequestMessage>::with<RouteDecisionMessage>,
     caf::reacts_to<cancel_atom, GenerateCancelMessage>>;

@@ -57,4 +57,32 @@ bool is_valid_namespace(std::string_view ns) {
   });
 }
 
+std::string invalid_worker_subject(std::string_view subject) {
+  if (subject.empty()) return "empty";
+  for (const char c : subject) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte <= 0x20 || byte == 0x7F) return "contains whitespace or a control character";
+    if (c == '*' || c == '>') return "contains a wildcard";
+  }
+  if (subject.front() == '.' || subject.back() == '.' ||
+      subject.find("..") != std::string_view::npos) {
+    return "has an empty token";
+  }
+  if (subject.starts_with("_INBOX.")) return "is a reply inbox (_INBOX.)";
+  if (subject.front() == '$') return "is a system subject ($)";
+  // kvr.<namespace>.<kind>...: the kinds a router subscribes to.
+  if (subject.starts_with("kvr.")) {
+    const std::string_view rest = subject.substr(4);
+    const std::size_t dot = rest.find('.');
+    if (dot != std::string_view::npos) {
+      const std::string_view after_ns = rest.substr(dot + 1);
+      const std::string_view kind = after_ns.substr(0, after_ns.find('.'));
+      if (kind == "router" || kind == "workers" || kind == "kv") {
+        return "is in the routers' own subject space (kvr.<namespace>." + std::string{kind} + ".)";
+      }
+    }
+  }
+  return {};
+}
+
 }  // namespace kvr::subjects

@@ -51,4 +51,12 @@ inline constexpr std::string_view kRouterQueueGroup = "kvr-router";
 /// True when `ns` is a valid namespace token: non-empty, [A-Za-z0-9_-] only.
 bool is_valid_namespace(std::string_view ns);
 
+/// Why `subject` cannot be one a node publishes requests to (a worker's generate or dump
+/// subject), or empty when it can: it must be a literal NATS subject (non-empty tokens separated
+/// by '.', no whitespace, control characters or wildcards '*' '>'), and outside what routers
+/// serve or own: kvr.<any namespace>.router.…, .workers.… and .kv.… (where a node's own requests
+/// would come back to it or to the workers' announcements), reply inboxes (_INBOX.…, where the
+/// node's streams and dumps arrive) and system subjects ($…).
+std::string invalid_worker_subject(std::string_view subject);
+
 }  // namespace kvr::subjects

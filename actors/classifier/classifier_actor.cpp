@@ -88,7 +88,7 @@ void reject(Self self, Waiting& waiting, const AdmissionRejected& rejection) {
   node_metrics(self).route_errors(rejection.code).add();
   if (auto* route = std::get_if<WaitingRoute>(&waiting)) {
     const v1::RouteDecision decision =
-        make_route_error(route->envelope.request.id(), rejection.code, rejection.message);
+        make_route_error(route->envelope.request.client_id(), rejection.code, rejection.message);
     if (!route->envelope.reply_subject.empty()) {
       self->state.config.publisher->publish(route->envelope.reply_subject,
                                             decision.SerializeAsString());

@@ -123,7 +123,7 @@ void route_locally(Self self, RouteJob job, int waits) {
     node_metrics(self).route_errors(Error::unavailable).add();
     answer_route(self, *keep,
                  make_route_error(
-                     keep->envelope.request.id(), Error::unavailable,
+                     keep->envelope.request.client_id(), Error::unavailable,
                      fmt::format("this node did not answer: {}", self->system().render(error))));
   };
   if (config.classifier) {
@@ -159,7 +159,7 @@ void forward_route(Self self, RouteJob job, const std::string& owner, int waits)
       answer_route(
           self, *shared,
           make_route_error(
-              shared->envelope.request.id(), Error::owner_lost,
+              shared->envelope.request.client_id(), Error::owner_lost,
               fmt::format("the partition's owner, node {}, did not answer: {}", owner, why)));
     };
     if (!ingress) {
@@ -172,7 +172,8 @@ void forward_route(Self self, RouteJob job, const std::string& owner, int waits)
     }
     const auto started = Clock::now();
     self->request(ingress, self->state.config.forward_timeout, route_atom::value,
-                  RouteRequestMessage{encode_route_request(shared->envelope.request)})
+                  RouteRequestMessage{encode_route_request(shared->envelope.request)},
+                  std::string{request_scope(shared->envelope.request)})
         .then(
             [self, shared, started, waits](RouteDecisionMessage& decision) {
               // Not (or no longer) its partition: a later view names the new owner.

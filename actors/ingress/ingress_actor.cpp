@@ -12,31 +12,50 @@ ingress_actor::behavior_type ingress_behavior(ingress_actor::pointer self,
                                               IngressActorConfig config) {
   const metrics::NodeMetrics metrics{*config.metrics};
   const metrics::ValueHandle route_requests = metrics.route_requests("actor");
+  // `client`: the client's scope, to escape (an actor client's address) or escaped already (a
+  // forwarding node's).
+  const auto serve_route = [self, config, metrics, route_requests](
+                               const v1::RouteRequest& wire, const std::string& client,
+                               bool escaped) -> caf::result<RouteDecisionMessage> {
+    route_requests.add();
+    auto request = decode_route_request(wire, config.limits);
+    if (!request) {
+      metrics.route_errors(request.error().code).add();
+      return RouteDecisionMessage{
+          make_route_error(wire.request_id(), request.error().code, request.error().message)};
+    }
+    if (escaped) {
+      apply_request_scope(*request, client);
+    } else {
+      scope_request_id(*request, client);
+    }
+    // Delegated: the reservation actor answers the client itself and always answers (its own
+    // request to the selector carries the timeout). A request/then here would add a response hop
+    // and a timer on CAF's clock thread per decision, measured at several microseconds of CPU
+    // each (tests/bench/node).
+    auto promise = self->make_response_promise<RouteDecisionMessage>();
+    RouteEnvelope envelope{std::move(*request), {}, config.clock->now()};
+    if (config.forwarder) {
+      promise.delegate(config.forwarder, forward_atom::value, std::move(envelope));
+    } else if (config.classifier) {
+      promise.delegate(config.classifier, route_atom::value, std::move(envelope));
+    } else {
+      promise.delegate(config.reservation, route_atom::value, std::move(envelope));
+    }
+    return promise;
+  };
   return {
-      [self, config, metrics, route_requests](
-          route_atom, RouteRequestMessage& message) -> caf::result<RouteDecisionMessage> {
-        route_requests.add();
-        const v1::RouteRequest& wire = message.value;
-        auto request = decode_route_request(wire, config.limits);
-        if (!request) {
-          metrics.route_errors(request.error().code).add();
-          return RouteDecisionMessage{
-              make_route_error(wire.request_id(), request.error().code, request.error().message)};
-        }
-        // Delegated: the reservation actor answers the client itself and always answers (its
-        // own request to the selector carries the timeout). A request/then here would add a
-        // response hop and a timer on CAF's clock thread per decision, measured at several
-        // microseconds of CPU each (tests/bench/node).
-        auto promise = self->make_response_promise<RouteDecisionMessage>();
-        RouteEnvelope envelope{std::move(*request), {}, config.clock->now()};
-        if (config.forwarder) {
-          promise.delegate(config.forwarder, forward_atom::value, std::move(envelope));
-        } else if (config.classifier) {
-          promise.delegate(config.classifier, route_atom::value, std::move(envelope));
-        } else {
-          promise.delegate(config.reservation, route_atom::value, std::move(envelope));
-        }
-        return promise;
+      [self, serve_route](route_atom,
+                          RouteRequestMessage& message) -> caf::result<RouteDecisionMessage> {
+        // An actor client's request ids are its own: scoped to the sending actor.
+        const auto& sender = self->current_sender();
+        return serve_route(message.value,
+                           sender ? "actor:" + caf::to_string(sender) : std::string{}, false);
+      },
+      [serve_route](route_atom, RouteRequestMessage& message,
+                    std::string& client) -> caf::result<RouteDecisionMessage> {
+        // Forwarded by the node the client reached: its scope is the client's, not the sender's.
+        return serve_route(message.value, client, true);
       },
       [self, config](report_atom,
                      LifecycleReportMessage& message) -> caf::result<LifecycleAckMessage> {

@@ -35,6 +35,15 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
     {N::kRouteLatency, MetricType::Histogram,
      "Time from receiving a route request to answering it.", kLatencyBuckets},
     {N::kBookingsOpen, MetricType::Gauge, "Bookings held in predicted load, by partition.", {}},
+    {N::kBookedBlocks,
+     MetricType::Gauge,
+     "Prompt blocks over the open bookings, by partition (the booked-blocks caps count them).",
+     {}},
+    {N::kLeaseCapRefusals,
+     MetricType::Counter,
+     "Routes refused (overloaded) by a cap on open leases or booked blocks, by scope (node, "
+     "partition) and cap (leases, blocks).",
+     {}},
     {N::kLeasesOpen, MetricType::Gauge, "Leases in the reservation ledger.", {}},
     {N::kLeasesExpired, MetricType::Counter, "Leases ended by expiry (never reported).", {}},
     {N::kBookingsRolledBack,
@@ -168,6 +177,11 @@ void NodeMetrics::describe(MetricsRegistry& registry) {
   NodeMetrics metrics{registry};
   metrics.leases_open().set(0);
   metrics.nats_reconnects().add(0);
+  for (const std::string_view scope : {"node", "partition"}) {
+    for (const std::string_view cap : {"leases", "blocks"}) {
+      metrics.lease_cap_refusals(scope, cap).add(0);
+    }
+  }
 }
 
 ValueHandle NodeMetrics::counter(std::string_view name, std::string_view label,
@@ -203,6 +217,13 @@ HistogramHandle NodeMetrics::selection_latency() const {
 }
 ValueHandle NodeMetrics::bookings_open(std::string_view partition) const {
   return gauge(kBookingsOpen, "partition", partition);
+}
+ValueHandle NodeMetrics::booked_blocks(std::string_view partition) const {
+  return gauge(kBookedBlocks, "partition", partition);
+}
+ValueHandle NodeMetrics::lease_cap_refusals(std::string_view scope, std::string_view cap) const {
+  return registry_->counter(kLeaseCapRefusals,
+                            {{"scope", std::string{scope}}, {"cap", std::string{cap}}});
 }
 ValueHandle NodeMetrics::workers(std::string_view partition) const {
   return gauge(kWorkers, "partition", partition);

@@ -40,6 +40,8 @@ class NodeMetrics {
   // Partitions (the selectors).
   static constexpr std::string_view kSelectionLatency = "kvr_selection_latency_seconds";
   static constexpr std::string_view kBookingsOpen = "kvr_bookings_open";
+  static constexpr std::string_view kBookedBlocks = "kvr_booked_blocks";
+  static constexpr std::string_view kLeaseCapRefusals = "kvr_lease_cap_refusals_total";
   static constexpr std::string_view kWorkers = "kvr_workers";
   static constexpr std::string_view kWorkersExpired = "kvr_workers_expired_total";
   static constexpr std::string_view kWorkerExpiriesSuppressed =
@@ -87,7 +89,8 @@ class NodeMetrics {
   static std::span<const NodeMetricFamily> families();
 
   /// Declares every family in `registry` (help text, type, histogram buckets) and the series that
-  /// show from the start (kvr_leases_open and kvr_nats_reconnects_total at 0).
+  /// show from the start (kvr_leases_open, kvr_nats_reconnects_total and
+  /// kvr_lease_cap_refusals_total at 0).
   static void describe(MetricsRegistry& registry);
 
   explicit NodeMetrics(MetricsRegistry& registry) : registry_(&registry) {}
@@ -109,6 +112,11 @@ class NodeMetrics {
   // ---- partitions (label `partition`: "model/routing group") ------------------------------------
   HistogramHandle selection_latency() const;
   ValueHandle bookings_open(std::string_view partition) const;
+  /// Prompt blocks over a partition's open bookings (what the booked-blocks caps count).
+  ValueHandle booked_blocks(std::string_view partition) const;
+  /// Routes refused by a cap on open bookings, by `scope` (node, partition) and `cap` (leases,
+  /// blocks).
+  ValueHandle lease_cap_refusals(std::string_view scope, std::string_view cap) const;
   ValueHandle workers(std::string_view partition) const;
   ValueHandle workers_expired(std::string_view partition) const;
   /// Worker leases that ran out while the node's own NATS connection was down and were held

@@ -94,6 +94,8 @@ void NatsBridge::on_route(const BadMessageCounter& bad, nats::NatsMessage messag
     }
     return;
   }
+  // Request ids are unique per client: the reply prefix names the client's connection.
+  scope_request_id(*request, nats_client_of(message.reply));
   sinks_.route(std::move(*request), std::move(message.reply), received);
 }
 

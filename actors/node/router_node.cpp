@@ -1,5 +1,6 @@
 #include "actors/node/router_node.hpp"
 
+#include <array>
 #include <cmath>
 #include <random>
 #include <thread>
@@ -118,6 +119,19 @@ std::expected<void, std::string> NodeOptions::validate() const {
   if (auto router_ok = checked.validate(); !router_ok) return std::unexpected(router_ok.error());
   if (lease_ttl < std::chrono::milliseconds(100) || lease_ttl > std::chrono::hours(24)) {
     return std::unexpected("--router-lease-ttl-secs: between 0.1 s and 24 h");
+  }
+  const std::pair<std::string_view, std::uint64_t> caps[] = {
+      {"--router-max-open-leases", node_caps.max_bookings},
+      {"--router-max-booked-blocks", node_caps.max_blocks},
+      {"--router-partition-max-open-leases", partition_caps.max_bookings},
+      {"--router-partition-max-booked-blocks", partition_caps.max_blocks}};
+  for (const auto& [flag, value] : caps) {
+    // A node always has its caps; a partition's are optional (0).
+    const bool node_cap = !flag.starts_with("--router-partition");
+    if ((node_cap && value == 0) || value > kMaxBookingCap) {
+      return std::unexpected(
+          fmt::format("{}: between {} and {}", flag, node_cap ? 1 : 0, kMaxBookingCap));
+    }
   }
   if (tick_interval <= std::chrono::milliseconds(0)) return std::unexpected("tick interval: > 0");
   if (selector_timeout <= std::chrono::milliseconds(0)) {
@@ -322,6 +336,20 @@ struct RouterNode::Impl {
     selector.options.router = options.router;
     selector.options.lease_ttl = options.lease_ttl;
     selector.options.health = plugins.worker_health;
+    selector.options.partition_caps = options.partition_caps;
+    selector.options.node_totals = std::make_shared<NodeBookingTotals>(options.node_caps);
+    {
+      const metrics::NodeMetrics metrics{*registry};
+      std::array<metrics::ValueHandle, 4> refusals;
+      for (const auto kind : {BookingCapKind::node_leases, BookingCapKind::node_blocks,
+                              BookingCapKind::partition_leases, BookingCapKind::partition_blocks}) {
+        refusals[static_cast<std::size_t>(kind)] =
+            metrics.lease_cap_refusals(cap_scope(kind), cap_resource(kind));
+      }
+      selector.options.on_cap_refusal = [refusals](BookingCapKind kind) {
+        refusals[static_cast<std::size_t>(kind)].add();
+      };
+    }
     selector.plugins = &plugins;
     selector.publisher = bridge;
     selector.metrics = registry;
@@ -489,15 +517,25 @@ struct RouterNode::Impl {
     return described;
   }
 
+  std::string describe_caps() const {
+    const auto cap = [](std::uint64_t value) {
+      return value == 0 ? std::string{"node's"} : std::to_string(value);
+    };
+    return fmt::format("{} leases / {} blocks per node, {} / {} per partition",
+                       options.node_caps.max_bookings, options.node_caps.max_blocks,
+                       cap(options.partition_caps.max_bookings),
+                       cap(options.partition_caps.max_blocks));
+  }
+
   void log_summary() const {
     spdlog::info(
-        "kvr node: namespace '{}', block size {}, lease ttl {} ms, first-token timeout {} ms, "
-        "session affinity {}, request classifier {}, queue {}, {} scheduler threads; NATS {}; "
-        "metrics {}; actor port {}; cluster {}",
+        "kvr node: namespace '{}', block size {}, lease ttl {} ms, lease caps {}, first-token "
+        "timeout {} ms, session affinity {}, request classifier {}, queue {}, {} scheduler "
+        "threads; NATS {}; metrics {}; actor port {}; cluster {}",
         options.ns,
         options.router.block_size != 0 ? std::to_string(options.router.block_size)
                                        : std::string{"learnt per partition"},
-        options.lease_ttl.count(), options.first_token_timeout.count(),
+        options.lease_ttl.count(), describe_caps(), options.first_token_timeout.count(),
         options.session_affinity.ttl
             ? fmt::format("{} (ttl {} s)", as_str(options.session_affinity.mode),
                           options.session_affinity.ttl->count())

@@ -15,6 +15,7 @@
 
 #include "actors/metrics/metrics_registry.hpp"
 #include "actors/nats/nats_client.hpp"
+#include "actors/selector/booking_caps.hpp"
 #include "actors/selector/session_affinity.hpp"
 #include "messages/clock.hpp"
 #include "selection/plugin_registry.hpp"
@@ -39,6 +40,14 @@ struct ClusterNodeOptions {
   std::chrono::milliseconds lease_ttl{3000};
 };
 
+/// Default caps on what unreported leases may hold (`--router-max-open-leases`,
+/// `--router-max-booked-blocks`): each open lease costs about 1 KB plus 27 to 47 bytes per prompt
+/// block (docs/protocol.md), so the defaults bound the bookings to a few hundred MB.
+inline constexpr std::uint64_t kDefaultMaxOpenLeases = 100'000;
+inline constexpr std::uint64_t kDefaultMaxBookedBlocks = 8'000'000;
+/// The largest cap accepted.
+inline constexpr std::uint64_t kMaxBookingCap = 1'000'000'000;
+
 /// Everything a node is configured with (command line, environment, policy YAML).
 struct NodeOptions {
   nats::NatsOptions nats;
@@ -48,6 +57,11 @@ struct NodeOptions {
   plugins::worker_selection::RouterConfig router;
   /// An unreported booking (lease) is released after this long.
   std::chrono::milliseconds lease_ttl{120'000};
+  /// Caps on open bookings (route-mode leases and generate requests in flight) over all of the
+  /// node's partitions: a route beyond one is refused with ROUTE_ERROR_OVERLOADED.
+  BookingCaps node_caps{kDefaultMaxOpenLeases, kDefaultMaxBookedBlocks};
+  /// The same caps per partition (`--router-partition-max-*`); 0: only the node's apply.
+  BookingCaps partition_caps;
   /// Loopback port of /metrics and /healthz; 0: no HTTP endpoint.
   std::uint16_t metrics_port = 0;
   /// Loopback port the ingress actor is published on; 0: not published.

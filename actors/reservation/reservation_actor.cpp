@@ -104,7 +104,8 @@ bool deliver_decision(Self self, const RouteEnvelope& envelope, DecisionPromise&
 void deliver_error(Self self, const RouteEnvelope& envelope, DecisionPromise& promise, Error code,
                    std::string_view message) {
   node_metrics(self).route_errors(code).add();
-  deliver_decision(self, envelope, promise, make_route_error(envelope.request.id(), code, message));
+  deliver_decision(self, envelope, promise,
+                   make_route_error(envelope.request.client_id(), code, message));
   // An admitted request that found no worker ends here.
   tell_classifier(self, envelope.request.partition.model, [&] {
     return plugins::request_classifier::Aborted{envelope.request.id(), std::nullopt,
@@ -152,7 +153,7 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
       state.ledger->open(request.partition, request.id(), outcome.worker, outcome.lease_expires_at);
   publish_leases_gauge(self);
   auto decision =
-      make_route_success(request.id(), outcome,
+      make_route_success(request.client_id(), outcome,
                          RouteSuccessInfo{.lease_id = lease_id,
                                           .lease_ttl = state.config.lease_ttl,
                                           .policy = std::move(reply.policy),
@@ -185,6 +186,7 @@ DecisionPromise handle_route(Self self, RouteEnvelope& envelope) {
   // The selector gets the request; the pending entry keeps what answering needs.
   RouteRequest selector_request = std::move(envelope.request);
   envelope.request.selection.request_id = selector_request.id();
+  envelope.request.client_id_size = selector_request.client_id_size;
   envelope.request.partition = selector_request.partition;
   const std::uint64_t id = add_pending(self);
   state.pending_routes.emplace(id,

@@ -28,6 +28,7 @@ void update_gauges(Self self) {
   auto& state = self->state;
   const discovery::PartitionWorkers& workers = state.selector->partition_workers();
   state.series.bookings_open.set(static_cast<double>(workers.load().open_bookings()));
+  state.series.booked_blocks.set(static_cast<double>(workers.load().booked_prompt_blocks()));
   state.series.workers.set(static_cast<double>(workers.catalog().size()));
   state.series.index_blocks.set(static_cast<double>(workers.index().node_count()));
   if (state.affinity.enabled()) {
@@ -226,8 +227,9 @@ SelectorReply route_request(Self self, RouteRequest& request) {
     const auto* entry =
         state.selector->partition_workers().catalog().find(reply.result->worker.worker_id);
     if (entry != nullptr) reply.generate_subject = entry->registration.generate_subject;
-    state.series.bookings_open.set(
-        static_cast<double>(state.selector->partition_workers().load().open_bookings()));
+    const discovery::PredictedLoad& load = state.selector->partition_workers().load();
+    state.series.bookings_open.set(static_cast<double>(load.open_bookings()));
+    state.series.booked_blocks.set(static_cast<double>(load.booked_prompt_blocks()));
     if (state.affinity.enabled()) {
       state.series.session_bindings.set(static_cast<double>(state.affinity.size()));
     }
@@ -365,6 +367,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
     state.partition = partition_label(state.config.options.partition);
     const metrics::NodeMetrics metrics = node_metrics(self);
     state.series = {.bookings_open = metrics.bookings_open(state.partition),
+                    .booked_blocks = metrics.booked_blocks(state.partition),
                     .workers = metrics.workers(state.partition),
                     .index_blocks = metrics.index_blocks(state.partition),
                     .session_bindings = state.affinity.enabled()
@@ -408,6 +411,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
       // after anything this actor handled before its exit.
       if (self->state.config.fenced) {
         self->state.series.bookings_open.set(0);
+        self->state.series.booked_blocks.set(0);
         self->state.series.workers.set(0);
         self->state.series.index_blocks.set(0);
         self->state.series.workers_ejected.set(0);

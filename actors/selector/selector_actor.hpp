@@ -142,6 +142,7 @@ struct SelectorActorState {
   /// The series written per request, resolved once.
   struct Series {
     metrics::ValueHandle bookings_open;
+    metrics::ValueHandle booked_blocks;
     metrics::ValueHandle workers;
     metrics::ValueHandle index_blocks;
     metrics::ValueHandle session_bindings;

@@ -49,6 +49,7 @@ SelectorState::SelectorState(SelectorOptions options, const plugins::RouterPlugi
             return limits;
           }(),
           options_.index),
+      node_share_(options_.node_totals),
       block_size_(options_.router.block_size),
       health_(options_.health) {}
 
@@ -80,6 +81,7 @@ SelectorState::register_worker(discovery::WorkerRegistration registration, TimeP
   const std::uint32_t announced = registration.block_size;
   auto change = workers_.register_worker(std::move(registration), now);
   if (change) {
+    sync_node_share();  // a restarted worker's bookings are gone
     rows_dirty_ = true;
     refused_.erase(worker_id);
     if (block_size_ == 0) block_size_ = announced;
@@ -125,6 +127,7 @@ std::expected<void, discovery::CatalogError> SelectorState::deregister(WorkerId 
                                                                        Incarnation incarnation) {
   auto removed = workers_.deregister(worker, incarnation);
   if (removed) {
+    sync_node_share();
     rows_dirty_ = true;
     health_.left(worker);
     forget_block_size_when_empty();
@@ -150,6 +153,7 @@ std::expected<void, discovery::LoadError> SelectorState::update_load(
 void SelectorState::expire(TimePoint now, std::vector<WorkerId>& removed_workers) {
   const std::size_t before = removed_workers.size();
   workers_.expire(now, removed_workers);
+  sync_node_share();
   absl::erase_if(refused_, [&](const auto& entry) { return entry.second.forget_at <= now; });
   return_ejected(now);
   if (removed_workers.size() != before) {
@@ -329,7 +333,53 @@ std::expected<void, RouteFailure> SelectorState::prepare(RouteRequest& request, 
                      fmt::format("request id '{}' is already routed and not yet released",
                                  selection.request_id)});
   }
+  if (auto refused = over_cap(selection.block_hashes.size())) {
+    return std::unexpected(std::move(*refused));
+  }
   return {};
+}
+
+std::optional<RouteFailure> SelectorState::over_cap(std::uint64_t blocks) const {
+  const discovery::PredictedLoad& load = workers_.load();
+  const BookingCaps& partition = options_.partition_caps;
+  std::optional<BookingCapKind> kind;
+  std::uint64_t held = 0;
+  std::uint64_t cap = 0;
+  const auto check = [&](BookingCapKind which, std::uint64_t now_held, std::uint64_t adding,
+                         std::uint64_t limit) {
+    if (kind || limit == 0 || now_held + adding <= limit) return;
+    kind = which;
+    held = now_held;
+    cap = limit;
+  };
+  check(BookingCapKind::partition_leases, load.open_bookings(), 1, partition.max_bookings);
+  check(BookingCapKind::partition_blocks, load.booked_prompt_blocks(), blocks,
+        partition.max_blocks);
+  if (const NodeBookingTotals* node = node_share_.totals()) {
+    check(BookingCapKind::node_leases, node->bookings.load(std::memory_order_relaxed), 1,
+          node->caps.max_bookings);
+    check(BookingCapKind::node_blocks, node->blocks.load(std::memory_order_relaxed), blocks,
+          node->caps.max_blocks);
+  }
+  if (!kind) return std::nullopt;
+  if (options_.on_cap_refusal) options_.on_cap_refusal(*kind);
+  const bool node_cap = cap_scope(*kind) == "node";
+  const std::string where = node_cap
+                                ? std::string{"the node"}
+                                : fmt::format("partition '{}' group '{}'", options_.partition.model,
+                                              options_.partition.routing_group);
+  if (cap_resource(*kind) == "leases") {
+    return RouteFailure{
+        Error::overloaded,
+        fmt::format("{} open-lease cap reached: {} leases open, at most {} ({}); retry after "
+                    "reporting or releasing leases",
+                    node_cap ? "node" : "partition", held, cap, where)};
+  }
+  return RouteFailure{
+      Error::overloaded,
+      fmt::format("{} booked-blocks cap reached: {} blocks booked, a request of {} would pass "
+                  "the cap of {} ({}); retry after reporting or releasing leases",
+                  node_cap ? "node" : "partition", held, blocks, cap, where)};
 }
 
 std::expected<RouteOutcome, RouteFailure> SelectorState::route(RouteRequest& request,
@@ -494,6 +544,7 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::book(const RouteRequest
       .uncached_prefill_tokens = outcome.uncached_prefill_tokens,
       .expires_at = outcome.lease_expires_at,
   });
+  sync_node_share();
   if (!booked) {
     return std::unexpected(RouteFailure{
         booked.error() == discovery::LoadError::duplicate_booking ? Error::invalid_request
@@ -570,7 +621,9 @@ std::expected<void, discovery::LoadError> SelectorState::first_token(std::string
 
 std::expected<void, discovery::LoadError> SelectorState::release(std::string_view request_id,
                                                                  discovery::BookingEnd end) {
-  return workers_.load().release(request_id, end);
+  auto released = workers_.load().release(request_id, end);
+  if (released) sync_node_share();
+  return released;
 }
 
 }  // namespace kvr::actors

@@ -16,6 +16,7 @@
 
 #include <absl/container/flat_hash_map.h>
 
+#include "actors/selector/booking_caps.hpp"
 #include "actors/selector/route_request.hpp"
 #include "actors/selector/route_result.hpp"
 #include "actors/selector/worker_health.hpp"
@@ -40,6 +41,13 @@ struct SelectorOptions {
   discovery::RegistrationLimits registration;
   /// Passive health: outlier ejection and slow start (actors/selector/worker_health.hpp).
   selection::WorkerHealthConfig health;
+  /// This partition's caps on open bookings (0: none); a route beyond one is refused with
+  /// Error::overloaded before selection.
+  BookingCaps partition_caps;
+  /// The node's totals and caps, shared by its selectors; null: no node-wide cap.
+  std::shared_ptr<NodeBookingTotals> node_totals;
+  /// Told each refusal by a cap (a metric); may be empty.
+  BookingCapRefusalSink on_cap_refusal;
 };
 
 /// One partition's routing state.
@@ -74,7 +82,9 @@ class SelectorState final : public selection::WorkerSignalSource {
   discovery::LeaseGrace release_leases(TimePoint now) { return workers_.release_leases(now); }
   /// Releases at most `limit` bookings whose lease ended; returns how many.
   std::size_t expire_bookings(TimePoint now, std::size_t limit) {
-    return workers_.load().expire(now, limit);
+    const std::size_t expired = workers_.load().expire(now, limit);
+    if (expired > 0) sync_node_share();
+    return expired;
   }
 
   // ---- routing ------------------------------------------------------------------------------
@@ -161,6 +171,13 @@ class SelectorState final : public selection::WorkerSignalSource {
                                                  TimePoint now);
   /// `failure`, with the workers refused for their block size named when it found no worker.
   RouteFailure explain(RouteFailure failure) const;
+  /// The refusal when one more booking of `blocks` prompt blocks would pass a cap (counted).
+  std::optional<RouteFailure> over_cap(std::uint64_t blocks) const;
+  /// Brings the node totals up to this partition's bookings (after any change to them).
+  void sync_node_share() {
+    const discovery::PredictedLoad& load = workers_.load();
+    node_share_.set(load.open_bookings(), load.booked_prompt_blocks());
+  }
   /// Forgets the learnt block size and the policies built for it once the last worker has left.
   void forget_block_size_when_empty();
   /// Fills the outcome's overlap by tier from the chosen worker's match.
@@ -180,6 +197,8 @@ class SelectorState final : public selection::WorkerSignalSource {
   SelectorOptions options_;
   const plugins::RouterPlugins* plugins_;
   discovery::PartitionWorkers workers_;
+  // This partition's part of the node totals; given back when the state goes.
+  NodeBookingShare node_share_;
   std::uint32_t block_size_ = 0;
   absl::flat_hash_map<WorkerId, RefusedWorker> refused_;
   std::array<std::optional<plugins::worker_selection::WorkerSelectionPolicy>, 4> policies_;

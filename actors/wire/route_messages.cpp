@@ -44,7 +44,7 @@ v1::InputTrigger trigger_to(InputTrigger trigger) {
 v1::RouteRequest encode_route_request(const RouteRequest& data) {
   const selection::SelectionRequest& request = data.selection;
   v1::RouteRequest wire;
-  wire.set_request_id(request.request_id);
+  wire.set_request_id(std::string{data.client_id()});
   wire.set_model(data.partition.model);
   wire.set_routing_group(data.partition.routing_group);
   wire.set_worker_role(to_wire(data.worker_type));

@@ -36,7 +36,8 @@ std::expected<RouteRequest, RouteFailure> decode_route_request(
 
 /// The wire form of a client's request as decode_route_request read it: what a node forwards to
 /// the partition's owner in a cluster. decode_route_request(encode_route_request(r)) gives `r`
-/// back (its client fields: admission and retry state are not part of the wire request).
+/// back (its client fields: admission and retry state are not part of the wire request). It
+/// carries the client's own id (client_id()); the forwarder sends the client's scope alongside.
 v1::RouteRequest encode_route_request(const RouteRequest& request);
 
 /// A decision that reports `error` for `request_id`.

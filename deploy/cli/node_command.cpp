@@ -170,6 +170,33 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(finite_range(0.1, 86'400));
   command
+      ->add_option("--router-max-open-leases", options->node.node_caps.max_bookings,
+                   "open leases (routed requests not yet reported or expired, and generate "
+                   "requests in flight) over all partitions; a route beyond it is refused as "
+                   "overloaded")
+      ->envname("KVR_ROUTER_MAX_OPEN_LEASES")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{1}, actors::kMaxBookingCap));
+  command
+      ->add_option("--router-max-booked-blocks", options->node.node_caps.max_blocks,
+                   "prompt KV blocks over all open leases (each costs 27 to 47 bytes of memory "
+                   "until its lease ends); a route beyond it is refused as overloaded")
+      ->envname("KVR_ROUTER_MAX_BOOKED_BLOCKS")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{1}, actors::kMaxBookingCap));
+  command
+      ->add_option("--router-partition-max-open-leases", options->node.partition_caps.max_bookings,
+                   "open leases per partition (model and routing group); 0: only the node's cap")
+      ->envname("KVR_ROUTER_PARTITION_MAX_OPEN_LEASES")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{0}, actors::kMaxBookingCap));
+  command
+      ->add_option("--router-partition-max-booked-blocks", options->node.partition_caps.max_blocks,
+                   "prompt KV blocks over a partition's open leases; 0: only the node's cap")
+      ->envname("KVR_ROUTER_PARTITION_MAX_BOOKED_BLOCKS")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{0}, actors::kMaxBookingCap));
+  command
       ->add_option("--router-session-affinity-ttl-secs", options->session_affinity_ttl_secs,
                    "session affinity: a session's binding to a worker expires after this many idle "
                    "seconds (0: session affinity off)")

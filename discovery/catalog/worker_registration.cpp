@@ -2,6 +2,7 @@
 
 #include <string_view>
 
+#include "messages/subjects.hpp"
 #include "messages/worker_role.hpp"
 
 namespace kvr::discovery {
@@ -9,6 +10,23 @@ namespace {
 
 std::unexpected<RegistrationError> bad(std::string field, std::string reason) {
   return std::unexpected(RegistrationError{std::move(field), std::move(reason)});
+}
+
+// `text` in quotes for a log line: bytes outside printable ASCII as \xNN.
+std::string quoted(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "'";
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte >= 0x7F || c == '\\') {
+      out += "\\x";
+      out += kHex[byte >> 4];
+      out += kHex[byte & 0xF];
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
 }
 
 }  // namespace
@@ -25,6 +43,16 @@ std::expected<WorkerRegistration, RegistrationError> validate_registration(
   for (const auto& [field, value] : strings) {
     if (value->size() > limits.max_string_length) {
       return bad(std::string(field), "longer than " + std::to_string(limits.max_string_length));
+    }
+  }
+  // Generate requests and dump requests go there: a subject nobody can serve (whitespace, a
+  // wildcard) or one the routers serve themselves would leave requests waiting for nothing.
+  for (const auto& [field, value] : {std::pair<std::string_view, const std::string*>{
+                                         "generate_subject", &registration.generate_subject},
+                                     {"dump_subject", &registration.dump_subject}}) {
+    if (value->empty()) continue;  // not served: route mode only, or no dumps
+    if (const std::string why = subjects::invalid_worker_subject(*value); !why.empty()) {
+      return bad(std::string(field), quoted(*value) + " " + why);
     }
   }
   if (registration.routing_group.empty()) registration.routing_group = "default";
@@ -77,6 +105,12 @@ std::expected<WorkerRegistration, RegistrationError> registration_from_proto(
   registration.max_num_batched_tokens = wire.max_num_batched_tokens();
   registration.max_num_seqs = wire.max_num_seqs();
   registration.publishes_kv_events = wire.publishes_kv_events();
+  // Absent: the router's default. An explicit 0 is no lease at all (a worker that would expire
+  // at once), so it is refused rather than read as the default.
+  if (wire.has_lease_ttl_ms() && wire.lease_ttl_ms() == 0) {
+    return bad("lease_ttl_ms", "0 is not a lease; leave the field out for the default of " +
+                                   std::to_string(limits.default_lease_ttl.count()) + " ms");
+  }
   registration.lease_ttl = std::chrono::milliseconds(wire.lease_ttl_ms());
   registration.generate_subject = wire.generate_subject();
   registration.dump_subject = wire.dump_subject();

@@ -110,6 +110,7 @@ std::expected<void, LoadError> PredictedLoad::book(BookingRequest request) {
   state.view.booked_prefill_tokens += request.uncached_prefill_tokens;
   state.view.prefill_tokens_since_report +=
       static_cast<std::int64_t>(request.uncached_prefill_tokens);
+  booked_prompt_blocks_ += blocks.size();
   const auto expiry = expiries_.emplace(request.expires_at, request.request_id);
   bookings_.emplace(std::move(request.request_id),
                     BookingState{request.worker, std::move(request.prompt_blocks),
@@ -172,8 +173,26 @@ void PredictedLoad::release_booking(
       --rank.view.blocks_since_report;
     }
   }
+  booked_prompt_blocks_ -= blocks.size();
   expiries_.erase(state.expiry);
   bookings_.erase(booking);
+  shrink_ledger_when_sparse();
+}
+
+void PredictedLoad::shrink_ledger_when_sparse() {
+  // A hash map keeps its capacity when entries leave: after a burst of long prompts the ledger
+  // would hold its peak size (17 bytes a slot) for good. Shrunk once it is a quarter full, so a
+  // rehash (linear in what is left) happens only after at least three times as many releases.
+  constexpr std::size_t kMinShrinkCapacity = std::size_t{1} << 16;
+  if (const std::size_t capacity = active_blocks_.capacity();
+      capacity >= kMinShrinkCapacity && active_blocks_.size() < capacity / 4) {
+    active_blocks_.rehash(0);
+  }
+  // The same for the bookings themselves (about 100 bytes a slot): a flood of small leases.
+  if (const std::size_t capacity = bookings_.capacity();
+      capacity >= kMinShrinkCapacity && bookings_.size() < capacity / 4) {
+    bookings_.rehash(0);
+  }
 }
 
 bool PredictedLoad::activate(BlockHash hash, RankSlot slot) {

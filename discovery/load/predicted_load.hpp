@@ -157,10 +157,15 @@ class PredictedLoad {
   std::optional<RankLoadView> rank_load(WorkerWithDpRank worker) const;
 
   std::size_t open_bookings() const { return bookings_.size(); }
+  /// Prompt blocks over all open bookings (a block in several bookings counts in each): what
+  /// the bookings keep in memory, and what the booked-blocks caps count.
+  std::uint64_t booked_prompt_blocks() const { return booked_prompt_blocks_; }
   /// True while a booking with this request id is open.
   bool has_booking(std::string_view request_id) const;
   /// Distinct prompt blocks active in open bookings, over all ranks (tests check it drains).
   std::size_t active_block_count() const { return active_blocks_.size(); }
+  /// Slots the ledger has allocated (tests check that it gives memory back after a burst).
+  std::size_t ledger_capacity() const { return active_blocks_.capacity(); }
 
   /// Verifies that the ledger of active blocks equals the one recomputed from the open bookings
   /// and that every rank's booked_blocks matches it; the message names the first difference.
@@ -197,6 +202,8 @@ class PredictedLoad {
   };
 
   void release_booking(absl::flat_hash_map<std::string, BookingState>::iterator booking);
+  // Gives the ledger's (and the bookings') memory back once most of their entries have left.
+  void shrink_ledger_when_sparse();
   // Counts one more booking of `hash` on the rank; true when the block was not active there.
   bool activate(BlockHash hash, RankSlot slot);
   // Counts one booking less; true when the block is no longer active on the rank.
@@ -222,6 +229,7 @@ class PredictedLoad {
   std::vector<std::uint32_t> free_lists_;
   std::vector<RankSlot> free_slots_;
   RankSlot slot_count_ = 0;
+  std::uint64_t booked_prompt_blocks_ = 0;
 };
 
 }  // namespace kvr::discovery

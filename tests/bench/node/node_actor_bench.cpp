@@ -26,6 +26,7 @@
 #include "actors/directory/directory_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/metrics/node_metrics.hpp"
+#include "actors/node/router_node.hpp"
 #include "actors/reservation/reservation_actor.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
@@ -210,6 +211,9 @@ class LocalNode {
     actors::SelectorActorConfig selector;
     selector.options.router.block_size = kBlockSize;
     selector.options.lease_ttl = 1s;
+    // As a node runs: the default caps, their totals shared by the selectors.
+    selector.options.node_totals = std::make_shared<actors::NodeBookingTotals>(
+        actors::BookingCaps{actors::kDefaultMaxOpenLeases, actors::kDefaultMaxBookedBlocks});
     selector.plugins = &plugins_;
     selector.publisher = publisher_;
     selector.metrics = metrics_;

@@ -93,6 +93,34 @@ TEST_F(PredictedLoadTest, BoundedExpiryReleasesTheEarliestDueBookingsFirst) {
   ASSERT_TRUE(load_.check_consistency());
 }
 
+TEST_F(PredictedLoadTest, CountsBookedPromptBlocksOfEveryBooking) {
+  // Shared blocks count in each booking: each keeps its own copy of its prompt's hashes.
+  ASSERT_TRUE(load_.book(booking("a", kRank0, prompt(6, 1, 4), 0)));
+  ASSERT_TRUE(load_.book(booking("b", kRank1, prompt(6, 2, 4), 0)));
+  EXPECT_EQ(load_.booked_prompt_blocks(), 12U);
+  ASSERT_TRUE(load_.first_token("a"));
+  EXPECT_EQ(load_.booked_prompt_blocks(), 12U);
+  ASSERT_TRUE(load_.release("a", BookingEnd::completed));
+  EXPECT_EQ(load_.booked_prompt_blocks(), 6U);
+  EXPECT_EQ(load_.expire(kStart + std::chrono::seconds(60)), 1U);
+  EXPECT_EQ(load_.booked_prompt_blocks(), 0U);
+}
+
+TEST_F(PredictedLoadTest, TheLedgerGivesItsMemoryBackAfterABurstOfLongPrompts) {
+  // Ten unreported 20,000-block bookings, as a client that never reports leaves them.
+  for (std::uint64_t i = 0; i < 10; ++i) {
+    ASSERT_TRUE(load_.book(booking("r" + std::to_string(i), kRank0, prompt(20'000, i + 1), 0)));
+  }
+  const std::size_t peak = load_.ledger_capacity();
+  EXPECT_GE(peak, 200'000U);
+  for (std::uint64_t i = 0; i < 9; ++i) {
+    ASSERT_TRUE(load_.release("r" + std::to_string(i), BookingEnd::cancelled));
+  }
+  EXPECT_EQ(load_.active_block_count(), 20'000U);
+  EXPECT_LE(load_.ledger_capacity(), peak / 4);
+  ASSERT_TRUE(load_.check_consistency()) << load_.check_consistency().error();
+}
+
 TEST_F(PredictedLoadTest, EachRanksActivePrefixEndsAtItsFirstMissingBlock) {
   constexpr WorkerWithDpRank kRank2{6, 0};
   constexpr WorkerWithDpRank kRank3{7, 0};

@@ -76,6 +76,71 @@ TEST(WorkerRegistrationTest, NamesTheBadField) {
   EXPECT_EQ(registration_from_proto(wire, {}).error().field, "taints");
 }
 
+TEST(WorkerRegistrationTest, AnExplicitZeroLeaseTtlIsRefusedWhileAbsenceMeansTheDefault) {
+  auto wire = wire_registration();
+  ASSERT_FALSE(wire.has_lease_ttl_ms());
+  const auto absent = registration_from_proto(wire, {});
+  ASSERT_TRUE(absent) << absent.error().message();
+  EXPECT_EQ(absent->lease_ttl, RegistrationLimits{}.default_lease_ttl);
+  wire.set_lease_ttl_ms(0);
+  const auto zero = registration_from_proto(wire, {});
+  ASSERT_FALSE(zero) << "an explicit 0 became " << zero->lease_ttl.count() << " ms";
+  EXPECT_EQ(zero.error().field, "lease_ttl_ms");
+  EXPECT_NE(zero.error().reason.find("leave the field out for the default of 10000 ms"),
+            std::string::npos)
+      << zero.error().reason;
+  // On the wire, an explicit 0 and an absent field differ.
+  v1::WorkerRegistration parsed;
+  ASSERT_TRUE(parsed.ParseFromString(wire.SerializeAsString()));
+  EXPECT_TRUE(parsed.has_lease_ttl_ms());
+}
+
+TEST(WorkerRegistrationTest, RefusesSubjectsTheNodeCannotOrMustNotPublishTo) {
+  const std::pair<const char*, const char*> refused[] = {
+      {"a b", "whitespace"},
+      {"kvr.gen.worker.7.generate\n", "whitespace"},
+      {"kvr.>", "wildcard"},
+      {"kvr.*.worker", "wildcard"},
+      {"kvr..worker", "empty token"},
+      {".kvr", "empty token"},
+      {"kvr.", "empty token"},
+      {"kvr.default.router.route", "routers' own subject space (kvr.<namespace>.router.)"},
+      {"kvr.other.router.generate", "routers' own subject space"},
+      {"kvr.default.workers.register", "kvr.<namespace>.workers."},
+      {"kvr.default.kv.7", "kvr.<namespace>.kv."},
+      {"_INBOX.abc.1", "reply inbox"},
+      {"$JS.API.STREAM.CREATE", "system subject"},
+  };
+  for (const std::string field : {"generate_subject", "dump_subject"}) {
+    for (const auto& [subject, why] : refused) {
+      auto wire = wire_registration();
+      std::string value = subject;
+      if (field == "generate_subject") {
+        wire.set_generate_subject(value);
+      } else {
+        wire.set_dump_subject(value);
+      }
+      const auto converted = registration_from_proto(wire, {});
+      ASSERT_FALSE(converted) << field << " " << subject << " was accepted";
+      EXPECT_EQ(converted.error().field, field);
+      EXPECT_NE(converted.error().reason.find(why), std::string::npos)
+          << subject << ": " << converted.error().reason;
+    }
+  }
+  // A control character is shown escaped, not written into the log line.
+  auto wire = wire_registration();
+  wire.set_generate_subject("a\nb");
+  EXPECT_NE(registration_from_proto(wire, {}).error().reason.find("'a\\x0ab'"), std::string::npos);
+  // The default subjects, and other literal ones, pass; empty ones mean "not served".
+  wire = wire_registration();
+  wire.set_generate_subject("kvr.default.worker.7.generate");
+  wire.set_dump_subject("kvr.default.worker.7.dump");
+  EXPECT_TRUE(registration_from_proto(wire, {}));
+  wire.set_generate_subject("engines.gpu-3.generate");
+  wire.set_dump_subject("");
+  EXPECT_TRUE(registration_from_proto(wire, {}));
+}
+
 TEST(WorkerCatalogTest, LeasesRenewOnHeartbeatAndExpire) {
   WorkerCatalog catalog;
   ASSERT_EQ(catalog.register_worker(registration(), kStart), RegistrationChange::added);

@@ -391,6 +391,49 @@ TEST_F(RouterActorsTest, IngressAnswersActorClientsWithDecisionsAndErrors) {
   EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
 }
 
+// Request ids are unique per client: two actor clients may use the same one, a client reusing
+// its own open id is refused, and a forwarded request keeps the scope of the node it entered.
+TEST_F(RouterActorsTest, RequestIdsAreScopedToTheirClient) {
+  register_workers({11});
+  v1::RouteRequest wire;
+  wire.set_request_id("same");
+  wire.set_model("m");
+  for (std::uint32_t token = 0; token < 9; ++token) wire.mutable_tokens()->add_ids(token);
+  const auto ask = [&](caf::scoped_actor& self, auto... scope) {
+    v1::RouteDecision decision;
+    self->request(ingress_, 5s, route_atom::value, RouteRequestMessage{wire}, scope...)
+        .receive([&](RouteDecisionMessage& message) { decision = message.value; },
+                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+    return decision;
+  };
+  caf::scoped_actor first{system_};
+  caf::scoped_actor second{system_};
+  const v1::RouteDecision a = ask(first);
+  ASSERT_TRUE(a.has_success()) << a.error().message();
+  EXPECT_EQ(a.request_id(), "same");
+  const v1::RouteDecision b = ask(second);
+  ASSERT_TRUE(b.has_success()) << b.error().message();
+  EXPECT_EQ(b.request_id(), "same");
+  EXPECT_NE(a.success().lease_id(), b.success().lease_id());
+  // The first client's id is still open.
+  const v1::RouteDecision again = ask(first);
+  ASSERT_TRUE(again.has_error());
+  EXPECT_EQ(again.error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
+  EXPECT_NE(again.error().message().find("already routed"), std::string::npos)
+      << again.error().message();
+  EXPECT_EQ(again.request_id(), "same");
+  // Forwarded requests of one NATS client, whichever node and actor forwarded them.
+  const v1::RouteDecision forwarded = ask(first, std::string{"_INBOX.client."});
+  ASSERT_TRUE(forwarded.has_success()) << forwarded.error().message();
+  EXPECT_EQ(forwarded.request_id(), "same");
+  const v1::RouteDecision forwarded_again = ask(second, std::string{"_INBOX.client."});
+  ASSERT_TRUE(forwarded_again.has_error());
+  EXPECT_EQ(forwarded_again.error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
+  // Released, the id is free again for its client.
+  ASSERT_TRUE(report(a.success().lease_id(), LifecycleEventKind::Completed).accepted());
+  EXPECT_TRUE(ask(first).has_success());
+}
+
 TEST_F(RouterActorsTest, GenerateIsRetriedOnceWhenItsWorkerLeavesBeforeTheFirstToken) {
   register_workers({11, 12});
   GenerateRequestData generate = generate_request("g1", "client.stream");

@@ -236,5 +236,48 @@ TEST(RouteRequestTest, LifecycleReportNeedsLeaseAndKnownEvent) {
   EXPECT_EQ(report->error, "client went away");
 }
 
+// A request's key is its id scoped to its client; decisions and forwarding carry the client's id.
+TEST(RequestScopeTest, ScopesIdsPerClientWithoutAmbiguity) {
+  EXPECT_EQ(nats_client_of("_INBOX.conn123.42"), "_INBOX.conn123.");
+  EXPECT_EQ(nats_client_of("_INBOX.conn123.*.7"), "_INBOX.conn123.*.");
+  EXPECT_EQ(nats_client_of("_INBOX.single"), "_INBOX.single");
+  EXPECT_EQ(nats_client_of("reply"), "reply");
+  EXPECT_EQ(nats_client_of(""), "");
+
+  RouteRequest request;
+  request.selection.request_id = "r-1";
+  scope_request_id(request, "_INBOX.a@b%.");
+  EXPECT_EQ(request.id(), "r-1@_INBOX.a%40b%25.");
+  EXPECT_EQ(request.client_id(), "r-1");
+  EXPECT_EQ(request_scope(request), "_INBOX.a%40b%25.");
+  // Scoped once: a second scope (a forwarding hop) changes nothing.
+  scope_request_id(request, "actor:9");
+  EXPECT_EQ(request.id(), "r-1@_INBOX.a%40b%25.");
+  // Passed on escaped, the scope gives the same key on the owner.
+  RouteRequest forwarded;
+  forwarded.selection.request_id = std::string{request.client_id()};
+  apply_request_scope(forwarded, request_scope(request));
+  EXPECT_EQ(forwarded.id(), request.id());
+  // An id with an '@' of its own cannot pose as another client's scope.
+  RouteRequest tricky;
+  tricky.selection.request_id = "r-1@_INBOX.a";
+  scope_request_id(tricky, "b%.");
+  RouteRequest plain;
+  plain.selection.request_id = "r-1";
+  scope_request_id(plain, "_INBOX.a@b%.");
+  EXPECT_NE(tricky.id(), plain.id());
+  // No client (no reply subject): the id stays as sent.
+  RouteRequest unscoped;
+  unscoped.selection.request_id = "r-2";
+  scope_request_id(unscoped, "");
+  EXPECT_EQ(unscoped.id(), "r-2");
+  EXPECT_EQ(unscoped.client_id(), "r-2");
+  // The wire form a node forwards carries the client's id.
+  request.partition.model = "m";
+  request.selection.prompt_tokens = 4;
+  request.prompt_token_ids = {1, 2, 3, 4};
+  EXPECT_EQ(encode_route_request(request).request_id(), "r-1");
+}
+
 }  // namespace
 }  // namespace kvr::actors
