@@ -98,7 +98,12 @@ std::string pack(const bridge::EngineKvEventBatch& batch, Layout layout) {
     packer.pack_array(3);
   }
   key(packer, layout, "ts");
-  packer.pack_double(batch.ts);
+  // Not pack_double, which packs an integral double as an integer (losing -0.0) and converts
+  // doubles beyond int64 to one first; the engines send ts as a float64.
+  const auto bits = std::bit_cast<std::uint64_t>(batch.ts);
+  char float64[9] = {static_cast<char>(0xcb)};
+  for (int i = 0; i < 8; ++i) float64[1 + i] = static_cast<char>(bits >> (56 - 8 * i));
+  buffer.write(float64, sizeof float64);
   key(packer, layout, "events");
   packer.pack_array(static_cast<std::uint32_t>(batch.events.size()));
   for (const bridge::EngineKvEvent& event : batch.events) pack_event(packer, layout, event);
