@@ -74,13 +74,14 @@ for harness in "${harnesses[@]}"; do
   if [[ -f "$root/tests/fuzz/dictionaries/$harness.dict" ]]; then
     options+=(-dict="$root/tests/fuzz/dictionaries/$harness.dict")
   fi
-  start=$SECONDS
+  start=${EPOCHREALTIME/[.,]/}
   if "$binary" "${options[@]}" "$work/$harness" >"$work/$harness.log" 2>&1; then
+    elapsed_ms=$(((${EPOCHREALTIME/[.,]/} - start) / 1000))
     executed=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/$harness.log")
-    rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work/$harness.log")
     rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$work/$harness.log")
-    echo "kvr fuzz: $harness: ${executed:-?} executions in $((SECONDS - start)) s" \
-      "(${rate:-?}/s, peak RSS ${rss:-?} MB)"
+    echo "kvr fuzz: $harness: ${executed:-?} executions in $((elapsed_ms / 1000)).$(printf %03d \
+      $((elapsed_ms % 1000))) s ($((${executed:-0} * 1000 / (elapsed_ms + 1)))/s, peak RSS" \
+      "${rss:-?} MB)"
     if ((runs > 0)) && [[ ${executed:-0} -lt $runs ]]; then
       echo "kvr fuzz: FAILED: $harness ran ${executed:-0} of $runs executions in the time limit" >&2
       failed+=("$harness")
