@@ -12,6 +12,7 @@ packages=(
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev  # kvr bridge: the engines' ZMQ KV events
   nlohmann-json3-dev python3 python3-matplotlib
   openssl  # the tests make a self-signed certificate for their TLS nats-server
+  clang-19 libclang-rt-19-dev  # the fuzz stage: libFuzzer harnesses (deploy/scripts/fuzz.sh)
 )
 
 missing=()

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # README command two: installs what is missing, builds a Debug build with AddressSanitizer and
-# UndefinedBehaviorSanitizer (warnings are errors), and runs the whole ctest suite.
+# UndefinedBehaviorSanitizer (warnings are errors), runs the whole ctest suite, then the fuzz stage:
+# every libFuzzer harness built with clang-19 and run for 100,000 executions
+# (deploy/scripts/fuzz.sh; KVR_SKIP_FUZZ=1 leaves it out, saying so).
 # Extra arguments go to ctest, e.g. `./deploy/test.sh -L unit` or `-R Selection`.
 set -euo pipefail
 
@@ -15,3 +17,9 @@ cmake -S "$root" -B "$build_dir" -G Ninja \
   -DKVR_BUILD_TESTS=ON -DKVR_BUILD_BENCHMARKS=ON
 cmake --build "$build_dir" -j "$jobs"
 ctest --test-dir "$build_dir" --output-on-failure --no-tests=error -j "$jobs" "$@"
+
+if [[ ${KVR_SKIP_FUZZ:-0} == 1 ]]; then
+  echo "kvr test: fuzz stage SKIPPED (KVR_SKIP_FUZZ=1)" >&2
+else
+  KVR_BUILD_JOBS=$jobs "$root/deploy/scripts/fuzz.sh"
+fi

@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/parser.h>
 #include <yaml-cpp/yaml.h>
 
 #include "classifiers/plugin_parameters.hpp"
@@ -18,6 +20,32 @@
 
 namespace kvr::selection {
 namespace {
+
+// Counts a stream's documents without building them, noting where each starts.
+class DocumentCounter : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    ++documents;
+    stalled = documents > 1 && mark.pos == last_start.pos;
+    last_start = mark;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+
+  std::size_t documents = 0;
+  /// The last document began where the one before it did: the parser consumed nothing.
+  bool stalled = false;
+  YAML::Mark last_start = YAML::Mark::null_mark();
+};
 
 using classifiers::describe_yaml;
 using classifiers::PolicyClassConfig;
@@ -426,21 +454,38 @@ std::expected<RouterPolicyConfig, std::string> parse_router_policy_config(
     std::string_view yaml_text, std::string source_name) {
   RouterPolicyConfig config;
   config.source_name = std::move(source_name);
-  std::vector<YAML::Node> documents;
+  // Not YAML::LoadAll: on some malformed input (",a:\n  b:c\n    - d}\n") yaml-cpp 0.7's parser
+  // stops consuming it and yields empty documents forever, which LoadAll collects until memory
+  // runs out. The documents are counted first, and a document that consumed nothing ends it.
+  const std::string text{yaml_text};
+  YAML::Node document;
   try {
-    documents = YAML::LoadAll(std::string{yaml_text});
+    std::istringstream stream{text};
+    YAML::Parser stream_parser{stream};
+    DocumentCounter counter;
+    while (counter.documents <= 1 && stream_parser.HandleNextDocument(counter)) {
+      if (counter.stalled) {
+        return std::unexpected(fmt::format("{}:{}:{}: invalid YAML: cannot read past this point",
+                                           config.source_name, counter.last_start.line + 1,
+                                           counter.last_start.column + 1));
+      }
+    }
+    if (counter.documents == 0) return config;
+    if (counter.documents > 1) {
+      // Every further document consumes input, so counting the rest ends.
+      while (stream_parser.HandleNextDocument(counter) && !counter.stalled) {
+      }
+      return std::unexpected(fmt::format("{}: expected one YAML document, found {}",
+                                         config.source_name, counter.documents));
+    }
+    document = YAML::Load(text);
   } catch (const YAML::Exception& error) {
     return std::unexpected(fmt::format("{}:{}:{}: invalid YAML: {}", config.source_name,
                                        error.mark.line + 1, error.mark.column + 1, error.msg));
   }
-  if (documents.empty()) return config;
-  if (documents.size() > 1) {
-    return std::unexpected(fmt::format("{}: expected one YAML document, found {}",
-                                       config.source_name, documents.size()));
-  }
   try {
     Parser parser{config};
-    if (auto parsed = parser.parse_document(documents.front()); !parsed) {
+    if (auto parsed = parser.parse_document(document); !parsed) {
       return std::unexpected(std::move(parsed.error()));
     }
   } catch (const YAML::Exception& error) {

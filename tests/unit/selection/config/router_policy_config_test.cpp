@@ -221,6 +221,18 @@ TEST(RouterPolicyConfigTest, RejectsSeveralDocuments) {
             "router.yaml: expected one YAML document, found 2");
 }
 
+TEST(RouterPolicyConfigTest, CountsEveryDocument) {
+  EXPECT_EQ(parse_error("a: 1\n---\nb: 2\n---\nc: 3\n"),
+            "router.yaml: expected one YAML document, found 3");
+}
+
+// yaml-cpp 0.7 stops consuming this input and reports empty documents without end; collecting
+// them (YAML::LoadAll) ran out of memory (found by tests/fuzz, corpus regression_parser_stall).
+TEST(RouterPolicyConfigTest, RejectsInputTheYamlParserCannotReadPast) {
+  EXPECT_EQ(parse_error(",orker_selection:\n  instsac:ne\n    - n}\n"),
+            "router.yaml:1:1: invalid YAML: cannot read past this point");
+}
+
 constexpr std::string_view kPolicyClassesYaml = R"(policy_classes:
   - name: interactive
     quantum: 512

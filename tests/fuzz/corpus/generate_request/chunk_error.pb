@@ -1,0 +1,2 @@
+
+req-1 *(08BerrorJengine crashed

@@ -1,0 +1,2 @@
+
+n1-00000001"client disconnected

@@ -1,0 +1,3 @@
+
+req-1
+llama-3-8bdefault @€

@@ -1,0 +1,1 @@
+*€Ð•ÿ¼1shutting down

@@ -1,0 +1,1 @@
+*€Ð•ÿ¼1 08€ @P€@X€`h¸rkvr.default.worker.42.generatezkvr.default.worker.42.dump

@@ -1,0 +1,31 @@
+// WorkerRegistration as the node's register subscription reads it (decode_worker_registration).
+// A decoded registration is within the limits, and validating it again changes nothing.
+#include "actors/wire/worker_messages.hpp"
+#include "tests/fuzz/harness.hpp"
+
+namespace kvr::fuzz {
+
+void worker_registration(Input input) {
+  const actors::WorkerMessageLimits limits;
+  auto registration = actors::decode_worker_registration(as_text(input), limits);
+  if (!registration) {
+    KVR_FUZZ_CHECK(!registration.error().empty());
+    return;
+  }
+  const discovery::RegistrationLimits& bounds = limits.registration;
+  KVR_FUZZ_CHECK(registration->worker_id != 0);
+  KVR_FUZZ_CHECK(!registration->model.empty());
+  KVR_FUZZ_CHECK(!registration->routing_group.empty());
+  KVR_FUZZ_CHECK(registration->model.size() <= bounds.max_string_length);
+  KVR_FUZZ_CHECK(registration->block_size > 0);
+  KVR_FUZZ_CHECK(registration->total_kv_blocks <= bounds.max_kv_blocks_per_rank);
+  KVR_FUZZ_CHECK(registration->data_parallel_size >= 1 &&
+                 registration->data_parallel_size <= bounds.max_data_parallel_size);
+  KVR_FUZZ_CHECK(registration->taints.size() <= bounds.max_taints);
+  KVR_FUZZ_CHECK(registration->lease_ttl >= bounds.min_lease_ttl &&
+                 registration->lease_ttl <= bounds.max_lease_ttl);
+  auto again = discovery::validate_registration(*registration, bounds);
+  KVR_FUZZ_CHECK(again.has_value() && *again == *registration);
+}
+
+}  // namespace kvr::fuzz
