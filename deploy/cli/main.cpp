@@ -5,7 +5,10 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <google/protobuf/stubs/logging.h>
+#include <spdlog/spdlog.h>
 
+#include "actors/metrics/rate_limited_log.hpp"
 #include "deploy/cli/bridge_command.hpp"
 #include "deploy/cli/cli_options.hpp"
 #include "deploy/cli/cluster_command.hpp"
@@ -15,7 +18,25 @@
 #include "deploy/cli/replay_live_command.hpp"
 #include "deploy/cli/route_command.hpp"
 
+namespace {
+
+// libprotobuf writes an ERROR line to stderr for each string field with invalid UTF-8 that it
+// parses, outside the node's rate-limited logging: a flood of such messages from the network
+// would become a flood of log lines. Its lines go through the same rate limit instead.
+void log_protobuf(google::protobuf::LogLevel level, const char* /*file*/, int /*line*/,
+                  const std::string& message) {
+  static kvr::actors::metrics::RateLimitedLog limiter;
+  if (level >= google::protobuf::LOGLEVEL_FATAL) {
+    spdlog::critical("protobuf: {}", message);
+    return;
+  }
+  limiter.warn("protobuf", "protobuf: " + message);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  google::protobuf::SetLogHandler(&log_protobuf);
   CLI::App app{"kvr: a KV-cache-aware request router for LLM inference fleets"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "kvr 0.1.0");
