@@ -388,9 +388,10 @@ TEST_F(BridgeVllmEngineTest, ASequenceGapIsFilledFromTheReplaySocket) {
     EXPECT_TRUE(wait_until([&] { return routes_with_overlap(prompts[i], pair.worker, 6); }, 10s))
         << "prompt " << i;
   }
-  // The bridge's own metrics: the gaps, each filled by a replay; nothing cleared.
-  EXPECT_GE(bridge_metric(pair, "kvr_bridge_sequence_gaps_total"), 2);
-  EXPECT_GE(bridge_metric(pair, "kvr_bridge_replays_total{outcome=\"filled\""), 2);
+  // The bridge's own metrics: gaps, filled by replays; nothing cleared. (One replay may fill
+  // several skipped batches when it runs late, so the counts are not one per skipped batch.)
+  EXPECT_GE(bridge_metric(pair, "kvr_bridge_sequence_gaps_total"), 1);
+  EXPECT_GE(bridge_metric(pair, "kvr_bridge_replays_total{outcome=\"filled\""), 1);
   EXPECT_EQ(bridge_metric(pair, "kvr_bridge_replays_total{outcome=\"failed\""), 0);
   EXPECT_EQ(bridge_metric(pair, "kvr_bridge_ranks_cleared_total"), 0);
   EXPECT_EQ(bridge_metric(pair, "kvr_bridge_malformed_payloads_total"), 0);
