@@ -229,7 +229,7 @@ namespace kvr::actors {
 // A message an actor does not handle is a compile error. "internal" marks the messages an actor
 // sends itself (timers, burst writes).
 
-/// The validated worker messages the NATS bridge decodes, as the directory actor takes them and
+/// The validated worker messages the NATS bridge decodes, as the discovery actor takes them and
 /// forwards them to the worker's selector.
 using worker_feed_actor = caf::typed_actor<
     // a worker joined, restarted or renewed its registration
@@ -245,7 +245,7 @@ using worker_feed_actor = caf::typed_actor<
     // a worker's KV dump (the answer to a dump request after an event-id gap)
     caf::reacts_to<kv_dump_atom, KvDump>>;
 
-/// Where a partition's route requests and booking updates go: its selector, or the directory
+/// Where a partition's route requests and booking updates go: its selector, or the discovery actor
 /// actor, which delegates to the selector or answers that the partition has none.
 using route_target_actor = caf::typed_actor<
     // select a worker and book it
@@ -278,8 +278,8 @@ using selector_subscriber_actor = caf::typed_actor<
     // the selector of partition (model, routing group)
     caf::reacts_to<selectors_atom, std::string, std::string, selector_actor>>;
 
-/// The directory actor (actors/directory/directory_actor.hpp).
-using directory_actor = worker_feed_actor::extend_with<route_target_actor>::extend<
+/// The discovery actor (actors/discovery/discovery_actor.hpp).
+using discovery_actor = worker_feed_actor::extend_with<route_target_actor>::extend<
     // cluster mode: what this node owns, warms up or drops, from the cluster actor
     caf::reacts_to<ownership_atom, ClusterView>,
     // cluster mode: stop serving these partitions now (their leases are about to be handed
@@ -303,7 +303,7 @@ using reservation_actor = caf::typed_actor<
     caf::replies_to<route_atom, RouteEnvelope>::with<RouteDecisionMessage>,
     // a lifecycle report against a lease → its ack
     caf::replies_to<report_atom, ReportEnvelope>::with<LifecycleAckMessage>,
-    // from the directory actor: the selector of partition (model, routing group)
+    // from the discovery actor: the selector of partition (model, routing group)
     caf::reacts_to<selectors_atom, std::string, std::string, selector_actor>,
     // internal: the lease-expiry timer
     caf::reacts_to<expire_atom>,
@@ -324,9 +324,9 @@ using lifecycle_actor = caf::typed_actor<
     caf::reacts_to<cancel_atom, std::string>,
     // a worker's chunk on the node's stream inbox
     caf::reacts_to<chunk_atom, ChunkEnvelope>,
-    // from the directory actor: these workers left
+    // from the discovery actor: these workers left
     caf::reacts_to<removed_atom, std::vector<WorkerId>>,
-    // from the directory actor: the selector of partition (model, routing group)
+    // from the discovery actor: the selector of partition (model, routing group)
     caf::reacts_to<selectors_atom, std::string, std::string, selector_actor>,
     // internal: the first-token timeout of (stream id, attempt)
     caf::reacts_to<deadline_atom, std::uint64_t, std::uint32_t>,
@@ -396,14 +396,14 @@ using forwarder_actor =
 /// The cluster actor (actors/cluster/cluster_actor.hpp): this node's membership and partition
 /// leases in NATS JetStream, stepped on its own thread.
 using cluster_actor = caf::typed_actor<
-    // the directory learnt of a partition ("<model>/<routing group>")
+    // the discovery actor learnt of a partition ("<model>/<routing group>")
     caf::reacts_to<partition_atom, std::string>,
-    // the directory warmed a partition up (its selector runs and the workers were asked for
+    // the discovery actor warmed a partition up (its selector runs and the workers were asked for
     // their registrations)
     caf::reacts_to<ready_atom, std::string>,
     // from the node, once its actors run: whom to tell each step, and this node's middleman
     // address ("host:port") for its member record; the first step follows
-    caf::reacts_to<targets_atom, directory_actor, forwarder_actor, std::string>,
+    caf::reacts_to<targets_atom, discovery_actor, forwarder_actor, std::string>,
     // internal: the next step
     caf::reacts_to<expire_atom>>;
 

@@ -23,11 +23,12 @@ void step(Self self) {
   const auto stop_serving = [self](const std::vector<std::string>& releasing) {
     caf::scoped_actor blocking{self->system()};
     blocking
-        ->request(self->state.directory, std::chrono::seconds(2), partition_atom::value, releasing)
+        ->request(self->state.discovery, std::chrono::seconds(2), partition_atom::value, releasing)
         .receive([](bool) {},
                  [&](caf::error& error) {
-                   spdlog::warn("kvr node: cluster: the directory did not stop {} partitions: {}",
-                                releasing.size(), self->system().render(error));
+                   spdlog::warn(
+                       "kvr node: cluster: the discovery actor did not stop {} partitions: {}",
+                       releasing.size(), self->system().render(error));
                  });
   };
   cluster::ClusterStep result =
@@ -56,7 +57,7 @@ void step(Self self) {
   ClusterView view{std::move(result.owned), std::move(result.prepare), std::move(result.drop),
                    std::move(result.elsewhere), std::move(result.members)};
   self->send(state.forwarder, ownership_atom::value, view);
-  self->send(state.directory, ownership_atom::value, std::move(view));
+  self->send(state.discovery, ownership_atom::value, std::move(view));
 }
 
 }  // namespace
@@ -68,12 +69,12 @@ cluster_actor::behavior_type cluster_behavior(Self self, ClusterActorConfig conf
     self->quit(message.reason);
   });
   return {
-      [self](targets_atom, directory_actor& directory, forwarder_actor& forwarder,
+      [self](targets_atom, discovery_actor& discovery, forwarder_actor& forwarder,
              std::string& address) {
         auto& state = self->state;
         ClusterLink& link = *state.config.link;
         if (link.session) return;
-        state.directory = std::move(directory);
+        state.discovery = std::move(discovery);
         state.forwarder = std::move(forwarder);
         link.self.address = std::move(address);
         link.session = std::make_unique<cluster::ClusterSession>(link.self, *link.members,

@@ -1,15 +1,16 @@
 // The cluster actor: a router node's membership and partition leases in cluster mode. It owns the
 // node's ClusterSession (its own NATS connection and the two JetStream buckets) and steps it every
 // renew interval on a thread of its own (spawned detached: every step makes blocking KV calls,
-// which must never hold up the scheduler's threads). After each step it tells the directory actor
+// which must never hold up the scheduler's threads). After each step it tells the discovery actor
 // and the forwarder what the node owns (with each partition's fence), what to warm up or drop and
-// who owns the rest. It learns the partitions from the directory, which sees every registration.
+// who owns the rest. It learns the partitions from the discovery actor, which sees every
+// registration.
 //
 // Messages it handles (its typed interface, `cluster_actor`, in actors/actor_types.hpp):
-//   targets(directory, forwarder, address) — from the node once its actors run: the session
+//   targets(discovery, forwarder, address) — from the node once its actors run: the session
 //                     starts (with the node's middleman address in its member record) and steps;
-//   partition(key)  — from the directory: a partition exists ("<model>/<routing group>");
-//   ready(key)      — from the directory: a partition it was asked to warm up is warm;
+//   partition(key)  — from the discovery actor: a partition exists ("<model>/<routing group>");
+//   ready(key)      — from the discovery actor: a partition it was asked to warm up is warm;
 //   expire          — internal: the next step;
 //   an exit message — leaves the cluster: erases its member record and hands every lease back,
 //                     so the others take the partitions at their next step, not after the TTL.
@@ -59,7 +60,7 @@ struct ClusterActorConfig {
 struct ClusterActorState {
   static inline const char* name = "kvr.cluster";
   ClusterActorConfig config;
-  directory_actor directory;
+  discovery_actor discovery;
   forwarder_actor forwarder;
   std::set<std::string> partitions;
   /// The partitions owned after the last step.

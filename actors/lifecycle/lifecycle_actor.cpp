@@ -306,10 +306,10 @@ caf::result<RouteDecisionMessage> refuse(Self self, const GenerateEnvelope& enve
 lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfig config) {
   self->state.config = std::move(config);
   update_in_flight(self);
-  self->state.routes = PartitionRoutes{self->state.config.directory};
-  if (self->state.config.directory) {
-    self->send(self->state.config.directory, watch_atom::value, removal_watcher_actor{self});
-    self->send(self->state.config.directory, selectors_atom::value,
+  self->state.routes = PartitionRoutes{self->state.config.discovery};
+  if (self->state.config.discovery) {
+    self->send(self->state.config.discovery, watch_atom::value, removal_watcher_actor{self});
+    self->send(self->state.config.discovery, selectors_atom::value,
                selector_subscriber_actor{self});
   }
   // Shutdown: no client is left without an end to its stream.

@@ -1,6 +1,6 @@
 // The lifecycle actor: one per node; serves generate (proxy) mode. For each generate request it
 // keeps a RequestLifecycle (Sent → Responding → Completed | Aborted), routes it through the
-// partition's selector (via the directory actor), dispatches a GenerateRequest to the chosen
+// partition's selector (via the discovery actor), dispatches a GenerateRequest to the chosen
 // worker's generate subject with the node's own stream subject, relays every chunk to the
 // client's stream subject, and carries out each LifecycleStep: bookings are released exactly once
 // (first token: first_token; final, error or cancel: release) together with the session-affinity
@@ -19,15 +19,15 @@
 //                                      first RouteDecision and streams chunks to that actor);
 //   cancel(std::string request_id)   — the client's GenerateCancel (ignored when not served here);
 //   chunk(ChunkEnvelope)             — a worker's chunk on the node's stream inbox;
-//   removed(std::vector<WorkerId>)   — from the directory actor (it is a watcher): workers left;
-//   selectors(model, group, selector) — from the directory actor: that partition's route and
+//   removed(std::vector<WorkerId>)   — from the discovery actor (it is a watcher): workers left;
+//   selectors(model, group, selector) — from the discovery actor: that partition's route and
 //                                       booking requests go to `selector` directly;
 //   deadline(stream id, attempt)     — internal, its own timer: the attempt's first-token timeout;
 //   flush                            — internal: writes the decisions and chunks relayed to NATS
 //                                      clients since the last write (burst_writer.hpp);
 //   an exit message (node shutdown)  — every request in flight ends with an explicit error;
 //   a down message (actor client)    — the client's requests in flight are cancelled.
-// It registers itself with the directory actor (watch, selectors) when spawned. Spawned by the
+// It registers itself with the discovery actor (watch, selectors) when spawned. Spawned by the
 // router node. Every request it makes carries a finite timeout; it must never block, throw, share
 // its state, or call NATS request(). The classifier events of the steps go to the classifier actor
 // when the node runs one.
@@ -59,7 +59,7 @@ namespace kvr::actors {
 /// What the lifecycle actor is spawned with.
 struct LifecycleActorConfig {
   /// Routes (route) and books (booking) through the partition selectors; told of removals.
-  directory_actor directory;
+  discovery_actor discovery;
   std::shared_ptr<RouterPublisher> publisher;
   std::shared_ptr<metrics::MetricsRegistry> metrics;
   std::shared_ptr<metrics::RateLimitedLog> log;
@@ -115,7 +115,7 @@ struct LifecycleActorState {
   std::map<caf::actor_addr, std::size_t> monitored_clients;
   /// Decisions and relayed chunks for NATS clients leave together, one write per burst.
   BurstWriter relays;
-  /// Each partition's selector, as the directory actor announced it.
+  /// Each partition's selector, as the discovery actor announced it.
   PartitionRoutes routes;
 };
 

@@ -20,7 +20,7 @@
 #include "actors/classifier/classifier_actor.hpp"
 #include "actors/cluster/cluster_actor.hpp"
 #include "actors/cluster/forwarder_actor.hpp"
-#include "actors/directory/directory_actor.hpp"
+#include "actors/discovery/discovery_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/lifecycle/lifecycle_actor.hpp"
 #include "actors/metrics/metrics_http.hpp"
@@ -40,28 +40,28 @@ std::string random_lease_prefix() {
 
 // The bridge's callbacks only decode (in the bridge) and hand over to the actors.
 // With a classifier actor, route and generate requests and cancels go to it first.
-BridgeSinks make_bridge_sinks(const directory_actor& directory,
+BridgeSinks make_bridge_sinks(const discovery_actor& discovery,
                               const reservation_actor& reservation,
                               const lifecycle_actor& lifecycle,
                               const classifier_actor& classifier) {
   BridgeSinks sinks;
-  sinks.registration = [directory](discovery::WorkerRegistration registration) {
-    caf::anon_send(directory, worker_up_atom::value, std::move(registration));
+  sinks.registration = [discovery](discovery::WorkerRegistration registration) {
+    caf::anon_send(discovery, worker_up_atom::value, std::move(registration));
   };
-  sinks.heartbeat = [directory](WorkerLiveness heartbeat) {
-    caf::anon_send(directory, heartbeat_atom::value, heartbeat);
+  sinks.heartbeat = [discovery](WorkerLiveness heartbeat) {
+    caf::anon_send(discovery, heartbeat_atom::value, heartbeat);
   };
-  sinks.deregistration = [directory](WorkerLiveness deregistration) {
-    caf::anon_send(directory, worker_down_atom::value, deregistration);
+  sinks.deregistration = [discovery](WorkerLiveness deregistration) {
+    caf::anon_send(discovery, worker_down_atom::value, deregistration);
   };
-  sinks.load = [directory](WorkerLoadReport report) {
-    caf::anon_send(directory, load_atom::value, std::move(report));
+  sinks.load = [discovery](WorkerLoadReport report) {
+    caf::anon_send(discovery, load_atom::value, std::move(report));
   };
-  sinks.kv_events = [directory](KvEventBatch batch) {
-    caf::anon_send(directory, kv_events_atom::value, std::move(batch));
+  sinks.kv_events = [discovery](KvEventBatch batch) {
+    caf::anon_send(discovery, kv_events_atom::value, std::move(batch));
   };
-  sinks.kv_dump = [directory](KvDump dump) {
-    caf::anon_send(directory, kv_dump_atom::value, std::move(dump));
+  sinks.kv_dump = [discovery](KvDump dump) {
+    caf::anon_send(discovery, kv_dump_atom::value, std::move(dump));
   };
   if (classifier) {
     sinks.route = [classifier](RouteRequest request, std::string reply,
@@ -102,10 +102,10 @@ BridgeSinks make_bridge_sinks(const directory_actor& directory,
   sinks.chunk = [lifecycle](std::uint64_t stream_id, v1::GenerateChunk chunk) {
     caf::anon_send(lifecycle, chunk_atom::value, ChunkEnvelope{stream_id, std::move(chunk)});
   };
-  // From the connection's thread, in order: the directory holds every worker lease while the
+  // From the connection's thread, in order: the discovery actor holds every worker lease while the
   // node is cut off, then renews them and asks the workers to register and dump again.
-  sinks.disconnected = [directory] { caf::anon_send(directory, resync_atom::value, false); };
-  sinks.reconnected = [directory] { caf::anon_send(directory, resync_atom::value, true); };
+  sinks.disconnected = [discovery] { caf::anon_send(discovery, resync_atom::value, false); };
+  sinks.reconnected = [discovery] { caf::anon_send(discovery, resync_atom::value, true); };
   return sinks;
 }
 
@@ -174,7 +174,7 @@ struct RouterNode::Impl {
   // The configuration must outlive the system, which is destroyed first (declared last).
   caf::actor_system_config config;
   std::unique_ptr<caf::actor_system> system;
-  directory_actor directory;
+  discovery_actor discovery;
   reservation_actor reservation;
   lifecycle_actor lifecycle;
   /// Null unless plugins.request_classifier is set.
@@ -287,7 +287,7 @@ struct RouterNode::Impl {
                                          system->render(published.error())));
     }
     cluster_address = fmt::format("{}:{}", options.cluster.address, *published);
-    caf::anon_send(cluster, targets_atom::value, directory, forwarder, cluster_address);
+    caf::anon_send(cluster, targets_atom::value, discovery, forwarder, cluster_address);
     return {};
   }
 
@@ -328,7 +328,7 @@ struct RouterNode::Impl {
                : options.selector_timeout;
   }
 
-  void spawn_directory() {
+  void spawn_discovery() {
     SelectorActorConfig selector;
     selector.policy_classes = policy_classes();
     // A request waits for a worker no longer than the node waits for a worker's first token.
@@ -361,12 +361,12 @@ struct RouterNode::Impl {
     selector.fenced = options.cluster.enabled;
     // A handover takes one step of the successor, a takeover the lease TTL and a step.
     selector.ownership_wait = options.cluster.lease_ttl;
-    directory = system->spawn(directory_behavior, DirectoryActorConfig{selector, {}, cluster});
+    discovery = system->spawn(discovery_behavior, DiscoveryActorConfig{selector, {}, cluster});
   }
 
   // Admission in front of the reservation and lifecycle actors, only with a configured
-  // request_classifier. Spawned before them and the directory (they tell it lifecycle events, the
-  // selectors their KV usage), it learns their handles in its first message
+  // request_classifier. Spawned before them and the discovery actor (they tell it lifecycle events,
+  // the selectors their KV usage), it learns their handles in its first message
   // (hand_classifier_targets), before any request can reach it.
   void spawn_classifier() {
     if (!plugins.request_classifier) return;
@@ -387,7 +387,7 @@ struct RouterNode::Impl {
 
   void spawn_reservation() {
     ReservationActorConfig settings;
-    settings.directory = directory;
+    settings.discovery = discovery;
     settings.publisher = bridge;
     settings.metrics = registry;
     settings.log = log;
@@ -404,7 +404,7 @@ struct RouterNode::Impl {
 
   void spawn_lifecycle() {
     LifecycleActorConfig settings;
-    settings.directory = directory;
+    settings.discovery = discovery;
     settings.publisher = bridge;
     settings.metrics = registry;
     settings.log = log;
@@ -447,7 +447,7 @@ struct RouterNode::Impl {
 
   // Hands the bridge's decoded messages to the actors and subscribes.
   std::expected<void, std::string> start_bridge() {
-    BridgeSinks sinks = make_bridge_sinks(directory, reservation, lifecycle, classifier);
+    BridgeSinks sinks = make_bridge_sinks(discovery, reservation, lifecycle, classifier);
     if (forwarder) {
       // Any node accepts any request: the forwarder serves it here or at its partition's owner.
       sinks.route = [target = forwarder](RouteRequest request, std::string reply,
@@ -493,7 +493,7 @@ struct RouterNode::Impl {
   }
 
   // Workers that registered before this node started announce themselves again.
-  void request_registrations() { caf::anon_send(directory, resync_atom::value); }
+  void request_registrations() { caf::anon_send(discovery, resync_atom::value); }
 
   // "off", or the classes and their busy thresholds.
   std::string describe_queue() const {
@@ -564,13 +564,13 @@ struct RouterNode::Impl {
       peer_ingress = nullptr;
       // The lifecycle actor next: it ends every client's stream with an explicit error.
       caf::anon_send_exit(lifecycle, caf::exit_reason::user_shutdown);
-      caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(discovery, caf::exit_reason::user_shutdown);
       caf::anon_send_exit(reservation, caf::exit_reason::user_shutdown);
       caf::anon_send_exit(ingress, caf::exit_reason::user_shutdown);
       if (classifier) caf::anon_send_exit(classifier, caf::exit_reason::user_shutdown);
       classifier = nullptr;
       lifecycle = nullptr;
-      directory = nullptr;
+      discovery = nullptr;
       reservation = nullptr;
       ingress = nullptr;
       system->await_all_actors_done();
@@ -602,8 +602,8 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   if (auto joined = impl->join_cluster(); !joined) return std::unexpected(joined.error());
   impl->start_actor_system();
   impl->spawn_classifier();  // first: the selectors tell it their KV usage
-  impl->spawn_cluster();     // before the directory, which tells it every partition
-  impl->spawn_directory();
+  impl->spawn_cluster();     // before the discovery actor, which tells it every partition
+  impl->spawn_discovery();
   impl->spawn_reservation();
   impl->spawn_lifecycle();
   impl->hand_classifier_targets();

@@ -1,6 +1,6 @@
 // The router node (`kvr node`): a CAF actor system fed by NATS, serving route mode (decisions
 // with leases) and generate mode (proxied generation). It connects the NATS bridge, spawns the
-// directory actor (which spawns one selector actor per partition), the reservation actor, the
+// discovery actor (which spawns one selector actor per partition), the reservation actor, the
 // lifecycle actor (generate mode) and the ingress actor (published through CAF's middleman when
 // asked), and serves /metrics and /healthz. Plain interface (no CAF in this header), so that the
 // command line and tests include it cheaply.

@@ -344,7 +344,7 @@ void fail_overdue(Self self, TimePoint now) {
 reservation_actor::behavior_type reservation_behavior(Self self, ReservationActorConfig config) {
   self->state.config = std::move(config);
   self->state.ledger.emplace(self->state.config.lease_prefix);
-  self->state.routes = PartitionRoutes{self->state.config.directory};
+  self->state.routes = PartitionRoutes{self->state.config.discovery};
   const metrics::NodeMetrics metrics = node_metrics(self);
   self->state.route_latency = metrics.route_latency();
   self->state.leases_open = metrics.leases_open();
@@ -357,7 +357,7 @@ reservation_actor::behavior_type reservation_behavior(Self self, ReservationActo
     }
   }
   publish_leases_gauge(self);
-  self->send(self->state.config.directory, selectors_atom::value, selector_subscriber_actor{self});
+  self->send(self->state.config.discovery, selectors_atom::value, selector_subscriber_actor{self});
   self->delayed_send(self, self->state.config.tick_interval, expire_atom::value);
   return {
       [self](route_atom, RouteEnvelope& envelope) { return handle_route(self, envelope); },

@@ -1,5 +1,5 @@
 // The reservation actor: one per node; the route-mode front of the selectors. For every route
-// request it asks the partition's selector (directly once the directory actor announced it, through
+// request it asks the partition's selector (directly once the discovery actor announced it, through
 // that actor before) to select and book, records the booking in the lease ledger, and only then
 // delivers the decision (published on the request's NATS reply subject, or returned to an actor
 // client). When publishing fails the booking is rolled back. Lifecycle reports release bookings
@@ -12,7 +12,7 @@
 // Messages it handles (its typed interface, `reservation_actor`, in actors/actor_types.hpp):
 //   route(RouteEnvelope) → RouteDecisionMessage     — always a decision (success or error);
 //   report(ReportEnvelope) → LifecycleAckMessage     — always an ack;
-//   selectors(model, group, selector)                — from the directory actor: requests of that
+//   selectors(model, group, selector)                — from the discovery actor: requests of that
 //                                                      partition go to its selector directly;
 //   expire                                           — internal, its own timer;
 //   flush                                            — internal: writes the NATS answers of the
@@ -53,7 +53,7 @@ namespace kvr::actors {
 struct ReservationActorConfig {
   /// Delegates to the partition selectors; tells this actor of each selector so that it can
   /// address known partitions directly (one message hop fewer per request).
-  directory_actor directory;
+  discovery_actor discovery;
   std::shared_ptr<RouterPublisher> publisher;
   std::shared_ptr<metrics::MetricsRegistry> metrics;
   std::shared_ptr<metrics::RateLimitedLog> log;
@@ -78,7 +78,7 @@ struct ReservationActorState {
   static inline const char* name = "kvr.reservation";
   ReservationActorConfig config;
   std::optional<LeaseLedger> ledger;
-  /// Each partition's selector, as the directory actor announced it.
+  /// Each partition's selector, as the discovery actor announced it.
   PartitionRoutes routes;
 
   /// A route request or lifecycle report waiting for its selector, and how to answer it.

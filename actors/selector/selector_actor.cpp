@@ -462,8 +462,8 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
                      self->state.partition);
         forget_dumps(self, deregistration.worker_id);
         send_fleet(self);
-        if (self->state.config.directory) {
-          self->send(self->state.config.directory, removed_atom::value,
+        if (self->state.config.discovery) {
+          self->send(self->state.config.discovery, removed_atom::value,
                      std::vector<WorkerId>{deregistration.worker_id});
         }
         update_gauges(self);
@@ -547,8 +547,8 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
             forget_dumps(self, id);
           }
           send_fleet(self);
-          if (state.config.directory)
-            self->send(state.config.directory, removed_atom::value, removed);
+          if (state.config.discovery)
+            self->send(state.config.discovery, removed_atom::value, removed);
         }
         // Expired bookings free capacity; a removed worker's waiting requests get their answer.
         drain_queue(self);

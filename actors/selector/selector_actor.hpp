@@ -1,5 +1,5 @@
 // The selector actor: one per routing partition (model × routing group), a thin shell over that
-// partition's SelectorState. Spawned on demand (linked) by the directory actor.
+// partition's SelectorState. Spawned on demand (linked) by the discovery actor.
 //
 // State it owns: the partition's SelectorState (worker catalog, KV index, predicted load with
 // bookings, the policy instances per worker type), its SessionAffinity table (session → worker
@@ -19,7 +19,7 @@
 //                                                  queue leaves it unbooked;
 //   expire                                      — internal, its own timer: expires worker leases,
 //                                                  unreported bookings, approximate blocks and idle
-//                                                  session bindings, and tells the directory actor
+//                                                  session bindings, and tells the discovery actor
 //                                                  which workers left (removed);
 //   wake                                        — internal: the queue's next due time or wait
 //                                                  limit (one delayed message, re-armed earlier
@@ -35,7 +35,7 @@
 // for its class waits, its reply a response promise, and capacity that frees (first token,
 // release, a worker joining, a load report, expired bookings) dispatches waiting requests in
 // the same turn. Without it the route path is unchanged.
-// A worker that deregistered is also reported to the directory actor (removed), which tells the
+// A worker that deregistered is also reported to the discovery actor (removed), which tells the
 // lifecycle actor, so that requests in flight on it are retried.
 // It asks a worker for a KV dump (through RouterPublisher, never waiting) when its event ids
 // show a gap. It must never block, throw, share its state, or call NATS request().
@@ -77,7 +77,7 @@ struct SelectorActorConfig {
   std::shared_ptr<metrics::MetricsRegistry> metrics;
   std::shared_ptr<metrics::RateLimitedLog> log;
   /// Told about workers that left (expired); may be empty.
-  removal_watcher_actor directory;
+  removal_watcher_actor discovery;
   /// Period of the expiry timer.
   std::chrono::milliseconds tick_interval{100};
   /// A rank's dump is not asked for again within this time.

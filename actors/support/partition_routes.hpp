@@ -1,6 +1,6 @@
 // Where an actor sends a partition's route requests and booking updates: straight to the
-// partition's selector once the directory actor has announced it, else to the directory, which
-// delegates or answers that the partition has no workers. Shared by the reservation and the
+// partition's selector once the discovery actor has announced it, else to the discovery actor,
+// which delegates or answers that the partition has no workers. Shared by the reservation and the
 // lifecycle actors, so that both take one hop to a known partition.
 #pragma once
 
@@ -16,16 +16,16 @@
 
 namespace kvr::actors {
 
-/// A partition → selector map fed by the directory actor's announcements (selectors_atom).
+/// A partition → selector map fed by the discovery actor's announcements (selectors_atom).
 class PartitionRoutes {
  public:
   PartitionRoutes() = default;
-  explicit PartitionRoutes(route_target_actor directory) : directory_(std::move(directory)) {}
+  explicit PartitionRoutes(route_target_actor discovery) : discovery_(std::move(discovery)) {}
 
-  const route_target_actor& directory() const { return directory_; }
+  const route_target_actor& discovery() const { return discovery_; }
 
-  /// Records a selector the directory announced; an invalid handle: the partition's selector
-  /// was retired (cluster mode), so its requests go to the directory again.
+  /// Records a selector the discovery actor announced; an invalid handle: the partition's selector
+  /// was retired (cluster mode), so its requests go to the discovery actor again.
   void learn(std::string model, std::string routing_group, const selector_actor& selector) {
     if (!selector) {
       selectors_.erase(std::pair{std::move(model), std::move(routing_group)});
@@ -43,12 +43,12 @@ class PartitionRoutes {
                partition.routing_group, request_id);
   }
 
-  /// The partition's selector, or the directory while it is not announced (yet).
+  /// The partition's selector, or the discovery actor while it is not announced (yet).
   const route_target_actor& selector_for(
       const plugins::worker_selection::RoutingPartition& partition) const {
     const auto it = selectors_.find(
         std::pair<std::string_view, std::string_view>{partition.model, partition.routing_group});
-    return it == selectors_.end() ? directory_ : it->second;
+    return it == selectors_.end() ? discovery_ : it->second;
   }
 
  private:
@@ -68,7 +68,7 @@ class PartitionRoutes {
     }
   };
 
-  route_target_actor directory_;
+  route_target_actor discovery_;
   // Each selector's handle, as the route target it is to the actors that hold these routes.
   absl::flat_hash_map<std::pair<std::string, std::string>, route_target_actor, KeyHash, KeyEq>
       selectors_;

@@ -1,5 +1,5 @@
 // Validating conversion between the wire KV events (kvr.v1.KvEventBatch, kvr.v1.KvDumpReply) and
-// the plain types of messages/kv_event.hpp. Used by the directory actor and the simulated worker.
+// the plain types of messages/kv_event.hpp. Used by the discovery actor and the simulated worker.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,6 @@
 // Decoders for the worker → router NATS messages (registration, heartbeat, deregistration, load
 // metrics, KV event batches, dump replies): parse the protobuf bytes, validate, and return the
-// plain form the directory actor forwards. Used by the NATS bridge; plain C++, unit-tested.
+// plain form the discovery actor forwards. Used by the NATS bridge; plain C++, unit-tested.
 #pragma once
 
 #include <cstdint>

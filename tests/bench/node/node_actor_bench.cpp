@@ -1,7 +1,7 @@
 // Route decisions per second through the router node's actor API (the ingress actor's typed
 // interface, `route(RouteRequestMessage) → RouteDecisionMessage`), two ways:
-//  - local: the node's actors (ingress → reservation → the selector the directory actor spawned)
-//    in this process's actor system, with 64 workers fed to the directory actor as decoded
+//  - local: the node's actors (ingress → reservation → the selector the discovery actor spawned)
+//    in this process's actor system, with 64 workers fed to the discovery actor as decoded
 //    messages and client actors on the same scheduler (2 threads) — the pipeline without network;
 //  - published: a client actor system connected over CAF's middleman (loopback TCP) to the
 //    ingress actor a RouterNode publishes on --actor-port, as a remote actor client uses it.
@@ -23,7 +23,7 @@
 #include <fmt/format.h>
 
 #include "actors/actor_types.hpp"
-#include "actors/directory/directory_actor.hpp"
+#include "actors/discovery/discovery_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/metrics/node_metrics.hpp"
 #include "actors/node/router_node.hpp"
@@ -218,10 +218,10 @@ class LocalNode {
     selector.publisher = publisher_;
     selector.metrics = metrics_;
     selector.log = log_;
-    directory_ =
-        system_->spawn(actors::directory_behavior, actors::DirectoryActorConfig{selector, {}});
+    discovery_ =
+        system_->spawn(actors::discovery_behavior, actors::DiscoveryActorConfig{selector, {}});
     actors::ReservationActorConfig reservation;
-    reservation.directory = directory_;
+    reservation.discovery = discovery_;
     reservation.publisher = publisher_;
     reservation.metrics = metrics_;
     reservation.log = log_;
@@ -232,11 +232,11 @@ class LocalNode {
         actors::IngressActorConfig{.reservation = reservation_, .limits = {}, .metrics = metrics_});
     for (std::size_t w = 0; w < kWorkers; ++w) {
       const auto registration = workload_.registration(w);
-      caf::anon_send(directory_, actors::worker_up_atom::value, registration);
+      caf::anon_send(discovery_, actors::worker_up_atom::value, registration);
       caf::anon_send(
-          directory_, actors::load_atom::value,
+          discovery_, actors::load_atom::value,
           actors::WorkerLoadReport{registration.worker_id, 1, {{0, discovery::ConfirmedLoad{}}}});
-      caf::anon_send(directory_, actors::kv_events_atom::value, workload_.kv_events(w));
+      caf::anon_send(discovery_, actors::kv_events_atom::value, workload_.kv_events(w));
     }
     const metrics::Labels partition{{"partition", std::string{kModel} + "/default"}};
     const bool ready = testing::wait_until(
@@ -250,10 +250,10 @@ class LocalNode {
   }
 
   ~LocalNode() {
-    caf::anon_send_exit(directory_, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(discovery_, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(reservation_, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(ingress_, caf::exit_reason::user_shutdown);
-    directory_ = nullptr;
+    discovery_ = nullptr;
     reservation_ = nullptr;
     ingress_ = nullptr;
     system_->await_all_actors_done();
@@ -272,7 +272,7 @@ class LocalNode {
   std::shared_ptr<NullPublisher> publisher_ = std::make_shared<NullPublisher>();
   caf::actor_system_config config_;
   std::unique_ptr<caf::actor_system> system_;
-  actors::directory_actor directory_;
+  actors::discovery_actor discovery_;
   actors::reservation_actor reservation_;
   actors::ingress_actor ingress_;
 };

@@ -1,4 +1,4 @@
-// The node's actors together, in one actor system without NATS: the directory actor spawns a
+// The node's actors together, in one actor system without NATS: the discovery actor spawns a
 // selector per partition, the reservation actor books and leases, the ingress actor answers
 // actor clients (route, report, and generate with its stream). A fake publisher records what would
 // go out on NATS. The classifier actor sits in front of the reservation and lifecycle actors when
@@ -21,7 +21,7 @@
 
 #include "actors/actor_types.hpp"
 #include "actors/classifier/classifier_actor.hpp"
-#include "actors/directory/directory_actor.hpp"
+#include "actors/discovery/discovery_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/lifecycle/lifecycle_actor.hpp"
 #include "actors/metrics/node_metrics.hpp"
@@ -152,11 +152,11 @@ class RouterActorsTest : public ::testing::Test {
     plugins_ = std::move(*resolved);
     metrics::NodeMetrics::describe(*metrics_);  // the histograms are recorded only once described
 
-    directory_ =
-        system_.spawn(directory_behavior, DirectoryActorConfig{selector_config(metrics_), {}});
-    reservation_ = system_.spawn(reservation_behavior, reservation_config(directory_, metrics_));
+    discovery_ =
+        system_.spawn(discovery_behavior, DiscoveryActorConfig{selector_config(metrics_), {}});
+    reservation_ = system_.spawn(reservation_behavior, reservation_config(discovery_, metrics_));
     LifecycleActorConfig lifecycle;
-    lifecycle.directory = directory_;
+    lifecycle.discovery = discovery_;
     lifecycle.publisher = publisher_;
     lifecycle.metrics = metrics_;
     lifecycle.log = log_;
@@ -171,7 +171,7 @@ class RouterActorsTest : public ::testing::Test {
 
   ~RouterActorsTest() override {
     caf::anon_send_exit(lifecycle_, caf::exit_reason::user_shutdown);
-    caf::anon_send_exit(directory_, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(discovery_, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(reservation_, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(ingress_, caf::exit_reason::user_shutdown);
   }
@@ -188,7 +188,7 @@ class RouterActorsTest : public ::testing::Test {
 
   // Registers workers and waits until the partition's selector holds them.
   void register_workers(std::initializer_list<WorkerId> ids) {
-    for (WorkerId id : ids) caf::anon_send(directory_, worker_up_atom::value, registration(id));
+    for (WorkerId id : ids) caf::anon_send(discovery_, worker_up_atom::value, registration(id));
     ASSERT_TRUE(testing::wait_until(
         [&] {
           return metrics_->value("kvr_workers", {{"partition", "m/default"}}) == ids.size();
@@ -208,10 +208,10 @@ class RouterActorsTest : public ::testing::Test {
     return selector;
   }
 
-  ReservationActorConfig reservation_config(directory_actor directory,
+  ReservationActorConfig reservation_config(discovery_actor discovery,
                                             std::shared_ptr<metrics::MetricsRegistry> metrics) {
     ReservationActorConfig reservation;
-    reservation.directory = std::move(directory);
+    reservation.discovery = std::move(discovery);
     reservation.publisher = publisher_;
     reservation.metrics = std::move(metrics);
     reservation.log = log_;
@@ -266,7 +266,7 @@ class RouterActorsTest : public ::testing::Test {
   std::shared_ptr<FakePublisher> publisher_ = std::make_shared<FakePublisher>();
   std::shared_ptr<metrics::MetricsRegistry> metrics_ = std::make_shared<metrics::MetricsRegistry>();
   std::shared_ptr<metrics::RateLimitedLog> log_ = std::make_shared<metrics::RateLimitedLog>();
-  directory_actor directory_;
+  discovery_actor discovery_;
   reservation_actor reservation_;
   lifecycle_actor lifecycle_;
   ingress_actor ingress_;
@@ -364,7 +364,7 @@ TEST_F(RouterActorsTest, EventIdGapAsksTheWorkerForADump) {
   batch.incarnation = 1;
   batch.event_id = 5;  // 1..4 never arrived
   batch.events.push_back(KvStoredEvent{std::nullopt, {1, 2}, StorageTier::Device});
-  caf::anon_send(directory_, kv_events_atom::value, batch);
+  caf::anon_send(discovery_, kv_events_atom::value, batch);
   EXPECT_TRUE(testing::wait_until([&] { return !publisher_->dumps().empty(); }, 5s));
   EXPECT_EQ(publisher_->dumps().front(), (WorkerWithDpRank{11, 0}));
 }
@@ -458,7 +458,7 @@ TEST_F(RouterActorsTest, GenerateIsRetriedOnceWhenItsWorkerLeavesBeforeTheFirstT
   EXPECT_EQ(bookings(), 1);
 
   // The worker deregisters before its first token: the request moves to the other worker.
-  caf::anon_send(directory_, worker_down_atom::value, WorkerLiveness{first, 1});
+  caf::anon_send(discovery_, worker_down_atom::value, WorkerLiveness{first, 1});
   ASSERT_TRUE(testing::wait_until(
       [&] { return !publisher_->published_on("gen." + std::to_string(second)).empty(); }, 5s));
   EXPECT_EQ(metrics_->value("kvr_generate_retries_total"), 1);
@@ -494,7 +494,7 @@ TEST_F(RouterActorsTest, GenerateWithoutAnyOtherWorkerEndsWithAnExplicitError) {
   caf::anon_send(lifecycle_, generate_atom::value,
                  GenerateEnvelope{generate, {}, std::chrono::steady_clock::now()});
   ASSERT_TRUE(testing::wait_until([&] { return !publisher_->published_on("gen.11").empty(); }, 5s));
-  caf::anon_send(directory_, worker_down_atom::value, WorkerLiveness{11, 1});
+  caf::anon_send(discovery_, worker_down_atom::value, WorkerLiveness{11, 1});
   ASSERT_TRUE(testing::wait_until(
       [&] { return publisher_->published_on("client.stream").size() == 1; }, 5s));
   v1::GenerateChunk end;
@@ -608,16 +608,16 @@ TEST_F(RouterActorsTest, AnInvalidActorGenerateGetsAnErrorDecisionAndNoDispatch)
 }
 
 TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
-  // A second set of directory and reservation actors whose selectors keep hard session affinity.
+  // A second set of discovery and reservation actors whose selectors keep hard session affinity.
   SelectorActorConfig selector = selector_config(metrics_);
   selector.affinity.ttl = std::chrono::seconds(60);
   selector.affinity.mode = SessionAffinityMode::hard;
-  auto directory = system_.spawn(directory_behavior, DirectoryActorConfig{selector, {}});
-  auto reservation = system_.spawn(reservation_behavior, reservation_config(directory, metrics_));
+  auto discovery = system_.spawn(discovery_behavior, DiscoveryActorConfig{selector, {}});
+  auto reservation = system_.spawn(reservation_behavior, reservation_config(discovery, metrics_));
   for (WorkerId id : {21, 22, 23}) {
     auto worker = registration(id);
     worker.model = "sessions";
-    caf::anon_send(directory, worker_up_atom::value, worker);
+    caf::anon_send(discovery, worker_up_atom::value, worker);
   }
   ASSERT_TRUE(testing::wait_until(
       [&] {
@@ -662,13 +662,13 @@ TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
   for (const auto& lease : open_leases) {
     EXPECT_TRUE(report_on(lease, LifecycleEventKind::Completed));
   }
-  caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(discovery, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(reservation, caf::exit_reason::user_shutdown);
 }
 
 // A selector that never answers: it counts the route requests and booking updates it is handed
-// and leaves each unanswered. Dynamically typed (it answers only part of the directory's
-// interface); the reservation actor gets it as its directory through an unchecked actor_cast.
+// and leaves each unanswered. Dynamically typed (it answers only part of the discovery actor's
+// interface); the reservation actor gets it as its discovery actor through an unchecked actor_cast.
 caf::behavior silent_selector(caf::event_based_actor* self,
                               std::shared_ptr<std::atomic<int>> received) {
   return {
@@ -696,13 +696,13 @@ TEST_F(RouterActorsTest, RequestsReleaseExpiredBookingsAFewAtATimeBetweenTicks) 
   selector.options.lease_ttl = 300ms;
   selector.tick_interval = 1h;
   selector.clock = clock;
-  auto directory = system_.spawn(directory_behavior, DirectoryActorConfig{selector, {}});
-  ReservationActorConfig config = reservation_config(directory, metrics);
+  auto discovery = system_.spawn(discovery_behavior, DiscoveryActorConfig{selector, {}});
+  ReservationActorConfig config = reservation_config(discovery, metrics);
   config.lease_ttl = 300ms;
   config.tick_interval = 1h;
   config.clock = clock;
   auto reservation = system_.spawn(reservation_behavior, config);
-  for (WorkerId id : {11, 12}) caf::anon_send(directory, worker_up_atom::value, registration(id));
+  for (WorkerId id : {11, 12}) caf::anon_send(discovery, worker_up_atom::value, registration(id));
   const metrics::Labels partition{{"partition", "m/default"}};
   ASSERT_TRUE(
       testing::wait_until([&] { return metrics->value("kvr_workers", partition) == 2; }, 5s));
@@ -722,7 +722,7 @@ TEST_F(RouterActorsTest, RequestsReleaseExpiredBookingsAFewAtATimeBetweenTicks) 
   EXPECT_EQ(metrics->value("kvr_bookings_open", partition), 2);
   EXPECT_EQ(metrics->value("kvr_leases_expired_total"), 6);
   caf::anon_send_exit(reservation, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(discovery, caf::exit_reason::user_shutdown);
 }
 
 TEST_F(RouterActorsTest, ARequestItsSelectorLeavesUnansweredFailsWithATimeoutOnTheTick) {
@@ -730,7 +730,7 @@ TEST_F(RouterActorsTest, ARequestItsSelectorLeavesUnansweredFailsWithATimeoutOnT
   auto silent = system_.spawn(silent_selector, received);
   auto clock = std::make_shared<ManualClock>();
   ReservationActorConfig config =
-      reservation_config(caf::actor_cast<directory_actor>(silent), metrics_);
+      reservation_config(caf::actor_cast<discovery_actor>(silent), metrics_);
   config.selector_timeout = 100ms;
   config.tick_interval = 1h;  // the test sends the ticks
   config.clock = clock;
@@ -782,7 +782,7 @@ TEST_F(RouterActorsTest, ARequestItsSelectorLeavesUnansweredFailsWithATimeoutOnT
 TEST_F(RouterActorsTest, NoFirstChunkInTimeCountsAsAFailureRetriedOnceThenAnError) {
   register_workers({11, 12});
   LifecycleActorConfig config;
-  config.directory = directory_;
+  config.discovery = discovery_;
   config.publisher = publisher_;
   config.metrics = metrics_;
   config.log = log_;
@@ -956,7 +956,7 @@ class ClassifierActorsTest : public RouterActorsTest {
   }
 
   // A classifier actor with its own reservation and lifecycle actors, wired as the node does.
-  // With `feed_fleet_load`, the fixture's directory is replaced by one whose selectors tell the
+  // With `feed_fleet_load`, the fixture's discovery is replaced by one whose selectors tell the
   // classifier actor their KV usage, as the node wires them.
   void start(std::function<std::unique_ptr<rc::RequestClassifier>()> make_inner,
              const std::function<void(ClassifierActorConfig&)>& adjust = {},
@@ -971,16 +971,16 @@ class ClassifierActorsTest : public RouterActorsTest {
     if (adjust) adjust(settings);
     classifier_ = system_.spawn(classifier_behavior, std::move(settings));
     if (feed_fleet_load) {
-      caf::anon_send_exit(directory_, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(discovery_, caf::exit_reason::user_shutdown);
       SelectorActorConfig selector = selector_config(metrics_);
       selector.classifier = classifier_;
-      directory_ = system_.spawn(directory_behavior, DirectoryActorConfig{selector, {}});
+      discovery_ = system_.spawn(discovery_behavior, DiscoveryActorConfig{selector, {}});
     }
-    ReservationActorConfig reservation = reservation_config(directory_, metrics_);
+    ReservationActorConfig reservation = reservation_config(discovery_, metrics_);
     reservation.classifier = classifier_;
     admitted_reservation_ = system_.spawn(reservation_behavior, std::move(reservation));
     LifecycleActorConfig lifecycle;
-    lifecycle.directory = directory_;
+    lifecycle.discovery = discovery_;
     lifecycle.publisher = publisher_;
     lifecycle.metrics = metrics_;
     lifecycle.log = log_;
@@ -1109,7 +1109,7 @@ TEST_F(ClassifierActorsTest, GenerateWithARetryTellsTheClassifierTwoSentsInOrder
       5s));
   const WorkerId second = first == 11 ? 12 : 11;
   // The worker leaves before its first token: the request is retried on the other one.
-  caf::anon_send(directory_, worker_down_atom::value, WorkerLiveness{first, 1});
+  caf::anon_send(discovery_, worker_down_atom::value, WorkerLiveness{first, 1});
   ASSERT_TRUE(testing::wait_until(
       [&] { return !publisher_->published_on("gen." + std::to_string(second)).empty(); }, 5s));
   v1::GenerateChunk chunk;
@@ -1236,7 +1236,7 @@ TEST_F(ClassifierActorsTest, LoadReportsPauseAndResumeNewSessionsWithKvCapacityP
   register_workers({11});  // 100 KV blocks
   const auto report = [&](std::uint64_t used) {
     caf::anon_send(
-        directory_, load_atom::value,
+        discovery_, load_atom::value,
         WorkerLoadReport{11, 1, {{0, discovery::ConfirmedLoad{.kv_blocks_used = used}}}});
   };
   const auto turn = [](std::string id, std::string session) {
@@ -1372,14 +1372,15 @@ TEST_F(ClassifierActorsTest, ATerminatedActorClientDropsItsWaitingRequest) {
 
 // ---- the admission queue in the selector --------------------------------------------------------
 
-// A directory whose selectors queue (one class `default`, busy above 4 active prefill tokens: one
-// 8-token request makes a worker busy) and a reservation actor in front of it, on a manual clock.
+// A discovery actor whose selectors queue (one class `default`, busy above 4 active prefill tokens:
+// one 8-token request makes a worker busy) and a reservation actor in front of it, on a manual
+// clock.
 class QueueActorsTest : public RouterActorsTest {
  protected:
   ~QueueActorsTest() override {
     if (queue_reservation_)
       caf::anon_send_exit(queue_reservation_, caf::exit_reason::user_shutdown);
-    if (queue_directory_) caf::anon_send_exit(queue_directory_, caf::exit_reason::user_shutdown);
+    if (queue_discovery_) caf::anon_send_exit(queue_discovery_, caf::exit_reason::user_shutdown);
   }
 
   void start(classifiers::PolicyClassConfig policy_class,
@@ -1389,13 +1390,13 @@ class QueueActorsTest : public RouterActorsTest {
     selector.queue_max_wait = 10s;
     selector.tick_interval = 1h;  // the test drives time
     selector.clock = clock_;
-    queue_directory_ = system_.spawn(directory_behavior, DirectoryActorConfig{selector, {}});
-    ReservationActorConfig reservation = reservation_config(queue_directory_, metrics_);
+    queue_discovery_ = system_.spawn(discovery_behavior, DiscoveryActorConfig{selector, {}});
+    ReservationActorConfig reservation = reservation_config(queue_discovery_, metrics_);
     reservation.selector_timeout = selector_timeout;
     reservation.tick_interval = 1h;
     reservation.clock = clock_;
     queue_reservation_ = system_.spawn(reservation_behavior, std::move(reservation));
-    caf::anon_send(queue_directory_, worker_up_atom::value, registration(11));
+    caf::anon_send(queue_discovery_, worker_up_atom::value, registration(11));
     ASSERT_TRUE(testing::wait_until(
         [&] {
           return metrics_->value("kvr_workers", {{"partition", "m/default"}}) == 1;
@@ -1429,7 +1430,7 @@ class QueueActorsTest : public RouterActorsTest {
   }
 
   std::shared_ptr<ManualClock> clock_ = std::make_shared<ManualClock>();
-  directory_actor queue_directory_;
+  discovery_actor queue_discovery_;
   reservation_actor queue_reservation_;
 };
 
@@ -1501,7 +1502,7 @@ TEST_F(QueueActorsTest, ADueTimeThatPassesWhileQueuedRefusesWithDueTimeExpired) 
   // Any turn of the selector that could dispatch first refuses what is overdue (here a load
   // report that frees nothing); its own wake-up timer does the same at the due time.
   caf::anon_send(
-      queue_directory_, load_atom::value,
+      queue_discovery_, load_atom::value,
       WorkerLoadReport{11, 1, {{0, discovery::ConfirmedLoad{.active_prefill_tokens = 8}}}});
   ASSERT_TRUE(testing::wait_until([&] { return answered("r2"); }, 5s));
   v1::RouteDecision expired;

@@ -1,4 +1,4 @@
-// The node's own NATS outage as the selector and directory actors see it, on an injected clock:
+// The node's own NATS outage as the selector and discovery actors see it, on an injected clock:
 // while the connection is down no worker lease expires, after the reconnect each lease runs one
 // TTL from it (a worker silent since expires then, a live one stays), and every worker heard from
 // again is asked for its KV dump, a bounded number per tick.
@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "actors/actor_types.hpp"
-#include "actors/directory/directory_actor.hpp"
+#include "actors/discovery/discovery_actor.hpp"
 #include "actors/metrics/node_metrics.hpp"
 #include "actors/selector/selector_actor.hpp"
 #include "messages/clock.hpp"
@@ -91,7 +91,7 @@ class SelectorOutageTest : public ::testing::Test {
 
   ~SelectorOutageTest() override {
     if (selector_) caf::anon_send_exit(selector_, caf::exit_reason::user_shutdown);
-    if (directory_) caf::anon_send_exit(directory_, caf::exit_reason::user_shutdown);
+    if (discovery_) caf::anon_send_exit(discovery_, caf::exit_reason::user_shutdown);
   }
 
   static caf::actor_system_config& make_config() {
@@ -142,7 +142,7 @@ class SelectorOutageTest : public ::testing::Test {
   std::shared_ptr<metrics::RateLimitedLog> log_ = std::make_shared<metrics::RateLimitedLog>();
   std::shared_ptr<ManualClock> clock_ = std::make_shared<ManualClock>();
   selector_actor selector_;
-  directory_actor directory_;
+  discovery_actor discovery_;
 };
 
 TEST_F(SelectorOutageTest, NoLeaseExpiresWhileDisconnectedAndASilentWorkerExpiresOneTtlAfter) {
@@ -224,25 +224,25 @@ TEST_F(SelectorOutageTest, ResyncDumpsAreAskedForAFewPerTick) {
   EXPECT_EQ(metric("kvr_workers_expired_total"), 0);
 }
 
-TEST_F(SelectorOutageTest, TheDirectoryTellsEverySelectorAndAsksWorkersToRegisterAgain) {
+TEST_F(SelectorOutageTest, TheDiscoveryActorTellsEverySelectorAndAsksWorkersToRegisterAgain) {
   SelectorActorConfig config = selector_config();
-  directory_ = system_.spawn(directory_behavior, DirectoryActorConfig{config, {}});
-  caf::anon_send(directory_, worker_up_atom::value, registration(31));
-  ASSERT_TRUE(routes(directory_, "before"));
+  discovery_ = system_.spawn(discovery_behavior, DiscoveryActorConfig{config, {}});
+  caf::anon_send(discovery_, worker_up_atom::value, registration(31));
+  ASSERT_TRUE(routes(discovery_, "before"));
   const int asked_before = publisher_->reregistrations();
 
-  caf::anon_send(directory_, resync_atom::value, false);
+  caf::anon_send(discovery_, resync_atom::value, false);
   // A partition first seen during the outage (its selector spawned then) is told of the return.
   discovery::WorkerRegistration other = registration(32);
   other.model = "other";
-  caf::anon_send(directory_, worker_up_atom::value, other);
+  caf::anon_send(discovery_, worker_up_atom::value, other);
   ASSERT_TRUE(testing::wait_until(
       [&] {
         return metrics_->value("kvr_workers", {{"partition", "other/default"}}) == 1;
       },
       5s));
   clock_->advance(2s);
-  caf::anon_send(directory_, resync_atom::value, true);
+  caf::anon_send(discovery_, resync_atom::value, true);
   ASSERT_TRUE(testing::wait_until(
       [&] {
         return metrics_->value("kvr_worker_lease_grants_total", {{"partition", "other/default"}}) ==
@@ -252,7 +252,7 @@ TEST_F(SelectorOutageTest, TheDirectoryTellsEverySelectorAndAsksWorkersToRegiste
       5s));
   EXPECT_EQ(publisher_->reregistrations(), asked_before + 1);
   // The worker registers again in answer: its KV state is asked for.
-  caf::anon_send(directory_, worker_up_atom::value, registration(31));
+  caf::anon_send(discovery_, worker_up_atom::value, registration(31));
   ASSERT_TRUE(testing::wait_until(
       [&] {
         return publisher_->dumps() == std::vector<WorkerWithDpRank>{{31, 0}};

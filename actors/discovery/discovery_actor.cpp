@@ -1,4 +1,4 @@
-#include "actors/directory/directory_actor.hpp"
+#include "actors/discovery/discovery_actor.hpp"
 
 #include <caf/spawn_options.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -12,7 +12,7 @@
 namespace kvr::actors {
 namespace {
 
-using Self = directory_actor::stateful_pointer<DirectoryActorState>;
+using Self = discovery_actor::stateful_pointer<DiscoveryActorState>;
 using PartitionKey = std::pair<std::string, std::string>;
 
 // Asks every worker to register again, at most once per throttle period.
@@ -50,7 +50,7 @@ selector_actor spawn_selector(Self self, const PartitionKey& key) {
   auto& state = self->state;
   SelectorActorConfig config = state.config.selector;
   config.options.partition = {key.first, key.second};
-  config.directory = self;
+  config.discovery = self;
   // Linked: a failing selector takes the node's discovery down visibly, and discovery's exit
   // ends every selector.
   auto selector = self->spawn<caf::linked>(selector_behavior, std::move(config));
@@ -69,7 +69,7 @@ void retire_selector(Self self, const PartitionKey& key) {
   auto& state = self->state;
   const auto it = state.selectors.find(key);
   if (it == state.selectors.end()) return;
-  // Unlinked first: a retired selector's exit must not take the directory with it.
+  // Unlinked first: a retired selector's exit must not take the discovery actor with it.
   self->unlink_from(it->second);
   self->send_exit(it->second, caf::exit_reason::user_shutdown);
   state.selectors.erase(it);
@@ -140,7 +140,7 @@ void apply_ownership(Self self, const ClusterView& view) {
 
 }  // namespace
 
-directory_actor::behavior_type directory_behavior(Self self, DirectoryActorConfig config) {
+discovery_actor::behavior_type discovery_behavior(Self self, DiscoveryActorConfig config) {
   self->state.config = std::move(config);
   return {
       [self](worker_up_atom, discovery::WorkerRegistration& registration) {

@@ -1,4 +1,4 @@
-// The directory actor: one per node. Receives the validated worker messages from the NATS bridge
+// The discovery actor: one per node. Receives the validated worker messages from the NATS bridge
 // and forwards each to the selector actor of the worker's partition (model × routing group),
 // spawning (linked) one selector per partition on first registration; a selector serves every
 // worker role of its partition. Also the router's way into the selectors: route requests and
@@ -6,7 +6,7 @@
 //
 // State it owns: partition → selector actor, worker id → partition, the actors watching worker
 // removals, and when it last asked the workers to register again.
-// Messages it handles (its typed interface, `directory_actor`, in actors/actor_types.hpp):
+// Messages it handles (its typed interface, `discovery_actor`, in actors/actor_types.hpp):
 //   worker_up(WorkerRegistration), heartbeat(WorkerLiveness), worker_dn(WorkerLiveness),
 //   load(WorkerLoadReport), kv_events(KvEventBatch), kv_dump(KvDump)   — forwarded;
 //   route(RouteRequest) → SelectorReply          — delegated, or a no_workers reply;
@@ -53,8 +53,8 @@
 
 namespace kvr::actors {
 
-/// What the directory actor is spawned with.
-struct DirectoryActorConfig {
+/// What the discovery actor is spawned with.
+struct DiscoveryActorConfig {
   /// Template of every selector's configuration; the partition is filled in per selector.
   SelectorActorConfig selector;
   /// Workers are asked to register again at most this often.
@@ -64,10 +64,10 @@ struct DirectoryActorConfig {
   cluster_actor cluster;
 };
 
-/// The directory actor's state.
-struct DirectoryActorState {
-  static inline const char* name = "kvr.directory";
-  DirectoryActorConfig config;
+/// The discovery actor's state.
+struct DiscoveryActorState {
+  static inline const char* name = "kvr.discovery";
+  DiscoveryActorConfig config;
   std::map<std::pair<std::string, std::string>, selector_actor> selectors;
   absl::flat_hash_map<WorkerId, std::pair<std::string, std::string>> worker_partition;
   std::chrono::steady_clock::time_point last_reregistration_request{};
@@ -86,8 +86,8 @@ struct DirectoryActorState {
   std::set<std::pair<std::string, std::string>> owned;
 };
 
-/// The directory actor's behaviour.
-directory_actor::behavior_type directory_behavior(
-    directory_actor::stateful_pointer<DirectoryActorState> self, DirectoryActorConfig config);
+/// The discovery actor's behaviour.
+discovery_actor::behavior_type discovery_behavior(
+    discovery_actor::stateful_pointer<DiscoveryActorState> self, DiscoveryActorConfig config);
 
 }  // namespace kvr::actors
