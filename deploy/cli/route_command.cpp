@@ -36,13 +36,15 @@ v1::WorkerRole wire_role(std::string_view role) {
   return v1::WORKER_ROLE_AGGREGATED;
 }
 
-// The exit codes of `kvr route` (also in its --help): an answered decision that refuses the request
-// is not a failure of the tool, and a script must tell an admission refusal (retry later, or lower
-// the rate) from a request that cannot be routed at all.
+// The exit codes of `kvr route` (also in its --help and the README): an answered decision that
+// refuses the request is not a failure of the tool, and a script must tell a usage error (fix the
+// command), an admission refusal (retry later, or lower the rate), a request that cannot be routed
+// at all and a node that did not answer (none runs, or none in time) apart.
 constexpr int kRouted = 0;
 constexpr int kRouteError = 1;
-constexpr int kNoDecision = 2;
+static_assert(kUsageError == 2, "kvr route documents usage errors as exit code 2");
 constexpr int kRejectedByAdmission = 3;
+constexpr int kNoDecision = 4;
 
 std::string print_decision(const v1::RouteDecision& decision) {
   if (decision.has_error() && is_admission_rejection(decision.error().code())) {
@@ -112,10 +114,12 @@ void add_route_command(CLI::App& app, int& exit_code) {
   auto* command = app.add_subcommand(
       "route", "ask the router nodes for one routing decision (RouteRequest over NATS)");
   command->footer(
-      "Exit codes: 0 routed (a worker was chosen); 1 the decision is a route error (e.g. no "
-      "workers); 2 no decision (bad options, no connection, no reply in time); 3 rejected by "
-      "admission (ROUTE_ERROR_OVERLOADED, _RATE_LIMITED, _DUE_TIME_EXPIRED or _REJECTED from the "
-      "node's request classifier). A decision, error or not, is printed on stdout.");
+      "Exit codes: 0 routed (a worker was chosen); 1 route error (the node answered with an "
+      "error, e.g. ROUTE_ERROR_NO_WORKERS); 2 usage or configuration error (a bad option); 3 "
+      "rejected by admission (ROUTE_ERROR_OVERLOADED: a full queue or a booking cap; "
+      "_RATE_LIMITED, _DUE_TIME_EXPIRED or _REJECTED from the request classifier); 4 no decision "
+      "(no connection to NATS, no node answered: no responders or none within --timeout-ms, or "
+      "the reply is not a RouteDecision). A decision, error or not, is printed on stdout.");
   auto options = std::make_shared<RouteCommandOptions>();
   add_nats_options(*command, options->nats);
   options->nats.name = "kvr-route";

@@ -1,7 +1,8 @@
 // kvr's command line as a real process: every option value that cannot work stops the subcommand
 // with exit code 2 and a message naming the option; --help lists only the options that apply
-// (replay against replay-live); a --metrics-port in use stops a second node; SIGTERM stops a node
-// and a mocker promptly, during startup too.
+// (replay against replay-live) and `kvr route`'s exit codes; `kvr route` exits 4 when no node
+// answers and 1 when one answers with a route error; a --metrics-port in use stops a second node;
+// SIGTERM stops a node and a mocker promptly, during startup too.
 #include <regex>
 
 #include <gtest/gtest.h>
@@ -231,6 +232,14 @@ TEST_F(CliHelpTest, ReplayListsNoLiveOnlyOption) {
   for (const char* option : kBoth) EXPECT_TRUE(lists_option(text, option)) << option;
 }
 
+TEST_F(CliHelpTest, RouteDocumentsEachExitCode) {
+  const std::string text = help("route");
+  for (const char* code : {"0 routed", "1 route error", "2 usage or configuration error",
+                           "3 rejected by admission", "4 no decision"}) {
+    EXPECT_NE(text.find(code), std::string::npos) << code << "\n" << text;
+  }
+}
+
 // ---- a node against a real NATS server ------------------------------------------------------
 
 class CliNodeTest : public ::testing::Test {
@@ -274,6 +283,41 @@ TEST_F(CliNodeTest, SecondNodeOnAMetricsPortInUseStopsWithTwoNamingThePort) {
   // The first node still owns the port.
   EXPECT_TRUE(first->running()) << first->log();
   EXPECT_TRUE(healthy(port));
+}
+
+// `kvr route`'s exit codes other than 0 (cli_defaults_test), 2 (BadOptionTest) and 3
+// (node_admission_test).
+constexpr int kRouteError = 1;
+constexpr int kNoDecision = 4;
+
+// Runs `kvr route` in the fixture's namespace.
+ProcessRun run_route(const NatsServer& server, const std::filesystem::path& log) {
+  return run_process({KVR_BINARY, "route", "--nats", server.url(), "--namespace", "cli", "--text",
+                      "hello", "--timeout-ms", "1000"},
+                     log, 30s);
+}
+
+TEST_F(CliNodeTest, RouteThatNoNodeAnswersExitsWithFour) {
+  const ProcessRun run = run_route(*server_, directory_.path() / "route.log");
+  EXPECT_EQ(run.exit_code, kNoDecision) << run.output;
+  EXPECT_NE(run.output.find("no decision"), std::string::npos) << run.output;
+}
+
+TEST_F(CliNodeTest, RouteThatTheNodeAnswersWithAnErrorExitsWithOne) {
+  auto node = start_node("node");
+  ASSERT_TRUE(node);
+  // No worker serves the model: once the node subscribed, it answers ROUTE_ERROR_NO_WORKERS.
+  ProcessRun run;
+  const bool answered = wait_until(
+      [&] {
+        run = run_route(*server_, directory_.path() / "route.log");
+        return run.exit_code != kNoDecision || !node->running();
+      },
+      30s);
+  ASSERT_TRUE(answered) << run.output << "\n---- node log\n" << node->log();
+  EXPECT_EQ(run.exit_code, kRouteError) << run.output;
+  EXPECT_NE(run.output.find("error ROUTE_ERROR_NO_WORKERS"), std::string::npos) << run.output;
+  EXPECT_TRUE(node->running()) << node->log();
 }
 
 TEST_F(CliNodeTest, SigtermStopsARunningNodePromptly) {
