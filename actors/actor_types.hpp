@@ -187,6 +187,13 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::KvEventBatch)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::KvDump)
 
 // Atoms (at most 10 characters in CAF 0.17) and the types actor clients exchange with a node.
+// One meaning per atom, whichever actor handles it: a worker's `load` report is not the
+// classifier's `kv_usage`; the selector's `tick`, the reservation's booking `expire` and the
+// cluster actor's `step` are three timers; `nats_link` (the connection went down or up) is not
+// `reregister` (ask the workers to register again); the selector's `fence` (owned until) is not
+// the cluster actor's `ownership` view; the cluster's `partition` (one seen) is not the discovery
+// actor's `handover` (stop serving these); `watch` subscribes an actor to what its handle's type
+// receives (removals or `selector` announcements).
 CAF_BEGIN_TYPE_ID_BLOCK(kvr_actors, caf::first_custom_type_id)
 CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::RouteRequestMessage))
 CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::RouteDecisionMessage))
@@ -205,20 +212,27 @@ CAF_ADD_ATOM(kvr_actors, kvr::actors, kv_events_atom, "kv_events")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, kv_dump_atom, "kv_dump")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, booking_atom, "booking")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, expire_atom, "expire")
-CAF_ADD_ATOM(kvr_actors, kvr::actors, resync_atom, "resync")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, tick_atom, "tick")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, step_atom, "step")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, reregister_atom, "reregister")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, nats_link_atom, "nats_link")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, kv_usage_atom, "kv_usage")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, fleet_atom, "fleet")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, removed_atom, "removed")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, generate_atom, "generate")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, cancel_atom, "cancel")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, chunk_atom, "chunk")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, deadline_atom, "deadline")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, watch_atom, "watch")
-CAF_ADD_ATOM(kvr_actors, kvr::actors, selectors_atom, "selectors")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, selector_atom, "selector")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, flush_atom, "flush")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, classify_atom, "classify")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, wake_atom, "wake")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, targets_atom, "targets")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, ownership_atom, "ownership")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, fence_atom, "fence")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, partition_atom, "partition")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, handover_atom, "handover")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, ready_atom, "ready")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, forward_atom, "forward")
 CAF_END_TYPE_ID_BLOCK(kvr_actors)
@@ -259,12 +273,13 @@ using route_target_actor = caf::typed_actor<
 /// The selector actor of one partition (actors/selector/selector_actor.hpp).
 using selector_actor = worker_feed_actor::extend_with<route_target_actor>::extend<
     // cluster mode: the partition is owned until this time (its lease's fence)
-    caf::reacts_to<ownership_atom, std::chrono::steady_clock::time_point>,
+    caf::reacts_to<fence_atom, std::chrono::steady_clock::time_point>,
     // the node's NATS connection went down (false: hold worker leases) or came back (true: each
     // lease runs one TTL from now, and the workers' KV state is asked for again)
-    caf::reacts_to<resync_atom, bool>,
-    // internal: the expiry timer
-    caf::reacts_to<expire_atom>,
+    caf::reacts_to<nats_link_atom, bool>,
+    // internal: the periodic tick (expires worker leases, bookings and session bindings;
+    // refills the KV dump budget; gauges)
+    caf::reacts_to<tick_atom>,
     // internal: the queue's next due time or wait limit
     caf::reacts_to<wake_atom>>;
 
@@ -275,8 +290,8 @@ using removal_watcher_actor = caf::typed_actor<
 
 /// An actor told of every partition's selector, so that it addresses the selector directly.
 using selector_subscriber_actor = caf::typed_actor<
-    // the selector of partition (model, routing group)
-    caf::reacts_to<selectors_atom, std::string, std::string, selector_actor>>;
+    // the selector of partition (model, routing group); an invalid handle: it was retired
+    caf::reacts_to<selector_atom, std::string, std::string, selector_actor>>;
 
 /// The discovery actor (actors/discovery/discovery_actor.hpp).
 using discovery_actor = worker_feed_actor::extend_with<route_target_actor>::extend<
@@ -284,18 +299,18 @@ using discovery_actor = worker_feed_actor::extend_with<route_target_actor>::exte
     caf::reacts_to<ownership_atom, ClusterView>,
     // cluster mode: stop serving these partitions now (their leases are about to be handed
     // over); answered once their selectors are retired
-    caf::replies_to<partition_atom, std::vector<std::string>>::with<bool>,
-    // after a NATS reconnect: ask every worker to register again
-    caf::reacts_to<resync_atom>,
+    caf::replies_to<handover_atom, std::vector<std::string>>::with<bool>,
+    // ask every worker to register again (at startup: those that registered before the node)
+    caf::reacts_to<reregister_atom>,
     // the NATS connection went down (false) or came back (true): told to every selector, and
     // after a reconnect every worker is asked to register again
-    caf::reacts_to<resync_atom, bool>,
+    caf::reacts_to<nats_link_atom, bool>,
     // from a selector: these workers left; forwarded to the watchers
     caf::reacts_to<removed_atom, std::vector<WorkerId>>,
     // the given actor gets every removal from now on
     caf::reacts_to<watch_atom, removal_watcher_actor>,
-    // the given actor gets every partition's selector, now and when one is spawned
-    caf::reacts_to<selectors_atom, selector_subscriber_actor>>;
+    // the given actor gets every partition's selector, now and when one is spawned or retired
+    caf::reacts_to<watch_atom, selector_subscriber_actor>>;
 
 /// The reservation actor (actors/reservation/reservation_actor.hpp).
 using reservation_actor = caf::typed_actor<
@@ -304,8 +319,8 @@ using reservation_actor = caf::typed_actor<
     // a lifecycle report against a lease → its ack
     caf::replies_to<report_atom, ReportEnvelope>::with<LifecycleAckMessage>,
     // from the discovery actor: the selector of partition (model, routing group)
-    caf::reacts_to<selectors_atom, std::string, std::string, selector_actor>,
-    // internal: the lease-expiry timer
+    caf::reacts_to<selector_atom, std::string, std::string, selector_actor>,
+    // internal: the booking-expiry timer (bookings not reported in time, overdue requests)
     caf::reacts_to<expire_atom>,
     // internal: write the NATS answers of the burst
     caf::reacts_to<flush_atom>>;
@@ -327,7 +342,7 @@ using lifecycle_actor = caf::typed_actor<
     // from the discovery actor: these workers left
     caf::reacts_to<removed_atom, std::vector<WorkerId>>,
     // from the discovery actor: the selector of partition (model, routing group)
-    caf::reacts_to<selectors_atom, std::string, std::string, selector_actor>,
+    caf::reacts_to<selector_atom, std::string, std::string, selector_actor>,
     // internal: the first-token timeout of (stream id, attempt)
     caf::reacts_to<deadline_atom, std::uint64_t, std::uint32_t>,
     // internal: write the decisions and chunks relayed to NATS clients
@@ -347,9 +362,9 @@ using classifier_actor = caf::typed_actor<
     // internal: a wake time passed or a Waker fired
     caf::reacts_to<wake_atom>,
     // a selector's partition KV blocks after a load report: model, routing group, used, total
-    caf::reacts_to<load_atom, std::string, std::string, std::uint64_t, std::uint64_t>,
+    caf::reacts_to<kv_usage_atom, std::string, std::string, std::uint64_t, std::uint64_t>,
     // a selector's partition fleet after it changed, for the context a classifier is made with
-    caf::reacts_to<worker_up_atom, PartitionFleet>,
+    caf::reacts_to<fleet_atom, PartitionFleet>,
     // from the node, first: where admitted route and generate requests go
     caf::reacts_to<targets_atom, reservation_actor, lifecycle_actor>>;
 
@@ -405,6 +420,6 @@ using cluster_actor = caf::typed_actor<
     // address ("host:port") for its member record; the first step follows
     caf::reacts_to<targets_atom, discovery_actor, forwarder_actor, std::string>,
     // internal: the next step
-    caf::reacts_to<expire_atom>>;
+    caf::reacts_to<step_atom>>;
 
 }  // namespace kvr::actors

@@ -271,8 +271,8 @@ classifier_actor::behavior_type classifier_behavior(Self self, ClassifierActorCo
         drive(self, it->second);
         arm_timer(self);
       },
-      [self](load_atom, const std::string& model_name, const std::string& group, std::uint64_t used,
-             std::uint64_t total) {
+      [self](kv_usage_atom, const std::string& model_name, const std::string& group,
+             std::uint64_t used, std::uint64_t total) {
         auto& partitions = self->state.fleet_blocks[model_name];
         partitions[group] = {used, total};
         std::uint64_t fleet_used = 0;
@@ -289,7 +289,7 @@ classifier_actor::behavior_type classifier_behavior(Self self, ClassifierActorCo
         drive(self, model);
         arm_timer(self);
       },
-      [self](worker_up_atom, PartitionFleet& fleet) {
+      [self](fleet_atom, PartitionFleet& fleet) {
         auto& partitions = self->state.fleets[fleet.model];
         std::string group = fleet.routing_group;
         partitions.insert_or_assign(std::move(group), std::move(fleet));

@@ -21,7 +21,7 @@
 //   classify(ClassifierEvent)        — a lifecycle event of an admitted request (Sent, Responding,
 //                                      Completed, Aborted) from the reservation or lifecycle actor;
 //   targets(reservation, lifecycle)  — from the node, first: where admitted requests go;
-//   load(model, group, used, total)  — a selector's partition KV blocks after a load report: the
+//   kv_usage(model, group, used, total) — a selector's partition KV blocks after a load report: the
 //                                      model's fleet load (used over total blocks summed across
 //                                      its partitions, i.e. weighted by their totals) goes to its
 //                                      classifier's on_fleet_load (the model's state is created
@@ -31,7 +31,7 @@
 //   wake                             — internal: one delayed_send at the earliest wake time, due
 //                                      time or wait limit (re-armed when an earlier one appears),
 //                                      and one message per batch of fired Wakers.
-//   worker_up(PartitionFleet)         — a selector's partition after a worker joined or left.
+//   fleet(PartitionFleet)            — a selector's partition after a worker joined or left.
 // Undecided requests are re-polled only on a wake-up, never on a timer tick. A model's classifier
 // is created at its first request (or load report) with the fleet its selectors described by then:
 // the block size of its first partition that has one, and every worker rank of its partitions.

@@ -23,7 +23,7 @@ void step(Self self) {
   const auto stop_serving = [self](const std::vector<std::string>& releasing) {
     caf::scoped_actor blocking{self->system()};
     blocking
-        ->request(self->state.discovery, std::chrono::seconds(2), partition_atom::value, releasing)
+        ->request(self->state.discovery, std::chrono::seconds(2), handover_atom::value, releasing)
         .receive([](bool) {},
                  [&](caf::error& error) {
                    spdlog::warn(
@@ -80,7 +80,7 @@ cluster_actor::behavior_type cluster_behavior(Self self, ClusterActorConfig conf
         link.session = std::make_unique<cluster::ClusterSession>(link.self, *link.members,
                                                                  *link.partitions, link.leases);
         spdlog::info("kvr node: cluster: joined as {} at {}", link.self.node_id, link.self.address);
-        self->send(self, expire_atom::value);
+        self->send(self, step_atom::value);
       },
       [self](partition_atom, std::string& partition) {
         // A new partition is placed at the next step, within one interval.
@@ -91,12 +91,12 @@ cluster_actor::behavior_type cluster_behavior(Self self, ClusterActorConfig conf
           self->state.config.link->session->mark_prepared(partition);
         }
       },
-      [self](expire_atom) {
+      [self](step_atom) {
         step(self);
         // Four steps per renew interval: a lease is renewed soon after it is due, well before
         // its fence (renew deadline) ends it.
         self->delayed_send(self, self->state.config.link->leases.renew_interval / 4,
-                           expire_atom::value);
+                           step_atom::value);
       },
   };
 }

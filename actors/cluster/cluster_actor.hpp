@@ -11,7 +11,7 @@
 //                     starts (with the node's middleman address in its member record) and steps;
 //   partition(key)  — from the discovery actor: a partition exists ("<model>/<routing group>");
 //   ready(key)      — from the discovery actor: a partition it was asked to warm up is warm;
-//   expire          — internal: the next step;
+//   step            — internal: the next step;
 //   an exit message — leaves the cluster: erases its member record and hands every lease back,
 //                     so the others take the partitions at their next step, not after the TTL.
 #pragma once

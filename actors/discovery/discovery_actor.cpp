@@ -56,9 +56,9 @@ selector_actor spawn_selector(Self self, const PartitionKey& key) {
   auto selector = self->spawn<caf::linked>(selector_behavior, std::move(config));
   state.selectors.emplace(key, selector);
   // Spawned while the node is cut off from NATS: its leases are held from the start.
-  if (!state.nats_connected) self->send(selector, resync_atom::value, false);
+  if (!state.nats_connected) self->send(selector, nats_link_atom::value, false);
   for (const selector_subscriber_actor& subscriber : state.selector_subscribers) {
-    self->send(subscriber, selectors_atom::value, key.first, key.second, selector);
+    self->send(subscriber, selector_atom::value, key.first, key.second, selector);
   }
   spdlog::info("kvr node: serving partition {}/{}", key.first, key.second);
   return selector;
@@ -74,7 +74,7 @@ void retire_selector(Self self, const PartitionKey& key) {
   self->send_exit(it->second, caf::exit_reason::user_shutdown);
   state.selectors.erase(it);
   for (const selector_subscriber_actor& subscriber : state.selector_subscribers) {
-    self->send(subscriber, selectors_atom::value, key.first, key.second, selector_actor{});
+    self->send(subscriber, selector_atom::value, key.first, key.second, selector_actor{});
   }
   spdlog::info("kvr node: no longer serving partition {}/{}", key.first, key.second);
 }
@@ -127,7 +127,7 @@ void apply_ownership(Self self, const ClusterView& view) {
         }
       }
     }
-    self->send(selector, ownership_atom::value, owned_until);
+    self->send(selector, fence_atom::value, owned_until);
   }
   // A new selector learns its workers from their registrations (and asks for their KV dumps).
   if (spawned || unknown) request_reregistration(self, spawned);
@@ -233,17 +233,17 @@ discovery_actor::behavior_type discovery_behavior(Self self, DiscoveryActorConfi
                      std::move(request_id));
         }
       },
-      [self](resync_atom) { request_reregistration(self, true); },
-      [self](resync_atom, bool connected) {
+      [self](reregister_atom) { request_reregistration(self, true); },
+      [self](nats_link_atom, bool connected) {
         auto& state = self->state;
         state.nats_connected = connected;
         for (const auto& [key, selector] : state.selectors) {
-          self->send(selector, resync_atom::value, connected);
+          self->send(selector, nats_link_atom::value, connected);
         }
         if (connected) request_reregistration(self, true);
       },
       [self](ownership_atom, const ClusterView& view) { apply_ownership(self, view); },
-      [self](partition_atom, const std::vector<std::string>& partitions) {
+      [self](handover_atom, const std::vector<std::string>& partitions) {
         auto& state = self->state;
         for (const std::string& partition : partitions) {
           const auto known = state.known_partitions.find(partition);
@@ -271,11 +271,11 @@ discovery_actor::behavior_type discovery_behavior(Self self, DiscoveryActorConfi
       [self](watch_atom, const removal_watcher_actor& watcher) {
         if (watcher) self->state.watchers.push_back(watcher);
       },
-      [self](selectors_atom, const selector_subscriber_actor& subscriber) {
+      [self](watch_atom, const selector_subscriber_actor& subscriber) {
         if (!subscriber) return;
         self->state.selector_subscribers.push_back(subscriber);
         for (const auto& [key, selector] : self->state.selectors) {
-          self->send(subscriber, selectors_atom::value, key.first, key.second, selector);
+          self->send(subscriber, selector_atom::value, key.first, key.second, selector);
         }
       },
   };

@@ -12,9 +12,10 @@
 //   route(RouteRequest) → SelectorReply          — delegated, or a no_workers reply;
 //   booking(BookingUpdate) → BookingUpdateReply      — delegated, or "unknown partition";
 //   cancel(model, group, request id)                 — forwarded to the partition's selector;
-//   resync                                           — after a NATS reconnect: ask every worker
-//                                                      to register again;
-//   resync(bool connected)                           — the NATS connection went down (false) or
+//   reregister                                       — ask every worker to register again (at
+//                                                      startup: those that registered before the
+//                                                      node started);
+//   nats_link(bool connected)                        — the NATS connection went down (false) or
 //                                                      came back (true): told to every selector
 //                                                      (worker leases held, then renewed for one
 //                                                      TTL, and KV dumps asked for again); after
@@ -24,10 +25,15 @@
 //                                                      or deregistered; forwarded to watchers;
 //   watch(removal_watcher_actor)                     — `actor` (the lifecycle actor) gets every
 //                                                      removed(...) from now;
-//   selectors(selector_subscriber_actor)             — `actor` (the reservation actor) gets
-//                                                      selectors(model, group, selector) for every
-//                                                      partition, now and when one is spawned, so
-//                                                      that it can skip this actor's hop.
+//   watch(selector_subscriber_actor)                 — `actor` (the reservation actor) gets
+//                                                      selector(model, group, selector) for every
+//                                                      partition, now and when one is spawned or
+//                                                      retired, so that it can skip this actor's
+//                                                      hop;
+//   ownership(ClusterView)                           — cluster mode: what this node owns, warms
+//                                                      up or drops (fence(owned until) to each
+//                                                      owned partition's selector);
+//   handover(partitions) → bool                      — cluster mode: stop serving these now.
 // In cluster mode it runs selectors only for the partitions the cluster actor says this node owns
 // or warms up (ownership, with each owned partition's fence passed to its selector), drops the
 // worker messages of the others early, retires a selector whose partition it lost, and tells the
@@ -75,7 +81,7 @@ struct DiscoveryActorState {
   bool nats_connected = true;
   /// Told of every worker removal (removed_atom).
   std::vector<removal_watcher_actor> watchers;
-  /// Told of every selector (selectors_atom), and of a retired one (an invalid handle).
+  /// Told of every selector (selector_atom), and of a retired one (an invalid handle).
   std::vector<selector_subscriber_actor> selector_subscribers;
   /// Cluster mode: every partition seen in a registration, by its placement key.
   std::map<std::string, std::pair<std::string, std::string>> known_partitions;

@@ -309,8 +309,7 @@ lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfi
   self->state.routes = PartitionRoutes{self->state.config.discovery};
   if (self->state.config.discovery) {
     self->send(self->state.config.discovery, watch_atom::value, removal_watcher_actor{self});
-    self->send(self->state.config.discovery, selectors_atom::value,
-               selector_subscriber_actor{self});
+    self->send(self->state.config.discovery, watch_atom::value, selector_subscriber_actor{self});
   }
   // Shutdown: no client is left without an end to its stream.
   self->set_exit_handler([self](caf::exit_msg& message) {
@@ -391,7 +390,7 @@ lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfi
         apply(self, envelope.stream_id, flight->lifecycle.on_chunk(to_stream_chunk(envelope.chunk)),
               &envelope.chunk);
       },
-      [self](selectors_atom, std::string& model, std::string& group, selector_actor& selector) {
+      [self](selector_atom, std::string& model, std::string& group, selector_actor& selector) {
         self->state.routes.learn(std::move(model), std::move(group), selector);
       },
       [self](removed_atom, const std::vector<WorkerId>& removed) {

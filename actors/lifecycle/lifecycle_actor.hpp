@@ -20,17 +20,17 @@
 //   cancel(std::string request_id)   — the client's GenerateCancel (ignored when not served here);
 //   chunk(ChunkEnvelope)             — a worker's chunk on the node's stream inbox;
 //   removed(std::vector<WorkerId>)   — from the discovery actor (it is a watcher): workers left;
-//   selectors(model, group, selector) — from the discovery actor: that partition's route and
+//   selector(model, group, selector) — from the discovery actor: that partition's route and
 //                                       booking requests go to `selector` directly;
 //   deadline(stream id, attempt)     — internal, its own timer: the attempt's first-token timeout;
 //   flush                            — internal: writes the decisions and chunks relayed to NATS
 //                                      clients since the last write (burst_writer.hpp);
 //   an exit message (node shutdown)  — every request in flight ends with an explicit error;
 //   a down message (actor client)    — the client's requests in flight are cancelled.
-// It registers itself with the discovery actor (watch, selectors) when spawned. Spawned by the
-// router node. Every request it makes carries a finite timeout; it must never block, throw, share
-// its state, or call NATS request(). The classifier events of the steps go to the classifier actor
-// when the node runs one.
+// It registers itself with the discovery actor (watch: removals and selectors) when spawned.
+// Spawned by the router node. Every request it makes carries a finite timeout; it must never block,
+// throw, share its state, or call NATS request(). The classifier events of the steps go to the
+// classifier actor when the node runs one.
 #pragma once
 
 #include <chrono>

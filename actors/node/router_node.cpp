@@ -104,8 +104,8 @@ BridgeSinks make_bridge_sinks(const discovery_actor& discovery,
   };
   // From the connection's thread, in order: the discovery actor holds every worker lease while the
   // node is cut off, then renews them and asks the workers to register and dump again.
-  sinks.disconnected = [discovery] { caf::anon_send(discovery, resync_atom::value, false); };
-  sinks.reconnected = [discovery] { caf::anon_send(discovery, resync_atom::value, true); };
+  sinks.disconnected = [discovery] { caf::anon_send(discovery, nats_link_atom::value, false); };
+  sinks.reconnected = [discovery] { caf::anon_send(discovery, nats_link_atom::value, true); };
   return sinks;
 }
 
@@ -493,7 +493,7 @@ struct RouterNode::Impl {
   }
 
   // Workers that registered before this node started announce themselves again.
-  void request_registrations() { caf::anon_send(discovery, resync_atom::value); }
+  void request_registrations() { caf::anon_send(discovery, reregister_atom::value); }
 
   // "off", or the classes and their busy thresholds.
   std::string describe_queue() const {

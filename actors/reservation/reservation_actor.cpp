@@ -357,13 +357,13 @@ reservation_actor::behavior_type reservation_behavior(Self self, ReservationActo
     }
   }
   publish_leases_gauge(self);
-  self->send(self->state.config.discovery, selectors_atom::value, selector_subscriber_actor{self});
+  self->send(self->state.config.discovery, watch_atom::value, selector_subscriber_actor{self});
   self->delayed_send(self, self->state.config.tick_interval, expire_atom::value);
   return {
       [self](route_atom, RouteEnvelope& envelope) { return handle_route(self, envelope); },
       [self](report_atom, ReportEnvelope& envelope) { return handle_report(self, envelope); },
       [self](flush_atom) { flush_answers(self); },
-      [self](selectors_atom, std::string& model, std::string& group, selector_actor& selector) {
+      [self](selector_atom, std::string& model, std::string& group, selector_actor& selector) {
         self->state.routes.learn(std::move(model), std::move(group), selector);
       },
       [self](expire_atom) {

@@ -12,9 +12,10 @@
 // Messages it handles (its typed interface, `reservation_actor`, in actors/actor_types.hpp):
 //   route(RouteEnvelope) → RouteDecisionMessage     — always a decision (success or error);
 //   report(ReportEnvelope) → LifecycleAckMessage     — always an ack;
-//   selectors(model, group, selector)                — from the discovery actor: requests of that
+//   selector(model, group, selector)                 — from the discovery actor: requests of that
 //                                                      partition go to its selector directly;
-//   expire                                           — internal, its own timer;
+//   expire                                           — internal, its own timer: ends the
+//                                                      bookings not reported in time;
 //   flush                                            — internal: writes the NATS answers of the
 //                                                      burst (burst_writer.hpp).
 // Spawned by the router node. Every route request and report it hands to a selector is answered

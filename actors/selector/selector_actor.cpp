@@ -208,7 +208,7 @@ void send_fleet_load(Self self) {
   const double usage = static_cast<double>(used) / static_cast<double>(total);
   if (state.sent_kv_usage && std::abs(usage - *state.sent_kv_usage) < 0.01) return;
   state.sent_kv_usage = usage;
-  self->send(state.config.classifier, load_atom::value, state.config.options.partition.model,
+  self->send(state.config.classifier, kv_usage_atom::value, state.config.options.partition.model,
              state.config.options.partition.routing_group, used, total);
 }
 
@@ -353,7 +353,7 @@ void send_fleet(Self self) {
       fleet.workers.emplace_back(WorkerWithDpRank{id, rank}, entry.registration.total_kv_blocks);
     }
   }
-  self->send(state.config.classifier, worker_up_atom::value, std::move(fleet));
+  self->send(state.config.classifier, fleet_atom::value, std::move(fleet));
 }
 
 }  // namespace
@@ -390,7 +390,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
     }
     update_gauges(self);
     state.resync_budget = state.config.resync_dumps_per_tick;
-    self->delayed_send(self, state.config.tick_interval, expire_atom::value);
+    self->delayed_send(self, state.config.tick_interval, tick_atom::value);
     // Shutdown: every waiting request gets an explicit answer.
     self->set_exit_handler([self](caf::exit_msg& message) {
       for (auto& waiting : self->state.awaiting_ownership) {
@@ -533,7 +533,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
         if (!changed) return {false, std::string{discovery::as_str(changed.error())}};
         return {true, {}};
       },
-      [self](expire_atom) {
+      [self](tick_atom) {
         auto& state = self->state;
         std::vector<WorkerId> removed;
         const auto now = state.config.clock->now();
@@ -560,10 +560,10 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
         state.resync_budget = state.config.resync_dumps_per_tick;
         send_resync_dumps(self);
         update_gauges(self);
-        self->delayed_send(self, state.config.tick_interval, expire_atom::value);
+        self->delayed_send(self, state.config.tick_interval, tick_atom::value);
       },
-      [self](resync_atom, bool connected) { on_nats_link(self, connected); },
-      [self](ownership_atom, TimePoint owned_until) {
+      [self](nats_link_atom, bool connected) { on_nats_link(self, connected); },
+      [self](fence_atom, TimePoint owned_until) {
         auto& state = self->state;
         state.owned_until = owned_until;
         if (state.config.clock->now() >= owned_until || state.awaiting_ownership.empty()) return;

@@ -17,14 +17,14 @@
 //                                                  may eject the worker: worker_health.hpp);
 //   cancel(model, group, request id)            — the caller gave up: a request still in the
 //                                                  queue leaves it unbooked;
-//   expire                                      — internal, its own timer: expires worker leases,
+//   tick                                        — internal, its own timer: expires worker leases,
 //                                                  unreported bookings, approximate blocks and idle
 //                                                  session bindings, and tells the discovery actor
 //                                                  which workers left (removed);
 //   wake                                        — internal: the queue's next due time or wait
 //                                                  limit (one delayed message, re-armed earlier
 //                                                  when needed).
-//   resync(bool connected)                      — the node's own NATS connection went down
+//   nats_link(bool connected)                   — the node's own NATS connection went down
 //                                                  (false): worker leases are held, none expires
 //                                                  for heartbeats the node could not receive; it
 //                                                  came back (true): each lease runs one TTL
@@ -95,7 +95,7 @@ struct SelectorActorConfig {
   std::vector<classifiers::PolicyClassConfig> policy_classes;
   /// A request waits in the queue at most this long, then is refused with `timeout`.
   std::chrono::milliseconds queue_max_wait{30'000};
-  /// Cluster mode: the selector routes only while its partition's lease fence (ownership
+  /// Cluster mode: the selector routes only while its partition's lease fence (fence
   /// messages) lies ahead, and asks every worker that joins for its KV dump. A request that
   /// arrives while the partition is not (or not yet) owned here waits up to ownership_wait for
   /// the lease (a handover or takeover in progress), then is refused with `unavailable`.

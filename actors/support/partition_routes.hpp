@@ -16,7 +16,7 @@
 
 namespace kvr::actors {
 
-/// A partition → selector map fed by the discovery actor's announcements (selectors_atom).
+/// A partition → selector map fed by the discovery actor's announcements (selector_atom).
 class PartitionRoutes {
  public:
   PartitionRoutes() = default;

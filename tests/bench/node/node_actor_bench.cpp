@@ -138,7 +138,7 @@ void issue(Client self) {
 caf::behavior route_client(Client self, std::shared_ptr<RunShared> shared, int window) {
   self->state.shared = std::move(shared);
   for (int i = 0; i < window; ++i) issue(self);
-  return {[](actors::resync_atom) {}};
+  return {[](actors::wake_atom) {}};  // never sent: the client lives for its responses
 }
 
 struct ActorRunResult {

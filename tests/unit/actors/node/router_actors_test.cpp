@@ -680,7 +680,7 @@ caf::behavior silent_selector(caf::event_based_actor* self,
         ++*received;
         (void)self->make_response_promise();
       },
-      [](selectors_atom, const selector_subscriber_actor&) {},
+      [](watch_atom, const selector_subscriber_actor&) {},
       // The reservation gives up on a request it timed out: nothing of it waits here.
       [](cancel_atom, const std::string&, const std::string&, const std::string&) {},
   };

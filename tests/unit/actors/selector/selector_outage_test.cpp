@@ -152,17 +152,17 @@ TEST_F(SelectorOutageTest, NoLeaseExpiresWhileDisconnectedAndASilentWorkerExpire
   EXPECT_EQ(metric("kvr_workers"), 2);
 
   // The node loses NATS for 30 leases' worth of time; ticks keep running.
-  caf::anon_send(selector_, resync_atom::value, false);
+  caf::anon_send(selector_, nats_link_atom::value, false);
   for (int tick = 0; tick < 30; ++tick) {
     clock_->advance(1s);
-    caf::anon_send(selector_, expire_atom::value);
+    caf::anon_send(selector_, tick_atom::value);
   }
   ASSERT_TRUE(routes(selector_, "during"));
   EXPECT_EQ(metric("kvr_workers"), 2);
   EXPECT_EQ(metric("kvr_workers_expired_total"), 0);
 
   // Back: both leases had run out and were held; each now runs one TTL (1 s) from here.
-  caf::anon_send(selector_, resync_atom::value, true);
+  caf::anon_send(selector_, nats_link_atom::value, true);
   ASSERT_TRUE(routes(selector_, "reconnected"));
   EXPECT_EQ(metric("kvr_worker_expiries_suppressed_total"), 2);
   EXPECT_EQ(metric("kvr_worker_lease_grants_total"), 2);
@@ -173,14 +173,14 @@ TEST_F(SelectorOutageTest, NoLeaseExpiresWhileDisconnectedAndASilentWorkerExpire
   clock_->advance(600ms);
   caf::anon_send(selector_, heartbeat_atom::value, WorkerLiveness{12, 1});
   clock_->advance(399ms);
-  caf::anon_send(selector_, expire_atom::value);
+  caf::anon_send(selector_, tick_atom::value);
   ASSERT_TRUE(routes(selector_, "within-grace"));
   EXPECT_EQ(metric("kvr_workers"), 2);
   EXPECT_EQ(publisher_->dumps(), (std::vector<WorkerWithDpRank>{{12, 0}}));
 
   // Worker 11 died during the outage: it expires one TTL after the reconnect, not before.
   clock_->advance(1ms);
-  caf::anon_send(selector_, expire_atom::value);
+  caf::anon_send(selector_, tick_atom::value);
   ASSERT_TRUE(routes(selector_, "after-grace"));
   EXPECT_EQ(metric("kvr_workers"), 1);
   EXPECT_EQ(metric("kvr_workers_expired_total"), 1);
@@ -189,7 +189,7 @@ TEST_F(SelectorOutageTest, NoLeaseExpiresWhileDisconnectedAndASilentWorkerExpire
   for (int beat = 0; beat < 5; ++beat) {
     clock_->advance(500ms);
     caf::anon_send(selector_, heartbeat_atom::value, WorkerLiveness{12, 1});
-    caf::anon_send(selector_, expire_atom::value);
+    caf::anon_send(selector_, tick_atom::value);
   }
   ASSERT_TRUE(routes(selector_, "later"));
   EXPECT_EQ(metric("kvr_workers"), 1);
@@ -204,20 +204,20 @@ TEST_F(SelectorOutageTest, ResyncDumpsAreAskedForAFewPerTick) {
   selector_ = system_.spawn(selector_behavior, config);
   const std::vector<WorkerId> fleet{21, 22, 23, 24, 25};
   for (WorkerId id : fleet) caf::anon_send(selector_, worker_up_atom::value, registration(id));
-  caf::anon_send(selector_, resync_atom::value, false);
+  caf::anon_send(selector_, nats_link_atom::value, false);
   clock_->advance(5s);
-  caf::anon_send(selector_, resync_atom::value, true);
+  caf::anon_send(selector_, nats_link_atom::value, true);
   // Every worker answers the node's call to register again at once.
   for (WorkerId id : fleet) caf::anon_send(selector_, worker_up_atom::value, registration(id));
   ASSERT_TRUE(routes(selector_, "registered"));
   EXPECT_EQ(publisher_->dumps().size(), 2U);
-  caf::anon_send(selector_, expire_atom::value);
+  caf::anon_send(selector_, tick_atom::value);
   ASSERT_TRUE(routes(selector_, "tick-1"));
   EXPECT_EQ(publisher_->dumps().size(), 4U);
-  caf::anon_send(selector_, expire_atom::value);
+  caf::anon_send(selector_, tick_atom::value);
   ASSERT_TRUE(routes(selector_, "tick-2"));
   EXPECT_EQ(publisher_->dumps().size(), 5U);
-  caf::anon_send(selector_, expire_atom::value);
+  caf::anon_send(selector_, tick_atom::value);
   ASSERT_TRUE(routes(selector_, "tick-3"));
   EXPECT_EQ(publisher_->dumps().size(), 5U);
   EXPECT_EQ(metric("kvr_workers"), 5);
@@ -231,7 +231,7 @@ TEST_F(SelectorOutageTest, TheDiscoveryActorTellsEverySelectorAndAsksWorkersToRe
   ASSERT_TRUE(routes(discovery_, "before"));
   const int asked_before = publisher_->reregistrations();
 
-  caf::anon_send(discovery_, resync_atom::value, false);
+  caf::anon_send(discovery_, nats_link_atom::value, false);
   // A partition first seen during the outage (its selector spawned then) is told of the return.
   discovery::WorkerRegistration other = registration(32);
   other.model = "other";
@@ -242,7 +242,7 @@ TEST_F(SelectorOutageTest, TheDiscoveryActorTellsEverySelectorAndAsksWorkersToRe
       },
       5s));
   clock_->advance(2s);
-  caf::anon_send(discovery_, resync_atom::value, true);
+  caf::anon_send(discovery_, nats_link_atom::value, true);
   ASSERT_TRUE(testing::wait_until(
       [&] {
         return metrics_->value("kvr_worker_lease_grants_total", {{"partition", "other/default"}}) ==
