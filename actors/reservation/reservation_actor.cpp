@@ -53,7 +53,7 @@ metrics::NodeMetrics node_metrics(Self self) {
   return metrics::NodeMetrics{*self->state.config.metrics};
 }
 
-void publish_leases_gauge(Self self) {
+void publish_open_bookings(Self self) {
   self->state.leases_open.set(static_cast<double>(self->state.ledger->size()));
 }
 
@@ -113,17 +113,17 @@ void deliver_error(Self self, const RouteEnvelope& envelope, DecisionPromise& pr
   });
 }
 
-// Ends leases that expired unreported, at most `limit` of them: their bookings expire in the
-// selector on their own (same expiry), so only the ledger and the metrics change here.
-void expire_leases(Self self, TimePoint now, std::size_t limit) {
+// Ends bookings that expired unreported, at most `limit` of them: the selector expires its own
+// side of them (same expiry), so only the ledger and the metrics change here.
+void expire_bookings(Self self, TimePoint now, std::size_t limit) {
   auto& state = self->state;
   const auto expired = state.ledger->expire(now, limit);
   if (expired.empty()) return;
   state.leases_expired.add(static_cast<double>(expired.size()));
-  publish_leases_gauge(self);
-  for (const Lease& lease : expired) {
-    tell_classifier(self, lease.partition.model, [&] {
-      return plugins::request_classifier::Aborted{lease.request_id, lease.worker,
+  publish_open_bookings(self);
+  for (const Booking& booking : expired) {
+    tell_classifier(self, booking.partition.model, [&] {
+      return plugins::request_classifier::Aborted{booking.request_id, booking.worker,
                                                   "the lease expired unreported"};
     });
   }
@@ -151,7 +151,7 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
   // Booked by the selector; recorded here before the answer leaves.
   std::string lease_id =
       state.ledger->open(request.partition, request.id(), outcome.worker, outcome.lease_expires_at);
-  publish_leases_gauge(self);
+  publish_open_bookings(self);
   auto decision =
       make_route_success(request.client_id(), outcome,
                          RouteSuccessInfo{.lease_id = lease_id,
@@ -168,13 +168,13 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
                                                   "the decision could not be delivered"};
     });
     // Nobody learnt of this booking: roll it back.
-    if (auto lease = state.ledger->close(lease_id)) {
+    if (auto booking = state.ledger->close(lease_id)) {
       node_metrics(self).bookings_rolled_back().add();
       update_booking(self,
-                     BookingUpdate{lease->partition, lease->request_id, true,
+                     BookingUpdate{booking->partition, booking->request_id, true,
                                    discovery::BookingEnd::cancelled, AffinityAction::abandon});
     }
-    publish_leases_gauge(self);
+    publish_open_bookings(self);
   }
 }
 
@@ -182,7 +182,7 @@ DecisionPromise handle_route(Self self, RouteEnvelope& envelope) {
   auto promise = self->make_response_promise<RouteDecisionMessage>();
   auto& state = self->state;
   // A few per request (kExpiriesPerRequest), as the selector does with bookings.
-  expire_leases(self, state.config.clock->now(), kExpiriesPerRequest);
+  expire_bookings(self, state.config.clock->now(), kExpiriesPerRequest);
   // The selector gets the request; the pending entry keeps what answering needs.
   RouteRequest selector_request = std::move(envelope.request);
   envelope.request.selection.request_id = selector_request.id();
@@ -192,7 +192,7 @@ DecisionPromise handle_route(Self self, RouteEnvelope& envelope) {
   state.pending_routes.emplace(id,
                                ReservationActorState::PendingRoute{std::move(envelope), promise});
   // No CAF timeout: the expiry timer answers a request its selector leaves unanswered, and a
-  // late reply finds no pending entry (its booking then expires with its lease, as before).
+  // late reply finds no pending entry (its booking then expires, as before).
   const route_target_actor& selector = selector_for(self, selector_request.partition);
   self->request(selector, caf::infinite, route_atom::value, std::move(selector_request))
       .then(
@@ -251,42 +251,43 @@ AckPromise handle_report(Self self, ReportEnvelope& envelope) {
   auto& state = self->state;
   const LifecycleReportData& report = envelope.report;
   const bool first_token = report.event == LifecycleEventKind::FirstToken;
-  auto lease = first_token ? state.ledger->first_token(report.lease_id)
-                           : state.ledger->close(report.lease_id);
-  publish_leases_gauge(self);
-  if (!lease) {
+  auto booking = first_token ? state.ledger->first_token(report.lease_id)
+                             : state.ledger->close(report.lease_id);
+  publish_open_bookings(self);
+  if (!booking) {
     // A first token whose completion overtook it: nothing is left to do, and nothing is wrong.
-    const bool overtaken = lease.error() == LeaseError::already_ended;
+    const bool overtaken = booking.error() == BookingError::already_ended;
     deliver_ack(self, envelope, promise, overtaken,
-                overtaken ? fmt::format("lease '{}' already ended", report.lease_id)
-                          : fmt::format("lease '{}': {}", report.lease_id, as_str(lease.error())));
+                overtaken
+                    ? fmt::format("lease '{}' already ended", report.lease_id)
+                    : fmt::format("lease '{}': {}", report.lease_id, as_str(booking.error())));
     return promise;
   }
   namespace rc = plugins::request_classifier;
   if (first_token) {
-    tell_classifier(self, lease->partition.model, [&] {
-      return rc::Responding{lease->request_id, lease->worker};
+    tell_classifier(self, booking->partition.model, [&] {
+      return rc::Responding{booking->request_id, booking->worker};
     });
   } else if (report.event == LifecycleEventKind::Completed) {
-    tell_classifier(self, lease->partition.model, [&] {
-      return rc::Completed{lease->request_id, lease->worker, std::nullopt};
+    tell_classifier(self, booking->partition.model, [&] {
+      return rc::Completed{booking->request_id, booking->worker, std::nullopt};
     });
   } else {
-    tell_classifier(self, lease->partition.model, [&] {
-      return rc::Aborted{lease->request_id, lease->worker,
+    tell_classifier(self, booking->partition.model, [&] {
+      return rc::Aborted{booking->request_id, booking->worker,
                          report.error.empty() ? std::string{"aborted"} : report.error};
     });
   }
-  BookingUpdate update{lease->partition, lease->request_id, !first_token,
+  BookingUpdate update{booking->partition, booking->request_id, !first_token,
                        report.event == LifecycleEventKind::Completed
                            ? discovery::BookingEnd::completed
                            : (report.error.empty() ? discovery::BookingEnd::cancelled
                                                    : discovery::BookingEnd::failed),
                        // Session affinity commits at the first token and ends with the request.
                        first_token ? AffinityAction::commit : AffinityAction::finish,
-                       health_report(report, lease->worker.worker_id)};
+                       health_report(report, booking->worker.worker_id)};
   if (envelope.reply_subject.empty() && !self->current_message_id().is_request()) {
-    // Nobody waits for an ack (a NATS publish without a reply subject): the lease is ended, so
+    // Nobody waits for an ack (a NATS publish without a reply subject): the booking is ended, so
     // the report is accepted whatever the selector finds, and the booking update goes one way.
     // Without a sender, the selector's answer is dropped.
     count_report(self, report.event, true);
@@ -303,7 +304,7 @@ AckPromise handle_report(Self self, ReportEnvelope& envelope) {
             auto pending = self->state.pending_reports.extract(id);
             if (pending.empty()) return;
             // A booking the selector no longer holds was released already (its worker left):
-            // the report is still accepted, since the lease was open.
+            // the report is still accepted, since the booking was open.
             deliver_ack(self, pending.mapped().envelope, pending.mapped().promise, true,
                         reply.applied
                             ? std::string{}
@@ -356,7 +357,7 @@ reservation_actor::behavior_type reservation_behavior(Self self, ReservationActo
           metrics.lifecycle_reports(as_str(event), accepted);
     }
   }
-  publish_leases_gauge(self);
+  publish_open_bookings(self);
   self->send(self->state.config.discovery, watch_atom::value, selector_subscriber_actor{self});
   self->delayed_send(self, self->state.config.tick_interval, expire_atom::value);
   return {
@@ -369,7 +370,7 @@ reservation_actor::behavior_type reservation_behavior(Self self, ReservationActo
       [self](expire_atom) {
         auto& state = self->state;
         fail_overdue(self, state.config.clock->now());
-        expire_leases(self, state.config.clock->now(), std::numeric_limits<std::size_t>::max());
+        expire_bookings(self, state.config.clock->now(), std::numeric_limits<std::size_t>::max());
         self->delayed_send(self, state.config.tick_interval, expire_atom::value);
       },
   };

@@ -1,13 +1,13 @@
 // The reservation actor: one per node; the route-mode front of the selectors. For every route
 // request it asks the partition's selector (directly once the discovery actor announced it, through
-// that actor before) to select and book, records the booking in the lease ledger, and only then
+// that actor before) to select and book, records the booking in the booking ledger, and only then
 // delivers the decision (published on the request's NATS reply subject, or returned to an actor
 // client). When publishing fails the booking is rolled back. Lifecycle reports release bookings
 // through the ledger: first token, completion and abort each end a booking's part exactly once;
-// unreported leases expire on a timer (the selectors expire the bookings themselves at the same
+// unreported bookings expire on a timer (the selectors expire the bookings themselves at the same
 // deadline).
 //
-// State it owns: the LeaseLedger (lease id → partition, request id, worker, expiry) and each
+// State it owns: the BookingLedger (lease id → partition, request id, worker, expiry) and each
 // partition's selector.
 // Messages it handles (its typed interface, `reservation_actor`, in actors/actor_types.hpp):
 //   route(RouteEnvelope) → RouteDecisionMessage     — always a decision (success or error);
@@ -43,7 +43,7 @@
 #include "actors/metrics/metrics_registry.hpp"
 #include "actors/metrics/rate_limited_log.hpp"
 #include "actors/nats/nats_bridge.hpp"
-#include "actors/reservation/lease_ledger.hpp"
+#include "actors/reservation/booking_ledger.hpp"
 #include "actors/support/burst_writer.hpp"
 #include "actors/support/partition_routes.hpp"
 #include "messages/clock.hpp"
@@ -58,18 +58,18 @@ struct ReservationActorConfig {
   std::shared_ptr<RouterPublisher> publisher;
   std::shared_ptr<metrics::MetricsRegistry> metrics;
   std::shared_ptr<metrics::RateLimitedLog> log;
-  /// Lease ids start with this (unique per node start).
+  /// Lease ids (the bookings' ids on the wire) start with this (unique per node start).
   std::string lease_prefix = "lease";
   /// Reported to callers in each decision (the selectors' booking TTL).
   std::chrono::milliseconds lease_ttl{120'000};
   /// How long a selector may take to answer (enforced by the expiry timer: up to one tick late).
   std::chrono::milliseconds selector_timeout{2'000};
-  /// Period of the lease-expiry timer.
+  /// Period of the booking-expiry timer.
   std::chrono::milliseconds tick_interval{100};
   /// Where the actor reads the time (injected by tests).
   std::shared_ptr<const Clock> clock = Clock::steady();
   /// When the node runs a request classifier: told each admitted request's lifecycle (Sent at
-  /// the decision, Responding at FIRST_TOKEN, Completed, Aborted at ABORTED, lease expiry, a
+  /// the decision, Responding at FIRST_TOKEN, Completed, Aborted at ABORTED, booking expiry, a
   /// failed delivery or a route error). Null: no messages.
   classifier_actor classifier;
 };
@@ -78,7 +78,7 @@ struct ReservationActorConfig {
 struct ReservationActorState {
   static inline const char* name = "kvr.reservation";
   ReservationActorConfig config;
-  std::optional<LeaseLedger> ledger;
+  std::optional<BookingLedger> ledger;
   /// Each partition's selector, as the discovery actor announced it.
   PartitionRoutes routes;
 
