@@ -114,12 +114,15 @@ void add_route_command(CLI::App& app, int& exit_code) {
   auto* command = app.add_subcommand(
       "route", "ask the router nodes for one routing decision (RouteRequest over NATS)");
   command->footer(
-      "Exit codes: 0 routed (a worker was chosen); 1 route error (the node answered with an "
-      "error, e.g. ROUTE_ERROR_NO_WORKERS); 2 usage or configuration error (a bad option); 3 "
-      "rejected by admission (ROUTE_ERROR_OVERLOADED: a full queue or a booking cap; "
-      "_RATE_LIMITED, _DUE_TIME_EXPIRED or _REJECTED from the request classifier); 4 no decision "
-      "(no connection to NATS, no node answered: no responders or none within --timeout-ms, or "
-      "the reply is not a RouteDecision). A decision, error or not, is printed on stdout.");
+      "Exit codes:\n"
+      "  0 routed (a worker was chosen)\n"
+      "  1 route error: the node answered with an error (e.g. ROUTE_ERROR_NO_WORKERS)\n"
+      "  2 usage or configuration error (a bad option)\n"
+      "  3 rejected by admission: ROUTE_ERROR_OVERLOADED (a full queue or a booking cap),\n"
+      "    _RATE_LIMITED, _DUE_TIME_EXPIRED or _REJECTED (the request classifier)\n"
+      "  4 no decision: no connection to NATS, no node answered (no responders, or none\n"
+      "    within --timeout-ms), or the reply is not a RouteDecision\n"
+      "A decision, error or not, is printed on stdout.");
   auto options = std::make_shared<RouteCommandOptions>();
   add_nats_options(*command, options->nats);
   options->nats.name = "kvr-route";
