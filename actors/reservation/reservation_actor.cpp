@@ -170,9 +170,9 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
     // Nobody learnt of this booking: roll it back.
     if (auto lease = state.ledger->close(lease_id)) {
       node_metrics(self).bookings_rolled_back().add();
-      update_booking(self,
-                     BookingUpdate{lease->partition, lease->request_id, true,
-                                   discovery::BookingEnd::cancelled, AffinityAction::abandon});
+      update_booking(self, BookingUpdate{lease->partition,
+                                         {lease->request_id, true, discovery::BookingEnd::cancelled,
+                                          AffinityAction::abandon}});
     }
     publish_leases_gauge(self);
   }
@@ -277,14 +277,15 @@ AckPromise handle_report(Self self, ReportEnvelope& envelope) {
                          report.error.empty() ? std::string{"aborted"} : report.error};
     });
   }
-  BookingUpdate update{lease->partition, lease->request_id, !first_token,
-                       report.event == LifecycleEventKind::Completed
-                           ? discovery::BookingEnd::completed
-                           : (report.error.empty() ? discovery::BookingEnd::cancelled
-                                                   : discovery::BookingEnd::failed),
-                       // Session affinity commits at the first token and ends with the request.
-                       first_token ? AffinityAction::commit : AffinityAction::finish,
-                       health_report(report, lease->worker.worker_id)};
+  BookingUpdate update{lease->partition,
+                       {lease->request_id, !first_token,
+                        report.event == LifecycleEventKind::Completed
+                            ? discovery::BookingEnd::completed
+                            : (report.error.empty() ? discovery::BookingEnd::cancelled
+                                                    : discovery::BookingEnd::failed),
+                        // Session affinity commits at the first token and ends with the request.
+                        first_token ? AffinityAction::commit : AffinityAction::finish,
+                        health_report(report, lease->worker.worker_id)}};
   if (envelope.reply_subject.empty() && !self->current_message_id().is_request()) {
     // Nobody waits for an ack (a NATS publish without a reply subject): the lease is ended, so
     // the report is accepted whatever the selector finds, and the booking update goes one way.
