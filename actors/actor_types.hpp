@@ -25,7 +25,7 @@
 #include <caf/typed_actor.hpp>
 
 #include "actors/cluster/cluster_session.hpp"
-#include "actors/selector/selector_state.hpp"
+#include "actors/selector/partition_router.hpp"
 #include "actors/wire/generate_messages.hpp"
 #include "actors/wire/route_messages.hpp"
 #include "actors/wire/worker_messages.hpp"
@@ -45,12 +45,8 @@ struct RouteEnvelope {
   std::chrono::steady_clock::time_point received;
 };
 
-/// A selector's answer to a route request: the booked outcome or why there is none.
-struct SelectorReply {
-  std::expected<RouteOutcome, RouteFailure> result;
-  std::string policy;            ///< the instance name serving the request's worker type
-  std::string generate_subject;  ///< the chosen worker's generate subject
-};
+/// A selector's answer to a route request (the partition core's RouteReply).
+using SelectorReply = RouteReply;
 
 /// A lifecycle report on its way to the reservation actor.
 struct ReportEnvelope {
@@ -58,31 +54,16 @@ struct ReportEnvelope {
   std::string reply_subject;  ///< NATS subject the ack is published on; empty for actors
 };
 
-/// What a booking change does to the request's session-affinity proposal (SessionAffinity).
-enum class AffinityAction : std::uint8_t {
-  none,
-  commit,   ///< the response stream started (first token)
-  abandon,  ///< the attempt ended before its first token
-  finish,   ///< the request ended (before a commit this is abandon)
-};
-
-/// A booking change (first token or release) addressed to one partition's selector, with what it
-/// means for the request's session affinity (applied even when the booking is already gone).
+/// A booking change (first token or release) addressed to one partition's selector.
 struct BookingUpdate {
   plugins::worker_selection::RoutingPartition partition;
-  std::string request_id;
-  bool release = true;  ///< false: first token (prefill tokens only)
-  discovery::BookingEnd end = discovery::BookingEnd::completed;
-  AffinityAction affinity = AffinityAction::none;
-  /// What the request's outcome says about its worker's health (passive health); empty: nothing
-  /// (a client's own cancellation, an abort with no cause).
-  std::optional<WorkerHealthReport> health;
+  BookingChange change;
 };
 
-/// Expired bookings (selector) and expired leases (reservation) each actor ends with every route
-/// request, before the tick ends the rest. When clients do not report, leases end as fast as
-/// requests arrive; ended a few per request, they no longer pile up into one burst per tick of
-/// thousands of releases that every queued request waits behind.
+/// Expired leases the reservation actor ends with every route request, before the tick ends the
+/// rest (the partition core does the same for its bookings): when clients do not report, leases
+/// end as fast as requests arrive instead of piling up into one burst per tick of thousands of
+/// releases that every queued request waits behind.
 inline constexpr std::size_t kExpiriesPerRequest = 4;
 
 /// A generate request on its way from the NATS bridge or the ingress actor to the lifecycle actor.
@@ -107,16 +88,6 @@ struct ChunkEnvelope {
 struct ClassifierEvent {
   std::string model;
   plugins::request_classifier::ClassifyEvent event;
-};
-
-/// A partition's fleet as a selector tells the classifier actor after it changed: what a model's
-/// classifier is created with (RequestClassifierContext).
-struct PartitionFleet {
-  std::string model;
-  std::string routing_group;
-  /// The partition's block size; 0 while it has no worker.
-  std::uint32_t block_size = 0;
-  std::vector<plugins::request_classifier::ClassifierWorker> workers;
 };
 
 /// What this node's cluster actor learnt in its last step (cluster mode): the partitions it owns

@@ -1,4 +1,4 @@
-// The public request-classifier plugin API (PLUGIN_API.md): admission before worker selection.
+// The public request-classifier plugin API (docs/policies.md): admission before worker selection.
 // A classifier looks at each request and answers with a pollable AdmissionFuture (admit now,
 // reject, or decide later); the classifier actor polls it without ever blocking a thread. A
 // plugin includes this header and selection/plugin_registry.hpp only.

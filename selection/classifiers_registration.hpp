@@ -14,8 +14,8 @@ namespace kvr::selection {
 /// The type names register_builtin_classifiers registers, sorted.
 std::span<const std::string_view> builtin_classifier_types();
 
-/// Registers kv-capacity-pause, length-class, max-in-flight and token-bucket; fails when a name
-/// is already registered.
+/// Registers kv-capacity-pause, length-class, max-in-flight, tenant-class and token-bucket; fails
+/// when a name is already registered.
 std::expected<void, plugins::RegistryError> register_builtin_classifiers(
     plugins::RouterPluginRegistry& registry);
 

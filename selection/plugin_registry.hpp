@@ -1,4 +1,4 @@
-// The router plugin registry (PLUGIN_API.md): worker-selection policies and request classifiers
+// The router plugin registry (docs/policies.md): worker-selection policies and request classifiers
 // registered by type name, then resolved once at startup against the router-policy YAML.
 // Built-ins and catalogs register from one function each; afterwards the registry is read-only.
 #pragma once

@@ -1,4 +1,4 @@
-// The public worker-selection plugin API (PLUGIN_API.md): the types a custom filter, scorer or
+// The public worker-selection plugin API (docs/policies.md): the types a custom filter, scorer or
 // picker is written against, and the host-side policy that composes them. A plugin includes this
 // header and selection/plugin_registry.hpp only.
 #pragma once

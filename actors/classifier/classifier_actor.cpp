@@ -18,7 +18,7 @@ namespace rc = plugins::request_classifier;
 using Self = classifier_actor::stateful_pointer<ClassifierActorState>;
 using DecisionPromise = caf::typed_response_promise<RouteDecisionMessage>;
 using Waiting = ClassifierActorState::Waiting;
-using WaitingRoute = ClassifierActorState::WaitingRoute;
+using AdmittingRoute = ClassifierActorState::WaitingRoute;
 using WaitingGenerate = ClassifierActorState::WaitingGenerate;
 
 metrics::NodeMetrics node_metrics(Self self) {
@@ -86,7 +86,7 @@ void end_generate(Self self, WaitingGenerate& waiting, Error code, const std::st
 
 void reject(Self self, Waiting& waiting, const AdmissionRejected& rejection) {
   node_metrics(self).route_errors(rejection.code).add();
-  if (auto* route = std::get_if<WaitingRoute>(&waiting)) {
+  if (auto* route = std::get_if<AdmittingRoute>(&waiting)) {
     const v1::RouteDecision decision =
         make_route_error(route->envelope.request.client_id(), rejection.code, rejection.message);
     if (!route->envelope.reply_subject.empty()) {
@@ -102,7 +102,7 @@ void reject(Self self, Waiting& waiting, const AdmissionRejected& rejection) {
 
 void hand_on(Self self, Waiting& waiting, const rc::ClassifyRequest& admitted) {
   auto& config = self->state.config;
-  if (auto* route = std::get_if<WaitingRoute>(&waiting)) {
+  if (auto* route = std::get_if<AdmittingRoute>(&waiting)) {
     apply_admission(route->envelope.request, admitted);
     route->promise.delegate(config.reservation, route_atom::value, std::move(route->envelope));
     return;
@@ -235,7 +235,7 @@ classifier_actor::behavior_type classifier_behavior(Self self, ClassifierActorCo
         const std::string model = envelope.request.partition.model;
         const std::string request_id = envelope.request.id();
         const RouteRequest request = envelope.request;
-        admit(self, model, request_id, request, WaitingRoute{std::move(envelope), promise});
+        admit(self, model, request_id, request, AdmittingRoute{std::move(envelope), promise});
         return promise;
       },
       [self](generate_atom, GenerateEnvelope& envelope) -> caf::result<RouteDecisionMessage> {

@@ -77,10 +77,11 @@ void untrack_client(Self self, const stream_client_actor& client) {
 void send_booking(Self self, const GenerateFlight& flight, bool release, discovery::BookingEnd end,
                   AffinityAction affinity, std::optional<WorkerHealthReport> health = {}) {
   auto& config = self->state.config;
-  self->request(self->state.routes.selector_for(flight.request.route.partition),
-                config.selector_timeout, booking_atom::value,
-                BookingUpdate{flight.request.route.partition, flight.request.route.id(), release,
-                              end, affinity, std::move(health)})
+  self->request(
+          self->state.routes.selector_for(flight.request.route.partition), config.selector_timeout,
+          booking_atom::value,
+          BookingUpdate{flight.request.route.partition,
+                        {flight.request.route.id(), release, end, affinity, std::move(health)}})
       .then([](const BookingUpdateReply&) {},
             [self](const caf::error& error) {
               self->state.config.log->warn(

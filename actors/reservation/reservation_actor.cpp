@@ -171,8 +171,9 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
     if (auto booking = state.ledger->close(lease_id)) {
       node_metrics(self).bookings_rolled_back().add();
       update_booking(self,
-                     BookingUpdate{booking->partition, booking->request_id, true,
-                                   discovery::BookingEnd::cancelled, AffinityAction::abandon});
+                     BookingUpdate{booking->partition,
+                                   {booking->request_id, true, discovery::BookingEnd::cancelled,
+                                    AffinityAction::abandon}});
     }
     publish_open_bookings(self);
   }
@@ -278,14 +279,15 @@ AckPromise handle_report(Self self, ReportEnvelope& envelope) {
                          report.error.empty() ? std::string{"aborted"} : report.error};
     });
   }
-  BookingUpdate update{booking->partition, booking->request_id, !first_token,
-                       report.event == LifecycleEventKind::Completed
-                           ? discovery::BookingEnd::completed
-                           : (report.error.empty() ? discovery::BookingEnd::cancelled
-                                                   : discovery::BookingEnd::failed),
-                       // Session affinity commits at the first token and ends with the request.
-                       first_token ? AffinityAction::commit : AffinityAction::finish,
-                       health_report(report, booking->worker.worker_id)};
+  BookingUpdate update{booking->partition,
+                       {booking->request_id, !first_token,
+                        report.event == LifecycleEventKind::Completed
+                            ? discovery::BookingEnd::completed
+                            : (report.error.empty() ? discovery::BookingEnd::cancelled
+                                                    : discovery::BookingEnd::failed),
+                        // Session affinity commits at the first token and ends with the request.
+                        first_token ? AffinityAction::commit : AffinityAction::finish,
+                        health_report(report, booking->worker.worker_id)}};
   if (envelope.reply_subject.empty() && !self->current_message_id().is_request()) {
     // Nobody waits for an ack (a NATS publish without a reply subject): the booking is ended, so
     // the report is accepted whatever the selector finds, and the booking update goes one way.

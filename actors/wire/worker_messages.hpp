@@ -13,23 +13,14 @@
 #include "actors/wire/kv_event_codec.hpp"
 #include "discovery/catalog/worker_registration.hpp"
 #include "discovery/load/predicted_load.hpp"
+#include "discovery/worker_reports.hpp"
 #include "messages/ids.hpp"
 #include "messages/kv_event.hpp"
 
 namespace kvr::actors {
 
-/// A heartbeat or deregistration: which process start of which worker.
-struct WorkerLiveness {
-  WorkerId worker_id = 0;
-  Incarnation incarnation = 0;
-};
-
-/// A validated load report: one confirmed load per reported rank.
-struct WorkerLoadReport {
-  WorkerId worker_id = 0;
-  Incarnation incarnation = 0;
-  std::vector<std::pair<DpRank, discovery::ConfirmedLoad>> ranks;
-};
+using discovery::WorkerLiveness;
+using discovery::WorkerLoadReport;
 
 /// Bounds of the worker-message decoders.
 struct WorkerMessageLimits {

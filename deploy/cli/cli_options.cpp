@@ -153,4 +153,31 @@ void warn_unapplied_admission(std::string_view command, const selection::RouterP
   }
 }
 
+void add_session_affinity_options(CLI::App& app, SessionAffinityFlags& flags) {
+  app.add_option("--router-session-affinity-ttl-secs", flags.ttl_secs,
+                 "session affinity: a session's binding to a worker expires after this many idle "
+                 "seconds (0: session affinity off)")
+      ->envname("KVR_ROUTER_SESSION_AFFINITY_TTL_SECS")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{0},
+                         static_cast<std::uint64_t>(actors::kMaxSessionAffinityTtl.count())));
+  app.add_option("--router-session-affinity-mode", flags.mode,
+                 "hard: a bound session goes exactly to its worker; soft: the binding is offered "
+                 "to the policy as its affinity target")
+      ->envname("KVR_ROUTER_SESSION_AFFINITY_MODE")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"hard", "soft"}));
+}
+
+actors::SessionAffinityOptions session_affinity_options(const SessionAffinityFlags& flags) {
+  actors::SessionAffinityOptions options;
+  // The validators allow only "hard" and "soft", and TTLs within kMaxSessionAffinityTtl.
+  options.mode =
+      actors::parse_session_affinity_mode(flags.mode).value_or(actors::SessionAffinityMode::hard);
+  if (flags.ttl_secs > 0) {
+    options.ttl = std::chrono::seconds(static_cast<std::int64_t>(flags.ttl_secs));
+  }
+  return options;
+}
+
 }  // namespace kvr::cli

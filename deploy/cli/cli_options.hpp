@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "actors/nats/nats_client.hpp"
+#include "actors/selector/session_affinity.hpp"
 #include "deploy/simulation/engine_config.hpp"
 #include "selection/config/router_policy_config.hpp"
 
@@ -37,6 +38,19 @@ CLI::Option* add_namespace_option(CLI::App& app, std::string& ns);
 /// Adds every engine parameter (--block-size, --num-gpu-blocks, --max-num-batched-tokens,
 /// --max-num-seqs, --time-scale, the timing polynomial ...), defaults shown in --help.
 void add_engine_options(CLI::App& app, simulation::EngineConfig& config);
+
+/// Session affinity as `kvr node` and `kvr replay` take it.
+struct SessionAffinityFlags {
+  std::uint64_t ttl_secs = 0;  ///< 0: off
+  std::string mode = "hard";
+};
+
+/// Adds --router-session-affinity-ttl-secs and --router-session-affinity-mode (with their
+/// KVR_ROUTER_SESSION_AFFINITY_* variables), validated.
+void add_session_affinity_options(CLI::App& app, SessionAffinityFlags& flags);
+
+/// The session affinity the (validated) flags configure.
+actors::SessionAffinityOptions session_affinity_options(const SessionAffinityFlags& flags);
 
 /// Refuses `engines` simulated engines of `config` holding more than kMaxSimulatedBlocks KV blocks
 /// in all; `engines_option` names what sets the engine count (e.g. "--workers").

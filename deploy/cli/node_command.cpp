@@ -25,8 +25,7 @@ struct NodeCommandOptions {
   std::string router_policy_config;
   std::array<std::string, 4> role_policies;  // empty: not given on the command line
   double lease_ttl_secs = 120;
-  std::uint64_t session_affinity_ttl_secs = 0;  // 0: off
-  std::string session_affinity_mode = "hard";
+  SessionAffinityFlags session_affinity;
   std::uint64_t first_token_timeout_ms = 30'000;
   std::optional<std::uint32_t> block_size;  // unset: each partition learns its workers' size
   std::optional<std::uint16_t> metrics_port;
@@ -87,18 +86,7 @@ int run_node(NodeCommandOptions options) {
       static_cast<std::int64_t>(std::min<std::uint64_t>(options.cluster_lease_ttl_ms, 60'000)));
   options.node.lease_ttl = std::chrono::milliseconds(
       static_cast<std::int64_t>(std::llround(options.lease_ttl_secs * 1000)));
-  const auto mode = actors::parse_session_affinity_mode(options.session_affinity_mode);
-  if (!mode) {
-    spdlog::error("kvr node: --router-session-affinity-mode: '{}' is not hard or soft",
-                  options.session_affinity_mode);
-    return kUsageError;
-  }
-  options.node.session_affinity.mode = *mode;
-  // The option's validator keeps the TTL within kMaxSessionAffinityTtl.
-  if (options.session_affinity_ttl_secs > 0) {
-    options.node.session_affinity.ttl =
-        std::chrono::seconds(static_cast<std::int64_t>(options.session_affinity_ttl_secs));
-  }
+  options.node.session_affinity = session_affinity_options(options.session_affinity);
   options.node.first_token_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(
       std::min<std::uint64_t>(options.first_token_timeout_ms, std::uint64_t{1} << 40)));
   if (auto valid = options.node.validate(); !valid) {
@@ -196,21 +184,7 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->envname("KVR_ROUTER_PARTITION_MAX_BOOKED_BLOCKS")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{0}, actors::kMaxBookingCap));
-  command
-      ->add_option("--router-session-affinity-ttl-secs", options->session_affinity_ttl_secs,
-                   "session affinity: a session's binding to a worker expires after this many idle "
-                   "seconds (0: session affinity off)")
-      ->envname("KVR_ROUTER_SESSION_AFFINITY_TTL_SECS")
-      ->capture_default_str()
-      ->check(CLI::Range(std::uint64_t{0},
-                         static_cast<std::uint64_t>(actors::kMaxSessionAffinityTtl.count())));
-  command
-      ->add_option("--router-session-affinity-mode", options->session_affinity_mode,
-                   "hard: a bound session goes exactly to its worker; soft: the binding is offered "
-                   "to the policy as its affinity target")
-      ->envname("KVR_ROUTER_SESSION_AFFINITY_MODE")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"hard", "soft"}));
+  add_session_affinity_options(*command, options->session_affinity);
   command
       ->add_option("--router-first-token-timeout-ms", options->first_token_timeout_ms,
                    "generate mode: a worker that sends no first chunk within this time has failed "

@@ -28,6 +28,7 @@ struct ReplayCommandOptions {
   /// Replay only this tenant's requests; empty: all.
   std::string only_tenant;
   std::optional<double> queue_threshold;
+  SessionAffinityFlags session_affinity;
   replay::ReplayOptions replay;
 };
 
@@ -111,6 +112,7 @@ int run_replay(const ReplayCommandOptions& options) {
   ProgressBar progress{names, trace->size(), !options.output.quiet};
   replay::ReplayOptions replay_options = options.replay;
   replay_options.queue_threshold = options.queue_threshold;
+  replay_options.session_affinity = session_affinity_options(options.session_affinity);
   replay_options.speedup = options.output.speedup;
   replay_options.on_progress = [&progress](std::size_t policy, std::size_t done) {
     progress.update(policy, done);
@@ -126,9 +128,15 @@ int run_replay(const ReplayCommandOptions& options) {
   report.seed = replay_options.seed;
   report.block_size = replay_options.engine.block_size;
   report.infinite_cache_hit_rate = replay.infinite_cache_hit_rate();
+  std::vector<PolicyDecisions> decisions(options.output.decisions_path.empty() ? 0 : names.size());
   for (std::size_t i = 0; i < names.size(); ++i) {
     const auto started = std::chrono::steady_clock::now();
-    simulation::PolicyReport policy = replay.run(names[i], resolved[i], i);
+    std::vector<simulation::ReplayRequestOutcome>* outcomes = nullptr;
+    if (!decisions.empty()) {
+      decisions[i].label = names[i];
+      outcomes = &decisions[i].outcomes;
+    }
+    simulation::PolicyReport policy = replay.run(names[i], resolved[i], i, outcomes);
     policy.wall_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (!options.output.quiet) {
@@ -138,6 +146,7 @@ int run_replay(const ReplayCommandOptions& options) {
   }
 
   std::cout << simulation::format_table(report);
+  if (!write_decisions(kCommand, options.output, decisions)) return 1;
   return write_report(kCommand, options.output, report, simulation::to_json(report), "not routed");
 }
 
@@ -190,6 +199,13 @@ void add_replay_command(CLI::App& app, int& exit_code) {
                    "kv-cost softmax temperature (0: lowest cost)")
       ->capture_default_str()
       ->check(finite_range(0, 1e6));
+  add_session_affinity_options(*command, options->session_affinity);
+  command
+      ->add_option("--session-key-blocks", options->replay.session_key_blocks,
+                   "with session affinity on, a request's session is its first N hash ids (a "
+                   "conversation's turns share their opening; 0: no sessions)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1'000'000}));
   add_engine_options(*command, options->replay.engine);
   command->callback([options, &exit_code] {
     if (auto valid = options->replay.engine.validate(); !valid) {

@@ -80,6 +80,10 @@ int run_live_replay(const ReplayLiveCommandOptions& options) {
     }
   }
   std::cout << table << replay::format_live_summary(result);
+  if (!write_decisions(kCommand, options.output,
+                       {PolicyDecisions{result.report.policy, std::move(result.outcomes)}})) {
+    return 1;
+  }
   const int written = write_report(kCommand, options.output, report,
                                    replay::live_report_json(report, result), "failed");
   if (written != 0) return written;

@@ -75,6 +75,10 @@ void add_replay_output_options(CLI::App& app, ReplayOutputOptions& options) {
   app.add_option("--json", options.json_path, "write the report as JSON")->check(non_empty());
   app.add_option("--plot", options.plot_path, "write a PNG plot (python3-matplotlib)")
       ->check(non_empty());
+  app.add_option("--decisions", options.decisions_path,
+                 "write each completed request's worker: policy, trace index, worker, rank "
+                 "(tab-separated, one request a line)")
+      ->check(non_empty());
   app.add_flag("--quiet", options.quiet, "no progress bar");
 }
 
@@ -141,6 +145,24 @@ int write_report(std::string_view command, const ReplayOutputOptions& options,
     std::cout << "plot written to " << options.plot_path << '\n';
   }
   return 0;
+}
+
+bool write_decisions(std::string_view command, const ReplayOutputOptions& options,
+                     const std::vector<PolicyDecisions>& decisions) {
+  if (options.decisions_path.empty()) return true;
+  std::ofstream out{options.decisions_path};
+  for (const PolicyDecisions& policy : decisions) {
+    for (const simulation::ReplayRequestOutcome& outcome : policy.outcomes) {
+      out << policy.label << '\t' << outcome.trace_index << '\t' << outcome.worker.worker_id << '\t'
+          << outcome.worker.dp_rank << '\n';
+    }
+  }
+  out.flush();
+  if (!out) {
+    std::cerr << command << ": cannot write --decisions " << options.decisions_path << '\n';
+    return false;
+  }
+  return true;
 }
 
 }  // namespace kvr::cli

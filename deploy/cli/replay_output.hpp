@@ -24,11 +24,13 @@ struct ReplayOutputOptions {
   double speedup = 1.0;
   std::string json_path;
   std::string plot_path;
+  /// Where each routed request's worker is written (one line per completed request); empty: not.
+  std::string decisions_path;
   /// No progress bar and no timing lines on stderr.
   bool quiet = false;
 };
 
-/// Adds --trace, --limit, --speedup, --json, --plot and --quiet.
+/// Adds --trace, --limit, --speedup, --json, --plot, --decisions and --quiet.
 void add_replay_output_options(CLI::App& app, ReplayOutputOptions& options);
 
 /// Loads the trace; on failure prints "<command>: <reason>" and returns nullopt.
@@ -61,5 +63,17 @@ class ProgressBar {
 int write_report(std::string_view command, const ReplayOutputOptions& options,
                  const simulation::ReplayReport& report, const std::string& json,
                  std::string_view failure_verb);
+
+/// One policy's completed requests, for --decisions: "<label>\t<trace index>\t<worker>\t<rank>"
+/// per line, in trace order. Comparing two runs' files shows where their routing differs.
+struct PolicyDecisions {
+  std::string label;
+  std::vector<simulation::ReplayRequestOutcome> outcomes;
+};
+
+/// Writes --decisions (nothing when it is not given); false, after an error line starting with
+/// `command`, when the file cannot be written.
+bool write_decisions(std::string_view command, const ReplayOutputOptions& options,
+                     const std::vector<PolicyDecisions>& decisions);
 
 }  // namespace kvr::cli

@@ -460,6 +460,7 @@ struct LiveReplay::State {
     result.policies.assign(policies.begin(), policies.end());
     result.workers = fleet_size != 0 ? fleet_size : result.decisions_per_worker.size();
     result.report = simulation::make_policy_report(label, trace.size(), outcomes, result.workers);
+    result.outcomes = std::move(outcomes);
     // make_policy_report counts every request without an outcome as failed; refusals are not.
     result.report.failed -= std::min(result.report.failed, result.rejected_by_admission);
     result.report.failures.assign(failures.begin(), failures.end());
@@ -549,6 +550,11 @@ std::expected<std::unique_ptr<LiveReplay>, std::string> LiveReplay::connect(
     }
   }  // unsubscribed here: the callback no longer runs
   state->fleet_size = fleet.block_sizes.size();
+  // The probe is pinned to a worker that announced itself: routed by its pin, it runs no policy
+  // choice, so the policy's state (its random draws, a round-robin position) is the trace's alone.
+  const std::optional<WorkerId> probe_worker =
+      fleet.block_sizes.empty() ? std::nullopt
+                                : std::optional<WorkerId>{fleet.block_sizes.begin()->first};
   if (opts.block_size != 0) {
     state->block_size = opts.block_size;
   } else {
@@ -576,6 +582,7 @@ std::expected<std::unique_ptr<LiveReplay>, std::string> LiveReplay::connect(
     probe.set_request_id(fmt::format("live-{}-probe-{}", state->run_id, attempt));
     probe.set_model(opts.model);
     probe.mutable_block_hashes()->set_prompt_tokens(1);
+    if (probe_worker) probe.mutable_pinned_worker()->set_worker_id(*probe_worker);
     auto reply = state->client->request(subjects::router_route(opts.ns), probe.SerializeAsString(),
                                         std::chrono::milliseconds(1000));
     v1::RouteDecision decision;

@@ -69,6 +69,8 @@ struct LiveReplayResult {
   std::vector<std::string> policies;
   /// Route decisions per chosen worker.
   std::map<WorkerId, std::size_t> decisions_per_worker;
+  /// Each completed request's worker and statistics, in trace order.
+  std::vector<simulation::ReplayRequestOutcome> outcomes;
   /// Client-observed route request → decision round trip, in ms.
   simulation::LatencySummary route_ms;
   std::size_t timed_out = 0;     ///< requests abandoned at their timeout
@@ -90,7 +92,8 @@ struct LiveReplayResult {
 class LiveReplay {
  public:
   /// Connects, asks the workers to announce themselves (learning the fleet and its block size),
-  /// and waits until the router answers a probe route request (whose lease it releases at once).
+  /// and waits until the router answers a probe route request, pinned to an announced worker so
+  /// that it runs no policy choice (its lease is released at once).
   /// The error says what is missing (NATS, workers, a router, agreement on the block size).
   static std::expected<std::unique_ptr<LiveReplay>, std::string> connect(LiveReplayOptions options);
 

@@ -13,8 +13,7 @@
 #include <fmt/format.h>
 
 #include "actors/classifier/admission_state.hpp"
-#include "actors/selector/partition_queue.hpp"
-#include "actors/selector/selector_state.hpp"
+#include "actors/selector/partition_router.hpp"
 #include "classifiers/queue/policy_class_config.hpp"
 #include "deploy/simulation/engine.hpp"
 #include "messages/check.hpp"
@@ -84,18 +83,31 @@ std::uint32_t trace_index_of(std::string_view id) {
   return index;
 }
 
-// The policy-class queue the plugins and options configure; nullptr when no class has a busy
-// threshold, so that no request would ever wait.
-std::unique_ptr<actors::PartitionQueue> make_class_queue(const ReplayOptions& options,
-                                                         const plugins::RouterPlugins& plugins) {
+// The partition core's settings for a replay: the node's, with the replay's block size, seed and
+// classes, and bookings and worker leases that never expire (the simulated lifecycle reports
+// every request).
+actors::PartitionRouterOptions make_router_options(const ReplayOptions& options,
+                                                   const plugins::RouterPlugins& plugins) {
+  actors::PartitionRouterOptions router;
+  router.options.partition.model = std::string{kReplayModel};
+  router.options.router = options.router;
+  router.options.router.block_size = options.engine.block_size;
+  router.options.router.seed = options.seed;
+  router.options.lease_ttl = std::chrono::hours(24 * 365);
+  router.options.registration.max_lease_ttl = std::chrono::hours(24 * 365);
+  router.affinity = options.session_affinity;
   const classifiers::PolicyClassConfig fallback =
       classifiers::default_policy_class(options.queue_threshold);
   KVR_CHECK(classifiers::validate_policy_class(fallback).has_value());
-  std::vector<classifiers::PolicyClassConfig> classes =
-      classifiers::resolve_policy_classes(plugins.policy_classes, fallback);
-  if (!actors::queues_requests(classes)) return nullptr;
-  return std::make_unique<actors::PartitionQueue>(
-      actors::PartitionQueueOptions{std::move(classes), options.admission_max_wait});
+  router.policy_classes = classifiers::resolve_policy_classes(plugins.policy_classes, fallback);
+  router.queue_max_wait = options.admission_max_wait;
+  router.report_kv_usage = plugins.request_classifier.has_value();
+  return router;
+}
+
+// A queue's refusal (its limits, a due time or wait limit) rather than a failure to place.
+bool refused_by_queue(Error code) {
+  return code == Error::overloaded || code == Error::due_time_expired || code == Error::timeout;
 }
 
 // The whole state of one policy's replay.
@@ -109,7 +121,7 @@ class PolicyRun {
         block_hashes_(block_hashes),
         tenants_(replay.tenants()),
         plugins_(plugins),
-        selector_(make_selector_options(replay.options()), plugins) {}
+        router_(make_router_options(replay.options(), plugins), plugins) {}
 
   std::vector<simulation::ReplayRequestOutcome> run(std::size_t policy_index) {
     start_fleet();
@@ -144,7 +156,7 @@ class PolicyRun {
           finish_step(event.worker(), event.time_ms);
           break;
         case EventKind::KvDelivery:
-          deliver_kv(event.worker());
+          deliver_kv(event.worker(), event.time_ms);
           break;
         case EventKind::LoadReport:
           deliver_load(event.worker(), event.time_ms);
@@ -157,8 +169,8 @@ class PolicyRun {
     // Every wait is bounded (admission_max_wait), so nothing is left; if something were, it
     // would be reported rather than lost.
     if (!deferred_.empty()) failures_["still deferred by admission at the end"] += deferred_.size();
-    if (class_queue_ && !class_queue_->empty()) {
-      failures_["still queued at the end"] += class_queue_->size();
+    if (const std::size_t queued = router_.gauges().queued; queued > 0) {
+      failures_["still queued at the end"] += queued;
     }
     std::ranges::sort(outcomes_, {}, &simulation::ReplayRequestOutcome::trace_index);
     return std::move(outcomes_);
@@ -172,18 +184,6 @@ class PolicyRun {
   const std::vector<std::pair<std::uint32_t, Error>>& rejections() const { return rejections_; }
 
  private:
-  static actors::SelectorOptions make_selector_options(const ReplayOptions& options) {
-    actors::SelectorOptions selector;
-    selector.partition.model = std::string{kReplayModel};
-    selector.router = options.router;
-    selector.router.block_size = options.engine.block_size;
-    selector.router.seed = options.seed;
-    // Every booking is released by the simulated lifecycle; none should ever expire.
-    selector.lease_ttl = std::chrono::hours(24 * 365);
-    selector.registration.max_lease_ttl = std::chrono::hours(24 * 365);
-    return selector;
-  }
-
   void schedule(double time_ms, EventKind kind, std::uint32_t worker) {
     queue_.push(
         Event{time_ms, (next_sequence_++ << Event::kSequenceShift) |
@@ -206,10 +206,11 @@ class PolicyRun {
       registration.max_num_batched_tokens = options_.engine.max_num_batched_tokens;
       registration.max_num_seqs = options_.engine.max_num_seqs;
       registration.lease_ttl = std::chrono::hours(24 * 365);
-      auto registered = selector_.register_worker(std::move(registration), zero);
-      KVR_CHECK(registered.has_value());
+      router_.register_worker(std::move(registration), zero, effects_);
+      KVR_CHECK(router_.gauges().workers == w + 1);
       // Workers report their (empty) load at start, as a live worker does.
-      (void)selector_.update_load({w + 1, 0}, discovery::ConfirmedLoad{});
+      router_.update_load({w + 1, 1, {{0, discovery::ConfirmedLoad{}}}}, zero, effects_);
+      effects_.clear();
       engines_.push_back(*Engine::create(options_.engine));
       stepping_.push_back(false);
       in_flight_.emplace_back();
@@ -221,7 +222,6 @@ class PolicyRun {
   // The classifier (told the fleet as it registered) and the queue, when the plugins configure
   // them; without either, every request goes straight to selection as before.
   void start_admission() {
-    class_queue_ = make_class_queue(options_, plugins_);
     if (!plugins_.request_classifier) return;
     std::vector<rc::ClassifierWorker> workers;
     for (std::size_t w = 0; w < options_.workers; ++w) {
@@ -235,7 +235,6 @@ class PolicyRun {
     admission_ = std::make_unique<actors::AdmissionState>(
         std::move(classifier), [] {},
         std::chrono::duration_cast<actors::AdmissionState::Duration>(options_.admission_max_wait));
-    kv_blocks_used_.assign(options_.workers, 0);
   }
 
   void arrive(std::uint32_t index, double now) {
@@ -245,9 +244,16 @@ class PolicyRun {
                                                .block_hashes = block_hashes_[index],
                                                .expected_output_tokens = trace.output_length}};
     if (!tenants_.empty()) request.tenant = tenants_.names[tenants_.of_request[index]];
-    if (!admission_ && !class_queue_) {
-      route_and_start(request, index, now);
-      return;
+    if (router_.affinity().enabled()) {
+      if (auto session = session_of(trace)) {
+        request.selection.session.emplace(std::move(*session), std::nullopt, std::nullopt,
+                                          std::nullopt);
+      }
+    }
+    // The node's tick: idle session bindings expire (bookings and worker leases never do here).
+    if (router_.affinity().enabled() && now - last_tick_ms_ >= kTickMs) {
+      last_tick_ms_ = now;
+      router_.tick(logical_time(now), effects_);
     }
     if (admission_) {
       const auto at = logical_time(now);
@@ -258,9 +264,21 @@ class PolicyRun {
         deferred_.emplace(index, std::move(request));
       }
     } else {
-      enter_queue(request, index, now);
+      enter_partition(request, index, now);
     }
     settle(now);
+  }
+
+  // The session a trace request belongs to: its first session_key_blocks hash ids (a
+  // conversation's turns share their opening); none for a shorter request.
+  std::optional<std::string> session_of(const simulation::TraceRequest& trace) const {
+    const std::size_t blocks = options_.session_key_blocks;
+    if (blocks == 0 || trace.hash_ids.size() < blocks) return std::nullopt;
+    std::string id = "s";
+    for (std::size_t i = 0; i < blocks; ++i) {
+      fmt::format_to(std::back_inserter(id), "-{}", trace.hash_ids[i]);
+    }
+    return id;
   }
 
   // An admission decision for `request`: on to the queue with the classifier's overrides, or
@@ -272,7 +290,7 @@ class PolicyRun {
       return;
     }
     actors::apply_admission(request, outcome.request());
-    enter_queue(request, index, now);
+    enter_partition(request, index, now);
   }
 
   // A decision that poll_due() made for a deferred request.
@@ -283,34 +301,29 @@ class PolicyRun {
     decide(outcome, node.mapped(), index, now);
   }
 
-  // An admitted request goes to selection now, or waits in the policy-class queue.
-  void enter_queue(actors::RouteRequest& request, std::uint32_t index, double now) {
-    if (!class_queue_) {
-      route_and_start(request, index, now);
-      return;
+  // An admitted request goes to its partition: the core routes it now, or it waits in the queue
+  // and its answer comes with a later input's effects.
+  void enter_partition(actors::RouteRequest& request, std::uint32_t index, double now) {
+    if (auto reply = router_.route(request, index, logical_time(now), effects_)) {
+      answer(index, std::move(*reply), now);
     }
-    const auto at = logical_time(now);
-    if (auto prepared = selector_.prepare(request, at); !prepared) {
-      fail(request.id(), prepared.error().message);
-      return;
-    }
-    auto offered = class_queue_->offer(selector_, request, index, at);
-    if (!offered) {
-      refuse(request.id(), index, offered.error());
-    } else if (*offered == actors::PartitionQueue::Admission::route_now) {
-      route_and_start(request, index, now);
-    }
-    // Queued: the caller's settle() drains, so that a newcomer never overtakes the queue.
   }
 
-  void route_and_start(actors::RouteRequest& request, std::uint32_t index, double now) {
-    const simulation::TraceRequest& trace = requests_[index];
-    auto routed = selector_.route(request, logical_time(now));
-    if (!routed) {
-      fail(request.id(), routed.error().message);
+  // The core's answer for the request of trace index `index`: it starts on its engine, or fails
+  // (a queue's refusal is an answer, counted by its code).
+  void answer(std::uint32_t index, actors::RouteReply reply, double now) {
+    const std::string id = request_id(index);
+    if (!reply.result) {
+      if (refused_by_queue(reply.result.error().code)) {
+        refuse(id, index, reply.result.error());
+      } else {
+        fail(id, reply.result.error().message);
+      }
       return;
     }
-    const std::size_t w = routed->worker.worker_id - 1;
+    const simulation::TraceRequest& trace = requests_[index];
+    const WorkerWithDpRank worker = reply.result->worker;
+    const std::size_t w = worker.worker_id - 1;
     auto added = engines_[w].add_request(
         simulation::EngineRequest{.id = index,
                                   .block_hashes = block_hashes_[index],
@@ -318,12 +331,44 @@ class PolicyRun {
                                   .output_tokens = std::max<std::uint32_t>(1, trace.output_length)},
         now);
     if (!added) {
-      (void)selector_.release(request.id(), discovery::BookingEnd::failed);
-      fail(request.id(), fmt::format("engine refused: {}", simulation::as_str(added.error())));
+      change_booking({id, true, discovery::BookingEnd::failed, actors::AffinityAction::abandon},
+                     now);
+      fail(id, fmt::format("engine refused: {}", simulation::as_str(added.error())));
       return;
     }
-    if (admission_) admission_->on_event(rc::Sent{request.id(), routed->worker});
+    if (admission_) admission_->on_event(rc::Sent{id, worker});
     if (!stepping_[w]) start_step(w, now);
+  }
+
+  void change_booking(const actors::BookingChange& change, double now) {
+    (void)router_.change_booking(change, logical_time(now), effects_);
+  }
+
+  // Carries out the core's effects: answers to requests that waited, the fleet's KV usage for
+  // the classifier, the queue's next wake-up. Returns whether any request was answered.
+  bool carry_out(double now) {
+    bool answered = false;
+    while (!effects_.answers.empty() || effects_.kv_usage || effects_.wake_at) {
+      auto answers = std::move(effects_.answers);
+      effects_.answers.clear();
+      const auto kv_usage = std::exchange(effects_.kv_usage, std::nullopt);
+      if (const auto wake = std::exchange(effects_.wake_at, std::nullopt)) {
+        router_wake_at_ = *wake;
+        arm_timer(*wake);
+      }
+      if (kv_usage && admission_) {
+        admission_->on_fleet_load(rc::FleetLoad{
+            .kv_usage = std::min(
+                1.0, static_cast<double>(kv_usage->used) / static_cast<double>(kv_usage->total)),
+            .at = logical_time(now)});
+      }
+      for (auto& [ticket, reply] : answers) {
+        answer(static_cast<std::uint32_t>(ticket), std::move(reply), now);
+        answered = true;
+      }
+    }
+    effects_.clear();
+    return answered;
   }
 
   // The router could not place a request: a failure; an admitted one is aborted for the
@@ -340,43 +385,34 @@ class PolicyRun {
     if (admission_) (void)admission_->cancel(id, failure.message);
   }
 
-  // After anything that may free capacity or wake the classifier: polls the woken admission
-  // futures and drains the queue, as a node does in the same actor turn, then arms the timer.
+  // After anything that may free capacity or wake the classifier: carries out the core's effects
+  // and polls the woken admission futures, as a node does in the same actor turn.
   void settle(double now) {
     const auto at = logical_time(now);
     for (;;) {
-      bool decided = false;
+      bool decided = carry_out(now);
       if (admission_ && admission_->has_woken()) {
         for (const auto& outcome : admission_->poll_due(at)) {
           decide_deferred(outcome, now);
           decided = true;
         }
       }
-      if (class_queue_ && !class_queue_->empty()) {
-        class_queue_->drain(selector_, [&](actors::WaitingRoute&& waiting) {
-          route_and_start(waiting.request, static_cast<std::uint32_t>(waiting.ticket), now);
-        });
-      }
+      decided = carry_out(now) || decided;
       // Dispatches tell the classifier Sent, which may wake more futures; a classifier that
       // only wakes itself again without deciding is polled at the next event instead.
-      if (!decided || !admission_->has_woken()) break;
+      if (!decided || !admission_ || !admission_->has_woken()) break;
     }
-    arm_timer();
+    if (admission_) {
+      if (const auto next = admission_->next_deadline()) arm_timer(*next);
+    }
   }
 
-  // Schedules one timer event for the earliest admission or queue deadline, unless one is
-  // scheduled for that time or earlier.
-  void arm_timer() {
-    std::optional<actors::TimePoint> next;
-    if (admission_) next = admission_->next_deadline();
-    if (class_queue_) {
-      if (const auto expiry = class_queue_->next_expiry(); expiry && (!next || *expiry < *next)) {
-        next = expiry;
-      }
-    }
-    if (!next || (timer_armed_for_ && *timer_armed_for_ <= *next)) return;
-    timer_armed_for_ = next;
-    schedule(std::max(now_ms_, at_or_after(*next)), EventKind::RouterTimer, 0);
+  // Schedules one timer event for `at` (an admission deadline or the queue's wake-up), unless one
+  // is scheduled for that time or earlier.
+  void arm_timer(actors::TimePoint at) {
+    if (timer_armed_for_ && *timer_armed_for_ <= at) return;
+    timer_armed_for_ = at;
+    schedule(std::max(now_ms_, at_or_after(at)), EventKind::RouterTimer, 0);
   }
 
   void on_router_timer(double now) {
@@ -385,13 +421,13 @@ class PolicyRun {
     if (admission_) {
       for (const auto& outcome : admission_->poll_due(at)) decide_deferred(outcome, now);
     }
-    if (class_queue_) {
-      for (const auto& refused : class_queue_->expire(at)) {
-        refuse(refused.waiting.request.id(), static_cast<std::uint32_t>(refused.waiting.ticket),
-               refused.failure);
-      }
+    if (router_wake_at_ && *router_wake_at_ <= at) {
+      router_wake_at_.reset();
+      router_.wake(at, effects_);
     }
     settle(now);
+    // Later deadlines than the one handled: armed again.
+    if (router_wake_at_) arm_timer(*router_wake_at_);
   }
 
   void start_step(std::size_t w, double now) {
@@ -406,12 +442,14 @@ class PolicyRun {
     const WorkerWithDpRank worker{w + 1, 0};
     for (const auto& first : result.first_tokens) {
       std::string id = request_id(first.id);
-      (void)selector_.first_token(id);
+      change_booking({id, false, discovery::BookingEnd::completed, actors::AffinityAction::commit},
+                     now);
       if (admission_) admission_->on_event(rc::Responding{std::move(id), worker});
     }
     for (const auto& done : result.completions) {
       std::string id = request_id(done.id);
-      (void)selector_.release(id, discovery::BookingEnd::completed);
+      change_booking({id, true, discovery::BookingEnd::completed, actors::AffinityAction::finish},
+                     now);
       if (admission_) {
         admission_->on_event(
             rc::Completed{std::move(id), worker,
@@ -452,31 +490,22 @@ class PolicyRun {
       start_step(w, now);
     }
     // First tokens and completions free capacity: queued and deferred requests may go now.
-    if (admission_ || class_queue_) settle(now);
+    settle(now);
   }
 
   // Every delivery comes kv_event_delay_ms after its step ended, and steps end in time order, so
   // each worker's batches and reports arrive in the order they were sent: the front is due.
-  void deliver_kv(std::uint32_t w) {
-    (void)selector_.apply_kv_events(pending_batches_[w].front());
+  void deliver_kv(std::uint32_t w, double now) {
+    router_.apply_kv_events(pending_batches_[w].front(), logical_time(now), effects_);
     pending_batches_[w].pop_front();
+    effects_.clear();
   }
 
   void deliver_load(std::uint32_t w, double now) {
-    const discovery::ConfirmedLoad& load = pending_loads_[w].front();
-    (void)selector_.update_load({w + 1, 0}, load);
-    if (admission_) {
-      fleet_blocks_used_ = fleet_blocks_used_ - kv_blocks_used_[w] + load.kv_blocks_used;
-      kv_blocks_used_[w] = load.kv_blocks_used;
-      const double total = static_cast<double>(options_.workers) *
-                           static_cast<double>(options_.engine.num_gpu_blocks);
-      admission_->on_fleet_load(
-          rc::FleetLoad{.kv_usage = std::min(1.0, static_cast<double>(fleet_blocks_used_) / total),
-                        .at = logical_time(now)});
-    }
+    router_.update_load({w + 1, 1, {{0, pending_loads_[w].front()}}}, logical_time(now), effects_);
     pending_loads_[w].pop_front();
     // A report may show a worker less busy than the router predicted.
-    if (admission_ || class_queue_) settle(now);
+    settle(now);
   }
 
   const ReplayOptions& options_;
@@ -484,7 +513,8 @@ class PolicyRun {
   const std::vector<std::vector<BlockHash>>& block_hashes_;
   const TenantAssignment& tenants_;
   const plugins::RouterPlugins& plugins_;
-  actors::SelectorState selector_;
+  actors::PartitionRouter router_;
+  actors::PartitionEffects effects_;
   std::vector<Engine> engines_;
   std::vector<bool> stepping_;
   std::vector<StepResult> in_flight_;
@@ -502,17 +532,18 @@ class PolicyRun {
   std::map<std::string, std::size_t> failures_;
   std::vector<std::pair<std::uint32_t, Error>> rejections_;
 
-  // Admission, when configured (start_admission()); both null: every request goes straight to
-  // selection.
+  // Admission, when configured (start_admission()); null: every request goes straight to its
+  // partition.
   std::unique_ptr<actors::AdmissionState> admission_;
-  std::unique_ptr<actors::PartitionQueue> class_queue_;
   // Requests whose admission future is pending, by trace index.
   std::unordered_map<std::uint32_t, actors::RouteRequest> deferred_;
   // The time of the earliest router timer event scheduled and not yet handled.
   std::optional<actors::TimePoint> timer_armed_for_;
-  // Each worker's KV blocks in use as last reported, and their sum: the fleet's KV usage.
-  std::vector<std::uint64_t> kv_blocks_used_;
-  std::uint64_t fleet_blocks_used_ = 0;
+  // The queue's wake-up the core asked for and has not had yet.
+  std::optional<actors::TimePoint> router_wake_at_;
+  // The node's tick period, and when the last tick ran.
+  static constexpr double kTickMs = 100.0;
+  double last_tick_ms_ = 0;
 };
 
 }  // namespace

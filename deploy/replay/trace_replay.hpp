@@ -2,8 +2,9 @@
 // and discovery core (the selector's state), with one simulated engine per worker, on a logical
 // clock. Used by `kvr replay` and the quickstart; equal inputs and seed give equal reports.
 // Admission runs as in a router node when the plugins configure it: the request classifier
-// (actors/classifier/admission_state.hpp) and the policy-class queue
-// (actors/selector/partition_queue.hpp), their timers on the same logical clock.
+// (actors/classifier/admission_state.hpp) and the partition core (actors/selector/
+// partition_router.hpp: the policy-class queue, selection, booking, session affinity), their
+// timers on the same logical clock: a node's selector actor drives the same core.
 #pragma once
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/selector/session_affinity.hpp"
 #include "deploy/replay/tenant_assignment.hpp"
 #include "deploy/simulation/engine_config.hpp"
 #include "deploy/simulation/mooncake_trace.hpp"
@@ -46,6 +48,12 @@ struct ReplayOptions {
   /// A request waits at most this long for admission, and as long again in the policy-class
   /// queue, then it is refused with `timeout` (a router node's first-token timeout).
   std::chrono::milliseconds admission_max_wait{30'000};
+  /// Session affinity as a node's `--router-session-affinity-*` configure it (off unless a TTL is
+  /// set).
+  actors::SessionAffinityOptions session_affinity;
+  /// With session affinity on, a request's session is its first this many hash ids (the turns of
+  /// a conversation share their opening); a shorter request has none.
+  std::size_t session_key_blocks = 2;
   /// Called after each request is routed: (policy index, requests routed so far).
   std::function<void(std::size_t, std::size_t)> on_progress;
 };

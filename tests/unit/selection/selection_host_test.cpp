@@ -1,4 +1,4 @@
-// The host rules of PLUGIN_API.md: eligibility, filter order, scorer sums and checks, picker
+// The host rules of docs/policies.md: eligibility, filter order, scorer sums and checks, picker
 // bounds, lazy and restricted signal groups, and exception containment.
 #include "selection/selection_host.hpp"
 

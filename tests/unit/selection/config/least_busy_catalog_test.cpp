@@ -23,7 +23,8 @@ using ::kvr::testing::FakeWorkerSignals;
 using plugins::RouterPluginRegistry;
 using plugins::RouterPlugins;
 
-// PLUGIN_API.md's YAML, plus prefill through a second instance that needs device overlap.
+// The reference's YAML (docs/policies.md), plus prefill through a second instance that needs
+// device overlap.
 constexpr std::string_view kRouterPolicyYaml = R"(worker_selection:
   aggregated: least-busy
   prefill: least-busy-prefill

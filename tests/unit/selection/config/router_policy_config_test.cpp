@@ -13,7 +13,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// The router-policy YAML of PLUGIN_API.md.
+// The router-policy YAML of the reference (docs/policies.md).
 constexpr std::string_view kReferenceYaml = R"(worker_selection:
   aggregated: least-busy          # also prefill, decode, encode; an omitted role uses the built-in
   instances:
