@@ -511,10 +511,10 @@ struct EngineBridge::State {
         facts->start_time = start;
       }
     }
-    std::vector<worker::RankLoadReport> reports;
+    std::vector<discovery::ConfirmedLoad> reports;
     for (const auto& rank : engine_load(samples, options.engine, options.data_parallel_size)) {
       const double usage = rank.kv_usage.value_or(0.0);
-      reports.push_back(worker::RankLoadReport{
+      reports.push_back(discovery::ConfirmedLoad{
           .active_requests = rank.running + rank.waiting,
           .waiting_requests = rank.waiting,
           .kv_blocks_used = static_cast<std::uint64_t>(

@@ -123,12 +123,12 @@ struct MockerFleet::State {
   }
 
   void publish_load() {
-    std::vector<worker::RankLoadReport> ranks;
+    std::vector<discovery::ConfirmedLoad> ranks;
     for (const WorkerState& worker : workers) {
       ranks.clear();
       for (const RankState& rank : worker.ranks) {
         const auto load = rank.engine.load();
-        ranks.push_back(worker::RankLoadReport{
+        ranks.push_back(discovery::ConfirmedLoad{
             .active_requests =
                 static_cast<std::uint32_t>(load.active_requests + load.waiting_requests),
             .waiting_requests = static_cast<std::uint32_t>(load.waiting_requests),

@@ -90,13 +90,13 @@ void WorkerPublisher::publish_heartbeat(const WorkerInstance& worker) {
 }
 
 void WorkerPublisher::publish_load(const WorkerInstance& worker,
-                                   std::span<const RankLoadReport> ranks) {
+                                   std::span<const discovery::ConfirmedLoad> ranks) {
   v1::LoadMetrics metrics;
   metrics.set_worker_id(worker.id);
   metrics.set_incarnation(worker.incarnation);
   metrics.set_sent_at_unix_ms(unix_ms());
   for (std::size_t rank = 0; rank < ranks.size(); ++rank) {
-    const RankLoadReport& load = ranks[rank];
+    const discovery::ConfirmedLoad& load = ranks[rank];
     v1::RankLoad* wire = metrics.add_ranks();
     wire->set_dp_rank(static_cast<std::uint32_t>(rank));
     wire->set_active_requests(load.active_requests);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "actors/nats/nats_client.hpp"
+#include "discovery/load/predicted_load.hpp"
 #include "messages/kv_event.hpp"
 #include "messages/ids.hpp"
 #include "messages/worker_role.hpp"
@@ -50,16 +51,6 @@ struct WorkerDescription {
   bool publishes_kv_events = true;
   /// Routers remove a worker that has not been heard from for this long.
   std::chrono::milliseconds lease_ttl{3000};
-};
-
-/// One rank's load as a LoadMetrics report carries it; fields a worker does not know stay 0.
-struct RankLoadReport {
-  /// Requests admitted and not finished (running and waiting).
-  std::uint32_t active_requests = 0;
-  std::uint32_t waiting_requests = 0;
-  std::uint64_t active_decode_blocks = 0;
-  std::uint64_t active_prefill_tokens = 0;
-  std::uint64_t kv_blocks_used = 0;
 };
 
 /// How often a worker with lease `lease_ttl` heartbeats: three times per lease, so that one lost
@@ -132,8 +123,9 @@ class WorkerPublisher {
   void publish_registration(const WorkerInstance& worker, const WorkerDescription& description);
   /// One heartbeat of `worker`, stamped with the wall clock.
   void publish_heartbeat(const WorkerInstance& worker);
-  /// The load of `worker`'s ranks, rank r at index r, stamped with the wall clock.
-  void publish_load(const WorkerInstance& worker, std::span<const RankLoadReport> ranks);
+  /// The load of `worker`'s ranks, rank r at index r (fields a worker does not know left 0),
+  /// stamped with the wall clock.
+  void publish_load(const WorkerInstance& worker, std::span<const discovery::ConfirmedLoad> ranks);
   /// `worker` leaves routing for `reason`.
   void publish_deregistration(const WorkerInstance& worker, std::string_view reason);
   /// One KV event batch, on the KV event subject of the batch's worker.
