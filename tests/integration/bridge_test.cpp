@@ -233,7 +233,9 @@ class BridgeTest : public testing::KvrClusterTest {
     request.set_model("mock-model");
     for (std::uint32_t token : tokens) request.mutable_tokens()->add_ids(token);
     // Each booking released (a late decision's too), so that probing leaves no load behind.
-    if (!router_.is_open()) EXPECT_TRUE(router_.open(*client_, kNamespace));
+    if (!router_.is_open()) {
+      EXPECT_TRUE(router_.open(*client_, kNamespace));
+    }
     return router_.route(request, 2s);
   }
 

@@ -147,7 +147,9 @@ class BridgeVllmEngineTest : public testing::KvrClusterTest {
   // change which worker kv-cost prefers for the requests under test.
   std::optional<v1::RouteDecision> route(const std::vector<std::uint32_t>& tokens,
                                          std::optional<WorkerId> pinned = std::nullopt) {
-    if (!router_.is_open()) EXPECT_TRUE(router_.open(*client_, kNamespace));
+    if (!router_.is_open()) {
+      EXPECT_TRUE(router_.open(*client_, kNamespace));
+    }
     v1::RouteRequest request;
     request.set_request_id(next_id());
     request.set_model("mock-model");

@@ -98,7 +98,8 @@ TEST(VllmKvFramesTest, ReplaysBetweenDealerAndRouterAsTheEngineDoes) {
 }
 
 TEST(VllmKvFramesTest, ReadsReplayAnswersWithoutTheDelimiterAndRejectsOtherShapes) {
-  const auto bare = read_replay_answer(frames_of({encode_sequence(3), "three"}));
+  const auto frames = frames_of({encode_sequence(3), "three"});  // the answer points into them
+  const auto bare = read_replay_answer(frames);
   ASSERT_TRUE(bare);
   EXPECT_EQ(bare->sequence, 3U);
   EXPECT_EQ(bare->payload->to_string(), "three");
