@@ -14,25 +14,17 @@
 
 #include "actors/metrics/metrics_http.hpp"
 #include "actors/metrics/metrics_registry.hpp"
-#include "actors/wire/kv_event_codec.hpp"
 #include "deploy/bridge/generate_forwarder.hpp"
 #include "deploy/bridge/kv_translator.hpp"
-#include "kvr/v1/kv_events.pb.h"
+#include "deploy/worker/worker_inbox.hpp"
+#include "deploy/worker/worker_publisher.hpp"
 #include "kvr/v1/routing.pb.h"
-#include "kvr/v1/worker.pb.h"
 #include "messages/subjects.hpp"
-#include "messages/worker_role.hpp"
 
 namespace kvr::bridge {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::uint64_t unix_ms() {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        std::chrono::system_clock::now().time_since_epoch())
-                                        .count());
-}
 
 // What the other threads hand to the run loop.
 struct BatchItem {
@@ -152,14 +144,14 @@ std::expected<void, std::string> BridgeOptions::validate() const {
 struct EngineBridge::State {
   BridgeOptions options;
   std::unique_ptr<actors::nats::NatsClient> nats;
+  // Speaks the worker side of the protocol on `nats`.
+  std::optional<worker::WorkerPublisher> publisher;
   std::vector<actors::nats::NatsSubscription> subscriptions;
   WorkerId worker_id = 0;
   Incarnation incarnation = 0;
   std::mt19937_64 random{std::random_device{}()};
 
-  std::mutex inbox_mutex;
-  std::condition_variable inbox_signal;
-  std::deque<InboxItem> inbox;
+  worker::WorkerInbox<InboxItem> inbox;
 
   // Set while registered (the engine answers).
   std::optional<EngineFacts> facts;
@@ -185,19 +177,9 @@ struct EngineBridge::State {
   std::uint64_t restarts_by_start_time = 0;
   BridgeStats stats;
 
-  void enqueue(InboxItem item) {
-    {
-      std::lock_guard lock{inbox_mutex};
-      inbox.push_back(std::move(item));
-    }
-    inbox_signal.notify_one();
-  }
+  void enqueue(InboxItem item) { inbox.push(std::move(item)); }
 
-  void publish(const std::string& subject, const google::protobuf::MessageLite& message) {
-    if (auto sent = nats->publish(subject, message.SerializeAsString()); !sent) {
-      spdlog::warn("kvr bridge: {}", sent.error());
-    }
-  }
+  worker::WorkerInstance instance() const { return {worker_id, incarnation}; }
 
   httplib::Client http() const {
     httplib::Client client{options.engine_url};
@@ -259,22 +241,19 @@ struct EngineBridge::State {
     return engine;
   }
 
-  v1::WorkerRegistration registration() const {
-    v1::WorkerRegistration wire;
-    wire.set_worker_id(worker_id);
-    wire.set_incarnation(incarnation);
-    wire.set_model(facts->model);
-    wire.set_role(to_wire(options.role));
-    wire.set_routing_group(options.routing_group);
-    wire.set_block_size(facts->block_size);
-    wire.set_total_kv_blocks(facts->num_gpu_blocks);
-    wire.set_data_parallel_size(options.data_parallel_size);
-    for (const auto& taint : options.taints) wire.add_taints(taint);
-    wire.set_publishes_kv_events(true);
-    wire.set_lease_ttl_ms(static_cast<std::uint32_t>(options.lease_ttl.count()));
-    wire.set_generate_subject(subjects::worker_generate(options.ns, worker_id));
-    wire.set_dump_subject(subjects::worker_dump(options.ns, worker_id));
-    return wire;
+  // Registers the current incarnation with what the engine reported (the engine's batch budget
+  // and concurrency are not known to the bridge: not sent).
+  void publish_registration() {
+    publisher->publish_registration(
+        instance(), worker::WorkerDescription{.model = facts->model,
+                                              .role = options.role,
+                                              .routing_group = options.routing_group,
+                                              .block_size = facts->block_size,
+                                              .total_kv_blocks = facts->num_gpu_blocks,
+                                              .data_parallel_size = options.data_parallel_size,
+                                              .taints = options.taints,
+                                              .publishes_kv_events = true,
+                                              .lease_ttl = options.lease_ttl});
   }
 
   // A new incarnation with a fresh translator (the router drops the old one's KV picture when
@@ -330,7 +309,7 @@ struct EngineBridge::State {
     }
     subscriber = std::move(*subscriber_or);
     generator->set_model(facts->model);
-    publish(subjects::worker_register(options.ns), registration());
+    publish_registration();
     publish_heartbeat();
     ++stats.registrations;
     logged_waiting = false;
@@ -456,17 +435,12 @@ struct EngineBridge::State {
       subscriber->stop();
       subscriber.reset();
     }
-    v1::WorkerDeregistration wire;
-    wire.set_worker_id(worker_id);
-    wire.set_incarnation(incarnation);
-    wire.set_reason(std::string{reason});
-    publish(subjects::worker_deregister(options.ns), wire);
+    publisher->publish_deregistration(instance(), reason);
     facts.reset();
     translator.reset();
     ++stats.deregistrations;
     // Batches queued by the stopped subscriber belong to the gone incarnation.
-    std::lock_guard lock{inbox_mutex};
-    std::erase_if(inbox, [](const InboxItem& item) {
+    inbox.erase_if([](const InboxItem& item) {
       return std::holds_alternative<BatchItem>(item) || std::holds_alternative<LostItem>(item) ||
              std::holds_alternative<RestartItem>(item);
     });
@@ -483,11 +457,7 @@ struct EngineBridge::State {
     const Incarnation old = incarnation;
     retire_translator_counters();
     translator.reset();
-    v1::WorkerDeregistration wire;
-    wire.set_worker_id(worker_id);
-    wire.set_incarnation(old);
-    wire.set_reason("engine restarted");
-    publish(subjects::worker_deregister(options.ns), wire);
+    publisher->publish_deregistration({worker_id, old}, "engine restarted");
     ++stats.deregistrations;
     // What the new engine serves; the old facts when it cannot say right now.
     if (auto engine = discover_engine()) {
@@ -502,7 +472,7 @@ struct EngineBridge::State {
     }
     restart_incarnation = true;
     generator->set_model(facts->model);
-    publish(subjects::worker_register(options.ns), registration());
+    publish_registration();
     publish_heartbeat();
     ++stats.registrations;
     spdlog::warn(
@@ -528,13 +498,7 @@ struct EngineBridge::State {
     restarted_ranks[rank] = true;
   }
 
-  void publish_heartbeat() {
-    v1::WorkerHeartbeat heartbeat;
-    heartbeat.set_worker_id(worker_id);
-    heartbeat.set_incarnation(incarnation);
-    heartbeat.set_sent_at_unix_ms(unix_ms());
-    publish(subjects::worker_heartbeat(options.ns), heartbeat);
-  }
+  void publish_heartbeat() { publisher->publish_heartbeat(instance()); }
 
   void publish_load(const std::string& metrics) {
     if (!facts) return;
@@ -547,45 +511,37 @@ struct EngineBridge::State {
         facts->start_time = start;
       }
     }
-    const auto ranks = engine_load(samples, options.engine, options.data_parallel_size);
-    v1::LoadMetrics wire;
-    wire.set_worker_id(worker_id);
-    wire.set_incarnation(incarnation);
-    wire.set_sent_at_unix_ms(unix_ms());
-    for (std::uint32_t rank = 0; rank < ranks.size(); ++rank) {
-      v1::RankLoad* load = wire.add_ranks();
-      load->set_dp_rank(rank);
-      load->set_active_requests(ranks[rank].running + ranks[rank].waiting);
-      load->set_waiting_requests(ranks[rank].waiting);
-      const double usage = ranks[rank].kv_usage.value_or(0.0);
-      load->set_kv_blocks_used(
-          static_cast<std::uint64_t>(usage * static_cast<double>(facts->num_gpu_blocks) + 0.5));
+    std::vector<discovery::ConfirmedLoad> reports;
+    for (const auto& rank : engine_load(samples, options.engine, options.data_parallel_size)) {
+      const double usage = rank.kv_usage.value_or(0.0);
+      reports.push_back(discovery::ConfirmedLoad{
+          .active_requests = rank.running + rank.waiting,
+          .waiting_requests = rank.waiting,
+          .kv_blocks_used = static_cast<std::uint64_t>(
+              usage * static_cast<double>(facts->num_gpu_blocks) + 0.5)});
     }
-    publish(subjects::worker_load(options.ns), wire);
+    publisher->publish_load(instance(), reports);
     ++stats.load_reports;
   }
 
   void publish_batch(const std::optional<KvEventBatch>& batch) {
     if (!batch) return;
-    publish(subjects::kv_events(options.ns, worker_id), encode_kv_event_batch(*batch));
+    publisher->publish_kv_batch(*batch);
     ++stats.kv_batches_published;
   }
 
   void serve_dump(const actors::nats::NatsMessage& message) {
-    v1::KvDumpRequest request;
-    if (!request.ParseFromString(message.data) || message.reply.empty() ||
-        request.dp_rank() >= options.data_parallel_size) {
+    const auto rank = worker::read_dump_request(message, options.data_parallel_size);
+    if (!rank) {
       ++stats.bad_messages;
       return;
     }
     // Unregistered: an empty dump of no incarnation; the router has dropped the worker anyway.
-    KvDump dump{.worker = {worker_id, request.dp_rank()}, .incarnation = incarnation};
+    KvDump dump{.worker = {worker_id, *rank}, .incarnation = incarnation};
     if (translator) {
-      if (auto picture = translator->dump(request.dp_rank())) dump = std::move(*picture);
+      if (auto picture = translator->dump(*rank)) dump = std::move(*picture);
     }
-    if (auto sent = nats->publish(message.reply, encode_kv_dump(dump).SerializeAsString()); !sent) {
-      spdlog::warn("kvr bridge: {}", sent.error());
-    }
+    publisher->publish_dump(message.reply, dump);
     ++stats.dumps_served;
   }
 
@@ -609,7 +565,7 @@ struct EngineBridge::State {
     } else if (auto* metrics = std::get_if<MetricsItem>(&item)) {
       publish_load(metrics->text);
     } else if (facts) {
-      publish(subjects::worker_register(options.ns), registration());
+      publish_registration();
     }
   }
 
@@ -690,11 +646,7 @@ std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
   state->options = std::move(options);
   state->worker_id =
       state->options.worker_id != 0 ? state->options.worker_id : (state->random() >> 16) + 1;
-  auto dump = raw->nats->subscribe(
-      subjects::worker_dump(raw->options.ns, raw->worker_id),
-      [raw](actors::nats::NatsMessage message) { raw->enqueue(DumpItem{std::move(message)}); });
-  if (!dump) return std::unexpected(dump.error());
-  state->subscriptions.push_back(std::move(*dump));
+  state->publisher.emplace(*state->nats, state->options.ns, "kvr bridge");
   auto generator = GenerateForwarder::start(
       GenerateForwarderOptions{.engine_url = raw->options.engine_url,
                                .worker_id = raw->worker_id,
@@ -702,36 +654,39 @@ std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
                                .concurrency = raw->options.max_concurrent_generates,
                                .read_timeout = raw->options.generate_read_timeout},
       [raw](const std::string& subject, const v1::GenerateChunk& chunk) {
-        raw->publish(subject, chunk);
+        raw->publisher->publish(subject, chunk);
       });
   if (!generator) return std::unexpected(generator.error());
   state->generator = std::move(*generator);
   if (!raw->options.model.empty()) raw->generator->set_model(raw->options.model);
-  const std::string generate_subject = subjects::worker_generate(raw->options.ns, raw->worker_id);
-  auto generate = raw->nats->subscribe(generate_subject, [raw](actors::nats::NatsMessage message) {
-    v1::GenerateRequest request;
-    if (!request.ParseFromString(message.data)) {
-      spdlog::warn("kvr bridge: dropped a malformed GenerateRequest");
-      return;
-    }
-    raw->generator->submit(std::move(request));
-  });
-  if (!generate) return std::unexpected(generate.error());
-  state->subscriptions.push_back(std::move(*generate));
-  auto cancel =
-      raw->nats->subscribe(generate_subject + ".cancel", [raw](actors::nats::NatsMessage message) {
-        v1::GenerateCancel request;
-        if (!request.ParseFromString(message.data)) {
-          spdlog::warn("kvr bridge: dropped a malformed GenerateCancel");
-          return;
-        }
-        raw->generator->cancel(request.request_id());
-      });
-  if (!cancel) return std::unexpected(cancel.error());
-  state->subscriptions.push_back(std::move(*cancel));
-  auto discover =
-      raw->nats->subscribe(subjects::worker_discover(raw->options.ns),
-                           [raw](actors::nats::NatsMessage) { raw->enqueue(DiscoverItem{}); });
+  // Generate requests and cancels go straight to the forwarder's threads; dumps to the run loop.
+  auto subscriptions = raw->publisher->subscribe_worker(
+      raw->worker_id,
+      worker::WorkerSubjectHandlers{
+          .on_generate =
+              [raw](actors::nats::NatsMessage message) {
+                v1::GenerateRequest request;
+                if (!request.ParseFromString(message.data)) {
+                  spdlog::warn("kvr bridge: dropped a malformed GenerateRequest");
+                  return;
+                }
+                raw->generator->submit(std::move(request));
+              },
+          .on_cancel =
+              [raw](actors::nats::NatsMessage message) {
+                v1::GenerateCancel request;
+                if (!request.ParseFromString(message.data)) {
+                  spdlog::warn("kvr bridge: dropped a malformed GenerateCancel");
+                  return;
+                }
+                raw->generator->cancel(request.request_id());
+              },
+          .on_dump = [raw](actors::nats::NatsMessage message) {
+            raw->enqueue(DumpItem{std::move(message)});
+          }});
+  if (!subscriptions) return std::unexpected(subscriptions.error());
+  state->subscriptions = std::move(*subscriptions);
+  auto discover = raw->publisher->subscribe_discover([raw] { raw->enqueue(DiscoverItem{}); });
   if (!discover) return std::unexpected(discover.error());
   state->subscriptions.push_back(std::move(*discover));
   if (auto flushed = state->nats->flush(std::chrono::seconds(5)); !flushed) {
@@ -759,40 +714,29 @@ std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
 
 BridgeStats EngineBridge::run(std::stop_token stop) {
   State& state = *state_;
-  const auto heartbeat_interval = state.options.lease_ttl / 3;
-  auto next_heartbeat = Clock::now();
-  std::stop_callback wake_on_stop{stop, [&state] { state.inbox_signal.notify_all(); }};
+  worker::PeriodicTimer heartbeat{worker::heartbeat_interval(state.options.lease_ttl),
+                                  Clock::now()};
   std::jthread prober{[&state](std::stop_token probe_stop) { state.probe(probe_stop); }};
   std::deque<InboxItem> batch;
   while (!stop.stop_requested()) {
     const auto now = Clock::now();
-    if (state.facts && now >= next_heartbeat) {
-      state.publish_heartbeat();
-      next_heartbeat = now + heartbeat_interval;
-    }
-    {
-      std::lock_guard lock{state.inbox_mutex};
-      batch.swap(state.inbox);
-    }
+    if (state.facts && heartbeat.fire(now)) state.publish_heartbeat();
+    state.inbox.take_all(batch);
     for (InboxItem& item : batch) state.handle(item);
     batch.clear();
     state.registered = state.facts.has_value();
     state.refresh_metrics();
 
-    const auto ready = [&] { return !state.inbox.empty() || stop.stop_requested(); };
-    std::unique_lock lock{state.inbox_mutex};
     if (state.facts) {
-      state.inbox_signal.wait_until(lock, next_heartbeat, ready);
+      state.inbox.wait_until(stop, heartbeat.next());
     } else {
-      state.inbox_signal.wait(lock, ready);
+      state.inbox.wait(stop);
     }
   }
   prober.request_stop();
   prober.join();
   if (state.facts) state.deregister_worker("bridge shutting down");
-  if (auto flushed = state.nats->flush(std::chrono::seconds(2)); !flushed) {
-    spdlog::warn("kvr bridge: {}", flushed.error());
-  }
+  state.publisher->flush(std::chrono::seconds(2));
   const GenerateForwarderStats generated = state.generator->stats();
   state.stats.generate_requests = generated.requests;
   state.stats.generate_completed = generated.completed;

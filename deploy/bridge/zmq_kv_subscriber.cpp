@@ -12,32 +12,15 @@
 #include <zmq_addon.hpp>
 
 #include "deploy/bridge/kv_translator.hpp"
+#include "deploy/worker/vllm_kv_frames.hpp"
 
 namespace kvr::bridge {
 namespace {
 
-// The replay's end marker: sequence -1.
-constexpr std::uint64_t kEndOfReplay = ~std::uint64_t{0};
 // How often the thread looks at its stop flag while the engine is quiet.
 constexpr std::chrono::milliseconds kPollInterval{50};
 // Messages taken from one socket before the others get a turn.
 constexpr int kMaxBurst = 256;
-
-std::uint64_t read_be64(const zmq::message_t& frame) {
-  const auto* bytes = static_cast<const std::uint8_t*>(frame.data());
-  std::uint64_t value = 0;
-  for (std::size_t i = 0; i < 8; ++i) value = (value << 8) | bytes[i];
-  return value;
-}
-
-std::string be64(std::uint64_t value) {
-  std::string bytes(8, '\0');
-  for (int i = 7; i >= 0; --i) {
-    bytes[static_cast<std::size_t>(i)] = static_cast<char>(value & 0xFF);
-    value >>= 8;
-  }
-  return bytes;
-}
 
 }  // namespace
 
@@ -123,9 +106,7 @@ struct ZmqKvSubscriber::State {
       zmq::socket_t dealer{context, zmq::socket_type::dealer};
       dealer.set(zmq::sockopt::linger, 0);
       dealer.connect(replay_endpoints[rank]);
-      const std::string start = be64(first_missing);
-      const std::array<zmq::const_buffer, 2> request = {zmq::const_buffer{}, zmq::buffer(start)};
-      if (!zmq::send_multipart(dealer, request)) return false;
+      if (!worker::send_replay_request(dealer, first_missing)) return false;
       const auto deadline = std::chrono::steady_clock::now() + options.replay_timeout;
       bool in_order = true;
       while (!stop.stop_requested()) {
@@ -138,17 +119,15 @@ struct ZmqKvSubscriber::State {
         if (!zmq::recv_multipart(dealer, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
           continue;
         }
-        // A DEALER sees the ROUTER's empty delimiter; tolerate an engine that leaves it out.
-        std::size_t first = (frames.size() == 3 && frames[0].size() == 0) ? 1 : 0;
-        if (frames.size() - first != 2 || frames[first].size() != 8) {
+        const auto answer = worker::read_replay_answer(frames);
+        if (!answer) {
           ++malformed_frames;
           continue;
         }
-        const std::uint64_t sequence = read_be64(frames[first]);
-        if (sequence == kEndOfReplay) break;
+        if (answer->end()) break;
         ++messages;
         // A hole inside the replay: keep reading to the end marker, but the gap stays open.
-        if (in_order) in_order = apply_in_order(rank, sequence, frames[first + 1]);
+        if (in_order) in_order = apply_in_order(rank, answer->sequence, *answer->payload);
       }
       return in_order && sequences.expected(rank).value_or(0) >= until;
     } catch (const zmq::error_t&) {
@@ -157,12 +136,13 @@ struct ZmqKvSubscriber::State {
   }
 
   void handle(DpRank rank, std::vector<zmq::message_t>& frames, const std::stop_token& stop) {
-    if (frames.size() != 3 || frames[1].size() != 8) {
+    const auto message = worker::read_kv_event(frames);
+    if (!message) {
       ++malformed_frames;
       return;
     }
     ++messages;
-    const std::uint64_t sequence = read_be64(frames[1]);
+    const std::uint64_t sequence = message->sequence;
     if (last_live[rank] && sequence < *last_live[rank]) {
       // One publisher's messages arrive in order: this one numbers from 0 again. (A repeat of
       // the last number is taken as a duplicate, stale, as before.)
@@ -184,7 +164,7 @@ struct ZmqKvSubscriber::State {
       }
     }
     // After a replay this message is stale (the replay delivered it) or next.
-    (void)apply_in_order(rank, sequence, frames[2]);
+    (void)apply_in_order(rank, sequence, *message->payload);
   }
 
   void run(const std::stop_token& stop) {

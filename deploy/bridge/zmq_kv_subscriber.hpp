@@ -3,11 +3,12 @@
 // engine's replay socket, decoded batches handed to a callback on the subscriber's own thread.
 // Used by `kvr bridge`.
 //
-// Wire format: each message is three frames: topic, an 8-byte big-endian sequence number (per
-// publisher, from 0) and the msgpack payload (kv_event_decoder.hpp). Replay: a DEALER connects to
-// the engine's ROUTER and sends an empty delimiter and the first wanted sequence number (8 bytes
-// big-endian); the engine answers with (delimiter, sequence, payload) for each batch it still
-// buffers from there on, then a sequence of -1 with an empty payload.
+// Wire format (deploy/worker/vllm_kv_frames.hpp): each message is three frames: topic, an 8-byte
+// big-endian sequence number (per publisher, from 0) and the msgpack payload
+// (kv_event_decoder.hpp). Replay: a DEALER connects to the engine's ROUTER and sends an empty
+// delimiter and the first wanted sequence number; the engine answers with (delimiter, sequence,
+// payload) for each batch it still buffers from there on, then a sequence of -1 with an empty
+// payload.
 //
 // High-water mark: ZMQ drops messages for a SUB socket whose queue holds receive_high_water_mark
 // messages (and the engine's PUB drops at its own mark, 100,000 in vLLM). A dropped message shows

@@ -1,23 +1,19 @@
 #include "deploy/mocker/mocker_fleet.hpp"
 
 #include <algorithm>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <optional>
 #include <random>
 
 #include <spdlog/spdlog.h>
 
 #include "absl/container/flat_hash_map.h"
-#include "actors/wire/kv_event_codec.hpp"
 #include "deploy/simulation/engine.hpp"
+#include "deploy/worker/worker_inbox.hpp"
+#include "deploy/worker/worker_publisher.hpp"
 #include "discovery/block_hash.hpp"
-#include "kvr/v1/kv_events.pb.h"
 #include "kvr/v1/routing.pb.h"
-#include "kvr/v1/worker.pb.h"
 #include "messages/subjects.hpp"
-#include "messages/worker_role.hpp"
 
 namespace kvr::mocker {
 namespace {
@@ -31,12 +27,6 @@ using simulation::StepResult;
 // Hard bounds on what one generate request may ask for; beyond them it is rejected as absurd.
 constexpr std::size_t kMaxPromptTokens = 1 << 22;
 constexpr std::uint32_t kMaxOutputTokens = 1 << 20;
-
-std::uint64_t unix_ms() {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        std::chrono::system_clock::now().time_since_epoch())
-                                        .count());
-}
 
 // What a NATS callback hands to the fleet thread.
 enum class InboxKind : std::uint8_t { Generate, Cancel, Dump, Discover };
@@ -57,6 +47,8 @@ struct RankState {
 struct WorkerState {
   WorkerId id = 0;
   Incarnation incarnation = 0;
+
+  worker::WorkerInstance instance() const { return {id, incarnation}; }
   std::vector<RankState> ranks;
   std::vector<actors::nats::NatsSubscription> subscriptions;
 };
@@ -95,13 +87,15 @@ std::expected<void, std::string> MockerOptions::validate() const {
 struct MockerFleet::State {
   MockerOptions options;
   std::unique_ptr<actors::nats::NatsClient> nats;
+  // Speaks the worker side of the protocol on `nats`.
+  std::optional<worker::WorkerPublisher> publisher;
+  // What every worker of the fleet registers as.
+  worker::WorkerDescription description;
   std::vector<WorkerState> workers;
   absl::flat_hash_map<WorkerId, std::size_t> worker_index;
   std::optional<actors::nats::NatsSubscription> discover_subscription;
 
-  std::mutex inbox_mutex;
-  std::condition_variable inbox_signal;
-  std::deque<InboxItem> inbox;
+  worker::WorkerInbox<InboxItem> inbox;
 
   absl::flat_hash_map<EngineRequestId, Stream> streams;
   // (worker, caller's request id) → engine request id, for cancellation.
@@ -115,77 +109,40 @@ struct MockerFleet::State {
   }
 
   void enqueue(InboxKind kind, WorkerId worker, actors::nats::NatsMessage message) {
-    {
-      std::lock_guard lock{inbox_mutex};
-      inbox.push_back(InboxItem{kind, worker, std::move(message)});
-    }
-    inbox_signal.notify_one();
+    inbox.push(InboxItem{kind, worker, std::move(message)});
   }
 
-  void publish(const std::string& subject, const google::protobuf::MessageLite& message) {
-    if (auto sent = nats->publish(subject, message.SerializeAsString()); !sent) {
-      spdlog::warn("mocker: {}", sent.error());
+  void publish_registrations() {
+    for (const WorkerState& worker : workers) {
+      publisher->publish_registration(worker.instance(), description);
     }
-  }
-
-  void publish_registration(const WorkerState& worker) {
-    v1::WorkerRegistration registration;
-    registration.set_worker_id(worker.id);
-    registration.set_incarnation(worker.incarnation);
-    registration.set_model(options.model);
-    registration.set_role(to_wire(options.role));
-    registration.set_routing_group(options.routing_group);
-    registration.set_block_size(options.engine.block_size);
-    registration.set_total_kv_blocks(options.engine.num_gpu_blocks);
-    registration.set_data_parallel_size(options.data_parallel_size);
-    for (const auto& taint : options.taints) registration.add_taints(taint);
-    registration.set_max_num_batched_tokens(options.engine.max_num_batched_tokens);
-    registration.set_max_num_seqs(options.engine.max_num_seqs);
-    registration.set_publishes_kv_events(options.publish_kv_events);
-    registration.set_lease_ttl_ms(static_cast<std::uint32_t>(options.lease_ttl.count()));
-    registration.set_generate_subject(subjects::worker_generate(options.ns, worker.id));
-    registration.set_dump_subject(subjects::worker_dump(options.ns, worker.id));
-    publish(subjects::worker_register(options.ns), registration);
   }
 
   void publish_heartbeats() {
-    for (const WorkerState& worker : workers) {
-      v1::WorkerHeartbeat heartbeat;
-      heartbeat.set_worker_id(worker.id);
-      heartbeat.set_incarnation(worker.incarnation);
-      heartbeat.set_sent_at_unix_ms(unix_ms());
-      publish(subjects::worker_heartbeat(options.ns), heartbeat);
-    }
+    for (const WorkerState& worker : workers) publisher->publish_heartbeat(worker.instance());
   }
 
   void publish_load() {
+    std::vector<discovery::ConfirmedLoad> ranks;
     for (const WorkerState& worker : workers) {
-      v1::LoadMetrics metrics;
-      metrics.set_worker_id(worker.id);
-      metrics.set_incarnation(worker.incarnation);
-      metrics.set_sent_at_unix_ms(unix_ms());
-      for (std::size_t rank = 0; rank < worker.ranks.size(); ++rank) {
-        const auto load = worker.ranks[rank].engine.load();
-        v1::RankLoad* wire = metrics.add_ranks();
-        wire->set_dp_rank(static_cast<std::uint32_t>(rank));
-        wire->set_active_requests(
-            static_cast<std::uint32_t>(load.active_requests + load.waiting_requests));
-        wire->set_waiting_requests(static_cast<std::uint32_t>(load.waiting_requests));
-        wire->set_active_decode_blocks(load.active_decode_blocks);
-        wire->set_active_prefill_tokens(load.active_prefill_tokens);
-        wire->set_kv_blocks_used(load.kv_blocks_used);
+      ranks.clear();
+      for (const RankState& rank : worker.ranks) {
+        const auto load = rank.engine.load();
+        ranks.push_back(discovery::ConfirmedLoad{
+            .active_requests =
+                static_cast<std::uint32_t>(load.active_requests + load.waiting_requests),
+            .waiting_requests = static_cast<std::uint32_t>(load.waiting_requests),
+            .active_decode_blocks = load.active_decode_blocks,
+            .active_prefill_tokens = load.active_prefill_tokens,
+            .kv_blocks_used = load.kv_blocks_used});
       }
-      publish(subjects::worker_load(options.ns), metrics);
+      publisher->publish_load(worker.instance(), ranks);
     }
   }
 
   void publish_deregistrations() {
     for (const WorkerState& worker : workers) {
-      v1::WorkerDeregistration deregistration;
-      deregistration.set_worker_id(worker.id);
-      deregistration.set_incarnation(worker.incarnation);
-      deregistration.set_reason("mocker shutting down");
-      publish(subjects::worker_deregister(options.ns), deregistration);
+      publisher->publish_deregistration(worker.instance(), "mocker shutting down");
     }
   }
 
@@ -200,7 +157,7 @@ struct MockerFleet::State {
                        .event_id = state.next_event_id++,
                        .events = std::move(events)};
     events.clear();
-    publish(subjects::kv_events(options.ns, worker.id), encode_kv_event_batch(batch));
+    publisher->publish_kv_batch(batch);
     ++stats.kv_event_batches;
   }
 
@@ -218,7 +175,7 @@ struct MockerFleet::State {
     chunk.set_finished(finished);
     chunk.set_finish_reason(std::string{finish_reason});
     if (error != nullptr) *chunk.mutable_error() = *error;
-    publish(stream.stream_subject, chunk);
+    publisher->publish(stream.stream_subject, chunk);
   }
 
   void reject_generate(const std::string& stream_subject, const std::string& request_id,
@@ -323,14 +280,14 @@ struct MockerFleet::State {
   }
 
   void handle_dump(WorkerState& worker, const actors::nats::NatsMessage& message) {
-    v1::KvDumpRequest request;
-    if (!request.ParseFromString(message.data) || message.reply.empty() ||
-        request.dp_rank() >= worker.ranks.size()) {
+    const auto requested =
+        worker::read_dump_request(message, static_cast<std::uint32_t>(worker.ranks.size()));
+    if (!requested) {
       ++stats.bad_messages;
       spdlog::warn("mocker: worker {} dropped a malformed KvDumpRequest", worker.id);
       return;
     }
-    const DpRank rank_id = request.dp_rank();
+    const DpRank rank_id = *requested;
     RankState& rank = worker.ranks[rank_id];
     // The running step already changed the pool: announce its events before the dump so that
     // last_event_id covers everything the dump contains.
@@ -339,9 +296,7 @@ struct MockerFleet::State {
                 .incarnation = worker.incarnation,
                 .last_event_id = rank.next_event_id - 1,
                 .stored = rank.engine.dump()};
-    if (auto sent = nats->publish(message.reply, encode_kv_dump(dump).SerializeAsString()); !sent) {
-      spdlog::warn("mocker: {}", sent.error());
-    }
+    publisher->publish_dump(message.reply, dump);
     ++stats.dumps_served;
   }
 
@@ -432,6 +387,19 @@ std::expected<std::unique_ptr<MockerFleet>, std::string> MockerFleet::create(
   state->nats = std::move(*client);
   state->options = std::move(options);
   const MockerOptions& opts = state->options;
+  state->publisher.emplace(*state->nats, opts.ns, "mocker");
+  state->description = worker::WorkerDescription{
+      .model = opts.model,
+      .role = opts.role,
+      .routing_group = opts.routing_group,
+      .block_size = opts.engine.block_size,
+      .total_kv_blocks = opts.engine.num_gpu_blocks,
+      .data_parallel_size = opts.data_parallel_size,
+      .taints = opts.taints,
+      .max_num_batched_tokens = opts.engine.max_num_batched_tokens,
+      .max_num_seqs = opts.engine.max_num_seqs,
+      .publishes_kv_events = opts.publish_kv_events,
+      .lease_ttl = opts.lease_ttl};
 
   std::random_device entropy;
   std::mt19937_64 random{(static_cast<std::uint64_t>(entropy()) << 32) ^ entropy()};
@@ -446,28 +414,22 @@ std::expected<std::unique_ptr<MockerFleet>, std::string> MockerFleet::create(
       worker.ranks.push_back(RankState{.engine = std::move(*engine)});
     }
     const WorkerId id = worker.id;
-    const std::string generate = subjects::worker_generate(opts.ns, id);
-    struct Route {
-      std::string subject;
-      InboxKind kind;
+    const auto to_inbox = [raw, id](InboxKind kind) {
+      return [raw, id, kind](actors::nats::NatsMessage message) {
+        raw->enqueue(kind, id, std::move(message));
+      };
     };
-    for (const Route& route :
-         {Route{generate, InboxKind::Generate}, Route{generate + ".cancel", InboxKind::Cancel},
-          Route{subjects::worker_dump(opts.ns, id), InboxKind::Dump}}) {
-      auto subscription = raw->nats->subscribe(
-          route.subject, [raw, id, kind = route.kind](actors::nats::NatsMessage message) {
-            raw->enqueue(kind, id, std::move(message));
-          });
-      if (!subscription) return std::unexpected(subscription.error());
-      worker.subscriptions.push_back(std::move(*subscription));
-    }
+    auto subscriptions = raw->publisher->subscribe_worker(
+        id, worker::WorkerSubjectHandlers{.on_generate = to_inbox(InboxKind::Generate),
+                                          .on_cancel = to_inbox(InboxKind::Cancel),
+                                          .on_dump = to_inbox(InboxKind::Dump)});
+    if (!subscriptions) return std::unexpected(subscriptions.error());
+    worker.subscriptions = std::move(*subscriptions);
     state->worker_index.emplace(id, state->workers.size());
     state->workers.push_back(std::move(worker));
   }
-  auto discover = raw->nats->subscribe(subjects::worker_discover(opts.ns),
-                                       [raw](actors::nats::NatsMessage message) {
-                                         raw->enqueue(InboxKind::Discover, 0, std::move(message));
-                                       });
+  auto discover =
+      raw->publisher->subscribe_discover([raw] { raw->enqueue(InboxKind::Discover, 0, {}); });
   if (!discover) return std::unexpected(discover.error());
   state->discover_subscription = std::move(*discover);
   if (auto flushed = state->nats->flush(std::chrono::seconds(5)); !flushed) {
@@ -484,23 +446,20 @@ std::vector<WorkerId> MockerFleet::worker_ids() const {
 
 MockerStats MockerFleet::run(std::stop_token stop) {
   State& state = *state_;
-  const auto heartbeat_interval = state.options.lease_ttl / 3;
-  for (const WorkerState& worker : state.workers) state.publish_registration(worker);
+  state.publish_registrations();
   state.publish_heartbeats();
   state.publish_load();
-  auto next_heartbeat = Clock::now() + heartbeat_interval;
-  auto next_load = Clock::now() + state.options.load_interval;
+  worker::PeriodicTimer heartbeat{worker::heartbeat_interval(state.options.lease_ttl),
+                                  Clock::now() + worker::heartbeat_interval(state.options.lease_ttl)};
+  worker::PeriodicTimer load{state.options.load_interval,
+                             Clock::now() + state.options.load_interval};
 
-  std::stop_callback wake_on_stop{stop, [&state] { state.inbox_signal.notify_all(); }};
   std::deque<InboxItem> batch;
   while (!stop.stop_requested()) {
-    {
-      std::lock_guard lock{state.inbox_mutex};
-      batch.swap(state.inbox);
-    }
+    state.inbox.take_all(batch);
     for (InboxItem& item : batch) {
       if (item.kind == InboxKind::Discover) {
-        for (const WorkerState& worker : state.workers) state.publish_registration(worker);
+        state.publish_registrations();
         continue;
       }
       WorkerState& worker = state.workers[state.worker_index.at(item.worker)];
@@ -522,28 +481,18 @@ MockerStats MockerFleet::run(std::stop_token stop) {
 
     const std::optional<double> next_step_ms = state.advance(state.now_ms());
     const auto now = Clock::now();
-    if (now >= next_heartbeat) {
-      state.publish_heartbeats();
-      next_heartbeat = now + heartbeat_interval;
-    }
-    if (now >= next_load) {
-      state.publish_load();
-      next_load = now + state.options.load_interval;
-    }
-    auto wake = std::min(next_heartbeat, next_load);
+    if (heartbeat.fire(now)) state.publish_heartbeats();
+    if (load.fire(now)) state.publish_load();
+    auto wake = std::min(heartbeat.next(), load.next());
     if (next_step_ms) {
       wake = std::min(wake,
                       state.start + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double, std::milli>(*next_step_ms)));
     }
-    std::unique_lock lock{state.inbox_mutex};
-    state.inbox_signal.wait_until(lock, wake,
-                                  [&] { return !state.inbox.empty() || stop.stop_requested(); });
+    state.inbox.wait_until(stop, wake);
   }
   state.publish_deregistrations();
-  if (auto flushed = state.nats->flush(std::chrono::seconds(2)); !flushed) {
-    spdlog::warn("mocker: {}", flushed.error());
-  }
+  state.publisher->flush(std::chrono::seconds(2));
   return state.stats;
 }
 

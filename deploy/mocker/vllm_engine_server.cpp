@@ -19,6 +19,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "deploy/simulation/engine.hpp"
+#include "deploy/worker/vllm_kv_frames.hpp"
 #include "discovery/block_hash.hpp"
 
 namespace kvr::mocker {
@@ -35,22 +36,6 @@ constexpr std::size_t kMaxPromptTokens = 1 << 22;
 constexpr std::uint32_t kMaxOutputTokens = 1 << 20;
 
 std::uint64_t engine_hash(BlockHash hash) { return hash * kEngineHashMultiplier; }
-
-std::string be64(std::uint64_t value) {
-  std::string bytes(8, '\0');
-  for (int i = 7; i >= 0; --i) {
-    bytes[static_cast<std::size_t>(i)] = static_cast<char>(value & 0xFF);
-    value >>= 8;
-  }
-  return bytes;
-}
-
-std::uint64_t read_be64(const zmq::message_t& frame) {
-  std::uint64_t value = 0;
-  const auto* bytes = static_cast<const unsigned char*>(frame.data());
-  for (std::size_t i = 0; i < 8; ++i) value = (value << 8) | bytes[i];
-  return value;
-}
 
 double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -282,11 +267,9 @@ struct VllmEngineServer::State {
       while (replay_buffer.size() > options.replay_buffer) replay_buffer.pop_front();
     }
     if (options.skip_every != 0 && (sequence + 1) % options.skip_every == 0) return;
-    const std::string seq = be64(sequence);
-    const std::array<zmq::const_buffer, 3> frames = {zmq::buffer(options.topic), zmq::buffer(seq),
-                                                     zmq::buffer(payload)};
     try {
-      zmq::send_multipart(publisher, frames, zmq::send_flags::dontwait);
+      worker::send_kv_event(publisher, options.topic, sequence, payload,
+                            zmq::send_flags::dontwait);
     } catch (const zmq::error_t& error) {
       spdlog::warn("kvr mocker: KV event publish failed: {}", error.what());
     }
@@ -501,26 +484,19 @@ struct VllmEngineServer::State {
         if (!zmq::recv_multipart(router, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
           continue;
         }
-        if (frames.size() != 3 || frames[2].size() != 8) continue;
-        const std::uint64_t from = read_be64(frames[2]);
+        const auto request = worker::read_replay_request(frames);
+        if (!request) continue;
         std::vector<std::pair<std::uint64_t, std::string>> answer;
         {
           std::lock_guard lock{replay_mutex};
           for (const auto& entry : replay_buffer) {
-            if (entry.first >= from) answer.push_back(entry);
+            if (entry.first >= request->first_sequence) answer.push_back(entry);
           }
         }
-        const std::string identity = frames[0].to_string();
         for (const auto& [sequence, payload] : answer) {
-          const std::string seq = be64(sequence);
-          const std::array<zmq::const_buffer, 4> reply = {
-              zmq::buffer(identity), zmq::const_buffer{}, zmq::buffer(seq), zmq::buffer(payload)};
-          zmq::send_multipart(router, reply);
+          worker::send_replay_message(router, request->identity, sequence, payload);
         }
-        const std::string end = be64(~std::uint64_t{0});
-        const std::array<zmq::const_buffer, 4> done = {zmq::buffer(identity), zmq::const_buffer{},
-                                                       zmq::buffer(end), zmq::const_buffer{}};
-        zmq::send_multipart(router, done);
+        worker::send_replay_end(router, request->identity);
       } catch (const zmq::error_t& error) {
         if (error.num() == ETERM) return;
         spdlog::warn("kvr mocker: replay socket: {}", error.what());

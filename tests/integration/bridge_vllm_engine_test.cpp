@@ -141,21 +141,21 @@ class BridgeVllmEngineTest : public testing::KvrClusterTest {
 
   std::string next_id() { return "req-" + std::to_string(++request_counter_); }
 
-  // A route-mode decision for `tokens`, pinned to `pinned` when given (its lease reported
-  // completed at once).
+  // A route-mode decision for `tokens`, pinned to `pinned` when given. Its booking is released
+  // (reported completed) before the next request, and likewise a decision that comes too late:
+  // readiness probes leave no load behind, however many a slow machine needs, so they cannot
+  // change which worker kv-cost prefers for the requests under test.
   std::optional<v1::RouteDecision> route(const std::vector<std::uint32_t>& tokens,
                                          std::optional<WorkerId> pinned = std::nullopt) {
+    if (!router_.is_open()) {
+      EXPECT_TRUE(router_.open(*client_, kNamespace));
+    }
     v1::RouteRequest request;
     request.set_request_id(next_id());
     request.set_model("mock-model");
     if (pinned) request.mutable_pinned_worker()->set_worker_id(*pinned);
     for (std::uint32_t token : tokens) request.mutable_tokens()->add_ids(token);
-    auto decision = testing::request_route(*client_, kNamespace, request);
-    if (decision && decision->has_success()) {
-      testing::report_lifecycle(*client_, kNamespace, decision->success().lease_id(),
-                                v1::LIFECYCLE_EVENT_COMPLETED);
-    }
-    return decision;
+    return router_.route(request, 2s);
   }
 
   // Whether the node routes `tokens` to `worker` with `blocks` blocks of device overlap.
@@ -236,6 +236,7 @@ class BridgeVllmEngineTest : public testing::KvrClusterTest {
 
   std::vector<std::unique_ptr<EnginePair>> pairs_;
   std::vector<std::unique_ptr<ChunkStream>> streams_;
+  testing::ReportingRouter router_;
   std::optional<ChildProcess> node_;
   std::uint16_t metrics_port_ = 0;
   int request_counter_ = 0;

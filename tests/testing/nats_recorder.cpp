@@ -1,5 +1,8 @@
 #include "tests/testing/nats_recorder.hpp"
 
+#include <condition_variable>
+#include <map>
+#include <random>
 #include <utility>
 
 #include "messages/subjects.hpp"
@@ -95,9 +98,94 @@ std::optional<v1::LifecycleAck> report_lifecycle(NatsClient& client, std::string
   return ack;
 }
 
+struct ReportingRouter::State {
+  std::string ns;
+  std::string inbox;
+  std::mutex mutex;
+  std::condition_variable arrived;
+  std::uint64_t next_id = 0;
+  // Decisions route() still waits for, by the id in their reply subject; nullopt until arrived.
+  std::map<std::uint64_t, std::optional<v1::RouteDecision>> waiting;
+};
+
+ReportingRouter::~ReportingRouter() { subscription_.reset(); }
+
+::testing::AssertionResult ReportingRouter::open(NatsClient& client, std::string_view ns) {
+  auto state = std::make_shared<State>();
+  state->ns = std::string{ns};
+  std::random_device entropy;
+  state->inbox = "_INBOX.kvr-test-route." + std::to_string(entropy()) + std::to_string(entropy());
+  auto subscribed = client.subscribe(
+      state->inbox + ".*", [state, &client](NatsMessage message) {
+        v1::RouteDecision decision;
+        if (!decision.ParseFromString(message.data)) return;
+        const auto dot = message.subject.rfind('.');
+        const std::uint64_t id = std::stoull(message.subject.substr(dot + 1));
+        {
+          std::lock_guard lock{state->mutex};
+          auto waiting = state->waiting.find(id);
+          if (waiting != state->waiting.end()) {
+            waiting->second = std::move(decision);
+            state->arrived.notify_all();
+            return;
+          }
+        }
+        // Too late for route(): released here, one way (the delivery thread must not wait).
+        if (!decision.has_success()) return;
+        v1::LifecycleReport report;
+        report.set_lease_id(decision.success().lease_id());
+        report.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
+        (void)client.publish(subjects::router_report(state->ns), report.SerializeAsString());
+      });
+  if (!subscribed) return ::testing::AssertionFailure() << subscribed.error();
+  if (auto flushed = client.flush(2s); !flushed) {
+    return ::testing::AssertionFailure() << "the server did not confirm the decisions' inbox: "
+                                         << flushed.error();
+  }
+  subscription_.emplace(std::move(*subscribed));
+  state_ = std::move(state);
+  client_ = &client;
+  return ::testing::AssertionSuccess();
+}
+
+std::optional<v1::RouteDecision> ReportingRouter::route(const v1::RouteRequest& request,
+                                                        std::chrono::milliseconds timeout) {
+  State& state = *state_;
+  std::uint64_t id = 0;
+  {
+    std::lock_guard lock{state.mutex};
+    id = ++state.next_id;
+    state.waiting.emplace(id, std::nullopt);
+  }
+  std::optional<v1::RouteDecision> decision;
+  if (client_->publish_request(subjects::router_route(state.ns), state.inbox + "." + std::to_string(id),
+                               request.SerializeAsString())) {
+    std::unique_lock lock{state.mutex};
+    state.arrived.wait_for(lock, timeout, [&] { return state.waiting.at(id).has_value(); });
+    decision = std::move(state.waiting.at(id));
+    // From here on a late decision is the subscription's to release.
+    state.waiting.erase(id);
+  } else {
+    std::lock_guard lock{state.mutex};
+    state.waiting.erase(id);
+  }
+  if (decision && decision->has_success()) {
+    // Acked before the next request, so that the release is applied before it is routed.
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      if (report_lifecycle(*client_, state.ns, decision->success().lease_id(),
+                           v1::LIFECYCLE_EVENT_COMPLETED)) {
+        break;
+      }
+    }
+  }
+  return decision;
+}
+
 bool wait_until_routable(NatsClient& client, std::string_view ns, std::optional<WorkerId> worker,
                          const std::function<std::string()>& next_request_id,
                          std::chrono::milliseconds timeout) {
+  ReportingRouter router;
+  if (!router.open(client, ns)) return false;
   return wait_until(
       [&] {
         v1::RouteRequest request;
@@ -105,10 +193,8 @@ bool wait_until_routable(NatsClient& client, std::string_view ns, std::optional<
         request.set_model("mock-model");
         for (std::uint32_t token : prompt(32, 1)) request.mutable_tokens()->add_ids(token);
         if (worker) request.add_allowed_workers(*worker);
-        const auto decision = request_route(client, ns, request);
+        const auto decision = router.route(request, 2s);
         if (!decision || !decision->has_success()) return false;
-        (void)report_lifecycle(client, ns, decision->success().lease_id(),
-                               v1::LIFECYCLE_EVENT_COMPLETED);
         return !worker || decision->success().worker_id() == *worker;
       },
       timeout);

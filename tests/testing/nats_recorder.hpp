@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -95,9 +96,38 @@ std::optional<v1::LifecycleAck> report_lifecycle(actors::nats::NatsClient& clien
                                                  std::string_view ns, const std::string& lease,
                                                  v1::LifecycleEvent event);
 
+/// Route requests, as a client that reports every booking would send them, so that routing for a
+/// test's own sake (a readiness probe, a look at the node's choice) leaves no load behind on the
+/// worker it picked: each successful decision is reported completed and acked before route()
+/// returns, and a decision that arrives after route() gave up on it (a slow node) is reported
+/// completed when it arrives. Otherwise the number of probes a slow machine needs would decide
+/// how much phantom load the next request meets. Destroy it before its client.
+class ReportingRouter {
+ public:
+  ReportingRouter() = default;
+  ReportingRouter(const ReportingRouter&) = delete;
+  ReportingRouter& operator=(const ReportingRouter&) = delete;
+  ~ReportingRouter();
+
+  /// Subscribes the decisions' inbox on `client`, for the router of namespace `ns`.
+  ::testing::AssertionResult open(actors::nats::NatsClient& client, std::string_view ns);
+  bool is_open() const { return client_ != nullptr; }
+
+  /// The router's decision on `request`, its booking already released; nullopt when no
+  /// parseable decision came within `timeout`.
+  std::optional<v1::RouteDecision> route(const v1::RouteRequest& request,
+                                         std::chrono::milliseconds timeout);
+
+ private:
+  struct State;
+  actors::nats::NatsClient* client_ = nullptr;
+  std::shared_ptr<State> state_;
+  std::optional<actors::nats::NatsSubscription> subscription_;
+};
+
 /// Route probes until the router of namespace `ns` routes a request (for model "mock-model", 32
-/// tokens, each probe's lease reported completed) to `worker`, or to any worker when
-/// `worker` is unset: how a test knows that registrations reached the router. Each probe's
+/// tokens, each probe's booking released through a ReportingRouter) to `worker`, or to any worker
+/// when `worker` is unset: how a test knows that registrations reached the router. Each probe's
 /// request id is `next_request_id()`. False when `timeout` passed first.
 bool wait_until_routable(actors::nats::NatsClient& client, std::string_view ns,
                          std::optional<WorkerId> worker,

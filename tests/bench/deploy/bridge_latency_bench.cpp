@@ -24,6 +24,7 @@
 #include <zmq_addon.hpp>
 
 #include "deploy/bridge/engine_bridge.hpp"
+#include "deploy/worker/vllm_kv_frames.hpp"
 #include "messages/subjects.hpp"
 #include "tests/testing/nats_server.hpp"
 
@@ -36,15 +37,6 @@ using namespace std::chrono_literals;
 constexpr std::uint32_t kBlockSize = 16;
 constexpr WorkerId kWorker = 77;
 constexpr std::string_view kNamespace = "bridge-bench";
-
-std::string be64(std::uint64_t value) {
-  std::string bytes(8, '\0');
-  for (int i = 7; i >= 0; --i) {
-    bytes[static_cast<std::size_t>(i)] = static_cast<char>(value & 0xFF);
-    value >>= 8;
-  }
-  return bytes;
-}
 
 // [ts, [["BlockStored", hashes, nil, tokens, 16, nil, "GPU"]], 0] with `blocks` blocks that no
 // other batch has (engine hashes from `first_hash`, tokens from `first_token`).
@@ -235,10 +227,7 @@ class Bench {
 
  private:
   void send(const std::string& payload) {
-    const std::string seq = be64(next_sequence_++);
-    const std::array<zmq::const_buffer, 3> frames = {zmq::const_buffer{}, zmq::buffer(seq),
-                                                     zmq::buffer(payload)};
-    zmq::send_multipart(publisher_, frames);
+    worker::send_kv_event(publisher_, "", next_sequence_++, payload);
   }
   // Waits until nothing has arrived for 300 ms.
   void settle() {

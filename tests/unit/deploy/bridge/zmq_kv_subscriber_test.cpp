@@ -2,9 +2,9 @@
 // engines' three-frame messages, and a ROUTER replay socket answering as vLLM's does.
 #include "deploy/bridge/zmq_kv_subscriber.hpp"
 
+#include <bit>
 #include <cerrno>
 #include <condition_variable>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -13,6 +13,8 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "deploy/worker/vllm_kv_frames.hpp"
+
 namespace kvr::bridge {
 namespace {
 
@@ -20,22 +22,15 @@ using namespace std::chrono_literals;
 
 constexpr std::chrono::milliseconds kDeadline = 10s;
 
-std::string be64(std::uint64_t value) {
-  std::string bytes(8, '\0');
-  for (int i = 7; i >= 0; --i) {
-    bytes[static_cast<std::size_t>(i)] = static_cast<char>(value & 0xFF);
-    value >>= 8;
-  }
-  return bytes;
-}
+using worker::encode_sequence;
 
 // A batch [ts, [["AllBlocksCleared"]], 0] whose ts carries `tag`, so the test can tell batches
-// apart: fixarray 3, float64, fixarray 1, fixarray 1, fixstr 16, 0.
+// apart: fixarray 3, float64 (big-endian), fixarray 1, fixarray 1, fixstr 16, 0.
 std::string payload(double tag) {
+  static_assert(std::endian::native == std::endian::little);
   std::string out = "\x93\xcb";
-  std::uint64_t bits = 0;
-  std::memcpy(&bits, &tag, sizeof bits);
-  out += be64(bits);
+  const auto bits = std::byteswap(std::bit_cast<std::uint64_t>(tag));
+  out.append(reinterpret_cast<const char*>(&bits), sizeof bits);
   out += "\x91\x91\xb0";
   out += "AllBlocksCleared";
   out.push_back('\0');
@@ -120,10 +115,7 @@ class StandInPublisher {
   const std::string& endpoint() const { return endpoint_; }
 
   void send(std::uint64_t sequence, const std::string& body, bool keep = true) {
-    const std::string seq = be64(sequence);
-    std::array<zmq::const_buffer, 3> frames = {zmq::str_buffer("kv"), zmq::buffer(seq),
-                                               zmq::buffer(body)};
-    ASSERT_TRUE(zmq::send_multipart(pub_, frames));
+    ASSERT_TRUE(worker::send_kv_event(pub_, "kv", sequence, body));
     if (keep) buffer_[sequence] = body;
   }
   void send_raw(std::vector<std::string> parts) {
@@ -181,25 +173,15 @@ class StandInReplay {
       if (zmq::poll(items.data(), 1, 20ms) == 0) continue;
       std::vector<zmq::message_t> request;
       if (!zmq::recv_multipart(router_, std::back_inserter(request))) continue;
-      if (request.size() != 3 || request[2].size() != 8) continue;
+      const auto asked = worker::read_replay_request(request);
+      if (!asked) continue;
       ++requests_;
-      std::uint64_t start = 0;
-      for (std::size_t i = 0; i < 8; ++i) {
-        start = (start << 8) | static_cast<const std::uint8_t*>(request[2].data())[i];
-      }
-      const std::string identity = request[0].to_string();
       std::lock_guard lock{mutex_};
       for (const auto& [sequence, body] : buffer_) {
-        if (sequence < start) continue;
-        const std::string seq = be64(sequence);
-        std::array<zmq::const_buffer, 4> reply = {zmq::buffer(identity), zmq::const_buffer{},
-                                                  zmq::buffer(seq), zmq::buffer(body)};
-        zmq::send_multipart(router_, reply);
+        if (sequence < asked->first_sequence) continue;
+        worker::send_replay_message(router_, asked->identity, sequence, body);
       }
-      const std::string end = be64(~std::uint64_t{0});
-      std::array<zmq::const_buffer, 4> done = {zmq::buffer(identity), zmq::const_buffer{},
-                                               zmq::buffer(end), zmq::const_buffer{}};
-      zmq::send_multipart(router_, done);
+      worker::send_replay_end(router_, asked->identity);
     }
   }
 
@@ -224,7 +206,7 @@ TEST(ZmqKvSubscriberTest, DeliversBatchesInSequenceOrderOnItsTopic) {
   auto subscriber = ZmqKvSubscriber::start(options_for(engine.endpoint()), received.callbacks());
   ASSERT_TRUE(subscriber) << subscriber.error();
   engine.send_first(received);
-  engine.send_raw({"other-topic", be64(1), payload(99)});
+  engine.send_raw({"other-topic", encode_sequence(1), payload(99)});
   engine.send(1, payload(1));
   engine.send(2, payload(2));
   ASSERT_TRUE(received.wait([](const Received& r) { return r.tags.size() == 3; }));
@@ -376,7 +358,7 @@ TEST(ZmqKvSubscriberTest, CountsAndDropsMalformedFramesAndPayloads) {
   auto subscriber = ZmqKvSubscriber::start(options_for(engine.endpoint()), received.callbacks());
   ASSERT_TRUE(subscriber) << subscriber.error();
   engine.send_first(received);
-  engine.send_raw({"kv", be64(1)});                    // two frames
+  engine.send_raw({"kv", encode_sequence(1)});                    // two frames
   engine.send_raw({"kv", "1234", payload(1)});         // a 4-byte sequence
   engine.send(1, std::string{"\x93\xc1\x90\x00", 4});  // not msgpack
   engine.send(2, payload(2));
