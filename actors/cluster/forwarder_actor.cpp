@@ -29,31 +29,19 @@ void publish(Self self, const std::string& subject, const std::string& bytes) {
   if (!subject.empty()) self->state.config.publisher->publish(subject, bytes);
 }
 
-// The node that owns `partition` when it is not this one; empty: serve it here (this node owns
-// it, or nobody is known to).
-std::string remote_owner(Self self, const std::string& partition) {
-  auto& state = self->state;
-  if (state.owned.contains(partition)) return {};
-  const auto owner = state.view.elsewhere.find(partition);
-  if (owner == state.view.elsewhere.end() || owner->second.node_id == state.config.node_id) {
-    return {};
-  }
-  return owner->second.node_id;
-}
-
 std::string partition_of(const RouteRequest& request) {
   return cluster::partition_key(request.partition.model, request.partition.routing_group);
 }
 
-// Runs `use` with the peer's ingress actor, connecting first when needed; an invalid handle when
-// the peer cannot be reached.
-void with_peer(Self self, const std::string& node_id,
+// Runs `use` with the ingress actor of the peer the table forwards to, connecting first when
+// needed; an invalid handle when the peer cannot be reached.
+void with_peer(Self self, const cluster::ForwardDecision& target,
                std::function<void(const ingress_actor&)> use) {
   auto& state = self->state;
+  const std::string& node_id = target.node_id;
   auto& peer = state.peers[node_id];
-  const auto address = state.address_by_node.find(node_id);
-  if (address != state.address_by_node.end() && address->second != peer.address) {
-    peer.address = address->second;  // restarted elsewhere: connect again
+  if (target.address && *target.address != peer.address) {
+    peer.address = *target.address;  // restarted elsewhere: connect again
     peer.ingress = nullptr;
   }
   if (peer.ingress) return use(peer.ingress);
@@ -112,7 +100,7 @@ void route_locally(Self self, RouteJob job, int waits) {
   RouteEnvelope local = keep->envelope;
   local.reply_subject.clear();
   const auto answer = [self, keep, waits](RouteDecisionMessage& decision) {
-    if (waits < kMaxViewWaits && decision.value.has_error() &&
+    if (cluster::ForwardTable::may_await_view(waits) && decision.value.has_error() &&
         decision.value.error().code() == v1::ROUTE_ERROR_UNAVAILABLE) {
       self->state.awaiting_view.emplace_back(std::move(*keep), waits + 1);
       return;
@@ -135,24 +123,27 @@ void route_locally(Self self, RouteJob job, int waits) {
   }
 }
 
-void forward_route(Self self, RouteJob job, const std::string& owner, int waits);
+void forward_route(Self self, RouteJob job, const cluster::ForwardDecision& target, int waits);
 
 // Serves a route request here, forwards it to its partition's owner, or holds it for the next
-// view when neither this node nor a known other one owns the partition.
+// view, as the table says.
 void dispatch_route(Self self, RouteJob job, int waits) {
-  const std::string partition = partition_of(job.envelope.request);
-  const std::string owner = remote_owner(self, partition);
-  if (!owner.empty()) return forward_route(self, std::move(job), owner, waits);
-  if (waits < kMaxViewWaits && !self->state.owned.contains(partition)) {
-    self->state.awaiting_view.emplace_back(std::move(job), waits + 1);
-    return;
+  auto target = self->state.table.route(partition_of(job.envelope.request), waits);
+  switch (target.action) {
+    case cluster::ForwardDecision::Action::forward:
+      return forward_route(self, std::move(job), target, waits);
+    case cluster::ForwardDecision::Action::await_view:
+      self->state.awaiting_view.emplace_back(std::move(job), waits + 1);
+      return;
+    case cluster::ForwardDecision::Action::serve_here:
+      return route_locally(self, std::move(job), waits);
   }
-  route_locally(self, std::move(job), waits);
 }
 
-void forward_route(Self self, RouteJob job, const std::string& owner, int waits) {
+void forward_route(Self self, RouteJob job, const cluster::ForwardDecision& target, int waits) {
   auto shared = std::make_shared<RouteJob>(std::move(job));
-  with_peer(self, owner, [self, shared, owner, waits](const ingress_actor& ingress) {
+  const std::string& owner = target.node_id;
+  with_peer(self, target, [self, shared, owner, waits](const ingress_actor& ingress) {
     const auto lost = [self, shared, owner](const std::string& why) {
       node_metrics(self).cluster_forwards("route", "owner_lost").add();
       node_metrics(self).route_errors(Error::owner_lost).add();
@@ -164,7 +155,7 @@ void forward_route(Self self, RouteJob job, const std::string& owner, int waits)
     };
     if (!ingress) {
       // Never sent: safe to try again at a later view (a connection that failed to come up).
-      if (waits < kMaxViewWaits) {
+      if (cluster::ForwardTable::may_await_view(waits)) {
         self->state.awaiting_view.emplace_back(std::move(*shared), waits + 1);
         return;
       }
@@ -177,7 +168,7 @@ void forward_route(Self self, RouteJob job, const std::string& owner, int waits)
         .then(
             [self, shared, started, waits](RouteDecisionMessage& decision) {
               // Not (or no longer) its partition: a later view names the new owner.
-              if (waits < kMaxViewWaits && decision.value.has_error() &&
+              if (cluster::ForwardTable::may_await_view(waits) && decision.value.has_error() &&
                   decision.value.error().code() == v1::ROUTE_ERROR_UNAVAILABLE) {
                 self->state.awaiting_view.emplace_back(std::move(*shared), waits + 1);
                 return;
@@ -212,48 +203,40 @@ v1::LifecycleReport encode_report(const LifecycleReportData& report) {
   return wire;
 }
 
-// The node whose lease `lease_id` is: this one (empty), another (its id), or none known
-// (nullopt: a node this one has not seen in a view yet, or not a cluster lease at all).
-std::optional<std::string> lease_owner(Self self, const std::string& lease_id) {
-  const auto dash = lease_id.find('-');
-  if (dash == std::string::npos) return std::nullopt;
-  const std::string prefix = lease_id.substr(0, dash);
-  if (prefix == self->state.config.lease_prefix) return std::string{};
-  const auto node = self->state.node_by_lease_prefix.find(prefix);
-  if (node == self->state.node_by_lease_prefix.end()) return std::nullopt;
-  return node->second == self->state.config.node_id ? std::string{} : node->second;
-}
-
 // Answers a report: on its NATS reply subject, and to the actor client that sent it.
 void answer_report(Self self, ReportJob& job, const v1::LifecycleAck& ack) {
   publish(self, job.envelope.reply_subject, ack.SerializeAsString());
   if (job.promise) job.promise->deliver(LifecycleAckMessage{ack});
 }
 
-void forward_report(Self self, ReportJob job, const std::string& owner);
+void forward_report(Self self, ReportJob job, const cluster::ForwardDecision& target);
 
+// Serves a report here (this node's reservation actor), forwards it to the node whose lease it
+// names, or holds it for the next view, as the table says.
 void dispatch_report(Self self, ReportJob job, int waits) {
-  const auto owner = lease_owner(self, job.envelope.report.lease_id);
-  if (!owner && waits < kMaxViewWaits) {
-    // A lease of a node that joined after this one's last view: the next view knows it.
-    self->state.awaiting_reports.emplace_back(std::move(job), waits + 1);
-    return;
-  }
-  if (!owner || owner->empty()) {
-    const auto& reservation = self->state.config.reservation;
-    if (job.promise) {
-      job.promise->delegate(reservation, report_atom::value, std::move(job.envelope));
-    } else {
-      caf::anon_send(reservation, report_atom::value, std::move(job.envelope));
+  const auto target = self->state.table.report(job.envelope.report.lease_id, waits);
+  switch (target.action) {
+    case cluster::ForwardDecision::Action::forward:
+      return forward_report(self, std::move(job), target);
+    case cluster::ForwardDecision::Action::await_view:
+      self->state.awaiting_reports.emplace_back(std::move(job), waits + 1);
+      return;
+    case cluster::ForwardDecision::Action::serve_here: {
+      const auto& reservation = self->state.config.reservation;
+      if (job.promise) {
+        job.promise->delegate(reservation, report_atom::value, std::move(job.envelope));
+      } else {
+        caf::anon_send(reservation, report_atom::value, std::move(job.envelope));
+      }
+      return;
     }
-    return;
   }
-  forward_report(self, std::move(job), *owner);
 }
 
-void forward_report(Self self, ReportJob job, const std::string& owner) {
+void forward_report(Self self, ReportJob job, const cluster::ForwardDecision& target) {
   auto shared = std::make_shared<ReportJob>(std::move(job));
-  with_peer(self, owner, [self, shared, owner](const ingress_actor& ingress) {
+  const std::string& owner = target.node_id;
+  with_peer(self, target, [self, shared, owner](const ingress_actor& ingress) {
     const auto lost = [self, shared, owner](const std::string& why) {
       node_metrics(self).cluster_forwards("report", "owner_lost").add();
       answer_report(self, *shared,
@@ -328,12 +311,13 @@ void end_stream(Self self, const std::string& request_id, const std::string& why
 
 void route_generate(Self self, GenerateJob job, bool retried);
 
-void forward_generate(Self self, GenerateJob job, const std::string& owner, bool retried) {
+void forward_generate(Self self, GenerateJob job, const cluster::ForwardDecision& target,
+                      bool retried) {
   const std::string request_id = job.envelope.request.route.id();
   auto& streams = self->state.streams;
-  streams.insert_or_assign(request_id, ForwarderActorState::ForwardedStream{std::move(job), owner,
-                                                                            false, false, retried});
-  with_peer(self, owner, [self, request_id, owner](const ingress_actor& ingress) {
+  streams.insert_or_assign(request_id, ForwarderActorState::ForwardedStream{
+                                           std::move(job), target.node_id, false, false, retried});
+  with_peer(self, target, [self, request_id](const ingress_actor& ingress) {
     auto stream = self->state.streams.find(request_id);
     if (stream == self->state.streams.end()) return;  // cancelled meanwhile
     // Before any chunk, a lost owner gets the request once more, on the current view's owner.
@@ -365,26 +349,27 @@ void forward_generate(Self self, GenerateJob job, const std::string& owner, bool
 }
 
 void route_generate(Self self, GenerateJob job, bool retried) {
-  const std::string owner = remote_owner(self, partition_of(job.envelope.request.route));
-  if (owner.empty()) return generate_locally(self, std::move(job));
-  forward_generate(self, std::move(job), owner, retried);
+  const auto target = self->state.table.generate(partition_of(job.envelope.request.route));
+  if (target.action != cluster::ForwardDecision::Action::forward) {
+    return generate_locally(self, std::move(job));
+  }
+  forward_generate(self, std::move(job), target, retried);
 }
 
-void update_view(Self self, ClusterView view) {
+void update_view(Self self, const ClusterView& view) {
   auto& state = self->state;
-  state.owned.clear();
-  for (const auto& owned : view.owned) state.owned.insert(owned.partition);
+  state.table.apply(view.owned, view.elsewhere, view.members);
   // The owner serves its partitions' own subjects: a client that knows the model skips the hop.
   if (state.config.bridge) {
     for (auto it = state.served_subjects.begin(); it != state.served_subjects.end();) {
-      if (state.owned.contains(it->first)) {
+      if (state.table.owns(it->first)) {
         ++it;
         continue;
       }
       state.config.bridge->stop_route_subject(it->second);
       it = state.served_subjects.erase(it);
     }
-    for (const std::string& partition : state.owned) {
+    for (const std::string& partition : state.table.owned()) {
       if (state.served_subjects.contains(partition)) continue;
       std::string subject = subjects::router_partition_route(state.config.ns, partition);
       if (auto served = state.config.bridge->serve_route_subject(subject); !served) {
@@ -394,23 +379,14 @@ void update_view(Self self, ClusterView view) {
       state.served_subjects.emplace(partition, std::move(subject));
     }
   }
-  state.node_by_lease_prefix.clear();
-  state.address_by_node.clear();
-  for (const auto& member : view.members) {
-    state.node_by_lease_prefix[cluster_lease_prefix(member.incarnation)] = member.node_id;
-    state.address_by_node[member.node_id] = member.address;
-  }
-  state.view = std::move(view);
 }
 
 }  // namespace
 
-std::string cluster_lease_prefix(std::uint64_t incarnation) {
-  return fmt::format("{:016x}", incarnation);
-}
-
 forwarder_actor::behavior_type forwarder_behavior(Self self, ForwarderActorConfig config) {
   self->state.config = std::move(config);
+  self->state.table =
+      cluster::ForwardTable{self->state.config.node_id, self->state.config.lease_prefix};
   // A peer whose connection dropped: its streams in flight end (or are retried before their
   // first chunk), and the next forward connects again.
   self->set_down_handler([self](caf::down_msg& message) {
@@ -488,7 +464,7 @@ forwarder_actor::behavior_type forwarder_behavior(Self self, ForwarderActorConfi
         if (chunk.value.finished()) state.streams.erase(stream);
       },
       [self](ownership_atom, ClusterView& view) {
-        update_view(self, std::move(view));
+        update_view(self, view);
         auto waiting = std::move(self->state.awaiting_view);
         self->state.awaiting_view.clear();
         for (auto& [job, waits] : waiting) dispatch_route(self, std::move(job), waits);

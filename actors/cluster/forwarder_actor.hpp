@@ -39,6 +39,7 @@
 #include <caf/typed_response_promise.hpp>
 
 #include "actors/actor_types.hpp"
+#include "actors/cluster/forward_table.hpp"
 #include "actors/metrics/metrics_registry.hpp"
 #include "actors/nats/nats_bridge.hpp"
 
@@ -82,21 +83,16 @@ struct GenerateJob {
   std::optional<caf::typed_response_promise<RouteDecisionMessage>> promise;
 };
 
-/// The forwarder's state.
+/// The forwarder's state: where requests go is the table's answer; the state keeps what only an
+/// actor can hold (promises, peers' connections, streams in flight, requests awaiting a view).
 struct ForwarderActorState {
   static inline const char* name = "kvr.forwarder";
   ForwarderActorConfig config;
-  ClusterView view;
-  /// Owned partition keys, from the view.
-  std::set<std::string> owned;
+  /// Owned partitions, owners elsewhere, members' lease prefixes and addresses, from the last
+  /// view.
+  cluster::ForwardTable table;
   /// The partition route subjects served, by partition key.
   std::map<std::string, std::string> served_subjects;
-  /// The namespace, for those subjects.
-  std::string ns;
-  /// Member node ids by the lease-id prefix of their leases (their incarnation in hex).
-  std::map<std::string, std::string> node_by_lease_prefix;
-  /// Member addresses by node id.
-  std::map<std::string, std::string> address_by_node;
 
   /// A peer's ingress actor, or the forwards waiting for it to connect.
   struct Peer {
@@ -118,21 +114,18 @@ struct ForwarderActorState {
   std::unordered_map<std::string, ForwardedStream> streams;
   /// Route requests that wait for the next view: their partition had no known owner, or the
   /// owner they were sent to no longer served it (a handover or takeover in progress). Each
-  /// waits for at most kMaxViewWaits views; then it is served here or forwarded as the last
-  /// view says, and its answer is final.
+  /// waits for at most cluster::kMaxViewWaits views (the table decides); then it is served here
+  /// or forwarded as the last view says, and its answer is final.
   std::vector<std::pair<RouteJob, int>> awaiting_view;  // with the views waited so far
   /// Reports naming a lease prefix no member of the last view has, waiting likewise.
   std::vector<std::pair<ReportJob, int>> awaiting_reports;
 };
 
-/// How many views a route request may wait for while its partition changes hands.
-inline constexpr int kMaxViewWaits = 3;
-
 /// The forwarder's behaviour.
 forwarder_actor::behavior_type forwarder_behavior(
     forwarder_actor::stateful_pointer<ForwarderActorState> self, ForwarderActorConfig config);
 
-/// The lease-id prefix of a node's leases in cluster mode: its incarnation, in hex.
-std::string cluster_lease_prefix(std::uint64_t incarnation);
+/// The lease-id prefix of a node's leases in cluster mode (forward_table.hpp).
+using cluster::cluster_lease_prefix;
 
 }  // namespace kvr::actors
