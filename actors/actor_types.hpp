@@ -31,7 +31,7 @@
 #include "actors/wire/worker_messages.hpp"
 #include "classifiers/request_classifier.hpp"
 #include "kvr/v1/routing.pb.h"
-#include "messages/caf_error.hpp"
+#include "actors/caf_error.hpp"
 
 namespace kvr::actors {
 

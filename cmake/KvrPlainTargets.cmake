@@ -70,17 +70,8 @@ function(kvr_check_plain_targets)
   endforeach()
 endfunction()
 
-# The plain cores include nothing from above them: `#include "actors/..."` or `"deploy/..."` in
-# messages/, discovery/, classifiers/ or selection/ stops the configure naming the file.
+# The plain cores' include rule (cmake/KvrCoreIncludes.cmake), checked over this source tree.
+include("${CMAKE_CURRENT_LIST_DIR}/KvrCoreIncludes.cmake")
 function(kvr_check_core_includes)
-  foreach(core messages discovery classifiers selection)
-    file(GLOB_RECURSE sources "${PROJECT_SOURCE_DIR}/${core}/*.hpp" "${PROJECT_SOURCE_DIR}/${core}/*.cpp")
-    foreach(source IN LISTS sources)
-      file(STRINGS "${source}" upward REGEX "^#include \"(actors|deploy)/")
-      if(upward)
-        file(RELATIVE_PATH name "${PROJECT_SOURCE_DIR}" "${source}")
-        message(FATAL_ERROR "${name} is in a plain core but includes from above it: ${upward}")
-      endif()
-    endforeach()
-  endforeach()
+  kvr_check_core_includes_in("${PROJECT_SOURCE_DIR}")
 endfunction()

@@ -1,4 +1,4 @@
-// The project-wide error codes: carried by caf::error between actors (messages/caf_error.hpp)
+// The project-wide error codes: carried by caf::error between actors (actors/caf_error.hpp)
 // and mapped onto the wire's RouteErrorCode for NATS clients.
 #pragma once
 

@@ -9,7 +9,7 @@
 #include <caf/error.hpp>
 #include <caf/sec.hpp>
 
-#include "messages/caf_error.hpp"
+#include "actors/caf_error.hpp"
 
 namespace kvr::actors {
 

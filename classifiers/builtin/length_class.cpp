@@ -5,11 +5,12 @@
 
 #include <fmt/format.h>
 
+#include "classifiers/builtin/class_table.hpp"
+
 namespace kvr::classifiers::builtin {
 
 using plugins::request_classifier::AdmissionFuture;
 using plugins::request_classifier::ClassifyRequest;
-using plugins::request_classifier::ParameterReader;
 using plugins::request_classifier::RequestClassifierContext;
 using plugins::request_classifier::RequestClassifierFactory;
 using plugins::request_classifier::RequestClassifierParameters;
@@ -17,48 +18,21 @@ using plugins::request_classifier::RequestClassifierProviderError;
 
 std::expected<LengthClassParameters, RequestClassifierProviderError> LengthClassParameters::read(
     const RequestClassifierParameters& parameters) {
-  const auto fail = [](std::string message) {
-    return std::unexpected(RequestClassifierProviderError{std::move(message)});
-  };
-  ParameterReader reader = parameters.reader();
-  auto entries = reader.required_mappings("buckets");
-  if (!entries) return std::unexpected(entries.error());
-  auto default_class = reader.optional<std::string>("default_class", "default");
-  if (!default_class) return std::unexpected(default_class.error());
-  if (auto finished = reader.finish(); !finished) return std::unexpected(finished.error());
-
+  auto table = read_class_table<std::uint64_t>(parameters, "buckets", "bucket", "max_input_tokens");
+  if (!table) return std::unexpected(table.error());
   LengthClassParameters parsed;
-  if (entries->empty()) return fail("parameters.buckets: expected at least one bucket, got []");
-  for (std::size_t i = 0; i < entries->size(); ++i) {
-    ParameterReader& entry = (*entries)[i];
-    auto max_input_tokens = entry.required<std::uint64_t>("max_input_tokens");
-    if (!max_input_tokens) return std::unexpected(max_input_tokens.error());
-    auto policy_class = entry.required<std::string>("policy_class");
-    if (!policy_class) return std::unexpected(policy_class.error());
-    if (auto finished = entry.finish(); !finished) return std::unexpected(finished.error());
-    if (policy_class->empty()) {
-      return fail(fmt::format("parameters.buckets[{}].policy_class: must not be empty", i));
-    }
-    if (auto known = parameters.check_policy_class(
-            *policy_class, fmt::format("parameters.buckets[{}].policy_class", i));
-        !known) {
-      return std::unexpected(known.error());
-    }
-    if (!parsed.buckets.empty() && *max_input_tokens <= parsed.buckets.back().max_input_tokens) {
-      return fail(fmt::format(
+  for (std::size_t i = 0; i < table->rows.size(); ++i) {
+    auto& row = table->rows[i];
+    if (!parsed.buckets.empty() && row.key <= parsed.buckets.back().max_input_tokens) {
+      return std::unexpected(RequestClassifierProviderError{fmt::format(
           "parameters.buckets[{}].max_input_tokens: buckets must be strictly ascending, got {} "
           "after {}",
-          i, *max_input_tokens, parsed.buckets.back().max_input_tokens));
+          i, row.key, parsed.buckets.back().max_input_tokens)});
     }
     parsed.buckets.push_back(
-        Bucket{.max_input_tokens = *max_input_tokens, .policy_class = std::move(*policy_class)});
+        Bucket{.max_input_tokens = row.key, .policy_class = std::move(row.policy_class)});
   }
-  if (default_class->empty()) return fail("parameters.default_class: must not be empty");
-  if (auto known = parameters.check_policy_class(*default_class, "parameters.default_class");
-      !known) {
-    return std::unexpected(known.error());
-  }
-  parsed.default_class = std::move(*default_class);
+  parsed.default_class = std::move(table->default_class);
   return parsed;
 }
 

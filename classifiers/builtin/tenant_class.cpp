@@ -5,11 +5,12 @@
 
 #include <fmt/format.h>
 
+#include "classifiers/builtin/class_table.hpp"
+
 namespace kvr::classifiers::builtin {
 
 using plugins::request_classifier::AdmissionFuture;
 using plugins::request_classifier::ClassifyRequest;
-using plugins::request_classifier::ParameterReader;
 using plugins::request_classifier::RequestClassifierContext;
 using plugins::request_classifier::RequestClassifierFactory;
 using plugins::request_classifier::RequestClassifierParameters;
@@ -20,45 +21,21 @@ std::expected<TenantClassParameters, RequestClassifierProviderError> TenantClass
   const auto fail = [](std::string message) {
     return std::unexpected(RequestClassifierProviderError{std::move(message)});
   };
-  ParameterReader reader = parameters.reader();
-  auto entries = reader.required_mappings("tenants");
-  if (!entries) return std::unexpected(entries.error());
-  auto default_class = reader.optional<std::string>("default_class", "default");
-  if (!default_class) return std::unexpected(default_class.error());
-  if (auto finished = reader.finish(); !finished) return std::unexpected(finished.error());
-
+  auto table = read_class_table<std::string>(parameters, "tenants", "tenant", "tenant");
+  if (!table) return std::unexpected(table.error());
   TenantClassParameters parsed;
-  if (entries->empty()) return fail("parameters.tenants: expected at least one tenant, got []");
-  for (std::size_t i = 0; i < entries->size(); ++i) {
-    ParameterReader& entry = (*entries)[i];
-    auto tenant = entry.required<std::string>("tenant");
-    if (!tenant) return std::unexpected(tenant.error());
-    auto policy_class = entry.required<std::string>("policy_class");
-    if (!policy_class) return std::unexpected(policy_class.error());
-    if (auto finished = entry.finish(); !finished) return std::unexpected(finished.error());
-    if (tenant->empty()) {
+  for (std::size_t i = 0; i < table->rows.size(); ++i) {
+    auto& row = table->rows[i];
+    if (row.key.empty()) {
       return fail(fmt::format("parameters.tenants[{}].tenant: must not be empty", i));
     }
-    if (policy_class->empty()) {
-      return fail(fmt::format("parameters.tenants[{}].policy_class: must not be empty", i));
-    }
-    if (auto known = parameters.check_policy_class(
-            *policy_class, fmt::format("parameters.tenants[{}].policy_class", i));
-        !known) {
-      return std::unexpected(known.error());
-    }
     // A tenant listed twice would leave one of its classes silently unused.
-    if (!parsed.tenants.emplace(*tenant, std::move(*policy_class)).second) {
+    if (!parsed.tenants.emplace(row.key, std::move(row.policy_class)).second) {
       return fail(
-          fmt::format("parameters.tenants[{}].tenant: tenant '{}' is listed twice", i, *tenant));
+          fmt::format("parameters.tenants[{}].tenant: tenant '{}' is listed twice", i, row.key));
     }
   }
-  if (default_class->empty()) return fail("parameters.default_class: must not be empty");
-  if (auto known = parameters.check_policy_class(*default_class, "parameters.default_class");
-      !known) {
-    return std::unexpected(known.error());
-  }
-  parsed.default_class = std::move(*default_class);
+  parsed.default_class = std::move(table->default_class);
   return parsed;
 }
 

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "messages/caf_error.hpp"
+#include "actors/caf_error.hpp"
 
 namespace kvr {
 namespace {
