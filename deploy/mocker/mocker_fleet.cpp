@@ -127,14 +127,7 @@ struct MockerFleet::State {
     for (const WorkerState& worker : workers) {
       ranks.clear();
       for (const RankState& rank : worker.ranks) {
-        const auto load = rank.engine.load();
-        ranks.push_back(discovery::ConfirmedLoad{
-            .active_requests =
-                static_cast<std::uint32_t>(load.active_requests + load.waiting_requests),
-            .waiting_requests = static_cast<std::uint32_t>(load.waiting_requests),
-            .active_decode_blocks = load.active_decode_blocks,
-            .active_prefill_tokens = load.active_prefill_tokens,
-            .kv_blocks_used = load.kv_blocks_used});
+        ranks.push_back(simulation::load_report(rank.engine.load()));
       }
       publisher->publish_load(worker.instance(), ranks);
     }

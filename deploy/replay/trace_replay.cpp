@@ -474,14 +474,7 @@ class PolicyRun {
     const bool idle = !engines_[w].has_work();
     if (idle || now - last_load_report_[w] >= options_.load_report_interval_ms) {
       last_load_report_[w] = now;
-      const simulation::EngineLoad load = engines_[w].load();
-      pending_loads_[w].push_back(discovery::ConfirmedLoad{
-          .active_requests =
-              static_cast<std::uint32_t>(load.active_requests + load.waiting_requests),
-          .waiting_requests = static_cast<std::uint32_t>(load.waiting_requests),
-          .active_decode_blocks = load.active_decode_blocks,
-          .active_prefill_tokens = load.active_prefill_tokens,
-          .kv_blocks_used = load.kv_blocks_used});
+      pending_loads_[w].push_back(simulation::load_report(engines_[w].load()));
       schedule(delivery, EventKind::LoadReport, w);
     }
     if (idle) {

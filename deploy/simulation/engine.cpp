@@ -360,4 +360,13 @@ void Engine::finish_step(double end_ms, StepResult& result) {
   for (const RequestStats& completed : result.completions) requests_.erase(completed.id);
 }
 
+discovery::ConfirmedLoad load_report(const EngineLoad& load) {
+  return discovery::ConfirmedLoad{
+      .active_requests = static_cast<std::uint32_t>(load.active_requests + load.waiting_requests),
+      .waiting_requests = static_cast<std::uint32_t>(load.waiting_requests),
+      .active_decode_blocks = load.active_decode_blocks,
+      .active_prefill_tokens = load.active_prefill_tokens,
+      .kv_blocks_used = load.kv_blocks_used};
+}
+
 }  // namespace kvr::simulation

@@ -19,6 +19,7 @@
 #include "deploy/simulation/block_pool.hpp"
 #include "deploy/simulation/engine_config.hpp"
 #include "deploy/simulation/timing_model.hpp"
+#include "discovery/load/predicted_load.hpp"
 #include "messages/ids.hpp"
 #include "messages/kv_event.hpp"
 
@@ -131,6 +132,10 @@ struct EngineLoad {
   /// Blocks in the pool.
   std::uint64_t total_blocks = 0;
 };
+
+/// The load report a worker running an engine publishes: running and waiting requests are both
+/// active (as vLLM counts them), the waiting ones also on their own.
+discovery::ConfirmedLoad load_report(const EngineLoad& load);
 
 /// What reset() did.
 struct ResetResult {
