@@ -156,15 +156,24 @@ class LeaseCapTest : public testing::KvrClusterTest {
     ASSERT_TRUE(ack) << ack.error();
   }
 
-  // Routes until the node refuses; returns how many were served and the refusal.
+  // Routes until the node refuses; returns how many were served and the refusal. A route the node
+  // could not decide in time (a loaded machine, a 100,000-block prompt under ASan) is no refusal:
+  // it is tried again with a fresh id, a few times (its late booking is rolled back).
   std::pair<std::size_t, v1::RouteDecision> route_until_refused(actors::nats::NatsClient& client,
                                                                 const std::string& model,
                                                                 const std::string& prefix,
                                                                 std::size_t blocks,
                                                                 std::size_t at_most) {
+    constexpr int kAttempts = 4;
     for (std::size_t served = 0; served <= at_most; ++served) {
-      v1::RouteDecision decision = route(client, model, prefix + std::to_string(served), blocks);
+      v1::RouteDecision decision;
+      for (int attempt = 0; attempt < kAttempts; ++attempt) {
+        decision = route(client, model,
+                         prefix + std::to_string(served) + "-" + std::to_string(attempt), blocks);
+        if (!decision.has_error() || decision.error().code() != v1::ROUTE_ERROR_TIMEOUT) break;
+      }
       if (!decision.has_success()) return {served, decision};
+      served_ids_[prefix].push_back(decision.request_id());
     }
     return {at_most + 1, {}};
   }
@@ -178,6 +187,8 @@ class LeaseCapTest : public testing::KvrClusterTest {
   std::unique_ptr<actors::nats::NatsClient> rogue_;
   std::unique_ptr<actors::nats::NatsClient> other_;
   std::map<std::string, std::string> leases_;
+  // The ids served by route_until_refused, by prefix, in order.
+  std::map<std::string, std::vector<std::string>> served_ids_;
   std::uint64_t requests_ = 0;
   std::uint16_t metrics_port_ = 0;
 };
@@ -192,30 +203,35 @@ TEST_F(LeaseCapTest, ARogueClientIsStoppedAtItsCapsWhileOthersAreServed) {
   const double resident_before = resident_bytes(node_->pid());
   ASSERT_GT(resident_before, 0);
 
-  // Long prompts, never reported: the partition's block cap stops them after 30.
+  // Long prompts, never reported: the partition's block cap stops them after 30. What the node
+  // holds is counted on the node: a route answered `timeout` on a loaded machine may still have
+  // been booked (and holds its booking until the lease TTL, as an unreported one does).
   const auto [long_served, long_refusal] = route_until_refused(
       *rogue_, "rogue-model", "long-", kLongPromptBlocks, kPartitionBlocks / kLongPromptBlocks);
-  EXPECT_EQ(long_served, kPartitionBlocks / kLongPromptBlocks);
   expect_overloaded(long_refusal, "partition booked-blocks cap reached");
-  EXPECT_EQ(node_metric("kvr_booked_blocks{partition=\"rogue-model/default\"}"),
-            static_cast<double>(long_served * kLongPromptBlocks));
+  const std::size_t long_booked = static_cast<std::size_t>(
+      node_metric("kvr_booked_blocks{partition=\"rogue-model/default\"}") / kLongPromptBlocks);
+  EXPECT_EQ(long_booked, kPartitionBlocks / kLongPromptBlocks);
+  EXPECT_LE(long_served, long_booked);
 
   // Under the documented bound for what it holds (ASan's shadow memory adds an eighth; the
   // allocator's and the heap's own slack 32 MB).
   const double resident_at_cap = resident_bytes(node_->pid());
-  const double bound = static_cast<double>(long_served) *
+  const double bound = static_cast<double>(long_booked) *
                        (kBytesPerLease + kBytesPerBlock * static_cast<double>(kLongPromptBlocks));
   EXPECT_LT(resident_at_cap - resident_before, bound * 1.125 + 32e6)
       << "RSS " << resident_before / 1e6 << " MB -> " << resident_at_cap / 1e6 << " MB";
   std::cout << "node RSS " << resident_before / 1e6 << " MB before, " << resident_at_cap / 1e6
-            << " MB with " << long_served << " leases of " << kLongPromptBlocks << " blocks ("
-            << (resident_at_cap - resident_before) / static_cast<double>(long_served) / 1e6
+            << " MB with " << long_booked << " leases of " << kLongPromptBlocks << " blocks ("
+            << (resident_at_cap - resident_before) / static_cast<double>(long_booked) / 1e6
             << " MB a lease)\n";
 
   // Short prompts: the partition's lease cap stops them at 100 open leases.
   const auto [short_served, short_refusal] =
       route_until_refused(*rogue_, "rogue-model", "short-", 1, kPartitionLeases);
-  EXPECT_EQ(long_served + short_served, kPartitionLeases);
+  EXPECT_EQ(node_metric("kvr_bookings_open{partition=\"rogue-model/default\"}"),
+            static_cast<double>(kPartitionLeases));
+  EXPECT_LE(long_served + short_served, kPartitionLeases);
   expect_overloaded(short_refusal, "partition open-lease cap reached");
 
   // Another client, another partition: served meanwhile, until the node's lease cap.
@@ -224,7 +240,7 @@ TEST_F(LeaseCapTest, ARogueClientIsStoppedAtItsCapsWhileOthersAreServed) {
   EXPECT_EQ(other_served, kNodeLeases - kPartitionLeases);
   expect_overloaded(other_refusal, "node open-lease cap reached");
   // Its reports free its share: served again.
-  for (std::size_t i = 0; i < 10; ++i) report_completed(*other_, "other-" + std::to_string(i));
+  for (std::size_t i = 0; i < 10; ++i) report_completed(*other_, served_ids_["other-"].at(i));
   EXPECT_TRUE(wait_until(
       [&] { return route(*other_, "other-model", "other-again", 4).has_success(); }, 5s));
 
