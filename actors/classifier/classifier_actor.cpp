@@ -63,8 +63,8 @@ void end_generate(Self self, WaitingGenerate& waiting, Error code, const std::st
   auto& config = self->state.config;
   const GenerateEnvelope& envelope = waiting.envelope;
   const std::string& request_id = envelope.request.route.id();
-  const v1::RouteDecision decision = make_route_error(request_id, code, message);
-  const v1::GenerateChunk end = make_end_chunk(
+  const v1::RouteDecision decision = encode_route_error(request_id, code, message);
+  const v1::GenerateChunk end = encode_end_chunk(
       request_id, 0,
       StreamEnd{finish_reason,
                 std::string_view{finish_reason} == "error" ? std::optional{code} : std::nullopt,
@@ -88,7 +88,7 @@ void reject(Self self, Waiting& waiting, const AdmissionRejected& rejection) {
   node_metrics(self).route_errors(rejection.code).add();
   if (auto* route = std::get_if<AdmittingRoute>(&waiting)) {
     const v1::RouteDecision decision =
-        make_route_error(route->envelope.request.client_id(), rejection.code, rejection.message);
+        encode_route_error(route->envelope.request.client_id(), rejection.code, rejection.message);
     if (!route->envelope.reply_subject.empty()) {
       self->state.config.publisher->publish(route->envelope.reply_subject,
                                             decision.SerializeAsString());

@@ -110,7 +110,7 @@ void route_locally(Self self, RouteJob job, int waits) {
   const auto failed = [self, keep](caf::error& error) {
     node_metrics(self).route_errors(Error::unavailable).add();
     answer_route(self, *keep,
-                 make_route_error(
+                 encode_route_error(
                      keep->envelope.request.client_id(), Error::unavailable,
                      fmt::format("this node did not answer: {}", self->system().render(error))));
   };
@@ -149,7 +149,7 @@ void forward_route(Self self, RouteJob job, const cluster::ForwardDecision& targ
       node_metrics(self).route_errors(Error::owner_lost).add();
       answer_route(
           self, *shared,
-          make_route_error(
+          encode_route_error(
               shared->envelope.request.client_id(), Error::owner_lost,
               fmt::format("the partition's owner, node {}, did not answer: {}", owner, why)));
     };
@@ -240,9 +240,9 @@ void forward_report(Self self, ReportJob job, const cluster::ForwardDecision& ta
     const auto lost = [self, shared, owner](const std::string& why) {
       node_metrics(self).cluster_forwards("report", "owner_lost").add();
       answer_report(self, *shared,
-                    make_lifecycle_ack(false, fmt::format("owner_lost: the lease's node, {}, "
-                                                          "did not answer: {}",
-                                                          owner, why)));
+                    encode_lifecycle_ack(false, fmt::format("owner_lost: the lease's node, {}, "
+                                                            "did not answer: {}",
+                                                            owner, why)));
     };
     if (!ingress) return lost("it cannot be reached");
     self->request(ingress, self->state.config.forward_timeout, report_atom::value,
@@ -302,11 +302,11 @@ void end_stream(Self self, const std::string& request_id, const std::string& why
   const std::string message =
       fmt::format("the partition's owner, node {}, went away: {}", stream.owner, why);
   if (!stream.decided) {
-    answer_generate(self, stream.job, make_route_error(request_id, Error::owner_lost, message));
+    answer_generate(self, stream.job, encode_route_error(request_id, Error::owner_lost, message));
   }
-  relay_chunk(
-      self, stream,
-      make_end_chunk(request_id, 0, StreamEnd{"error", Error::owner_lost, message}, std::nullopt));
+  relay_chunk(self, stream,
+              encode_end_chunk(request_id, 0, StreamEnd{"error", Error::owner_lost, message},
+                               std::nullopt));
 }
 
 void route_generate(Self self, GenerateJob job, bool retried);

@@ -22,7 +22,7 @@ ingress_actor::behavior_type ingress_behavior(ingress_actor::pointer self,
     if (!request) {
       metrics.route_errors(request.error().code).add();
       return RouteDecisionMessage{
-          make_route_error(wire.request_id(), request.error().code, request.error().message)};
+          encode_route_error(wire.request_id(), request.error().code, request.error().message)};
     }
     if (escaped) {
       apply_request_scope(*request, client);
@@ -60,7 +60,7 @@ ingress_actor::behavior_type ingress_behavior(ingress_actor::pointer self,
       [self, config](report_atom,
                      LifecycleReportMessage& message) -> caf::result<LifecycleAckMessage> {
         auto report = decode_lifecycle_report(message.value, config.limits);
-        if (!report) return LifecycleAckMessage{make_lifecycle_ack(false, report.error())};
+        if (!report) return LifecycleAckMessage{encode_lifecycle_ack(false, report.error())};
         // Delegated as route requests are: the reservation actor always acknowledges.
         auto promise = self->make_response_promise<LifecycleAckMessage>();
         if (config.forwarder) {
@@ -78,7 +78,7 @@ ingress_actor::behavior_type ingress_behavior(ingress_actor::pointer self,
         const std::string& request_id = message.value.route().request_id();
         const auto refuse = [&](Error code, std::string text) {
           metrics.route_errors(code).add();
-          return RouteDecisionMessage{make_route_error(request_id, code, text)};
+          return RouteDecisionMessage{encode_route_error(request_id, code, text)};
         };
         auto client = caf::actor_cast<caf::actor>(self->current_sender());
         if (!client) {

@@ -139,8 +139,8 @@ void dispatch(Self self, std::uint64_t stream_id) {
   bool sent = false;
   if (!flight->generate_subject.empty()) {
     sent = config.publisher->publish(flight->generate_subject,
-                                     make_worker_generate_request(flight->request, worker.dp_rank,
-                                                                  stream_subject(self, stream_id))
+                                     encode_worker_generate_request(flight->request, worker.dp_rank,
+                                                                    stream_subject(self, stream_id))
                                          .SerializeAsString());
   }
   if (!sent) {
@@ -203,8 +203,8 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
     const StreamEnd& end = *step.end_stream;
     publish_decision(
         self, *flight,
-        make_route_error(request_id, end.error.value_or(Error::unavailable), end.message));
-    send_chunk(self, *flight, make_end_chunk(request_id, flight->relayed, end, worker));
+        encode_route_error(request_id, end.error.value_or(Error::unavailable), end.message));
+    send_chunk(self, *flight, encode_end_chunk(request_id, flight->relayed, end, worker));
     ++flight->relayed;
     node_metrics(self).generate_outcomes(end.finish_reason).add();
   }
@@ -224,7 +224,7 @@ void on_routed(Self self, std::uint64_t stream_id, SelectorReply& reply) {
   if (!reply.result) {
     const RouteFailure& failure = reply.result.error();
     node_metrics(self).route_errors(failure.code).add();
-    publish_decision(self, *flight, make_route_error(request_id, failure.code, failure.message));
+    publish_decision(self, *flight, encode_route_error(request_id, failure.code, failure.message));
     apply(self, stream_id, flight->lifecycle.route_failed(failure.code, failure.message));
     return;
   }
@@ -243,11 +243,11 @@ void on_routed(Self self, std::uint64_t stream_id, SelectorReply& reply) {
     node_metrics(self).route_decisions(outcome.worker.worker_id).add();
     publish_decision(
         self, *flight,
-        make_route_success(request_id, outcome,
-                           RouteSuccessInfo{.lease_id = {},
-                                            .lease_ttl = {},
-                                            .policy = reply.policy,
-                                            .generate_subject = reply.generate_subject}));
+        encode_route_success(request_id, outcome,
+                             RouteSuccessInfo{.lease_id = {},
+                                              .lease_ttl = {},
+                                              .policy = reply.policy,
+                                              .generate_subject = reply.generate_subject}));
   }
   carry_out(self, stream_id, std::move(*step), nullptr);
 }
@@ -285,19 +285,19 @@ caf::result<RouteDecisionMessage> refuse(Self self, const GenerateEnvelope& enve
   if (envelope.stream_actor) {
     // The decision leaves before the stream's end, as for a request that was served.
     auto promise = self->make_response_promise<RouteDecisionMessage>();
-    promise.deliver(RouteDecisionMessage{make_route_error(request_id, code, message)});
+    promise.deliver(RouteDecisionMessage{encode_route_error(request_id, code, message)});
     self->send(caf::actor_cast<stream_client_actor>(envelope.stream_actor), chunk_atom::value,
-               GenerateChunkMessage{
-                   make_end_chunk(request_id, 0, StreamEnd{"error", code, message}, std::nullopt)});
+               GenerateChunkMessage{encode_end_chunk(
+                   request_id, 0, StreamEnd{"error", code, message}, std::nullopt)});
     return promise;
   }
   if (!envelope.reply_subject.empty()) {
     config.publisher->publish(envelope.reply_subject,
-                              make_route_error(request_id, code, message).SerializeAsString());
+                              encode_route_error(request_id, code, message).SerializeAsString());
   }
   config.publisher->publish(
       envelope.request.stream_subject,
-      make_end_chunk(request_id, 0, StreamEnd{"error", code, message}, std::nullopt)
+      encode_end_chunk(request_id, 0, StreamEnd{"error", code, message}, std::nullopt)
           .SerializeAsString());
   return caf::delegated<RouteDecisionMessage>{};  // a NATS client: answered on its subjects
 }
@@ -388,8 +388,8 @@ lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfi
           node_metrics(self).generate_stale_chunks().add();
           return;
         }
-        apply(self, envelope.stream_id, flight->lifecycle.on_chunk(to_stream_chunk(envelope.chunk)),
-              &envelope.chunk);
+        apply(self, envelope.stream_id,
+              flight->lifecycle.on_chunk(decode_stream_chunk(envelope.chunk)), &envelope.chunk);
       },
       [self](selector_atom, std::string& model, std::string& group, selector_actor& selector) {
         self->state.routes.learn(std::move(model), std::move(group), selector);

@@ -88,8 +88,8 @@ void NatsBridge::on_route(const BadMessageCounter& bad, nats::NatsMessage messag
     drop(bad, request.error().message);
     metrics::NodeMetrics{*registry_}.route_errors(request.error().code).add();
     if (!message.reply.empty()) {
-      (void)publish(message.reply, make_route_error(wire.request_id(), request.error().code,
-                                                    request.error().message)
+      (void)publish(message.reply, encode_route_error(wire.request_id(), request.error().code,
+                                                      request.error().message)
                                        .SerializeAsString());
     }
     return;
@@ -249,7 +249,7 @@ std::expected<void, std::string> NatsBridge::start(BridgeSinks sinks) {
             drop(bad, report.error());
             if (!message.reply.empty()) {
               (void)publish(message.reply,
-                            make_lifecycle_ack(false, report.error()).SerializeAsString());
+                            encode_lifecycle_ack(false, report.error()).SerializeAsString());
             }
             return;
           }
@@ -284,8 +284,8 @@ std::expected<void, std::string> NatsBridge::subscribe_generate() {
           metrics::NodeMetrics{*registry_}.route_errors(request.error().code).add();
           const std::string& request_id = wire.route().request_id();
           if (!message.reply.empty()) {
-            (void)publish(message.reply, make_route_error(request_id, request.error().code,
-                                                          request.error().message)
+            (void)publish(message.reply, encode_route_error(request_id, request.error().code,
+                                                            request.error().message)
                                              .SerializeAsString());
           }
           // A client that only reads its stream learns of the refusal there.
@@ -293,9 +293,9 @@ std::expected<void, std::string> NatsBridge::subscribe_generate() {
               wire.stream_subject().find_first_of(" \t\r\n*>") == std::string::npos) {
             (void)publish(
                 wire.stream_subject(),
-                make_end_chunk(request_id, 0,
-                               StreamEnd{"error", request.error().code, request.error().message},
-                               std::nullopt)
+                encode_end_chunk(request_id, 0,
+                                 StreamEnd{"error", request.error().code, request.error().message},
+                                 std::nullopt)
                     .SerializeAsString());
           }
           return;

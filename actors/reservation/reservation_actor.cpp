@@ -105,7 +105,7 @@ void deliver_error(Self self, const RouteEnvelope& envelope, DecisionPromise& pr
                    std::string_view message) {
   node_metrics(self).route_errors(code).add();
   deliver_decision(self, envelope, promise,
-                   make_route_error(envelope.request.client_id(), code, message));
+                   encode_route_error(envelope.request.client_id(), code, message));
   // An admitted request that found no worker ends here.
   tell_classifier(self, envelope.request.partition.model, [&] {
     return plugins::request_classifier::Aborted{envelope.request.id(), std::nullopt,
@@ -153,11 +153,11 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
       state.ledger->open(request.partition, request.id(), outcome.worker, outcome.lease_expires_at);
   publish_open_bookings(self);
   auto decision =
-      make_route_success(request.client_id(), outcome,
-                         RouteSuccessInfo{.lease_id = lease_id,
-                                          .lease_ttl = state.config.lease_ttl,
-                                          .policy = std::move(reply.policy),
-                                          .generate_subject = std::move(reply.generate_subject)});
+      encode_route_success(request.client_id(), outcome,
+                           RouteSuccessInfo{.lease_id = lease_id,
+                                            .lease_ttl = state.config.lease_ttl,
+                                            .policy = std::move(reply.policy),
+                                            .generate_subject = std::move(reply.generate_subject)});
   if (deliver_decision(self, pending.envelope, pending.promise, std::move(decision))) {
     tell_classifier(self, request.partition.model, [&] {
       return plugins::request_classifier::Sent{request.id(), outcome.worker};
@@ -220,7 +220,7 @@ void count_report(Self self, LifecycleEventKind event, bool accepted) {
 void deliver_ack(Self self, const ReportEnvelope& envelope, AckPromise& promise, bool accepted,
                  std::string_view message) {
   count_report(self, envelope.report.event, accepted);
-  auto ack = make_lifecycle_ack(accepted, message);
+  auto ack = encode_lifecycle_ack(accepted, message);
   if (!envelope.reply_subject.empty()) {
     publish_answer(self, envelope.reply_subject, ack.SerializeAsString());
   }

@@ -36,15 +36,15 @@ std::expected<GenerateRequestData, RouteFailure> decode_generate_request(
   return data;
 }
 
-v1::GenerateRequest make_worker_generate_request(const GenerateRequestData& request, DpRank rank,
-                                                 std::string_view stream_subject) {
+v1::GenerateRequest encode_worker_generate_request(const GenerateRequestData& request, DpRank rank,
+                                                   std::string_view stream_subject) {
   v1::GenerateRequest dispatched = request.wire;
   dispatched.set_dp_rank(rank);
   dispatched.set_stream_subject(std::string{stream_subject});
   return dispatched;
 }
 
-StreamChunk to_stream_chunk(const v1::GenerateChunk& chunk) {
+StreamChunk decode_stream_chunk(const v1::GenerateChunk& chunk) {
   StreamChunk plain;
   plain.worker = WorkerWithDpRank{chunk.worker_id(), chunk.dp_rank()};
   plain.index = chunk.index();
@@ -58,8 +58,8 @@ StreamChunk to_stream_chunk(const v1::GenerateChunk& chunk) {
   return plain;
 }
 
-v1::GenerateChunk make_end_chunk(std::string_view request_id, std::uint32_t index,
-                                 const StreamEnd& end, std::optional<WorkerWithDpRank> worker) {
+v1::GenerateChunk encode_end_chunk(std::string_view request_id, std::uint32_t index,
+                                   const StreamEnd& end, std::optional<WorkerWithDpRank> worker) {
   v1::GenerateChunk chunk;
   chunk.set_request_id(std::string{request_id});
   chunk.set_index(index);

@@ -45,16 +45,16 @@ std::expected<GenerateRequestData, RouteFailure> decode_generate_request(
 
 /// The request the node publishes on the chosen worker's generate subject: the client's request
 /// with the node's `stream_subject` and the chosen rank.
-v1::GenerateRequest make_worker_generate_request(const GenerateRequestData& request, DpRank rank,
-                                                 std::string_view stream_subject);
+v1::GenerateRequest encode_worker_generate_request(const GenerateRequestData& request, DpRank rank,
+                                                   std::string_view stream_subject);
 
 /// A worker's chunk as the lifecycle needs it; an error chunk (finish_reason "error" or an error
 /// set) carries the error's message.
-StreamChunk to_stream_chunk(const v1::GenerateChunk& chunk);
+StreamChunk decode_stream_chunk(const v1::GenerateChunk& chunk);
 
 /// The final chunk sent to the client when kvr ends its stream (`index`: chunks sent so far).
-v1::GenerateChunk make_end_chunk(std::string_view request_id, std::uint32_t index,
-                                 const StreamEnd& end, std::optional<WorkerWithDpRank> worker);
+v1::GenerateChunk encode_end_chunk(std::string_view request_id, std::uint32_t index,
+                                   const StreamEnd& end, std::optional<WorkerWithDpRank> worker);
 
 /// The subject a worker serves cancellation on: its generate subject + ".cancel".
 std::string worker_cancel_subject(std::string_view generate_subject);

@@ -203,8 +203,8 @@ std::expected<RouteRequest, RouteFailure> decode_route_request(const v1::RouteRe
   return data;
 }
 
-v1::RouteDecision make_route_error(std::string_view request_id, Error error,
-                                   std::string_view message) {
+v1::RouteDecision encode_route_error(std::string_view request_id, Error error,
+                                     std::string_view message) {
   v1::RouteDecision decision;
   decision.set_request_id(std::string{request_id});
   auto* failure = decision.mutable_error();
@@ -213,8 +213,8 @@ v1::RouteDecision make_route_error(std::string_view request_id, Error error,
   return decision;
 }
 
-v1::RouteDecision make_route_success(std::string_view request_id, const RouteOutcome& outcome,
-                                     const RouteSuccessInfo& info) {
+v1::RouteDecision encode_route_success(std::string_view request_id, const RouteOutcome& outcome,
+                                       const RouteSuccessInfo& info) {
   v1::RouteDecision decision;
   decision.set_request_id(std::string{request_id});
   auto* success = decision.mutable_success();
@@ -297,7 +297,7 @@ v1::AbortCause to_wire(AbortCause cause) {
   return v1::ABORT_CAUSE_UNSPECIFIED;
 }
 
-v1::LifecycleAck make_lifecycle_ack(bool accepted, std::string_view message) {
+v1::LifecycleAck encode_lifecycle_ack(bool accepted, std::string_view message) {
   v1::LifecycleAck ack;
   ack.set_accepted(accepted);
   ack.set_message(std::string{message});

@@ -41,8 +41,8 @@ std::expected<RouteRequest, RouteFailure> decode_route_request(
 v1::RouteRequest encode_route_request(const RouteRequest& request);
 
 /// A decision that reports `error` for `request_id`.
-v1::RouteDecision make_route_error(std::string_view request_id, Error error,
-                                   std::string_view message);
+v1::RouteDecision encode_route_error(std::string_view request_id, Error error,
+                                     std::string_view message);
 
 /// What the caller needs besides the selector's outcome to answer a routed request.
 struct RouteSuccessInfo {
@@ -53,8 +53,8 @@ struct RouteSuccessInfo {
 };
 
 /// A successful decision.
-v1::RouteDecision make_route_success(std::string_view request_id, const RouteOutcome& outcome,
-                                     const RouteSuccessInfo& info);
+v1::RouteDecision encode_route_success(std::string_view request_id, const RouteOutcome& outcome,
+                                       const RouteSuccessInfo& info);
 
 /// What a lifecycle report asks for.
 enum class LifecycleEventKind : std::uint8_t { FirstToken, Completed, Aborted };
@@ -86,7 +86,7 @@ std::expected<LifecycleReportData, std::string> decode_lifecycle_report(
     const v1::LifecycleReport& wire, const RouteDecodeLimits& limits = {});
 
 /// An acknowledgement.
-v1::LifecycleAck make_lifecycle_ack(bool accepted, std::string_view message);
+v1::LifecycleAck encode_lifecycle_ack(bool accepted, std::string_view message);
 
 /// "first_token", "completed" or "aborted".
 std::string_view as_str(LifecycleEventKind kind);

@@ -13,8 +13,8 @@ namespace {
 void refuse(const v1::GenerateRequest& wire, const actors::RouteFailure& failure) {
   KVR_FUZZ_CHECK(failure.code == Error::invalid_request);
   const std::string& request_id = wire.route().request_id();
-  (void)actors::make_route_error(request_id, failure.code, failure.message).SerializeAsString();
-  (void)actors::make_end_chunk(
+  (void)actors::encode_route_error(request_id, failure.code, failure.message).SerializeAsString();
+  (void)actors::encode_end_chunk(
       request_id, 0, actors::StreamEnd{"error", failure.code, failure.message}, std::nullopt)
       .SerializeAsString();
 }
@@ -39,7 +39,7 @@ void generate(Input input) {
   KVR_FUZZ_CHECK(subject.find_first_of(" \t\r\n*>") == std::string::npos);
 
   const v1::GenerateRequest dispatched =
-      actors::make_worker_generate_request(*to_subject, 3, "_INBOX.fuzz.7");
+      actors::encode_worker_generate_request(*to_subject, 3, "_INBOX.fuzz.7");
   v1::GenerateRequest reparsed;
   KVR_FUZZ_CHECK(reparsed.ParseFromString(dispatched.SerializeAsString()));
   KVR_FUZZ_CHECK(reparsed.dp_rank() == 3 && reparsed.stream_subject() == "_INBOX.fuzz.7");
@@ -56,7 +56,7 @@ void cancel_and_chunk(Input input) {
   }
   v1::GenerateChunk chunk;
   if (!chunk.ParseFromArray(input.data(), static_cast<int>(input.size()))) return;
-  const actors::StreamChunk plain = actors::to_stream_chunk(chunk);
+  const actors::StreamChunk plain = actors::decode_stream_chunk(chunk);
   KVR_FUZZ_CHECK(plain.tokens == static_cast<std::size_t>(chunk.token_ids_size()));
   KVR_FUZZ_CHECK(plain.error.has_value() ==
                  (chunk.has_error() || chunk.finish_reason() == "error"));

@@ -12,7 +12,7 @@ void lifecycle_report(Input input) {
   auto report = actors::decode_lifecycle_report(wire, limits);
   if (!report) {
     KVR_FUZZ_CHECK(!report.error().empty());
-    (void)actors::make_lifecycle_ack(false, report.error()).SerializeAsString();
+    (void)actors::encode_lifecycle_ack(false, report.error()).SerializeAsString();
     return;
   }
   KVR_FUZZ_CHECK(!report->lease_id.empty() && report->lease_id.size() <= limits.max_id_length);

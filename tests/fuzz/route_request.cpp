@@ -13,7 +13,7 @@ void route_request(Input input) {
   v1::RouteRequest wire;
   if (!wire.ParseFromArray(input.data(), static_cast<int>(input.size()))) {
     // The bridge still answers, quoting whatever request id was read before the failure.
-    (void)actors::make_route_error(wire.request_id(), Error::invalid_request, "not protobuf")
+    (void)actors::encode_route_error(wire.request_id(), Error::invalid_request, "not protobuf")
         .SerializeAsString();
     return;
   }
@@ -21,7 +21,8 @@ void route_request(Input input) {
   if (!request) {
     KVR_FUZZ_CHECK(request.error().code == Error::invalid_request);
     KVR_FUZZ_CHECK(!request.error().message.empty());
-    (void)actors::make_route_error(wire.request_id(), request.error().code, request.error().message)
+    (void)actors::encode_route_error(wire.request_id(), request.error().code,
+                                     request.error().message)
         .SerializeAsString();
     return;
   }

@@ -64,7 +64,7 @@ TEST(GenerateMessagesTest, AnActorStreamNeedsNoStreamSubject) {
 TEST(GenerateMessagesTest, WorkerRequestCarriesTheNodeStreamSubjectAndRank) {
   auto decoded = decode_generate_request(generate_request(40, 8));
   ASSERT_TRUE(decoded);
-  const auto dispatched = make_worker_generate_request(*decoded, 3, "_INBOX.node.7");
+  const auto dispatched = encode_worker_generate_request(*decoded, 3, "_INBOX.node.7");
   EXPECT_EQ(dispatched.stream_subject(), "_INBOX.node.7");
   EXPECT_EQ(dispatched.dp_rank(), 3U);
   EXPECT_EQ(dispatched.max_output_tokens(), 8U);
@@ -79,7 +79,7 @@ TEST(GenerateMessagesTest, WorkerRequestKeepsTheSamplingParametersUnchanged) {
   wire.mutable_sampling()->add_stop_token_ids(5);
   auto decoded = decode_generate_request(wire);
   ASSERT_TRUE(decoded);
-  const auto dispatched = make_worker_generate_request(*decoded, 0, "_INBOX.node.8");
+  const auto dispatched = encode_worker_generate_request(*decoded, 0, "_INBOX.node.8");
   ASSERT_TRUE(dispatched.has_sampling());
   EXPECT_EQ(dispatched.sampling().SerializeAsString(), wire.sampling().SerializeAsString());
   EXPECT_TRUE(dispatched.sampling().has_temperature());
@@ -93,7 +93,7 @@ TEST(GenerateMessagesTest, ChunksMapOntoStreamChunksWithErrors) {
   chunk.set_index(2);
   chunk.add_token_ids(9);
   chunk.add_token_ids(10);
-  auto plain = to_stream_chunk(chunk);
+  auto plain = decode_stream_chunk(chunk);
   EXPECT_EQ(plain.worker, (WorkerWithDpRank{5, 1}));
   EXPECT_EQ(plain.index, 2U);
   EXPECT_EQ(plain.tokens, 2U);
@@ -102,17 +102,17 @@ TEST(GenerateMessagesTest, ChunksMapOntoStreamChunksWithErrors) {
 
   chunk.set_finished(true);
   chunk.set_finish_reason("error");
-  plain = to_stream_chunk(chunk);
+  plain = decode_stream_chunk(chunk);
   ASSERT_TRUE(plain.error);
   chunk.mutable_error()->set_message("out of blocks");
-  EXPECT_EQ(*to_stream_chunk(chunk).error, "out of blocks");
+  EXPECT_EQ(*decode_stream_chunk(chunk).error, "out of blocks");
   chunk.set_finish_reason("cancelled");
   chunk.clear_error();
-  EXPECT_FALSE(to_stream_chunk(chunk).error);
+  EXPECT_FALSE(decode_stream_chunk(chunk).error);
 }
 
 TEST(GenerateMessagesTest, EndChunkIsFinalAndCarriesTheErrorCode) {
-  const auto chunk = make_end_chunk(
+  const auto chunk = encode_end_chunk(
       "g1", 4, StreamEnd{"error", Error::worker_failed, "worker 7 failed"}, WorkerWithDpRank{7, 0});
   EXPECT_EQ(chunk.request_id(), "g1");
   EXPECT_EQ(chunk.index(), 4U);
@@ -121,7 +121,7 @@ TEST(GenerateMessagesTest, EndChunkIsFinalAndCarriesTheErrorCode) {
   EXPECT_EQ(chunk.worker_id(), 7U);
   EXPECT_EQ(chunk.error().code(), v1::ROUTE_ERROR_WORKER_FAILED);
   EXPECT_EQ(chunk.error().message(), "worker 7 failed");
-  const auto cancelled = make_end_chunk("g1", 0, StreamEnd{"cancelled", std::nullopt, "bye"}, {});
+  const auto cancelled = encode_end_chunk("g1", 0, StreamEnd{"cancelled", std::nullopt, "bye"}, {});
   EXPECT_FALSE(cancelled.has_error());
   EXPECT_EQ(cancelled.finish_reason(), "cancelled");
   EXPECT_EQ(worker_cancel_subject("kvr.ns.worker.7.generate"), "kvr.ns.worker.7.generate.cancel");

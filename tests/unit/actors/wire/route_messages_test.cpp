@@ -189,7 +189,7 @@ TEST(RouteRequestTest, EncodingADecodedRequestGivesItBackWhole) {
 }
 
 TEST(RouteRequestTest, ErrorDecisionCarriesTheWireCode) {
-  const auto decision = make_route_error("r", Error::no_workers, "none");
+  const auto decision = encode_route_error("r", Error::no_workers, "none");
   EXPECT_EQ(decision.request_id(), "r");
   ASSERT_TRUE(decision.has_error());
   EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_NO_WORKERS);
@@ -204,11 +204,11 @@ TEST(RouteRequestTest, SuccessDecisionCarriesLeaseAndOverlap) {
   outcome.scorer_costs = {1.5};
   outcome.scorer_names = std::make_shared<const std::vector<std::string>>(
       std::vector<std::string>{"kvr::selection::policies::KvCostScorer"});
-  const auto decision = make_route_success("r", outcome,
-                                           {.lease_id = "L-1",
-                                            .lease_ttl = std::chrono::seconds(2),
-                                            .policy = "p",
-                                            .generate_subject = "kvr.ns.worker.42.generate"});
+  const auto decision = encode_route_success("r", outcome,
+                                             {.lease_id = "L-1",
+                                              .lease_ttl = std::chrono::seconds(2),
+                                              .policy = "p",
+                                              .generate_subject = "kvr.ns.worker.42.generate"});
   ASSERT_TRUE(decision.has_success());
   EXPECT_EQ(decision.success().worker_id(), 42U);
   EXPECT_EQ(decision.success().dp_rank(), 1U);
