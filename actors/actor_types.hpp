@@ -24,6 +24,7 @@
 #include <caf/type_id.hpp>
 #include <caf/typed_actor.hpp>
 
+#include "actors/caf_error.hpp"
 #include "actors/cluster/cluster_session.hpp"
 #include "actors/selector/partition_router.hpp"
 #include "actors/wire/generate_messages.hpp"
@@ -31,7 +32,6 @@
 #include "actors/wire/worker_messages.hpp"
 #include "classifiers/request_classifier.hpp"
 #include "kvr/v1/routing.pb.h"
-#include "actors/caf_error.hpp"
 
 namespace kvr::actors {
 

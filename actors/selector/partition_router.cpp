@@ -445,7 +445,7 @@ void PartitionRouter::shut_down(PartitionEffects& out) {
   }
   awaiting_ownership_.clear();
   if (!queue_) return;
-  // The queue keeps no list of its tickets: it is emptied by cancelling each waiting request.
+  // Every waiting request is past a deadline of TimePoint::max(): the queue hands each one back.
   for (RefusedRoute& refused : queue_->expire(TimePoint::max())) {
     out.answers.emplace_back(
         refused.waiting.ticket,

@@ -514,11 +514,11 @@ struct EngineBridge::State {
     std::vector<discovery::ConfirmedLoad> reports;
     for (const auto& rank : engine_load(samples, options.engine, options.data_parallel_size)) {
       const double usage = rank.kv_usage.value_or(0.0);
-      reports.push_back(discovery::ConfirmedLoad{
-          .active_requests = rank.running + rank.waiting,
-          .waiting_requests = rank.waiting,
-          .kv_blocks_used = static_cast<std::uint64_t>(
-              usage * static_cast<double>(facts->num_gpu_blocks) + 0.5)});
+      reports.push_back(
+          discovery::ConfirmedLoad{.active_requests = rank.running + rank.waiting,
+                                   .waiting_requests = rank.waiting,
+                                   .kv_blocks_used = static_cast<std::uint64_t>(
+                                       usage * static_cast<double>(facts->num_gpu_blocks) + 0.5)});
     }
     publisher->publish_load(instance(), reports);
     ++stats.load_reports;
@@ -661,29 +661,29 @@ std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
   if (!raw->options.model.empty()) raw->generator->set_model(raw->options.model);
   // Generate requests and cancels go straight to the forwarder's threads; dumps to the run loop.
   auto subscriptions = raw->publisher->subscribe_worker(
-      raw->worker_id,
-      worker::WorkerSubjectHandlers{
-          .on_generate =
-              [raw](actors::nats::NatsMessage message) {
-                v1::GenerateRequest request;
-                if (!request.ParseFromString(message.data)) {
-                  spdlog::warn("kvr bridge: dropped a malformed GenerateRequest");
-                  return;
-                }
-                raw->generator->submit(std::move(request));
-              },
-          .on_cancel =
-              [raw](actors::nats::NatsMessage message) {
-                v1::GenerateCancel request;
-                if (!request.ParseFromString(message.data)) {
-                  spdlog::warn("kvr bridge: dropped a malformed GenerateCancel");
-                  return;
-                }
-                raw->generator->cancel(request.request_id());
-              },
-          .on_dump = [raw](actors::nats::NatsMessage message) {
-            raw->enqueue(DumpItem{std::move(message)});
-          }});
+      raw->worker_id, worker::WorkerSubjectHandlers{
+                          .on_generate =
+                              [raw](actors::nats::NatsMessage message) {
+                                v1::GenerateRequest request;
+                                if (!request.ParseFromString(message.data)) {
+                                  spdlog::warn("kvr bridge: dropped a malformed GenerateRequest");
+                                  return;
+                                }
+                                raw->generator->submit(std::move(request));
+                              },
+                          .on_cancel =
+                              [raw](actors::nats::NatsMessage message) {
+                                v1::GenerateCancel request;
+                                if (!request.ParseFromString(message.data)) {
+                                  spdlog::warn("kvr bridge: dropped a malformed GenerateCancel");
+                                  return;
+                                }
+                                raw->generator->cancel(request.request_id());
+                              },
+                          .on_dump =
+                              [raw](actors::nats::NatsMessage message) {
+                                raw->enqueue(DumpItem{std::move(message)});
+                              }});
   if (!subscriptions) return std::unexpected(subscriptions.error());
   state->subscriptions = std::move(*subscriptions);
   auto discover = raw->publisher->subscribe_discover([raw] { raw->enqueue(DiscoverItem{}); });

@@ -381,18 +381,18 @@ std::expected<std::unique_ptr<MockerFleet>, std::string> MockerFleet::create(
   state->options = std::move(options);
   const MockerOptions& opts = state->options;
   state->publisher.emplace(*state->nats, opts.ns, "mocker");
-  state->description = worker::WorkerDescription{
-      .model = opts.model,
-      .role = opts.role,
-      .routing_group = opts.routing_group,
-      .block_size = opts.engine.block_size,
-      .total_kv_blocks = opts.engine.num_gpu_blocks,
-      .data_parallel_size = opts.data_parallel_size,
-      .taints = opts.taints,
-      .max_num_batched_tokens = opts.engine.max_num_batched_tokens,
-      .max_num_seqs = opts.engine.max_num_seqs,
-      .publishes_kv_events = opts.publish_kv_events,
-      .lease_ttl = opts.lease_ttl};
+  state->description =
+      worker::WorkerDescription{.model = opts.model,
+                                .role = opts.role,
+                                .routing_group = opts.routing_group,
+                                .block_size = opts.engine.block_size,
+                                .total_kv_blocks = opts.engine.num_gpu_blocks,
+                                .data_parallel_size = opts.data_parallel_size,
+                                .taints = opts.taints,
+                                .max_num_batched_tokens = opts.engine.max_num_batched_tokens,
+                                .max_num_seqs = opts.engine.max_num_seqs,
+                                .publishes_kv_events = opts.publish_kv_events,
+                                .lease_ttl = opts.lease_ttl};
 
   std::random_device entropy;
   std::mt19937_64 random{(static_cast<std::uint64_t>(entropy()) << 32) ^ entropy()};
@@ -442,8 +442,9 @@ MockerStats MockerFleet::run(std::stop_token stop) {
   state.publish_registrations();
   state.publish_heartbeats();
   state.publish_load();
-  worker::PeriodicTimer heartbeat{worker::heartbeat_interval(state.options.lease_ttl),
-                                  Clock::now() + worker::heartbeat_interval(state.options.lease_ttl)};
+  worker::PeriodicTimer heartbeat{
+      worker::heartbeat_interval(state.options.lease_ttl),
+      Clock::now() + worker::heartbeat_interval(state.options.lease_ttl)};
   worker::PeriodicTimer load{state.options.load_interval,
                              Clock::now() + state.options.load_interval};
 

@@ -268,8 +268,7 @@ struct VllmEngineServer::State {
     }
     if (options.skip_every != 0 && (sequence + 1) % options.skip_every == 0) return;
     try {
-      worker::send_kv_event(publisher, options.topic, sequence, payload,
-                            zmq::send_flags::dontwait);
+      worker::send_kv_event(publisher, options.topic, sequence, payload, zmq::send_flags::dontwait);
     } catch (const zmq::error_t& error) {
       spdlog::warn("kvr mocker: KV event publish failed: {}", error.what());
     }

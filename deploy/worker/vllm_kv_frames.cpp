@@ -29,8 +29,8 @@ std::optional<std::uint64_t> decode_sequence(const zmq::message_t& frame) {
 bool send_kv_event(zmq::socket_t& publisher, std::string_view topic, std::uint64_t sequence,
                    std::string_view payload, zmq::send_flags flags) {
   const std::string sequence_frame = encode_sequence(sequence);
-  const std::array<zmq::const_buffer, 3> frames = {
-      zmq::buffer(topic), zmq::buffer(sequence_frame), zmq::buffer(payload)};
+  const std::array<zmq::const_buffer, 3> frames = {zmq::buffer(topic), zmq::buffer(sequence_frame),
+                                                   zmq::buffer(payload)};
   return zmq::send_multipart(publisher, frames, flags).has_value();
 }
 

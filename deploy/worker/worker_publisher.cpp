@@ -54,10 +54,9 @@ WorkerPublisher::subscribe_worker(WorkerId worker, WorkerSubjectHandlers handler
 
 std::expected<actors::nats::NatsSubscription, std::string> WorkerPublisher::subscribe_discover(
     std::function<void()> on_discover) {
-  return nats_.subscribe(subjects::worker_discover(ns_),
-                         [on_discover = std::move(on_discover)](actors::nats::NatsMessage) {
-                           on_discover();
-                         });
+  return nats_.subscribe(
+      subjects::worker_discover(ns_),
+      [on_discover = std::move(on_discover)](actors::nats::NatsMessage) { on_discover(); });
 }
 
 void WorkerPublisher::publish_registration(const WorkerInstance& worker,

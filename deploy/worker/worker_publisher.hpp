@@ -17,8 +17,8 @@
 
 #include "actors/nats/nats_client.hpp"
 #include "discovery/load/predicted_load.hpp"
-#include "messages/kv_event.hpp"
 #include "messages/ids.hpp"
+#include "messages/kv_event.hpp"
 #include "messages/worker_role.hpp"
 
 namespace google::protobuf {

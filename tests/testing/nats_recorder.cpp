@@ -115,32 +115,31 @@ ReportingRouter::~ReportingRouter() { subscription_.reset(); }
   state->ns = std::string{ns};
   std::random_device entropy;
   state->inbox = "_INBOX.kvr-test-route." + std::to_string(entropy()) + std::to_string(entropy());
-  auto subscribed = client.subscribe(
-      state->inbox + ".*", [state, &client](NatsMessage message) {
-        v1::RouteDecision decision;
-        if (!decision.ParseFromString(message.data)) return;
-        const auto dot = message.subject.rfind('.');
-        const std::uint64_t id = std::stoull(message.subject.substr(dot + 1));
-        {
-          std::lock_guard lock{state->mutex};
-          auto waiting = state->waiting.find(id);
-          if (waiting != state->waiting.end()) {
-            waiting->second = std::move(decision);
-            state->arrived.notify_all();
-            return;
-          }
-        }
-        // Too late for route(): released here, one way (the delivery thread must not wait).
-        if (!decision.has_success()) return;
-        v1::LifecycleReport report;
-        report.set_lease_id(decision.success().lease_id());
-        report.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
-        (void)client.publish(subjects::router_report(state->ns), report.SerializeAsString());
-      });
+  auto subscribed = client.subscribe(state->inbox + ".*", [state, &client](NatsMessage message) {
+    v1::RouteDecision decision;
+    if (!decision.ParseFromString(message.data)) return;
+    const auto dot = message.subject.rfind('.');
+    const std::uint64_t id = std::stoull(message.subject.substr(dot + 1));
+    {
+      std::lock_guard lock{state->mutex};
+      auto waiting = state->waiting.find(id);
+      if (waiting != state->waiting.end()) {
+        waiting->second = std::move(decision);
+        state->arrived.notify_all();
+        return;
+      }
+    }
+    // Too late for route(): released here, one way (the delivery thread must not wait).
+    if (!decision.has_success()) return;
+    v1::LifecycleReport report;
+    report.set_lease_id(decision.success().lease_id());
+    report.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
+    (void)client.publish(subjects::router_report(state->ns), report.SerializeAsString());
+  });
   if (!subscribed) return ::testing::AssertionFailure() << subscribed.error();
   if (auto flushed = client.flush(2s); !flushed) {
-    return ::testing::AssertionFailure() << "the server did not confirm the decisions' inbox: "
-                                         << flushed.error();
+    return ::testing::AssertionFailure()
+           << "the server did not confirm the decisions' inbox: " << flushed.error();
   }
   subscription_.emplace(std::move(*subscribed));
   state_ = std::move(state);
@@ -158,7 +157,8 @@ std::optional<v1::RouteDecision> ReportingRouter::route(const v1::RouteRequest& 
     state.waiting.emplace(id, std::nullopt);
   }
   std::optional<v1::RouteDecision> decision;
-  if (client_->publish_request(subjects::router_route(state.ns), state.inbox + "." + std::to_string(id),
+  if (client_->publish_request(subjects::router_route(state.ns),
+                               state.inbox + "." + std::to_string(id),
                                request.SerializeAsString())) {
     std::unique_lock lock{state.mutex};
     state.arrived.wait_for(lock, timeout, [&] { return state.waiting.at(id).has_value(); });

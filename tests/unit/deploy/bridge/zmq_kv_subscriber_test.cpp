@@ -358,7 +358,7 @@ TEST(ZmqKvSubscriberTest, CountsAndDropsMalformedFramesAndPayloads) {
   auto subscriber = ZmqKvSubscriber::start(options_for(engine.endpoint()), received.callbacks());
   ASSERT_TRUE(subscriber) << subscriber.error();
   engine.send_first(received);
-  engine.send_raw({"kv", encode_sequence(1)});                    // two frames
+  engine.send_raw({"kv", encode_sequence(1)});         // two frames
   engine.send_raw({"kv", "1234", payload(1)});         // a 4-byte sequence
   engine.send(1, std::string{"\x93\xc1\x90\x00", 4});  // not msgpack
   engine.send(2, payload(2));

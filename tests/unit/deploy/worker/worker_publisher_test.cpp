@@ -58,19 +58,20 @@ class WorkerPublisherTest : public ::testing::Test {
 
 TEST_F(WorkerPublisherTest, RegistersWithTheDescriptionAndTheWorkersOwnSubjects) {
   const WorkerDescription description{.model = "m",
-                                     .role = WorkerType::Prefill,
-                                     .routing_group = "g",
-                                     .block_size = 16,
-                                     .total_kv_blocks = 2048,
-                                     .data_parallel_size = 2,
-                                     .taints = {"gpu=h100"},
-                                     .max_num_batched_tokens = 8192,
-                                     .max_num_seqs = 256,
-                                     .publishes_kv_events = false,
-                                     .lease_ttl = 1500ms};
-  const auto registration = first_on<v1::WorkerRegistration>(
-      subjects::worker_register(kNamespace),
-      [&] { publisher_->publish_registration({7, 0x51}, description); });
+                                      .role = WorkerType::Prefill,
+                                      .routing_group = "g",
+                                      .block_size = 16,
+                                      .total_kv_blocks = 2048,
+                                      .data_parallel_size = 2,
+                                      .taints = {"gpu=h100"},
+                                      .max_num_batched_tokens = 8192,
+                                      .max_num_seqs = 256,
+                                      .publishes_kv_events = false,
+                                      .lease_ttl = 1500ms};
+  const auto registration =
+      first_on<v1::WorkerRegistration>(subjects::worker_register(kNamespace), [&] {
+        publisher_->publish_registration({7, 0x51}, description);
+      });
   EXPECT_EQ(registration.worker_id(), 7U);
   EXPECT_EQ(registration.incarnation(), 0x51U);
   EXPECT_EQ(registration.model(), "m");
@@ -90,14 +91,16 @@ TEST_F(WorkerPublisherTest, RegistersWithTheDescriptionAndTheWorkersOwnSubjects)
 }
 
 TEST_F(WorkerPublisherTest, HeartbeatsAndDeregistrationsCarryTheIncarnation) {
-  const auto heartbeat = first_on<v1::WorkerHeartbeat>(
-      subjects::worker_heartbeat(kNamespace), [&] { publisher_->publish_heartbeat({7, 3}); });
+  const auto heartbeat = first_on<v1::WorkerHeartbeat>(subjects::worker_heartbeat(kNamespace), [&] {
+    publisher_->publish_heartbeat({7, 3});
+  });
   EXPECT_EQ(heartbeat.worker_id(), 7U);
   EXPECT_EQ(heartbeat.incarnation(), 3U);
   EXPECT_GT(heartbeat.sent_at_unix_ms(), 0U);
-  const auto deregistration = first_on<v1::WorkerDeregistration>(
-      subjects::worker_deregister(kNamespace),
-      [&] { publisher_->publish_deregistration({7, 3}, "done"); });
+  const auto deregistration =
+      first_on<v1::WorkerDeregistration>(subjects::worker_deregister(kNamespace), [&] {
+        publisher_->publish_deregistration({7, 3}, "done");
+      });
   EXPECT_EQ(deregistration.worker_id(), 7U);
   EXPECT_EQ(deregistration.incarnation(), 3U);
   EXPECT_EQ(deregistration.reason(), "done");
@@ -111,8 +114,9 @@ TEST_F(WorkerPublisherTest, ReportsEachRanksLoadUnderItsIndex) {
        .active_decode_blocks = 9,
        .active_prefill_tokens = 100,
        .kv_blocks_used = 50}};
-  const auto load = first_on<v1::LoadMetrics>(subjects::worker_load(kNamespace),
-                                              [&] { publisher_->publish_load({7, 3}, ranks); });
+  const auto load = first_on<v1::LoadMetrics>(subjects::worker_load(kNamespace), [&] {
+    publisher_->publish_load({7, 3}, ranks);
+  });
   EXPECT_EQ(load.worker_id(), 7U);
   EXPECT_EQ(load.incarnation(), 3U);
   ASSERT_EQ(load.ranks_size(), 2);
@@ -145,9 +149,9 @@ TEST_F(WorkerPublisherTest, AnswersDumpRequestsOnTheirReplySubject) {
   auto subscriptions = publisher_->subscribe_worker(
       7, WorkerSubjectHandlers{.on_dump = [&](NatsMessage message) {
         const auto rank = read_dump_request(message, 2);
-        if (rank) publisher_->publish_dump(message.reply, KvDump{.worker = {7, *rank},
-                                                                 .incarnation = 3,
-                                                                 .last_event_id = 41});
+        if (rank)
+          publisher_->publish_dump(
+              message.reply, KvDump{.worker = {7, *rank}, .incarnation = 3, .last_event_id = 41});
         read.set_value(rank);
       }});
   ASSERT_TRUE(subscriptions) << subscriptions.error();
