@@ -594,7 +594,8 @@ std::uint16_t RouterNode::metrics_port() const {
 const metrics::MetricsRegistry& RouterNode::metrics() const { return *impl_->registry; }
 
 std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
-    NodeOptions options, plugins::RouterPlugins plugins) {
+    NodeOptions options, plugins::RouterPlugins plugins,
+    const std::function<void()>& before_answering) {
   if (auto valid = options.validate(); !valid) return std::unexpected(valid.error());
   auto impl = std::make_unique<Impl>(std::move(options), std::move(plugins));
   metrics::NodeMetrics::describe(*impl->registry);
@@ -616,6 +617,7 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   };
   if (auto published = impl->publish_ingress(); !published) return fail(published.error());
   if (auto joined = impl->start_cluster(); !joined) return fail(joined.error());
+  if (before_answering) before_answering();
   if (auto started = impl->start_bridge(); !started) return fail(started.error());
   if (auto serving = impl->start_metrics_endpoint(); !serving) return fail(serving.error());
   impl->request_registrations();

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <expected>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -96,9 +97,13 @@ struct NodeOptions {
 class RouterNode {
  public:
   /// Connects to NATS, starts the actors and endpoints, and asks the workers to register.
-  /// `plugins` are the resolved policies. The error says what failed.
+  /// `plugins` are the resolved policies. `before_answering` runs once NATS and the cluster are
+  /// joined, just before the node first answers anyone (its subscriptions and /healthz): what
+  /// must hold by the time a client can see the node (kvr node's graceful stop) starts there.
+  /// The error says what failed.
   static std::expected<std::unique_ptr<RouterNode>, std::string> start(
-      NodeOptions options, plugins::RouterPlugins plugins);
+      NodeOptions options, plugins::RouterPlugins plugins,
+      const std::function<void()>& before_answering = {});
 
   ~RouterNode();
   RouterNode(const RouterNode&) = delete;

@@ -46,6 +46,9 @@ int run_vllm_engines(const mocker::MockerOptions& options, const mocker::VllmEng
       return kUsageError;
     }
   }
+  // Each engine answers as soon as it starts, and starting one only binds its ports: from here
+  // on a signal stops the engines gracefully.
+  signals->ready();
   std::vector<std::unique_ptr<mocker::VllmEngineServer>> engines;
   for (std::uint32_t i = 0; i < options.workers; ++i) {
     mocker::VllmEngineOptions engine = vllm;
@@ -69,7 +72,6 @@ int run_vllm_engines(const mocker::MockerOptions& options, const mocker::VllmEng
                      : fmt::format("tcp://{}:{}", vllm.host, offset(vllm.replay_port)));
     engines.push_back(std::move(*started));
   }
-  signals->ready();
   wait_for_stop(signals->stop_source(), duration_s);
   engines.clear();
   spdlog::info("kvr mocker: stopped");
@@ -105,9 +107,10 @@ int run_mocker(mocker::MockerOptions options, double duration_s) {
       stop.request_stop();
     }};
   }
+  // Before "serving": whoever saw that line may stop the mocker and expect a clean exit.
+  signals->ready();
   const auto ids = (*fleet)->worker_ids();
   spdlog::info("kvr mocker: {} workers (ids {}..{}) serving", ids.size(), ids.front(), ids.back());
-  signals->ready();
   const mocker::MockerStats stats = (*fleet)->run(stop.get_token());
   spdlog::info(
       "kvr mocker: stopped; generate {} completed {} cancelled {} rejected {} bad messages {} "

@@ -107,12 +107,14 @@ int run_node(NodeCommandOptions options) {
         "prefill_busy_threshold_frac or kv_busy_threshold (nor --router-queue-threshold): "
         "requests never queue");
   }
-  auto node = actors::RouterNode::start(options.node, std::move(*plugins));
+  // A signal stops the node gracefully from the moment a client can see it: anyone who saw it
+  // answer (a route, /healthz) may stop it and expect a clean exit.
+  auto node = actors::RouterNode::start(options.node, std::move(*plugins),
+                                        [&signals] { signals->ready(); });
   if (!node) {
     spdlog::error("kvr node: {}", node.error());
     return kUsageError;
   }
-  signals->ready();
   const int signal = signals->wait();
   spdlog::info("kvr node: signal {} received; stopping", signal);
   node->reset();
