@@ -25,13 +25,14 @@
 #include <caf/typed_actor.hpp>
 
 #include "actors/caf_error.hpp"
-#include "actors/cluster/cluster_session.hpp"
-#include "actors/selector/partition_router.hpp"
-#include "actors/wire/generate_messages.hpp"
-#include "actors/wire/route_messages.hpp"
-#include "actors/wire/worker_messages.hpp"
 #include "classifiers/request_classifier.hpp"
 #include "kvr/v1/routing.pb.h"
+#include "selection/cluster/cluster_values.hpp"
+#include "selection/partition/partition_messages.hpp"
+#include "selection/partition/route_request.hpp"
+#include "selection/wire/generate_messages.hpp"
+#include "selection/wire/route_messages.hpp"
+#include "selection/wire/worker_messages.hpp"
 
 namespace kvr::actors {
 
@@ -148,11 +149,11 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::BookingUpdateReply)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::GenerateEnvelope)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ChunkEnvelope)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ClassifierEvent)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::PartitionFleet)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::PartitionFleet)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ClusterView)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::RouteRequest)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::WorkerLiveness)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::WorkerLoadReport)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::RouteRequest)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::WorkerLiveness)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::WorkerLoadReport)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::discovery::WorkerRegistration)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::KvEventBatch)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::KvDump)

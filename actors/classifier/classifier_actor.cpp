@@ -8,8 +8,8 @@
 #include <caf/typed_event_based_actor.hpp>
 #include <fmt/format.h>
 
-#include "actors/lifecycle/request_lifecycle.hpp"
-#include "actors/metrics/node_metrics.hpp"
+#include "messages/metrics/node_metrics.hpp"
+#include "selection/lifecycle/request_lifecycle.hpp"
 
 namespace kvr::actors {
 namespace {

@@ -54,10 +54,10 @@
 #include <caf/typed_response_promise.hpp>
 
 #include "actors/actor_types.hpp"
-#include "actors/classifier/admission_state.hpp"
-#include "actors/metrics/metrics_registry.hpp"
-#include "actors/nats/nats_bridge.hpp"
 #include "messages/clock.hpp"
+#include "messages/metrics/metrics_registry.hpp"
+#include "selection/admission/admission_state.hpp"
+#include "selection/wire/nats_bridge.hpp"
 
 namespace kvr::actors {
 

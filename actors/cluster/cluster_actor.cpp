@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "actors/metrics/node_metrics.hpp"
+#include "messages/metrics/node_metrics.hpp"
 
 namespace kvr::actors {
 namespace {

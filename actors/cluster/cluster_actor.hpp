@@ -23,10 +23,10 @@
 #include <caf/stateful_actor.hpp>
 
 #include "actors/actor_types.hpp"
-#include "actors/cluster/cluster_session.hpp"
-#include "actors/cluster/jetstream_kv.hpp"
-#include "actors/metrics/metrics_registry.hpp"
-#include "actors/nats/nats_client.hpp"
+#include "messages/metrics/metrics_registry.hpp"
+#include "messages/nats/nats_client.hpp"
+#include "selection/cluster/cluster_session.hpp"
+#include "selection/cluster/jetstream_kv.hpp"
 
 namespace kvr::actors {
 

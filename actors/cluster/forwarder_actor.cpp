@@ -8,12 +8,12 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "actors/cluster/placement.hpp"
-#include "actors/lifecycle/request_lifecycle.hpp"
-#include "actors/metrics/node_metrics.hpp"
-#include "actors/wire/generate_messages.hpp"
-#include "actors/wire/route_messages.hpp"
+#include "messages/metrics/node_metrics.hpp"
 #include "messages/subjects.hpp"
+#include "selection/cluster/placement.hpp"
+#include "selection/lifecycle/request_lifecycle.hpp"
+#include "selection/wire/generate_messages.hpp"
+#include "selection/wire/route_messages.hpp"
 
 namespace kvr::actors {
 namespace {

@@ -39,9 +39,9 @@
 #include <caf/typed_response_promise.hpp>
 
 #include "actors/actor_types.hpp"
-#include "actors/cluster/forward_table.hpp"
-#include "actors/metrics/metrics_registry.hpp"
-#include "actors/nats/nats_bridge.hpp"
+#include "messages/metrics/metrics_registry.hpp"
+#include "selection/cluster/forward_table.hpp"
+#include "selection/wire/nats_bridge.hpp"
 
 namespace kvr::actors {
 

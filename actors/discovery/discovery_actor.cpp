@@ -6,8 +6,8 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/actor_types.hpp"
-#include "actors/cluster/placement.hpp"
-#include "actors/metrics/node_metrics.hpp"
+#include "messages/metrics/node_metrics.hpp"
+#include "selection/cluster/placement.hpp"
 
 namespace kvr::actors {
 namespace {

@@ -4,7 +4,7 @@
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/typed_response_promise.hpp>
 
-#include "actors/metrics/node_metrics.hpp"
+#include "messages/metrics/node_metrics.hpp"
 
 namespace kvr::actors {
 

@@ -19,8 +19,8 @@
 #include <memory>
 
 #include "actors/actor_types.hpp"
-#include "actors/metrics/metrics_registry.hpp"
 #include "messages/clock.hpp"
+#include "messages/metrics/metrics_registry.hpp"
 
 namespace kvr::actors {
 

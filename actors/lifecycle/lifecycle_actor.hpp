@@ -46,13 +46,13 @@
 #include <caf/typed_response_promise.hpp>
 
 #include "actors/actor_types.hpp"
-#include "actors/lifecycle/request_lifecycle.hpp"
-#include "actors/metrics/metrics_registry.hpp"
-#include "actors/metrics/rate_limited_log.hpp"
-#include "actors/nats/nats_bridge.hpp"
 #include "actors/support/burst_writer.hpp"
 #include "actors/support/partition_routes.hpp"
-#include "actors/wire/generate_messages.hpp"
+#include "messages/metrics/metrics_registry.hpp"
+#include "messages/metrics/rate_limited_log.hpp"
+#include "selection/lifecycle/request_lifecycle.hpp"
+#include "selection/wire/generate_messages.hpp"
+#include "selection/wire/nats_bridge.hpp"
 
 namespace kvr::actors {
 

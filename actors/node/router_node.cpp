@@ -23,10 +23,10 @@
 #include "actors/discovery/discovery_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/lifecycle/lifecycle_actor.hpp"
-#include "actors/metrics/metrics_http.hpp"
-#include "actors/metrics/node_metrics.hpp"
-#include "actors/nats/nats_bridge.hpp"
 #include "actors/reservation/reservation_actor.hpp"
+#include "messages/metrics/metrics_http.hpp"
+#include "messages/metrics/node_metrics.hpp"
+#include "selection/wire/nats_bridge.hpp"
 
 namespace kvr::actors {
 namespace {

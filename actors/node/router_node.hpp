@@ -14,11 +14,11 @@
 #include <optional>
 #include <string>
 
-#include "actors/metrics/metrics_registry.hpp"
-#include "actors/nats/nats_client.hpp"
-#include "actors/selector/booking_caps.hpp"
-#include "actors/selector/session_affinity.hpp"
 #include "messages/clock.hpp"
+#include "messages/metrics/metrics_registry.hpp"
+#include "messages/nats/nats_client.hpp"
+#include "selection/partition/booking_caps.hpp"
+#include "selection/partition/session_affinity.hpp"
 #include "selection/plugin_registry.hpp"
 #include "selection/router_config.hpp"
 

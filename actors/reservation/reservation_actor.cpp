@@ -10,8 +10,8 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/actor_types.hpp"
-#include "actors/metrics/node_metrics.hpp"
 #include "actors/support/request_error.hpp"
+#include "messages/metrics/node_metrics.hpp"
 
 namespace kvr::actors {
 namespace {

@@ -40,13 +40,13 @@
 #include <caf/typed_response_promise.hpp>
 
 #include "actors/actor_types.hpp"
-#include "actors/metrics/metrics_registry.hpp"
-#include "actors/metrics/rate_limited_log.hpp"
-#include "actors/nats/nats_bridge.hpp"
-#include "actors/reservation/booking_ledger.hpp"
 #include "actors/support/burst_writer.hpp"
 #include "actors/support/partition_routes.hpp"
 #include "messages/clock.hpp"
+#include "messages/metrics/metrics_registry.hpp"
+#include "messages/metrics/rate_limited_log.hpp"
+#include "selection/booking/booking_ledger.hpp"
+#include "selection/wire/nats_bridge.hpp"
 
 namespace kvr::actors {
 

@@ -30,12 +30,12 @@
 #include <caf/typed_response_promise.hpp>
 
 #include "actors/actor_types.hpp"
-#include "actors/metrics/metrics_registry.hpp"
-#include "actors/metrics/rate_limited_log.hpp"
-#include "actors/nats/nats_bridge.hpp"
-#include "actors/selector/partition_router.hpp"
-#include "actors/selector/partition_telemetry.hpp"
 #include "messages/clock.hpp"
+#include "messages/metrics/metrics_registry.hpp"
+#include "messages/metrics/rate_limited_log.hpp"
+#include "selection/partition/partition_router.hpp"
+#include "selection/partition/partition_telemetry.hpp"
+#include "selection/wire/nats_bridge.hpp"
 
 namespace kvr::actors {
 

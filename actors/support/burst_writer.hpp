@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "actors/actor_types.hpp"
-#include "actors/nats/nats_bridge.hpp"
+#include "selection/wire/nats_bridge.hpp"
 
 namespace kvr::actors {
 

@@ -12,13 +12,13 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "actors/metrics/metrics_http.hpp"
-#include "actors/metrics/metrics_registry.hpp"
 #include "deploy/bridge/generate_forwarder.hpp"
 #include "deploy/bridge/kv_translator.hpp"
 #include "deploy/worker/worker_inbox.hpp"
 #include "deploy/worker/worker_publisher.hpp"
 #include "kvr/v1/routing.pb.h"
+#include "messages/metrics/metrics_http.hpp"
+#include "messages/metrics/metrics_registry.hpp"
 #include "messages/subjects.hpp"
 
 namespace kvr::bridge {
@@ -35,7 +35,7 @@ struct LostItem {
   DpRank rank;
 };
 struct DumpItem {
-  actors::nats::NatsMessage message;
+  nats::NatsMessage message;
 };
 struct DiscoverItem {};
 // The engine's ZMQ publisher of `rank` restarted; the batches queued after this are the new one's.
@@ -143,10 +143,10 @@ std::expected<void, std::string> BridgeOptions::validate() const {
 
 struct EngineBridge::State {
   BridgeOptions options;
-  std::unique_ptr<actors::nats::NatsClient> nats;
+  std::unique_ptr<nats::NatsClient> nats;
   // Speaks the worker side of the protocol on `nats`.
   std::optional<worker::WorkerPublisher> publisher;
-  std::vector<actors::nats::NatsSubscription> subscriptions;
+  std::vector<nats::NatsSubscription> subscriptions;
   WorkerId worker_id = 0;
   Incarnation incarnation = 0;
   std::mt19937_64 random{std::random_device{}()};
@@ -159,9 +159,8 @@ struct EngineBridge::State {
   std::unique_ptr<ZmqKvSubscriber> subscriber;
   // Serves generate requests on its own threads; publishes through `nats`.
   std::unique_ptr<GenerateForwarder> generator;
-  std::shared_ptr<actors::metrics::MetricsRegistry> registry =
-      std::make_shared<actors::metrics::MetricsRegistry>();
-  std::unique_ptr<actors::metrics::MetricsHttpServer> metrics_server;
+  std::shared_ptr<metrics::MetricsRegistry> registry = std::make_shared<metrics::MetricsRegistry>();
+  std::unique_ptr<metrics::MetricsHttpServer> metrics_server;
   std::atomic<bool> registered{false};
   RetiredTotals retired;
   // Events the decoder dropped (other KV cache groups, unknown tags), of the current translator.
@@ -530,7 +529,7 @@ struct EngineBridge::State {
     ++stats.kv_batches_published;
   }
 
-  void serve_dump(const actors::nats::NatsMessage& message) {
+  void serve_dump(const nats::NatsMessage& message) {
     const auto rank = worker::read_dump_request(message, options.data_parallel_size);
     if (!rank) {
       ++stats.bad_messages;
@@ -638,9 +637,9 @@ std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
   State* raw = state.get();
   // After a NATS reconnect, register again: a router that restarted meanwhile then asks for a
   // dump, which the bridge serves from its picture.
-  auto client = actors::nats::NatsClient::connect(
+  auto client = nats::NatsClient::connect(
       options.nats,
-      actors::nats::NatsEventHandlers{.on_reconnected = [raw] { raw->enqueue(DiscoverItem{}); }});
+      nats::NatsEventHandlers{.on_reconnected = [raw] { raw->enqueue(DiscoverItem{}); }});
   if (!client) return std::unexpected(client.error());
   state->nats = std::move(*client);
   state->options = std::move(options);
@@ -661,29 +660,28 @@ std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
   if (!raw->options.model.empty()) raw->generator->set_model(raw->options.model);
   // Generate requests and cancels go straight to the forwarder's threads; dumps to the run loop.
   auto subscriptions = raw->publisher->subscribe_worker(
-      raw->worker_id, worker::WorkerSubjectHandlers{
-                          .on_generate =
-                              [raw](actors::nats::NatsMessage message) {
-                                v1::GenerateRequest request;
-                                if (!request.ParseFromString(message.data)) {
-                                  spdlog::warn("kvr bridge: dropped a malformed GenerateRequest");
-                                  return;
-                                }
-                                raw->generator->submit(std::move(request));
-                              },
-                          .on_cancel =
-                              [raw](actors::nats::NatsMessage message) {
-                                v1::GenerateCancel request;
-                                if (!request.ParseFromString(message.data)) {
-                                  spdlog::warn("kvr bridge: dropped a malformed GenerateCancel");
-                                  return;
-                                }
-                                raw->generator->cancel(request.request_id());
-                              },
-                          .on_dump =
-                              [raw](actors::nats::NatsMessage message) {
-                                raw->enqueue(DumpItem{std::move(message)});
-                              }});
+      raw->worker_id,
+      worker::WorkerSubjectHandlers{
+          .on_generate =
+              [raw](nats::NatsMessage message) {
+                v1::GenerateRequest request;
+                if (!request.ParseFromString(message.data)) {
+                  spdlog::warn("kvr bridge: dropped a malformed GenerateRequest");
+                  return;
+                }
+                raw->generator->submit(std::move(request));
+              },
+          .on_cancel =
+              [raw](nats::NatsMessage message) {
+                v1::GenerateCancel request;
+                if (!request.ParseFromString(message.data)) {
+                  spdlog::warn("kvr bridge: dropped a malformed GenerateCancel");
+                  return;
+                }
+                raw->generator->cancel(request.request_id());
+              },
+          .on_dump =
+              [raw](nats::NatsMessage message) { raw->enqueue(DumpItem{std::move(message)}); }});
   if (!subscriptions) return std::unexpected(subscriptions.error());
   state->subscriptions = std::move(*subscriptions);
   auto discover = raw->publisher->subscribe_discover([raw] { raw->enqueue(DiscoverItem{}); });
@@ -694,12 +692,12 @@ std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
   }
   if (state->options.metrics_port) {
     for (const BridgeMetric& metric : kBridgeMetrics) {
-      state->registry->describe(std::string{metric.name},
-                                metric.counter ? actors::metrics::MetricType::Counter
-                                               : actors::metrics::MetricType::Gauge,
-                                std::string{metric.help});
+      state->registry->describe(
+          std::string{metric.name},
+          metric.counter ? metrics::MetricType::Counter : metrics::MetricType::Gauge,
+          std::string{metric.help});
     }
-    auto server = actors::metrics::MetricsHttpServer::start(
+    auto server = metrics::MetricsHttpServer::start(
         "127.0.0.1", *state->options.metrics_port, state->registry, [raw] {
           return raw->registered ? std::string{} : std::string{"the engine is not registered"};
         });

@@ -23,16 +23,16 @@
 #include <string>
 #include <vector>
 
-#include "actors/nats/nats_client.hpp"
 #include "deploy/bridge/engine_metrics.hpp"
 #include "deploy/bridge/zmq_kv_subscriber.hpp"
 #include "messages/ids.hpp"
+#include "messages/nats/nats_client.hpp"
 
 namespace kvr::bridge {
 
 /// Everything a bridge is told on its command line.
 struct BridgeOptions {
-  actors::nats::NatsOptions nats;
+  nats::NatsOptions nats;
   std::string ns = "default";
   EngineKind engine = EngineKind::vllm;
   /// The engine's HTTP server: /health, /v1/models, /metrics.

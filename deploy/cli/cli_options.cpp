@@ -33,7 +33,7 @@ CLI::Validator non_empty() {
       "TEXT (non-empty)");
 }
 
-void add_nats_options(CLI::App& app, actors::nats::NatsOptions& options) {
+void add_nats_options(CLI::App& app, nats::NatsOptions& options) {
   app.add_option("--nats", options.url, "NATS server URL(s), comma separated")
       ->envname("KVR_NATS_URL")
       ->capture_default_str()
@@ -159,8 +159,8 @@ void add_session_affinity_options(CLI::App& app, SessionAffinityFlags& flags) {
                  "seconds (0: session affinity off)")
       ->envname("KVR_ROUTER_SESSION_AFFINITY_TTL_SECS")
       ->capture_default_str()
-      ->check(CLI::Range(std::uint64_t{0},
-                         static_cast<std::uint64_t>(actors::kMaxSessionAffinityTtl.count())));
+      ->check(
+          CLI::Range(std::uint64_t{0}, static_cast<std::uint64_t>(kMaxSessionAffinityTtl.count())));
   app.add_option("--router-session-affinity-mode", flags.mode,
                  "hard: a bound session goes exactly to its worker; soft: the binding is offered "
                  "to the policy as its affinity target")
@@ -169,11 +169,10 @@ void add_session_affinity_options(CLI::App& app, SessionAffinityFlags& flags) {
       ->check(CLI::IsMember({"hard", "soft"}));
 }
 
-actors::SessionAffinityOptions session_affinity_options(const SessionAffinityFlags& flags) {
-  actors::SessionAffinityOptions options;
+SessionAffinityOptions session_affinity_options(const SessionAffinityFlags& flags) {
+  SessionAffinityOptions options;
   // The validators allow only "hard" and "soft", and TTLs within kMaxSessionAffinityTtl.
-  options.mode =
-      actors::parse_session_affinity_mode(flags.mode).value_or(actors::SessionAffinityMode::hard);
+  options.mode = parse_session_affinity_mode(flags.mode).value_or(SessionAffinityMode::hard);
   if (flags.ttl_secs > 0) {
     options.ttl = std::chrono::seconds(static_cast<std::int64_t>(flags.ttl_secs));
   }

@@ -9,10 +9,10 @@
 
 #include <CLI/CLI.hpp>
 
-#include "actors/nats/nats_client.hpp"
-#include "actors/selector/session_affinity.hpp"
 #include "deploy/simulation/engine_config.hpp"
+#include "messages/nats/nats_client.hpp"
 #include "selection/config/router_policy_config.hpp"
+#include "selection/partition/session_affinity.hpp"
 
 namespace kvr::cli {
 
@@ -30,7 +30,7 @@ CLI::Validator finite_range(double min, double max);
 CLI::Validator non_empty();
 
 /// Adds --nats, --nats-user, --nats-password, --nats-token, --nats-tls-* and reconnect options.
-void add_nats_options(CLI::App& app, actors::nats::NatsOptions& options);
+void add_nats_options(CLI::App& app, nats::NatsOptions& options);
 
 /// Adds --namespace (env KVR_NAMESPACE): non-empty, only [A-Za-z0-9_-].
 CLI::Option* add_namespace_option(CLI::App& app, std::string& ns);
@@ -50,7 +50,7 @@ struct SessionAffinityFlags {
 void add_session_affinity_options(CLI::App& app, SessionAffinityFlags& flags);
 
 /// The session affinity the (validated) flags configure.
-actors::SessionAffinityOptions session_affinity_options(const SessionAffinityFlags& flags);
+SessionAffinityOptions session_affinity_options(const SessionAffinityFlags& flags);
 
 /// Refuses `engines` simulated engines of `config` holding more than kMaxSimulatedBlocks KV blocks
 /// in all; `engines_option` names what sets the engine count (e.g. "--workers").

@@ -16,23 +16,21 @@
 #include <nats/nats.h>
 #include <nlohmann/json.hpp>
 
-#include "actors/cluster/cluster_values.hpp"
-#include "actors/cluster/jetstream_kv.hpp"
-#include "actors/cluster/placement.hpp"
-#include "actors/nats/nats_client.hpp"
 #include "deploy/cli/cli_options.hpp"
+#include "messages/nats/nats_client.hpp"
+#include "selection/cluster/cluster_values.hpp"
+#include "selection/cluster/jetstream_kv.hpp"
+#include "selection/cluster/placement.hpp"
 
 namespace kvr::cli {
 namespace {
-
-namespace cluster = actors::cluster;
 
 // The exit codes of `kvr cluster status` (also in its --help).
 constexpr int kStatusShown = 0;
 constexpr int kNoCluster = 1;
 
 struct ClusterStatusOptions {
-  actors::nats::NatsOptions nats;
+  nats::NatsOptions nats;
   std::string ns = "default";
   bool json = false;
   int timeout_ms = 2000;
@@ -158,7 +156,7 @@ std::expected<std::map<std::string, PartitionStatus>, std::string> read_partitio
 }
 
 std::expected<ClusterStatus, std::string> read_status(const ClusterStatusOptions& options) {
-  auto client = actors::nats::NatsClient::connect(options.nats);
+  auto client = nats::NatsClient::connect(options.nats);
   if (!client) return std::unexpected(client.error());
   natsConnection* connection = (*client)->native_handle();
   auto members_bucket = open_existing(connection, cluster::members_bucket(options.ns), options);

@@ -8,7 +8,6 @@
 #include <google/protobuf/stubs/logging.h>
 #include <spdlog/spdlog.h>
 
-#include "actors/metrics/rate_limited_log.hpp"
 #include "deploy/cli/bridge_command.hpp"
 #include "deploy/cli/cli_options.hpp"
 #include "deploy/cli/cluster_command.hpp"
@@ -17,6 +16,7 @@
 #include "deploy/cli/replay_command.hpp"
 #include "deploy/cli/replay_live_command.hpp"
 #include "deploy/cli/route_command.hpp"
+#include "messages/metrics/rate_limited_log.hpp"
 
 namespace {
 
@@ -25,7 +25,7 @@ namespace {
 // would become a flood of log lines. Its lines go through the same rate limit instead.
 void log_protobuf(google::protobuf::LogLevel level, const char* /*file*/, int /*line*/,
                   const std::string& message) {
-  static kvr::actors::metrics::RateLimitedLog limiter;
+  static kvr::metrics::RateLimitedLog limiter;
   if (level >= google::protobuf::LOGLEVEL_FATAL) {
     spdlog::critical("protobuf: {}", message);
     return;

@@ -10,11 +10,11 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/node/router_node.hpp"
-#include "actors/selector/partition_queue.hpp"
 #include "deploy/cli/cli_options.hpp"
 #include "deploy/cli/stop_signals.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/config/selection_precedence.hpp"
+#include "selection/partition/partition_queue.hpp"
 #include "selection/policies/builtin_policies.hpp"
 
 namespace kvr::cli {
@@ -99,7 +99,7 @@ int run_node(NodeCommandOptions options) {
     return kUsageError;
   }
   if (!plugins->policy_classes.empty() &&
-      !actors::queues_requests(classifiers::resolve_policy_classes(
+      !queues_requests(classifiers::resolve_policy_classes(
           plugins->policy_classes,
           classifiers::default_policy_class(options.node.queue_threshold)))) {
     spdlog::warn(

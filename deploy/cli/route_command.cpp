@@ -6,17 +6,17 @@
 
 #include <fmt/format.h>
 
-#include "actors/nats/nats_client.hpp"
 #include "deploy/cli/cli_options.hpp"
 #include "kvr/v1/routing.pb.h"
 #include "messages/error.hpp"
+#include "messages/nats/nats_client.hpp"
 #include "messages/subjects.hpp"
 
 namespace kvr::cli {
 namespace {
 
 struct RouteCommandOptions {
-  actors::nats::NatsOptions nats;
+  nats::NatsOptions nats;
   std::string ns = "default";
   std::vector<std::uint32_t> tokens;
   std::string text;
@@ -84,7 +84,7 @@ int run_route(const RouteCommandOptions& options) {
   } else {
     for (std::uint32_t token : options.tokens) tokens->add_ids(token);
   }
-  auto client = actors::nats::NatsClient::connect(options.nats);
+  auto client = nats::NatsClient::connect(options.nats);
   if (!client) {
     std::cerr << "kvr route: " << client.error() << '\n';
     return kNoDecision;

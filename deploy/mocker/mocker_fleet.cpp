@@ -34,7 +34,7 @@ enum class InboxKind : std::uint8_t { Generate, Cancel, Dump, Discover };
 struct InboxItem {
   InboxKind kind;
   WorkerId worker = 0;
-  actors::nats::NatsMessage message;
+  nats::NatsMessage message;
 };
 
 struct RankState {
@@ -50,7 +50,7 @@ struct WorkerState {
 
   worker::WorkerInstance instance() const { return {id, incarnation}; }
   std::vector<RankState> ranks;
-  std::vector<actors::nats::NatsSubscription> subscriptions;
+  std::vector<nats::NatsSubscription> subscriptions;
 };
 
 // A generation being streamed back to its caller.
@@ -86,14 +86,14 @@ std::expected<void, std::string> MockerOptions::validate() const {
 
 struct MockerFleet::State {
   MockerOptions options;
-  std::unique_ptr<actors::nats::NatsClient> nats;
+  std::unique_ptr<nats::NatsClient> nats;
   // Speaks the worker side of the protocol on `nats`.
   std::optional<worker::WorkerPublisher> publisher;
   // What every worker of the fleet registers as.
   worker::WorkerDescription description;
   std::vector<WorkerState> workers;
   absl::flat_hash_map<WorkerId, std::size_t> worker_index;
-  std::optional<actors::nats::NatsSubscription> discover_subscription;
+  std::optional<nats::NatsSubscription> discover_subscription;
 
   worker::WorkerInbox<InboxItem> inbox;
 
@@ -108,7 +108,7 @@ struct MockerFleet::State {
     return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   }
 
-  void enqueue(InboxKind kind, WorkerId worker, actors::nats::NatsMessage message) {
+  void enqueue(InboxKind kind, WorkerId worker, nats::NatsMessage message) {
     inbox.push(InboxItem{kind, worker, std::move(message)});
   }
 
@@ -184,7 +184,7 @@ struct MockerFleet::State {
         true, "error", &error);
   }
 
-  void handle_generate(WorkerState& worker, const actors::nats::NatsMessage& message) {
+  void handle_generate(WorkerState& worker, const nats::NatsMessage& message) {
     v1::GenerateRequest request;
     if (!request.ParseFromString(message.data)) {
       ++stats.bad_messages;
@@ -254,7 +254,7 @@ struct MockerFleet::State {
     ++next_request_id;
   }
 
-  void handle_cancel(WorkerState& worker, const actors::nats::NatsMessage& message) {
+  void handle_cancel(WorkerState& worker, const nats::NatsMessage& message) {
     v1::GenerateCancel cancel;
     if (!cancel.ParseFromString(message.data)) {
       ++stats.bad_messages;
@@ -272,7 +272,7 @@ struct MockerFleet::State {
     ++stats.cancelled_requests;
   }
 
-  void handle_dump(WorkerState& worker, const actors::nats::NatsMessage& message) {
+  void handle_dump(WorkerState& worker, const nats::NatsMessage& message) {
     const auto requested =
         worker::read_dump_request(message, static_cast<std::uint32_t>(worker.ranks.size()));
     if (!requested) {
@@ -369,13 +369,13 @@ std::expected<std::unique_ptr<MockerFleet>, std::string> MockerFleet::create(
   State* raw = state.get();
   // A router that lost its view during the outage (or started meanwhile) hears of every worker
   // again as soon as this process is back; the fleet thread publishes the registrations.
-  actors::nats::NatsEventHandlers handlers;
+  nats::NatsEventHandlers handlers;
   handlers.on_disconnected = [] { spdlog::warn("mocker: NATS connection lost; reconnecting"); };
   handlers.on_reconnected = [raw] {
     spdlog::info("mocker: NATS reconnected; registering every worker again");
     raw->enqueue(InboxKind::Discover, 0, {});
   };
-  auto client = actors::nats::NatsClient::connect(options.nats, std::move(handlers));
+  auto client = nats::NatsClient::connect(options.nats, std::move(handlers));
   if (!client) return std::unexpected(client.error());
   state->nats = std::move(*client);
   state->options = std::move(options);
@@ -408,7 +408,7 @@ std::expected<std::unique_ptr<MockerFleet>, std::string> MockerFleet::create(
     }
     const WorkerId id = worker.id;
     const auto to_inbox = [raw, id](InboxKind kind) {
-      return [raw, id, kind](actors::nats::NatsMessage message) {
+      return [raw, id, kind](nats::NatsMessage message) {
         raw->enqueue(kind, id, std::move(message));
       };
     };

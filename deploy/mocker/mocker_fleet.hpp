@@ -11,15 +11,15 @@
 #include <string>
 #include <vector>
 
-#include "actors/nats/nats_client.hpp"
 #include "deploy/simulation/engine_config.hpp"
 #include "messages/ids.hpp"
+#include "messages/nats/nats_client.hpp"
 
 namespace kvr::mocker {
 
 /// Everything a mocker process is told on its command line.
 struct MockerOptions {
-  actors::nats::NatsOptions nats;
+  nats::NatsOptions nats;
   /// Subject namespace: kvr.<namespace>.…
   std::string ns = "default";
   /// Simulated workers in this process.

@@ -24,9 +24,9 @@ namespace kvr::replay {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using actors::nats::NatsClient;
-using actors::nats::NatsMessage;
-using actors::nats::NatsSubscription;
+using nats::NatsClient;
+using nats::NatsMessage;
+using nats::NatsSubscription;
 
 // A message for the driver thread, stamped when the client delivered it.
 struct Incoming {
@@ -495,7 +495,7 @@ std::expected<std::unique_ptr<LiveReplay>, std::string> LiveReplay::connect(
   const LiveReplayOptions& opts = state->options;
   // A closed connection (reconnects exhausted) reaches the driver as a message without subject.
   State* raw = state.get();
-  actors::nats::NatsEventHandlers handlers;
+  nats::NatsEventHandlers handlers;
   handlers.on_closed = [raw] {
     {
       std::lock_guard lock{raw->mutex};

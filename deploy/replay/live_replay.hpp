@@ -16,15 +16,15 @@
 #include <string>
 #include <vector>
 
-#include "actors/nats/nats_client.hpp"
 #include "deploy/simulation/mooncake_trace.hpp"
 #include "deploy/simulation/replay_report.hpp"
+#include "messages/nats/nats_client.hpp"
 
 namespace kvr::replay {
 
 /// How to drive the cluster.
 struct LiveReplayOptions {
-  actors::nats::NatsOptions nats;
+  nats::NatsOptions nats;
   /// Subject namespace of the cluster: kvr.<namespace>.…
   std::string ns = "default";
   /// Model every request asks for (the workers' --model).

@@ -12,11 +12,11 @@
 
 #include <fmt/format.h>
 
-#include "actors/classifier/admission_state.hpp"
-#include "actors/selector/partition_router.hpp"
 #include "classifiers/queue/policy_class_config.hpp"
 #include "deploy/simulation/engine.hpp"
 #include "messages/check.hpp"
+#include "selection/admission/admission_state.hpp"
+#include "selection/partition/partition_router.hpp"
 
 namespace kvr::replay {
 namespace {
@@ -86,9 +86,9 @@ std::uint32_t trace_index_of(std::string_view id) {
 // The partition core's settings for a replay: the node's, with the replay's block size, seed and
 // classes, and bookings and worker leases that never expire (the simulated lifecycle reports
 // every request).
-actors::PartitionRouterOptions make_router_options(const ReplayOptions& options,
-                                                   const plugins::RouterPlugins& plugins) {
-  actors::PartitionRouterOptions router;
+PartitionRouterOptions make_router_options(const ReplayOptions& options,
+                                           const plugins::RouterPlugins& plugins) {
+  PartitionRouterOptions router;
   router.options.partition.model = std::string{kReplayModel};
   router.options.router = options.router;
   router.options.router.block_size = options.engine.block_size;
@@ -232,17 +232,17 @@ class PolicyRun {
     KVR_CHECK(classifier != nullptr);
     // Wakers only mark their request; settle() polls it in the same step, as the classifier
     // actor does in the same turn.
-    admission_ = std::make_unique<actors::AdmissionState>(
+    admission_ = std::make_unique<AdmissionState>(
         std::move(classifier), [] {},
-        std::chrono::duration_cast<actors::AdmissionState::Duration>(options_.admission_max_wait));
+        std::chrono::duration_cast<AdmissionState::Duration>(options_.admission_max_wait));
   }
 
   void arrive(std::uint32_t index, double now) {
     const simulation::TraceRequest& trace = requests_[index];
-    actors::RouteRequest request{.selection = {.request_id = request_id(index),
-                                               .prompt_tokens = trace.input_length,
-                                               .block_hashes = block_hashes_[index],
-                                               .expected_output_tokens = trace.output_length}};
+    RouteRequest request{.selection = {.request_id = request_id(index),
+                                       .prompt_tokens = trace.input_length,
+                                       .block_hashes = block_hashes_[index],
+                                       .expected_output_tokens = trace.output_length}};
     if (!tenants_.empty()) request.tenant = tenants_.names[tenants_.of_request[index]];
     if (router_.affinity().enabled()) {
       if (auto session = session_of(trace)) {
@@ -257,7 +257,7 @@ class PolicyRun {
     }
     if (admission_) {
       const auto at = logical_time(now);
-      auto outcome = admission_->admit(request.id(), actors::classify_request(request, at), at);
+      auto outcome = admission_->admit(request.id(), classify_request(request, at), at);
       if (outcome) {
         decide(*outcome, request, index, now);
       } else {
@@ -283,18 +283,18 @@ class PolicyRun {
 
   // An admission decision for `request`: on to the queue with the classifier's overrides, or
   // refused.
-  void decide(const actors::AdmissionOutcome& outcome, actors::RouteRequest& request,
-              std::uint32_t index, double now) {
+  void decide(const AdmissionOutcome& outcome, RouteRequest& request, std::uint32_t index,
+              double now) {
     if (!outcome.admitted()) {
       rejections_.emplace_back(index, outcome.rejection().code);
       return;
     }
-    actors::apply_admission(request, outcome.request());
+    apply_admission(request, outcome.request());
     enter_partition(request, index, now);
   }
 
   // A decision that poll_due() made for a deferred request.
-  void decide_deferred(const actors::AdmissionOutcome& outcome, double now) {
+  void decide_deferred(const AdmissionOutcome& outcome, double now) {
     const std::uint32_t index = trace_index_of(outcome.request_id);
     auto node = deferred_.extract(index);
     KVR_CHECK(!node.empty());
@@ -303,7 +303,7 @@ class PolicyRun {
 
   // An admitted request goes to its partition: the core routes it now, or it waits in the queue
   // and its answer comes with a later input's effects.
-  void enter_partition(actors::RouteRequest& request, std::uint32_t index, double now) {
+  void enter_partition(RouteRequest& request, std::uint32_t index, double now) {
     if (auto reply = router_.route(request, index, logical_time(now), effects_)) {
       answer(index, std::move(*reply), now);
     }
@@ -311,7 +311,7 @@ class PolicyRun {
 
   // The core's answer for the request of trace index `index`: it starts on its engine, or fails
   // (a queue's refusal is an answer, counted by its code).
-  void answer(std::uint32_t index, actors::RouteReply reply, double now) {
+  void answer(std::uint32_t index, RouteReply reply, double now) {
     const std::string id = request_id(index);
     if (!reply.result) {
       if (refused_by_queue(reply.result.error().code)) {
@@ -331,8 +331,7 @@ class PolicyRun {
                                   .output_tokens = std::max<std::uint32_t>(1, trace.output_length)},
         now);
     if (!added) {
-      change_booking({id, true, discovery::BookingEnd::failed, actors::AffinityAction::abandon},
-                     now);
+      change_booking({id, true, discovery::BookingEnd::failed, AffinityAction::abandon}, now);
       fail(id, fmt::format("engine refused: {}", simulation::as_str(added.error())));
       return;
     }
@@ -340,7 +339,7 @@ class PolicyRun {
     if (!stepping_[w]) start_step(w, now);
   }
 
-  void change_booking(const actors::BookingChange& change, double now) {
+  void change_booking(const BookingChange& change, double now) {
     (void)router_.change_booking(change, logical_time(now), effects_);
   }
 
@@ -380,7 +379,7 @@ class PolicyRun {
 
   // The queue refused a request (over its limits, its due time or wait limit passed): an answer,
   // counted by its code.
-  void refuse(const std::string& id, std::uint32_t index, const actors::RouteFailure& failure) {
+  void refuse(const std::string& id, std::uint32_t index, const RouteFailure& failure) {
     rejections_.emplace_back(index, failure.code);
     if (admission_) (void)admission_->cancel(id, failure.message);
   }
@@ -409,7 +408,7 @@ class PolicyRun {
 
   // Schedules one timer event for `at` (an admission deadline or the queue's wake-up), unless one
   // is scheduled for that time or earlier.
-  void arm_timer(actors::TimePoint at) {
+  void arm_timer(TimePoint at) {
     if (timer_armed_for_ && *timer_armed_for_ <= at) return;
     timer_armed_for_ = at;
     schedule(std::max(now_ms_, at_or_after(at)), EventKind::RouterTimer, 0);
@@ -442,14 +441,12 @@ class PolicyRun {
     const WorkerWithDpRank worker{w + 1, 0};
     for (const auto& first : result.first_tokens) {
       std::string id = request_id(first.id);
-      change_booking({id, false, discovery::BookingEnd::completed, actors::AffinityAction::commit},
-                     now);
+      change_booking({id, false, discovery::BookingEnd::completed, AffinityAction::commit}, now);
       if (admission_) admission_->on_event(rc::Responding{std::move(id), worker});
     }
     for (const auto& done : result.completions) {
       std::string id = request_id(done.id);
-      change_booking({id, true, discovery::BookingEnd::completed, actors::AffinityAction::finish},
-                     now);
+      change_booking({id, true, discovery::BookingEnd::completed, AffinityAction::finish}, now);
       if (admission_) {
         admission_->on_event(
             rc::Completed{std::move(id), worker,
@@ -506,8 +503,8 @@ class PolicyRun {
   const std::vector<std::vector<BlockHash>>& block_hashes_;
   const TenantAssignment& tenants_;
   const plugins::RouterPlugins& plugins_;
-  actors::PartitionRouter router_;
-  actors::PartitionEffects effects_;
+  PartitionRouter router_;
+  PartitionEffects effects_;
   std::vector<Engine> engines_;
   std::vector<bool> stepping_;
   std::vector<StepResult> in_flight_;
@@ -527,13 +524,13 @@ class PolicyRun {
 
   // Admission, when configured (start_admission()); null: every request goes straight to its
   // partition.
-  std::unique_ptr<actors::AdmissionState> admission_;
+  std::unique_ptr<AdmissionState> admission_;
   // Requests whose admission future is pending, by trace index.
-  std::unordered_map<std::uint32_t, actors::RouteRequest> deferred_;
+  std::unordered_map<std::uint32_t, RouteRequest> deferred_;
   // The time of the earliest router timer event scheduled and not yet handled.
-  std::optional<actors::TimePoint> timer_armed_for_;
+  std::optional<TimePoint> timer_armed_for_;
   // The queue's wake-up the core asked for and has not had yet.
-  std::optional<actors::TimePoint> router_wake_at_;
+  std::optional<TimePoint> router_wake_at_;
   // The node's tick period, and when the last tick ran.
   static constexpr double kTickMs = 100.0;
   double last_tick_ms_ = 0;

@@ -2,7 +2,7 @@
 // and discovery core (the selector's state), with one simulated engine per worker, on a logical
 // clock. Used by `kvr replay` and the quickstart; equal inputs and seed give equal reports.
 // Admission runs as in a router node when the plugins configure it: the request classifier
-// (actors/classifier/admission_state.hpp) and the partition core (actors/selector/
+// (selection/admission/admission_state.hpp) and the partition core (selection/partition/
 // partition_router.hpp: the policy-class queue, selection, booking, session affinity), their
 // timers on the same logical clock: a node's selector actor drives the same core.
 #pragma once
@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "actors/selector/session_affinity.hpp"
 #include "deploy/replay/tenant_assignment.hpp"
 #include "deploy/simulation/engine_config.hpp"
 #include "deploy/simulation/mooncake_trace.hpp"
 #include "deploy/simulation/replay_report.hpp"
 #include "messages/error.hpp"
+#include "selection/partition/session_affinity.hpp"
 #include "selection/plugin_registry.hpp"
 
 namespace kvr::replay {
@@ -50,7 +50,7 @@ struct ReplayOptions {
   std::chrono::milliseconds admission_max_wait{30'000};
   /// Session affinity as a node's `--router-session-affinity-*` configure it (off unless a TTL is
   /// set).
-  actors::SessionAffinityOptions session_affinity;
+  SessionAffinityOptions session_affinity;
   /// With session affinity on, a request's session is its first this many hash ids (the turns of
   /// a conversation share their opening); a shorter request has none.
   std::size_t session_key_blocks = 2;

@@ -2,10 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
-#include "actors/wire/kv_event_codec.hpp"
 #include "kvr/v1/kv_events.pb.h"
 #include "kvr/v1/worker.pb.h"
 #include "messages/subjects.hpp"
+#include "selection/wire/kv_event_codec.hpp"
 
 namespace kvr::worker {
 namespace {
@@ -18,7 +18,7 @@ std::uint64_t unix_ms() {
 
 }  // namespace
 
-std::optional<DpRank> read_dump_request(const actors::nats::NatsMessage& message,
+std::optional<DpRank> read_dump_request(const nats::NatsMessage& message,
                                         std::uint32_t data_parallel_size) {
   v1::KvDumpRequest request;
   if (!request.ParseFromString(message.data) || message.reply.empty() ||
@@ -28,21 +28,20 @@ std::optional<DpRank> read_dump_request(const actors::nats::NatsMessage& message
   return request.dp_rank();
 }
 
-WorkerPublisher::WorkerPublisher(actors::nats::NatsClient& nats, std::string ns,
-                                 std::string log_prefix)
+WorkerPublisher::WorkerPublisher(nats::NatsClient& nats, std::string ns, std::string log_prefix)
     : nats_(nats), ns_(std::move(ns)), log_prefix_(std::move(log_prefix)) {}
 
-std::expected<std::vector<actors::nats::NatsSubscription>, std::string>
-WorkerPublisher::subscribe_worker(WorkerId worker, WorkerSubjectHandlers handlers) {
+std::expected<std::vector<nats::NatsSubscription>, std::string> WorkerPublisher::subscribe_worker(
+    WorkerId worker, WorkerSubjectHandlers handlers) {
   const std::string generate = subjects::worker_generate(ns_, worker);
   struct Route {
     std::string subject;
-    std::function<void(actors::nats::NatsMessage)> handler;
+    std::function<void(nats::NatsMessage)> handler;
   };
   Route routes[] = {{generate, std::move(handlers.on_generate)},
                     {generate + ".cancel", std::move(handlers.on_cancel)},
                     {subjects::worker_dump(ns_, worker), std::move(handlers.on_dump)}};
-  std::vector<actors::nats::NatsSubscription> subscriptions;
+  std::vector<nats::NatsSubscription> subscriptions;
   for (Route& route : routes) {
     if (!route.handler) continue;
     auto subscription = nats_.subscribe(route.subject, std::move(route.handler));
@@ -52,11 +51,10 @@ WorkerPublisher::subscribe_worker(WorkerId worker, WorkerSubjectHandlers handler
   return subscriptions;
 }
 
-std::expected<actors::nats::NatsSubscription, std::string> WorkerPublisher::subscribe_discover(
+std::expected<nats::NatsSubscription, std::string> WorkerPublisher::subscribe_discover(
     std::function<void()> on_discover) {
-  return nats_.subscribe(
-      subjects::worker_discover(ns_),
-      [on_discover = std::move(on_discover)](actors::nats::NatsMessage) { on_discover(); });
+  return nats_.subscribe(subjects::worker_discover(ns_), [on_discover = std::move(on_discover)](
+                                                             nats::NatsMessage) { on_discover(); });
 }
 
 void WorkerPublisher::publish_registration(const WorkerInstance& worker,

@@ -15,10 +15,10 @@
 #include <string_view>
 #include <vector>
 
-#include "actors/nats/nats_client.hpp"
 #include "discovery/load/predicted_load.hpp"
 #include "messages/ids.hpp"
 #include "messages/kv_event.hpp"
+#include "messages/nats/nats_client.hpp"
 #include "messages/worker_role.hpp"
 
 namespace google::protobuf {
@@ -86,17 +86,17 @@ class PeriodicTimer {
 
 /// The rank a well-formed dump request asks for: a KvDumpRequest with a reply subject, for a rank
 /// below `data_parallel_size`; nullopt for anything else (the caller counts and drops it).
-std::optional<DpRank> read_dump_request(const actors::nats::NatsMessage& message,
+std::optional<DpRank> read_dump_request(const nats::NatsMessage& message,
                                         std::uint32_t data_parallel_size);
 
 /// What arrives on one worker's subjects; each handler runs on a NATS delivery thread.
 struct WorkerSubjectHandlers {
   /// A GenerateRequest on kvr.<ns>.worker.<id>.generate.
-  std::function<void(actors::nats::NatsMessage)> on_generate;
+  std::function<void(nats::NatsMessage)> on_generate;
   /// A GenerateCancel on the generate subject's ".cancel".
-  std::function<void(actors::nats::NatsMessage)> on_cancel;
+  std::function<void(nats::NatsMessage)> on_cancel;
   /// A KvDumpRequest on the worker's dump subject.
-  std::function<void(actors::nats::NatsMessage)> on_dump;
+  std::function<void(nats::NatsMessage)> on_dump;
 };
 
 /// Publishes the worker side of the protocol for the workers of one process, in namespace `ns`,
@@ -105,18 +105,18 @@ struct WorkerSubjectHandlers {
 /// report carries the same news.
 class WorkerPublisher {
  public:
-  WorkerPublisher(actors::nats::NatsClient& nats, std::string ns, std::string log_prefix);
+  WorkerPublisher(nats::NatsClient& nats, std::string ns, std::string log_prefix);
 
   /// The subject namespace.
   const std::string& ns() const { return ns_; }
 
   /// Subscribes `worker`'s generate, cancel and dump subjects (a handler left empty is not
   /// subscribed); the subscriptions end when the returned handles are destroyed.
-  std::expected<std::vector<actors::nats::NatsSubscription>, std::string> subscribe_worker(
+  std::expected<std::vector<nats::NatsSubscription>, std::string> subscribe_worker(
       WorkerId worker, WorkerSubjectHandlers handlers);
 
   /// Subscribes the routers' discovery requests, after which every worker registers again.
-  std::expected<actors::nats::NatsSubscription, std::string> subscribe_discover(
+  std::expected<nats::NatsSubscription, std::string> subscribe_discover(
       std::function<void()> on_discover);
 
   /// The registration of `worker` (generate and dump subjects in this namespace).
@@ -141,7 +141,7 @@ class WorkerPublisher {
  private:
   void warn(std::string_view error) const;
 
-  actors::nats::NatsClient& nats_;
+  nats::NatsClient& nats_;
   std::string ns_;
   std::string log_prefix_;
 };

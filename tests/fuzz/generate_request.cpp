@@ -4,27 +4,27 @@
 // must decode again to the same route.
 #include <google/protobuf/util/message_differencer.h>
 
-#include "actors/wire/generate_messages.hpp"
+#include "selection/wire/generate_messages.hpp"
 #include "tests/fuzz/harness.hpp"
 
 namespace kvr::fuzz {
 namespace {
 
-void refuse(const v1::GenerateRequest& wire, const actors::RouteFailure& failure) {
+void refuse(const v1::GenerateRequest& wire, const RouteFailure& failure) {
   KVR_FUZZ_CHECK(failure.code == Error::invalid_request);
   const std::string& request_id = wire.route().request_id();
-  (void)actors::encode_route_error(request_id, failure.code, failure.message).SerializeAsString();
-  (void)actors::encode_end_chunk(
-      request_id, 0, actors::StreamEnd{"error", failure.code, failure.message}, std::nullopt)
+  (void)encode_route_error(request_id, failure.code, failure.message).SerializeAsString();
+  (void)encode_end_chunk(request_id, 0, StreamEnd{"error", failure.code, failure.message},
+                         std::nullopt)
       .SerializeAsString();
 }
 
 void generate(Input input) {
-  const actors::RouteDecodeLimits limits;
+  const RouteDecodeLimits limits;
   v1::GenerateRequest wire;
   if (!wire.ParseFromArray(input.data(), static_cast<int>(input.size()))) return;
-  auto to_actor = actors::decode_generate_request(wire, limits, actors::StreamTo::actor);
-  auto to_subject = actors::decode_generate_request(wire, limits, actors::StreamTo::subject);
+  auto to_actor = decode_generate_request(wire, limits, StreamTo::actor);
+  auto to_subject = decode_generate_request(wire, limits, StreamTo::subject);
   if (!to_subject) refuse(wire, to_subject.error());
   if (!to_actor) {
     refuse(wire, to_actor.error());
@@ -39,14 +39,14 @@ void generate(Input input) {
   KVR_FUZZ_CHECK(subject.find_first_of(" \t\r\n*>") == std::string::npos);
 
   const v1::GenerateRequest dispatched =
-      actors::encode_worker_generate_request(*to_subject, 3, "_INBOX.fuzz.7");
+      encode_worker_generate_request(*to_subject, 3, "_INBOX.fuzz.7");
   v1::GenerateRequest reparsed;
   KVR_FUZZ_CHECK(reparsed.ParseFromString(dispatched.SerializeAsString()));
   KVR_FUZZ_CHECK(reparsed.dp_rank() == 3 && reparsed.stream_subject() == "_INBOX.fuzz.7");
-  auto again = actors::decode_generate_request(reparsed, limits, actors::StreamTo::subject);
+  auto again = decode_generate_request(reparsed, limits, StreamTo::subject);
   KVR_FUZZ_CHECK(again.has_value());
   KVR_FUZZ_CHECK(google::protobuf::util::MessageDifferencer::Equals(
-      actors::encode_route_request(to_subject->route), actors::encode_route_request(again->route)));
+      encode_route_request(to_subject->route), encode_route_request(again->route)));
 }
 
 void cancel_and_chunk(Input input) {
@@ -56,7 +56,7 @@ void cancel_and_chunk(Input input) {
   }
   v1::GenerateChunk chunk;
   if (!chunk.ParseFromArray(input.data(), static_cast<int>(input.size()))) return;
-  const actors::StreamChunk plain = actors::decode_stream_chunk(chunk);
+  const StreamChunk plain = decode_stream_chunk(chunk);
   KVR_FUZZ_CHECK(plain.tokens == static_cast<std::size_t>(chunk.token_ids_size()));
   KVR_FUZZ_CHECK(plain.error.has_value() ==
                  (chunk.has_error() || chunk.finish_reason() == "error"));

@@ -1,6 +1,6 @@
 // The fuzz harness bodies: one function per decoder that reads untrusted bytes, feeding them
-// through the same entry points the node (actors/nats/nats_bridge.cpp) and the engine bridge call
-// on a received message, then checking what a decoded value promises. Each libFuzzer binary
+// through the same entry points the node (selection/wire/nats_bridge.cpp) and the engine bridge
+// call on a received message, then checking what a decoded value promises. Each libFuzzer binary
 // (fuzz_main.cpp) runs one of them; under GCC, corpus_replay_test.cpp runs every committed corpus
 // file through all of them, so both builds exercise the same code.
 #pragma once

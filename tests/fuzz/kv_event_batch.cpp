@@ -1,7 +1,7 @@
 // KvEventBatch and KvDumpReply as the node's KV subscriptions read them (decode_kv_events,
 // decode_kv_dump_reply): a decoded value is within the limits and survives encode → decode
 // unchanged.
-#include "actors/wire/worker_messages.hpp"
+#include "selection/wire/worker_messages.hpp"
 #include "tests/fuzz/harness.hpp"
 
 namespace kvr::fuzz {
@@ -11,8 +11,8 @@ void check_blocks(const std::vector<BlockHash>& hashes, const KvCodecLimits& lim
   KVR_FUZZ_CHECK(hashes.size() <= limits.max_blocks_per_event);
 }
 
-void batch(std::string_view bytes, const actors::WorkerMessageLimits& limits) {
-  auto decoded = actors::decode_kv_events(bytes, limits);
+void batch(std::string_view bytes, const WorkerMessageLimits& limits) {
+  auto decoded = decode_kv_events(bytes, limits);
   if (!decoded) {
     KVR_FUZZ_CHECK(!decoded.error().empty());
     return;
@@ -28,12 +28,12 @@ void batch(std::string_view bytes, const actors::WorkerMessageLimits& limits) {
     }
   }
   const std::string encoded = encode_kv_event_batch(*decoded).SerializeAsString();
-  auto again = actors::decode_kv_events(encoded, limits);
+  auto again = decode_kv_events(encoded, limits);
   KVR_FUZZ_CHECK(again.has_value() && *again == *decoded);
 }
 
-void dump(std::string_view bytes, const actors::WorkerMessageLimits& limits) {
-  auto decoded = actors::decode_kv_dump_reply(bytes, limits);
+void dump(std::string_view bytes, const WorkerMessageLimits& limits) {
+  auto decoded = decode_kv_dump_reply(bytes, limits);
   if (!decoded) {
     KVR_FUZZ_CHECK(!decoded.error().empty());
     return;
@@ -47,14 +47,14 @@ void dump(std::string_view bytes, const actors::WorkerMessageLimits& limits) {
   }
   KVR_FUZZ_CHECK(blocks <= limits.kv.max_blocks_per_dump);
   const std::string encoded = encode_kv_dump(*decoded).SerializeAsString();
-  auto again = actors::decode_kv_dump_reply(encoded, limits);
+  auto again = decode_kv_dump_reply(encoded, limits);
   KVR_FUZZ_CHECK(again.has_value() && *again == *decoded);
 }
 
 }  // namespace
 
 void kv_event_batch(Input input) {
-  const actors::WorkerMessageLimits limits;
+  const WorkerMessageLimits limits;
   batch(as_text(input), limits);
   dump(as_text(input), limits);
 }

@@ -1,24 +1,24 @@
 // LifecycleReport as the node's report subscription reads it: parse, decode_lifecycle_report and
 // the refusal ack.
-#include "actors/wire/route_messages.hpp"
+#include "selection/wire/route_messages.hpp"
 #include "tests/fuzz/harness.hpp"
 
 namespace kvr::fuzz {
 
 void lifecycle_report(Input input) {
-  const actors::RouteDecodeLimits limits;
+  const RouteDecodeLimits limits;
   v1::LifecycleReport wire;
   if (!wire.ParseFromArray(input.data(), static_cast<int>(input.size()))) return;
-  auto report = actors::decode_lifecycle_report(wire, limits);
+  auto report = decode_lifecycle_report(wire, limits);
   if (!report) {
     KVR_FUZZ_CHECK(!report.error().empty());
-    (void)actors::encode_lifecycle_ack(false, report.error()).SerializeAsString();
+    (void)encode_lifecycle_ack(false, report.error()).SerializeAsString();
     return;
   }
   KVR_FUZZ_CHECK(!report->lease_id.empty() && report->lease_id.size() <= limits.max_id_length);
   KVR_FUZZ_CHECK(report->lease_id == wire.lease_id());
   KVR_FUZZ_CHECK(report->error.size() <= 4 * limits.max_id_length);
-  KVR_FUZZ_CHECK(actors::as_str(report->event) != "unknown");
+  KVR_FUZZ_CHECK(as_str(report->event) != "unknown");
 }
 
 }  // namespace kvr::fuzz

@@ -1,14 +1,14 @@
 // LoadMetrics as the node's load subscription reads it (decode_worker_load).
 #include <algorithm>
 
-#include "actors/wire/worker_messages.hpp"
+#include "selection/wire/worker_messages.hpp"
 #include "tests/fuzz/harness.hpp"
 
 namespace kvr::fuzz {
 
 void load_metrics(Input input) {
-  const actors::WorkerMessageLimits limits;
-  auto report = actors::decode_worker_load(as_text(input), limits);
+  const WorkerMessageLimits limits;
+  auto report = decode_worker_load(as_text(input), limits);
   if (!report) {
     KVR_FUZZ_CHECK(!report.error().empty());
     return;

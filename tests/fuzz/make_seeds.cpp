@@ -9,11 +9,11 @@
 #include <fstream>
 #include <string>
 
-#include "actors/wire/kv_event_codec.hpp"
-#include "actors/wire/route_messages.hpp"
 #include "kvr/v1/kv_events.pb.h"
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
+#include "selection/wire/kv_event_codec.hpp"
+#include "selection/wire/route_messages.hpp"
 
 namespace {
 
@@ -27,14 +27,14 @@ void write(const std::string& harness, const std::string& name,
 }
 
 kvr::v1::RouteRequest route_with_hashes() {
-  kvr::actors::RouteRequest request;
+  kvr::RouteRequest request;
   request.selection.request_id = "req-1";
   request.partition.model = "llama-3-8b";
   request.partition.routing_group = "default";
   request.selection.prompt_tokens = 40;
   request.selection.block_hashes = {0x1111, 0x2222};
   request.selection.expected_output_tokens = 128;
-  return kvr::actors::encode_route_request(request);
+  return kvr::encode_route_request(request);
 }
 
 kvr::v1::RouteRequest route_with_everything() {

@@ -3,26 +3,25 @@
 // (encode_route_request) must decode again to the same wire form.
 #include <google/protobuf/util/message_differencer.h>
 
-#include "actors/wire/route_messages.hpp"
+#include "selection/wire/route_messages.hpp"
 #include "tests/fuzz/harness.hpp"
 
 namespace kvr::fuzz {
 
 void route_request(Input input) {
-  const actors::RouteDecodeLimits limits;
+  const RouteDecodeLimits limits;
   v1::RouteRequest wire;
   if (!wire.ParseFromArray(input.data(), static_cast<int>(input.size()))) {
     // The bridge still answers, quoting whatever request id was read before the failure.
-    (void)actors::encode_route_error(wire.request_id(), Error::invalid_request, "not protobuf")
+    (void)encode_route_error(wire.request_id(), Error::invalid_request, "not protobuf")
         .SerializeAsString();
     return;
   }
-  auto request = actors::decode_route_request(wire, limits);
+  auto request = decode_route_request(wire, limits);
   if (!request) {
     KVR_FUZZ_CHECK(request.error().code == Error::invalid_request);
     KVR_FUZZ_CHECK(!request.error().message.empty());
-    (void)actors::encode_route_error(wire.request_id(), request.error().code,
-                                     request.error().message)
+    (void)encode_route_error(wire.request_id(), request.error().code, request.error().message)
         .SerializeAsString();
     return;
   }
@@ -40,13 +39,13 @@ void route_request(Input input) {
   KVR_FUZZ_CHECK(selection.preferred_taints.size() <= limits.max_taints);
 
   // decode(encode(r)) gives r back: the forwarded wire form is a fixed point.
-  const v1::RouteRequest encoded = actors::encode_route_request(*request);
+  const v1::RouteRequest encoded = encode_route_request(*request);
   v1::RouteRequest reparsed;
   KVR_FUZZ_CHECK(reparsed.ParseFromString(encoded.SerializeAsString()));
-  auto again = actors::decode_route_request(reparsed, limits);
+  auto again = decode_route_request(reparsed, limits);
   KVR_FUZZ_CHECK(again.has_value());
-  KVR_FUZZ_CHECK(google::protobuf::util::MessageDifferencer::Equals(
-      encoded, actors::encode_route_request(*again)));
+  KVR_FUZZ_CHECK(
+      google::protobuf::util::MessageDifferencer::Equals(encoded, encode_route_request(*again)));
 }
 
 }  // namespace kvr::fuzz

@@ -1,15 +1,14 @@
 // WorkerHeartbeat and WorkerDeregistration as the node's subscriptions read them: a decoded
 // liveness names a worker and keeps the ids as sent.
-#include "actors/wire/worker_messages.hpp"
 #include "kvr/v1/worker.pb.h"
+#include "selection/wire/worker_messages.hpp"
 #include "tests/fuzz/harness.hpp"
 
 namespace kvr::fuzz {
 namespace {
 
 template <class Proto>
-void check(std::string_view bytes,
-           const std::expected<actors::WorkerLiveness, std::string>& liveness) {
+void check(std::string_view bytes, const std::expected<WorkerLiveness, std::string>& liveness) {
   if (!liveness) {
     KVR_FUZZ_CHECK(!liveness.error().empty());
     return;
@@ -24,8 +23,8 @@ void check(std::string_view bytes,
 
 void worker_heartbeat(Input input) {
   const std::string_view bytes = as_text(input);
-  check<v1::WorkerHeartbeat>(bytes, actors::decode_worker_heartbeat(bytes));
-  check<v1::WorkerDeregistration>(bytes, actors::decode_worker_deregistration(bytes));
+  check<v1::WorkerHeartbeat>(bytes, decode_worker_heartbeat(bytes));
+  check<v1::WorkerDeregistration>(bytes, decode_worker_deregistration(bytes));
 }
 
 }  // namespace kvr::fuzz

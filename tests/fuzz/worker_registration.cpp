@@ -1,13 +1,13 @@
 // WorkerRegistration as the node's register subscription reads it (decode_worker_registration).
 // A decoded registration is within the limits, and validating it again changes nothing.
-#include "actors/wire/worker_messages.hpp"
+#include "selection/wire/worker_messages.hpp"
 #include "tests/fuzz/harness.hpp"
 
 namespace kvr::fuzz {
 
 void worker_registration(Input input) {
-  const actors::WorkerMessageLimits limits;
-  auto registration = actors::decode_worker_registration(as_text(input), limits);
+  const WorkerMessageLimits limits;
+  auto registration = decode_worker_registration(as_text(input), limits);
   if (!registration) {
     KVR_FUZZ_CHECK(!registration.error().empty());
     return;

@@ -14,10 +14,10 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "actors/nats/nats_client.hpp"
 #include "deploy/worker/vllm_kv_frames.hpp"
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
+#include "messages/nats/nats_client.hpp"
 #include "messages/subjects.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"

@@ -2,7 +2,7 @@
 // every partition gets exactly one owner, the owners know each other's addresses, a node that
 // stops stepping loses its partitions to the others once its leases age out, and a node that
 // leaves hands its partitions back at once.
-#include "actors/cluster/cluster_session.hpp"
+#include "selection/cluster/cluster_session.hpp"
 
 #include <map>
 #include <set>
@@ -10,11 +10,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "actors/cluster/placement.hpp"
-#include "actors/nats/nats_client.hpp"
+#include "messages/nats/nats_client.hpp"
+#include "selection/cluster/placement.hpp"
 #include "tests/testing/nats_server.hpp"
 
-namespace kvr::actors::cluster {
+namespace kvr::cluster {
 namespace {
 
 using namespace std::chrono_literals;
@@ -174,4 +174,4 @@ TEST_F(ClusterSessionTest, ANodeThatLeavesHandsItsPartitionsBackAtOnce) {
 }
 
 }  // namespace
-}  // namespace kvr::actors::cluster
+}  // namespace kvr::cluster

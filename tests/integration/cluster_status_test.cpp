@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <signal.h>
 
-#include "actors/cluster/placement.hpp"
+#include "selection/cluster/placement.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/process_run.hpp"
@@ -156,8 +156,8 @@ TEST_F(ClusterStatusTest, ListsTheMembersAndEachPartitionsOwnerEpochAndDesiredOw
   EXPECT_EQ(partitions, expected);
   // The desired owners are the placement every node computes over these members (capacity 1
   // and 2), and a partition elsewhere is a pending handover.
-  const auto desired = actors::cluster::assign(
-      partitions, std::vector<actors::cluster::PlacementMember>{{"node-a", 1.0}, {"node-b", 2.0}});
+  const auto desired = cluster::assign(
+      partitions, std::vector<cluster::PlacementMember>{{"node-a", 1.0}, {"node-b", 2.0}});
   int pending = 0;
   for (const auto& partition : status["partitions"]) {
     const std::string name = partition["partition"];

@@ -1,16 +1,16 @@
 // The JetStream key-value bucket against a real `nats-server -js` on loopback: create, get,
 // compare-and-set, put, erase, keys, the TTL's unit (a key ages out after it), an existing
 // bucket's settings, and the error a server without JetStream gives.
-#include "actors/cluster/jetstream_kv.hpp"
+#include "selection/cluster/jetstream_kv.hpp"
 
 #include <algorithm>
 
 #include <gtest/gtest.h>
 
-#include "actors/nats/nats_client.hpp"
+#include "messages/nats/nats_client.hpp"
 #include "tests/testing/nats_server.hpp"
 
-namespace kvr::actors::cluster {
+namespace kvr::cluster {
 namespace {
 
 using namespace std::chrono_literals;
@@ -193,4 +193,4 @@ TEST_F(JetStreamKvTest, AServerWithoutJetStreamGivesAClearError) {
 }
 
 }  // namespace
-}  // namespace kvr::actors::cluster
+}  // namespace kvr::cluster

@@ -8,11 +8,11 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
-#include "actors/nats/nats_client.hpp"
 #include "discovery/block_hash.hpp"
 #include "kvr/v1/kv_events.pb.h"
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
+#include "messages/nats/nats_client.hpp"
 #include "messages/subjects.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/nats_recorder.hpp"

@@ -1,6 +1,6 @@
 // The NATS client wrapper against a real nats-server on loopback, with nats.c's own socket
 // threads and with kvr's socket loop (NatsOptions::deferred_publish): every test runs in both.
-#include "actors/nats/nats_client.hpp"
+#include "messages/nats/nats_client.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -17,7 +17,7 @@
 #include "tests/testing/nats_recorder.hpp"
 #include "tests/testing/nats_server.hpp"
 
-namespace kvr::actors::nats {
+namespace kvr::nats {
 namespace {
 
 using namespace std::chrono_literals;
@@ -432,4 +432,4 @@ INSTANTIATE_TEST_SUITE_P(SocketModes, NatsClientTest, ::testing::Bool(),
                          });
 
 }  // namespace
-}  // namespace kvr::actors::nats
+}  // namespace kvr::nats

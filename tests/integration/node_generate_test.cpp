@@ -10,9 +10,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
-#include "actors/nats/nats_client.hpp"
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
+#include "messages/nats/nats_client.hpp"
 #include "messages/subjects.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"

@@ -9,10 +9,10 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
-#include "actors/nats/nats_client.hpp"
 #include "kvr/v1/kv_events.pb.h"
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
+#include "messages/nats/nats_client.hpp"
 #include "messages/subjects.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
@@ -36,8 +36,8 @@ constexpr WorkerId kSecondFleetWorker = 200;
 constexpr std::uint32_t kBlockSize = 16;
 
 // The client reconnects forever, quickly: one test restarts the server.
-actors::nats::NatsOptions reconnecting_client() {
-  actors::nats::NatsOptions options;
+nats::NatsOptions reconnecting_client() {
+  nats::NatsOptions options;
   options.max_reconnects = -1;
   options.reconnect_wait = 50ms;
   return options;

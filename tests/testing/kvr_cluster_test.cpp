@@ -4,8 +4,7 @@
 
 namespace kvr::testing {
 
-KvrClusterTest::KvrClusterTest(std::string binary, std::string ns,
-                               actors::nats::NatsOptions client_options,
+KvrClusterTest::KvrClusterTest(std::string binary, std::string ns, nats::NatsOptions client_options,
                                std::vector<std::string> server_args)
     : binary_(std::move(binary)),
       namespace_(std::move(ns)),
@@ -17,7 +16,7 @@ void KvrClusterTest::SetUp() {
   server_ = NatsServer::start(&error, std::nullopt, server_args_);
   ASSERT_TRUE(server_) << error;
   client_options_.url = server_->url();
-  auto client = actors::nats::NatsClient::connect(client_options_);
+  auto client = nats::NatsClient::connect(client_options_);
   ASSERT_TRUE(client) << client.error();
   client_ = std::move(*client);
   kvr_.emplace(binary_, server_->url(), namespace_, directory_.path());

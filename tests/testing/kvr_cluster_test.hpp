@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "actors/nats/nats_client.hpp"
+#include "messages/nats/nats_client.hpp"
 #include "tests/testing/child_process.hpp"
 #include "tests/testing/kvr_processes.hpp"
 #include "tests/testing/nats_server.hpp"
@@ -22,20 +22,20 @@ class KvrClusterTest : public ::testing::Test {
   /// `binary` is the kvr executable, `ns` the namespace of every process; `client_options` are
   /// the client's (its URL is the server's).
   /// `server_args` go to the nats-server (e.g. {"-js"}).
-  KvrClusterTest(std::string binary, std::string ns, actors::nats::NatsOptions client_options = {},
+  KvrClusterTest(std::string binary, std::string ns, nats::NatsOptions client_options = {},
                  std::vector<std::string> server_args = {});
 
   void SetUp() override;
 
   TemporaryDirectory directory_;
   std::unique_ptr<NatsServer> server_;
-  std::unique_ptr<actors::nats::NatsClient> client_;
+  std::unique_ptr<nats::NatsClient> client_;
   std::optional<KvrProcesses> kvr_;
 
  private:
   std::string binary_;
   std::string namespace_;
-  actors::nats::NatsOptions client_options_;
+  nats::NatsOptions client_options_;
   std::vector<std::string> server_args_;
 };
 

@@ -12,8 +12,8 @@
 namespace kvr::testing {
 
 using namespace std::chrono_literals;
-using actors::nats::NatsClient;
-using actors::nats::NatsMessage;
+using nats::NatsClient;
+using nats::NatsMessage;
 
 ::testing::AssertionResult NatsRecorder::listen(NatsClient& client, std::string_view subject,
                                                 Handler on_message) {
@@ -72,8 +72,9 @@ bool ChunkStream::finished() const {
 }
 
 std::optional<v1::RouteDecision> request_route(NatsClient& client, std::string_view ns,
-                                               const std::string& request) {
-  auto reply = client.request(subjects::router_route(ns), request, 2s);
+                                               const std::string& request,
+                                               std::chrono::milliseconds timeout) {
+  auto reply = client.request(subjects::router_route(ns), request, timeout);
   if (!reply) return std::nullopt;
   v1::RouteDecision decision;
   if (!decision.ParseFromString(reply->data)) return std::nullopt;
@@ -81,8 +82,9 @@ std::optional<v1::RouteDecision> request_route(NatsClient& client, std::string_v
 }
 
 std::optional<v1::RouteDecision> request_route(NatsClient& client, std::string_view ns,
-                                               const v1::RouteRequest& request) {
-  return request_route(client, ns, request.SerializeAsString());
+                                               const v1::RouteRequest& request,
+                                               std::chrono::milliseconds timeout) {
+  return request_route(client, ns, request.SerializeAsString(), timeout);
 }
 
 std::optional<v1::LifecycleAck> report_lifecycle(NatsClient& client, std::string_view ns,

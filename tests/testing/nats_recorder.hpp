@@ -13,9 +13,9 @@
 
 #include <gtest/gtest.h>
 
-#include "actors/nats/nats_client.hpp"
 #include "kvr/v1/routing.pb.h"
 #include "messages/ids.hpp"
+#include "messages/nats/nats_client.hpp"
 
 namespace kvr::testing {
 
@@ -23,7 +23,7 @@ namespace kvr::testing {
 /// it listens on: it unsubscribes when destroyed, which must happen before the client closes.
 class NatsRecorder {
  public:
-  using Handler = std::function<void(const actors::nats::NatsMessage&)>;
+  using Handler = std::function<void(const nats::NatsMessage&)>;
 
   NatsRecorder() = default;
   NatsRecorder(const NatsRecorder&) = delete;
@@ -32,10 +32,10 @@ class NatsRecorder {
   /// Subscribes to `subject` on `client` and waits until the server confirms the subscription, so
   /// that whatever is published afterwards is recorded. `on_message`, when given, sees each
   /// message before it is recorded, on the client's delivery thread.
-  ::testing::AssertionResult listen(actors::nats::NatsClient& client, std::string_view subject,
+  ::testing::AssertionResult listen(nats::NatsClient& client, std::string_view subject,
                                     Handler on_message = {});
 
-  std::vector<actors::nats::NatsMessage> messages() const;
+  std::vector<nats::NatsMessage> messages() const;
   /// The payloads of messages().
   std::vector<std::string> payloads() const;
   std::size_t size() const;
@@ -55,9 +55,9 @@ class NatsRecorder {
 
  private:
   mutable std::mutex mutex_;
-  std::vector<actors::nats::NatsMessage> messages_;
+  std::vector<nats::NatsMessage> messages_;
   Handler on_message_;
-  std::optional<actors::nats::NatsSubscription> subscription_;  // last: unsubscribes first
+  std::optional<nats::NatsSubscription> subscription_;  // last: unsubscribes first
 };
 
 /// A client's generate stream: a fresh inbox of the client's and the chunks that arrived on it.
@@ -67,7 +67,7 @@ class ChunkStream {
 
   /// Subscribes to a new inbox of `client`'s and waits until the server confirms it.
   /// `on_chunk`, when given, sees each chunk as it arrives, on the client's delivery thread.
-  ::testing::AssertionResult open(actors::nats::NatsClient& client, ChunkHandler on_chunk = {});
+  ::testing::AssertionResult open(nats::NatsClient& client, ChunkHandler on_chunk = {});
 
   /// The subject to name as GenerateRequest::stream_subject.
   const std::string& subject() const { return subject_; }
@@ -83,17 +83,18 @@ class ChunkStream {
 };
 
 /// Asks the router of namespace `ns` for a decision on `request` (serialized bytes, so that a test
-/// can send anything); nullopt when no parseable decision came within 2 s.
-std::optional<v1::RouteDecision> request_route(actors::nats::NatsClient& client,
-                                               std::string_view ns, const std::string& request);
-std::optional<v1::RouteDecision> request_route(actors::nats::NatsClient& client,
-                                               std::string_view ns,
-                                               const v1::RouteRequest& request);
+/// can send anything); nullopt when no parseable decision came within `timeout`.
+std::optional<v1::RouteDecision> request_route(
+    nats::NatsClient& client, std::string_view ns, const std::string& request,
+    std::chrono::milliseconds timeout = std::chrono::seconds(2));
+std::optional<v1::RouteDecision> request_route(
+    nats::NatsClient& client, std::string_view ns, const v1::RouteRequest& request,
+    std::chrono::milliseconds timeout = std::chrono::seconds(2));
 
 /// Reports `event` of `lease` to the router of namespace `ns`; its ack, or nullopt when no
 /// parseable ack came within 2 s.
-std::optional<v1::LifecycleAck> report_lifecycle(actors::nats::NatsClient& client,
-                                                 std::string_view ns, const std::string& lease,
+std::optional<v1::LifecycleAck> report_lifecycle(nats::NatsClient& client, std::string_view ns,
+                                                 const std::string& lease,
                                                  v1::LifecycleEvent event);
 
 /// Route requests, as a client that reports every booking would send them, so that routing for a
@@ -110,7 +111,7 @@ class ReportingRouter {
   ~ReportingRouter();
 
   /// Subscribes the decisions' inbox on `client`, for the router of namespace `ns`.
-  ::testing::AssertionResult open(actors::nats::NatsClient& client, std::string_view ns);
+  ::testing::AssertionResult open(nats::NatsClient& client, std::string_view ns);
   bool is_open() const { return client_ != nullptr; }
 
   /// The router's decision on `request`, its booking already released; nullopt when no
@@ -120,16 +121,16 @@ class ReportingRouter {
 
  private:
   struct State;
-  actors::nats::NatsClient* client_ = nullptr;
+  nats::NatsClient* client_ = nullptr;
   std::shared_ptr<State> state_;
-  std::optional<actors::nats::NatsSubscription> subscription_;
+  std::optional<nats::NatsSubscription> subscription_;
 };
 
 /// Route probes until the router of namespace `ns` routes a request (for model "mock-model", 32
 /// tokens, each probe's booking released through a ReportingRouter) to `worker`, or to any worker
 /// when `worker` is unset: how a test knows that registrations reached the router. Each probe's
 /// request id is `next_request_id()`. False when `timeout` passed first.
-bool wait_until_routable(actors::nats::NatsClient& client, std::string_view ns,
+bool wait_until_routable(nats::NatsClient& client, std::string_view ns,
                          std::optional<WorkerId> worker,
                          const std::function<std::string()>& next_request_id,
                          std::chrono::milliseconds timeout);

@@ -15,8 +15,8 @@
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
-#include "actors/classifier/admission_state.hpp"
 #include "classifiers/queue/policy_class_queue.hpp"
+#include "selection/admission/admission_state.hpp"
 
 namespace kvr::actors {
 namespace {

@@ -4,11 +4,11 @@
 // joins or leaves (expected about 1/N).
 #include <benchmark/benchmark.h>
 
-#include "actors/cluster/placement.hpp"
+#include "selection/cluster/placement.hpp"
 
 namespace {
 
-using kvr::actors::cluster::PlacementMember;
+using kvr::cluster::PlacementMember;
 
 std::vector<PlacementMember> members_of(int count) {
   std::vector<PlacementMember> members;
@@ -19,8 +19,7 @@ std::vector<PlacementMember> members_of(int count) {
 std::vector<std::string> partitions_of(int count) {
   std::vector<std::string> partitions;
   for (int i = 0; i < count; ++i) {
-    partitions.push_back(
-        kvr::actors::cluster::partition_key("model-" + std::to_string(i), "default"));
+    partitions.push_back(kvr::cluster::partition_key("model-" + std::to_string(i), "default"));
   }
   return partitions;
 }
@@ -31,28 +30,26 @@ void BM_AssignBoundedLoad(benchmark::State& state) {
   const auto members = members_of(nodes);
   const auto partitions = partitions_of(partitions_count);
   for (auto _ : state) {
-    benchmark::DoNotOptimize(kvr::actors::cluster::assign(partitions, members));
+    benchmark::DoNotOptimize(kvr::cluster::assign(partitions, members));
   }
-  const auto owners = kvr::actors::cluster::assign(partitions, members);
-  const auto spread = kvr::actors::cluster::spread_of(owners, members);
+  const auto owners = kvr::cluster::assign(partitions, members);
+  const auto spread = kvr::cluster::spread_of(owners, members);
   state.counters["max_over_mean"] = static_cast<double>(spread.max_owned) / spread.mean_owned;
   state.counters["min_over_mean"] = static_cast<double>(spread.min_owned) / spread.mean_owned;
 
   auto joined = members;
   joined.push_back({"node-joined", 1.0});
-  const auto after_join = kvr::actors::cluster::assign(partitions, joined);
+  const auto after_join = kvr::cluster::assign(partitions, joined);
   const double moved_join =
-      static_cast<double>(kvr::actors::cluster::moved_partitions(owners, after_join)) /
-      partitions_count;
+      static_cast<double>(kvr::cluster::moved_partitions(owners, after_join)) / partitions_count;
   state.counters["moved_on_join"] = moved_join;
   state.counters["moved_on_join_x_n"] = moved_join * (nodes + 1);
 
   auto left = members;
   left.erase(left.begin());
-  const auto after_leave = kvr::actors::cluster::assign(partitions, left);
+  const auto after_leave = kvr::cluster::assign(partitions, left);
   const double moved_leave =
-      static_cast<double>(kvr::actors::cluster::moved_partitions(owners, after_leave)) /
-      partitions_count;
+      static_cast<double>(kvr::cluster::moved_partitions(owners, after_leave)) / partitions_count;
   state.counters["moved_on_leave"] = moved_leave;
   state.counters["moved_on_leave_x_n"] = moved_leave * nodes;
 }
@@ -67,14 +64,13 @@ void BM_DesiredOwner(benchmark::State& state) {
   const auto partitions = partitions_of(1024);
   std::size_t next = 0;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(
-        kvr::actors::cluster::desired_owner(partitions[next++ & 1023], members));
+    benchmark::DoNotOptimize(kvr::cluster::desired_owner(partitions[next++ & 1023], members));
   }
   std::map<std::string, std::string> owners;
   for (const auto& partition : partitions_of(10'000)) {
-    owners[partition] = *kvr::actors::cluster::desired_owner(partition, members);
+    owners[partition] = *kvr::cluster::desired_owner(partition, members);
   }
-  const auto spread = kvr::actors::cluster::spread_of(owners, members);
+  const auto spread = kvr::cluster::spread_of(owners, members);
   state.counters["max_over_mean_10k"] = static_cast<double>(spread.max_owned) / spread.mean_owned;
 }
 BENCHMARK(BM_DesiredOwner)->Arg(3)->Arg(100);

@@ -6,10 +6,10 @@
 #include <benchmark/benchmark.h>
 #include <msgpack.hpp>
 
-#include "actors/wire/kv_event_codec.hpp"
 #include "deploy/bridge/kv_event_decoder.hpp"
 #include "deploy/bridge/kv_translator.hpp"
 #include "kvr/v1/kv_events.pb.h"
+#include "selection/wire/kv_event_codec.hpp"
 
 namespace kvr::bridge {
 namespace {

@@ -129,15 +129,14 @@ class Bench {
     publisher_.set(zmq::sockopt::sndhwm, 100'000);
     publisher_.bind("tcp://127.0.0.1:*");
     const std::string endpoint = publisher_.get(zmq::sockopt::last_endpoint);
-    auto client = actors::nats::NatsClient::connect(actors::nats::NatsOptions{.url = nats_->url()});
+    auto client = nats::NatsClient::connect(nats::NatsOptions{.url = nats_->url()});
     if (!client) {
       *error = client.error();
       return false;
     }
     client_ = std::move(*client);
-    auto subscription =
-        client_->subscribe(subjects::kv_events(kNamespace, kWorker),
-                           [this](actors::nats::NatsMessage) { arrivals_->record(); });
+    auto subscription = client_->subscribe(subjects::kv_events(kNamespace, kWorker),
+                                           [this](nats::NatsMessage) { arrivals_->record(); });
     if (!subscription) {
       *error = subscription.error();
       return false;
@@ -244,8 +243,8 @@ class Bench {
   EngineStandIn engine_;
   zmq::context_t context_{1};
   zmq::socket_t publisher_{context_, zmq::socket_type::pub};
-  std::unique_ptr<actors::nats::NatsClient> client_;
-  std::optional<actors::nats::NatsSubscription> subscription_;
+  std::unique_ptr<nats::NatsClient> client_;
+  std::optional<nats::NatsSubscription> subscription_;
   std::unique_ptr<Arrivals> arrivals_;
   std::unique_ptr<EngineBridge> bridge_;
   std::jthread thread_;

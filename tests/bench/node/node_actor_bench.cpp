@@ -25,9 +25,9 @@
 #include "actors/actor_types.hpp"
 #include "actors/discovery/discovery_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
-#include "actors/metrics/node_metrics.hpp"
 #include "actors/node/router_node.hpp"
 #include "actors/reservation/reservation_actor.hpp"
+#include "messages/metrics/node_metrics.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
 #include "tests/bench/node/node_bench_environment.hpp"
@@ -37,7 +37,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
-namespace metrics = actors::metrics;
 
 [[noreturn]] void die(const std::string& message) {
   std::fprintf(stderr, "kvr_node_bench: %s\n", message.c_str());
@@ -47,7 +46,7 @@ namespace metrics = actors::metrics;
 std::atomic<std::uint64_t> g_next_actor_sequence{1};
 
 // A publisher for actors without NATS: decisions to actor clients publish nothing.
-class NullPublisher final : public actors::RouterPublisher {
+class NullPublisher final : public RouterPublisher {
  public:
   bool publish(std::string_view, std::string_view) override { return true; }
   bool request_dump(std::string_view, WorkerWithDpRank) override { return true; }
@@ -212,8 +211,8 @@ class LocalNode {
     selector.options.router.block_size = kBlockSize;
     selector.options.lease_ttl = 1s;
     // As a node runs: the default caps, their totals shared by the selectors.
-    selector.options.node_totals = std::make_shared<actors::NodeBookingTotals>(
-        actors::BookingCaps{actors::kDefaultMaxOpenLeases, actors::kDefaultMaxBookedBlocks});
+    selector.options.node_totals = std::make_shared<NodeBookingTotals>(
+        BookingCaps{actors::kDefaultMaxOpenLeases, actors::kDefaultMaxBookedBlocks});
     selector.plugins = &plugins_;
     selector.publisher = publisher_;
     selector.metrics = metrics_;
@@ -235,7 +234,7 @@ class LocalNode {
       caf::anon_send(discovery_, actors::worker_up_atom::value, registration);
       caf::anon_send(
           discovery_, actors::load_atom::value,
-          actors::WorkerLoadReport{registration.worker_id, 1, {{0, discovery::ConfirmedLoad{}}}});
+          WorkerLoadReport{registration.worker_id, 1, {{0, discovery::ConfirmedLoad{}}}});
       caf::anon_send(discovery_, actors::kv_events_atom::value, workload_.kv_events(w));
     }
     const metrics::Labels partition{{"partition", std::string{kModel} + "/default"}};

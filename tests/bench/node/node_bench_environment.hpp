@@ -12,8 +12,8 @@
 #include <memory>
 #include <string>
 
-#include "actors/nats/nats_client.hpp"
 #include "actors/node/router_node.hpp"
+#include "messages/nats/nats_client.hpp"
 #include "tests/bench/node/node_bench_workload.hpp"
 #include "tests/testing/nats_server.hpp"
 
@@ -52,8 +52,8 @@ class NodeEnvironment {
   std::unique_ptr<testing::NatsServer> server_;
   std::vector<std::unique_ptr<actors::RouterNode>> nodes_;
   /// The sum of a series over the nodes.
-  double total(std::string_view name, const actors::metrics::Labels& labels) const;
-  std::unique_ptr<actors::nats::NatsClient> fleet_;
+  double total(std::string_view name, const metrics::Labels& labels) const;
+  std::unique_ptr<nats::NatsClient> fleet_;
 };
 
 }  // namespace kvr::bench

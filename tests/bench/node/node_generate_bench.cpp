@@ -41,18 +41,18 @@ void append_varint(std::string& out, std::uint64_t value) {
 class ChunkingFleet {
  public:
   ChunkingFleet(const std::string& url, std::uint32_t tokens) : tokens_(tokens) {
-    actors::nats::NatsOptions options;
+    nats::NatsOptions options;
     options.url = url;
     options.name = "kvr-bench-generate-fleet";
     options.deferred_publish = true;
-    auto client = actors::nats::NatsClient::connect(options);
+    auto client = nats::NatsClient::connect(options);
     if (!client) die(client.error());
     client_ = std::move(*client);
     // kvr.<ns>.worker.<id>.generate; its ".cancel" has one token more and does not match.
     std::string pattern = subjects::worker_generate("bench", 0);
     pattern.replace(pattern.rfind(".0."), 3, ".*.");
     auto subscription =
-        client_->subscribe(pattern, [this](actors::nats::NatsMessage message) { answer(message); });
+        client_->subscribe(pattern, [this](nats::NatsMessage message) { answer(message); });
     if (!subscription) die(subscription.error());
     subscription_ = std::move(*subscription);
     (void)client_->flush(5s);
@@ -60,7 +60,7 @@ class ChunkingFleet {
   ~ChunkingFleet() { subscription_.reset(); }
 
  private:
-  void answer(const actors::nats::NatsMessage& message) {
+  void answer(const nats::NatsMessage& message) {
     v1::GenerateRequest request;
     if (!request.ParseFromString(message.data)) return;
     // kvr.<ns>.worker.<id>.generate
@@ -86,12 +86,12 @@ class ChunkingFleet {
   }
 
   std::uint32_t tokens_;
-  std::unique_ptr<actors::nats::NatsClient> client_;
-  std::optional<actors::nats::NatsSubscription> subscription_;
+  std::unique_ptr<nats::NatsClient> client_;
+  std::optional<nats::NatsSubscription> subscription_;
 };
 
 struct StreamConnection {
-  std::unique_ptr<actors::nats::NatsClient> client;
+  std::unique_ptr<nats::NatsClient> client;
   std::string inbox;
   std::vector<std::string> stream_subjects;  // <inbox>.s<slot>
   std::vector<std::string> reply_subjects;   // <inbox>.d<slot>: the first RouteDecision
@@ -101,7 +101,7 @@ struct StreamConnection {
   std::vector<double> stream_us;
   std::size_t chunks = 0;
   std::size_t errors = 0;
-  std::optional<actors::nats::NatsSubscription> subscription;
+  std::optional<nats::NatsSubscription> subscription;
 };
 
 struct StreamResult {
@@ -120,10 +120,10 @@ class StreamLoad {
   StreamLoad(NodeEnvironment& environment, int connections, int outstanding, std::uint32_t tokens)
       : environment_(environment), tokens_(tokens) {
     for (int c = 0; c < connections; ++c) {
-      actors::nats::NatsOptions options;
+      nats::NatsOptions options;
       options.url = environment.url();
       options.name = "kvr-bench-generate-client";
-      auto client = actors::nats::NatsClient::connect(options);
+      auto client = nats::NatsClient::connect(options);
       if (!client) die(client.error());
       auto connection = std::make_unique<StreamConnection>();
       connection->client = std::move(*client);
@@ -137,7 +137,7 @@ class StreamLoad {
       StreamConnection* raw = connection.get();
       auto subscription = connection->client->subscribe(
           connection->inbox + ".*",
-          [this, raw](actors::nats::NatsMessage message) { on_message(*raw, message); });
+          [this, raw](nats::NatsMessage message) { on_message(*raw, message); });
       if (!subscription) die(subscription.error());
       connection->subscription = std::move(*subscription);
       (void)connection->client->flush(5s);
@@ -214,7 +214,7 @@ class StreamLoad {
     loop_.finish_slot();
   }
 
-  void on_message(StreamConnection& connection, const actors::nats::NatsMessage& message) {
+  void on_message(StreamConnection& connection, const nats::NatsMessage& message) {
     const std::size_t dot = message.subject.rfind('.');
     if (dot + 1 >= message.subject.size()) return;
     const char kind = message.subject[dot + 1];

@@ -21,11 +21,11 @@
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
-#include "actors/wire/kv_event_codec.hpp"
 #include "kvr/v1/kv_events.pb.h"
 #include "messages/subjects.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
+#include "selection/wire/kv_event_codec.hpp"
 #include "tests/bench/node/node_bench_environment.hpp"
 #include "tests/testing/loopback_http.hpp"
 
@@ -34,7 +34,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
-namespace metrics = actors::metrics;
 
 constexpr std::string_view kNamespace = "bench";
 
@@ -98,10 +97,10 @@ NodeEnvironment::NodeEnvironment() {
     options.actor_port = 0;  // the first node's only
   }
 
-  actors::nats::NatsOptions fleet_options;
+  nats::NatsOptions fleet_options;
   fleet_options.url = server_->url();
   fleet_options.name = "kvr-bench-fleet";
-  auto fleet = actors::nats::NatsClient::connect(fleet_options);
+  auto fleet = nats::NatsClient::connect(fleet_options);
   if (!fleet) die(fleet.error());
   fleet_ = std::move(*fleet);
   // Registrations first: the node refuses load and KV events of workers it does not know, and
@@ -157,7 +156,7 @@ namespace {
 
 // One client connection with its reply subscription and W request slots.
 struct ClientConnection {
-  std::unique_ptr<actors::nats::NatsClient> client;
+  std::unique_ptr<nats::NatsClient> client;
   std::vector<std::string> reply_subjects;  // <inbox>.<slot>
   std::vector<Clock::time_point> sent;
   // Written by the delivery thread; read by the benchmark thread after a run.
@@ -168,7 +167,7 @@ struct ClientConnection {
   // One request buffer per slot: the benchmark thread sends every slot's first request while the
   // delivery thread already sends the next ones of slots that got their reply.
   std::vector<std::string> buffers;
-  std::optional<actors::nats::NatsSubscription> subscription;
+  std::optional<nats::NatsSubscription> subscription;
 };
 
 struct LoadResult {
@@ -190,10 +189,10 @@ class NatsLoad {
         route_subject_(std::move(route_subject)),
         report_subject_(subjects::router_report(kNamespace)) {
     for (int c = 0; c < connections; ++c) {
-      actors::nats::NatsOptions options;
+      nats::NatsOptions options;
       options.url = environment.url();
       options.name = "kvr-bench-client";
-      auto client = actors::nats::NatsClient::connect(options);
+      auto client = nats::NatsClient::connect(options);
       if (!client) die(client.error());
       auto connection = std::make_unique<ClientConnection>();
       connection->client = std::move(*client);
@@ -205,8 +204,7 @@ class NatsLoad {
       connection->buffers.resize(static_cast<std::size_t>(outstanding));
       ClientConnection* raw = connection.get();
       auto subscription = connection->client->subscribe(
-          inbox + ".*",
-          [this, raw](actors::nats::NatsMessage message) { on_reply(*raw, message); });
+          inbox + ".*", [this, raw](nats::NatsMessage message) { on_reply(*raw, message); });
       if (!subscription) die(subscription.error());
       connection->subscription = std::move(*subscription);
       (void)connection->client->flush(5s);
@@ -280,7 +278,7 @@ class NatsLoad {
     loop_.finish_slot();
   }
 
-  void on_reply(ClientConnection& connection, const actors::nats::NatsMessage& message) {
+  void on_reply(ClientConnection& connection, const nats::NatsMessage& message) {
     const Clock::time_point now = Clock::now();
     std::size_t slot = 0;
     const std::size_t dot = message.subject.rfind('.');
@@ -376,10 +374,10 @@ void BM_NatsRouteDecisions(benchmark::State& state) {
 class EchoResponder {
  public:
   EchoResponder(const std::string& url, const std::string& subject) {
-    actors::nats::NatsOptions options;
+    nats::NatsOptions options;
     options.url = url;
     options.name = "kvr-bench-echo";
-    auto client = actors::nats::NatsClient::connect(options);
+    auto client = nats::NatsClient::connect(options);
     if (!client) die(client.error());
     client_ = std::move(*client);
     v1::RouteDecision decision;
@@ -395,7 +393,7 @@ class EchoResponder {
     cost->set_cost(42.5);
     decision.set_request_id(std::string(RequestTemplates::kIdWidth, '0'));
     reply_ = decision.SerializeAsString();
-    auto subscription = client_->subscribe(subject, [this](actors::nats::NatsMessage message) {
+    auto subscription = client_->subscribe(subject, [this](nats::NatsMessage message) {
       if (!message.reply.empty()) (void)client_->publish(message.reply, reply_);
     });
     if (!subscription) die(subscription.error());
@@ -405,9 +403,9 @@ class EchoResponder {
   ~EchoResponder() { subscription_.reset(); }
 
  private:
-  std::unique_ptr<actors::nats::NatsClient> client_;
+  std::unique_ptr<nats::NatsClient> client_;
   std::string reply_;
-  std::optional<actors::nats::NatsSubscription> subscription_;
+  std::optional<nats::NatsSubscription> subscription_;
 };
 
 void BM_NatsEchoFloor(benchmark::State& state) {

@@ -8,8 +8,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
-#include "actors/nats/nats_client.hpp"
 #include "kvr/v1/routing.pb.h"
+#include "messages/nats/nats_client.hpp"
 #include "messages/subjects.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
@@ -96,7 +96,7 @@ class LeaseCapTest : public testing::KvrClusterTest {
     ASSERT_TRUE(testing::wait_until_healthy(metrics_port_, 20s)) << node_->log();
     // Each client on a connection of its own: request ids are scoped to it.
     for (auto* client : {&rogue_, &other_}) {
-      auto connected = actors::nats::NatsClient::connect({.url = server_->url()});
+      auto connected = nats::NatsClient::connect({.url = server_->url()});
       ASSERT_TRUE(connected) << connected.error();
       *client = std::move(*connected);
     }
@@ -127,7 +127,7 @@ class LeaseCapTest : public testing::KvrClusterTest {
   }
 
   // Routes a prompt of `blocks` distinct blocks; remembers the lease of a success.
-  v1::RouteDecision route(actors::nats::NatsClient& client, const std::string& model,
+  v1::RouteDecision route(nats::NatsClient& client, const std::string& model,
                           const std::string& request_id, std::size_t blocks) {
     v1::RouteRequest request;
     request.set_request_id(request_id);
@@ -148,7 +148,7 @@ class LeaseCapTest : public testing::KvrClusterTest {
     return decision;
   }
 
-  void report_completed(actors::nats::NatsClient& client, const std::string& request_id) {
+  void report_completed(nats::NatsClient& client, const std::string& request_id) {
     v1::LifecycleReport report;
     report.set_lease_id(leases_.at(request_id));
     report.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
@@ -159,7 +159,7 @@ class LeaseCapTest : public testing::KvrClusterTest {
   // Routes until the node refuses; returns how many were served and the refusal. A route the node
   // could not decide in time (a loaded machine, a 100,000-block prompt under ASan) is no refusal:
   // it is tried again with a fresh id, a few times (its late booking is rolled back).
-  std::pair<std::size_t, v1::RouteDecision> route_until_refused(actors::nats::NatsClient& client,
+  std::pair<std::size_t, v1::RouteDecision> route_until_refused(nats::NatsClient& client,
                                                                 const std::string& model,
                                                                 const std::string& prefix,
                                                                 std::size_t blocks,
@@ -184,8 +184,8 @@ class LeaseCapTest : public testing::KvrClusterTest {
 
   std::vector<testing::ChildProcess> mockers_;
   std::optional<testing::ChildProcess> node_;
-  std::unique_ptr<actors::nats::NatsClient> rogue_;
-  std::unique_ptr<actors::nats::NatsClient> other_;
+  std::unique_ptr<nats::NatsClient> rogue_;
+  std::unique_ptr<nats::NatsClient> other_;
   std::map<std::string, std::string> leases_;
   // The ids served by route_until_refused, by prefix, in order.
   std::map<std::string, std::vector<std::string>> served_ids_;

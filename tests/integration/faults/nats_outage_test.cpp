@@ -19,8 +19,8 @@
 
 #include <gtest/gtest.h>
 
-#include "actors/nats/nats_client.hpp"
 #include "kvr/v1/routing.pb.h"
+#include "messages/nats/nats_client.hpp"
 #include "messages/subjects.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
@@ -53,8 +53,8 @@ constexpr auto kGenerateTimeout = 300ms;
 constexpr std::size_t kAwareWindow = 6;
 
 // The client reconnects forever, quickly: the server is restarted under it.
-actors::nats::NatsOptions reconnecting_client() {
-  actors::nats::NatsOptions options;
+nats::NatsOptions reconnecting_client() {
+  nats::NatsOptions options;
   options.max_reconnects = -1;
   options.reconnect_wait = 50ms;
   return options;
@@ -86,16 +86,15 @@ class NatsOutageTest : public testing::KvrClusterTest {
     // Every generate stream of the test ends on one subscription: a finished chunk names its
     // request.
     stream_prefix_ = client_->new_inbox();
-    auto subscribed =
-        client_->subscribe(stream_prefix_ + ".*", [this](actors::nats::NatsMessage message) {
-          v1::GenerateChunk chunk;
-          if (!chunk.ParseFromString(message.data) || !chunk.finished()) return;
-          {
-            std::lock_guard lock{streams_mutex_};
-            finished_.insert(chunk.request_id());
-          }
-          streams_signal_.notify_all();
-        });
+    auto subscribed = client_->subscribe(stream_prefix_ + ".*", [this](nats::NatsMessage message) {
+      v1::GenerateChunk chunk;
+      if (!chunk.ParseFromString(message.data) || !chunk.finished()) return;
+      {
+        std::lock_guard lock{streams_mutex_};
+        finished_.insert(chunk.request_id());
+      }
+      streams_signal_.notify_all();
+    });
     ASSERT_TRUE(subscribed) << subscribed.error();
     streams_.emplace(std::move(*subscribed));
     ASSERT_TRUE(client_->flush(5s));
@@ -309,7 +308,7 @@ class NatsOutageTest : public testing::KvrClusterTest {
   std::vector<ChildProcess> mockers_;
   std::uint16_t metrics_port_ = 0;
   std::string stream_prefix_;
-  std::optional<actors::nats::NatsSubscription> streams_;
+  std::optional<nats::NatsSubscription> streams_;
   std::mutex streams_mutex_;
   std::condition_variable streams_signal_;
   std::set<std::string> finished_;

@@ -4,9 +4,9 @@
 // absent one means the default, and two clients may use the same request id.
 #include <gtest/gtest.h>
 
-#include "actors/nats/nats_client.hpp"
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
+#include "messages/nats/nats_client.hpp"
 #include "messages/subjects.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
@@ -46,7 +46,7 @@ class ProtocolHolesTest : public testing::KvrClusterTest {
     if (HasFailure() && node_) std::cerr << "---- node log\n" << node_->log();
   }
 
-  v1::RouteDecision route(actors::nats::NatsClient& client, const std::string& model,
+  v1::RouteDecision route(nats::NatsClient& client, const std::string& model,
                           const std::string& request_id) {
     v1::RouteRequest request;
     request.set_request_id(request_id);
@@ -134,8 +134,8 @@ TEST_F(ProtocolHolesTest, AnExplicitZeroLeaseTtlIsRefusedAndAnAbsentOneMeansTheD
 }
 
 TEST_F(ProtocolHolesTest, TwoClientsMayUseTheSameRequestId) {
-  auto first = actors::nats::NatsClient::connect({.url = server_->url()});
-  auto second = actors::nats::NatsClient::connect({.url = server_->url()});
+  auto first = nats::NatsClient::connect({.url = server_->url()});
+  auto second = nats::NatsClient::connect({.url = server_->url()});
   ASSERT_TRUE(first && second);
   const v1::RouteDecision a = route(**first, "mock-model", "shared-id");
   ASSERT_TRUE(a.has_success()) << a.error().message();

@@ -19,9 +19,9 @@
 #include <gtest/gtest.h>
 
 #include "actors/actor_types.hpp"
-#include "actors/metrics/node_metrics.hpp"
 #include "discovery/block_hash.hpp"
 #include "messages/clock.hpp"
+#include "messages/metrics/node_metrics.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
 #include "tests/testing/worker_registration.hpp"

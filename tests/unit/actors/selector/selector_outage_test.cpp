@@ -15,9 +15,9 @@
 
 #include "actors/actor_types.hpp"
 #include "actors/discovery/discovery_actor.hpp"
-#include "actors/metrics/node_metrics.hpp"
 #include "actors/selector/selector_actor.hpp"
 #include "messages/clock.hpp"
+#include "messages/metrics/node_metrics.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
 #include "tests/testing/child_process.hpp"

@@ -19,8 +19,8 @@ namespace kvr::worker {
 namespace {
 
 using namespace std::chrono_literals;
-using actors::nats::NatsClient;
-using actors::nats::NatsMessage;
+using nats::NatsClient;
+using nats::NatsMessage;
 using testing::NatsRecorder;
 
 constexpr std::string_view kNamespace = "worker-lib";
@@ -32,7 +32,7 @@ class WorkerPublisherTest : public ::testing::Test {
     std::string error;
     server_ = testing::NatsServer::start(&error);
     ASSERT_TRUE(server_) << error;
-    actors::nats::NatsOptions options;
+    nats::NatsOptions options;
     options.url = server_->url();
     auto client = NatsClient::connect(options, {});
     ASSERT_TRUE(client) << client.error();

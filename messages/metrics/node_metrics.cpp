@@ -1,0 +1,329 @@
+#include "messages/metrics/node_metrics.hpp"
+
+#include <array>
+#include <string>
+#include <vector>
+
+namespace kvr::metrics {
+namespace {
+
+using N = NodeMetrics;
+
+// Selection takes microseconds, a route through the node tens of them.
+constexpr auto kLatencyBuckets = std::to_array<double>(
+    {0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1});
+
+// A queued request waits from a few milliseconds (a burst) to its wait limit (seconds).
+constexpr auto kQueueWaitBuckets =
+    std::to_array<double>({0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
+
+constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
+    {N::kRouteRequests,
+     MetricType::Counter,
+     "Route requests received, by ingress (nats, actor).",
+     {}},
+    {N::kRouteDecisions,
+     MetricType::Counter,
+     "Successful route decisions delivered, by chosen worker.",
+     {}},
+    {N::kRouteErrors,
+     MetricType::Counter,
+     "Route requests answered with an error, by error code.",
+     {}},
+    {N::kSelectionLatency, MetricType::Histogram,
+     "Time a selector spends selecting and booking one request.", kLatencyBuckets},
+    {N::kRouteLatency, MetricType::Histogram,
+     "Time from receiving a route request to answering it.", kLatencyBuckets},
+    {N::kBookingsOpen, MetricType::Gauge, "Bookings held in predicted load, by partition.", {}},
+    {N::kBookedBlocks,
+     MetricType::Gauge,
+     "Prompt blocks over the open bookings, by partition (the booked-blocks caps count them).",
+     {}},
+    {N::kLeaseCapRefusals,
+     MetricType::Counter,
+     "Routes refused (overloaded) by a cap on open leases or booked blocks, by scope (node, "
+     "partition) and cap (leases, blocks).",
+     {}},
+    {N::kLeasesOpen, MetricType::Gauge, "Leases in the reservation ledger.", {}},
+    {N::kLeasesExpired, MetricType::Counter, "Leases ended by expiry (never reported).", {}},
+    {N::kBookingsRolledBack,
+     MetricType::Counter,
+     "Bookings released because their decision could not be delivered.",
+     {}},
+    {N::kLifecycleReports,
+     MetricType::Counter,
+     "Lifecycle reports, by event and whether a lease accepted them.",
+     {}},
+    {N::kBadMessages,
+     MetricType::Counter,
+     "Network messages dropped as malformed or absurd, by subscribed subject.",
+     {}},
+    {N::kWorkerMessagesRefused,
+     MetricType::Counter,
+     "Decoded worker messages a partition refused, by partition and kind.",
+     {}},
+    {N::kIndexBlocks, MetricType::Gauge, "Distinct blocks in the partition's KV index.", {}},
+    {N::kWorkers, MetricType::Gauge, "Registered workers, by partition.", {}},
+    {N::kWorkerFailures,
+     MetricType::Counter,
+     "Request failures reported against a partition's workers, by cause.",
+     {}},
+    {N::kWorkerEjections,
+     MetricType::Counter,
+     "Workers ejected from routing after consecutive failures.",
+     {}},
+    {N::kWorkersEjected, MetricType::Gauge, "Workers ejected from routing now.", {}},
+    {N::kWorkersExpired,
+     MetricType::Counter,
+     "Workers removed because their heartbeats stopped.",
+     {}},
+    {N::kWorkerExpiriesSuppressed,
+     MetricType::Counter,
+     "Worker leases that ran out while the node's own NATS connection was down, held instead of "
+     "expired (counted at the reconnect), by partition.",
+     {}},
+    {N::kWorkerLeaseGrants,
+     MetricType::Counter,
+     "Worker leases renewed to one TTL from a NATS reconnect (grace periods), by partition.",
+     {}},
+    {N::kKvEventGaps, MetricType::Counter, "KV event batches that skipped event ids.", {}},
+    {N::kKvDumpRequests,
+     MetricType::Counter,
+     "KV dumps asked of workers after event-id gaps or a NATS reconnect.",
+     {}},
+    {N::kDiscoveryRequests, MetricType::Counter, "Requests to every worker to register again.", {}},
+    {N::kNatsReconnects, MetricType::Counter, "Successful NATS reconnects.", {}},
+    {N::kNatsConnected, MetricType::Gauge, "1 while connected to NATS.", {}},
+    {N::kNatsDropped,
+     MetricType::Counter,
+     "Messages dropped by the NATS client for a subscription that fell behind, by subject.",
+     {}},
+    {N::kGenerateRequests, MetricType::Counter, "Generate requests received, by ingress.", {}},
+    {N::kGenerateOutcomes,
+     MetricType::Counter,
+     "Generate requests ended, by outcome (completed, error, cancelled).",
+     {}},
+    {N::kGenerateRetries,
+     MetricType::Counter,
+     "Generate requests retried on another worker after a failure before the first token.",
+     {}},
+    {N::kGenerateFirstTokenTimeouts,
+     MetricType::Counter,
+     "Generate attempts that produced no first chunk in time.",
+     {}},
+    {N::kGenerateStaleChunks,
+     MetricType::Counter,
+     "Worker chunks for requests that ended or moved to another worker.",
+     {}},
+    {N::kGenerateInFlight, MetricType::Gauge, "Generate requests being served by this node.", {}},
+    {N::kSessionBindings, MetricType::Gauge, "Session-affinity bindings, by partition.", {}},
+    {N::kSessionRebinds,
+     MetricType::Counter,
+     "Soft session bindings moved to another worker, by partition.",
+     {}},
+    {N::kAdmissionDecisions,
+     MetricType::Counter,
+     "Request-classifier decisions, by decision (admitted, deferred, rejected) and reason.",
+     {}},
+    {N::kQueueDepth,
+     MetricType::Gauge,
+     "Requests waiting in the queue, by partition and class.",
+     {}},
+    {N::kQueueOutcomes,
+     MetricType::Counter,
+     "Requests that left or were refused by the queue, by partition, class and outcome.",
+     {}},
+    {N::kQueueWait, MetricType::Histogram,
+     "Time a dispatched request waited in its queue, by policy class.", kQueueWaitBuckets},
+    {N::kClusterOwnedPartitions,
+     MetricType::Gauge,
+     "Partitions this node owns (cluster mode).",
+     {}},
+    {N::kClusterMembers, MetricType::Gauge, "Live cluster members, this node included.", {}},
+    {N::kClusterPartitionOwned,
+     MetricType::Gauge,
+     "1 while this node owns the partition (its lease held and renewed in time), else 0.",
+     {}},
+    {N::kClusterRenewFailures,
+     MetricType::Counter,
+     "Partition lease renewals that failed (the partition is lost at once).",
+     {}},
+    {N::kClusterHandovers,
+     MetricType::Counter,
+     "Partition leases this node handed to their desired owner or gave back.",
+     {}},
+    {N::kClusterForwards,
+     MetricType::Counter,
+     "Requests forwarded to the node that owns their partition or lease, by kind and outcome.",
+     {}},
+    {N::kClusterForwardLatency, MetricType::Histogram,
+     "Time from forwarding a request to its owner's answer.", kLatencyBuckets},
+});
+
+Labels one_label(std::string_view label, std::string_view value) {
+  if (label.empty()) return {};
+  return {{std::string{label}, std::string{value}}};
+}
+
+}  // namespace
+
+std::span<const NodeMetricFamily> NodeMetrics::families() { return kFamilies; }
+
+void NodeMetrics::describe(MetricsRegistry& registry) {
+  for (const NodeMetricFamily& family : kFamilies) {
+    registry.describe(std::string{family.name}, family.type, std::string{family.help},
+                      std::vector<double>(family.buckets.begin(), family.buckets.end()));
+  }
+  NodeMetrics metrics{registry};
+  metrics.leases_open().set(0);
+  metrics.nats_reconnects().add(0);
+  for (const std::string_view scope : {"node", "partition"}) {
+    for (const std::string_view cap : {"leases", "blocks"}) {
+      metrics.lease_cap_refusals(scope, cap).add(0);
+    }
+  }
+}
+
+ValueHandle NodeMetrics::counter(std::string_view name, std::string_view label,
+                                 std::string_view value) const {
+  return registry_->counter(name, one_label(label, value));
+}
+
+ValueHandle NodeMetrics::gauge(std::string_view name, std::string_view label,
+                               std::string_view value) const {
+  return registry_->gauge(name, one_label(label, value));
+}
+
+ValueHandle NodeMetrics::route_requests(std::string_view ingress) const {
+  return counter(kRouteRequests, "ingress", ingress);
+}
+ValueHandle NodeMetrics::route_decisions(WorkerId worker) const {
+  return counter(kRouteDecisions, "worker", std::to_string(worker));
+}
+ValueHandle NodeMetrics::route_errors(Error code) const {
+  return counter(kRouteErrors, "code", as_str(code));
+}
+HistogramHandle NodeMetrics::route_latency() const { return registry_->histogram(kRouteLatency); }
+ValueHandle NodeMetrics::leases_open() const { return gauge(kLeasesOpen); }
+ValueHandle NodeMetrics::leases_expired() const { return counter(kLeasesExpired); }
+ValueHandle NodeMetrics::bookings_rolled_back() const { return counter(kBookingsRolledBack); }
+ValueHandle NodeMetrics::lifecycle_reports(std::string_view event, bool accepted) const {
+  return registry_->counter(kLifecycleReports, {{"event", std::string{event}},
+                                                {"accepted", accepted ? "true" : "false"}});
+}
+
+HistogramHandle NodeMetrics::selection_latency() const {
+  return registry_->histogram(kSelectionLatency);
+}
+ValueHandle NodeMetrics::bookings_open(std::string_view partition) const {
+  return gauge(kBookingsOpen, "partition", partition);
+}
+ValueHandle NodeMetrics::booked_blocks(std::string_view partition) const {
+  return gauge(kBookedBlocks, "partition", partition);
+}
+ValueHandle NodeMetrics::lease_cap_refusals(std::string_view scope, std::string_view cap) const {
+  return registry_->counter(kLeaseCapRefusals,
+                            {{"scope", std::string{scope}}, {"cap", std::string{cap}}});
+}
+ValueHandle NodeMetrics::workers(std::string_view partition) const {
+  return gauge(kWorkers, "partition", partition);
+}
+ValueHandle NodeMetrics::worker_failures(std::string_view partition, std::string_view cause) const {
+  return registry_->counter(kWorkerFailures,
+                            {{"partition", std::string{partition}}, {"cause", std::string{cause}}});
+}
+ValueHandle NodeMetrics::worker_ejections(std::string_view partition) const {
+  return counter(kWorkerEjections, "partition", partition);
+}
+ValueHandle NodeMetrics::workers_ejected(std::string_view partition) const {
+  return gauge(kWorkersEjected, "partition", partition);
+}
+ValueHandle NodeMetrics::workers_expired(std::string_view partition) const {
+  return counter(kWorkersExpired, "partition", partition);
+}
+ValueHandle NodeMetrics::worker_expiries_suppressed(std::string_view partition) const {
+  return counter(kWorkerExpiriesSuppressed, "partition", partition);
+}
+ValueHandle NodeMetrics::worker_lease_grants(std::string_view partition) const {
+  return counter(kWorkerLeaseGrants, "partition", partition);
+}
+ValueHandle NodeMetrics::worker_messages_refused(std::string_view partition,
+                                                 std::string_view kind) const {
+  return registry_->counter(kWorkerMessagesRefused,
+                            {{"partition", std::string{partition}}, {"kind", std::string{kind}}});
+}
+ValueHandle NodeMetrics::index_blocks(std::string_view partition) const {
+  return gauge(kIndexBlocks, "partition", partition);
+}
+ValueHandle NodeMetrics::kv_event_gaps(std::string_view partition) const {
+  return counter(kKvEventGaps, "partition", partition);
+}
+ValueHandle NodeMetrics::kv_dump_requests(std::string_view partition) const {
+  return counter(kKvDumpRequests, "partition", partition);
+}
+ValueHandle NodeMetrics::session_bindings(std::string_view partition) const {
+  return gauge(kSessionBindings, "partition", partition);
+}
+ValueHandle NodeMetrics::session_rebinds(std::string_view partition) const {
+  return counter(kSessionRebinds, "partition", partition);
+}
+
+ValueHandle NodeMetrics::admission_decisions(std::string_view decision,
+                                             std::string_view reason) const {
+  return registry_->counter(kAdmissionDecisions,
+                            {{"decision", std::string{decision}}, {"reason", std::string{reason}}});
+}
+ValueHandle NodeMetrics::queue_depth(std::string_view partition,
+                                     std::string_view policy_class) const {
+  return registry_->gauge(
+      kQueueDepth, {{"partition", std::string{partition}}, {"class", std::string{policy_class}}});
+}
+ValueHandle NodeMetrics::queue_outcomes(std::string_view partition, std::string_view policy_class,
+                                        std::string_view outcome) const {
+  return registry_->counter(kQueueOutcomes, {{"partition", std::string{partition}},
+                                             {"class", std::string{policy_class}},
+                                             {"outcome", std::string{outcome}}});
+}
+HistogramHandle NodeMetrics::queue_wait(std::string_view policy_class) const {
+  return registry_->histogram(kQueueWait, {{"class", std::string{policy_class}}});
+}
+
+ValueHandle NodeMetrics::cluster_owned_partitions() const { return gauge(kClusterOwnedPartitions); }
+ValueHandle NodeMetrics::cluster_members() const { return gauge(kClusterMembers); }
+ValueHandle NodeMetrics::cluster_partition_owned(std::string_view partition) const {
+  return gauge(kClusterPartitionOwned, "partition", partition);
+}
+ValueHandle NodeMetrics::cluster_renew_failures() const { return counter(kClusterRenewFailures); }
+ValueHandle NodeMetrics::cluster_handovers() const { return counter(kClusterHandovers); }
+ValueHandle NodeMetrics::cluster_forwards(std::string_view kind, std::string_view outcome) const {
+  return registry_->counter(kClusterForwards,
+                            {{"kind", std::string{kind}}, {"outcome", std::string{outcome}}});
+}
+HistogramHandle NodeMetrics::cluster_forward_latency() const {
+  return registry_->histogram(kClusterForwardLatency);
+}
+
+ValueHandle NodeMetrics::discovery_requests() const { return counter(kDiscoveryRequests); }
+ValueHandle NodeMetrics::bad_messages(std::string_view subject) const {
+  return counter(kBadMessages, "subject", subject);
+}
+ValueHandle NodeMetrics::nats_reconnects() const { return counter(kNatsReconnects); }
+ValueHandle NodeMetrics::nats_connected() const { return gauge(kNatsConnected); }
+ValueHandle NodeMetrics::nats_dropped(std::string_view subject) const {
+  return counter(kNatsDropped, "subject", subject);
+}
+
+ValueHandle NodeMetrics::generate_requests(std::string_view ingress) const {
+  return counter(kGenerateRequests, "ingress", ingress);
+}
+ValueHandle NodeMetrics::generate_outcomes(std::string_view outcome) const {
+  return counter(kGenerateOutcomes, "outcome", outcome);
+}
+ValueHandle NodeMetrics::generate_retries() const { return counter(kGenerateRetries); }
+ValueHandle NodeMetrics::generate_first_token_timeouts() const {
+  return counter(kGenerateFirstTokenTimeouts);
+}
+ValueHandle NodeMetrics::generate_stale_chunks() const { return counter(kGenerateStaleChunks); }
+ValueHandle NodeMetrics::generate_in_flight() const { return gauge(kGenerateInFlight); }
+
+}  // namespace kvr::metrics

@@ -1,0 +1,196 @@
+// The router node's metrics in one place: every family's name, type and help text, and the series
+// the node's parts (its actors, the NATS bridge) write, resolved from a MetricsRegistry. Plain
+// C++, no CAF. Tests, the docs and dashboards read these names: they never change.
+#pragma once
+
+#include <span>
+#include <string_view>
+
+#include "messages/error.hpp"
+#include "messages/ids.hpp"
+#include "messages/metrics/metrics_registry.hpp"
+
+namespace kvr::metrics {
+
+/// One metric family of a node, as /metrics declares it.
+struct NodeMetricFamily {
+  std::string_view name;
+  MetricType type = MetricType::Counter;
+  std::string_view help;
+  /// Ascending upper bounds; histograms only.
+  std::span<const double> buckets;
+};
+
+/// A node's metric families and its series, resolved from a registry. A view: cheap to copy,
+/// valid while the registry lives. Each accessor finds (or creates) its series under the
+/// registry's lock: a hot path resolves its series once and keeps the handle; a rare event
+/// resolves it when it happens, so that a series shows once it has happened at least once.
+class NodeMetrics {
+ public:
+  // ---- family names ----------------------------------------------------------------------------
+  // Route mode.
+  static constexpr std::string_view kRouteRequests = "kvr_route_requests_total";
+  static constexpr std::string_view kRouteDecisions = "kvr_route_decisions_total";
+  static constexpr std::string_view kRouteErrors = "kvr_route_errors_total";
+  static constexpr std::string_view kRouteLatency = "kvr_route_latency_seconds";
+  static constexpr std::string_view kLeasesOpen = "kvr_leases_open";
+  static constexpr std::string_view kLeasesExpired = "kvr_leases_expired_total";
+  static constexpr std::string_view kBookingsRolledBack = "kvr_bookings_rolled_back_total";
+  static constexpr std::string_view kLifecycleReports = "kvr_lifecycle_reports_total";
+  // Partitions (the selectors).
+  static constexpr std::string_view kSelectionLatency = "kvr_selection_latency_seconds";
+  static constexpr std::string_view kBookingsOpen = "kvr_bookings_open";
+  static constexpr std::string_view kBookedBlocks = "kvr_booked_blocks";
+  static constexpr std::string_view kLeaseCapRefusals = "kvr_lease_cap_refusals_total";
+  static constexpr std::string_view kWorkers = "kvr_workers";
+  static constexpr std::string_view kWorkersExpired = "kvr_workers_expired_total";
+  static constexpr std::string_view kWorkerExpiriesSuppressed =
+      "kvr_worker_expiries_suppressed_total";
+  static constexpr std::string_view kWorkerLeaseGrants = "kvr_worker_lease_grants_total";
+  static constexpr std::string_view kWorkerMessagesRefused = "kvr_worker_messages_refused_total";
+  static constexpr std::string_view kIndexBlocks = "kvr_index_blocks";
+  static constexpr std::string_view kKvEventGaps = "kvr_kv_event_gaps_total";
+  static constexpr std::string_view kKvDumpRequests = "kvr_kv_dump_requests_total";
+  static constexpr std::string_view kSessionBindings = "kvr_session_bindings";
+  static constexpr std::string_view kSessionRebinds = "kvr_session_rebinds_total";
+  static constexpr std::string_view kWorkerFailures = "kvr_worker_failures_total";
+  static constexpr std::string_view kWorkerEjections = "kvr_worker_ejections_total";
+  static constexpr std::string_view kWorkersEjected = "kvr_workers_ejected";
+  // Admission: the classifier and the policy-class queues.
+  static constexpr std::string_view kAdmissionDecisions = "kvr_admission_decisions_total";
+  static constexpr std::string_view kQueueDepth = "kvr_queue_depth";
+  static constexpr std::string_view kQueueOutcomes = "kvr_queue_outcomes_total";
+  static constexpr std::string_view kQueueWait = "kvr_queue_wait_seconds";
+  // Cluster mode.
+  static constexpr std::string_view kClusterOwnedPartitions = "kvr_cluster_owned_partitions";
+  static constexpr std::string_view kClusterMembers = "kvr_cluster_members";
+  static constexpr std::string_view kClusterPartitionOwned = "kvr_cluster_partition_owned";
+  static constexpr std::string_view kClusterRenewFailures =
+      "kvr_cluster_lease_renew_failures_total";
+  static constexpr std::string_view kClusterHandovers = "kvr_cluster_handovers_total";
+  static constexpr std::string_view kClusterForwards = "kvr_cluster_forwards_total";
+  static constexpr std::string_view kClusterForwardLatency = "kvr_cluster_forward_latency_seconds";
+  // Discovery and NATS.
+  static constexpr std::string_view kDiscoveryRequests = "kvr_discovery_requests_total";
+  static constexpr std::string_view kBadMessages = "kvr_bad_messages_total";
+  static constexpr std::string_view kNatsReconnects = "kvr_nats_reconnects_total";
+  static constexpr std::string_view kNatsConnected = "kvr_nats_connected";
+  static constexpr std::string_view kNatsDropped = "kvr_nats_dropped_messages_total";
+  // Generate mode.
+  static constexpr std::string_view kGenerateRequests = "kvr_generate_requests_total";
+  static constexpr std::string_view kGenerateOutcomes = "kvr_generate_outcomes_total";
+  static constexpr std::string_view kGenerateRetries = "kvr_generate_retries_total";
+  static constexpr std::string_view kGenerateFirstTokenTimeouts =
+      "kvr_generate_first_token_timeouts_total";
+  static constexpr std::string_view kGenerateStaleChunks = "kvr_generate_stale_chunks_total";
+  static constexpr std::string_view kGenerateInFlight = "kvr_generate_in_flight";
+
+  /// Every family of a node, in the order /metrics help was written.
+  static std::span<const NodeMetricFamily> families();
+
+  /// Declares every family in `registry` (help text, type, histogram buckets) and the series that
+  /// show from the start (kvr_leases_open, kvr_nats_reconnects_total and
+  /// kvr_lease_cap_refusals_total at 0).
+  static void describe(MetricsRegistry& registry);
+
+  explicit NodeMetrics(MetricsRegistry& registry) : registry_(&registry) {}
+
+  // ---- route mode ------------------------------------------------------------------------------
+  /// Route requests received, by ingress ("nats", "actor").
+  ValueHandle route_requests(std::string_view ingress) const;
+  /// Successful decisions delivered, by chosen worker.
+  ValueHandle route_decisions(WorkerId worker) const;
+  /// Requests answered with an error, labelled with the error's as_str() ("no_workers").
+  ValueHandle route_errors(Error code) const;
+  HistogramHandle route_latency() const;
+  ValueHandle leases_open() const;
+  ValueHandle leases_expired() const;
+  ValueHandle bookings_rolled_back() const;
+  /// Lifecycle reports by event ("first_token", ...) and whether a lease accepted them.
+  ValueHandle lifecycle_reports(std::string_view event, bool accepted) const;
+
+  // ---- partitions (label `partition`: "model/routing group") ------------------------------------
+  HistogramHandle selection_latency() const;
+  ValueHandle bookings_open(std::string_view partition) const;
+  /// Prompt blocks over a partition's open bookings (what the booked-blocks caps count).
+  ValueHandle booked_blocks(std::string_view partition) const;
+  /// Routes refused by a cap on open bookings, by `scope` (node, partition) and `cap` (leases,
+  /// blocks).
+  ValueHandle lease_cap_refusals(std::string_view scope, std::string_view cap) const;
+  ValueHandle workers(std::string_view partition) const;
+  ValueHandle workers_expired(std::string_view partition) const;
+  /// Worker leases that ran out while the node's own NATS connection was down and were held
+  /// instead of expired (counted at the reconnect).
+  ValueHandle worker_expiries_suppressed(std::string_view partition) const;
+  /// Worker leases renewed to one TTL from a NATS reconnect: the grace periods granted.
+  ValueHandle worker_lease_grants(std::string_view partition) const;
+  /// Worker messages a partition refused, by kind ("registration", "heartbeat", ...).
+  ValueHandle worker_messages_refused(std::string_view partition, std::string_view kind) const;
+  ValueHandle index_blocks(std::string_view partition) const;
+  ValueHandle kv_event_gaps(std::string_view partition) const;
+  ValueHandle kv_dump_requests(std::string_view partition) const;
+  ValueHandle session_bindings(std::string_view partition) const;
+  ValueHandle session_rebinds(std::string_view partition) const;
+  /// Failures reported against the partition's workers, by cause (FailureCause).
+  ValueHandle worker_failures(std::string_view partition, std::string_view cause) const;
+  /// Workers ejected from routing by outlier detection, and those ejected now.
+  ValueHandle worker_ejections(std::string_view partition) const;
+  ValueHandle workers_ejected(std::string_view partition) const;
+
+  // Admission.
+  /// A classifier's decision: `decision` admitted, deferred (pending at its first poll) or
+  /// rejected, with the error code of a rejection as `reason` (empty otherwise).
+  ValueHandle admission_decisions(std::string_view decision, std::string_view reason = {}) const;
+  /// Requests waiting in a partition's queue, by policy class.
+  ValueHandle queue_depth(std::string_view partition, std::string_view policy_class) const;
+  /// Requests that left a partition's queue (or were refused by it), by class and outcome:
+  /// dispatched, queue_full, due_time_expired, timeout, cancelled.
+  ValueHandle queue_outcomes(std::string_view partition, std::string_view policy_class,
+                             std::string_view outcome) const;
+  /// Time a dispatched request waited in its queue, by policy class.
+  HistogramHandle queue_wait(std::string_view policy_class) const;
+
+  // Cluster mode.
+  ValueHandle cluster_owned_partitions() const;
+  ValueHandle cluster_members() const;
+  /// 1 while this node owns `partition` ("<model>/<routing group>"), else 0.
+  ValueHandle cluster_partition_owned(std::string_view partition) const;
+  ValueHandle cluster_renew_failures() const;
+  /// Partition leases this node handed to their desired owner (or gave back on shutdown).
+  ValueHandle cluster_handovers() const;
+  /// Requests forwarded to a partition's owner, by kind (route, report, generate) and outcome
+  /// (answered, owner_lost).
+  ValueHandle cluster_forwards(std::string_view kind, std::string_view outcome) const;
+  /// From forwarding a request to its owner's answer.
+  HistogramHandle cluster_forward_latency() const;
+
+  // ---- discovery and NATS ----------------------------------------------------------------------
+  ValueHandle discovery_requests() const;
+  /// Network messages dropped, by subscribed subject.
+  ValueHandle bad_messages(std::string_view subject) const;
+  ValueHandle nats_reconnects() const;
+  ValueHandle nats_connected() const;
+  /// Messages the NATS client dropped for a subscription that fell behind (slow consumer), by
+  /// subscribed subject; refreshed on every scrape.
+  ValueHandle nats_dropped(std::string_view subject) const;
+
+  // ---- generate mode ---------------------------------------------------------------------------
+  /// Generate requests received, by ingress ("nats", "actor").
+  ValueHandle generate_requests(std::string_view ingress) const;
+  /// Generate requests ended, by outcome ("completed", "error", "cancelled").
+  ValueHandle generate_outcomes(std::string_view outcome) const;
+  ValueHandle generate_retries() const;
+  ValueHandle generate_first_token_timeouts() const;
+  ValueHandle generate_stale_chunks() const;
+  ValueHandle generate_in_flight() const;
+
+ private:
+  ValueHandle counter(std::string_view name, std::string_view label = {},
+                      std::string_view value = {}) const;
+  ValueHandle gauge(std::string_view name, std::string_view label = {},
+                    std::string_view value = {}) const;
+
+  MetricsRegistry* registry_;
+};
+
+}  // namespace kvr::metrics

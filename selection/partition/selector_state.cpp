@@ -1,0 +1,629 @@
+#include "selection/partition/selector_state.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "discovery/block_hash.hpp"
+
+namespace kvr {
+namespace {
+
+using plugins::worker_selection::WorkerSelectionPolicyError;
+using Kind = WorkerSelectionPolicyError::Kind;
+
+// A reported count adjusted by the bookings' change since the report (predicted_load.hpp): the
+// report already counts the requests it had received, so adding every open booking would count
+// them twice. Never below zero.
+std::uint64_t plus_change(std::uint64_t reported, std::int64_t change) {
+  const std::int64_t total = static_cast<std::int64_t>(reported) + change;
+  return total < 0 ? 0 : static_cast<std::uint64_t>(total);
+}
+
+Error to_error(Kind kind) {
+  switch (kind) {
+    case Kind::NoEndpoints:
+    case Kind::NoEligibleWorkers:
+      return Error::no_workers;
+    case Kind::AllFiltered:
+      return Error::all_filtered;
+    case Kind::Failed:
+    case Kind::NonFiniteCost:
+    case Kind::InvalidPickerRow:
+      return Error::policy_failed;
+  }
+  return Error::policy_failed;
+}
+
+}  // namespace
+
+SelectorState::SelectorState(SelectorOptions options, const plugins::RouterPlugins& plugins)
+    : options_(std::move(options)),
+      plugins_(&plugins),
+      // The block size is checked here (register_worker), where a refusal can be remembered.
+      workers_(
+          [&] {
+            discovery::RegistrationLimits limits = options_.registration;
+            limits.required_block_size = 0;
+            return limits;
+          }(),
+          options_.index),
+      node_share_(options_.node_totals),
+      block_size_(options_.router.block_size),
+      health_(options_.health) {}
+
+std::expected<discovery::RegistrationChange, discovery::RegistrationError>
+SelectorState::register_worker(discovery::WorkerRegistration registration, TimePoint now) {
+  if (registration.model != options_.partition.model ||
+      registration.routing_group != options_.partition.routing_group) {
+    return std::unexpected(discovery::RegistrationError{
+        registration.model != options_.partition.model ? "model" : "routing_group",
+        fmt::format("'{}' group '{}' belongs to another partition than '{}' group '{}'",
+                    registration.model, registration.routing_group, options_.partition.model,
+                    options_.partition.routing_group)});
+  }
+  const WorkerId worker_id = registration.worker_id;
+  if (block_size_ != 0 && registration.block_size != block_size_) {
+    // Bounded: a flood of refused ids keeps only the first ones, which still explain a failure.
+    constexpr std::size_t kMaxRemembered = 1024;
+    if (refused_.size() < kMaxRemembered || refused_.contains(worker_id)) {
+      const auto ttl = registration.lease_ttl.count() > 0 ? registration.lease_ttl
+                                                          : options_.registration.default_lease_ttl;
+      refused_[worker_id] = RefusedWorker{registration.block_size, now + ttl};
+    }
+    return std::unexpected(discovery::RegistrationError{
+        "block_size", fmt::format("worker {} announces block size {}, partition '{}' group '{}' "
+                                  "routes at block size {}",
+                                  worker_id, registration.block_size, options_.partition.model,
+                                  options_.partition.routing_group, block_size_)});
+  }
+  const std::uint32_t announced = registration.block_size;
+  auto change = workers_.register_worker(std::move(registration), now);
+  if (change) {
+    sync_node_share();  // a restarted worker's bookings are gone
+    rows_dirty_ = true;
+    refused_.erase(worker_id);
+    if (block_size_ == 0) block_size_ = announced;
+    if (*change != discovery::RegistrationChange::refreshed) {
+      // A new process: its history is dropped, and it may get slow start.
+      (void)health_.joined(worker_id, now);
+    }
+  }
+  return change;
+}
+
+void SelectorState::forget_block_size_when_empty() {
+  if (options_.router.block_size != 0 || block_size_ == 0 || workers_.catalog().size() != 0) return;
+  // The next fleet may use another block size; policies are rebuilt for it on first use.
+  block_size_ = 0;
+  for (auto& policy : policies_) policy.reset();
+  for (auto& names : scorer_names_) names.reset();
+}
+
+RouteFailure SelectorState::explain(RouteFailure failure) const {
+  if (failure.code != Error::no_workers || refused_.empty()) return failure;
+  std::map<std::uint32_t, std::size_t> by_block_size;
+  for (const auto& [id, refused] : refused_) ++by_block_size[refused.block_size];
+  std::string sizes;
+  for (const auto& [size, count] : by_block_size) {
+    if (!sizes.empty()) sizes += ", ";
+    sizes += fmt::format("{} at block size {}", count, size);
+  }
+  failure.message +=
+      fmt::format("; {} worker{} of model '{}' refused ({}): the partition routes at block size {}",
+                  refused_.size(), refused_.size() == 1 ? "" : "s", options_.partition.model, sizes,
+                  block_size_);
+  return failure;
+}
+
+std::expected<void, discovery::CatalogError> SelectorState::heartbeat(WorkerId worker,
+                                                                      Incarnation incarnation,
+                                                                      TimePoint now) {
+  return workers_.heartbeat(worker, incarnation, now);
+}
+
+std::expected<void, discovery::CatalogError> SelectorState::deregister(WorkerId worker,
+                                                                       Incarnation incarnation) {
+  auto removed = workers_.deregister(worker, incarnation);
+  if (removed) {
+    sync_node_share();
+    rows_dirty_ = true;
+    health_.left(worker);
+    forget_block_size_when_empty();
+  }
+  return removed;
+}
+
+std::expected<discovery::ApplyOutcome, discovery::IndexError> SelectorState::apply_kv_events(
+    const KvEventBatch& batch) {
+  return workers_.index().apply(batch);
+}
+
+std::expected<discovery::ApplyOutcome, discovery::IndexError> SelectorState::load_kv_dump(
+    const KvDump& dump) {
+  return workers_.index().load_dump(dump);
+}
+
+std::expected<void, discovery::LoadError> SelectorState::update_load(
+    WorkerWithDpRank worker, const discovery::ConfirmedLoad& load) {
+  return workers_.load().update_confirmed(worker, load);
+}
+
+void SelectorState::expire(TimePoint now, std::vector<WorkerId>& removed_workers) {
+  const std::size_t before = removed_workers.size();
+  workers_.expire(now, removed_workers);
+  sync_node_share();
+  absl::erase_if(refused_, [&](const auto& entry) { return entry.second.forget_at <= now; });
+  return_ejected(now);
+  if (removed_workers.size() != before) {
+    for (std::size_t i = before; i < removed_workers.size(); ++i) health_.left(removed_workers[i]);
+    rows_dirty_ = true;
+    forget_block_size_when_empty();
+  }
+}
+
+plugins::worker_selection::WorkerSelectionPolicy& SelectorState::policy(WorkerType worker_type) {
+  auto& policy = policies_[static_cast<std::size_t>(worker_type)];
+  if (!policy) {
+    // The factory runs once per partition and role, so policy state stays partition-local.
+    plugins::worker_selection::RouterConfig router = options_.router;
+    router.block_size = block_size_;
+    policy.emplace(
+        plugins_->selection_for(worker_type).factory(router, worker_type, options_.partition));
+    const auto names = selection::scorer_names(*policy);
+    scorer_names_[static_cast<std::size_t>(worker_type)] =
+        std::make_shared<const std::vector<std::string>>(names.begin(), names.end());
+  }
+  return *policy;
+}
+
+const std::string& SelectorState::policy_name(WorkerType worker_type) const {
+  return plugins_->selection_for(worker_type).instance_name;
+}
+
+void SelectorState::rebuild_rows() const {
+  for (RoleRows& rows : rows_) {
+    rows.descriptors.clear();
+    rows.slots.clear();
+    rows.total_kv_blocks.clear();
+    rows.max_batched_tokens.clear();
+  }
+  // Sorted by id so that the host sees a stable order whatever the hash map's iteration order.
+  std::vector<const discovery::CatalogEntry*> entries;
+  entries.reserve(workers_.catalog().size());
+  for (const auto& [id, entry] : workers_.catalog().entries()) entries.push_back(&entry);
+  std::ranges::sort(entries, {}, [](const discovery::CatalogEntry* entry) {
+    return entry->registration.worker_id;
+  });
+  for (const discovery::CatalogEntry* entry : entries) {
+    const discovery::WorkerRegistration& registration = entry->registration;
+    RoleRows& rows = rows_[static_cast<std::size_t>(registration.role)];
+    for (DpRank rank = 0; rank < registration.data_parallel_size; ++rank) {
+      const WorkerWithDpRank worker{registration.worker_id, rank};
+      const auto slot = workers_.index().slot_of(worker);
+      if (!slot) continue;  // not indexed: cannot be offered
+      rows.descriptors.push_back(
+          selection::WorkerDescriptor{.worker = worker,
+                                      .taints = registration.taints,
+                                      .available = !health_.is_ejected(registration.worker_id)});
+      rows.slots.push_back(*slot);
+      rows.total_kv_blocks.push_back(registration.total_kv_blocks);
+      rows.max_batched_tokens.push_back(registration.max_num_batched_tokens);
+    }
+  }
+  rows_dirty_ = false;
+}
+
+void SelectorState::refresh_busy_signals(RoleRows& rows) const {
+  for (std::size_t row = 0; row < rows.descriptors.size(); ++row) {
+    selection::WorkerDescriptor& descriptor = rows.descriptors[row];
+    const auto view = workers_.load().rank_load(descriptor.worker);
+    if (!view) continue;
+    // Until the first report the bookings' change is the whole estimate.
+    const discovery::ConfirmedLoad confirmed = view->confirmed.value_or(discovery::ConfirmedLoad{});
+    descriptor.active_prefill_tokens =
+        plus_change(confirmed.active_prefill_tokens, view->prefill_tokens_since_report);
+    if ((view->confirmed || view->open_bookings > 0) && rows.total_kv_blocks[row] > 0) {
+      descriptor.kv_usage =
+          static_cast<double>(plus_change(confirmed.kv_blocks_used, view->blocks_since_report)) /
+          static_cast<double>(rows.total_kv_blocks[row]);
+    } else {
+      descriptor.kv_usage.reset();
+    }
+  }
+}
+
+std::span<const selection::WorkerDescriptor> SelectorState::workers(WorkerType worker_type) const {
+  if (rows_dirty_) rebuild_rows();
+  RoleRows& rows = rows_[static_cast<std::size_t>(worker_type)];
+  // Busy thresholds need fresh load numbers; without them the descriptors never change.
+  if (options_.router.busy_kv_usage_threshold || options_.router.busy_prefill_tokens_threshold) {
+    refresh_busy_signals(rows);
+  }
+  return rows.descriptors;
+}
+
+const discovery::MatchResult& SelectorState::matches_for(std::span<const BlockHash> block_hashes) {
+  if (!in_route_ || matches_for_route_ != route_counter_) {
+    workers_.index().find_matches(block_hashes, matches_);
+    matches_for_route_ = in_route_ ? route_counter_ : 0;
+  }
+  return matches_;
+}
+
+void SelectorState::set_overlap(RouteOutcome& outcome, std::span<const BlockHash> block_hashes) {
+  const auto slot = workers_.index().slot_of(outcome.worker);
+  if (!slot) return;
+  if (const discovery::WorkerMatch* match = matches_for(block_hashes).find(*slot)) {
+    outcome.device_overlap_blocks = match->device_blocks;
+    outcome.host_overlap_blocks = match->host_blocks;
+    outcome.disk_overlap_blocks = match->disk_blocks;
+  }
+}
+
+void SelectorState::compute_signals(const selection::SelectionRequest& request,
+                                    WorkerType worker_type, std::span<const std::uint32_t> rows,
+                                    std::span<selection::WorkerCacheInput> cache_out,
+                                    std::span<selection::WorkerLoadInput> load_out) {
+  const RoleRows& role_rows = rows_[static_cast<std::size_t>(worker_type)];
+  const discovery::MatchResult& matches = matches_for(request.block_hashes);
+  const std::uint64_t prompt_blocks = request.block_hashes.size();
+  if (!load_out.empty()) workers_.load().prepare(request.block_hashes, projection_scratch_);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::uint32_t row = rows[i];
+    const discovery::WorkerMatch* match = matches.find(role_rows.slots[row]);
+    if (!cache_out.empty()) {
+      cache_out[i] = match ? selection::WorkerCacheInput{static_cast<double>(match->device_blocks),
+                                                         static_cast<double>(match->host_blocks),
+                                                         static_cast<double>(match->disk_blocks)}
+                           : selection::WorkerCacheInput{};
+    }
+    if (!load_out.empty()) {
+      // The candidate's own prefill is the policy's to weigh (from CACHE), so the projection
+      // leaves it out: active_prefill_tokens is what the worker already has to do.
+      const auto projection = workers_.load().project(
+          role_rows.descriptors[row].worker,
+          discovery::CandidateRequest{.prompt_blocks = prompt_blocks}, projection_scratch_);
+      // A rank that has not reported yet but carries bookings is not unknown: its bookings are
+      // the whole estimate, and hiding them would herd a burst onto it.
+      if (projection && (projection->is_available || projection->active_requests > 0)) {
+        load_out[i] = selection::WorkerLoadInput{selection::WorkerLoadInput::Values{
+            .active_requests = projection->active_requests,
+            .active_prefill_tokens = projection->active_prefill_tokens,
+            .decode_cost_blocks = static_cast<double>(projection->decode_cost_blocks),
+            .total_kv_blocks = projection->total_kv_blocks,
+        }};
+      } else {
+        load_out[i] = selection::WorkerLoadInput{};
+      }
+    }
+  }
+}
+
+std::expected<void, RouteFailure> SelectorState::prepare(RouteRequest& request, TimePoint now) {
+  selection::SelectionRequest& selection = request.selection;
+  selection.now = now;
+  if (selection.prompt_tokens == 0) {
+    return std::unexpected(RouteFailure{Error::invalid_request, "the prompt is empty"});
+  }
+  if (block_size_ == 0) {
+    return std::unexpected(explain(
+        RouteFailure{Error::no_workers,
+                     fmt::format("no worker serves model '{}' group '{}' yet",
+                                 options_.partition.model, options_.partition.routing_group)}));
+  }
+  if (!request.prompt_token_ids.empty()) {
+    const discovery::BlockHasher hasher{block_size_, request.cache_namespace};
+    selection.block_hashes.clear();
+    hasher.append_sequence_hashes(request.prompt_token_ids, selection.block_hashes);
+    request.prompt_token_ids.clear();
+  }
+  if (selection.block_hashes.size() > selection.prompt_tokens / block_size_) {
+    return std::unexpected(
+        RouteFailure{Error::invalid_request,
+                     fmt::format("{} block hashes exceed the {} full blocks of a {}-token prompt",
+                                 selection.block_hashes.size(),
+                                 selection.prompt_tokens / block_size_, selection.prompt_tokens)});
+  }
+  // Refused before selection, so that a duplicate leaves no trace in stateful policies.
+  if (workers_.load().has_booking(selection.request_id)) {
+    return std::unexpected(
+        RouteFailure{Error::invalid_request,
+                     fmt::format("request id '{}' is already routed and not yet released",
+                                 selection.request_id)});
+  }
+  if (auto refused = over_cap(selection.block_hashes.size())) {
+    return std::unexpected(std::move(*refused));
+  }
+  return {};
+}
+
+std::optional<RouteFailure> SelectorState::over_cap(std::uint64_t blocks) const {
+  const discovery::PredictedLoad& load = workers_.load();
+  const BookingCaps& partition = options_.partition_caps;
+  std::optional<BookingCapKind> kind;
+  std::uint64_t held = 0;
+  std::uint64_t cap = 0;
+  const auto check = [&](BookingCapKind which, std::uint64_t now_held, std::uint64_t adding,
+                         std::uint64_t limit) {
+    if (kind || limit == 0 || now_held + adding <= limit) return;
+    kind = which;
+    held = now_held;
+    cap = limit;
+  };
+  check(BookingCapKind::partition_leases, load.open_bookings(), 1, partition.max_bookings);
+  check(BookingCapKind::partition_blocks, load.booked_prompt_blocks(), blocks,
+        partition.max_blocks);
+  if (const NodeBookingTotals* node = node_share_.totals()) {
+    check(BookingCapKind::node_leases, node->bookings.load(std::memory_order_relaxed), 1,
+          node->caps.max_bookings);
+    check(BookingCapKind::node_blocks, node->blocks.load(std::memory_order_relaxed), blocks,
+          node->caps.max_blocks);
+  }
+  if (!kind) return std::nullopt;
+  if (options_.on_cap_refusal) options_.on_cap_refusal(*kind);
+  const bool node_cap = cap_scope(*kind) == "node";
+  const std::string where = node_cap
+                                ? std::string{"the node"}
+                                : fmt::format("partition '{}' group '{}'", options_.partition.model,
+                                              options_.partition.routing_group);
+  if (cap_resource(*kind) == "leases") {
+    return RouteFailure{
+        Error::overloaded,
+        fmt::format("{} open-lease cap reached: {} leases open, at most {} ({}); retry after "
+                    "reporting or releasing leases",
+                    node_cap ? "node" : "partition", held, cap, where)};
+  }
+  return RouteFailure{
+      Error::overloaded,
+      fmt::format("{} booked-blocks cap reached: {} blocks booked, a request of {} would pass "
+                  "the cap of {} ({}); retry after reporting or releasing leases",
+                  node_cap ? "node" : "partition", held, blocks, cap, where)};
+}
+
+std::expected<RouteOutcome, RouteFailure> SelectorState::route(RouteRequest& request,
+                                                               TimePoint now) {
+  if (auto valid = prepare(request, now); !valid) return std::unexpected(std::move(valid.error()));
+  return_ejected(now);
+  ++route_counter_;
+  in_route_ = true;
+  // Usually false: only while a worker that joined a warm partition is in its slow start.
+  const bool ramping = health_.ramping(now);
+  if (ramping) hide_ramping(request.worker_type, now);
+  auto selected = selection::select_worker(policy(request.worker_type), request.selection,
+                                           options_.partition, *this);
+  if (ramping && !hidden_rows_.empty()) {
+    unhide_ramping(request.worker_type);
+    const bool none_left = !selected && (selected.error().kind() == Kind::NoEligibleWorkers ||
+                                         selected.error().kind() == Kind::AllFiltered);
+    if (none_left) {
+      // The ramp limits a worker's share; it never turns away a request only it can take.
+      for (const std::uint32_t row : hidden_rows_) {
+        health_.refund(
+            rows_[static_cast<std::size_t>(request.worker_type)].descriptors[row].worker.worker_id);
+      }
+      selected = selection::select_worker(policy(request.worker_type), request.selection,
+                                          options_.partition, *this);
+    }
+    hidden_rows_.clear();
+  }
+  if (!selected) {
+    in_route_ = false;
+    return std::unexpected(explain(
+        RouteFailure{to_error(selected.error().kind()), std::string{selected.error().message()}}));
+  }
+  RouteOutcome outcome;
+  outcome.worker = selected->worker;
+  if (selected->cache) {
+    outcome.device_overlap_blocks =
+        static_cast<std::uint32_t>(selected->cache->device_overlap_blocks());
+    outcome.host_overlap_blocks =
+        static_cast<std::uint32_t>(selected->cache->host_overlap_blocks());
+    outcome.disk_overlap_blocks =
+        static_cast<std::uint32_t>(selected->cache->disk_overlap_blocks());
+  } else {
+    // The policy asked for no CACHE signals; the booking still needs the chosen worker's overlap.
+    set_overlap(outcome, request.selection.block_hashes);
+  }
+  in_route_ = false;
+  outcome.total_cost = selected->total_cost;
+  outcome.scorer_costs = selected->scorer_costs;
+  outcome.scorer_names = scorer_names_[static_cast<std::size_t>(request.worker_type)];
+  outcome.eligible_workers = selected->eligible_workers;
+  return book(request, std::move(outcome), now);
+}
+
+void SelectorState::eligible_prefill_loads(const RouteRequest& request,
+                                           std::vector<classifiers::WorkerPrefillLoad>& out) const {
+  out.clear();
+  const auto descriptors = workers(request.worker_type);
+  const RoleRows& rows = rows_[static_cast<std::size_t>(request.worker_type)];
+  for (std::size_t row = 0; row < descriptors.size(); ++row) {
+    const selection::WorkerDescriptor& descriptor = descriptors[row];
+    if (selection::violated_restriction(request.selection, descriptor.worker, descriptor.available,
+                                        descriptor.taints)) {
+      continue;
+    }
+    classifiers::WorkerPrefillLoad load{.max_batched_tokens = rows.max_batched_tokens[row]};
+    if (const auto view = workers_.load().rank_load(descriptor.worker)) {
+      const discovery::ConfirmedLoad confirmed =
+          view->confirmed.value_or(discovery::ConfirmedLoad{});
+      load.active_prefill_tokens =
+          plus_change(confirmed.active_prefill_tokens, view->prefill_tokens_since_report);
+      // As the busy signals count it: the report's blocks and the bookings' change since.
+      if ((view->confirmed || view->open_bookings > 0) && rows.total_kv_blocks[row] > 0) {
+        load.kv_usage =
+            static_cast<double>(plus_change(confirmed.kv_blocks_used, view->blocks_since_report)) /
+            static_cast<double>(rows.total_kv_blocks[row]);
+      }
+    }
+    out.push_back(load);
+  }
+}
+
+std::uint64_t SelectorState::fewest_uncached_tokens(const RouteRequest& request) {
+  const auto descriptors = workers(request.worker_type);
+  const RoleRows& rows = rows_[static_cast<std::size_t>(request.worker_type)];
+  const discovery::MatchResult& matches = matches_for(request.selection.block_hashes);
+  std::uint64_t most_cached = 0;
+  for (std::size_t row = 0; row < descriptors.size(); ++row) {
+    const selection::WorkerDescriptor& descriptor = descriptors[row];
+    if (selection::violated_restriction(request.selection, descriptor.worker, descriptor.available,
+                                        descriptor.taints)) {
+      continue;
+    }
+    if (const discovery::WorkerMatch* match = matches.find(rows.slots[row])) {
+      most_cached =
+          std::max<std::uint64_t>(most_cached, std::uint64_t{match->device_blocks} +
+                                                   match->host_blocks + match->disk_blocks);
+    }
+  }
+  return discovery::uncached_prefill_tokens(request.selection.prompt_tokens, most_cached,
+                                            block_size_);
+}
+
+std::optional<std::string> SelectorState::unroutable_reason(const RouteRequest& request,
+                                                            WorkerWithDpRank worker) const {
+  const auto rows = workers(request.worker_type);
+  const auto row = std::ranges::find(rows, worker, &selection::WorkerDescriptor::worker);
+  if (row == rows.end()) {
+    const discovery::CatalogEntry* entry = workers_.catalog().find(worker.worker_id);
+    if (entry == nullptr) return std::string{"it is not registered in this partition"};
+    const discovery::WorkerRegistration& registration = entry->registration;
+    if (registration.role != request.worker_type) {
+      return fmt::format("it serves {} requests, not {}", as_str(registration.role),
+                         as_str(request.worker_type));
+    }
+    if (worker.dp_rank >= registration.data_parallel_size) {
+      return fmt::format("it has {} data-parallel ranks", registration.data_parallel_size);
+    }
+    return std::string{"the rank is not indexed"};
+  }
+  if (const auto violation =
+          selection::violated_restriction(request.selection, worker, row->available, row->taints)) {
+    return selection::describe(*violation, request.selection);
+  }
+  return std::nullopt;
+}
+
+// GCC 12 (-O2) reports absl::InlinedVector's inline storage as maybe-uninitialized when an
+// outcome with no scorer costs is moved; the storage is empty and never read.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+std::expected<RouteOutcome, RouteFailure> SelectorState::route_to(RouteRequest& request,
+                                                                  WorkerWithDpRank worker,
+                                                                  TimePoint now) {
+  if (auto valid = prepare(request, now); !valid) return std::unexpected(std::move(valid.error()));
+  if (auto reason = unroutable_reason(request, worker)) {
+    return std::unexpected(RouteFailure{
+        Error::no_workers, fmt::format("worker {} rank {} cannot take request '{}': {}",
+                                       worker.worker_id, worker.dp_rank, request.id(), *reason)});
+  }
+  RouteOutcome outcome;
+  outcome.worker = worker;
+  outcome.eligible_workers = 1;
+  set_overlap(outcome, request.selection.block_hashes);
+  return book(request, std::move(outcome), now);
+}
+#pragma GCC diagnostic pop
+
+std::expected<RouteOutcome, RouteFailure> SelectorState::book(const RouteRequest& request,
+                                                              RouteOutcome outcome, TimePoint now) {
+  const selection::SelectionRequest& input = request.selection;
+  const std::uint64_t cached_blocks = std::uint64_t{outcome.device_overlap_blocks} +
+                                      outcome.host_overlap_blocks + outcome.disk_overlap_blocks;
+  outcome.uncached_prefill_tokens =
+      discovery::uncached_prefill_tokens(input.prompt_tokens, cached_blocks, block_size_);
+  outcome.lease_expires_at = now + options_.lease_ttl;
+
+  auto booked = workers_.load().book(discovery::BookingRequest{
+      .request_id = input.request_id,
+      .worker = outcome.worker,
+      .prompt_blocks = {input.block_hashes.begin(), input.block_hashes.end()},
+      .uncached_prefill_tokens = outcome.uncached_prefill_tokens,
+      .expires_at = outcome.lease_expires_at,
+  });
+  sync_node_share();
+  if (!booked) {
+    return std::unexpected(RouteFailure{
+        booked.error() == discovery::LoadError::duplicate_booking ? Error::invalid_request
+                                                                  : Error::unavailable,
+        fmt::format("cannot book request '{}': {}", input.request_id,
+                    discovery::as_str(booked.error()))});
+  }
+  // Workers that publish no KV events: the routing decision is the only evidence of what they
+  // will cache.
+  if (const auto* entry = workers_.catalog().find(outcome.worker.worker_id);
+      entry != nullptr && !entry->registration.publishes_kv_events) {
+    (void)workers_.index().record_routing(outcome.worker, input.block_hashes, now);
+  }
+  return outcome;
+}
+
+std::optional<FailureVerdict> SelectorState::report_health(const WorkerHealthReport& report,
+                                                           TimePoint now) {
+  if (workers_.catalog().find(report.worker) == nullptr) return std::nullopt;
+  if (!report.failure) {
+    health_.success(report.worker);
+    return FailureVerdict{};
+  }
+  const FailureVerdict verdict = health_.failure(report.worker, now, workers_.catalog().size());
+  if (verdict.ejected) mark_ejections();
+  return verdict;
+}
+
+void SelectorState::return_ejected(TimePoint now) {
+  const std::size_t before = returned_.size();
+  health_.return_due(now, returned_);
+  if (returned_.size() != before) mark_ejections();
+}
+
+void SelectorState::mark_ejections() {
+  if (rows_dirty_) return;  // the rebuild marks them
+  for (RoleRows& rows : rows_) {
+    for (selection::WorkerDescriptor& descriptor : rows.descriptors) {
+      descriptor.available = !health_.is_ejected(descriptor.worker.worker_id);
+    }
+  }
+}
+
+void SelectorState::hide_ramping(WorkerType worker_type, TimePoint now) {
+  hidden_rows_.clear();
+  if (rows_dirty_) rebuild_rows();
+  RoleRows& rows = rows_[static_cast<std::size_t>(worker_type)];
+  for (std::size_t row = 0; row < rows.descriptors.size(); ++row) {
+    selection::WorkerDescriptor& descriptor = rows.descriptors[row];
+    if (!descriptor.available) continue;
+    // Ranks of one worker share its credit: the worker is offered or hidden as a whole.
+    if (row > 0 && rows.descriptors[row - 1].worker.worker_id == descriptor.worker.worker_id) {
+      if (!hidden_rows_.empty() && hidden_rows_.back() == row - 1) {
+        descriptor.available = false;
+        hidden_rows_.push_back(static_cast<std::uint32_t>(row));
+      }
+      continue;
+    }
+    if (!health_.offer(descriptor.worker.worker_id, now)) {
+      descriptor.available = false;
+      hidden_rows_.push_back(static_cast<std::uint32_t>(row));
+    }
+  }
+}
+
+void SelectorState::unhide_ramping(WorkerType worker_type) {
+  RoleRows& rows = rows_[static_cast<std::size_t>(worker_type)];
+  for (const std::uint32_t row : hidden_rows_) rows.descriptors[row].available = true;
+}
+
+std::expected<void, discovery::LoadError> SelectorState::first_token(std::string_view request_id) {
+  return workers_.load().first_token(request_id);
+}
+
+std::expected<void, discovery::LoadError> SelectorState::release(std::string_view request_id,
+                                                                 discovery::BookingEnd end) {
+  auto released = workers_.load().release(request_id, end);
+  if (released) sync_node_share();
+  return released;
+}
+
+}  // namespace kvr

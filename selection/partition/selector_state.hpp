@@ -1,0 +1,220 @@
+// The plain state behind a selector actor: one routing partition's workers (catalog, KV index,
+// predicted load), its worker-selection policies per worker type, and the signal source the
+// selection host reads. The selector actor is a thin shell over it; `kvr replay` drives it
+// directly on a logical clock. Single-threaded: exactly one owner calls it.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <absl/container/flat_hash_map.h>
+
+#include "classifiers/queue/policy_class_config.hpp"
+#include "discovery/partition_workers.hpp"
+#include "messages/error.hpp"
+#include "selection/partition/booking_caps.hpp"
+#include "selection/partition/route_request.hpp"
+#include "selection/partition/route_result.hpp"
+#include "selection/partition/worker_health.hpp"
+#include "selection/plugin_registry.hpp"
+#include "selection/selection_host.hpp"
+
+namespace kvr {
+
+/// Settings of one selector.
+struct SelectorOptions {
+  /// The partition served; registrations for other partitions are refused.
+  plugins::worker_selection::RoutingPartition partition;
+  /// Router settings handed to the policy factories (block size, kv-cost defaults ...). A
+  /// block size of 0 is learnt from the partition's first registered worker (block_size()).
+  plugins::worker_selection::RouterConfig router;
+  /// A booking that is never reported (first token, completion) is released after this long.
+  std::chrono::milliseconds lease_ttl{120'000};
+  discovery::IndexerConfig index;
+  discovery::RegistrationLimits registration;
+  /// Passive health: outlier ejection and slow start (selection/partition/worker_health.hpp).
+  selection::WorkerHealthConfig health;
+  /// This partition's caps on open bookings (0: none); a route beyond one is refused with
+  /// Error::overloaded before selection.
+  BookingCaps partition_caps;
+  /// The node's totals and caps, shared by its selectors; null: no node-wide cap.
+  std::shared_ptr<NodeBookingTotals> node_totals;
+  /// Told each refusal by a cap (a metric); may be empty.
+  BookingCapRefusalSink on_cap_refusal;
+};
+
+/// One partition's routing state.
+class SelectorState final : public selection::WorkerSignalSource {
+ public:
+  /// `plugins` must outlive the state; the policy factories run on first use of each role.
+  SelectorState(SelectorOptions options, const plugins::RouterPlugins& plugins);
+
+  // ---- worker state, fed by the discovery path ----------------------------------------------
+  /// Registers (or re-registers) a worker of this partition. A worker whose block size differs
+  /// from the partition's is refused and remembered (until its lease would have ended), so that
+  /// a request that finds no worker says why.
+  std::expected<discovery::RegistrationChange, discovery::RegistrationError> register_worker(
+      discovery::WorkerRegistration registration, TimePoint now);
+  std::expected<void, discovery::CatalogError> heartbeat(WorkerId worker, Incarnation incarnation,
+                                                         TimePoint now);
+  std::expected<void, discovery::CatalogError> deregister(WorkerId worker, Incarnation incarnation);
+  /// Applies a KV event batch; the outcome reports an event-id gap (ask the worker for a dump).
+  std::expected<discovery::ApplyOutcome, discovery::IndexError> apply_kv_events(
+      const KvEventBatch& batch);
+  /// Replaces a rank's index contents with a dump.
+  std::expected<discovery::ApplyOutcome, discovery::IndexError> load_kv_dump(const KvDump& dump);
+  /// Records a rank's load report.
+  std::expected<void, discovery::LoadError> update_load(WorkerWithDpRank worker,
+                                                        const discovery::ConfirmedLoad& load);
+  /// Expires leases, bookings and approximate blocks; appends removed worker ids.
+  void expire(TimePoint now, std::vector<WorkerId>& removed_workers);
+  /// The node's own NATS connection is down: worker leases are held (not expired) until
+  /// release_leases(); see discovery::WorkerCatalog::hold_leases().
+  void hold_leases() { workers_.hold_leases(); }
+  /// The connection is back at `now`: every worker's lease runs at least one TTL from `now`.
+  discovery::LeaseGrace release_leases(TimePoint now) { return workers_.release_leases(now); }
+  /// Releases at most `limit` bookings whose lease ended; returns how many.
+  std::size_t expire_bookings(TimePoint now, std::size_t limit) {
+    const std::size_t expired = workers_.load().expire(now, limit);
+    if (expired > 0) sync_node_share();
+    return expired;
+  }
+
+  // ---- routing ------------------------------------------------------------------------------
+  /// Selects a worker and books the request on it before returning, so the next selection
+  /// already sees this one (no herding on stale metrics).
+  /// Token ids are hashed into the request's block hashes at the partition's block size, and
+  /// the request is stamped with `now`.
+  std::expected<RouteOutcome, RouteFailure> route(RouteRequest& request, TimePoint now);
+  /// Books the request on exactly `worker` without running the policy (hard session affinity, a
+  /// pinned dispatch). The worker must serve the request's worker type in this partition and pass
+  /// the request's hard restrictions: availability, pin, allow-list, exclusions and required
+  /// taints; busy thresholds do not apply (the caller asked for this worker). Fails with
+  /// Error::no_workers, naming the reason, when `worker` cannot take the request, and as route()
+  /// does for an invalid request. The outcome reports `worker`'s overlap, no costs and one
+  /// eligible worker.
+  std::expected<RouteOutcome, RouteFailure> route_to(RouteRequest& request, WorkerWithDpRank worker,
+                                                     TimePoint now);
+  /// The request produced its first token: its prefill tokens are released.
+  std::expected<void, discovery::LoadError> first_token(std::string_view request_id);
+  /// The request ended (completed, cancelled or failed): its booking is released.
+  std::expected<void, discovery::LoadError> release(std::string_view request_id,
+                                                    discovery::BookingEnd end);
+
+  // ---- passive health (selection/partition/worker_health.hpp) -----------------------------------
+  /// A success or failure reported against a worker of this partition; an ejection takes its
+  /// ranks out of routing at once. Empty: the worker is not registered here (nothing changed).
+  std::optional<FailureVerdict> report_health(const WorkerHealthReport& report, TimePoint now);
+  /// Ejected workers whose back-off ended return to routing (route() and expire() do it too).
+  void return_ejected(TimePoint now);
+  /// The workers that returned from an ejection since the last call (for the log).
+  std::vector<WorkerId> take_returned() { return std::exchange(returned_, {}); }
+  const WorkerHealth& health() const { return health_; }
+
+  // ---- admission queue (selection/partition/partition_queue.hpp) --------------------------------
+  /// Hashes the request's token ids (at block_size()), stamps it with `now` and checks the prompt
+  /// and that its id has no open booking; route() and route_to() run it first themselves, and it
+  /// may run again on a prepared request.
+  std::expected<void, RouteFailure> prepare(RouteRequest& request, TimePoint now);
+  /// The prefill load of every worker rank eligible for `request` (of its role, passing its hard
+  /// restrictions), into `out` (cleared first): what the policy-class busy rule reads.
+  void eligible_prefill_loads(const RouteRequest& request,
+                              std::vector<classifiers::WorkerPrefillLoad>& out) const;
+  /// The fewest prompt tokens an eligible worker rank would have to compute for the prepared
+  /// `request` (its whole prompt when no eligible rank holds any of it): its queue cost.
+  std::uint64_t fewest_uncached_tokens(const RouteRequest& request);
+
+  // ---- selection::WorkerSignalSource ------------------------------------------------------
+  std::span<const selection::WorkerDescriptor> workers(WorkerType worker_type) const override;
+  void compute_signals(const selection::SelectionRequest& request, WorkerType worker_type,
+                       std::span<const std::uint32_t> rows,
+                       std::span<selection::WorkerCacheInput> cache_out,
+                       std::span<selection::WorkerLoadInput> load_out) override;
+
+  const discovery::PartitionWorkers& partition_workers() const { return workers_; }
+  const SelectorOptions& options() const { return options_; }
+  /// The partition's block size: the configured one, else the one its first worker announced;
+  /// 0 while no worker has registered (and again once the last one has left).
+  std::uint32_t block_size() const { return block_size_; }
+  /// The policy serving a worker type (created on first use).
+  plugins::worker_selection::WorkerSelectionPolicy& policy(WorkerType worker_type);
+  /// The instance name chosen for a worker type.
+  const std::string& policy_name(WorkerType worker_type) const;
+
+ private:
+  // Per worker type: the rows the host selects over and what each row needs for its signals.
+  struct RoleRows {
+    std::vector<selection::WorkerDescriptor> descriptors;
+    std::vector<discovery::SlotId> slots;
+    std::vector<std::uint64_t> total_kv_blocks;
+    std::vector<std::uint64_t> max_batched_tokens;
+  };
+
+  /// A worker refused for its block size, remembered to explain a request that finds no worker.
+  struct RefusedWorker {
+    std::uint32_t block_size = 0;
+    TimePoint forget_at;
+  };
+
+  /// Why `worker` cannot take `request` on its own (empty: it can).
+  std::optional<std::string> unroutable_reason(const RouteRequest& request,
+                                               WorkerWithDpRank worker) const;
+  /// Completes `outcome` (uncached tokens, lease) and books the request on outcome.worker.
+  std::expected<RouteOutcome, RouteFailure> book(const RouteRequest& request, RouteOutcome outcome,
+                                                 TimePoint now);
+  /// `failure`, with the workers refused for their block size named when it found no worker.
+  RouteFailure explain(RouteFailure failure) const;
+  /// The refusal when one more booking of `blocks` prompt blocks would pass a cap (counted).
+  std::optional<RouteFailure> over_cap(std::uint64_t blocks) const;
+  /// Brings the node totals up to this partition's bookings (after any change to them).
+  void sync_node_share() {
+    const discovery::PredictedLoad& load = workers_.load();
+    node_share_.set(load.open_bookings(), load.booked_prompt_blocks());
+  }
+  /// Forgets the learnt block size and the policies built for it once the last worker has left.
+  void forget_block_size_when_empty();
+  /// Fills the outcome's overlap by tier from the chosen worker's match.
+  void set_overlap(RouteOutcome& outcome, std::span<const BlockHash> block_hashes);
+  void rebuild_rows() const;
+  /// Re-marks every row's availability from the ejections after they changed.
+  void mark_ejections();
+  /// Slow start: hides the ramping rows of `worker_type` that are not offered to this selection
+  /// (remembered in hidden_rows_).
+  void hide_ramping(WorkerType worker_type, TimePoint now);
+  void unhide_ramping(WorkerType worker_type);
+  void refresh_busy_signals(RoleRows& rows) const;
+  /// The request's matched prefix on every rank: one index lookup per routed request, shared by
+  /// the signal computation and the booking.
+  const discovery::MatchResult& matches_for(std::span<const BlockHash> block_hashes);
+
+  SelectorOptions options_;
+  const plugins::RouterPlugins* plugins_;
+  discovery::PartitionWorkers workers_;
+  // This partition's part of the node totals; given back when the state goes.
+  NodeBookingShare node_share_;
+  std::uint32_t block_size_ = 0;
+  absl::flat_hash_map<WorkerId, RefusedWorker> refused_;
+  std::array<std::optional<plugins::worker_selection::WorkerSelectionPolicy>, 4> policies_;
+  std::array<std::shared_ptr<const std::vector<std::string>>, 4> scorer_names_;
+  mutable std::array<RoleRows, 4> rows_;
+  mutable bool rows_dirty_ = true;
+  WorkerHealth health_;
+  std::vector<WorkerId> returned_;
+  std::vector<std::uint32_t> hidden_rows_;
+
+  // Per-request scratch, reused so that a warm selection does not allocate.
+  discovery::MatchResult matches_;
+  std::uint64_t route_counter_ = 0;      // numbers route() calls
+  std::uint64_t matches_for_route_ = 0;  // the route() call matches_ belongs to (0: none)
+  bool in_route_ = false;
+  discovery::ProjectionScratch projection_scratch_;
+};
+
+}  // namespace kvr

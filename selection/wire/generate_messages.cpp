@@ -1,0 +1,84 @@
+#include "selection/wire/generate_messages.hpp"
+
+#include <fmt/format.h>
+
+namespace kvr {
+
+std::expected<GenerateRequestData, RouteFailure> decode_generate_request(
+    const v1::GenerateRequest& wire, const RouteDecodeLimits& limits, StreamTo stream_to) {
+  const auto invalid = [](std::string message) {
+    return std::unexpected(RouteFailure{Error::invalid_request, std::move(message)});
+  };
+  if (!wire.has_route()) return invalid("route: missing");
+  if (stream_to == StreamTo::subject) {
+    if (wire.stream_subject().empty()) return invalid("stream_subject: empty");
+    // Subjects are bounded like ids, with room for an inbox prefix.
+    if (wire.stream_subject().size() > limits.max_id_length * 2) {
+      return invalid(fmt::format("stream_subject: longer than {} bytes", limits.max_id_length * 2));
+    }
+    if (wire.stream_subject().find_first_of(" \t\r\n*>") != std::string::npos) {
+      return invalid("stream_subject: contains whitespace or a wildcard");
+    }
+  }
+  std::uint32_t output_tokens = wire.max_output_tokens();
+  if (output_tokens == 0 && wire.route().has_expected_output_tokens()) {
+    output_tokens = wire.route().expected_output_tokens();
+  }
+  if (output_tokens == 0 || output_tokens > kMaxGenerateOutputTokens) {
+    return invalid(fmt::format("max_output_tokens: must be in [1, {}]", kMaxGenerateOutputTokens));
+  }
+  auto route = decode_route_request(wire.route(), limits);
+  if (!route) return std::unexpected(std::move(route.error()));
+  GenerateRequestData data;
+  data.route = std::move(*route);
+  if (stream_to == StreamTo::subject) data.stream_subject = wire.stream_subject();
+  data.wire = wire;
+  return data;
+}
+
+v1::GenerateRequest encode_worker_generate_request(const GenerateRequestData& request, DpRank rank,
+                                                   std::string_view stream_subject) {
+  v1::GenerateRequest dispatched = request.wire;
+  dispatched.set_dp_rank(rank);
+  dispatched.set_stream_subject(std::string{stream_subject});
+  return dispatched;
+}
+
+StreamChunk decode_stream_chunk(const v1::GenerateChunk& chunk) {
+  StreamChunk plain;
+  plain.worker = WorkerWithDpRank{chunk.worker_id(), chunk.dp_rank()};
+  plain.index = chunk.index();
+  plain.tokens = static_cast<std::size_t>(chunk.token_ids_size());
+  plain.finished = chunk.finished();
+  if (chunk.has_error() || chunk.finish_reason() == "error") {
+    plain.error = chunk.has_error() && !chunk.error().message().empty()
+                      ? chunk.error().message()
+                      : std::string{"the worker reported an error"};
+  }
+  return plain;
+}
+
+v1::GenerateChunk encode_end_chunk(std::string_view request_id, std::uint32_t index,
+                                   const StreamEnd& end, std::optional<WorkerWithDpRank> worker) {
+  v1::GenerateChunk chunk;
+  chunk.set_request_id(std::string{request_id});
+  chunk.set_index(index);
+  if (worker) {
+    chunk.set_worker_id(worker->worker_id);
+    chunk.set_dp_rank(worker->dp_rank);
+  }
+  chunk.set_finished(true);
+  chunk.set_finish_reason(end.finish_reason);
+  if (end.error) {
+    auto* error = chunk.mutable_error();
+    error->set_code(to_route_error_code(*end.error));
+    error->set_message(end.message);
+  }
+  return chunk;
+}
+
+std::string worker_cancel_subject(std::string_view generate_subject) {
+  return std::string{generate_subject} + ".cancel";
+}
+
+}  // namespace kvr

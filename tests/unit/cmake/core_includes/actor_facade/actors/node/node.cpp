@@ -1,0 +1,3 @@
+#include "actors/node/node.hpp"
+
+#include <caf/actor_system.hpp>

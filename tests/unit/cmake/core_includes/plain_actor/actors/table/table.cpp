@@ -1,0 +1,3 @@
+#include "actors/table/table.hpp"
+
+int table_size() { return 0; }

@@ -1,0 +1,3 @@
+// Plain code under actors/: its source includes only this header.
+#pragma once
+int table_size();

@@ -1,0 +1,80 @@
+#include "messages/metrics/node_metrics.hpp"
+
+#include <set>
+#include <string>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+namespace kvr::metrics {
+namespace {
+
+std::string_view type_name(MetricType type) {
+  switch (type) {
+    case MetricType::Counter:
+      return "counter";
+    case MetricType::Gauge:
+      return "gauge";
+    case MetricType::Histogram:
+      return "histogram";
+  }
+  return "untyped";
+}
+
+TEST(NodeMetricsTest, DescribesEveryFamilyOnceWithItsHelpAndType) {
+  MetricsRegistry registry;
+  NodeMetrics::describe(registry);
+  const std::string text = registry.render();
+  std::set<std::string_view> names;
+  for (const NodeMetricFamily& family : NodeMetrics::families()) {
+    EXPECT_TRUE(names.insert(family.name).second) << family.name;
+    EXPECT_TRUE(family.name.starts_with("kvr_")) << family.name;
+    EXPECT_FALSE(family.help.empty()) << family.name;
+    EXPECT_EQ(family.type == MetricType::Histogram, !family.buckets.empty()) << family.name;
+    EXPECT_NE(text.find(fmt::format("# HELP {} {}\n", family.name, family.help)), std::string::npos)
+        << family.name;
+    EXPECT_NE(text.find(fmt::format("# TYPE {} {}\n", family.name, type_name(family.type))),
+              std::string::npos)
+        << family.name;
+  }
+}
+
+TEST(NodeMetricsTest, LeasesOpenAndNatsReconnectsShowFromTheStart) {
+  MetricsRegistry registry;
+  NodeMetrics::describe(registry);
+  const std::string text = registry.render();
+  EXPECT_NE(text.find("\nkvr_leases_open 0\n"), std::string::npos);
+  EXPECT_NE(text.find("\nkvr_nats_reconnects_total 0\n"), std::string::npos);
+}
+
+TEST(NodeMetricsTest, RouteErrorsAreLabelledWithTheErrorsShortName) {
+  MetricsRegistry registry;
+  NodeMetrics::describe(registry);
+  const NodeMetrics metrics{registry};
+  metrics.route_errors(Error::no_workers).add();
+  metrics.route_errors(Error::timeout).add();
+  EXPECT_EQ(registry.value(NodeMetrics::kRouteErrors, {{"code", "no_workers"}}), 1);
+  EXPECT_EQ(registry.value(NodeMetrics::kRouteErrors, {{"code", "timeout"}}), 1);
+  EXPECT_EQ(registry.total(NodeMetrics::kRouteErrors), 2);
+}
+
+TEST(NodeMetricsTest, SeriesCarryTheLabelsTheDocsName) {
+  MetricsRegistry registry;
+  NodeMetrics::describe(registry);
+  const NodeMetrics metrics{registry};
+  metrics.route_decisions(17).add();
+  metrics.worker_messages_refused("m/default", "heartbeat").add(2);
+  metrics.lifecycle_reports("completed", true).add();
+  metrics.bookings_open("m/default").set(3);
+  EXPECT_EQ(registry.value("kvr_route_decisions_total", {{"worker", "17"}}), 1);
+  EXPECT_EQ(registry.value("kvr_worker_messages_refused_total",
+                           {{"partition", "m/default"}, {"kind", "heartbeat"}}),
+            2);
+  EXPECT_EQ(
+      registry.value("kvr_lifecycle_reports_total", {{"event", "completed"}, {"accepted", "true"}}),
+      1);
+  EXPECT_EQ(registry.value("kvr_bookings_open", {{"partition", "m/default"}}), 3);
+}
+
+}  // namespace
+}  // namespace kvr::metrics

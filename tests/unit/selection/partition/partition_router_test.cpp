@@ -1,0 +1,301 @@
+// The partition core driven directly, no actor system and no clock: each test feeds inputs with
+// the time and checks the effects (answers, dumps, removals, fleet, wake-ups, events) and gauges.
+#include "selection/partition/partition_router.hpp"
+
+#include <algorithm>
+
+#include <gtest/gtest.h>
+
+#include "discovery/block_hash.hpp"
+#include "selection/config/router_policy_config.hpp"
+#include "selection/policies/builtin_policies.hpp"
+#include "tests/testing/worker_registration.hpp"
+
+namespace kvr {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr std::uint32_t kBlockSize = 16;
+constexpr std::string_view kModel = "llama";
+const TimePoint kStart{std::chrono::seconds(1000)};
+
+template <class Event>
+std::size_t count(const PartitionEffects& effects) {
+  return static_cast<std::size_t>(std::ranges::count_if(
+      effects.events,
+      [](const PartitionEvent& event) { return std::holds_alternative<Event>(event); }));
+}
+
+class PartitionRouterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(selection::register_builtin_policies(registry_));
+    auto plugins = registry_.resolve_plugins(selection::RouterPolicyConfig{});
+    ASSERT_TRUE(plugins) << plugins.error().message();
+    plugins_ = std::make_unique<plugins::RouterPlugins>(std::move(*plugins));
+    options_.options.partition.model = std::string{kModel};
+    options_.options.router.block_size = kBlockSize;
+    options_.options.lease_ttl = 60s;
+  }
+
+  // The class `default` is busy above 100 active prefill tokens; a request waits at most 5 s.
+  void queue_while_busy() {
+    classifiers::PolicyClassConfig busy;
+    busy.name = "default";
+    busy.prefill_busy_threshold = 100;
+    const std::vector<classifiers::PolicyClassConfig> classes{busy};
+    options_.policy_classes =
+        classifiers::resolve_policy_classes(classes, classifiers::default_policy_class());
+    options_.queue_max_wait = 5s;
+  }
+
+  PartitionRouter& make() {
+    router_ = std::make_unique<PartitionRouter>(options_, *plugins_);
+    return *router_;
+  }
+
+  discovery::WorkerRegistration worker(WorkerId id, std::chrono::milliseconds ttl = 10s) {
+    auto registration = testing::worker_registration(id, std::string{kModel}, kBlockSize, ttl);
+    registration.dump_subject = "dump." + std::to_string(id);
+    registration.generate_subject = "generate." + std::to_string(id);
+    registration.publishes_kv_events = true;
+    return registration;
+  }
+
+  void add_worker(WorkerId id, TimePoint now = kStart) {
+    router_->register_worker(worker(id), now, effects_);
+    router_->update_load({id, 1, {{0, discovery::ConfirmedLoad{}}}}, now, effects_);
+    effects_.clear();
+  }
+
+  // A request of `blocks` full blocks of its own (no shared prefix unless `prefix` is given).
+  RouteRequest request(std::string id, std::size_t blocks, std::string prefix = {}) {
+    RouteRequest input;
+    input.selection.request_id = id;
+    input.selection.prompt_tokens = blocks * kBlockSize;
+    const std::string seed = prefix.empty() ? id : prefix;
+    std::optional<BlockHash> parent;
+    for (std::size_t i = 0; i < blocks; ++i) {
+      parent = discovery::BlockHasher::chain(parent, std::hash<std::string>{}(seed) + i);
+      input.selection.block_hashes.push_back(*parent);
+    }
+    return input;
+  }
+
+  std::optional<RouteReply> route(RouteRequest input, TimePoint now = kStart) {
+    return router_->route(input, next_ticket_++, now, effects_);
+  }
+
+  WorkerId worker_of(const std::optional<RouteReply>& reply) {
+    EXPECT_TRUE(reply && reply->result)
+        << (reply && !reply->result ? reply->result.error().message : "no answer now");
+    return reply && reply->result ? reply->result->worker.worker_id : 0;
+  }
+
+  plugins::RouterPluginRegistry registry_;
+  std::unique_ptr<plugins::RouterPlugins> plugins_;
+  PartitionRouterOptions options_;
+  std::unique_ptr<PartitionRouter> router_;
+  PartitionEffects effects_;
+  RouteTicket next_ticket_ = 1;
+};
+
+TEST_F(PartitionRouterTest, AnswersAtOnceWithoutWorkersAndBooksOnTheWorkerThatJoined) {
+  make();
+  auto none = route(request("a", 2));
+  ASSERT_TRUE(none);
+  ASSERT_FALSE(none->result);
+  EXPECT_EQ(none->result.error().code, Error::no_workers);
+
+  router_->register_worker(worker(7), kStart, effects_);
+  EXPECT_TRUE(effects_.fleet_changed);
+  EXPECT_EQ(count<partition_event::WorkerJoined>(effects_), 1U);
+  EXPECT_EQ(router_->fleet().workers.size(), 1U);
+  effects_.clear();
+
+  auto routed = route(request("b", 2));
+  EXPECT_EQ(worker_of(routed), 7U);
+  EXPECT_EQ(routed->generate_subject, "generate.7");
+  EXPECT_EQ(router_->gauges().bookings_open, 1U);
+  ASSERT_TRUE(router_->change_booking({"b", true}, kStart, effects_));
+  EXPECT_EQ(router_->gauges().bookings_open, 0U);
+  EXPECT_FALSE(router_->change_booking({"b", true}, kStart, effects_))
+      << "a booking is released once";
+}
+
+TEST_F(PartitionRouterTest, AKvEventGapAsksForOneDumpPerRetryPeriod) {
+  make();
+  add_worker(3);
+  KvEventBatch batch{.worker = {3, 0}, .incarnation = 1, .event_id = 5, .events = {}};
+  router_->apply_kv_events(batch, kStart, effects_);
+  ASSERT_EQ(effects_.dumps.size(), 1U);
+  EXPECT_EQ(effects_.dumps[0].dump_subject, "dump.3");
+  EXPECT_EQ(count<partition_event::KvEventGap>(effects_), 1U);
+  effects_.clear();
+
+  batch.event_id = 9;
+  router_->apply_kv_events(batch, kStart + 100ms, effects_);
+  EXPECT_TRUE(effects_.dumps.empty()) << "within dump_retry of the last request";
+  effects_.clear();
+  batch.event_id = 12;
+  router_->apply_kv_events(batch, kStart + 2s, effects_);
+  EXPECT_EQ(effects_.dumps.size(), 1U);
+}
+
+TEST_F(PartitionRouterTest, LeasesAreHeldWhileTheLinkIsDownAndDumpsArePacedAfterItReturns) {
+  options_.resync_dumps_per_tick = 1;
+  make();
+  add_worker(1);
+  add_worker(2);
+  router_->set_link(false, kStart, effects_);
+  router_->tick(kStart + 30s, effects_);
+  EXPECT_TRUE(effects_.removed.empty()) << "no lease runs out while the node cannot hear";
+  effects_.clear();
+
+  router_->set_link(true, kStart + 30s, effects_);
+  ASSERT_EQ(count<partition_event::LinkRestored>(effects_), 1U);
+  effects_.clear();
+  // Both workers are heard from again; one dump per tick.
+  router_->heartbeat({1, 1}, kStart + 30s, effects_);
+  router_->heartbeat({2, 1}, kStart + 30s, effects_);
+  EXPECT_EQ(effects_.dumps.size(), 1U);
+  effects_.clear();
+  router_->tick(kStart + 30s + 100ms, effects_);
+  EXPECT_EQ(effects_.dumps.size(), 1U);
+  effects_.clear();
+  // Worker 2 stays silent for a whole TTL after the reconnect and leaves.
+  router_->heartbeat({1, 1}, kStart + 38s, effects_);
+  router_->tick(kStart + 41s, effects_);
+  EXPECT_EQ(effects_.removed, std::vector<WorkerId>{2});
+  EXPECT_TRUE(effects_.fleet_changed);
+}
+
+TEST_F(PartitionRouterTest, AQueuedRequestIsAnsweredUnderItsTicketWhenCapacityFrees) {
+  queue_while_busy();
+  make();
+  ASSERT_TRUE(router_->queues());
+  add_worker(1);
+  EXPECT_EQ(worker_of(route(request("a", 8))), 1U);
+  const RouteTicket waiting_ticket = next_ticket_;
+  EXPECT_FALSE(route(request("b", 8))) << "every worker is busy for its class";
+  EXPECT_EQ(router_->gauges().queued, 1U);
+  ASSERT_TRUE(effects_.wake_at);
+  EXPECT_EQ(*effects_.wake_at, kStart + 5s);
+  effects_.clear();
+
+  ASSERT_TRUE(router_->change_booking({"a", false}, kStart + 1s, effects_));
+  ASSERT_EQ(effects_.answers.size(), 1U);
+  EXPECT_EQ(effects_.answers[0].first, waiting_ticket);
+  ASSERT_TRUE(effects_.answers[0].second.result);
+  EXPECT_EQ(count<partition_event::QueueOutcome>(effects_), 1U);
+  EXPECT_EQ(count<partition_event::QueueWaited>(effects_), 1U);
+}
+
+TEST_F(PartitionRouterTest, AWaitLimitOrACancelEndsAQueuedRequestWithAnExplicitAnswer) {
+  queue_while_busy();
+  make();
+  add_worker(1);
+  ASSERT_TRUE(route(request("a", 8)));
+  EXPECT_FALSE(route(request("b", 8)));
+  EXPECT_FALSE(route(request("c", 8)));
+  effects_.clear();
+
+  router_->cancel("c", kStart + 1s, effects_);
+  ASSERT_EQ(effects_.answers.size(), 1U);
+  EXPECT_EQ(effects_.answers[0].second.result.error().code, Error::unavailable);
+  effects_.clear();
+
+  router_->wake(kStart + 5s, effects_);
+  ASSERT_EQ(effects_.answers.size(), 1U);
+  EXPECT_EQ(effects_.answers[0].second.result.error().code, Error::timeout);
+  EXPECT_EQ(router_->gauges().queued, 0U);
+}
+
+TEST_F(PartitionRouterTest, AFencedPartitionRoutesOnlyWhileItsLeaseLiesAhead) {
+  options_.fenced = true;
+  options_.ownership_wait = 2s;
+  make();
+  add_worker(1);
+  const RouteTicket first = next_ticket_;
+  EXPECT_FALSE(route(request("a", 2))) << "waits for the lease";
+  router_->set_owned_until(kStart + 10s, kStart + 1s, effects_);
+  ASSERT_EQ(effects_.answers.size(), 1U);
+  EXPECT_EQ(effects_.answers[0].first, first);
+  EXPECT_TRUE(effects_.answers[0].second.result);
+  effects_.clear();
+
+  EXPECT_FALSE(route(request("b", 2), kStart + 11s)) << "the lease ran out";
+  router_->tick(kStart + 14s, effects_);
+  ASSERT_EQ(effects_.answers.size(), 1U);
+  EXPECT_EQ(effects_.answers[0].second.result.error().code, Error::unavailable);
+}
+
+TEST_F(PartitionRouterTest, AFencedPartitionAsksEveryJoiningWorkerForItsDump) {
+  options_.fenced = true;
+  make();
+  router_->register_worker(worker(4), kStart, effects_);
+  ASSERT_EQ(effects_.dumps.size(), 1U);
+  EXPECT_EQ(effects_.dumps[0].worker, (WorkerWithDpRank{4, 0}));
+}
+
+TEST_F(PartitionRouterTest, HardSessionAffinityKeepsASessionOnItsWorker) {
+  options_.affinity.ttl = 60s;
+  make();
+  add_worker(1);
+  add_worker(2);
+  auto in_session = [&](std::string id) {
+    RouteRequest input = request(std::move(id), 4);
+    input.selection.session.emplace("conversation", std::nullopt, std::nullopt, std::nullopt);
+    return input;
+  };
+  const WorkerId first = worker_of(route(in_session("a")));
+  // The bound worker is the busier one now, and still gets the session's next turns.
+  EXPECT_EQ(worker_of(route(in_session("b"))), first);
+  EXPECT_EQ(worker_of(route(in_session("c"))), first);
+  EXPECT_EQ(router_->gauges().session_bindings, 1U);
+}
+
+TEST_F(PartitionRouterTest, ADeregisteredWorkerIsRemovedAndReportedOnce) {
+  make();
+  add_worker(5);
+  router_->deregister({5, 1}, kStart, effects_);
+  EXPECT_EQ(effects_.removed, std::vector<WorkerId>{5});
+  EXPECT_TRUE(effects_.fleet_changed);
+  effects_.clear();
+  router_->deregister({5, 1}, kStart, effects_);
+  EXPECT_TRUE(effects_.removed.empty());
+  EXPECT_EQ(count<partition_event::MessageRefused>(effects_), 1U);
+}
+
+TEST_F(PartitionRouterTest, ShuttingDownAnswersEveryWaitingRequest) {
+  options_.fenced = true;
+  make();
+  add_worker(1);
+  EXPECT_FALSE(route(request("a", 2)));
+  EXPECT_FALSE(route(request("b", 2)));
+  router_->shut_down(effects_);
+  ASSERT_EQ(effects_.answers.size(), 2U);
+  for (const auto& [ticket, reply] : effects_.answers) {
+    EXPECT_EQ(reply.result.error().code, Error::unavailable);
+  }
+}
+
+TEST_F(PartitionRouterTest, KvUsageIsReportedWhenItMovesByAPercent) {
+  options_.report_kv_usage = true;
+  make();
+  add_worker(1);
+  discovery::ConfirmedLoad load;
+  load.kv_blocks_used = 100;
+  router_->update_load({1, 1, {{0, load}}}, kStart, effects_);
+  ASSERT_TRUE(effects_.kv_usage);
+  EXPECT_EQ(effects_.kv_usage->used, 100U);
+  EXPECT_EQ(effects_.kv_usage->total, 1000U);
+  effects_.clear();
+  load.kv_blocks_used = 105;
+  router_->update_load({1, 1, {{0, load}}}, kStart, effects_);
+  EXPECT_FALSE(effects_.kv_usage) << "moved by less than 0.01";
+}
+
+}  // namespace
+}  // namespace kvr

@@ -1,0 +1,580 @@
+// The selector's plain state: registration checks, routing over KV events and approximate
+// (routing-fed) caches, booking before the answer, releases exactly once, worker removal by
+// deregistration and lease expiry, request validation, and the overlap a route reports.
+#include "selection/partition/selector_state.hpp"
+
+#include <map>
+#include <numeric>
+#include <set>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "discovery/block_hash.hpp"
+#include "selection/config/router_policy_config.hpp"
+#include "selection/policies/builtin_policies.hpp"
+#include "tests/testing/worker_registration.hpp"
+
+namespace kvr {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr std::uint32_t kBlockSize = 16;
+constexpr std::string_view kModel = "llama";
+const TimePoint kStart{std::chrono::seconds(1000)};
+
+// Chained hashes of `length` blocks; prompts with the same `branch` share every block, prompts
+// with different branches share the first `shared` blocks.
+std::vector<BlockHash> prompt_blocks(std::size_t length, std::uint64_t branch,
+                                     std::size_t shared = 0) {
+  std::vector<BlockHash> hashes;
+  std::optional<BlockHash> parent;
+  for (std::size_t i = 0; i < length; ++i) {
+    parent = discovery::BlockHasher::chain(parent, i < shared ? i : branch * 1000 + i);
+    hashes.push_back(*parent);
+  }
+  return hashes;
+}
+
+discovery::WorkerRegistration registration(WorkerId id, bool publishes_kv_events = true) {
+  auto worker = testing::worker_registration(id, std::string{kModel}, kBlockSize, 10s);
+  worker.publishes_kv_events = publishes_kv_events;
+  return worker;
+}
+
+KvEventBatch stored(WorkerId id, EventId event_id, std::vector<BlockHash> blocks,
+                    std::optional<BlockHash> parent = std::nullopt,
+                    StorageTier tier = StorageTier::Device) {
+  return KvEventBatch{.worker = {id, 0},
+                      .incarnation = 1,
+                      .event_id = event_id,
+                      .events = {KvStoredEvent{parent, std::move(blocks), tier}}};
+}
+
+class SelectorStateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto registered = selection::register_builtin_policies(registry_);
+    ASSERT_TRUE(registered) << registered.error().message();
+  }
+
+  // A selector whose aggregated workers use `policy` (a built-in type; empty: the default).
+  SelectorState& make_state(std::string policy = {}, std::uint32_t block_size = kBlockSize) {
+    selection::RouterPolicyConfig config;
+    if (!policy.empty()) {
+      config.worker_selection[static_cast<std::size_t>(WorkerType::Aggregated)] = policy;
+    }
+    auto plugins = registry_.resolve_plugins(config);
+    EXPECT_TRUE(plugins) << plugins.error().message();
+    plugins_ = std::make_unique<plugins::RouterPlugins>(std::move(*plugins));
+    SelectorOptions options;
+    options.partition.model = std::string{kModel};
+    options.router.block_size = block_size;
+    options.router.seed = 42;
+    options.lease_ttl = 30s;
+    state_ = std::make_unique<SelectorState>(std::move(options), *plugins_);
+    return *state_;
+  }
+
+  // Registers workers and gives each an (empty) load report, as a live worker sends at start.
+  void add_workers(std::initializer_list<WorkerId> ids, bool publishes_kv_events = true) {
+    for (const WorkerId id : ids) {
+      auto added = state_->register_worker(registration(id, publishes_kv_events), kStart);
+      ASSERT_TRUE(added) << added.error().message();
+      ASSERT_TRUE(state_->update_load({id, 0}, discovery::ConfirmedLoad{}));
+    }
+  }
+
+  std::expected<RouteOutcome, RouteFailure> route(const std::string& request_id,
+                                                  const std::vector<BlockHash>& blocks,
+                                                  std::size_t extra_tokens = 0,
+                                                  TimePoint now = kStart) {
+    RouteRequest input;
+    input.selection.request_id = request_id;
+    input.selection.prompt_tokens = blocks.size() * kBlockSize + extra_tokens;
+    input.selection.block_hashes = blocks;
+    return state_->route(input, now);
+  }
+
+  plugins::RouterPluginRegistry registry_;
+  std::unique_ptr<plugins::RouterPlugins> plugins_;
+  std::unique_ptr<SelectorState> state_;
+};
+
+// ---- registration -------------------------------------------------------------------------
+
+TEST_F(SelectorStateTest, RefusesAWorkerOfAnotherPartitionNamingTheField) {
+  auto& state = make_state();
+  auto other_model = registration(1);
+  other_model.model = "mistral";
+  const auto refused = state.register_worker(other_model, kStart);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().field, "model");
+  EXPECT_NE(refused.error().reason.find("mistral"), std::string::npos) << refused.error().reason;
+
+  auto other_group = registration(2);
+  other_group.routing_group = "batch";
+  const auto refused_group = state.register_worker(other_group, kStart);
+  ASSERT_FALSE(refused_group);
+  EXPECT_EQ(refused_group.error().field, "routing_group");
+  EXPECT_NE(refused_group.error().message().find("batch"), std::string::npos)
+      << refused_group.error().message();
+  EXPECT_EQ(state.partition_workers().catalog().size(), 0U);
+}
+
+TEST_F(SelectorStateTest, RefusesAWorkerWithAnotherBlockSize) {
+  auto& state = make_state();
+  auto worker = registration(1);
+  worker.block_size = 2 * kBlockSize;
+  const auto refused = state.register_worker(worker, kStart);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().field, "block_size");
+  EXPECT_EQ(state.partition_workers().catalog().size(), 0U);
+  EXPECT_TRUE(state.workers(WorkerType::Aggregated).empty());
+}
+
+TEST_F(SelectorStateTest, RegisteredWorkersAreOfferedInIdOrder) {
+  auto& state = make_state();
+  add_workers({30, 10, 20});
+  const auto rows = state.workers(WorkerType::Aggregated);
+  ASSERT_EQ(rows.size(), 3U);
+  EXPECT_EQ(rows[0].worker.worker_id, 10U);
+  EXPECT_EQ(rows[1].worker.worker_id, 20U);
+  EXPECT_EQ(rows[2].worker.worker_id, 30U);
+  EXPECT_TRUE(state.workers(WorkerType::Prefill).empty());
+}
+
+// ---- routing over the KV index ------------------------------------------------------------
+
+TEST_F(SelectorStateTest, DefaultPolicyRoutesToTheWorkerHoldingThePromptsBlocks) {
+  auto& state = make_state();
+  EXPECT_EQ(state.policy_name(WorkerType::Aggregated), plugins::kDefaultPolicyName);
+  add_workers({1, 2, 3});
+  const auto blocks = prompt_blocks(8, 7);
+  ASSERT_TRUE(state.apply_kv_events(stored(2, 1, blocks)));
+  const auto routed = route("r1", blocks, 5);
+  ASSERT_TRUE(routed) << routed.error().message;
+  EXPECT_EQ(routed->worker, (WorkerWithDpRank{2, 0}));
+  EXPECT_EQ(routed->device_overlap_blocks, 8U);
+  EXPECT_EQ(routed->uncached_prefill_tokens, 5U);
+  EXPECT_EQ(routed->eligible_workers, 3U);
+}
+
+TEST_F(SelectorStateTest, OutcomeCarriesOverlapByTierAndUncachedPrefillTokens) {
+  auto& state = make_state();
+  add_workers({1, 2});
+  const auto blocks = prompt_blocks(6, 3);
+  // Worker 1 holds the first three blocks on device and the fourth on host.
+  ASSERT_TRUE(state.apply_kv_events(stored(1, 1, {blocks.begin(), blocks.begin() + 3})));
+  ASSERT_TRUE(state.apply_kv_events(stored(1, 2, {blocks[3]}, blocks[2], StorageTier::Host)));
+  const auto routed = route("r1", blocks, 4);  // 6 * 16 + 4 = 100 prompt tokens
+  ASSERT_TRUE(routed) << routed.error().message;
+  EXPECT_EQ(routed->worker, (WorkerWithDpRank{1, 0}));
+  EXPECT_EQ(routed->device_overlap_blocks, 3U);
+  EXPECT_EQ(routed->host_overlap_blocks, 1U);
+  EXPECT_EQ(routed->disk_overlap_blocks, 0U);
+  EXPECT_EQ(routed->uncached_prefill_tokens, 100U - 4 * kBlockSize);
+  EXPECT_EQ(routed->lease_expires_at, kStart + 30s);
+  // The booking carries the same uncached tokens.
+  EXPECT_EQ(state.partition_workers().load().rank_load({1, 0})->booked_prefill_tokens,
+            100U - 4 * kBlockSize);
+}
+
+TEST_F(SelectorStateTest, OutcomeNamesEachScorerOfItsCost) {
+  make_state();
+  add_workers({1});
+  const auto routed = route("r1", prompt_blocks(4, 1));
+  ASSERT_TRUE(routed) << routed.error().message;
+  ASSERT_TRUE(routed->scorer_names);
+  ASSERT_EQ(routed->scorer_names->size(), routed->scorer_costs.size());
+  EXPECT_NE(routed->scorer_names->front().find("KvCostScorer"), std::string::npos);
+}
+
+TEST_F(SelectorStateTest, PolicyWithoutCacheSignalsStillGetsTheChosenWorkersOverlap) {
+  auto& state = make_state("round-robin");
+  add_workers({1, 2});
+  const auto blocks = prompt_blocks(6, 9);
+  ASSERT_TRUE(state.apply_kv_events(stored(1, 1, {blocks.begin(), blocks.begin() + 2})));
+  ASSERT_TRUE(state.apply_kv_events(stored(2, 1, {blocks.begin(), blocks.begin() + 5})));
+  // Round-robin serves worker 1 first, then worker 2, whatever they hold.
+  const auto first = route("r1", blocks, 3);
+  ASSERT_TRUE(first) << first.error().message;
+  EXPECT_EQ(first->worker.worker_id, 1U);
+  EXPECT_EQ(first->device_overlap_blocks, 2U);
+  EXPECT_EQ(first->uncached_prefill_tokens, 4U * kBlockSize + 3);
+  const auto second = route("r2", blocks, 3);
+  ASSERT_TRUE(second) << second.error().message;
+  EXPECT_EQ(second->worker.worker_id, 2U);
+  EXPECT_EQ(second->device_overlap_blocks, 5U);
+  EXPECT_EQ(second->uncached_prefill_tokens, 1U * kBlockSize + 3);
+  EXPECT_EQ(state.partition_workers().load().rank_load({2, 0})->booked_prefill_tokens,
+            1U * kBlockSize + 3);
+}
+
+// ---- booking ------------------------------------------------------------------------------
+
+TEST_F(SelectorStateTest, RouteBooksSoTheNextLeastLoadedRouteGoesElsewhere) {
+  auto& state = make_state("least-loaded");
+  add_workers({1, 2});
+  const auto first = route("r1", prompt_blocks(4, 1));
+  ASSERT_TRUE(first) << first.error().message;
+  EXPECT_EQ(state.partition_workers().load().rank_load(first->worker)->open_bookings, 1U);
+  const auto second = route("r2", prompt_blocks(4, 2));
+  ASSERT_TRUE(second) << second.error().message;
+  EXPECT_NE(first->worker, second->worker);
+}
+
+TEST_F(SelectorStateTest, RouteBooksSoTheNextKvCostRouteGoesElsewhere) {
+  make_state();
+  add_workers({1, 2});
+  std::set<WorkerId> chosen;
+  for (int i = 0; i < 2; ++i) {
+    const auto routed = route(fmt::format("r{}", i), prompt_blocks(4, 10 + i));
+    ASSERT_TRUE(routed) << routed.error().message;
+    chosen.insert(routed->worker.worker_id);
+  }
+  EXPECT_EQ(chosen, (std::set<WorkerId>{1, 2}));
+}
+
+TEST_F(SelectorStateTest, BookingsSpreadLoadBeforeTheFirstLoadReport) {
+  auto& state = make_state("least-loaded");
+  // A router that just started (or took over the partition) has no load reports yet; its own
+  // bookings are then the whole estimate, and a burst must not herd onto one worker.
+  for (const WorkerId id : {1, 2, 3, 4})
+    ASSERT_TRUE(state.register_worker(registration(id), kStart));
+  std::map<WorkerId, int> per_worker;
+  for (int i = 0; i < 8; ++i) {
+    const auto routed = route(fmt::format("r{}", i), prompt_blocks(4, 100 + i));
+    ASSERT_TRUE(routed) << routed.error().message;
+    ++per_worker[routed->worker.worker_id];
+  }
+  EXPECT_EQ(per_worker, (std::map<WorkerId, int>{{1, 2}, {2, 2}, {3, 2}, {4, 2}}));
+}
+
+TEST_F(SelectorStateTest, BusyPrefillThresholdDoesNotCountAReportedBookingTwice) {
+  selection::RouterPolicyConfig config;
+  auto plugins = registry_.resolve_plugins(config);
+  ASSERT_TRUE(plugins);
+  plugins_ = std::make_unique<plugins::RouterPlugins>(std::move(*plugins));
+  SelectorOptions options;
+  options.partition.model = std::string{kModel};
+  options.router.block_size = kBlockSize;
+  options.router.busy_prefill_tokens_threshold = 100;
+  state_ = std::make_unique<SelectorState>(std::move(options), *plugins_);
+  add_workers({1});
+  const auto blocks = prompt_blocks(5, 1);  // 80 uncached tokens
+  ASSERT_TRUE(route("r1", blocks));
+  // The worker's report already counts r1's 80 prefill tokens: 80 in total, not 160.
+  ASSERT_TRUE(state_->update_load(
+      {1, 0}, discovery::ConfirmedLoad{.active_requests = 1, .active_prefill_tokens = 80}));
+  const auto rows = state_->workers(WorkerType::Aggregated);
+  ASSERT_EQ(rows.size(), 1U);
+  EXPECT_EQ(rows[0].active_prefill_tokens, 80U);
+  const auto small = prompt_blocks(1, 2);
+  EXPECT_TRUE(route("r2", small)) << "80 prefill tokens do not exceed the threshold of 100";
+  // Now 80 reported + 16 booked since; one more booking of 16 passes 100 and the worker is busy.
+  ASSERT_TRUE(route("r3", prompt_blocks(1, 3)));
+  EXPECT_EQ(state_->workers(WorkerType::Aggregated)[0].active_prefill_tokens, 112U);
+  const auto refused = route("r4", prompt_blocks(1, 4));
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, Error::no_workers) << refused.error().message;
+}
+
+TEST_F(SelectorStateTest, BusyKvUsageThresholdCountsBookingsSinceTheReport) {
+  auto plugins = registry_.resolve_plugins(selection::RouterPolicyConfig{});
+  ASSERT_TRUE(plugins);
+  plugins_ = std::make_unique<plugins::RouterPlugins>(std::move(*plugins));
+  SelectorOptions options;
+  options.partition.model = std::string{kModel};
+  options.router.block_size = kBlockSize;
+  options.router.busy_kv_usage_threshold = 0.5;
+  state_ = std::make_unique<SelectorState>(std::move(options), *plugins_);
+  add_workers({1});  // 1000 blocks
+  ASSERT_TRUE(state_->update_load({1, 0}, discovery::ConfirmedLoad{.kv_blocks_used = 450}));
+  ASSERT_TRUE(route("r1", prompt_blocks(60, 1)));
+  // 450 reported + 60 booked since: 51 % in use, above the threshold.
+  EXPECT_DOUBLE_EQ(state_->workers(WorkerType::Aggregated)[0].kv_usage.value(), 0.51);
+  const auto refused = route("r2", prompt_blocks(1, 2));
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, Error::no_workers) << refused.error().message;
+  // A report that counts r1 replaces the estimate: 490 blocks, below the threshold again.
+  ASSERT_TRUE(state_->update_load(
+      {1, 0}, discovery::ConfirmedLoad{.active_requests = 1, .kv_blocks_used = 490}));
+  EXPECT_TRUE(route("r3", prompt_blocks(1, 3)));
+}
+
+TEST_F(SelectorStateTest, FirstTokenAndReleaseReleaseTheBookingExactlyOnce) {
+  auto& state = make_state();
+  add_workers({1});
+  const auto routed = route("r1", prompt_blocks(4, 1), 8);
+  ASSERT_TRUE(routed);
+  const auto& load = state.partition_workers().load();
+  EXPECT_EQ(load.rank_load({1, 0})->booked_prefill_tokens, 4U * kBlockSize + 8);
+
+  ASSERT_TRUE(state.first_token("r1"));
+  EXPECT_EQ(load.rank_load({1, 0})->booked_prefill_tokens, 0U);
+  EXPECT_EQ(load.rank_load({1, 0})->open_bookings, 1U);
+  EXPECT_EQ(state.first_token("r1").error(), discovery::LoadError::prefill_already_released);
+
+  ASSERT_TRUE(state.release("r1", discovery::BookingEnd::completed));
+  EXPECT_EQ(load.rank_load({1, 0})->open_bookings, 0U);
+  EXPECT_EQ(load.rank_load({1, 0})->booked_blocks, 0U);
+  EXPECT_EQ(load.open_bookings(), 0U);
+  EXPECT_EQ(state.release("r1", discovery::BookingEnd::completed).error(),
+            discovery::LoadError::unknown_booking);
+  EXPECT_EQ(state.first_token("r1").error(), discovery::LoadError::unknown_booking);
+}
+
+TEST_F(SelectorStateTest, ReusedRequestIdIsRefusedWhileItsBookingIsOpen) {
+  make_state();
+  add_workers({1, 2});
+  ASSERT_TRUE(route("r1", prompt_blocks(2, 1)));
+  const auto again = route("r1", prompt_blocks(2, 2));
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().code, Error::invalid_request);
+  EXPECT_EQ(state_->partition_workers().load().open_bookings(), 1U);
+}
+
+TEST_F(SelectorStateTest, RefusedDuplicateLeavesTheRoundRobinPositionAlone) {
+  make_state("round-robin");
+  add_workers({1, 2});
+  const auto first = route("r1", prompt_blocks(2, 1));
+  ASSERT_TRUE(first) << first.error().message;
+  EXPECT_EQ(first->worker.worker_id, 1U);
+  ASSERT_FALSE(route("r1", prompt_blocks(2, 1)));
+  // Had the duplicate reached the policy, the rotation would be back at worker 1.
+  const auto second = route("r2", prompt_blocks(2, 2));
+  ASSERT_TRUE(second) << second.error().message;
+  EXPECT_EQ(second->worker.worker_id, 2U);
+}
+
+TEST_F(SelectorStateTest, UnreportedBookingIsReleasedWhenItsLeaseEnds) {
+  auto& state = make_state();
+  add_workers({1});
+  ASSERT_TRUE(route("r1", prompt_blocks(2, 1)));
+  // The worker stays alive (heartbeats every 9 s against a 10 s lease); only the booking ends.
+  std::vector<WorkerId> removed;
+  for (const auto at : {9s, 18s, 27s}) {
+    ASSERT_TRUE(state.heartbeat(1, 1, kStart + at));
+    state.expire(kStart + at, removed);
+  }
+  state.expire(kStart + 29s, removed);
+  EXPECT_EQ(state.partition_workers().load().open_bookings(), 1U);
+  state.expire(kStart + 30s, removed);
+  EXPECT_TRUE(removed.empty());
+  EXPECT_EQ(state.partition_workers().load().open_bookings(), 0U);
+  EXPECT_EQ(state.release("r1", discovery::BookingEnd::completed).error(),
+            discovery::LoadError::unknown_booking);
+}
+
+// ---- worker removal -----------------------------------------------------------------------
+
+TEST_F(SelectorStateTest, DeregisteredWorkerIsNoLongerRouted) {
+  auto& state = make_state();
+  add_workers({1, 2});
+  const auto blocks = prompt_blocks(6, 4);
+  ASSERT_TRUE(state.apply_kv_events(stored(1, 1, blocks)));
+  ASSERT_TRUE(route("before", blocks).has_value());
+  EXPECT_EQ(state.partition_workers().load().open_bookings(), 1U);
+
+  EXPECT_EQ(state.deregister(1, 2).error(), discovery::CatalogError::stale_incarnation);
+  ASSERT_TRUE(state.deregister(1, 1));
+  // Its bookings went with it.
+  EXPECT_EQ(state.partition_workers().load().open_bookings(), 0U);
+  for (int i = 0; i < 4; ++i) {
+    const auto routed = route(fmt::format("after{}", i), blocks);
+    ASSERT_TRUE(routed) << routed.error().message;
+    EXPECT_EQ(routed->worker.worker_id, 2U);
+    EXPECT_EQ(routed->device_overlap_blocks, 0U);
+  }
+  ASSERT_TRUE(state.deregister(2, 1));
+  const auto none = route("last", blocks);
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().code, Error::no_workers);
+}
+
+TEST_F(SelectorStateTest, ExpiredLeaseRemovesTheWorkerFromRouting) {
+  auto& state = make_state("round-robin");
+  add_workers({1, 2});
+  // Worker 2 keeps renewing its lease; worker 1 stops.
+  ASSERT_TRUE(state.heartbeat(2, 1, kStart + 8s));
+  std::vector<WorkerId> removed;
+  state.expire(kStart + 9s, removed);
+  EXPECT_TRUE(removed.empty());
+  state.expire(kStart + 10s, removed);
+  EXPECT_EQ(removed, (std::vector<WorkerId>{1}));
+  EXPECT_EQ(state.partition_workers().catalog().find(1), nullptr);
+  ASSERT_EQ(state.workers(WorkerType::Aggregated).size(), 1U);
+  for (int i = 0; i < 3; ++i) {
+    const auto routed = route(fmt::format("r{}", i), prompt_blocks(2, i), 0, kStart + 10s);
+    ASSERT_TRUE(routed) << routed.error().message;
+    EXPECT_EQ(routed->worker.worker_id, 2U);
+  }
+  EXPECT_EQ(state.heartbeat(1, 1, kStart + 10s).error(), discovery::CatalogError::unknown_worker);
+}
+
+TEST_F(SelectorStateTest, LearnsTheBlockSizeFromTheFirstWorkerAndRefusesAnother) {
+  auto& state = make_state({}, /*block_size=*/0);
+  EXPECT_EQ(state.block_size(), 0U);
+  auto first = registration(1);
+  first.block_size = 64;
+  ASSERT_TRUE(state.register_worker(first, kStart));
+  EXPECT_EQ(state.block_size(), 64U);
+  const auto refused = state.register_worker(registration(2), kStart);  // block size 16
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().field, "block_size");
+  EXPECT_NE(refused.error().reason.find("worker 2"), std::string::npos) << refused.error().reason;
+  EXPECT_NE(refused.error().reason.find("64"), std::string::npos) << refused.error().reason;
+  EXPECT_EQ(state.partition_workers().catalog().size(), 1U);
+
+  // Once the last worker has left, the next fleet sets the block size again.
+  ASSERT_TRUE(state.deregister(1, 1));
+  EXPECT_EQ(state.block_size(), 0U);
+  ASSERT_TRUE(state.register_worker(registration(2), kStart));
+  EXPECT_EQ(state.block_size(), kBlockSize);
+  ASSERT_TRUE(state.update_load({2, 0}, discovery::ConfirmedLoad{}));
+  EXPECT_TRUE(route("r1", prompt_blocks(3, 1))) << "policies are rebuilt for the new block size";
+}
+
+TEST_F(SelectorStateTest, NoWorkersNamesTheWorkersRefusedForTheirBlockSize) {
+  auto& state = make_state();
+  for (WorkerId id = 1; id <= 4; ++id) {
+    auto worker = registration(id);
+    worker.block_size = 64;
+    ASSERT_FALSE(state.register_worker(worker, kStart));
+  }
+  const auto failed = route("r1", prompt_blocks(2, 1));
+  ASSERT_FALSE(failed);
+  EXPECT_EQ(failed.error().code, Error::no_workers);
+  const std::string& message = failed.error().message;
+  EXPECT_NE(message.find("4 workers of model 'llama' refused"), std::string::npos) << message;
+  EXPECT_NE(message.find("4 at block size 64"), std::string::npos) << message;
+  EXPECT_NE(message.find("routes at block size 16"), std::string::npos) << message;
+
+  // A refusal is forgotten when the worker's lease would have ended.
+  std::vector<WorkerId> removed;
+  state.expire(kStart + 11s, removed);
+  const auto later = route("r2", prompt_blocks(2, 1), 0, kStart + 11s);
+  ASSERT_FALSE(later);
+  EXPECT_EQ(later.error().message.find("refused"), std::string::npos) << later.error().message;
+}
+
+TEST_F(SelectorStateTest, HashesTokenIdsAtThePartitionBlockSizeAndCacheNamespace) {
+  auto& state = make_state({}, /*block_size=*/0);
+  add_workers({1});
+  std::vector<std::uint32_t> tokens(40);
+  std::iota(tokens.begin(), tokens.end(), 1U);
+  RouteRequest request;
+  request.selection.request_id = "t1";
+  request.selection.prompt_tokens = tokens.size();
+  request.prompt_token_ids = tokens;
+  request.cache_namespace = "lora-a";
+  const auto routed = state.route(request, kStart);
+  ASSERT_TRUE(routed) << routed.error().message;
+  EXPECT_EQ(request.selection.block_hashes,
+            discovery::BlockHasher(kBlockSize, "lora-a").sequence_hashes(tokens));
+  EXPECT_EQ(request.selection.block_hashes.size(), 2U);
+  EXPECT_TRUE(request.prompt_token_ids.empty());
+  EXPECT_EQ(routed->uncached_prefill_tokens, 40U);
+}
+
+// ---- failures -----------------------------------------------------------------------------
+
+TEST_F(SelectorStateTest, NoWorkersIsReportedAsNoWorkers) {
+  make_state();
+  const auto failed = route("r1", prompt_blocks(2, 1));
+  ASSERT_FALSE(failed);
+  EXPECT_EQ(failed.error().code, Error::no_workers);
+  EXPECT_FALSE(failed.error().message.empty());
+  EXPECT_EQ(state_->partition_workers().load().open_bookings(), 0U);
+}
+
+TEST_F(SelectorStateTest, NoWorkersOfTheRequestedTypeIsReportedAsNoWorkers) {
+  auto& state = make_state();
+  add_workers({1});
+  const auto blocks = prompt_blocks(2, 1);
+  RouteRequest input;
+  input.selection.request_id = "p1";
+  input.worker_type = WorkerType::Prefill;
+  input.selection.prompt_tokens = blocks.size() * kBlockSize;
+  input.selection.block_hashes = blocks;
+  const auto failed = state.route(input, kStart);
+  ASSERT_FALSE(failed);
+  EXPECT_EQ(failed.error().code, Error::no_workers);
+}
+
+TEST_F(SelectorStateTest, MoreHashesThanFullBlocksIsAnInvalidRequest) {
+  auto& state = make_state();
+  add_workers({1});
+  const auto blocks = prompt_blocks(4, 1);
+  RouteRequest input;
+  input.selection.request_id = "r1";
+  input.selection.prompt_tokens = 4 * kBlockSize - 1;  // three full blocks
+  input.selection.block_hashes = blocks;
+  const auto failed = state.route(input, kStart);
+  ASSERT_FALSE(failed);
+  EXPECT_EQ(failed.error().code, Error::invalid_request);
+  EXPECT_NE(failed.error().message.find("4 block hashes"), std::string::npos)
+      << failed.error().message;
+  EXPECT_EQ(state.partition_workers().load().open_bookings(), 0U);
+  // Exactly as many hashes as full blocks is fine.
+  input.selection.prompt_tokens = 4 * kBlockSize;
+  EXPECT_TRUE(state.route(input, kStart));
+}
+
+TEST_F(SelectorStateTest, EmptyPromptIsAnInvalidRequest) {
+  auto& state = make_state();
+  add_workers({1});
+  RouteRequest input;
+  input.selection.request_id = "r1";
+  const auto failed = state.route(input, kStart);
+  ASSERT_FALSE(failed);
+  EXPECT_EQ(failed.error().code, Error::invalid_request);
+  EXPECT_EQ(state.partition_workers().load().open_bookings(), 0U);
+}
+
+TEST_F(SelectorStateTest, PromptShorterThanOneBlockIsRoutedWithoutHashes) {
+  auto& state = make_state();
+  add_workers({1});
+  RouteRequest input;
+  input.selection.request_id = "short";
+  input.selection.prompt_tokens = kBlockSize - 1;
+  const auto routed = state.route(input, kStart);
+  ASSERT_TRUE(routed) << routed.error().message;
+  EXPECT_EQ(routed->uncached_prefill_tokens, kBlockSize - 1);
+  EXPECT_EQ(routed->device_overlap_blocks, 0U);
+}
+
+// ---- approximate mode ---------------------------------------------------------------------
+
+TEST_F(SelectorStateTest, ApproximateWorkerAttractsTheSamePrefixAfterARoute) {
+  auto& state = make_state();
+  add_workers({1, 2, 3}, /*publishes_kv_events=*/false);
+  const auto first_prompt = prompt_blocks(10, 5, /*shared=*/8);
+  const auto first = route("r1", first_prompt);
+  ASSERT_TRUE(first) << first.error().message;
+  EXPECT_EQ(first->device_overlap_blocks, 0U);
+  // The routing decision is the only evidence of the cache: the index now predicts it.
+  EXPECT_EQ(state.partition_workers().index().blocks_held(first->worker, StorageTier::Device), 10U);
+  ASSERT_TRUE(state.first_token("r1"));
+  ASSERT_TRUE(state.release("r1", discovery::BookingEnd::completed));
+
+  // A later request sharing the first eight blocks goes where they are predicted to be.
+  const auto second = route("r2", prompt_blocks(12, 6, /*shared=*/8), 0, kStart + 1s);
+  ASSERT_TRUE(second) << second.error().message;
+  EXPECT_EQ(second->worker, first->worker);
+  EXPECT_EQ(second->device_overlap_blocks, 8U);
+  EXPECT_EQ(second->uncached_prefill_tokens, 4U * kBlockSize);
+}
+
+TEST_F(SelectorStateTest, WorkerPublishingEventsIsNotFilledFromRoutingDecisions) {
+  auto& state = make_state();
+  add_workers({1});
+  const auto routed = route("r1", prompt_blocks(6, 1));
+  ASSERT_TRUE(routed);
+  EXPECT_EQ(state.partition_workers().index().blocks_held({1, 0}, StorageTier::Device), 0U);
+}
+
+}  // namespace
+}  // namespace kvr
