@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <expected>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "actors/caf_error.hpp"
 #include "classifiers/request_classifier.hpp"
 #include "kvr/v1/routing.pb.h"
+#include "messages/clock.hpp"
 #include "selection/cluster/cluster_values.hpp"
 #include "selection/partition/partition_messages.hpp"
 #include "selection/partition/route_request.hpp"
@@ -34,7 +36,29 @@
 #include "selection/wire/route_messages.hpp"
 #include "selection/wire/worker_messages.hpp"
 
+namespace kvr {
+class RouterPublisher;  // selection/wire/nats_bridge.hpp
+namespace metrics {
+class MetricsRegistry;  // messages/metrics/metrics_registry.hpp
+class RateLimitedLog;   // messages/metrics/rate_limited_log.hpp
+}  // namespace metrics
+}  // namespace kvr
+
 namespace kvr::actors {
+
+// ---- what every actor of a node shares ----------------------------------------------------------
+
+/// The node's shared services, one of each per node; every actor config is one (it derives from
+/// this struct), so the node sets them in one place and a test fakes them in one place.
+struct NodeServices {
+  /// Publishes answers, chunks and dump requests on NATS (a fake in actor tests).
+  std::shared_ptr<RouterPublisher> publisher;
+  std::shared_ptr<metrics::MetricsRegistry> metrics;
+  /// Warnings that a flood of bad input could repeat, rate-limited.
+  std::shared_ptr<metrics::RateLimitedLog> log;
+  /// Stamps arrivals and drives deadlines (tests inject a manual clock).
+  std::shared_ptr<const Clock> clock = Clock::steady();
+};
 
 // ---- local messages (never leave the process) -------------------------------------------------
 
@@ -206,7 +230,6 @@ CAF_ADD_ATOM(kvr_actors, kvr::actors, fence_atom, "fence")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, partition_atom, "partition")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, handover_atom, "handover")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, ready_atom, "ready")
-CAF_ADD_ATOM(kvr_actors, kvr::actors, forward_atom, "forward")
 CAF_END_TYPE_ID_BLOCK(kvr_actors)
 
 namespace kvr::actors {
@@ -362,23 +385,74 @@ using ingress_actor = caf::typed_actor<
 
 // ---- cluster mode -------------------------------------------------------------------------------
 
-/// The forwarder actor (actors/cluster/forwarder_actor.hpp): in cluster mode, the NATS bridge's
-/// route, report and generate requests go through it; those whose partition (or lease) another
-/// node owns go to that node's ingress actor over CAF's middleman, the others to this node's.
+/// The forwarder actor (actors/cluster/forwarder_actor.hpp): in cluster mode, every request
+/// enters the node through it (RequestEntry); those whose partition (or lease) another node owns
+/// go to that node's ingress actor over CAF's middleman, the others to this node's own entry.
+/// Each answer goes to the request's NATS reply subject and to the actor that asked.
 using forwarder_actor =
-    caf::typed_actor<caf::reacts_to<route_atom, RouteEnvelope>,
-                     caf::reacts_to<report_atom, ReportEnvelope>,
-                     caf::reacts_to<generate_atom, GenerateEnvelope>,
-                     // from this node's ingress: an actor client's request, answered to it
-                     caf::replies_to<forward_atom, RouteEnvelope>::with<RouteDecisionMessage>,
-                     caf::replies_to<forward_atom, ReportEnvelope>::with<LifecycleAckMessage>,
-                     caf::replies_to<forward_atom, GenerateEnvelope>::with<RouteDecisionMessage>,
+    caf::typed_actor<caf::replies_to<route_atom, RouteEnvelope>::with<RouteDecisionMessage>,
+                     caf::replies_to<report_atom, ReportEnvelope>::with<LifecycleAckMessage>,
+                     caf::replies_to<generate_atom, GenerateEnvelope>::with<RouteDecisionMessage>,
                      // a client's cancel of a generate request, by request id
                      caf::reacts_to<cancel_atom, std::string>,
                      // a forwarded generate request's chunk, from the owner's ingress actor
                      caf::reacts_to<chunk_atom, GenerateChunkMessage>,
                      // the cluster actor's last step
                      caf::reacts_to<ownership_atom, ClusterView>>;
+
+// ---- the entry ----------------------------------------------------------------------------------
+// The first stage a request meets is the forwarder (cluster mode), else the classifier (the node
+// admits requests), else the reservation (route, report) or lifecycle (generate, cancel) actor.
+// Each of them serves the same entry interfaces, and the choice is made once, where the node is
+// wired: the NATS bridge and the ingress actor send every request to a RequestEntry.
+
+/// The first stage of a route request: answers the decision (to the actor that asked; a NATS
+/// client's also on the envelope's reply subject).
+using route_entry_actor =
+    caf::typed_actor<caf::replies_to<route_atom, RouteEnvelope>::with<RouteDecisionMessage>>;
+/// The first stage of a lifecycle report: answers the ack likewise.
+using report_entry_actor =
+    caf::typed_actor<caf::replies_to<report_atom, ReportEnvelope>::with<LifecycleAckMessage>>;
+/// The first stage of a generate request (answers its first decision, streams its chunks) and
+/// of its cancel.
+using generate_entry_actor =
+    caf::typed_actor<caf::replies_to<generate_atom, GenerateEnvelope>::with<RouteDecisionMessage>,
+                     caf::reacts_to<cancel_atom, std::string>>;
+
+/// Where requests enter a node's pipeline.
+struct RequestEntry {
+  route_entry_actor route;
+  report_entry_actor report;
+  /// Null: generate is not served.
+  generate_entry_actor generate;
+
+  /// This node's own stages: the classifier in front when the node runs one. Without a
+  /// lifecycle actor, generate is not served.
+  static RequestEntry local(const classifier_actor& classifier,
+                            const reservation_actor& reservation,
+                            const lifecycle_actor& lifecycle) {
+    RequestEntry entry;
+    entry.report = reservation;
+    if (classifier) {
+      entry.route = classifier;
+      if (lifecycle) entry.generate = classifier;
+    } else {
+      entry.route = reservation;
+      entry.generate = lifecycle;
+    }
+    return entry;
+  }
+
+  /// Cluster mode: every request through the forwarder, which serves it at its partition's
+  /// owner (`serves_generate`: whether this node serves generate requests at all).
+  static RequestEntry forwarding(const forwarder_actor& forwarder, bool serves_generate) {
+    RequestEntry entry;
+    entry.route = forwarder;
+    entry.report = forwarder;
+    if (serves_generate) entry.generate = forwarder;
+    return entry;
+  }
+};
 
 /// The cluster actor (actors/cluster/cluster_actor.hpp): this node's membership and partition
 /// leases in NATS JetStream, stepped on its own thread.

@@ -62,18 +62,13 @@
 namespace kvr::actors {
 
 /// What the classifier actor is spawned with.
-struct ClassifierActorConfig {
+struct ClassifierActorConfig : NodeServices {
   /// Creates one classifier per model (RouterPlugins::request_classifier).
   plugins::request_classifier::RequestClassifierFactory factory;
   /// Where admitted requests go (also settable by a targets message, which the node sends first
   /// because these actors are spawned after this one).
   reservation_actor reservation;
   lifecycle_actor lifecycle;
-  /// Publishes rejections to NATS clients.
-  std::shared_ptr<RouterPublisher> publisher;
-  std::shared_ptr<metrics::MetricsRegistry> metrics;
-  /// The classifier's clock (ClassifyRequest::Arrival::arrived_at, PollContext::now).
-  std::shared_ptr<const Clock> clock = Clock::steady();
   /// How long a request may wait for its admission decision: past it, it is refused with
   /// `timeout` (its client has most likely given up). The router node sets its first-token
   /// timeout (`--router-first-token-timeout-ms`, 30 s by default): a request the node would not

@@ -51,9 +51,8 @@ struct ClusterLink {
 };
 
 /// What the cluster actor is spawned with.
-struct ClusterActorConfig {
+struct ClusterActorConfig : NodeServices {
   std::shared_ptr<ClusterLink> link;
-  std::shared_ptr<metrics::MetricsRegistry> metrics;
 };
 
 /// The cluster actor's state.

@@ -86,7 +86,7 @@ void with_peer(Self self, const cluster::ForwardDecision& target,
 // Answers a route request: on its NATS reply subject, and to the actor client that asked.
 void answer_route(Self self, RouteJob& job, const v1::RouteDecision& decision) {
   publish(self, job.envelope.reply_subject, decision.SerializeAsString());
-  if (job.promise) job.promise->deliver(RouteDecisionMessage{decision});
+  job.promise.deliver(RouteDecisionMessage{decision});
 }
 
 void dispatch_route(Self self, RouteJob job, int waits);
@@ -114,13 +114,8 @@ void route_locally(Self self, RouteJob job, int waits) {
                      keep->envelope.request.client_id(), Error::unavailable,
                      fmt::format("this node did not answer: {}", self->system().render(error))));
   };
-  if (config.classifier) {
-    self->request(config.classifier, config.forward_timeout, route_atom::value, std::move(local))
-        .then(answer, failed);
-  } else {
-    self->request(config.reservation, config.forward_timeout, route_atom::value, std::move(local))
-        .then(answer, failed);
-  }
+  self->request(config.local.route, config.forward_timeout, route_atom::value, std::move(local))
+      .then(answer, failed);
 }
 
 void forward_route(Self self, RouteJob job, const cluster::ForwardDecision& target, int waits);
@@ -206,7 +201,7 @@ v1::LifecycleReport encode_report(const LifecycleReportData& report) {
 // Answers a report: on its NATS reply subject, and to the actor client that sent it.
 void answer_report(Self self, ReportJob& job, const v1::LifecycleAck& ack) {
   publish(self, job.envelope.reply_subject, ack.SerializeAsString());
-  if (job.promise) job.promise->deliver(LifecycleAckMessage{ack});
+  job.promise.deliver(LifecycleAckMessage{ack});
 }
 
 void forward_report(Self self, ReportJob job, const cluster::ForwardDecision& target);
@@ -221,15 +216,10 @@ void dispatch_report(Self self, ReportJob job, int waits) {
     case cluster::ForwardDecision::Action::await_view:
       self->state.awaiting_reports.emplace_back(std::move(job), waits + 1);
       return;
-    case cluster::ForwardDecision::Action::serve_here: {
-      const auto& reservation = self->state.config.reservation;
-      if (job.promise) {
-        job.promise->delegate(reservation, report_atom::value, std::move(job.envelope));
-      } else {
-        caf::anon_send(reservation, report_atom::value, std::move(job.envelope));
-      }
+    case cluster::ForwardDecision::Action::serve_here:
+      job.promise.delegate(self->state.config.local.report, report_atom::value,
+                           std::move(job.envelope));
       return;
-    }
   }
 }
 
@@ -258,21 +248,10 @@ void forward_report(Self self, ReportJob job, const cluster::ForwardDecision& ta
 
 // ---- generate -------------------------------------------------------------------------------
 
+// An actor client gets its decision and stream from this node's stages directly.
 void generate_locally(Self self, GenerateJob job) {
-  const auto& config = self->state.config;
-  const auto target = [&](auto& local) {
-    // An actor client gets its decision and stream from the local lifecycle actor directly.
-    if (job.promise) {
-      job.promise->delegate(local, generate_atom::value, std::move(job.envelope));
-    } else {
-      caf::anon_send(local, generate_atom::value, std::move(job.envelope));
-    }
-  };
-  if (config.classifier) {
-    target(config.classifier);
-  } else {
-    target(config.lifecycle);
-  }
+  job.promise.delegate(self->state.config.local.generate, generate_atom::value,
+                       std::move(job.envelope));
 }
 
 // Sends a forwarded stream's chunk to its client: its actor, or its NATS stream subject.
@@ -288,7 +267,7 @@ void relay_chunk(Self self, const ForwarderActorState::ForwardedStream& stream,
 
 void answer_generate(Self self, GenerateJob& job, const v1::RouteDecision& decision) {
   publish(self, job.envelope.reply_subject, decision.SerializeAsString());
-  if (job.promise) job.promise->deliver(RouteDecisionMessage{decision});
+  job.promise.deliver(RouteDecisionMessage{decision});
 }
 
 // Ends a forwarded stream whose owner went away: its decision (when none was given yet) and a
@@ -412,27 +391,19 @@ forwarder_actor::behavior_type forwarder_behavior(Self self, ForwarderActorConfi
     }
   });
   return {
-      [self](route_atom, RouteEnvelope& envelope) {
-        dispatch_route(self, RouteJob{std::move(envelope), std::nullopt}, 0);
-      },
-      [self](report_atom, ReportEnvelope& envelope) {
-        dispatch_report(self, ReportJob{std::move(envelope), std::nullopt}, 0);
-      },
-      [self](generate_atom, GenerateEnvelope& envelope) {
-        route_generate(self, GenerateJob{std::move(envelope), std::nullopt}, false);
-      },
-      // Actor clients (this node's ingress): the same, answered to them.
-      [self](forward_atom, RouteEnvelope& envelope) -> caf::result<RouteDecisionMessage> {
+      // From NATS (no sender to answer: the envelope's subjects are) or from this node's
+      // ingress for an actor client (answered to it).
+      [self](route_atom, RouteEnvelope& envelope) -> caf::result<RouteDecisionMessage> {
         auto promise = self->make_response_promise<RouteDecisionMessage>();
         dispatch_route(self, RouteJob{std::move(envelope), promise}, 0);
         return promise;
       },
-      [self](forward_atom, ReportEnvelope& envelope) -> caf::result<LifecycleAckMessage> {
+      [self](report_atom, ReportEnvelope& envelope) -> caf::result<LifecycleAckMessage> {
         auto promise = self->make_response_promise<LifecycleAckMessage>();
         dispatch_report(self, ReportJob{std::move(envelope), promise}, 0);
         return promise;
       },
-      [self](forward_atom, GenerateEnvelope& envelope) -> caf::result<RouteDecisionMessage> {
+      [self](generate_atom, GenerateEnvelope& envelope) -> caf::result<RouteDecisionMessage> {
         auto promise = self->make_response_promise<RouteDecisionMessage>();
         route_generate(self, GenerateJob{std::move(envelope), promise}, false);
         return promise;
@@ -441,10 +412,8 @@ forwarder_actor::behavior_type forwarder_behavior(Self self, ForwarderActorConfi
         auto& state = self->state;
         const auto stream = state.streams.find(request_id);
         if (stream == state.streams.end()) {
-          if (state.config.classifier) {
-            caf::anon_send(state.config.classifier, cancel_atom::value, std::move(request_id));
-          } else {
-            caf::anon_send(state.config.lifecycle, cancel_atom::value, std::move(request_id));
+          if (state.config.local.generate) {
+            caf::anon_send(state.config.local.generate, cancel_atom::value, std::move(request_id));
           }
           return;
         }

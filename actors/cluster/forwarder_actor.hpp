@@ -46,41 +46,37 @@
 namespace kvr::actors {
 
 /// What the forwarder is spawned with.
-struct ForwarderActorConfig {
+struct ForwarderActorConfig : NodeServices {
   /// This node's member record node id (its own partitions are served locally).
   std::string node_id;
   /// The subject namespace (for the partitions' own route subjects).
   std::string ns = "default";
   /// The prefix of this node's lease ids (cluster_lease_prefix of its incarnation).
   std::string lease_prefix;
-  /// This node's actors, as the bridge would reach them without a cluster.
-  classifier_actor classifier;
-  reservation_actor reservation;
-  lifecycle_actor lifecycle;
-  /// Publishes answers to NATS clients.
-  std::shared_ptr<RouterPublisher> publisher;
+  /// This node's own entry, where the requests it serves go (RequestEntry::local).
+  RequestEntry local;
   /// Serves each owned partition's own route subject (subjects::router_partition_route); may be
   /// null (tests).
   std::shared_ptr<NatsBridge> bridge;
-  std::shared_ptr<metrics::MetricsRegistry> metrics;
   /// Bound on a forward's answer (a generate request's first decision) and on connecting a peer.
   std::chrono::milliseconds forward_timeout{5000};
   std::chrono::milliseconds connect_timeout{1000};
 };
 
-/// A request the forwarder serves: from NATS (answered on the envelope's subjects), or from an
-/// actor client of this node's ingress (answered through `promise`, streamed to its actor).
+/// A request the forwarder serves, answered on the envelope's NATS subjects (a NATS client's)
+/// and through `promise` (to the actor that asked: this node's ingress for an actor client, none
+/// for a NATS client), its chunks streamed to the envelope's actor or subject.
 struct RouteJob {
   RouteEnvelope envelope;
-  std::optional<caf::typed_response_promise<RouteDecisionMessage>> promise;
+  caf::typed_response_promise<RouteDecisionMessage> promise;
 };
 struct ReportJob {
   ReportEnvelope envelope;
-  std::optional<caf::typed_response_promise<LifecycleAckMessage>> promise;
+  caf::typed_response_promise<LifecycleAckMessage> promise;
 };
 struct GenerateJob {
   GenerateEnvelope envelope;
-  std::optional<caf::typed_response_promise<RouteDecisionMessage>> promise;
+  caf::typed_response_promise<RouteDecisionMessage> promise;
 };
 
 /// The forwarder's state: where requests go is the table's answer; the state keeps what only an

@@ -61,7 +61,8 @@ namespace kvr::actors {
 
 /// What the discovery actor is spawned with.
 struct DiscoveryActorConfig {
-  /// Template of every selector's configuration; the partition is filled in per selector.
+  /// Template of every selector's configuration (the node's services included); the partition
+  /// is filled in per selector.
   SelectorActorConfig selector;
   /// Workers are asked to register again at most this often.
   std::chrono::milliseconds reregistration_throttle{1000};

@@ -29,20 +29,13 @@ ingress_actor::behavior_type ingress_behavior(ingress_actor::pointer self,
     } else {
       scope_request_id(*request, client);
     }
-    // Delegated: the reservation actor answers the client itself and always answers (its own
+    // Delegated: the entry answers the client itself and always answers (the reservation actor's
     // request to the selector carries the timeout). A request/then here would add a response hop
     // and a timer on CAF's clock thread per decision, measured at several microseconds of CPU
     // each (tests/bench/node).
-    auto promise = self->make_response_promise<RouteDecisionMessage>();
-    RouteEnvelope envelope{std::move(*request), {}, config.clock->now()};
-    if (config.forwarder) {
-      promise.delegate(config.forwarder, forward_atom::value, std::move(envelope));
-    } else if (config.classifier) {
-      promise.delegate(config.classifier, route_atom::value, std::move(envelope));
-    } else {
-      promise.delegate(config.reservation, route_atom::value, std::move(envelope));
-    }
-    return promise;
+    return self->make_response_promise<RouteDecisionMessage>().delegate(
+        config.entry.route, route_atom::value,
+        RouteEnvelope{std::move(*request), {}, config.clock->now()});
   };
   return {
       [self, serve_route](route_atom,
@@ -62,15 +55,8 @@ ingress_actor::behavior_type ingress_behavior(ingress_actor::pointer self,
         auto report = decode_lifecycle_report(message.value, config.limits);
         if (!report) return LifecycleAckMessage{encode_lifecycle_ack(false, report.error())};
         // Delegated as route requests are: the reservation actor always acknowledges.
-        auto promise = self->make_response_promise<LifecycleAckMessage>();
-        if (config.forwarder) {
-          promise.delegate(config.forwarder, forward_atom::value,
-                           ReportEnvelope{std::move(*report), {}});
-        } else {
-          promise.delegate(config.reservation, report_atom::value,
-                           ReportEnvelope{std::move(*report), {}});
-        }
-        return promise;
+        return self->make_response_promise<LifecycleAckMessage>().delegate(
+            config.entry.report, report_atom::value, ReportEnvelope{std::move(*report), {}});
       },
       [self, config, metrics](
           generate_atom, GenerateRequestMessage& message) -> caf::result<RouteDecisionMessage> {
@@ -85,34 +71,21 @@ ingress_actor::behavior_type ingress_behavior(ingress_actor::pointer self,
           return refuse(Error::invalid_request,
                         "generate needs a sender actor to stream the response to");
         }
-        if (!config.lifecycle) return refuse(Error::unavailable, "generate is not served here");
+        if (!config.entry.generate) {
+          return refuse(Error::unavailable, "generate is not served here");
+        }
         auto request = decode_generate_request(message.value, config.limits, StreamTo::actor);
         if (!request) return refuse(request.error().code, request.error().message);
-        // Delegated: the lifecycle actor answers with the first decision (always: a route
-        // failure, a retry's end and shutdown each end the request with an explicit error).
-        auto promise = self->make_response_promise<RouteDecisionMessage>();
-        GenerateEnvelope envelope{std::move(*request), {}, config.clock->now(), std::move(client)};
-        if (config.forwarder) {
-          promise.delegate(config.forwarder, forward_atom::value, std::move(envelope));
-        } else if (config.classifier) {
-          promise.delegate(config.classifier, generate_atom::value, std::move(envelope));
-        } else {
-          promise.delegate(config.lifecycle, generate_atom::value, std::move(envelope));
-        }
-        return promise;
+        // Delegated: answered with the first decision (always: the lifecycle ends a route failure,
+        // a retry's end and shutdown each with an explicit error).
+        return self->make_response_promise<RouteDecisionMessage>().delegate(
+            config.entry.generate, generate_atom::value,
+            GenerateEnvelope{std::move(*request), {}, config.clock->now(), std::move(client)});
       },
       [self, config](cancel_atom, GenerateCancelMessage& message) {
-        if (!config.lifecycle || message.value.request_id().empty()) return;
-        if (config.forwarder) {
-          self->send(config.forwarder, cancel_atom::value,
-                     std::move(*message.value.mutable_request_id()));
-        } else if (config.classifier) {
-          self->send(config.classifier, cancel_atom::value,
-                     std::move(*message.value.mutable_request_id()));
-        } else {
-          self->send(config.lifecycle, cancel_atom::value,
-                     std::move(*message.value.mutable_request_id()));
-        }
+        if (!config.entry.generate || message.value.request_id().empty()) return;
+        self->send(config.entry.generate, cancel_atom::value,
+                   std::move(*message.value.mutable_request_id()));
       },
   };
 }

@@ -57,12 +57,9 @@
 namespace kvr::actors {
 
 /// What the lifecycle actor is spawned with.
-struct LifecycleActorConfig {
+struct LifecycleActorConfig : NodeServices {
   /// Routes (route) and books (booking) through the partition selectors; told of removals.
   discovery_actor discovery;
-  std::shared_ptr<RouterPublisher> publisher;
-  std::shared_ptr<metrics::MetricsRegistry> metrics;
-  std::shared_ptr<metrics::RateLimitedLog> log;
   /// Workers publish chunks on `<stream_inbox_prefix>.<stream id>` (NatsBridge).
   std::string stream_inbox_prefix;
   /// How long a selector may take to answer.

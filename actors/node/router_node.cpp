@@ -40,10 +40,10 @@ std::string random_lease_prefix() {
 
 // The bridge's callbacks only decode (in the bridge) and hand over to the actors.
 // With a classifier actor, route and generate requests and cancels go to it first.
-BridgeSinks make_bridge_sinks(const discovery_actor& discovery,
-                              const reservation_actor& reservation,
-                              const lifecycle_actor& lifecycle,
-                              const classifier_actor& classifier) {
+// The NATS bridge's decoded messages: worker messages to the discovery actor, requests to the
+// node's entry, chunks to the lifecycle actor.
+BridgeSinks make_bridge_sinks(const discovery_actor& discovery, const RequestEntry& entry,
+                              const lifecycle_actor& lifecycle) {
   BridgeSinks sinks;
   sinks.registration = [discovery](discovery::WorkerRegistration registration) {
     caf::anon_send(discovery, worker_up_atom::value, std::move(registration));
@@ -63,40 +63,22 @@ BridgeSinks make_bridge_sinks(const discovery_actor& discovery,
   sinks.kv_dump = [discovery](KvDump dump) {
     caf::anon_send(discovery, kv_dump_atom::value, std::move(dump));
   };
-  if (classifier) {
-    sinks.route = [classifier](RouteRequest request, std::string reply,
-                               std::chrono::steady_clock::time_point received) {
-      caf::anon_send(classifier, route_atom::value,
-                     RouteEnvelope{std::move(request), std::move(reply), received});
-    };
-  } else {
-    sinks.route = [reservation](RouteRequest request, std::string reply,
-                                std::chrono::steady_clock::time_point received) {
-      caf::anon_send(reservation, route_atom::value,
-                     RouteEnvelope{std::move(request), std::move(reply), received});
-    };
-  }
-  sinks.report = [reservation](LifecycleReportData report, std::string reply) {
-    caf::anon_send(reservation, report_atom::value,
-                   ReportEnvelope{std::move(report), std::move(reply)});
+  sinks.route = [target = entry.route](RouteRequest request, std::string reply,
+                                       std::chrono::steady_clock::time_point received) {
+    caf::anon_send(target, route_atom::value,
+                   RouteEnvelope{std::move(request), std::move(reply), received});
   };
-  if (classifier) {
-    sinks.generate = [classifier](GenerateRequestData request, std::string reply,
-                                  std::chrono::steady_clock::time_point received) {
-      caf::anon_send(classifier, generate_atom::value,
+  sinks.report = [target = entry.report](LifecycleReportData report, std::string reply) {
+    caf::anon_send(target, report_atom::value, ReportEnvelope{std::move(report), std::move(reply)});
+  };
+  if (entry.generate) {
+    sinks.generate = [target = entry.generate](GenerateRequestData request, std::string reply,
+                                               std::chrono::steady_clock::time_point received) {
+      caf::anon_send(target, generate_atom::value,
                      GenerateEnvelope{std::move(request), std::move(reply), received});
     };
-    sinks.generate_cancel = [classifier](std::string request_id) {
-      caf::anon_send(classifier, cancel_atom::value, std::move(request_id));
-    };
-  } else {
-    sinks.generate = [lifecycle](GenerateRequestData request, std::string reply,
-                                 std::chrono::steady_clock::time_point received) {
-      caf::anon_send(lifecycle, generate_atom::value,
-                     GenerateEnvelope{std::move(request), std::move(reply), received});
-    };
-    sinks.generate_cancel = [lifecycle](std::string request_id) {
-      caf::anon_send(lifecycle, cancel_atom::value, std::move(request_id));
+    sinks.generate_cancel = [target = entry.generate](std::string request_id) {
+      caf::anon_send(target, cancel_atom::value, std::move(request_id));
     };
   }
   sinks.chunk = [lifecycle](std::uint64_t stream_id, v1::GenerateChunk chunk) {
@@ -190,6 +172,21 @@ struct RouterNode::Impl {
   std::uint64_t incarnation = 0;
   std::string cluster_address;
 
+  // What every actor config starts from.
+  NodeServices services() const { return NodeServices{bridge, registry, log, options.clock}; }
+
+  // This node's own first stages (spawned by then: classifier, reservation, lifecycle).
+  RequestEntry local_entry() const {
+    return RequestEntry::local(classifier, reservation, lifecycle);
+  }
+
+  // Where every request enters this node, chosen here once: in cluster mode the forwarder (any
+  // node accepts any request and serves it here or at its partition's owner).
+  RequestEntry entry() const {
+    return forwarder ? RequestEntry::forwarding(forwarder, static_cast<bool>(lifecycle))
+                     : local_entry();
+  }
+
   // ---- the steps of RouterNode::start, in order ----------------------------------------------
 
   std::expected<void, std::string> connect_nats() {
@@ -254,22 +251,19 @@ struct RouterNode::Impl {
   // Detached: every step blocks on KV calls.
   void spawn_cluster() {
     if (!cluster_link) return;
-    cluster =
-        system->spawn<caf::detached>(cluster_behavior, ClusterActorConfig{cluster_link, registry});
+    ClusterActorConfig settings{services()};
+    settings.link = cluster_link;
+    cluster = system->spawn<caf::detached>(cluster_behavior, std::move(settings));
   }
 
   void spawn_forwarder() {
     if (!cluster_link) return;
-    ForwarderActorConfig settings;
+    ForwarderActorConfig settings{services()};
     settings.node_id = cluster_link->self.node_id;
     settings.lease_prefix = cluster_lease_prefix(incarnation);
-    settings.classifier = classifier;
-    settings.reservation = reservation;
-    settings.lifecycle = lifecycle;
-    settings.publisher = bridge;
+    settings.local = local_entry();
     settings.bridge = bridge;
     settings.ns = options.ns;
-    settings.metrics = registry;
     // A forwarded request may wait in its owner's queue as long as a local one would.
     settings.forward_timeout = selector_answer_timeout() + std::chrono::seconds(1);
     forwarder = system->spawn(forwarder_behavior, std::move(settings));
@@ -329,7 +323,7 @@ struct RouterNode::Impl {
   }
 
   void spawn_discovery() {
-    SelectorActorConfig selector;
+    SelectorActorConfig selector{{}, services()};
     selector.policy_classes = policy_classes();
     // A request waits for a worker no longer than the node waits for a worker's first token.
     selector.queue_max_wait = options.first_token_timeout;
@@ -351,12 +345,8 @@ struct RouterNode::Impl {
       };
     }
     selector.plugins = &plugins;
-    selector.publisher = bridge;
-    selector.metrics = registry;
-    selector.log = log;
     selector.tick_interval = options.tick_interval;
     selector.affinity = options.session_affinity;
-    selector.clock = options.clock;
     selector.classifier = classifier;  // the selectors feed its fleet load
     selector.fenced = options.cluster.enabled;
     // A handover takes one step of the successor, a takeover the lease TTL and a step.
@@ -370,11 +360,8 @@ struct RouterNode::Impl {
   // (hand_classifier_targets), before any request can reach it.
   void spawn_classifier() {
     if (!plugins.request_classifier) return;
-    ClassifierActorConfig settings;
+    ClassifierActorConfig settings{services()};
     settings.factory = plugins.request_classifier->factory;
-    settings.publisher = bridge;
-    settings.metrics = registry;
-    settings.clock = options.clock;
     // A request that waits for admission longer than the node waits for a worker's first token
     // is refused (timeout) rather than booked for a client that has likely given up.
     settings.max_wait = options.first_token_timeout;
@@ -386,28 +373,21 @@ struct RouterNode::Impl {
   }
 
   void spawn_reservation() {
-    ReservationActorConfig settings;
+    ReservationActorConfig settings{services()};
     settings.discovery = discovery;
-    settings.publisher = bridge;
-    settings.metrics = registry;
-    settings.log = log;
     // In a cluster, a lease id names its node (by incarnation), so any node can forward a report.
     settings.lease_prefix =
         cluster_link ? cluster_lease_prefix(incarnation) : random_lease_prefix();
     settings.lease_ttl = options.lease_ttl;
     settings.selector_timeout = selector_answer_timeout();
     settings.tick_interval = options.tick_interval;
-    settings.clock = options.clock;
     settings.classifier = classifier;
     reservation = system->spawn(reservation_behavior, std::move(settings));
   }
 
   void spawn_lifecycle() {
-    LifecycleActorConfig settings;
+    LifecycleActorConfig settings{services()};
     settings.discovery = discovery;
-    settings.publisher = bridge;
-    settings.metrics = registry;
-    settings.log = log;
     settings.stream_inbox_prefix = bridge->stream_inbox_prefix();
     settings.selector_timeout = selector_answer_timeout();
     settings.first_token_timeout = options.first_token_timeout;
@@ -418,17 +398,13 @@ struct RouterNode::Impl {
   // The ingress actor clients use; in cluster mode it goes through the forwarder, and peers
   // forward to a second one (peer_ingress) that serves this node's partitions only.
   void spawn_ingress() {
-    const auto make = [&](forwarder_actor through) {
-      return system->spawn(ingress_behavior, IngressActorConfig{.reservation = reservation,
-                                                                .lifecycle = lifecycle,
-                                                                .classifier = classifier,
-                                                                .forwarder = std::move(through),
-                                                                .limits = {},
-                                                                .metrics = registry,
-                                                                .clock = options.clock});
+    const auto make = [&](RequestEntry entry) {
+      IngressActorConfig settings{services()};
+      settings.entry = std::move(entry);
+      return system->spawn(ingress_behavior, std::move(settings));
     };
-    ingress = make(forwarder);
-    if (cluster_link) peer_ingress = make(forwarder_actor{});
+    ingress = make(entry());
+    if (cluster_link) peer_ingress = make(local_entry());
   }
 
   // Publishes the ingress actor through CAF's middleman, when asked (--actor-port).
@@ -447,30 +423,7 @@ struct RouterNode::Impl {
 
   // Hands the bridge's decoded messages to the actors and subscribes.
   std::expected<void, std::string> start_bridge() {
-    BridgeSinks sinks = make_bridge_sinks(discovery, reservation, lifecycle, classifier);
-    if (forwarder) {
-      // Any node accepts any request: the forwarder serves it here or at its partition's owner.
-      sinks.route = [target = forwarder](RouteRequest request, std::string reply,
-                                         std::chrono::steady_clock::time_point received) {
-        caf::anon_send(target, route_atom::value,
-                       RouteEnvelope{std::move(request), std::move(reply), received});
-      };
-      sinks.report = [target = forwarder](LifecycleReportData report, std::string reply) {
-        caf::anon_send(target, report_atom::value,
-                       ReportEnvelope{std::move(report), std::move(reply)});
-      };
-      if (sinks.generate) {
-        sinks.generate = [target = forwarder](GenerateRequestData request, std::string reply,
-                                              std::chrono::steady_clock::time_point received) {
-          caf::anon_send(target, generate_atom::value,
-                         GenerateEnvelope{std::move(request), std::move(reply), received});
-        };
-        sinks.generate_cancel = [target = forwarder](std::string request_id) {
-          caf::anon_send(target, cancel_atom::value, std::move(request_id));
-        };
-      }
-    }
-    return bridge->start(std::move(sinks));
+    return bridge->start(make_bridge_sinks(discovery, entry(), lifecycle));
   }
 
   // Serves /metrics and /healthz, when asked (--metrics-port).

@@ -51,13 +51,10 @@
 namespace kvr::actors {
 
 /// What the reservation actor is spawned with.
-struct ReservationActorConfig {
+struct ReservationActorConfig : NodeServices {
   /// Delegates to the partition selectors; tells this actor of each selector so that it can
   /// address known partitions directly (one message hop fewer per request).
   discovery_actor discovery;
-  std::shared_ptr<RouterPublisher> publisher;
-  std::shared_ptr<metrics::MetricsRegistry> metrics;
-  std::shared_ptr<metrics::RateLimitedLog> log;
   /// Lease ids (the bookings' ids on the wire) start with this (unique per node start).
   std::string lease_prefix = "lease";
   /// Reported to callers in each decision (the selectors' booking TTL).
@@ -66,8 +63,6 @@ struct ReservationActorConfig {
   std::chrono::milliseconds selector_timeout{2'000};
   /// Period of the booking-expiry timer.
   std::chrono::milliseconds tick_interval{100};
-  /// Where the actor reads the time (injected by tests).
-  std::shared_ptr<const Clock> clock = Clock::steady();
   /// When the node runs a request classifier: told each admitted request's lifecycle (Sent at
   /// the decision, Responding at FIRST_TOKEN, Completed, Aborted at ABORTED, booking expiry, a
   /// failed delivery or a route error). Null: no messages.

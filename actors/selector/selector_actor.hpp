@@ -40,18 +40,13 @@
 namespace kvr::actors {
 
 /// What a selector actor is spawned with: the partition core's settings and the shell's wiring.
-struct SelectorActorConfig : PartitionRouterOptions {
+struct SelectorActorConfig : PartitionRouterOptions, NodeServices {
   /// Resolved policies; must outlive the actor system.
   const plugins::RouterPlugins* plugins = nullptr;
-  std::shared_ptr<RouterPublisher> publisher;
-  std::shared_ptr<metrics::MetricsRegistry> metrics;
-  std::shared_ptr<metrics::RateLimitedLog> log;
   /// Told about workers that left (expired); may be empty.
   removal_watcher_actor discovery;
   /// Period of the expiry tick.
   std::chrono::milliseconds tick_interval{100};
-  /// Where the actor reads the time (injected by tests).
-  std::shared_ptr<const Clock> clock = Clock::steady();
   /// The node's classifier actor, told the partition's fleet and KV usage; null (no classifier
   /// configured): nothing is sent.
   classifier_actor classifier;

@@ -226,9 +226,10 @@ class LocalNode {
     reservation.log = log_;
     reservation.lease_ttl = 1s;
     reservation_ = system_->spawn(actors::reservation_behavior, std::move(reservation));
-    ingress_ = system_->spawn(
-        actors::ingress_behavior,
-        actors::IngressActorConfig{.reservation = reservation_, .limits = {}, .metrics = metrics_});
+    actors::IngressActorConfig ingress;
+    ingress.metrics = metrics_;
+    ingress.entry = actors::RequestEntry::local({}, reservation_, {});
+    ingress_ = system_->spawn(actors::ingress_behavior, std::move(ingress));
     for (std::size_t w = 0; w < kWorkers; ++w) {
       const auto registration = workload_.registration(w);
       caf::anon_send(discovery_, actors::worker_up_atom::value, registration);

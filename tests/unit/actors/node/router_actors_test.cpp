@@ -163,10 +163,10 @@ class RouterActorsTest : public ::testing::Test {
     lifecycle.stream_inbox_prefix = "node.streams";
     lifecycle.first_token_timeout = 60s;
     lifecycle_ = system_.spawn(lifecycle_behavior, lifecycle);
-    ingress_ = system_.spawn(ingress_behavior, IngressActorConfig{.reservation = reservation_,
-                                                                  .lifecycle = lifecycle_,
-                                                                  .limits = {},
-                                                                  .metrics = metrics_});
+    IngressActorConfig ingress;
+    ingress.metrics = metrics_;
+    ingress.entry = RequestEntry::local({}, reservation_, lifecycle_);
+    ingress_ = system_.spawn(ingress_behavior, std::move(ingress));
   }
 
   ~RouterActorsTest() override {
@@ -1319,12 +1319,10 @@ TEST_F(ClassifierActorsTest, AModelsClassifierIsCreatedWithTheFleetItsSelectorsD
 TEST_F(ClassifierActorsTest, ATerminatedActorClientDropsItsWaitingRequest) {
   register_workers({11});
   start([] { return max_in_flight(1); });
-  auto ingress =
-      system_.spawn(ingress_behavior, IngressActorConfig{.reservation = admitted_reservation_,
-                                                         .lifecycle = admitted_lifecycle_,
-                                                         .classifier = classifier_,
-                                                         .limits = {},
-                                                         .metrics = metrics_});
+  IngressActorConfig settings;
+  settings.metrics = metrics_;
+  settings.entry = RequestEntry::local(classifier_, admitted_reservation_, admitted_lifecycle_);
+  auto ingress = system_.spawn(ingress_behavior, std::move(settings));
   caf::scoped_actor self{system_};
   v1::RouteDecision first;
   self->request(ingress, 5s, generate_atom::value,
