@@ -40,7 +40,7 @@ struct ClusterLink {
   std::unique_ptr<cluster::ClusterSession> session;
   /// This node's member record, its address filled in by the targets message.
   cluster::MemberRecord self;
-  cluster::LeaseKeeperOptions leases;
+  cluster::PartitionLeaseOptions leases;
 
   ~ClusterLink() {
     session.reset();

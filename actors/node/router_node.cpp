@@ -228,7 +228,7 @@ struct RouterNode::Impl {
     link->members = std::move(*members);
     link->partitions = std::move(*partitions);
     const auto ttl = options.cluster.lease_ttl;
-    link->leases = cluster::LeaseKeeperOptions{
+    link->leases = cluster::PartitionLeaseOptions{
         .ttl = ttl, .renew_interval = ttl / 3, .renew_deadline = ttl * 2 / 3};
     std::string node_id = options.cluster.node_id;
     if (node_id.empty()) {
@@ -351,7 +351,10 @@ struct RouterNode::Impl {
     selector.fenced = options.cluster.enabled;
     // A handover takes one step of the successor, a takeover the lease TTL and a step.
     selector.ownership_wait = options.cluster.lease_ttl;
-    discovery = system->spawn(discovery_behavior, DiscoveryActorConfig{selector, {}, cluster});
+    // The re-registration throttle keeps its default: a flood of messages from unknown workers
+    // asks the fleet to register again at most once per throttle.
+    discovery = system->spawn(discovery_behavior,
+                              DiscoveryActorConfig{.selector = selector, .cluster = cluster});
   }
 
   // Admission in front of the reservation and lifecycle actors, only with a configured

@@ -8,7 +8,7 @@
 namespace kvr::cluster {
 
 ClusterSession::ClusterSession(MemberRecord self, JetStreamKv& members, JetStreamKv& partitions,
-                               LeaseKeeperOptions options)
+                               PartitionLeaseOptions options)
     : self_(std::move(self)),
       members_(&members),
       partitions_(&partitions),
@@ -110,7 +110,7 @@ void ClusterSession::run(const LeaseAction& action, ClusterStep& result) {
       action);
 }
 
-ClusterStep ClusterSession::step(LeaseKeeper::Clock::time_point now,
+ClusterStep ClusterSession::step(PartitionLeaseKeeper::Clock::time_point now,
                                  const std::vector<std::string>& partitions,
                                  const StopServing& stop_serving) {
   ClusterStep result;

@@ -1,7 +1,7 @@
 // One router node's life in a cluster, one step at a time: announce itself in the members bucket,
-// read the members and the partitions bucket, let its LeaseKeeper decide, run the KV calls the
-// keeper asked for and feed their results back, and say what the node now owns, what it must warm
-// up or drop, and who owns the rest. Plain C++ over two JetStreamKv buckets; every call blocks
+// read the members and the partitions bucket, let its PartitionLeaseKeeper decide, run the KV calls
+// the keeper asked for and feed their results back, and say what the node now owns, what it must
+// warm up or drop, and who owns the rest. Plain C++ over two JetStreamKv buckets; every call blocks
 // (bounded by the bucket's timeout), so the node's cluster actor runs it on a thread of its own.
 #pragma once
 
@@ -18,7 +18,7 @@
 
 #include "selection/cluster/cluster_values.hpp"
 #include "selection/cluster/jetstream_kv.hpp"
-#include "selection/cluster/lease_keeper.hpp"
+#include "selection/cluster/partition_lease_keeper.hpp"
 
 namespace kvr::cluster {
 
@@ -52,7 +52,7 @@ class ClusterSession {
   /// address and capacity). The buckets must outlive the session; the partitions bucket's TTL is
   /// the leases' (options.ttl).
   ClusterSession(MemberRecord self, JetStreamKv& members, JetStreamKv& partitions,
-                 LeaseKeeperOptions options);
+                 PartitionLeaseOptions options);
 
   /// Called with the partitions a step is about to hand over, before their leases are written:
   /// it must return only once the node has stopped serving them (its selectors' fences may lie
@@ -60,7 +60,8 @@ class ClusterSession {
   using StopServing = std::function<void(const std::vector<std::string>&)>;
 
   /// One step at `now` (read just before calling) over the partitions the node knows of.
-  ClusterStep step(LeaseKeeper::Clock::time_point now, const std::vector<std::string>& partitions,
+  ClusterStep step(PartitionLeaseKeeper::Clock::time_point now,
+                   const std::vector<std::string>& partitions,
                    const StopServing& stop_serving = {});
 
   /// The node finished warming `partition` up (again each step is harmless).
@@ -74,7 +75,7 @@ class ClusterSession {
   /// owners take them at their next step instead of after the TTL). Ownership ends at once.
   void leave();
 
-  const LeaseKeeper& keeper() const { return keeper_; }
+  const PartitionLeaseKeeper& keeper() const { return keeper_; }
   const MemberRecord& self() const { return self_; }
 
  private:
@@ -86,7 +87,7 @@ class ClusterSession {
   MemberRecord self_;
   JetStreamKv* members_;
   JetStreamKv* partitions_;
-  LeaseKeeper keeper_;
+  PartitionLeaseKeeper keeper_;
   // Asked to warm up and not owned yet; of those, the ones the node reported warm.
   std::set<std::string> preparing_;
   std::set<std::string> prepared_;

@@ -14,7 +14,7 @@
 
 #include "selection/cluster/cluster_session.hpp"
 #include "selection/cluster/cluster_values.hpp"
-#include "selection/cluster/lease_keeper.hpp"
+#include "selection/cluster/partition_lease_keeper.hpp"
 
 namespace kvr::cluster {
 

@@ -1,8 +1,8 @@
 // Where each routing partition should live in a router cluster: weighted rendezvous hashing of
 // the partition key over the live members, and a bounded-load assignment of a known partition
 // set. Every node computes the same answer from the same inputs, so no node has to tell another
-// where a partition belongs. Used by the lease keeper (lease_keeper.hpp) and the placement
-// benchmark; plain C++.
+// where a partition belongs. Used by the partition lease keeper (partition_lease_keeper.hpp) and
+// the placement benchmark; plain C++.
 #pragma once
 
 #include <cstdint>

@@ -23,8 +23,8 @@ using testing::NatsServer;
 using testing::wait_until;
 
 // Short leases, so that an expiry takes a second of the test, not the default's seconds.
-LeaseKeeperOptions short_leases() {
-  return LeaseKeeperOptions{.ttl = 900ms, .renew_interval = 200ms, .renew_deadline = 600ms};
+PartitionLeaseOptions short_leases() {
+  return PartitionLeaseOptions{.ttl = 900ms, .renew_interval = 200ms, .renew_deadline = 600ms};
 }
 
 struct Node {

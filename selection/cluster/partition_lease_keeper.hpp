@@ -41,7 +41,7 @@
 namespace kvr::cluster {
 
 /// Timing of a node's leases; validate() states the rules.
-struct LeaseKeeperOptions {
+struct PartitionLeaseOptions {
   /// The partitions bucket's TTL: a lease not renewed for this long ages out.
   std::chrono::milliseconds ttl{3000};
   /// A held lease is renewed once its last successful write is this old.
@@ -55,7 +55,7 @@ struct LeaseKeeperOptions {
 
 /// A description of what is wrong with `options` (0 < renew_interval < renew_deadline < ttl,
 /// load_slack ≥ 0), or nullopt.
-std::optional<std::string> validate(const LeaseKeeperOptions& options);
+std::optional<std::string> validate(const PartitionLeaseOptions& options);
 
 /// A partition's lease as read from the partitions bucket.
 struct LeaseRecord {
@@ -122,13 +122,14 @@ using LeaseAction = std::variant<AcquireLease, RenewLease, ReleaseLease, Prepare
                                  AnnounceReady, WithdrawReady, AbandonPartition>;
 
 /// The lease decisions of one node. Not thread-safe: one owner (the node's cluster actor).
-class LeaseKeeper {
+class PartitionLeaseKeeper {
  public:
   using Clock = std::chrono::steady_clock;
 
   /// `self` is this process: its member record's node id and incarnation. `options` must
   /// validate.
-  LeaseKeeper(std::string node_id, std::uint64_t incarnation, LeaseKeeperOptions options);
+  PartitionLeaseKeeper(std::string node_id, std::uint64_t incarnation,
+                       PartitionLeaseOptions options);
 
   /// Decides the next actions from the members and lease table just read and the partitions
   /// the node knows of (the lease table's partitions count too). `now` must be no later than
@@ -192,7 +193,7 @@ class LeaseKeeper {
 
   std::string node_id_;
   std::uint64_t incarnation_;
-  LeaseKeeperOptions options_;
+  PartitionLeaseOptions options_;
   std::map<std::string, Held> held_;
   std::map<std::string, Pending> pending_;
   std::map<std::string, Incoming> incoming_;

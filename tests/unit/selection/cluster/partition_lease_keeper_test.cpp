@@ -1,8 +1,8 @@
-// The lease keeper: driven step by step over simulated time against a fake key-value bucket
-// with the compare-and-set and TTL behaviour of JetStream's, it never lets two nodes own a
+// The partition lease keeper: driven step by step over simulated time against a fake key-value
+// bucket with the compare-and-set and TTL behaviour of JetStream's, it never lets two nodes own a
 // partition at once (including a node paused past its deadline), takes over from dead members,
 // hands over on join without a long gap, and stops owning at once when a renewal fails.
-#include "selection/cluster/lease_keeper.hpp"
+#include "selection/cluster/partition_lease_keeper.hpp"
 
 #include <algorithm>
 #include <functional>
@@ -21,8 +21,8 @@ constexpr milliseconds kRenewInterval{1000};
 constexpr milliseconds kRenewDeadline{2000};
 constexpr milliseconds kTick{50};
 
-LeaseKeeperOptions options() {
-  LeaseKeeperOptions result;
+PartitionLeaseOptions options() {
+  PartitionLeaseOptions result;
   result.ttl = kTtl;
   result.renew_interval = kRenewInterval;
   result.renew_deadline = kRenewDeadline;
@@ -222,7 +222,7 @@ class SimNode {
 
   std::size_t owned_count(const World& world) const { return keeper.owned(world.now).size(); }
 
-  LeaseKeeper keeper;
+  PartitionLeaseKeeper keeper;
   MemberRecord record;
   State state = State::running;
   milliseconds prepare_time{300};
@@ -321,7 +321,7 @@ class ClusterRun {
   milliseconds longest_gap_{0};
 };
 
-TEST(LeaseKeeperTest, TwoKeepersNeverBothOwnAPartitionAndAPausedOneIsFencedBeforeActing) {
+TEST(PartitionLeaseKeeperTest, TwoKeepersNeverBothOwnAPartitionAndAPausedOneIsFencedBeforeActing) {
   World world;
   SimNode a{"node-a", 1, milliseconds(0)};
   SimNode b{"node-b", 1, milliseconds(300)};
@@ -365,7 +365,7 @@ TEST(LeaseKeeperTest, TwoKeepersNeverBothOwnAPartitionAndAPausedOneIsFencedBefor
   EXPECT_EQ(a.owned_count(world) + b.owned_count(world), world.partitions.size());
 }
 
-TEST(LeaseKeeperTest, DeadMembersPartitionsAreTakenOverOnceTheirLeasesAgeOut) {
+TEST(PartitionLeaseKeeperTest, DeadMembersPartitionsAreTakenOverOnceTheirLeasesAgeOut) {
   World world;
   SimNode a{"node-a", 1, milliseconds(0)};
   SimNode b{"node-b", 1, milliseconds(250)};
@@ -402,7 +402,7 @@ TEST(LeaseKeeperTest, DeadMembersPartitionsAreTakenOverOnceTheirLeasesAgeOut) {
   }
 }
 
-TEST(LeaseKeeperTest, JoinHandsOverWithoutAGapLongerThanOneRenewInterval) {
+TEST(PartitionLeaseKeeperTest, JoinHandsOverWithoutAGapLongerThanOneRenewInterval) {
   World world;
   SimNode a{"node-a", 1, milliseconds(0)};
   SimNode b{"node-b", 1, milliseconds(350)};
@@ -436,7 +436,7 @@ TEST(LeaseKeeperTest, JoinHandsOverWithoutAGapLongerThanOneRenewInterval) {
   EXPECT_GE(static_cast<std::size_t>(a.releases + b.releases), c_owned.size());
 }
 
-TEST(LeaseKeeperTest, GracefulShutdownHandsLeasesOverAtOnce) {
+TEST(PartitionLeaseKeeperTest, GracefulShutdownHandsLeasesOverAtOnce) {
   World world;
   SimNode a{"node-a", 1, milliseconds(0)};
   SimNode b{"node-b", 1, milliseconds(500)};
@@ -453,9 +453,9 @@ TEST(LeaseKeeperTest, GracefulShutdownHandsLeasesOverAtOnce) {
   EXPECT_EQ(b.owned_count(world), world.partitions.size());
 }
 
-TEST(LeaseKeeperTest, RenewalFailureStopsOwningAtOnce) {
+TEST(PartitionLeaseKeeperTest, RenewalFailureStopsOwningAtOnce) {
   const Clock::time_point start{std::chrono::hours(1)};
-  LeaseKeeper keeper{"node-a", 1, options()};
+  PartitionLeaseKeeper keeper{"node-a", 1, options()};
   const std::vector<MemberRecord> members{{"node-a", 1, "", 1.0, 0}};
   const std::vector<std::string> partitions{"m/default"};
 
@@ -482,9 +482,9 @@ TEST(LeaseKeeperTest, RenewalFailureStopsOwningAtOnce) {
   EXPECT_TRUE(keeper.owned(renew_at).empty());
 }
 
-TEST(LeaseKeeperTest, RenewalMovesTheEpochToTheNewRevision) {
+TEST(PartitionLeaseKeeperTest, RenewalMovesTheEpochToTheNewRevision) {
   const Clock::time_point start{std::chrono::hours(1)};
-  LeaseKeeper keeper{"node-a", 1, options()};
+  PartitionLeaseKeeper keeper{"node-a", 1, options()};
   const std::vector<MemberRecord> members{{"node-a", 1, "", 1.0, 0}};
   const std::vector<std::string> partitions{"m/default"};
   keeper.step(start, members, partitions, LeaseTable{});
@@ -498,9 +498,9 @@ TEST(LeaseKeeperTest, RenewalMovesTheEpochToTheNewRevision) {
   EXPECT_EQ(keeper.next_fence(), start + kRenewInterval + kRenewDeadline);
 }
 
-TEST(LeaseKeeperTest, SupersededRevisionInTheTableStopsOwningAtOnce) {
+TEST(PartitionLeaseKeeperTest, SupersededRevisionInTheTableStopsOwningAtOnce) {
   const Clock::time_point start{std::chrono::hours(1)};
-  LeaseKeeper keeper{"node-a", 1, options()};
+  PartitionLeaseKeeper keeper{"node-a", 1, options()};
   const std::vector<MemberRecord> members{{"node-a", 1, "", 1.0, 0}, {"node-b", 1, "", 1.0, 0}};
   const std::vector<std::string> partitions{"m/default"};
   LeaseTable empty;
@@ -515,9 +515,9 @@ TEST(LeaseKeeperTest, SupersededRevisionInTheTableStopsOwningAtOnce) {
   EXPECT_FALSE(keeper.epoch_of("m/default", now).has_value());
 }
 
-TEST(LeaseKeeperTest, OwnershipEndsAtTheRenewDeadlineWhenRenewalsGoUnanswered) {
+TEST(PartitionLeaseKeeperTest, OwnershipEndsAtTheRenewDeadlineWhenRenewalsGoUnanswered) {
   const Clock::time_point start{std::chrono::hours(1)};
-  LeaseKeeper keeper{"node-a", 1, options()};
+  PartitionLeaseKeeper keeper{"node-a", 1, options()};
   const std::vector<MemberRecord> members{{"node-a", 1, "", 1.0, 0}};
   const std::vector<std::string> partitions{"m/default"};
   keeper.step(start, members, partitions, LeaseTable{});
@@ -533,9 +533,9 @@ TEST(LeaseKeeperTest, OwnershipEndsAtTheRenewDeadlineWhenRenewalsGoUnanswered) {
   EXPECT_TRUE(keeper.step(start + kRenewDeadline, members, partitions, LeaseTable{}).empty());
 }
 
-TEST(LeaseKeeperTest, TakesNothingUntilItsOwnMemberRecordIsVisible) {
+TEST(PartitionLeaseKeeperTest, TakesNothingUntilItsOwnMemberRecordIsVisible) {
   const Clock::time_point start{std::chrono::hours(1)};
-  LeaseKeeper keeper{"node-a", 2, options()};
+  PartitionLeaseKeeper keeper{"node-a", 2, options()};
   const std::vector<std::string> partitions{"m/default", "n/default"};
   // No members, and then only the record of this node's previous incarnation.
   EXPECT_TRUE(keeper.step(start, {}, partitions, LeaseTable{}).empty());
@@ -543,9 +543,9 @@ TEST(LeaseKeeperTest, TakesNothingUntilItsOwnMemberRecordIsVisible) {
   EXPECT_TRUE(keeper.step(start, previous, partitions, LeaseTable{}).empty());
 }
 
-TEST(LeaseKeeperTest, APreviousIncarnationsLeaseIsLeftToAgeOut) {
+TEST(PartitionLeaseKeeperTest, APreviousIncarnationsLeaseIsLeftToAgeOut) {
   const Clock::time_point start{std::chrono::hours(1)};
-  LeaseKeeper keeper{"node-a", 2, options()};
+  PartitionLeaseKeeper keeper{"node-a", 2, options()};
   const std::vector<MemberRecord> members{{"node-a", 2, "", 1.0, 0}};
   const std::vector<std::string> partitions{"m/default"};
   LeaseTable table;
@@ -556,7 +556,7 @@ TEST(LeaseKeeperTest, APreviousIncarnationsLeaseIsLeftToAgeOut) {
   }
 }
 
-TEST(LeaseKeeperTest, OptionsMustLeaveTheDeadlineBelowTheTtl) {
+TEST(PartitionLeaseKeeperTest, OptionsMustLeaveTheDeadlineBelowTheTtl) {
   EXPECT_FALSE(validate(options()).has_value());
   auto bad = options();
   bad.renew_deadline = kTtl;

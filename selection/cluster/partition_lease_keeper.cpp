@@ -1,4 +1,4 @@
-#include "selection/cluster/lease_keeper.hpp"
+#include "selection/cluster/partition_lease_keeper.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -17,7 +17,7 @@ bool has_member(std::span<const MemberRecord> members, const std::string& node_i
 
 }  // namespace
 
-std::optional<std::string> validate(const LeaseKeeperOptions& options) {
+std::optional<std::string> validate(const PartitionLeaseOptions& options) {
   if (options.renew_interval.count() <= 0) return "the renew interval must be positive";
   if (options.renew_deadline <= options.renew_interval) {
     return "the renew deadline must be longer than the renew interval";
@@ -31,27 +31,30 @@ std::optional<std::string> validate(const LeaseKeeperOptions& options) {
   return std::nullopt;
 }
 
-LeaseKeeper::LeaseKeeper(std::string node_id, std::uint64_t incarnation, LeaseKeeperOptions options)
+PartitionLeaseKeeper::PartitionLeaseKeeper(std::string node_id, std::uint64_t incarnation,
+                                           PartitionLeaseOptions options)
     : node_id_(std::move(node_id)), incarnation_(incarnation), options_(options) {
   KVR_CHECK(!node_id_.empty());
   KVR_CHECK(!validate(options_).has_value());
 }
 
-bool LeaseKeeper::is_self(const std::string& node_id, std::uint64_t incarnation) const {
+bool PartitionLeaseKeeper::is_self(const std::string& node_id, std::uint64_t incarnation) const {
   return node_id == node_id_ && incarnation == incarnation_;
 }
 
-bool LeaseKeeper::holds(const std::string& partition, Clock::time_point now) const {
+bool PartitionLeaseKeeper::holds(const std::string& partition, Clock::time_point now) const {
   const auto it = held_.find(partition);
   return it != held_.end() && now - it->second.written_at < options_.renew_deadline;
 }
 
-LeaseValue LeaseKeeper::own_value() const { return LeaseValue{node_id_, incarnation_, false}; }
+LeaseValue PartitionLeaseKeeper::own_value() const {
+  return LeaseValue{node_id_, incarnation_, false};
+}
 
-std::vector<LeaseAction> LeaseKeeper::step(Clock::time_point now,
-                                           std::span<const MemberRecord> members,
-                                           std::span<const std::string> partitions,
-                                           const LeaseTable& table) {
+std::vector<LeaseAction> PartitionLeaseKeeper::step(Clock::time_point now,
+                                                    std::span<const MemberRecord> members,
+                                                    std::span<const std::string> partitions,
+                                                    const LeaseTable& table) {
   std::vector<LeaseAction> actions;
   // The fence comes first: a keeper that was paused past its deadline drops its claims before
   // it acts on anything, whatever its (possibly stale) table says.
@@ -115,10 +118,10 @@ std::vector<LeaseAction> LeaseKeeper::step(Clock::time_point now,
   return actions;
 }
 
-void LeaseKeeper::decide_held(const std::string& partition, const LeaseRecord* lease,
-                              const std::optional<std::string>& desired, Clock::time_point now,
-                              std::span<const MemberRecord> members, const LeaseTable& table,
-                              std::vector<LeaseAction>& actions) {
+void PartitionLeaseKeeper::decide_held(const std::string& partition, const LeaseRecord* lease,
+                                       const std::optional<std::string>& desired,
+                                       Clock::time_point now, std::span<const MemberRecord> members,
+                                       const LeaseTable& table, std::vector<LeaseAction>& actions) {
   const Held held = held_.at(partition);
   // A later revision than this node's last write is another node's write: superseded. (Its own
   // writes are reported before it steps again; an older revision is a table read before them.)
@@ -145,9 +148,9 @@ void LeaseKeeper::decide_held(const std::string& partition, const LeaseRecord* l
   }
 }
 
-void LeaseKeeper::decide_free(const std::string& partition, const LeaseRecord* lease,
-                              bool desired_here, Clock::time_point now,
-                              std::vector<LeaseAction>& actions) {
+void PartitionLeaseKeeper::decide_free(const std::string& partition, const LeaseRecord* lease,
+                                       bool desired_here, Clock::time_point now,
+                                       std::vector<LeaseAction>& actions) {
   auto acquire = [&](std::optional<std::uint64_t> over_revision) {
     pending_[partition] = Pending{CallKind::acquire, now};
     actions.emplace_back(AcquireLease{partition, over_revision, own_value()});
@@ -173,7 +176,8 @@ void LeaseKeeper::decide_free(const std::string& partition, const LeaseRecord* l
   if (value.owner_node_id.empty() && desired_here) acquire(lease->revision);
 }
 
-void LeaseKeeper::on_acquired(const std::string& partition, std::optional<std::uint64_t> revision) {
+void PartitionLeaseKeeper::on_acquired(const std::string& partition,
+                                       std::optional<std::uint64_t> revision) {
   const auto it = pending_.find(partition);
   if (it == pending_.end() || it->second.kind != CallKind::acquire) return;
   const Clock::time_point sent_at = it->second.sent_at;
@@ -181,7 +185,8 @@ void LeaseKeeper::on_acquired(const std::string& partition, std::optional<std::u
   if (revision) held_[partition] = Held{*revision, sent_at};
 }
 
-void LeaseKeeper::on_renewed(const std::string& partition, std::optional<std::uint64_t> revision) {
+void PartitionLeaseKeeper::on_renewed(const std::string& partition,
+                                      std::optional<std::uint64_t> revision) {
   const auto it = pending_.find(partition);
   if (it == pending_.end() || it->second.kind != CallKind::renew) return;
   const Clock::time_point sent_at = it->second.sent_at;
@@ -195,17 +200,17 @@ void LeaseKeeper::on_renewed(const std::string& partition, std::optional<std::ui
   }
 }
 
-void LeaseKeeper::on_released(const std::string& partition) {
+void PartitionLeaseKeeper::on_released(const std::string& partition) {
   const auto it = pending_.find(partition);
   if (it != pending_.end() && it->second.kind == CallKind::release) pending_.erase(it);
 }
 
-void LeaseKeeper::mark_prepared(const std::string& partition) {
+void PartitionLeaseKeeper::mark_prepared(const std::string& partition) {
   const auto it = incoming_.find(partition);
   if (it != incoming_.end() && it->second.prepare_asked) it->second.prepared = true;
 }
 
-std::vector<LeaseAction> LeaseKeeper::release_all() {
+std::vector<LeaseAction> PartitionLeaseKeeper::release_all() {
   std::vector<LeaseAction> actions;
   for (const auto& [partition, held] : held_) {
     // Replaces a renewal in flight: its answer is ignored, and if it lands first the release
@@ -222,7 +227,7 @@ std::vector<LeaseAction> LeaseKeeper::release_all() {
   return actions;
 }
 
-std::vector<OwnedPartition> LeaseKeeper::owned(Clock::time_point now) const {
+std::vector<OwnedPartition> PartitionLeaseKeeper::owned(Clock::time_point now) const {
   std::vector<OwnedPartition> result;
   for (const auto& [partition, held] : held_) {
     if (now - held.written_at < options_.renew_deadline) {
@@ -232,13 +237,13 @@ std::vector<OwnedPartition> LeaseKeeper::owned(Clock::time_point now) const {
   return result;
 }
 
-std::optional<std::uint64_t> LeaseKeeper::epoch_of(const std::string& partition,
-                                                   Clock::time_point now) const {
+std::optional<std::uint64_t> PartitionLeaseKeeper::epoch_of(const std::string& partition,
+                                                            Clock::time_point now) const {
   if (!holds(partition, now)) return std::nullopt;
   return held_.at(partition).revision;
 }
 
-std::optional<LeaseKeeper::Clock::time_point> LeaseKeeper::next_fence() const {
+std::optional<PartitionLeaseKeeper::Clock::time_point> PartitionLeaseKeeper::next_fence() const {
   std::optional<Clock::time_point> earliest;
   for (const auto& [partition, held] : held_) {
     const auto fence = held.written_at + options_.renew_deadline;
