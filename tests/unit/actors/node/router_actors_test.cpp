@@ -1,10 +1,13 @@
-// The node's actors together, in one actor system without NATS: the discovery actor spawns a
-// selector per partition, the reservation actor books and leases, the ingress actor answers
-// actor clients (route, report, and generate with its stream). A fake publisher records what would
-// go out on NATS. The classifier actor sits in front of the reservation and lifecycle actors when
-// a request classifier is configured.
+// The node's actors together, in one actor system without NATS, on CAF's deterministic test
+// coordinator (no actor runs until the test runs the scheduler, after every send) and an injected
+// clock: the discovery actor spawns a selector per partition, the reservation actor books and
+// leases, the ingress actor answers actor clients (route, report, and generate with its stream). A
+// fake publisher records what would go out on NATS. The classifier actor sits in front of the
+// reservation and lifecycle actors when a request classifier is configured. Timers fire only when
+// the test moves CAF's clock (advance_time) or sends the timer's message itself.
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -13,7 +16,7 @@
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/event_based_actor.hpp>
-#include <caf/scoped_actor.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
 #include <caf/send.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <fmt/format.h>
@@ -31,7 +34,6 @@
 #include "messages/metrics/node_metrics.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
-#include "tests/testing/child_process.hpp"
 
 namespace kvr::actors {
 namespace {
@@ -142,9 +144,95 @@ GenerateRequestData generate_request(std::string id, std::string stream_subject)
   return generate;
 }
 
+caf::actor_system_config& testing_config() {
+  static caf::actor_system_config* config = [] {
+    auto* result = new caf::actor_system_config;
+    result->set("scheduler.policy", caf::atom("testing"));
+    result->set("logger.file-verbosity", caf::atom("quiet"));
+    result->add_message_types<caf::id_block::kvr_actors>();
+    return result;
+  }();
+  return *config;
+}
+
+// What the test's client actors were answered and streamed.
+struct Answers {
+  std::vector<v1::RouteDecision> decisions;
+  std::vector<v1::LifecycleAck> acks;
+  std::vector<v1::GenerateChunk> chunks;
+};
+
+// The test's actors are spawned with an argument: CAF 0.17's initialisation of an actor without
+// one binds a null reference, which UBSan reports.
+
+// Requests one route decision of `entry`.
+void route_client(caf::event_based_actor* self, const route_entry_actor& entry,
+                  RouteEnvelope envelope, Answers* answers) {
+  self->request(entry, caf::infinite, route_atom::value, std::move(envelope))
+      .then(
+          [answers](RouteDecisionMessage& message) {
+            answers->decisions.push_back(std::move(message.value));
+          },
+          [](caf::error& error) { ADD_FAILURE() << "route failed: " << caf::to_string(error); });
+}
+
+// Requests one lifecycle ack of `entry`.
+void report_client(caf::event_based_actor* self, const report_entry_actor& entry,
+                   ReportEnvelope envelope, Answers* answers) {
+  self->request(entry, caf::infinite, report_atom::value, std::move(envelope))
+      .then(
+          [answers](LifecycleAckMessage& message) {
+            answers->acks.push_back(std::move(message.value));
+          },
+          [](caf::error& error) { ADD_FAILURE() << "report failed: " << caf::to_string(error); });
+}
+
+// Records the decisions sent to it as plain messages: the answers to what the test sent on its
+// behalf (caf::send_as), not as requests.
+caf::behavior decision_recorder(caf::event_based_actor*, Answers* answers) {
+  return {[answers](RouteDecisionMessage& message) {
+    answers->decisions.push_back(std::move(message.value));
+  }};
+}
+
+// An actor client of the ingress: makes the requests the test tells it to (route, forwarded route,
+// generate; a cancel it sends on), records the answers and the chunks streamed to it.
+caf::behavior ingress_client(caf::event_based_actor* self, const ingress_actor& ingress,
+                             Answers* answers) {
+  const auto record = [answers](RouteDecisionMessage& message) {
+    answers->decisions.push_back(std::move(message.value));
+  };
+  const auto fail = [](caf::error& error) {
+    ADD_FAILURE() << "ingress request failed: " << caf::to_string(error);
+  };
+  return {
+      [=](route_atom, RouteRequestMessage& message) {
+        self->request(ingress, caf::infinite, route_atom::value, std::move(message))
+            .then(record, fail);
+      },
+      [=](route_atom, RouteRequestMessage& message, std::string& scope) {
+        self->request(ingress, caf::infinite, route_atom::value, std::move(message),
+                      std::move(scope))
+            .then(record, fail);
+      },
+      [=](generate_atom, GenerateRequestMessage& message) {
+        self->request(ingress, caf::infinite, generate_atom::value, std::move(message))
+            .then(record, fail);
+      },
+      [=](cancel_atom, GenerateCancelMessage& message) {
+        self->send(ingress, cancel_atom::value, std::move(message));
+      },
+      [answers](chunk_atom, GenerateChunkMessage& message) {
+        answers->chunks.push_back(std::move(message.value));
+      },
+  };
+}
+
 class RouterActorsTest : public ::testing::Test {
  protected:
-  RouterActorsTest() : system_(make_config()) {
+  RouterActorsTest()
+      : system_(testing_config()),
+        scheduler_(dynamic_cast<caf::scheduler::test_coordinator&>(system_.scheduler())) {
     plugins::RouterPluginRegistry registry;
     EXPECT_TRUE(selection::register_builtin_policies(registry));
     auto resolved = registry.resolve_plugins(selection::RouterPolicyConfig{});
@@ -155,18 +243,13 @@ class RouterActorsTest : public ::testing::Test {
     discovery_ =
         system_.spawn(discovery_behavior, DiscoveryActorConfig{selector_config(metrics_), {}});
     reservation_ = system_.spawn(reservation_behavior, reservation_config(discovery_, metrics_));
-    LifecycleActorConfig lifecycle;
-    lifecycle.discovery = discovery_;
-    lifecycle.publisher = publisher_;
-    lifecycle.metrics = metrics_;
-    lifecycle.log = log_;
-    lifecycle.stream_inbox_prefix = "node.streams";
-    lifecycle.first_token_timeout = 60s;
-    lifecycle_ = system_.spawn(lifecycle_behavior, lifecycle);
+    lifecycle_ = system_.spawn(lifecycle_behavior, lifecycle_config("node.streams", 60s));
     IngressActorConfig ingress;
     ingress.metrics = metrics_;
+    ingress.clock = clock_;
     ingress.entry = RequestEntry::local({}, reservation_, lifecycle_);
     ingress_ = system_.spawn(ingress_behavior, std::move(ingress));
+    scheduler_.run();
   }
 
   ~RouterActorsTest() override {
@@ -174,29 +257,24 @@ class RouterActorsTest : public ::testing::Test {
     caf::anon_send_exit(discovery_, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(reservation_, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(ingress_, caf::exit_reason::user_shutdown);
+    scheduler_.run();
   }
 
-  static caf::actor_system_config& make_config() {
-    static caf::actor_system_config* config = [] {
-      auto* result = new caf::actor_system_config;
-      result->set("scheduler.max-threads", 2);
-      result->add_message_types<caf::id_block::kvr_actors>();
-      return result;
-    }();
-    return *config;
+  // Sends a message and handles it (and whatever it causes).
+  template <class Target, class... Ts>
+  void send(const Target& target, Ts&&... xs) {
+    caf::anon_send(target, std::forward<Ts>(xs)...);
+    scheduler_.run();
   }
 
-  // Registers workers and waits until the partition's selector holds them.
+  // Registers workers: the partition's selector then holds them.
   void register_workers(std::initializer_list<WorkerId> ids) {
-    for (WorkerId id : ids) caf::anon_send(discovery_, worker_up_atom::value, registration(id));
-    ASSERT_TRUE(testing::wait_until(
-        [&] {
-          return metrics_->value("kvr_workers", {{"partition", "m/default"}}) == ids.size();
-        },
-        5s));
+    for (WorkerId id : ids) send(discovery_, worker_up_atom::value, registration(id));
+    ASSERT_EQ(metrics_->value("kvr_workers", {{"partition", "m/default"}}), ids.size());
   }
 
-  // The selectors' settings every test starts from, writing metrics to `metrics`.
+  // The selectors' settings every test starts from, writing metrics to `metrics`; their expiry
+  // tick never fires (an hour, and the test moves CAF's clock less).
   SelectorActorConfig selector_config(std::shared_ptr<metrics::MetricsRegistry> metrics) {
     SelectorActorConfig selector;
     selector.options.router.block_size = 4;
@@ -205,6 +283,8 @@ class RouterActorsTest : public ::testing::Test {
     selector.publisher = publisher_;
     selector.metrics = std::move(metrics);
     selector.log = log_;
+    selector.clock = clock_;
+    selector.tick_interval = 1h;
     return selector;
   }
 
@@ -215,46 +295,92 @@ class RouterActorsTest : public ::testing::Test {
     reservation.publisher = publisher_;
     reservation.metrics = std::move(metrics);
     reservation.log = log_;
+    reservation.clock = clock_;
     reservation.lease_ttl = 60s;
+    reservation.tick_interval = 1h;  // the tests that need it send the tick
     return reservation;
+  }
+
+  LifecycleActorConfig lifecycle_config(std::string stream_inbox_prefix,
+                                        std::chrono::milliseconds first_token_timeout) {
+    LifecycleActorConfig lifecycle;
+    lifecycle.discovery = discovery_;
+    lifecycle.publisher = publisher_;
+    lifecycle.metrics = metrics_;
+    lifecycle.log = log_;
+    lifecycle.clock = clock_;
+    lifecycle.stream_inbox_prefix = std::move(stream_inbox_prefix);
+    lifecycle.first_token_timeout = first_token_timeout;
+    return lifecycle;
   }
 
   v1::RouteDecision route(RouteRequest data) { return route_via(reservation_, std::move(data)); }
 
-  // Routes through the given reservation actor (tests with their own set of actors).
-  v1::RouteDecision route_via(const reservation_actor& reservation, RouteRequest data) {
-    caf::scoped_actor self{system_};
-    v1::RouteDecision decision;
-    self->request(reservation, 5s, route_atom::value,
-                  RouteEnvelope{std::move(data), {}, std::chrono::steady_clock::now()})
-        .receive([&](RouteDecisionMessage& message) { decision = std::move(message.value); },
-                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
-    return decision;
+  // The decision `entry` answers a route request with (tests with their own set of actors).
+  v1::RouteDecision route_via(const route_entry_actor& entry, RouteRequest data) {
+    const std::size_t before = answers_.decisions.size();
+    system_.spawn(route_client, entry, RouteEnvelope{std::move(data), {}, clock_->now()},
+                  &answers_);
+    scheduler_.run();
+    if (answers_.decisions.size() != before + 1) {
+      ADD_FAILURE() << "the route request got no answer";
+      return {};
+    }
+    return answers_.decisions.back();
   }
 
   v1::LifecycleAck report(const std::string& lease, LifecycleEventKind event) {
     return report_via(reservation_, lease, event);
   }
 
-  v1::LifecycleAck report_via(const reservation_actor& reservation, const std::string& lease,
+  v1::LifecycleAck report_via(const report_entry_actor& entry, const std::string& lease,
                               LifecycleEventKind event, std::string reason = {},
                               AbortCause cause = AbortCause::unspecified) {
-    caf::scoped_actor self{system_};
-    v1::LifecycleAck ack;
-    self->request(reservation, 5s, report_atom::value,
-                  ReportEnvelope{LifecycleReportData{lease, event, std::move(reason), cause}, {}})
-        .receive([&](LifecycleAckMessage& message) { ack = std::move(message.value); },
-                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
-    return ack;
+    const std::size_t before = answers_.acks.size();
+    system_.spawn(report_client, entry,
+                  ReportEnvelope{LifecycleReportData{lease, event, std::move(reason), cause}, {}},
+                  &answers_);
+    scheduler_.run();
+    if (answers_.acks.size() != before + 1) {
+      ADD_FAILURE() << "the report got no ack";
+      return {};
+    }
+    return answers_.acks.back();
   }
 
-  // Sends a generate request to the ingress as the actor client `self` and returns its decision.
-  v1::RouteDecision generate(caf::scoped_actor& self, v1::GenerateRequest wire) {
-    v1::RouteDecision decision;
-    self->request(ingress_, 5s, generate_atom::value, GenerateRequestMessage{std::move(wire)})
-        .receive([&](RouteDecisionMessage& message) { decision = std::move(message.value); },
-                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
-    return decision;
+  // Where a client the test spawns records what it gets (lives as long as the fixture).
+  Answers& new_answers() { return client_answers_.emplace_back(); }
+
+  // An actor client of `ingress` (by default the fixture's), recording into `answers`.
+  caf::actor spawn_client(Answers& answers, const ingress_actor& ingress = {}) {
+    auto client = system_.spawn(ingress_client, ingress ? ingress : ingress_, &answers);
+    scheduler_.run();
+    return client;
+  }
+
+  // Tells the actor client `client` to make a request of its ingress (route, a forwarded route,
+  // generate) and returns the decision it got.
+  template <class... Ts>
+  v1::RouteDecision ask(const caf::actor& client, Answers& answers, Ts&&... xs) {
+    const std::size_t before = answers.decisions.size();
+    send(client, std::forward<Ts>(xs)...);
+    if (answers.decisions.size() != before + 1) {
+      ADD_FAILURE() << "the actor client got no decision";
+      return {};
+    }
+    return answers.decisions.back();
+  }
+
+  // Sends a generate request to the ingress as the actor client `client` and returns its decision.
+  v1::RouteDecision generate(const caf::actor& client, Answers& answers, v1::GenerateRequest wire) {
+    return ask(client, answers, generate_atom::value, GenerateRequestMessage{std::move(wire)});
+  }
+
+  // Ends `actor` (as its client or node would) and handles what that causes.
+  template <class Handle>
+  void send_exit(const Handle& actor) {
+    caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+    scheduler_.run();
   }
 
   double bookings() const {
@@ -262,10 +388,16 @@ class RouterActorsTest : public ::testing::Test {
   }
 
   caf::actor_system system_;
+  caf::scheduler::test_coordinator& scheduler_;
   plugins::RouterPlugins plugins_;
   std::shared_ptr<FakePublisher> publisher_ = std::make_shared<FakePublisher>();
   std::shared_ptr<metrics::MetricsRegistry> metrics_ = std::make_shared<metrics::MetricsRegistry>();
   std::shared_ptr<metrics::RateLimitedLog> log_ = std::make_shared<metrics::RateLimitedLog>();
+  std::shared_ptr<ManualClock> clock_ = std::make_shared<ManualClock>();
+  Answers answers_;
+  // The test's clients' answers: kept until every actor has ended, since actors that end at
+  // teardown still stream their last chunks to their clients.
+  std::deque<Answers> client_answers_;
   discovery_actor discovery_;
   reservation_actor reservation_;
   lifecycle_actor lifecycle_;
@@ -318,11 +450,9 @@ TEST_F(RouterActorsTest, APickIsInPredictedLoadBeforeTheNextSelection) {
 TEST_F(RouterActorsTest, FailedDeliveryRollsTheBookingBack) {
   register_workers({11});
   publisher_->fail_publish(true);
-  caf::scoped_actor self{system_};
-  self->request(reservation_, 5s, route_atom::value,
-                RouteEnvelope{request("r1"), "reply.subject", std::chrono::steady_clock::now()})
-      .receive([](RouteDecisionMessage&) {}, [](caf::error&) {});
-  EXPECT_TRUE(testing::wait_until([&] { return bookings() == 0; }, 5s));
+  send(reservation_, route_atom::value,
+       RouteEnvelope{request("r1"), "reply.subject", clock_->now()});
+  EXPECT_EQ(bookings(), 0);
   EXPECT_EQ(metrics_->value("kvr_bookings_rolled_back_total"), 1);
   EXPECT_EQ(metrics_->value("kvr_leases_open"), 0);
 }
@@ -333,22 +463,23 @@ TEST_F(RouterActorsTest, FailedDeliveryRollsTheBookingBack) {
 TEST_F(RouterActorsTest, EveryNatsAnswerOfABurstIsFlushed) {
   register_workers({11, 12});
   constexpr int kRequests = 20;
-  caf::scoped_actor self{system_};
+  Answers& answers = new_answers();
+  auto client = system_.spawn(decision_recorder, &answers);
+  // The whole burst is in the reservation's mailbox before it runs.
   for (int i = 0; i < kRequests; ++i) {
-    self->send(reservation_, route_atom::value,
-               RouteEnvelope{request("burst-" + std::to_string(i)), "burst." + std::to_string(i),
-                             std::chrono::steady_clock::now()});
+    caf::send_as(client, reservation_, route_atom::value,
+                 RouteEnvelope{request("burst-" + std::to_string(i)), "burst." + std::to_string(i),
+                               clock_->now()});
   }
-  int answered = 0;
-  self->receive_for(answered, kRequests)(
-      [](RouteDecisionMessage& message) { EXPECT_TRUE(message.value.has_success()); },
-      [](caf::error& error) { ADD_FAILURE() << "route failed: " << error.code(); });
-  ASSERT_TRUE(testing::wait_until([&] { return publisher_->unflushed() == 0; }, 5s));
+  scheduler_.run();
+  ASSERT_EQ(answers.decisions.size(), static_cast<std::size_t>(kRequests));
+  for (const auto& decision : answers.decisions) EXPECT_TRUE(decision.has_success());
+  EXPECT_EQ(publisher_->unflushed(), 0U);
   for (int i = 0; i < kRequests; ++i) {
-    const auto answers = publisher_->published_on("burst." + std::to_string(i));
-    ASSERT_EQ(answers.size(), 1U) << "request " << i;
+    const auto published = publisher_->published_on("burst." + std::to_string(i));
+    ASSERT_EQ(published.size(), 1U) << "request " << i;
     v1::RouteDecision decision;
-    ASSERT_TRUE(decision.ParseFromString(answers[0]));
+    ASSERT_TRUE(decision.ParseFromString(published[0]));
     EXPECT_EQ(decision.request_id(), "burst-" + std::to_string(i));
   }
   EXPECT_GE(publisher_->flushes(), 1);
@@ -364,29 +495,24 @@ TEST_F(RouterActorsTest, EventIdGapAsksTheWorkerForADump) {
   batch.incarnation = 1;
   batch.event_id = 5;  // 1..4 never arrived
   batch.events.push_back(KvStoredEvent{std::nullopt, {1, 2}, StorageTier::Device});
-  caf::anon_send(discovery_, kv_events_atom::value, batch);
-  EXPECT_TRUE(testing::wait_until([&] { return !publisher_->dumps().empty(); }, 5s));
-  EXPECT_EQ(publisher_->dumps().front(), (WorkerWithDpRank{11, 0}));
+  send(discovery_, kv_events_atom::value, batch);
+  EXPECT_EQ(publisher_->dumps(), (std::vector<WorkerWithDpRank>{{11, 0}}));
 }
 
 TEST_F(RouterActorsTest, IngressAnswersActorClientsWithDecisionsAndErrors) {
   register_workers({11});
-  caf::scoped_actor self{system_};
+  Answers& answers = new_answers();
+  const caf::actor client = spawn_client(answers);
   v1::RouteRequest wire;
   wire.set_request_id("a1");
   wire.set_model("m");
   for (std::uint32_t token = 0; token < 9; ++token) wire.mutable_tokens()->add_ids(token);
-  v1::RouteDecision decision;
-  self->request(ingress_, 5s, route_atom::value, RouteRequestMessage{wire})
-      .receive([&](RouteDecisionMessage& message) { decision = message.value; },
-               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  v1::RouteDecision decision = ask(client, answers, route_atom::value, RouteRequestMessage{wire});
   ASSERT_TRUE(decision.has_success()) << decision.error().message();
   EXPECT_EQ(decision.success().worker_id(), 11U);
 
   wire.clear_prompt();
-  self->request(ingress_, 5s, route_atom::value, RouteRequestMessage{wire})
-      .receive([&](RouteDecisionMessage& message) { decision = message.value; },
-               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  decision = ask(client, answers, route_atom::value, RouteRequestMessage{wire});
   ASSERT_TRUE(decision.has_error());
   EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
 }
@@ -399,68 +525,62 @@ TEST_F(RouterActorsTest, RequestIdsAreScopedToTheirClient) {
   wire.set_request_id("same");
   wire.set_model("m");
   for (std::uint32_t token = 0; token < 9; ++token) wire.mutable_tokens()->add_ids(token);
-  const auto ask = [&](caf::scoped_actor& self, auto... scope) {
-    v1::RouteDecision decision;
-    self->request(ingress_, 5s, route_atom::value, RouteRequestMessage{wire}, scope...)
-        .receive([&](RouteDecisionMessage& message) { decision = message.value; },
-                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
-    return decision;
+  Answers& first_answers = new_answers();
+  Answers& second_answers = new_answers();
+  const caf::actor first = spawn_client(first_answers);
+  const caf::actor second = spawn_client(second_answers);
+  const auto ask_first = [&](auto... scope) {
+    return ask(first, first_answers, route_atom::value, RouteRequestMessage{wire}, scope...);
   };
-  caf::scoped_actor first{system_};
-  caf::scoped_actor second{system_};
-  const v1::RouteDecision a = ask(first);
+  const auto ask_second = [&](auto... scope) {
+    return ask(second, second_answers, route_atom::value, RouteRequestMessage{wire}, scope...);
+  };
+  const v1::RouteDecision a = ask_first();
   ASSERT_TRUE(a.has_success()) << a.error().message();
   EXPECT_EQ(a.request_id(), "same");
-  const v1::RouteDecision b = ask(second);
+  const v1::RouteDecision b = ask_second();
   ASSERT_TRUE(b.has_success()) << b.error().message();
   EXPECT_EQ(b.request_id(), "same");
   EXPECT_NE(a.success().lease_id(), b.success().lease_id());
   // The first client's id is still open.
-  const v1::RouteDecision again = ask(first);
+  const v1::RouteDecision again = ask_first();
   ASSERT_TRUE(again.has_error());
   EXPECT_EQ(again.error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
   EXPECT_NE(again.error().message().find("already routed"), std::string::npos)
       << again.error().message();
   EXPECT_EQ(again.request_id(), "same");
   // Forwarded requests of one NATS client, whichever node and actor forwarded them.
-  const v1::RouteDecision forwarded = ask(first, std::string{"_INBOX.client."});
+  const v1::RouteDecision forwarded = ask_first(std::string{"_INBOX.client."});
   ASSERT_TRUE(forwarded.has_success()) << forwarded.error().message();
   EXPECT_EQ(forwarded.request_id(), "same");
-  const v1::RouteDecision forwarded_again = ask(second, std::string{"_INBOX.client."});
+  const v1::RouteDecision forwarded_again = ask_second(std::string{"_INBOX.client."});
   ASSERT_TRUE(forwarded_again.has_error());
   EXPECT_EQ(forwarded_again.error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
   // Released, the id is free again for its client.
   ASSERT_TRUE(report(a.success().lease_id(), LifecycleEventKind::Completed).accepted());
-  EXPECT_TRUE(ask(first).has_success());
+  EXPECT_TRUE(ask_first().has_success());
 }
 
 TEST_F(RouterActorsTest, GenerateIsRetriedOnceWhenItsWorkerLeavesBeforeTheFirstToken) {
   register_workers({11, 12});
   GenerateRequestData generate = generate_request("g1", "client.stream");
   generate.wire.set_max_output_tokens(2);
-  caf::anon_send(lifecycle_, generate_atom::value,
-                 GenerateEnvelope{generate, "client.reply", std::chrono::steady_clock::now()});
+  send(lifecycle_, generate_atom::value, GenerateEnvelope{generate, "client.reply", clock_->now()});
   // Dispatched to one worker, with the node's own stream subject.
-  WorkerId first = 0;
-  ASSERT_TRUE(testing::wait_until(
-      [&] {
-        return (first = publisher_->dispatched_to({11, 12})) != 0;
-      },
-      5s));
+  const WorkerId first = publisher_->dispatched_to({11, 12});
+  ASSERT_NE(first, 0U);
   const WorkerId second = first == 11 ? 12 : 11;
   v1::GenerateRequest dispatched;
   ASSERT_TRUE(
       dispatched.ParseFromString(publisher_->published_on("gen." + std::to_string(first))[0]));
   EXPECT_EQ(dispatched.stream_subject(), "node.streams.1");
-  // The decision leaves with the lifecycle actor's next write (burst_writer.hpp).
-  ASSERT_TRUE(testing::wait_until(
-      [&] { return publisher_->published_on("client.reply").size() == 1U; }, 5s));
+  // The decision left with the lifecycle actor's next write (burst_writer.hpp).
+  EXPECT_EQ(publisher_->published_on("client.reply").size(), 1U);
   EXPECT_EQ(bookings(), 1);
 
   // The worker deregisters before its first token: the request moves to the other worker.
-  caf::anon_send(discovery_, worker_down_atom::value, WorkerLiveness{first, 1});
-  ASSERT_TRUE(testing::wait_until(
-      [&] { return !publisher_->published_on("gen." + std::to_string(second)).empty(); }, 5s));
+  send(discovery_, worker_down_atom::value, WorkerLiveness{first, 1});
+  ASSERT_EQ(publisher_->published_on("gen." + std::to_string(second)).size(), 1U);
   EXPECT_EQ(metrics_->value("kvr_generate_retries_total"), 1);
   EXPECT_EQ(bookings(), 1);  // the failed attempt's booking left with its worker
 
@@ -468,20 +588,17 @@ TEST_F(RouterActorsTest, GenerateIsRetriedOnceWhenItsWorkerLeavesBeforeTheFirstT
   chunk.set_request_id("g1");
   chunk.set_worker_id(second);
   chunk.add_token_ids(7);
-  caf::anon_send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
   chunk.set_index(1);
   chunk.set_finished(true);
   chunk.set_finish_reason("length");
-  caf::anon_send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
-  ASSERT_TRUE(testing::wait_until(
-      [&] { return publisher_->published_on("client.stream").size() == 2; }, 5s));
-  EXPECT_TRUE(testing::wait_until([&] { return bookings() == 0; }, 5s));
-  EXPECT_TRUE(
-      testing::wait_until([&] { return metrics_->value("kvr_generate_in_flight") == 0; }, 5s));
+  send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  ASSERT_EQ(publisher_->published_on("client.stream").size(), 2U);
+  EXPECT_EQ(bookings(), 0);
+  EXPECT_EQ(metrics_->value("kvr_generate_in_flight"), 0);
   // A chunk after the end changes nothing.
-  caf::anon_send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
-  EXPECT_TRUE(testing::wait_until(
-      [&] { return metrics_->value("kvr_generate_stale_chunks_total") == 1; }, 5s));
+  send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  EXPECT_EQ(metrics_->value("kvr_generate_stale_chunks_total"), 1);
   EXPECT_EQ(publisher_->published_on("client.stream").size(), 2U);
   EXPECT_EQ(publisher_->unflushed(), 0U);  // nothing relayed is left unwritten
 }
@@ -491,18 +608,16 @@ TEST_F(RouterActorsTest, GenerateWithoutAnyOtherWorkerEndsWithAnExplicitError) {
   GenerateRequestData generate;
   generate.route = request("g2");
   generate.stream_subject = "client.stream";
-  caf::anon_send(lifecycle_, generate_atom::value,
-                 GenerateEnvelope{generate, {}, std::chrono::steady_clock::now()});
-  ASSERT_TRUE(testing::wait_until([&] { return !publisher_->published_on("gen.11").empty(); }, 5s));
-  caf::anon_send(discovery_, worker_down_atom::value, WorkerLiveness{11, 1});
-  ASSERT_TRUE(testing::wait_until(
-      [&] { return publisher_->published_on("client.stream").size() == 1; }, 5s));
+  send(lifecycle_, generate_atom::value, GenerateEnvelope{generate, {}, clock_->now()});
+  ASSERT_EQ(publisher_->published_on("gen.11").size(), 1U);
+  send(discovery_, worker_down_atom::value, WorkerLiveness{11, 1});
+  ASSERT_EQ(publisher_->published_on("client.stream").size(), 1U);
   v1::GenerateChunk end;
   ASSERT_TRUE(end.ParseFromString(publisher_->published_on("client.stream")[0]));
   EXPECT_TRUE(end.finished());
   EXPECT_EQ(end.finish_reason(), "error");
   EXPECT_NE(end.error().code(), v1::ROUTE_ERROR_UNSPECIFIED);
-  EXPECT_TRUE(testing::wait_until([&] { return bookings() == 0; }, 5s));
+  EXPECT_EQ(bookings(), 0);
 }
 
 // The wire request an actor client sends for generate: 9 tokens of model "m", 2 output tokens.
@@ -517,24 +632,16 @@ v1::GenerateRequest actor_generate_request(const std::string& id) {
   return wire;
 }
 
-// The next chunk in the scoped actor's mailbox, or none within five seconds.
-std::optional<v1::GenerateChunk> next_chunk(caf::scoped_actor& self) {
-  std::optional<v1::GenerateChunk> chunk;
-  self->receive([&](chunk_atom, GenerateChunkMessage& message) { chunk = message.value; },
-                caf::after(5s) >> [] {});
-  return chunk;
-}
-
 TEST_F(RouterActorsTest, ActorClientGenerateGetsTheDecisionAndTheStream) {
   register_workers({11});
-  caf::scoped_actor self{system_};
-  const v1::RouteDecision decision = generate(self, actor_generate_request("ag1"));
+  Answers& answers = new_answers();
+  const caf::actor client = spawn_client(answers);
+  const v1::RouteDecision decision = generate(client, answers, actor_generate_request("ag1"));
   ASSERT_TRUE(decision.has_success()) << decision.error().message();
   EXPECT_EQ(decision.success().worker_id(), 11U);
   EXPECT_EQ(decision.request_id(), "ag1");
   // The decision leaves just before the dispatch.
-  ASSERT_TRUE(
-      testing::wait_until([&] { return publisher_->published_on("gen.11").size() == 1; }, 5s));
+  ASSERT_EQ(publisher_->published_on("gen.11").size(), 1U);
   v1::GenerateRequest dispatched;
   ASSERT_TRUE(dispatched.ParseFromString(publisher_->published_on("gen.11")[0]));
   EXPECT_EQ(dispatched.stream_subject(), "node.streams.1");
@@ -543,63 +650,59 @@ TEST_F(RouterActorsTest, ActorClientGenerateGetsTheDecisionAndTheStream) {
   chunk.set_request_id("ag1");
   chunk.set_worker_id(11);
   chunk.add_token_ids(7);
-  caf::anon_send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
   chunk.set_index(1);
   chunk.set_finished(true);
   chunk.set_finish_reason("length");
-  caf::anon_send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
-  const auto first = next_chunk(self);
-  ASSERT_TRUE(first);
-  EXPECT_EQ(first->index(), 0U);
-  EXPECT_FALSE(first->finished());
-  const auto last = next_chunk(self);
-  ASSERT_TRUE(last);
-  EXPECT_TRUE(last->finished());
-  EXPECT_EQ(last->finish_reason(), "length");
-  EXPECT_TRUE(testing::wait_until([&] { return bookings() == 0; }, 5s));
-  EXPECT_TRUE(
-      testing::wait_until([&] { return metrics_->value("kvr_generate_in_flight") == 0; }, 5s));
+  send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  ASSERT_EQ(answers.chunks.size(), 2U);
+  EXPECT_EQ(answers.chunks[0].index(), 0U);
+  EXPECT_FALSE(answers.chunks[0].finished());
+  EXPECT_TRUE(answers.chunks[1].finished());
+  EXPECT_EQ(answers.chunks[1].finish_reason(), "length");
+  EXPECT_EQ(bookings(), 0);
+  EXPECT_EQ(metrics_->value("kvr_generate_in_flight"), 0);
 }
 
 TEST_F(RouterActorsTest, ActorClientCancelEndsTheStreamAndTellsTheWorker) {
   register_workers({11});
-  caf::scoped_actor self{system_};
-  const v1::RouteDecision decision = generate(self, actor_generate_request("ag2"));
+  Answers& answers = new_answers();
+  const caf::actor client = spawn_client(answers);
+  const v1::RouteDecision decision = generate(client, answers, actor_generate_request("ag2"));
   ASSERT_TRUE(decision.has_success()) << decision.error().message();
   v1::GenerateCancel cancel;
   cancel.set_request_id("ag2");
-  self->send(ingress_, cancel_atom::value, GenerateCancelMessage{cancel});
-  const auto end = next_chunk(self);
-  ASSERT_TRUE(end);
-  EXPECT_TRUE(end->finished());
-  EXPECT_EQ(end->finish_reason(), "cancelled");
-  EXPECT_TRUE(testing::wait_until(
-      [&] { return publisher_->published_on("gen.11.cancel").size() == 1; }, 5s));
-  EXPECT_TRUE(testing::wait_until([&] { return bookings() == 0; }, 5s));
+  send(client, cancel_atom::value, GenerateCancelMessage{cancel});
+  ASSERT_EQ(answers.chunks.size(), 1U);
+  EXPECT_TRUE(answers.chunks[0].finished());
+  EXPECT_EQ(answers.chunks[0].finish_reason(), "cancelled");
+  EXPECT_EQ(publisher_->published_on("gen.11.cancel").size(), 1U);
+  EXPECT_EQ(bookings(), 0);
 }
 
 TEST_F(RouterActorsTest, ATerminatedActorClientCancelsItsRequests) {
   register_workers({11});
-  {
-    caf::scoped_actor self{system_};
-    const v1::RouteDecision decision = generate(self, actor_generate_request("ag3"));
-    ASSERT_TRUE(decision.has_success()) << decision.error().message();
-    EXPECT_EQ(bookings(), 1);
-  }  // the client terminates before any chunk
-  EXPECT_TRUE(testing::wait_until(
-      [&] { return publisher_->published_on("gen.11.cancel").size() == 1; }, 5s));
-  EXPECT_TRUE(testing::wait_until([&] { return bookings() == 0; }, 5s));
-  EXPECT_TRUE(
-      testing::wait_until([&] { return metrics_->value("kvr_generate_in_flight") == 0; }, 5s));
+  Answers& answers = new_answers();
+  const caf::actor client = spawn_client(answers);
+  const v1::RouteDecision decision = generate(client, answers, actor_generate_request("ag3"));
+  ASSERT_TRUE(decision.has_success()) << decision.error().message();
+  EXPECT_EQ(bookings(), 1);
+  // The client terminates before any chunk.
+  send_exit(client);
+  EXPECT_TRUE(answers.chunks.empty());
+  EXPECT_EQ(publisher_->published_on("gen.11.cancel").size(), 1U);
+  EXPECT_EQ(bookings(), 0);
+  EXPECT_EQ(metrics_->value("kvr_generate_in_flight"), 0);
 }
 
 TEST_F(RouterActorsTest, AnInvalidActorGenerateGetsAnErrorDecisionAndNoDispatch) {
   register_workers({11});
-  caf::scoped_actor self{system_};
+  Answers& answers = new_answers();
+  const caf::actor client = spawn_client(answers);
   v1::GenerateRequest wire = actor_generate_request("ag4");
   wire.set_max_output_tokens(0);
   wire.mutable_route()->clear_expected_output_tokens();
-  const v1::RouteDecision decision = generate(self, wire);
+  const v1::RouteDecision decision = generate(client, answers, wire);
   ASSERT_TRUE(decision.has_error());
   EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
   EXPECT_NE(decision.error().message().find("max_output_tokens"), std::string::npos);
@@ -617,13 +720,9 @@ TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
   for (WorkerId id : {21, 22, 23}) {
     auto worker = registration(id);
     worker.model = "sessions";
-    caf::anon_send(discovery, worker_up_atom::value, worker);
+    send(discovery, worker_up_atom::value, worker);
   }
-  ASSERT_TRUE(testing::wait_until(
-      [&] {
-        return metrics_->value("kvr_workers", {{"partition", "sessions/default"}}) == 3;
-      },
-      5s));
+  ASSERT_EQ(metrics_->value("kvr_workers", {{"partition", "sessions/default"}}), 3);
   const metrics::Labels partition{{"partition", "sessions/default"}};
   int counter = 0;
   const auto route_session = [&] {
@@ -662,8 +761,8 @@ TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
   for (const auto& lease : open_leases) {
     EXPECT_TRUE(report_on(lease, LifecycleEventKind::Completed));
   }
-  caf::anon_send_exit(discovery, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(reservation, caf::exit_reason::user_shutdown);
+  send_exit(discovery);
+  send_exit(reservation);
 }
 
 // A selector that never answers: it counts the route requests and booking updates it is handed
@@ -702,10 +801,9 @@ TEST_F(RouterActorsTest, RequestsReleaseExpiredBookingsAFewAtATimeBetweenTicks) 
   config.tick_interval = 1h;
   config.clock = clock;
   auto reservation = system_.spawn(reservation_behavior, config);
-  for (WorkerId id : {11, 12}) caf::anon_send(discovery, worker_up_atom::value, registration(id));
+  for (WorkerId id : {11, 12}) send(discovery, worker_up_atom::value, registration(id));
   const metrics::Labels partition{{"partition", "m/default"}};
-  ASSERT_TRUE(
-      testing::wait_until([&] { return metrics->value("kvr_workers", partition) == 2; }, 5s));
+  ASSERT_EQ(metrics->value("kvr_workers", partition), 2);
   auto route_on = [&](std::string id) {
     return route_via(reservation, request(std::move(id))).has_success();
   };
@@ -721,8 +819,8 @@ TEST_F(RouterActorsTest, RequestsReleaseExpiredBookingsAFewAtATimeBetweenTicks) 
   ASSERT_TRUE(route_on("later"));
   EXPECT_EQ(metrics->value("kvr_bookings_open", partition), 2);
   EXPECT_EQ(metrics->value("kvr_leases_expired_total"), 6);
-  caf::anon_send_exit(reservation, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(discovery, caf::exit_reason::user_shutdown);
+  send_exit(reservation);
+  send_exit(discovery);
 }
 
 TEST_F(RouterActorsTest, ARequestItsSelectorLeavesUnansweredFailsWithATimeoutOnTheTick) {
@@ -735,68 +833,56 @@ TEST_F(RouterActorsTest, ARequestItsSelectorLeavesUnansweredFailsWithATimeoutOnT
   config.tick_interval = 1h;  // the test sends the ticks
   config.clock = clock;
   auto reservation = system_.spawn(reservation_behavior, config);
-  caf::scoped_actor self{system_};
-  // A report the reservation answers at once: when its ack arrives, every message sent before
-  // it (a tick) has been handled.
-  const auto handled_so_far = [&] {
-    self->request(reservation, 5s, report_atom::value,
-                  ReportEnvelope{
-                      LifecycleReportData{"no-such-lease", LifecycleEventKind::Completed, {}}, {}})
-        .receive([](LifecycleAckMessage&) {},
-                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
-  };
-  self->send(reservation, route_atom::value,
-             RouteEnvelope{request("slow"), "client.reply", clock->now()});
-  ASSERT_TRUE(testing::wait_until([&] { return received->load() == 1; }, 5s));
+  Answers& answers = new_answers();
+  auto client = system_.spawn(decision_recorder, &answers);
+  scheduler_.run();
+  caf::send_as(client, reservation, route_atom::value,
+               RouteEnvelope{request("slow"), "client.reply", clock->now()});
+  scheduler_.run();
+  ASSERT_EQ(received->load(), 1);
   // A tick just before the selector timeout leaves the request waiting.
   clock->advance(99ms);
-  self->send(reservation, expire_atom::value);
-  handled_so_far();
+  send(reservation, expire_atom::value);
+  EXPECT_TRUE(answers.decisions.empty());
   EXPECT_TRUE(publisher_->published_on("client.reply").empty());
   EXPECT_EQ(publisher_->unflushed(), 0U);
   // The first tick at the timeout fails it, not the client's own timeout.
   clock->advance(1ms);
-  self->send(reservation, expire_atom::value);
-  v1::RouteDecision decision;
-  self->receive([&](RouteDecisionMessage& message) { decision = std::move(message.value); },
-                caf::after(std::chrono::seconds(5)) >> [] { ADD_FAILURE() << "no decision"; });
+  send(reservation, expire_atom::value);
+  ASSERT_EQ(answers.decisions.size(), 1U);
+  const v1::RouteDecision& decision = answers.decisions[0];
   ASSERT_TRUE(decision.has_error());
   EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_TIMEOUT);
   EXPECT_EQ(decision.request_id(), "slow");
   EXPECT_EQ(received->load(), 1);
   // The NATS client got the same answer on its reply subject (written by the queued flush).
-  ASSERT_TRUE(testing::wait_until(
-      [&] { return publisher_->published_on("client.reply").size() == 1U; }, 5s));
+  EXPECT_EQ(publisher_->published_on("client.reply").size(), 1U);
 
-  v1::LifecycleAck ack;
-  self->request(
-          reservation, 5s, report_atom::value,
-          ReportEnvelope{LifecycleReportData{"lease-1", LifecycleEventKind::Completed, {}}, {}})
-      .receive([&](LifecycleAckMessage& message) { ack = std::move(message.value); },
-               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
-  EXPECT_FALSE(ack.accepted());  // no such lease: refused at once, without the selector
-  caf::anon_send_exit(reservation, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(silent, caf::exit_reason::user_shutdown);
+  // No such lease: refused at once, without the selector.
+  EXPECT_FALSE(report_via(reservation, "lease-1", LifecycleEventKind::Completed).accepted());
+  EXPECT_EQ(received->load(), 1);
+  send_exit(reservation);
+  send_exit(silent);
 }
 
 TEST_F(RouterActorsTest, NoFirstChunkInTimeCountsAsAFailureRetriedOnceThenAnError) {
   register_workers({11, 12});
-  LifecycleActorConfig config;
-  config.discovery = discovery_;
-  config.publisher = publisher_;
-  config.metrics = metrics_;
-  config.log = log_;
-  config.stream_inbox_prefix = "fast.streams";
-  config.first_token_timeout = 50ms;
-  auto impatient = system_.spawn(lifecycle_behavior, config);
+  auto impatient = system_.spawn(lifecycle_behavior, lifecycle_config("fast.streams", 50ms));
+  scheduler_.run();
   GenerateRequestData generate;
   generate.route = request("g3");
   generate.stream_subject = "impatient.stream";
-  caf::anon_send(impatient, generate_atom::value,
-                 GenerateEnvelope{generate, {}, std::chrono::steady_clock::now()});
-  // Neither worker answers: both get the request once, then the client gets an error.
-  ASSERT_TRUE(testing::wait_until(
-      [&] { return publisher_->published_on("impatient.stream").size() == 1; }, 5s));
+  send(impatient, generate_atom::value, GenerateEnvelope{generate, {}, clock_->now()});
+  ASSERT_EQ(publisher_->published_on("gen.11").size() + publisher_->published_on("gen.12").size(),
+            1U);
+  // Neither worker answers: the first-token timer (CAF's clock) fires for each attempt in turn;
+  // both get the request once, then the client gets an error.
+  scheduler_.advance_time(50ms);
+  scheduler_.run();
+  EXPECT_TRUE(publisher_->published_on("impatient.stream").empty());
+  scheduler_.advance_time(50ms);
+  scheduler_.run();
+  ASSERT_EQ(publisher_->published_on("impatient.stream").size(), 1U);
   EXPECT_EQ(publisher_->published_on("gen.11").size(), 1U);
   EXPECT_EQ(publisher_->published_on("gen.12").size(), 1U);
   EXPECT_EQ(publisher_->published_on("gen.11.cancel").size(), 1U);
@@ -806,17 +892,14 @@ TEST_F(RouterActorsTest, NoFirstChunkInTimeCountsAsAFailureRetriedOnceThenAnErro
   EXPECT_EQ(end.finish_reason(), "error");
   EXPECT_EQ(end.error().code(), v1::ROUTE_ERROR_WORKER_FAILED);
   EXPECT_EQ(metrics_->value("kvr_generate_first_token_timeouts_total"), 2);
-  EXPECT_TRUE(testing::wait_until([&] { return bookings() == 0; }, 5s));
+  EXPECT_EQ(bookings(), 0);
   // Each timeout was reported against its worker (passive health): one each is not enough to
   // eject either.
-  EXPECT_TRUE(testing::wait_until(
-      [&] {
-        return metrics_->value("kvr_worker_failures_total",
-                               {{"partition", "m/default"}, {"cause", "first_token_timeout"}}) == 2;
-      },
-      5s));
+  EXPECT_EQ(metrics_->value("kvr_worker_failures_total",
+                            {{"partition", "m/default"}, {"cause", "first_token_timeout"}}),
+            2);
   EXPECT_EQ(metrics_->total("kvr_worker_ejections_total"), 0);
-  caf::anon_send_exit(impatient, caf::exit_reason::user_shutdown);
+  send_exit(impatient);
 }
 
 // Route mode: an abort counts against its worker only when its cause blames the worker; three
@@ -926,15 +1009,10 @@ class RejectingClassifier final : public rc::RequestClassifier {
   }
 };
 
-// Never admits: defers every request, keeping a Waker it never fires, except that a "probe" is
-// rejected at once (its answer tells the test that the classifier actor handled everything sent
-// before it).
+// Never admits: defers every request, keeping a Waker it never fires.
 class NeverAdmittingClassifier final : public rc::RequestClassifier {
  public:
-  rc::AdmissionFuture classify(rc::ClassifyRequest request) override {
-    if (request.request_id().value_or("").starts_with("probe")) {
-      return rc::AdmissionFuture::rejected(rc::ClassifierError::overloaded("probe"));
-    }
+  rc::AdmissionFuture classify(rc::ClassifyRequest) override {
     return rc::AdmissionFuture::deferred([this](rc::PollContext& context) {
       wakers_.push_back(context.waker());
       return rc::Poll::pending();
@@ -953,6 +1031,7 @@ class ClassifierActorsTest : public RouterActorsTest {
                                     caf::actor_cast<caf::actor>(admitted_lifecycle_)}) {
       if (actor) caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
     }
+    scheduler_.run();
   }
 
   // A classifier actor with its own reservation and lifecycle actors, wired as the node does.
@@ -968,10 +1047,11 @@ class ClassifierActorsTest : public RouterActorsTest {
     };
     settings.publisher = publisher_;
     settings.metrics = metrics_;
+    settings.clock = clock_;
     if (adjust) adjust(settings);
     classifier_ = system_.spawn(classifier_behavior, std::move(settings));
     if (feed_fleet_load) {
-      caf::anon_send_exit(discovery_, caf::exit_reason::user_shutdown);
+      send_exit(discovery_);
       SelectorActorConfig selector = selector_config(metrics_);
       selector.classifier = classifier_;
       discovery_ = system_.spawn(discovery_behavior, DiscoveryActorConfig{selector, {}});
@@ -979,16 +1059,10 @@ class ClassifierActorsTest : public RouterActorsTest {
     ReservationActorConfig reservation = reservation_config(discovery_, metrics_);
     reservation.classifier = classifier_;
     admitted_reservation_ = system_.spawn(reservation_behavior, std::move(reservation));
-    LifecycleActorConfig lifecycle;
-    lifecycle.discovery = discovery_;
-    lifecycle.publisher = publisher_;
-    lifecycle.metrics = metrics_;
-    lifecycle.log = log_;
-    lifecycle.stream_inbox_prefix = "admitted.streams";
-    lifecycle.first_token_timeout = 60s;
+    LifecycleActorConfig lifecycle = lifecycle_config("admitted.streams", 60s);
     lifecycle.classifier = classifier_;
     admitted_lifecycle_ = system_.spawn(lifecycle_behavior, std::move(lifecycle));
-    caf::anon_send(classifier_, targets_atom::value, admitted_reservation_, admitted_lifecycle_);
+    send(classifier_, targets_atom::value, admitted_reservation_, admitted_lifecycle_);
   }
 
   static std::unique_ptr<rc::RequestClassifier> max_in_flight(std::uint32_t limit) {
@@ -1015,12 +1089,7 @@ class ClassifierActorsTest : public RouterActorsTest {
 TEST_F(ClassifierActorsTest, ARejectedRouteRequestGetsAnExplicitErrorWithTheReason) {
   register_workers({11});
   start([] { return std::make_unique<RejectingClassifier>(); });
-  caf::scoped_actor self{system_};
-  v1::RouteDecision decision;
-  self->request(classifier_, 5s, route_atom::value,
-                RouteEnvelope{request("r1"), {}, std::chrono::steady_clock::now()})
-      .receive([&](RouteDecisionMessage& message) { decision = std::move(message.value); },
-               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  const v1::RouteDecision decision = route_via(classifier_, request("r1"));
   ASSERT_TRUE(decision.has_error());
   EXPECT_EQ(decision.request_id(), "r1");
   EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_OVERLOADED);
@@ -1029,19 +1098,13 @@ TEST_F(ClassifierActorsTest, ARejectedRouteRequestGetsAnExplicitErrorWithTheReas
   EXPECT_EQ(metrics_->value("kvr_route_errors_total", {{"code", "overloaded"}}), 1);
 
   // Over NATS, the decision goes to the reply subject; a generate request's stream also ends.
-  caf::anon_send(classifier_, route_atom::value,
-                 RouteEnvelope{request("r2"), "reply.r2", std::chrono::steady_clock::now()});
+  send(classifier_, route_atom::value, RouteEnvelope{request("r2"), "reply.r2", clock_->now()});
   GenerateRequestData generate = generate_request("g1", "client.stream");
-  caf::anon_send(classifier_, generate_atom::value,
-                 GenerateEnvelope{generate, "client.reply", std::chrono::steady_clock::now()});
-  ASSERT_TRUE(testing::wait_until(
-      [&] {
-        return publisher_->published_on("reply.r2").size() == 1 &&
-               publisher_->published_on("client.stream").size() == 1;
-      },
-      5s));
+  send(classifier_, generate_atom::value,
+       GenerateEnvelope{generate, "client.reply", clock_->now()});
   EXPECT_EQ(decision_on("reply.r2").error().code(), v1::ROUTE_ERROR_OVERLOADED);
   EXPECT_EQ(decision_on("client.reply").error().code(), v1::ROUTE_ERROR_OVERLOADED);
+  ASSERT_EQ(publisher_->published_on("client.stream").size(), 1U);
   v1::GenerateChunk end;
   ASSERT_TRUE(end.ParseFromString(publisher_->published_on("client.stream")[0]));
   EXPECT_TRUE(end.finished());
@@ -1053,17 +1116,13 @@ TEST_F(ClassifierActorsTest, ARejectedRouteRequestGetsAnExplicitErrorWithTheReas
 TEST_F(ClassifierActorsTest, MaxInFlightOneAnswersTheSecondRouteOnlyAfterTheFirstCompletes) {
   register_workers({11, 12});
   start([] { return max_in_flight(1); });
-  // Both from one sender: the classifier sees r1 first, and defers r2 at once.
+  // Both in the classifier's mailbox before it runs: it sees r1 first, and defers r2 at once.
   caf::anon_send(classifier_, route_atom::value,
-                 RouteEnvelope{request("r1"), "reply.r1", std::chrono::steady_clock::now()});
+                 RouteEnvelope{request("r1"), "reply.r1", clock_->now()});
   caf::anon_send(classifier_, route_atom::value,
-                 RouteEnvelope{request("r2"), "reply.r2", std::chrono::steady_clock::now()});
+                 RouteEnvelope{request("r2"), "reply.r2", clock_->now()});
+  scheduler_.run();
   // r1's decision was written and its Sent reached the classifier.
-  ASSERT_TRUE(testing::wait_until(
-      [&] {
-        return !events_->snapshot().empty() && publisher_->published_on("reply.r1").size() == 1;
-      },
-      5s));
   const v1::RouteDecision first = decision_on("reply.r1");
   ASSERT_TRUE(first.has_success()) << first.error().message();
   EXPECT_EQ(events_->snapshot(),
@@ -1075,17 +1134,14 @@ TEST_F(ClassifierActorsTest, MaxInFlightOneAnswersTheSecondRouteOnlyAfterTheFirs
   EXPECT_TRUE(
       report_via(admitted_reservation_, first.success().lease_id(), LifecycleEventKind::FirstToken)
           .accepted());
-  ASSERT_TRUE(testing::wait_until([&] { return events_->snapshot().size() == 2; }, 5s));
+  EXPECT_EQ(events_->snapshot().size(), 2U);
   EXPECT_TRUE(publisher_->published_on("reply.r2").empty());  // nor does the first token
   EXPECT_TRUE(
       report_via(admitted_reservation_, first.success().lease_id(), LifecycleEventKind::Completed)
           .accepted());
-  ASSERT_TRUE(
-      testing::wait_until([&] { return publisher_->published_on("reply.r2").size() == 1; }, 5s));
   const v1::RouteDecision second = decision_on("reply.r2");
   ASSERT_TRUE(second.has_success()) << second.error().message();
   EXPECT_EQ(second.request_id(), "r2");
-  ASSERT_TRUE(testing::wait_until([&] { return events_->snapshot().size() == 4; }, 5s));
   const auto worker = first.success().worker_id();
   EXPECT_EQ(events_->snapshot(),
             (std::vector<std::string>{fmt::format("sent r1 {}", worker),
@@ -1099,38 +1155,30 @@ TEST_F(ClassifierActorsTest, GenerateWithARetryTellsTheClassifierTwoSentsInOrder
   start([] { return max_in_flight(2); });
   GenerateRequestData generate = generate_request("g1", "client.stream");
   generate.wire.set_max_output_tokens(2);
-  caf::anon_send(classifier_, generate_atom::value,
-                 GenerateEnvelope{generate, "client.reply", std::chrono::steady_clock::now()});
-  WorkerId first = 0;
-  ASSERT_TRUE(testing::wait_until(
-      [&] {
-        return (first = publisher_->dispatched_to({11, 12})) != 0;
-      },
-      5s));
+  send(classifier_, generate_atom::value,
+       GenerateEnvelope{generate, "client.reply", clock_->now()});
+  const WorkerId first = publisher_->dispatched_to({11, 12});
+  ASSERT_NE(first, 0U);
   const WorkerId second = first == 11 ? 12 : 11;
   // The worker leaves before its first token: the request is retried on the other one.
-  caf::anon_send(discovery_, worker_down_atom::value, WorkerLiveness{first, 1});
-  ASSERT_TRUE(testing::wait_until(
-      [&] { return !publisher_->published_on("gen." + std::to_string(second)).empty(); }, 5s));
+  send(discovery_, worker_down_atom::value, WorkerLiveness{first, 1});
+  ASSERT_EQ(publisher_->published_on("gen." + std::to_string(second)).size(), 1U);
   v1::GenerateChunk chunk;
   chunk.set_request_id("g1");
   chunk.set_worker_id(second);
   chunk.add_token_ids(7);
-  caf::anon_send(admitted_lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  send(admitted_lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
   chunk.set_index(1);
   chunk.set_finished(true);
   chunk.set_finish_reason("length");
-  caf::anon_send(admitted_lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
-  ASSERT_TRUE(testing::wait_until([&] { return events_->snapshot().size() == 4; }, 5s))
-      << ::testing::PrintToString(events_->snapshot());
+  send(admitted_lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
   EXPECT_EQ(events_->snapshot(), (std::vector<std::string>{
                                      fmt::format("sent g1 {}", first),
                                      fmt::format("sent g1 {}", second),
                                      fmt::format("responding g1 {}", second),
                                      fmt::format("completed g1 {}", second),
                                  }));
-  ASSERT_TRUE(testing::wait_until(
-      [&] { return publisher_->published_on("client.stream").size() == 2; }, 5s));
+  EXPECT_EQ(publisher_->published_on("client.stream").size(), 2U);
 }
 
 TEST_F(ClassifierActorsTest, CancellingADeferredGenerateEndsItsStreamAndFreesNothing) {
@@ -1138,22 +1186,21 @@ TEST_F(ClassifierActorsTest, CancellingADeferredGenerateEndsItsStreamAndFreesNot
   start([] { return max_in_flight(1); });
   GenerateRequestData generate = generate_request("g1", "g1.stream");
   caf::anon_send(classifier_, generate_atom::value,
-                 GenerateEnvelope{generate, "g1.reply", std::chrono::steady_clock::now()});
+                 GenerateEnvelope{generate, "g1.reply", clock_->now()});
   generate.route = request("g2");
   generate.stream_subject = "g2.stream";
   generate.wire.mutable_route()->set_request_id("g2");
   caf::anon_send(classifier_, generate_atom::value,
-                 GenerateEnvelope{generate, "g2.reply", std::chrono::steady_clock::now()});
+                 GenerateEnvelope{generate, "g2.reply", clock_->now()});
   caf::anon_send(classifier_, cancel_atom::value, std::string{"g2"});
-  ASSERT_TRUE(
-      testing::wait_until([&] { return publisher_->published_on("g2.stream").size() == 1; }, 5s));
+  scheduler_.run();
+  ASSERT_EQ(publisher_->published_on("g2.stream").size(), 1U);
   v1::GenerateChunk end;
   ASSERT_TRUE(end.ParseFromString(publisher_->published_on("g2.stream")[0]));
   EXPECT_TRUE(end.finished());
   EXPECT_EQ(end.finish_reason(), "cancelled");
   // g1 is still served, g2 never reached a worker.
-  ASSERT_TRUE(
-      testing::wait_until([&] { return publisher_->published_on("gen.11").size() == 1; }, 5s));
+  ASSERT_EQ(publisher_->published_on("gen.11").size(), 1U);
   v1::GenerateRequest dispatched;
   ASSERT_TRUE(dispatched.ParseFromString(publisher_->published_on("gen.11")[0]));
   EXPECT_EQ(dispatched.route().request_id(), "g1");
@@ -1169,47 +1216,33 @@ TEST_F(ClassifierActorsTest, ARequestWaitingPastTheWaitLimitGetsATimeout) {
           settings.clock = clock;
           settings.max_wait = 200ms;
         });
-  caf::scoped_actor self{system_};
-  int probes = 0;
-  // A probe from the same sender: once it is answered, everything sent before it was handled.
-  const auto handled_so_far = [&] {
-    self->request(classifier_, 5s, route_atom::value,
-                  RouteEnvelope{request(fmt::format("probe{}", probes++)), {}, clock->now()})
-        .receive([](RouteDecisionMessage& message) { EXPECT_TRUE(message.value.has_error()); },
-                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
-  };
-  const auto wake_and_wait = [&] {
-    self->send(classifier_, wake_atom::value);
-    handled_so_far();
-  };
-  self->send(classifier_, route_atom::value, RouteEnvelope{request("r1"), {}, clock->now()});
+  Answers& answers = new_answers();
+  auto client = system_.spawn(decision_recorder, &answers);
+  // Sent as the client (its decision comes back to it), not as a request.
+  caf::send_as(client, classifier_, route_atom::value,
+               RouteEnvelope{request("r1"), {}, clock->now()});
   GenerateRequestData generate = generate_request("g1", "g1.stream");
-  // Anonymous, so that its decision goes only to the reply subject (the mailbox is FIFO).
+  // Anonymous, so that its decision goes only to the reply subject.
   caf::anon_send(classifier_, generate_atom::value,
                  GenerateEnvelope{generate, "g1.reply", clock->now()});
-  handled_so_far();  // both arrived (and wait) before the clock moves
+  scheduler_.run();  // both arrived (and wait) before the clock moves
   // Just before the limit both still wait.
   clock->advance(199ms);
-  wake_and_wait();
+  send(classifier_, wake_atom::value);
+  EXPECT_TRUE(answers.decisions.empty());
   EXPECT_TRUE(publisher_->published_on("g1.reply").empty());
   clock->advance(1ms);
-  self->send(classifier_, wake_atom::value);
-  v1::RouteDecision decision;
-  self->receive([&](RouteDecisionMessage& message) { decision = std::move(message.value); },
-                caf::after(std::chrono::seconds(5)) >> [] { ADD_FAILURE() << "no decision"; });
+  send(classifier_, wake_atom::value);
+  ASSERT_EQ(answers.decisions.size(), 1U);
+  const v1::RouteDecision& decision = answers.decisions[0];
   ASSERT_TRUE(decision.has_error());
   EXPECT_EQ(decision.request_id(), "r1");
   EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_TIMEOUT);
   EXPECT_NE(decision.error().message().find("waited for admission"), std::string::npos)
       << decision.error().message();
   // The generate client gets the same decision and the error end of its stream.
-  ASSERT_TRUE(testing::wait_until(
-      [&] {
-        return publisher_->published_on("g1.reply").size() == 1 &&
-               publisher_->published_on("g1.stream").size() == 1;
-      },
-      5s));
   EXPECT_EQ(decision_on("g1.reply").error().code(), v1::ROUTE_ERROR_TIMEOUT);
+  ASSERT_EQ(publisher_->published_on("g1.stream").size(), 1U);
   v1::GenerateChunk end;
   ASSERT_TRUE(end.ParseFromString(publisher_->published_on("g1.stream")[0]));
   EXPECT_TRUE(end.finished());
@@ -1217,7 +1250,8 @@ TEST_F(ClassifierActorsTest, ARequestWaitingPastTheWaitLimitGetsATimeout) {
   EXPECT_EQ(end.error().code(), v1::ROUTE_ERROR_TIMEOUT);
   EXPECT_EQ(metrics_->value("kvr_route_errors_total", {{"code", "timeout"}}), 2);
   // Dropped, not admitted: nothing was booked or sent, and the classifier was told nothing.
-  wake_and_wait();
+  send(classifier_, wake_atom::value);
+  EXPECT_EQ(answers.decisions.size(), 1U);
   EXPECT_EQ(bookings(), 0);
   EXPECT_TRUE(publisher_->published_on("gen.11").empty());
   EXPECT_TRUE(events_->snapshot().empty());
@@ -1235,82 +1269,53 @@ TEST_F(ClassifierActorsTest, LoadReportsPauseAndResumeNewSessionsWithKvCapacityP
       {}, true);
   register_workers({11});  // 100 KV blocks
   const auto report = [&](std::uint64_t used) {
-    caf::anon_send(
-        discovery_, load_atom::value,
-        WorkerLoadReport{11, 1, {{0, discovery::ConfirmedLoad{.kv_blocks_used = used}}}});
+    send(discovery_, load_atom::value,
+         WorkerLoadReport{11, 1, {{0, discovery::ConfirmedLoad{.kv_blocks_used = used}}}});
   };
   const auto turn = [](std::string id, std::string session) {
     RouteRequest route = request(std::move(id));
     route.selection.session = SessionContext{std::move(session), std::nullopt, false, std::nullopt};
     return route;
   };
-  caf::scoped_actor self{system_};
-  const auto route_now = [&](RouteRequest route) {
-    v1::RouteDecision decision;
-    self->request(classifier_, 5s, route_atom::value,
-                  RouteEnvelope{std::move(route), {}, std::chrono::steady_clock::now()})
-        .receive([&](RouteDecisionMessage& message) { decision = std::move(message.value); },
-                 [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
-    return decision;
-  };
   // A running session, admitted before the fleet fills.
-  ASSERT_TRUE(route_now(turn("s1", "running")).has_success());
+  ASSERT_TRUE(route_via(classifier_, turn("s1", "running")).has_success());
   report(90);
-  ASSERT_TRUE(testing::wait_until(
-      [&] {
-        const auto loads = events_->loads_snapshot();
-        return !loads.empty() && loads.back() > 0.5;
-      },
-      5s));
+  ASSERT_FALSE(events_->loads_snapshot().empty());
   EXPECT_NEAR(events_->loads_snapshot().back(), 0.9, 0.011);  // 90 of 100 (+ s1's booking)
   // A new session is deferred; a turn of the running one, sent after it, is admitted and routed.
-  // Had the new one been admitted, its decision (routed ahead of it through the same actors)
-  // would be here first.
-  self->send(classifier_, route_atom::value,
-             RouteEnvelope{turn("new1", "new"), {}, std::chrono::steady_clock::now()});
-  ASSERT_TRUE(route_now(turn("s2", "running")).has_success());
-  bool early = false;
-  self->receive([&](RouteDecisionMessage&) { early = true; }, caf::after(0s) >> [] {});
-  EXPECT_FALSE(early) << "the new session was admitted during the pause";
+  Answers& waiting = new_answers();
+  auto client = system_.spawn(decision_recorder, &waiting);
+  caf::send_as(client, classifier_, route_atom::value,
+               RouteEnvelope{turn("new1", "new"), {}, clock_->now()});
+  ASSERT_TRUE(route_via(classifier_, turn("s2", "running")).has_success());
+  EXPECT_TRUE(waiting.decisions.empty()) << "the new session was admitted during the pause";
   // Usage falls below resume_below: the new session is admitted and routed.
   report(10);
-  v1::RouteDecision resumed;
-  self->receive([&](RouteDecisionMessage& message) { resumed = std::move(message.value); },
-                caf::after(5s) >> [] { ADD_FAILURE() << "the new session was never admitted"; });
-  EXPECT_EQ(resumed.request_id(), "new1");
-  EXPECT_TRUE(resumed.has_success()) << resumed.error().message();
+  ASSERT_EQ(waiting.decisions.size(), 1U) << "the new session was never admitted";
+  EXPECT_EQ(waiting.decisions[0].request_id(), "new1");
+  EXPECT_TRUE(waiting.decisions[0].has_success()) << waiting.decisions[0].error().message();
   EXPECT_LT(events_->loads_snapshot().back(), 0.3);
 }
 
 // The selectors describe their partitions to the classifier actor: a model's classifier is created
 // at its first request with the block size and the worker ranks its selectors know by then.
 TEST_F(ClassifierActorsTest, AModelsClassifierIsCreatedWithTheFleetItsSelectorsDescribed) {
-  struct Seen {
-    std::mutex mutex;
-    std::vector<std::pair<std::size_t, std::size_t>> contexts;  // (block size, workers)
-  };
-  auto seen = std::make_shared<Seen>();
+  auto contexts = std::make_shared<std::vector<std::pair<std::size_t, std::size_t>>>();
   start([] { return max_in_flight(8); },
-        [seen](ClassifierActorConfig& settings) {
+        [contexts](ClassifierActorConfig& settings) {
           settings.factory =
-              [seen, inner = settings.factory](const rc::RequestClassifierContext& context) {
-                std::lock_guard lock{seen->mutex};
-                seen->contexts.emplace_back(context.block_size(), context.workers().size());
+              [contexts, inner = settings.factory](const rc::RequestClassifierContext& context) {
+                // (block size, workers)
+                contexts->emplace_back(context.block_size(), context.workers().size());
                 return inner(context);
               };
         },
         /*feed_fleet_load=*/true);
   register_workers({11, 12});
-  caf::scoped_actor self{system_};
-  v1::RouteDecision decision;
-  self->request(classifier_, 5s, route_atom::value,
-                RouteEnvelope{request("r1"), {}, std::chrono::steady_clock::now()})
-      .receive([&](RouteDecisionMessage& message) { decision = std::move(message.value); },
-               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  const v1::RouteDecision decision = route_via(classifier_, request("r1"));
   ASSERT_TRUE(decision.has_success()) << decision.error().message();
-  std::lock_guard lock{seen->mutex};
-  ASSERT_EQ(seen->contexts.size(), 1U);
-  EXPECT_EQ(seen->contexts[0], (std::pair<std::size_t, std::size_t>{4, 2}));
+  ASSERT_EQ(contexts->size(), 1U);
+  EXPECT_EQ((*contexts)[0], (std::pair<std::size_t, std::size_t>{4, 2}));
 }
 
 // Actor clients through an ingress wired to the classifier, as the node wires it: a client that
@@ -1321,51 +1326,39 @@ TEST_F(ClassifierActorsTest, ATerminatedActorClientDropsItsWaitingRequest) {
   start([] { return max_in_flight(1); });
   IngressActorConfig settings;
   settings.metrics = metrics_;
+  settings.clock = clock_;
   settings.entry = RequestEntry::local(classifier_, admitted_reservation_, admitted_lifecycle_);
   auto ingress = system_.spawn(ingress_behavior, std::move(settings));
-  caf::scoped_actor self{system_};
-  v1::RouteDecision first;
-  self->request(ingress, 5s, generate_atom::value,
-                GenerateRequestMessage{actor_generate_request("ag1")})
-      .receive([&](RouteDecisionMessage& message) { first = std::move(message.value); },
-               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  Answers& answers = new_answers();
+  const caf::actor client = spawn_client(answers, ingress);
+  const v1::RouteDecision first = generate(client, answers, actor_generate_request("ag1"));
   ASSERT_TRUE(first.has_success()) << first.error().message();
-  {
-    caf::scoped_actor gone{system_};
-    gone->send(ingress, generate_atom::value,
-               GenerateRequestMessage{actor_generate_request("ag2")});
-    // ag2 reached the classifier and waits behind ag1 before its client ends.
-    ASSERT_TRUE(testing::wait_until(
-        [&] {
-          return metrics_->value("kvr_generate_requests_total", {{"ingress", "actor"}}) == 2;
-        },
-        5s));
-  }
+  Answers& gone_answers = new_answers();
+  const caf::actor gone = spawn_client(gone_answers, ingress);
+  send(gone, generate_atom::value, GenerateRequestMessage{actor_generate_request("ag2")});
+  // ag2 reached the classifier and waits behind ag1 before its client ends.
+  ASSERT_EQ(metrics_->value("kvr_generate_requests_total", {{"ingress", "actor"}}), 2);
+  EXPECT_TRUE(gone_answers.decisions.empty());
+  send_exit(gone);
   v1::GenerateChunk chunk;
   chunk.set_request_id("ag1");
   chunk.set_worker_id(11);
   chunk.add_token_ids(7);
   chunk.set_finished(true);
   chunk.set_finish_reason("length");
-  caf::anon_send(admitted_lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
-  const auto last = next_chunk(self);
-  ASSERT_TRUE(last);
-  EXPECT_TRUE(last->finished());
+  send(admitted_lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  ASSERT_EQ(answers.chunks.size(), 1U);
+  EXPECT_TRUE(answers.chunks[0].finished());
   // ag3 is admitted at once: nothing waits before it any more.
-  v1::RouteDecision third;
-  self->request(ingress, 5s, generate_atom::value,
-                GenerateRequestMessage{actor_generate_request("ag3")})
-      .receive([&](RouteDecisionMessage& message) { third = std::move(message.value); },
-               [&](caf::error& error) { ADD_FAILURE() << system_.render(error); });
+  const v1::RouteDecision third = generate(client, answers, actor_generate_request("ag3"));
   ASSERT_TRUE(third.has_success()) << third.error().message();
-  ASSERT_TRUE(
-      testing::wait_until([&] { return publisher_->published_on("gen.11").size() == 2; }, 5s));
+  ASSERT_EQ(publisher_->published_on("gen.11").size(), 2U);
   v1::GenerateRequest dispatched;
   ASSERT_TRUE(dispatched.ParseFromString(publisher_->published_on("gen.11")[1]));
   EXPECT_EQ(dispatched.route().request_id(), "ag3");
   const auto events = events_->snapshot();
   EXPECT_EQ(std::count(events.begin(), events.end(), "sent ag2 11"), 0);
-  caf::anon_send_exit(ingress, caf::exit_reason::user_shutdown);
+  send_exit(ingress);
 }
 
 // ---- the admission queue in the selector --------------------------------------------------------
@@ -1379,6 +1372,7 @@ class QueueActorsTest : public RouterActorsTest {
     if (queue_reservation_)
       caf::anon_send_exit(queue_reservation_, caf::exit_reason::user_shutdown);
     if (queue_discovery_) caf::anon_send_exit(queue_discovery_, caf::exit_reason::user_shutdown);
+    scheduler_.run();
   }
 
   void start(classifiers::PolicyClassConfig policy_class,
@@ -1386,20 +1380,12 @@ class QueueActorsTest : public RouterActorsTest {
     SelectorActorConfig selector = selector_config(metrics_);
     selector.policy_classes = {std::move(policy_class)};
     selector.queue_max_wait = 10s;
-    selector.tick_interval = 1h;  // the test drives time
-    selector.clock = clock_;
     queue_discovery_ = system_.spawn(discovery_behavior, DiscoveryActorConfig{selector, {}});
     ReservationActorConfig reservation = reservation_config(queue_discovery_, metrics_);
     reservation.selector_timeout = selector_timeout;
-    reservation.tick_interval = 1h;
-    reservation.clock = clock_;
     queue_reservation_ = system_.spawn(reservation_behavior, std::move(reservation));
-    caf::anon_send(queue_discovery_, worker_up_atom::value, registration(11));
-    ASSERT_TRUE(testing::wait_until(
-        [&] {
-          return metrics_->value("kvr_workers", {{"partition", "m/default"}}) == 1;
-        },
-        5s));
+    send(queue_discovery_, worker_up_atom::value, registration(11));
+    ASSERT_EQ(metrics_->value("kvr_workers", {{"partition", "m/default"}}), 1);
   }
 
   static classifiers::PolicyClassConfig busy_class() {
@@ -1412,8 +1398,8 @@ class QueueActorsTest : public RouterActorsTest {
   // Routes over "NATS": the decision is published on reply.<id>.
   void send_route(RouteRequest data) {
     const std::string reply = "reply." + data.id();
-    caf::anon_send(queue_reservation_, route_atom::value,
-                   RouteEnvelope{std::move(data), reply, clock_->now()});
+    send(queue_reservation_, route_atom::value,
+         RouteEnvelope{std::move(data), reply, clock_->now()});
   }
   bool answered(const std::string& id) const {
     return publisher_->published_on("reply." + id).size() == 1U;
@@ -1427,7 +1413,6 @@ class QueueActorsTest : public RouterActorsTest {
         {{"partition", "m/default"}, {"class", "default"}, {"outcome", std::string{outcome}}});
   }
 
-  std::shared_ptr<ManualClock> clock_ = std::make_shared<ManualClock>();
   discovery_actor queue_discovery_;
   reservation_actor queue_reservation_;
 };
@@ -1435,9 +1420,9 @@ class QueueActorsTest : public RouterActorsTest {
 TEST_F(QueueActorsTest, AQueuedRouteIsAnsweredWhenTheFirstTokenFreesItsWorker) {
   start(busy_class());
   send_route(request("r1"));
-  ASSERT_TRUE(testing::wait_until([&] { return answered("r1"); }, 5s));
+  ASSERT_TRUE(answered("r1"));
   send_route(request("r2"));
-  ASSERT_TRUE(testing::wait_until([&] { return depth() == 1; }, 5s));
+  ASSERT_EQ(depth(), 1);
   EXPECT_FALSE(answered("r2"));
   EXPECT_EQ(bookings(), 1);
 
@@ -1451,7 +1436,7 @@ TEST_F(QueueActorsTest, AQueuedRouteIsAnsweredWhenTheFirstTokenFreesItsWorker) {
   EXPECT_TRUE(
       report_via(queue_reservation_, first.success().lease_id(), LifecycleEventKind::FirstToken)
           .accepted());
-  ASSERT_TRUE(testing::wait_until([&] { return answered("r2"); }, 5s));
+  ASSERT_TRUE(answered("r2"));
   v1::RouteDecision second;
   ASSERT_TRUE(second.ParseFromString(publisher_->published_on("reply.r2")[0]));
   ASSERT_TRUE(second.has_success()) << second.error().message();
@@ -1473,10 +1458,10 @@ TEST_F(QueueActorsTest, AClassOverItsLimitRefusesTheNewcomerWithQueueFull) {
   limited.request_queue_limit_per_worker = 1;
   start(limited);
   send_route(request("r1"));
-  ASSERT_TRUE(testing::wait_until([&] { return answered("r1"); }, 5s));
+  ASSERT_TRUE(answered("r1"));
   send_route(request("r2"));
   send_route(request("r3"));
-  ASSERT_TRUE(testing::wait_until([&] { return answered("r3"); }, 5s));
+  ASSERT_TRUE(answered("r3"));
   v1::RouteDecision refused;
   ASSERT_TRUE(refused.ParseFromString(publisher_->published_on("reply.r3")[0]));
   ASSERT_TRUE(refused.has_error());
@@ -1491,18 +1476,17 @@ TEST_F(QueueActorsTest, AClassOverItsLimitRefusesTheNewcomerWithQueueFull) {
 TEST_F(QueueActorsTest, ADueTimeThatPassesWhileQueuedRefusesWithDueTimeExpired) {
   start(busy_class());
   send_route(request("r1"));
-  ASSERT_TRUE(testing::wait_until([&] { return answered("r1"); }, 5s));
+  ASSERT_TRUE(answered("r1"));
   RouteRequest due = request("r2");
   due.due_at = clock_->now() + 50ms;
   send_route(std::move(due));
-  ASSERT_TRUE(testing::wait_until([&] { return depth() == 1; }, 5s));
+  ASSERT_EQ(depth(), 1);
   clock_->advance(60ms);
   // Any turn of the selector that could dispatch first refuses what is overdue (here a load
   // report that frees nothing); its own wake-up timer does the same at the due time.
-  caf::anon_send(
-      queue_discovery_, load_atom::value,
-      WorkerLoadReport{11, 1, {{0, discovery::ConfirmedLoad{.active_prefill_tokens = 8}}}});
-  ASSERT_TRUE(testing::wait_until([&] { return answered("r2"); }, 5s));
+  send(queue_discovery_, load_atom::value,
+       WorkerLoadReport{11, 1, {{0, discovery::ConfirmedLoad{.active_prefill_tokens = 8}}}});
+  ASSERT_TRUE(answered("r2"));
   v1::RouteDecision expired;
   ASSERT_TRUE(expired.ParseFromString(publisher_->published_on("reply.r2")[0]));
   ASSERT_TRUE(expired.has_error());
@@ -1514,17 +1498,17 @@ TEST_F(QueueActorsTest, ADueTimeThatPassesWhileQueuedRefusesWithDueTimeExpired) 
 TEST_F(QueueActorsTest, ARouteItsCallerGaveUpOnLeavesTheQueueUnbooked) {
   start(busy_class(), /*selector_timeout=*/100ms);
   send_route(request("r1"));
-  ASSERT_TRUE(testing::wait_until([&] { return answered("r1"); }, 5s));
+  ASSERT_TRUE(answered("r1"));
   send_route(request("r2"));
-  ASSERT_TRUE(testing::wait_until([&] { return depth() == 1; }, 5s));
+  ASSERT_EQ(depth(), 1);
   // The reservation's deadline passes: it answers timeout and tells the selector.
   clock_->advance(100ms);
-  caf::anon_send(queue_reservation_, expire_atom::value);
-  ASSERT_TRUE(testing::wait_until([&] { return answered("r2"); }, 5s));
+  send(queue_reservation_, expire_atom::value);
+  ASSERT_TRUE(answered("r2"));
   v1::RouteDecision timed_out;
   ASSERT_TRUE(timed_out.ParseFromString(publisher_->published_on("reply.r2")[0]));
   EXPECT_EQ(timed_out.error().code(), v1::ROUTE_ERROR_TIMEOUT);
-  ASSERT_TRUE(testing::wait_until([&] { return queue_outcome("cancelled") == 1; }, 5s));
+  EXPECT_EQ(queue_outcome("cancelled"), 1);
   EXPECT_EQ(depth(), 0);
   // Freed capacity finds nothing to dispatch: r2 is never booked.
   v1::RouteDecision first;
