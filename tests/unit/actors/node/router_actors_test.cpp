@@ -242,13 +242,14 @@ class RouterActorsTest : public ::testing::Test {
 
     discovery_ =
         system_.spawn(discovery_behavior, DiscoveryActorConfig{selector_config(metrics_), {}});
-    reservation_ = system_.spawn(reservation_behavior, reservation_config(discovery_, metrics_));
-    lifecycle_ = system_.spawn(lifecycle_behavior, lifecycle_config("node.streams", 60s));
+    reservation_ =
+        own(system_.spawn(reservation_behavior, reservation_config(discovery_, metrics_)));
+    lifecycle_ = own(system_.spawn(lifecycle_behavior, lifecycle_config("node.streams", 60s)));
     IngressActorConfig ingress;
     ingress.metrics = metrics_;
     ingress.clock = clock_;
     ingress.entry = RequestEntry::local({}, reservation_, lifecycle_);
-    ingress_ = system_.spawn(ingress_behavior, std::move(ingress));
+    ingress_ = own(system_.spawn(ingress_behavior, std::move(ingress)));
     scheduler_.run();
   }
 
@@ -257,7 +258,17 @@ class RouterActorsTest : public ::testing::Test {
     caf::anon_send_exit(discovery_, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(reservation_, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(ingress_, caf::exit_reason::user_shutdown);
+    for (const caf::actor& actor : owned_)
+      caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
     scheduler_.run();
+  }
+
+  // An actor the test spawned, ended with the fixture (also when the test stops at a failed
+  // assertion: a live actor would keep the actor system's shutdown waiting).
+  template <class Handle>
+  Handle own(Handle actor) {
+    owned_.push_back(caf::actor_cast<caf::actor>(actor));
+    return actor;
   }
 
   // Sends a message and handles it (and whatever it causes).
@@ -353,7 +364,7 @@ class RouterActorsTest : public ::testing::Test {
 
   // An actor client of `ingress` (by default the fixture's), recording into `answers`.
   caf::actor spawn_client(Answers& answers, const ingress_actor& ingress = {}) {
-    auto client = system_.spawn(ingress_client, ingress ? ingress : ingress_, &answers);
+    auto client = own(system_.spawn(ingress_client, ingress ? ingress : ingress_, &answers));
     scheduler_.run();
     return client;
   }
@@ -398,6 +409,7 @@ class RouterActorsTest : public ::testing::Test {
   // The test's clients' answers: kept until every actor has ended, since actors that end at
   // teardown still stream their last chunks to their clients.
   std::deque<Answers> client_answers_;
+  std::vector<caf::actor> owned_;
   discovery_actor discovery_;
   reservation_actor reservation_;
   lifecycle_actor lifecycle_;
@@ -464,7 +476,7 @@ TEST_F(RouterActorsTest, EveryNatsAnswerOfABurstIsFlushed) {
   register_workers({11, 12});
   constexpr int kRequests = 20;
   Answers& answers = new_answers();
-  auto client = system_.spawn(decision_recorder, &answers);
+  auto client = own(system_.spawn(decision_recorder, &answers));
   // The whole burst is in the reservation's mailbox before it runs.
   for (int i = 0; i < kRequests; ++i) {
     caf::send_as(client, reservation_, route_atom::value,
@@ -715,8 +727,9 @@ TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
   SelectorActorConfig selector = selector_config(metrics_);
   selector.affinity.ttl = std::chrono::seconds(60);
   selector.affinity.mode = SessionAffinityMode::hard;
-  auto discovery = system_.spawn(discovery_behavior, DiscoveryActorConfig{selector, {}});
-  auto reservation = system_.spawn(reservation_behavior, reservation_config(discovery, metrics_));
+  auto discovery = own(system_.spawn(discovery_behavior, DiscoveryActorConfig{selector, {}}));
+  auto reservation =
+      own(system_.spawn(reservation_behavior, reservation_config(discovery, metrics_)));
   for (WorkerId id : {21, 22, 23}) {
     auto worker = registration(id);
     worker.model = "sessions";
@@ -795,12 +808,12 @@ TEST_F(RouterActorsTest, RequestsReleaseExpiredBookingsAFewAtATimeBetweenTicks) 
   selector.options.lease_ttl = 300ms;
   selector.tick_interval = 1h;
   selector.clock = clock;
-  auto discovery = system_.spawn(discovery_behavior, DiscoveryActorConfig{selector, {}});
+  auto discovery = own(system_.spawn(discovery_behavior, DiscoveryActorConfig{selector, {}}));
   ReservationActorConfig config = reservation_config(discovery, metrics);
   config.lease_ttl = 300ms;
   config.tick_interval = 1h;
   config.clock = clock;
-  auto reservation = system_.spawn(reservation_behavior, config);
+  auto reservation = own(system_.spawn(reservation_behavior, config));
   for (WorkerId id : {11, 12}) send(discovery, worker_up_atom::value, registration(id));
   const metrics::Labels partition{{"partition", "m/default"}};
   ASSERT_EQ(metrics->value("kvr_workers", partition), 2);
@@ -825,16 +838,16 @@ TEST_F(RouterActorsTest, RequestsReleaseExpiredBookingsAFewAtATimeBetweenTicks) 
 
 TEST_F(RouterActorsTest, ARequestItsSelectorLeavesUnansweredFailsWithATimeoutOnTheTick) {
   auto received = std::make_shared<std::atomic<int>>(0);
-  auto silent = system_.spawn(silent_selector, received);
+  auto silent = own(system_.spawn(silent_selector, received));
   auto clock = std::make_shared<ManualClock>();
   ReservationActorConfig config =
       reservation_config(caf::actor_cast<discovery_actor>(silent), metrics_);
   config.selector_timeout = 100ms;
   config.tick_interval = 1h;  // the test sends the ticks
   config.clock = clock;
-  auto reservation = system_.spawn(reservation_behavior, config);
+  auto reservation = own(system_.spawn(reservation_behavior, config));
   Answers& answers = new_answers();
-  auto client = system_.spawn(decision_recorder, &answers);
+  auto client = own(system_.spawn(decision_recorder, &answers));
   scheduler_.run();
   caf::send_as(client, reservation, route_atom::value,
                RouteEnvelope{request("slow"), "client.reply", clock->now()});
@@ -867,7 +880,7 @@ TEST_F(RouterActorsTest, ARequestItsSelectorLeavesUnansweredFailsWithATimeoutOnT
 
 TEST_F(RouterActorsTest, NoFirstChunkInTimeCountsAsAFailureRetriedOnceThenAnError) {
   register_workers({11, 12});
-  auto impatient = system_.spawn(lifecycle_behavior, lifecycle_config("fast.streams", 50ms));
+  auto impatient = own(system_.spawn(lifecycle_behavior, lifecycle_config("fast.streams", 50ms)));
   scheduler_.run();
   GenerateRequestData generate;
   generate.route = request("g3");
@@ -1054,14 +1067,14 @@ class ClassifierActorsTest : public RouterActorsTest {
       send_exit(discovery_);
       SelectorActorConfig selector = selector_config(metrics_);
       selector.classifier = classifier_;
-      discovery_ = system_.spawn(discovery_behavior, DiscoveryActorConfig{selector, {}});
+      discovery_ = own(system_.spawn(discovery_behavior, DiscoveryActorConfig{selector, {}}));
     }
     ReservationActorConfig reservation = reservation_config(discovery_, metrics_);
     reservation.classifier = classifier_;
-    admitted_reservation_ = system_.spawn(reservation_behavior, std::move(reservation));
+    admitted_reservation_ = own(system_.spawn(reservation_behavior, std::move(reservation)));
     LifecycleActorConfig lifecycle = lifecycle_config("admitted.streams", 60s);
     lifecycle.classifier = classifier_;
-    admitted_lifecycle_ = system_.spawn(lifecycle_behavior, std::move(lifecycle));
+    admitted_lifecycle_ = own(system_.spawn(lifecycle_behavior, std::move(lifecycle)));
     send(classifier_, targets_atom::value, admitted_reservation_, admitted_lifecycle_);
   }
 
@@ -1217,7 +1230,7 @@ TEST_F(ClassifierActorsTest, ARequestWaitingPastTheWaitLimitGetsATimeout) {
           settings.max_wait = 200ms;
         });
   Answers& answers = new_answers();
-  auto client = system_.spawn(decision_recorder, &answers);
+  auto client = own(system_.spawn(decision_recorder, &answers));
   // Sent as the client (its decision comes back to it), not as a request.
   caf::send_as(client, classifier_, route_atom::value,
                RouteEnvelope{request("r1"), {}, clock->now()});
@@ -1284,7 +1297,7 @@ TEST_F(ClassifierActorsTest, LoadReportsPauseAndResumeNewSessionsWithKvCapacityP
   EXPECT_NEAR(events_->loads_snapshot().back(), 0.9, 0.011);  // 90 of 100 (+ s1's booking)
   // A new session is deferred; a turn of the running one, sent after it, is admitted and routed.
   Answers& waiting = new_answers();
-  auto client = system_.spawn(decision_recorder, &waiting);
+  auto client = own(system_.spawn(decision_recorder, &waiting));
   caf::send_as(client, classifier_, route_atom::value,
                RouteEnvelope{turn("new1", "new"), {}, clock_->now()});
   ASSERT_TRUE(route_via(classifier_, turn("s2", "running")).has_success());
@@ -1328,7 +1341,7 @@ TEST_F(ClassifierActorsTest, ATerminatedActorClientDropsItsWaitingRequest) {
   settings.metrics = metrics_;
   settings.clock = clock_;
   settings.entry = RequestEntry::local(classifier_, admitted_reservation_, admitted_lifecycle_);
-  auto ingress = system_.spawn(ingress_behavior, std::move(settings));
+  auto ingress = own(system_.spawn(ingress_behavior, std::move(settings)));
   Answers& answers = new_answers();
   const caf::actor client = spawn_client(answers, ingress);
   const v1::RouteDecision first = generate(client, answers, actor_generate_request("ag1"));
@@ -1380,10 +1393,10 @@ class QueueActorsTest : public RouterActorsTest {
     SelectorActorConfig selector = selector_config(metrics_);
     selector.policy_classes = {std::move(policy_class)};
     selector.queue_max_wait = 10s;
-    queue_discovery_ = system_.spawn(discovery_behavior, DiscoveryActorConfig{selector, {}});
+    queue_discovery_ = own(system_.spawn(discovery_behavior, DiscoveryActorConfig{selector, {}}));
     ReservationActorConfig reservation = reservation_config(queue_discovery_, metrics_);
     reservation.selector_timeout = selector_timeout;
-    queue_reservation_ = system_.spawn(reservation_behavior, std::move(reservation));
+    queue_reservation_ = own(system_.spawn(reservation_behavior, std::move(reservation)));
     send(queue_discovery_, worker_up_atom::value, registration(11));
     ASSERT_EQ(metrics_->value("kvr_workers", {{"partition", "m/default"}}), 1);
   }
