@@ -27,6 +27,7 @@
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
 #include "tests/testing/worker_registration.hpp"
+#include "tests/unit/actors/coordinated_actors.hpp"
 
 namespace kvr::actors {
 namespace {
@@ -34,29 +35,6 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr std::uint32_t kBlockSize = 4;
-
-// Counts the re-registration calls that would go out on NATS.
-class RecordingPublisher final : public RouterPublisher {
- public:
-  bool publish(std::string_view, std::string_view) override { return true; }
-  bool request_dump(std::string_view, WorkerWithDpRank) override { return true; }
-  bool request_reregistration() override {
-    ++reregistrations;
-    return true;
-  }
-  int reregistrations = 0;
-};
-
-caf::actor_system_config& testing_config() {
-  static caf::actor_system_config* config = [] {
-    auto* result = new caf::actor_system_config;
-    result->set("scheduler.policy", caf::atom("testing"));
-    result->set("logger.file-verbosity", caf::atom("quiet"));
-    result->add_message_types<caf::id_block::kvr_actors>();
-    return result;
-  }();
-  return *config;
-}
 
 // A selector the discovery actor announced: an invalid handle when it retired one.
 struct Announced {
@@ -132,19 +110,8 @@ discovery::WorkerRegistration registration(WorkerId id, const std::string& model
   return testing::worker_registration(id, model, kBlockSize, 1s);
 }
 
-class DiscoveryActorTest : public ::testing::Test {
+class DiscoveryActorTest : public testing::CoordinatedActorsTest {
  protected:
-  DiscoveryActorTest()
-      : system_(testing_config()),
-        scheduler_(dynamic_cast<caf::scheduler::test_coordinator&>(system_.scheduler())) {
-    plugins::RouterPluginRegistry registry;
-    EXPECT_TRUE(selection::register_builtin_policies(registry));
-    auto resolved = registry.resolve_plugins(selection::RouterPolicyConfig{});
-    EXPECT_TRUE(resolved);
-    plugins_ = std::move(*resolved);
-    metrics::NodeMetrics::describe(*metrics_);
-  }
-
   ~DiscoveryActorTest() override {
     // The selectors are linked to it: they go with it.
     if (discovery_) caf::anon_send_exit(discovery_, caf::exit_reason::user_shutdown);
@@ -226,12 +193,6 @@ class DiscoveryActorTest : public ::testing::Test {
     return metrics_->value("kvr_workers", {{"partition", model + "/default"}});
   }
 
-  caf::actor_system system_;
-  caf::scheduler::test_coordinator& scheduler_;
-  plugins::RouterPlugins plugins_;
-  std::shared_ptr<RecordingPublisher> publisher_ = std::make_shared<RecordingPublisher>();
-  std::shared_ptr<metrics::MetricsRegistry> metrics_ = std::make_shared<metrics::MetricsRegistry>();
-  std::shared_ptr<ManualClock> clock_ = std::make_shared<ManualClock>();
   discovery_actor discovery_;
   Seen seen_;
   int next_request_ = 0;

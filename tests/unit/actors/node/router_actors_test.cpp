@@ -34,6 +34,7 @@
 #include "messages/metrics/node_metrics.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
+#include "tests/unit/actors/coordinated_actors.hpp"
 
 namespace kvr::actors {
 namespace {
@@ -144,17 +145,6 @@ GenerateRequestData generate_request(std::string id, std::string stream_subject)
   return generate;
 }
 
-caf::actor_system_config& testing_config() {
-  static caf::actor_system_config* config = [] {
-    auto* result = new caf::actor_system_config;
-    result->set("scheduler.policy", caf::atom("testing"));
-    result->set("logger.file-verbosity", caf::atom("quiet"));
-    result->add_message_types<caf::id_block::kvr_actors>();
-    return result;
-  }();
-  return *config;
-}
-
 // What the test's client actors were answered and streamed.
 struct Answers {
   std::vector<v1::RouteDecision> decisions;
@@ -231,7 +221,7 @@ caf::behavior ingress_client(caf::event_based_actor* self, const ingress_actor& 
 class RouterActorsTest : public ::testing::Test {
  protected:
   RouterActorsTest()
-      : system_(testing_config()),
+      : system_(testing::coordinated_config()),
         scheduler_(dynamic_cast<caf::scheduler::test_coordinator&>(system_.scheduler())) {
     plugins::RouterPluginRegistry registry;
     EXPECT_TRUE(selection::register_builtin_policies(registry));

@@ -25,6 +25,7 @@
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
 #include "tests/testing/worker_registration.hpp"
+#include "tests/unit/actors/coordinated_actors.hpp"
 
 namespace kvr::actors {
 namespace {
@@ -32,29 +33,6 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr std::uint32_t kBlockSize = 16;
-
-// Publishes nothing; the dumps it was asked for are kept.
-class RecordingPublisher final : public RouterPublisher {
- public:
-  bool publish(std::string_view, std::string_view) override { return true; }
-  bool request_dump(std::string_view, WorkerWithDpRank worker) override {
-    dumps.push_back(worker);
-    return true;
-  }
-  bool request_reregistration() override { return true; }
-  std::vector<WorkerWithDpRank> dumps;
-};
-
-caf::actor_system_config& testing_config() {
-  static caf::actor_system_config* config = [] {
-    auto* result = new caf::actor_system_config;
-    result->set("scheduler.policy", caf::atom("testing"));
-    result->set("logger.file-verbosity", caf::atom("quiet"));
-    result->add_message_types<caf::id_block::kvr_actors>();
-    return result;
-  }();
-  return *config;
-}
 
 // The answers a route client got, in order: a worker id, or the error's code.
 struct Answers {
@@ -84,19 +62,8 @@ void route_client(caf::event_based_actor* self, const selector_actor& selector,
       });
 }
 
-class SelectorActorTest : public ::testing::Test {
+class SelectorActorTest : public testing::CoordinatedActorsTest {
  protected:
-  SelectorActorTest()
-      : system_(testing_config()),
-        scheduler_(dynamic_cast<caf::scheduler::test_coordinator&>(system_.scheduler())) {
-    plugins::RouterPluginRegistry registry;
-    EXPECT_TRUE(selection::register_builtin_policies(registry));
-    auto resolved = registry.resolve_plugins(selection::RouterPolicyConfig{});
-    EXPECT_TRUE(resolved);
-    plugins_ = std::move(*resolved);
-    metrics::NodeMetrics::describe(*metrics_);
-  }
-
   ~SelectorActorTest() override {
     if (selector_) caf::anon_send_exit(selector_, caf::exit_reason::user_shutdown);
     scheduler_.run();
@@ -169,12 +136,6 @@ class SelectorActorTest : public ::testing::Test {
     return metrics_->value(name, {{"partition", "m/default"}});
   }
 
-  caf::actor_system system_;
-  caf::scheduler::test_coordinator& scheduler_;
-  plugins::RouterPlugins plugins_;
-  std::shared_ptr<RecordingPublisher> publisher_ = std::make_shared<RecordingPublisher>();
-  std::shared_ptr<metrics::MetricsRegistry> metrics_ = std::make_shared<metrics::MetricsRegistry>();
-  std::shared_ptr<ManualClock> clock_ = std::make_shared<ManualClock>();
   selector_actor selector_;
   Answers answers_;
 };

@@ -23,38 +23,12 @@
 #include "messages/metrics/node_metrics.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
+#include "tests/unit/actors/coordinated_actors.hpp"
 
 namespace kvr::actors {
 namespace {
 
 using namespace std::chrono_literals;
-
-// Records the dump and re-registration requests that would go out on NATS.
-class RecordingPublisher final : public RouterPublisher {
- public:
-  bool publish(std::string_view, std::string_view) override { return true; }
-  bool request_dump(std::string_view, WorkerWithDpRank worker) override {
-    dumps.push_back(worker);
-    return true;
-  }
-  bool request_reregistration() override {
-    ++reregistrations;
-    return true;
-  }
-  std::vector<WorkerWithDpRank> dumps;
-  int reregistrations = 0;
-};
-
-caf::actor_system_config& testing_config() {
-  static caf::actor_system_config* config = [] {
-    auto* result = new caf::actor_system_config;
-    result->set("scheduler.policy", caf::atom("testing"));
-    result->set("logger.file-verbosity", caf::atom("quiet"));
-    result->add_message_types<caf::id_block::kvr_actors>();
-    return result;
-  }();
-  return *config;
-}
 
 discovery::WorkerRegistration registration(WorkerId id) {
   discovery::WorkerRegistration result;
@@ -86,19 +60,8 @@ void route_client(caf::event_based_actor* self, const route_target_actor& target
       .then([routed](SelectorReply& reply) { *routed = reply.result.has_value(); });
 }
 
-class SelectorOutageTest : public ::testing::Test {
+class SelectorOutageTest : public testing::CoordinatedActorsTest {
  protected:
-  SelectorOutageTest()
-      : system_(testing_config()),
-        scheduler_(dynamic_cast<caf::scheduler::test_coordinator&>(system_.scheduler())) {
-    plugins::RouterPluginRegistry registry;
-    EXPECT_TRUE(selection::register_builtin_policies(registry));
-    auto resolved = registry.resolve_plugins(selection::RouterPolicyConfig{});
-    EXPECT_TRUE(resolved);
-    plugins_ = std::move(*resolved);
-    metrics::NodeMetrics::describe(*metrics_);
-  }
-
   ~SelectorOutageTest() override {
     if (selector_) caf::anon_send_exit(selector_, caf::exit_reason::user_shutdown);
     if (discovery_) caf::anon_send_exit(discovery_, caf::exit_reason::user_shutdown);
@@ -141,13 +104,7 @@ class SelectorOutageTest : public ::testing::Test {
     return metrics_->value(name, {{"partition", "m/default"}});
   }
 
-  caf::actor_system system_;
-  caf::scheduler::test_coordinator& scheduler_;
-  plugins::RouterPlugins plugins_;
-  std::shared_ptr<RecordingPublisher> publisher_ = std::make_shared<RecordingPublisher>();
-  std::shared_ptr<metrics::MetricsRegistry> metrics_ = std::make_shared<metrics::MetricsRegistry>();
   std::shared_ptr<metrics::RateLimitedLog> log_ = std::make_shared<metrics::RateLimitedLog>();
-  std::shared_ptr<ManualClock> clock_ = std::make_shared<ManualClock>();
   selector_actor selector_;
   discovery_actor discovery_;
 };
