@@ -444,13 +444,9 @@ struct RequestEntry {
   }
 
   /// Cluster mode: every request through the forwarder, which serves it at its partition's
-  /// owner (`serves_generate`: whether this node serves generate requests at all).
-  static RequestEntry forwarding(const forwarder_actor& forwarder, bool serves_generate) {
-    RequestEntry entry;
-    entry.route = forwarder;
-    entry.report = forwarder;
-    if (serves_generate) entry.generate = forwarder;
-    return entry;
+  /// owner.
+  static RequestEntry forwarding(const forwarder_actor& forwarder) {
+    return RequestEntry{forwarder, forwarder, forwarder};
   }
 };
 

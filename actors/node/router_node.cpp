@@ -183,8 +183,7 @@ struct RouterNode::Impl {
   // Where every request enters this node, chosen here once: in cluster mode the forwarder (any
   // node accepts any request and serves it here or at its partition's owner).
   RequestEntry entry() const {
-    return forwarder ? RequestEntry::forwarding(forwarder, static_cast<bool>(lifecycle))
-                     : local_entry();
+    return forwarder ? RequestEntry::forwarding(forwarder) : local_entry();
   }
 
   // ---- the steps of RouterNode::start, in order ----------------------------------------------

@@ -123,11 +123,8 @@ class DiscoveryActorTest : public testing::CoordinatedActorsTest {
     DiscoveryActorConfig config;
     config.selector.options.router.block_size = kBlockSize;
     config.selector.options.lease_ttl = 60s;
+    static_cast<NodeServices&>(config.selector) = services();
     config.selector.plugins = &plugins_;
-    config.selector.publisher = publisher_;
-    config.selector.metrics = metrics_;
-    config.selector.log = std::make_shared<metrics::RateLimitedLog>();
-    config.selector.clock = clock_;
     config.selector.tick_interval = 1h;
     return config;
   }

@@ -70,15 +70,11 @@ class SelectorActorTest : public testing::CoordinatedActorsTest {
   }
 
   SelectorActorConfig config() {
-    SelectorActorConfig config;
+    SelectorActorConfig config{{}, services()};
     config.options.router.block_size = kBlockSize;
     config.options.lease_ttl = 60s;
     config.options.partition = {"m", "default"};
     config.plugins = &plugins_;
-    config.publisher = publisher_;
-    config.metrics = metrics_;
-    config.log = std::make_shared<metrics::RateLimitedLog>();
-    config.clock = clock_;
     return config;
   }
 

@@ -71,16 +71,12 @@ class SelectorOutageTest : public testing::CoordinatedActorsTest {
   // The expiry timer never fires (an hour, and the test triggers no timeout): the test sends
   // every tick.
   SelectorActorConfig selector_config() {
-    SelectorActorConfig config;
+    SelectorActorConfig config{{}, services()};
     config.options.router.block_size = 4;
     config.options.lease_ttl = 60s;
     config.options.partition = {"m", "default"};
     config.plugins = &plugins_;
-    config.publisher = publisher_;
-    config.metrics = metrics_;
-    config.log = log_;
     config.tick_interval = 1h;
-    config.clock = clock_;
     return config;
   }
 
@@ -104,7 +100,6 @@ class SelectorOutageTest : public testing::CoordinatedActorsTest {
     return metrics_->value(name, {{"partition", "m/default"}});
   }
 
-  std::shared_ptr<metrics::RateLimitedLog> log_ = std::make_shared<metrics::RateLimitedLog>();
   selector_actor selector_;
   discovery_actor discovery_;
 };
