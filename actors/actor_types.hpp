@@ -85,8 +85,8 @@ struct BookingUpdate {
   BookingChange change;
 };
 
-/// Expired leases the reservation actor ends with every route request, before the tick ends the
-/// rest (the partition core does the same for its bookings): when clients do not report, leases
+/// Expired bookings the reservation actor ends with every route request, before the tick ends the
+/// rest (the partition core does the same for its bookings): when clients do not report, bookings
 /// end as fast as requests arrive instead of piling up into one burst per tick of thousands of
 /// releases that every queued request waits behind.
 inline constexpr std::size_t kExpiriesPerRequest = 4;
@@ -269,10 +269,10 @@ using route_target_actor = caf::typed_actor<
 using selector_actor = worker_feed_actor::extend_with<route_target_actor>::extend<
     // cluster mode: the partition is owned until this time (its lease's fence)
     caf::reacts_to<fence_atom, std::chrono::steady_clock::time_point>,
-    // the node's NATS connection went down (false: hold worker leases) or came back (true: each
-    // lease runs one TTL from now, and the workers' KV state is asked for again)
+    // the node's NATS connection went down (false: hold workers' liveness) or came back (true: each
+    // liveness runs one TTL from now, and the workers' KV state is asked for again)
     caf::reacts_to<nats_link_atom, bool>,
-    // internal: the periodic tick (expires worker leases, bookings and session bindings;
+    // internal: the periodic tick (expires workers' liveness, bookings and session bindings;
     // refills the KV dump budget; gauges)
     caf::reacts_to<tick_atom>,
     // internal: the queue's next due time or wait limit
@@ -309,9 +309,9 @@ using discovery_actor = worker_feed_actor::extend_with<route_target_actor>::exte
 
 /// The reservation actor (actors/reservation/reservation_actor.hpp).
 using reservation_actor = caf::typed_actor<
-    // a route request → its decision (success with a lease, or an error)
+    // a route request → its decision (success with a booking, or an error)
     caf::replies_to<route_atom, RouteEnvelope>::with<RouteDecisionMessage>,
-    // a lifecycle report against a lease → its ack
+    // a lifecycle report against a booking → its ack
     caf::replies_to<report_atom, ReportEnvelope>::with<LifecycleAckMessage>,
     // from the discovery actor: the selector of partition (model, routing group)
     caf::reacts_to<selector_atom, std::string, std::string, selector_actor>,
@@ -366,8 +366,8 @@ using classifier_actor = caf::typed_actor<
 // ---- the published actor ------------------------------------------------------------------------
 
 /// The published ingress actor, the request API for actor clients (local or remote):
-///  - route: a RouteRequest → its RouteDecision (success with a lease, or an explicit error);
-///  - report: a LifecycleReport against a lease → LifecycleAck;
+///  - route: a RouteRequest → its RouteDecision (success with a booking, or an explicit error);
+///  - report: a LifecycleReport against a booking → LifecycleAck;
 ///  - generate: a GenerateRequest (its stream_subject is ignored) → the first RouteDecision, and
 ///    the response streamed to the requesting actor as (chunk_atom, GenerateChunkMessage)
 ///    messages, the last with `finished` set; the node retries a worker failure before the first
@@ -386,7 +386,7 @@ using ingress_actor = caf::typed_actor<
 // ---- cluster mode -------------------------------------------------------------------------------
 
 /// The forwarder actor (actors/cluster/forwarder_actor.hpp): in cluster mode, every request
-/// enters the node through it (RequestEntry); those whose partition (or lease) another node owns
+/// enters the node through it (RequestEntry); those whose partition (or booking) another node owns
 /// go to that node's ingress actor over CAF's middleman, the others to this node's own entry.
 /// Each answer goes to the request's NATS reply subject and to the actor that asked.
 using forwarder_actor =

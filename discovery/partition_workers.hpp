@@ -23,23 +23,23 @@ class PartitionWorkers {
   std::expected<RegistrationChange, RegistrationError> register_worker(
       WorkerRegistration registration, std::chrono::steady_clock::time_point now);
 
-  /// Renews a worker's lease.
+  /// Renews a worker's liveness.
   std::expected<void, CatalogError> heartbeat(WorkerId worker_id, Incarnation incarnation,
                                               std::chrono::steady_clock::time_point now);
 
   /// Removes a worker that shut down cleanly, with its index contents and bookings.
   std::expected<void, CatalogError> deregister(WorkerId worker_id, Incarnation incarnation);
 
-  /// Removes workers whose lease ended, releases expired bookings and approximate blocks;
+  /// Removes workers whose liveness ended, releases expired bookings and approximate blocks;
   /// appends the removed worker ids to `removed`.
   void expire(std::chrono::steady_clock::time_point now, std::vector<WorkerId>& removed);
 
-  /// While the owner's own link to the workers is down, no lease expires (WorkerCatalog); the
+  /// While the owner's own link to the workers is down, no liveness expires (WorkerCatalog); the
   /// bookings and approximate blocks still do.
-  void hold_leases() { catalog_.hold_leases(); }
-  /// The link is back: each lease runs at least one TTL from `now`, and expiry resumes.
-  LeaseGrace release_leases(std::chrono::steady_clock::time_point now) {
-    return catalog_.release_leases(now);
+  void hold_liveness() { catalog_.hold_liveness(); }
+  /// The link is back: each worker's liveness runs at least one TTL from `now`, and expiry resumes.
+  LivenessGrace resume_liveness(std::chrono::steady_clock::time_point now) {
+    return catalog_.resume_liveness(now);
   }
 
   const WorkerCatalog& catalog() const { return catalog_; }

@@ -1,5 +1,5 @@
 // Where the router reads the time. Production code uses the process's steady clock; tests inject
-// a ManualClock and advance it, so lease expiry, deadlines and (later) admission due times are
+// a ManualClock and advance it, so liveness expiry, deadlines and (later) admission due times are
 // exercised without sleeping. Plain C++; thread-safe.
 #pragma once
 

@@ -24,8 +24,8 @@ std::string_view as_str(Error error) {
       return "bad_message";
     case Error::invalid_config:
       return "invalid_config";
-    case Error::unknown_lease:
-      return "unknown_lease";
+    case Error::unknown_booking:
+      return "unknown_booking";
     case Error::overloaded:
       return "overloaded";
     case Error::rate_limited:
@@ -59,7 +59,7 @@ v1::RouteErrorCode to_route_error_code(Error error) {
     case Error::worker_failed:
       return v1::ROUTE_ERROR_WORKER_FAILED;
     case Error::unavailable:
-    case Error::unknown_lease:
+    case Error::unknown_booking:
       return v1::ROUTE_ERROR_UNAVAILABLE;
     case Error::overloaded:
       return v1::ROUTE_ERROR_OVERLOADED;

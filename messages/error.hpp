@@ -22,7 +22,7 @@ enum class Error : std::uint8_t {
   unavailable,          ///< shutting down, or the partition moved to another node
   bad_message,          ///< a network message failed decoding or validation
   invalid_config,       ///< configuration rejected at startup
-  unknown_lease,        ///< a lifecycle report names no open lease
+  unknown_booking,      ///< a lifecycle report names no open booking
   overloaded,           ///< refused by admission: too much work in flight or queued
   rate_limited,         ///< refused by admission: too many requests in a time window
   due_time_expired,     ///< refused by admission: the due time passed while deferred

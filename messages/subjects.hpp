@@ -30,7 +30,7 @@ std::string router_route(std::string_view ns);
 /// "<model>/<routing group>" with every byte outside [-/_A-Za-z0-9] written as =XX (hex).
 std::string router_partition_route(std::string_view ns, std::string_view partition);
 /// GenerateRequest → stream of GenerateChunk on the request's stream subject (request/reply, queue
-/// group "kvr-router"; the reply is the first RouteDecision, whose lease id is empty because the
+/// group "kvr-router"; the reply is the first RouteDecision, whose booking id is empty because the
 /// node manages the booking itself).
 std::string router_generate(std::string_view ns);
 /// GenerateCancel{request_id}: kvr.<ns>.router.generate.cancel, published (no reply) by a client

@@ -181,7 +181,7 @@ void forward_route(Self self, RouteJob job, const cluster::ForwardDecision& targ
 
 v1::LifecycleReport encode_report(const LifecycleReportData& report) {
   v1::LifecycleReport wire;
-  wire.set_lease_id(report.lease_id);
+  wire.set_booking_id(report.booking_id);
   switch (report.event) {
     case LifecycleEventKind::FirstToken:
       wire.set_event(v1::LIFECYCLE_EVENT_FIRST_TOKEN);
@@ -209,7 +209,7 @@ void forward_report(Self self, ReportJob job, const cluster::ForwardDecision& ta
 // Serves a report here (this node's reservation actor), forwards it to the node whose lease it
 // names, or holds it for the next view, as the table says.
 void dispatch_report(Self self, ReportJob job, int waits) {
-  const auto target = self->state.table.report(job.envelope.report.lease_id, waits);
+  const auto target = self->state.table.report(job.envelope.report.booking_id, waits);
   switch (target.action) {
     case cluster::ForwardDecision::Action::forward:
       return forward_report(self, std::move(job), target);
@@ -365,7 +365,7 @@ void update_view(Self self, const ClusterView& view) {
 forwarder_actor::behavior_type forwarder_behavior(Self self, ForwarderActorConfig config) {
   self->state.config = std::move(config);
   self->state.table =
-      cluster::ForwardTable{self->state.config.node_id, self->state.config.lease_prefix};
+      cluster::ForwardTable{self->state.config.node_id, self->state.config.booking_id_prefix};
   // A peer whose connection dropped: its streams in flight end (or are retried before their
   // first chunk), and the next forward connects again.
   self->set_down_handler([self](caf::down_msg& message) {

@@ -51,8 +51,8 @@ struct ForwarderActorConfig : NodeServices {
   std::string node_id;
   /// The subject namespace (for the partitions' own route subjects).
   std::string ns = "default";
-  /// The prefix of this node's lease ids (cluster_lease_prefix of its incarnation).
-  std::string lease_prefix;
+  /// The prefix of this node's booking ids (booking_id_prefix of its incarnation).
+  std::string booking_id_prefix;
   /// This node's own entry, where the requests it serves go (RequestEntry::local).
   RequestEntry local;
   /// Serves each owned partition's own route subject (subjects::router_partition_route); may be
@@ -122,6 +122,6 @@ forwarder_actor::behavior_type forwarder_behavior(
     forwarder_actor::stateful_pointer<ForwarderActorState> self, ForwarderActorConfig config);
 
 /// The lease-id prefix of a node's leases in cluster mode (forward_table.hpp).
-using cluster::cluster_lease_prefix;
+using cluster::booking_id_prefix;
 
 }  // namespace kvr::actors

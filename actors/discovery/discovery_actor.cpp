@@ -55,7 +55,7 @@ selector_actor spawn_selector(Self self, const PartitionKey& key) {
   // ends every selector.
   auto selector = self->spawn<caf::linked>(selector_behavior, std::move(config));
   state.selectors.emplace(key, selector);
-  // Spawned while the node is cut off from NATS: its leases are held from the start.
+  // Spawned while the node is cut off from NATS: its workers' liveness is held from the start.
   if (!state.nats_connected) self->send(selector, nats_link_atom::value, false);
   for (const selector_subscriber_actor& subscriber : state.selector_subscribers) {
     self->send(subscriber, selector_atom::value, key.first, key.second, selector);
@@ -147,7 +147,7 @@ discovery_actor::behavior_type discovery_behavior(Self self, DiscoveryActorConfi
         auto& state = self->state;
         PartitionKey key{registration.model, registration.routing_group};
         // A worker that moved to another partition (restarted with a new model or group) stops
-        // renewing its old registration there, which then expires with its lease.
+        // renewing its old registration there, which then expires with its liveness.
         selector_actor selector = selector_of_partition(self, key);
         state.worker_partition[registration.worker_id] = key;
         if (state.config.cluster) {

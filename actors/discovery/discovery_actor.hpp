@@ -17,9 +17,9 @@
 //                                                      node started);
 //   nats_link(bool connected)                        — the NATS connection went down (false) or
 //                                                      came back (true): told to every selector
-//                                                      (worker leases held, then renewed for one
-//                                                      TTL, and KV dumps asked for again); after
-//                                                      a reconnect every worker is asked to
+//                                                      (workers' liveness held, then renewed for
+//                                                      one TTL, and KV dumps asked for again);
+//                                                      after a reconnect every worker is asked to
 //                                                      register again;
 //   removed(std::vector<WorkerId>)                   — from a selector: these workers expired
 //                                                      or deregistered; forwarded to watchers;

@@ -73,7 +73,7 @@ void untrack_client(Self self, const stream_client_actor& client) {
 }
 
 // Sends a booking change to the partition's selector; a failure is only logged (the selector's
-// lease expiry releases a booking whose update was lost).
+// booking expiry releases a booking whose update was lost).
 void send_booking(Self self, const GenerateFlight& flight, bool release, discovery::BookingEnd end,
                   AffinityAction affinity, std::optional<WorkerHealthReport> health = {}) {
   auto& config = self->state.config;
@@ -244,8 +244,8 @@ void on_routed(Self self, std::uint64_t stream_id, SelectorReply& reply) {
     publish_decision(
         self, *flight,
         encode_route_success(request_id, outcome,
-                             RouteSuccessInfo{.lease_id = {},
-                                              .lease_ttl = {},
+                             RouteSuccessInfo{.booking_id = {},
+                                              .booking_ttl = {},
                                               .policy = reply.policy,
                                               .generate_subject = reply.generate_subject}));
   }
@@ -402,7 +402,7 @@ lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfi
             if (GenerateFlight* flight = find_flight(self, id)) {
               apply(self, id,
                     flight->lifecycle.worker_failed(
-                        worker, fmt::format("worker {} left the fleet (lease expired or "
+                        worker, fmt::format("worker {} left the fleet (booking expired or "
                                             "deregistered)",
                                             worker)));
             }

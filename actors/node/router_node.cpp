@@ -31,7 +31,7 @@
 namespace kvr::actors {
 namespace {
 
-std::string random_lease_prefix() {
+std::string random_booking_id_prefix() {
   std::random_device device;
   const std::uint64_t bits =
       (std::uint64_t{device()} << 32) ^ device() ^ static_cast<std::uint64_t>(::getpid());
@@ -84,8 +84,8 @@ BridgeSinks make_bridge_sinks(const discovery_actor& discovery, const RequestEnt
   sinks.chunk = [lifecycle](std::uint64_t stream_id, v1::GenerateChunk chunk) {
     caf::anon_send(lifecycle, chunk_atom::value, ChunkEnvelope{stream_id, std::move(chunk)});
   };
-  // From the connection's thread, in order: the discovery actor holds every worker lease while the
-  // node is cut off, then renews them and asks the workers to register and dump again.
+  // From the connection's thread, in order: the discovery actor holds every worker's liveness while
+  // the node is cut off, then renews them and asks the workers to register and dump again.
   sinks.disconnected = [discovery] { caf::anon_send(discovery, nats_link_atom::value, false); };
   sinks.reconnected = [discovery] { caf::anon_send(discovery, nats_link_atom::value, true); };
   return sinks;
@@ -99,13 +99,13 @@ std::expected<void, std::string> NodeOptions::validate() const {
   plugins::worker_selection::RouterConfig checked = router;
   if (checked.block_size == 0) checked.block_size = 1;
   if (auto router_ok = checked.validate(); !router_ok) return std::unexpected(router_ok.error());
-  if (lease_ttl < std::chrono::milliseconds(100) || lease_ttl > std::chrono::hours(24)) {
-    return std::unexpected("--router-lease-ttl-secs: between 0.1 s and 24 h");
+  if (booking_ttl < std::chrono::milliseconds(100) || booking_ttl > std::chrono::hours(24)) {
+    return std::unexpected("--router-booking-ttl-secs: between 0.1 s and 24 h");
   }
   const std::pair<std::string_view, std::uint64_t> caps[] = {
-      {"--router-max-open-leases", node_caps.max_bookings},
+      {"--router-max-open-bookings", node_caps.max_bookings},
       {"--router-max-booked-blocks", node_caps.max_blocks},
-      {"--router-partition-max-open-leases", partition_caps.max_bookings},
+      {"--router-partition-max-open-bookings", partition_caps.max_bookings},
       {"--router-partition-max-booked-blocks", partition_caps.max_blocks}};
   for (const auto& [flag, value] : caps) {
     // A node always has its caps; a partition's are optional (0).
@@ -259,7 +259,7 @@ struct RouterNode::Impl {
     if (!cluster_link) return;
     ForwarderActorConfig settings{services()};
     settings.node_id = cluster_link->self.node_id;
-    settings.lease_prefix = cluster_lease_prefix(incarnation);
+    settings.booking_id_prefix = booking_id_prefix(incarnation);
     settings.local = local_entry();
     settings.bridge = bridge;
     settings.ns = options.ns;
@@ -327,17 +327,18 @@ struct RouterNode::Impl {
     // A request waits for a worker no longer than the node waits for a worker's first token.
     selector.queue_max_wait = options.first_token_timeout;
     selector.options.router = options.router;
-    selector.options.lease_ttl = options.lease_ttl;
+    selector.options.booking_ttl = options.booking_ttl;
     selector.options.health = plugins.worker_health;
     selector.options.partition_caps = options.partition_caps;
     selector.options.node_totals = std::make_shared<NodeBookingTotals>(options.node_caps);
     {
       const metrics::NodeMetrics metrics{*registry};
       std::array<metrics::ValueHandle, 4> refusals;
-      for (const auto kind : {BookingCapKind::node_leases, BookingCapKind::node_blocks,
-                              BookingCapKind::partition_leases, BookingCapKind::partition_blocks}) {
+      for (const auto kind :
+           {BookingCapKind::node_bookings, BookingCapKind::node_blocks,
+            BookingCapKind::partition_bookings, BookingCapKind::partition_blocks}) {
         refusals[static_cast<std::size_t>(kind)] =
-            metrics.lease_cap_refusals(cap_scope(kind), cap_resource(kind));
+            metrics.booking_cap_refusals(cap_scope(kind), cap_resource(kind));
       }
       selector.options.on_cap_refusal = [refusals](BookingCapKind kind) {
         refusals[static_cast<std::size_t>(kind)].add();
@@ -377,10 +378,10 @@ struct RouterNode::Impl {
   void spawn_reservation() {
     ReservationActorConfig settings{services()};
     settings.discovery = discovery;
-    // In a cluster, a lease id names its node (by incarnation), so any node can forward a report.
-    settings.lease_prefix =
-        cluster_link ? cluster_lease_prefix(incarnation) : random_lease_prefix();
-    settings.lease_ttl = options.lease_ttl;
+    // In a cluster, a booking id names its node (by incarnation), so any node can forward a report.
+    settings.booking_id_prefix =
+        cluster_link ? booking_id_prefix(incarnation) : random_booking_id_prefix();
+    settings.booking_ttl = options.booking_ttl;
     settings.selector_timeout = selector_answer_timeout();
     settings.tick_interval = options.tick_interval;
     settings.classifier = classifier;
@@ -476,7 +477,7 @@ struct RouterNode::Impl {
     const auto cap = [](std::uint64_t value) {
       return value == 0 ? std::string{"node's"} : std::to_string(value);
     };
-    return fmt::format("{} leases / {} blocks per node, {} / {} per partition",
+    return fmt::format("{} bookings / {} blocks per node, {} / {} per partition",
                        options.node_caps.max_bookings, options.node_caps.max_blocks,
                        cap(options.partition_caps.max_bookings),
                        cap(options.partition_caps.max_blocks));
@@ -484,13 +485,13 @@ struct RouterNode::Impl {
 
   void log_summary() const {
     spdlog::info(
-        "kvr node: namespace '{}', block size {}, lease ttl {} ms, lease caps {}, first-token "
+        "kvr node: namespace '{}', block size {}, booking ttl {} ms, booking caps {}, first-token "
         "timeout {} ms, session affinity {}, request classifier {}, queue {}, {} scheduler "
         "threads; NATS {}; metrics {}; actor port {}; cluster {}",
         options.ns,
         options.router.block_size != 0 ? std::to_string(options.router.block_size)
                                        : std::string{"learnt per partition"},
-        options.lease_ttl.count(), describe_caps(), options.first_token_timeout.count(),
+        options.booking_ttl.count(), describe_caps(), options.first_token_timeout.count(),
         options.session_affinity.ttl
             ? fmt::format("{} (ttl {} s)", as_str(options.session_affinity.mode),
                           options.session_affinity.ttl->count())

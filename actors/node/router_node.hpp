@@ -41,10 +41,10 @@ struct ClusterNodeOptions {
   std::chrono::milliseconds lease_ttl{3000};
 };
 
-/// Default caps on what unreported leases may hold (`--router-max-open-leases`,
-/// `--router-max-booked-blocks`): each open lease costs about 1 KB plus 27 to 47 bytes per prompt
+/// Default caps on what unreported bookings may hold (`--router-max-open-bookings`,
+/// `--router-max-booked-blocks`): each open booking costs about 1 KB plus 27 to 47 bytes per prompt
 /// block (docs/protocol.md), so the defaults bound the bookings to a few hundred MB.
-inline constexpr std::uint64_t kDefaultMaxOpenLeases = 100'000;
+inline constexpr std::uint64_t kDefaultMaxOpenBookings = 100'000;
 inline constexpr std::uint64_t kDefaultMaxBookedBlocks = 8'000'000;
 /// The largest cap accepted.
 inline constexpr std::uint64_t kMaxBookingCap = 1'000'000'000;
@@ -56,11 +56,11 @@ struct NodeOptions {
   std::string ns = "default";
   /// Router settings handed to every policy factory (block size, kv-cost defaults ...).
   plugins::worker_selection::RouterConfig router;
-  /// An unreported booking (lease) is released after this long.
-  std::chrono::milliseconds lease_ttl{120'000};
-  /// Caps on open bookings (route-mode leases and generate requests in flight) over all of the
+  /// An unreported booking is released after this long.
+  std::chrono::milliseconds booking_ttl{120'000};
+  /// Caps on open bookings (route-mode bookings and generate requests in flight) over all of the
   /// node's partitions: a route beyond one is refused with ROUTE_ERROR_OVERLOADED.
-  BookingCaps node_caps{kDefaultMaxOpenLeases, kDefaultMaxBookedBlocks};
+  BookingCaps node_caps{kDefaultMaxOpenBookings, kDefaultMaxBookedBlocks};
   /// The same caps per partition (`--router-partition-max-*`); 0: only the node's apply.
   BookingCaps partition_caps;
   /// Loopback port of /metrics and /healthz; 0: no HTTP endpoint.

@@ -54,7 +54,7 @@ metrics::NodeMetrics node_metrics(Self self) {
 }
 
 void publish_open_bookings(Self self) {
-  self->state.leases_open.set(static_cast<double>(self->state.ledger->size()));
+  self->state.route_bookings_open.set(static_cast<double>(self->state.ledger->size()));
 }
 
 metrics::ValueHandle& decisions_counter(Self self, WorkerId worker) {
@@ -119,12 +119,12 @@ void expire_bookings(Self self, TimePoint now, std::size_t limit) {
   auto& state = self->state;
   const auto expired = state.ledger->expire(now, limit);
   if (expired.empty()) return;
-  state.leases_expired.add(static_cast<double>(expired.size()));
+  state.route_bookings_expired.add(static_cast<double>(expired.size()));
   publish_open_bookings(self);
   for (const Booking& booking : expired) {
     tell_classifier(self, booking.partition.model, [&] {
       return plugins::request_classifier::Aborted{booking.request_id, booking.worker,
-                                                  "the lease expired unreported"};
+                                                  "the booking expired unreported"};
     });
   }
 }
@@ -149,13 +149,13 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
   }
   const RouteOutcome& outcome = *reply.result;
   // Booked by the selector; recorded here before the answer leaves.
-  std::string lease_id =
-      state.ledger->open(request.partition, request.id(), outcome.worker, outcome.lease_expires_at);
+  std::string booking_id = state.ledger->open(request.partition, request.id(), outcome.worker,
+                                              outcome.booking_expires_at);
   publish_open_bookings(self);
   auto decision =
       encode_route_success(request.client_id(), outcome,
-                           RouteSuccessInfo{.lease_id = lease_id,
-                                            .lease_ttl = state.config.lease_ttl,
+                           RouteSuccessInfo{.booking_id = booking_id,
+                                            .booking_ttl = state.config.booking_ttl,
                                             .policy = std::move(reply.policy),
                                             .generate_subject = std::move(reply.generate_subject)});
   if (deliver_decision(self, pending.envelope, pending.promise, std::move(decision))) {
@@ -168,7 +168,7 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
                                                   "the decision could not be delivered"};
     });
     // Nobody learnt of this booking: roll it back.
-    if (auto booking = state.ledger->close(lease_id)) {
+    if (auto booking = state.ledger->close(booking_id)) {
       node_metrics(self).bookings_rolled_back().add();
       update_booking(self,
                      BookingUpdate{booking->partition,
@@ -252,16 +252,16 @@ AckPromise handle_report(Self self, ReportEnvelope& envelope) {
   auto& state = self->state;
   const LifecycleReportData& report = envelope.report;
   const bool first_token = report.event == LifecycleEventKind::FirstToken;
-  auto booking = first_token ? state.ledger->first_token(report.lease_id)
-                             : state.ledger->close(report.lease_id);
+  auto booking = first_token ? state.ledger->first_token(report.booking_id)
+                             : state.ledger->close(report.booking_id);
   publish_open_bookings(self);
   if (!booking) {
     // A first token whose completion overtook it: nothing is left to do, and nothing is wrong.
     const bool overtaken = booking.error() == BookingError::already_ended;
     deliver_ack(self, envelope, promise, overtaken,
                 overtaken
-                    ? fmt::format("lease '{}' already ended", report.lease_id)
-                    : fmt::format("lease '{}': {}", report.lease_id, as_str(booking.error())));
+                    ? fmt::format("booking '{}' already ended", report.booking_id)
+                    : fmt::format("booking '{}': {}", report.booking_id, as_str(booking.error())));
     return promise;
   }
   namespace rc = plugins::request_classifier;
@@ -316,7 +316,7 @@ AckPromise handle_report(Self self, ReportEnvelope& envelope) {
             auto pending = self->state.pending_reports.extract(id);
             if (pending.empty()) return;
             deliver_ack(self, pending.mapped().envelope, pending.mapped().promise, true,
-                        fmt::format("lease ended; the selector did not confirm: {}",
+                        fmt::format("booking ended; the selector did not confirm: {}",
                                     self->system().render(error)));
           });
   return promise;
@@ -337,7 +337,7 @@ void fail_overdue(Self self, TimePoint now) {
     } else if (auto report = state.pending_reports.extract(id); !report.empty()) {
       deliver_ack(
           self, report.mapped().envelope, report.mapped().promise, true,
-          fmt::format("lease ended; the selector did not confirm within {} ms", timeout_ms));
+          fmt::format("booking ended; the selector did not confirm within {} ms", timeout_ms));
     }
   }
 }
@@ -346,12 +346,12 @@ void fail_overdue(Self self, TimePoint now) {
 
 reservation_actor::behavior_type reservation_behavior(Self self, ReservationActorConfig config) {
   self->state.config = std::move(config);
-  self->state.ledger.emplace(self->state.config.lease_prefix);
+  self->state.ledger.emplace(self->state.config.booking_id_prefix);
   self->state.routes = PartitionRoutes{self->state.config.discovery};
   const metrics::NodeMetrics metrics = node_metrics(self);
   self->state.route_latency = metrics.route_latency();
-  self->state.leases_open = metrics.leases_open();
-  self->state.leases_expired = metrics.leases_expired();
+  self->state.route_bookings_open = metrics.route_bookings_open();
+  self->state.route_bookings_expired = metrics.route_bookings_expired();
   for (const auto event : {LifecycleEventKind::FirstToken, LifecycleEventKind::Completed,
                            LifecycleEventKind::Aborted}) {
     for (const bool accepted : {false, true}) {

@@ -7,7 +7,7 @@
 // unreported bookings expire on a timer (the selectors expire the bookings themselves at the same
 // deadline).
 //
-// State it owns: the BookingLedger (lease id → partition, request id, worker, expiry) and each
+// State it owns: the BookingLedger (booking id → partition, request id, worker, expiry) and each
 // partition's selector.
 // Messages it handles (its typed interface, `reservation_actor`, in actors/actor_types.hpp):
 //   route(RouteEnvelope) → RouteDecisionMessage     — always a decision (success or error);
@@ -55,10 +55,10 @@ struct ReservationActorConfig : NodeServices {
   /// Delegates to the partition selectors; tells this actor of each selector so that it can
   /// address known partitions directly (one message hop fewer per request).
   discovery_actor discovery;
-  /// Lease ids (the bookings' ids on the wire) start with this (unique per node start).
-  std::string lease_prefix = "lease";
+  /// Booking ids (the bookings' ids on the wire) start with this (unique per node start).
+  std::string booking_id_prefix = "booking";
   /// Reported to callers in each decision (the selectors' booking TTL).
-  std::chrono::milliseconds lease_ttl{120'000};
+  std::chrono::milliseconds booking_ttl{120'000};
   /// How long a selector may take to answer (enforced by the expiry timer: up to one tick late).
   std::chrono::milliseconds selector_timeout{2'000};
   /// Period of the booking-expiry timer.
@@ -99,8 +99,8 @@ struct ReservationActorState {
   std::vector<std::chrono::steady_clock::time_point> unflushed_routes;
   /// The series written per request, resolved once (decisions per worker on first use).
   metrics::HistogramHandle route_latency;
-  metrics::ValueHandle leases_open;
-  metrics::ValueHandle leases_expired;
+  metrics::ValueHandle route_bookings_open;
+  metrics::ValueHandle route_bookings_expired;
   /// kvr_lifecycle_reports_total by event (LifecycleEventKind) and accepted (0: false, 1: true).
   std::array<std::array<metrics::ValueHandle, 2>, 3> reports;
   absl::flat_hash_map<WorkerId, metrics::ValueHandle> decisions_by_worker;

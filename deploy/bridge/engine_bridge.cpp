@@ -119,8 +119,8 @@ std::expected<void, std::string> BridgeOptions::validate() const {
   if (data_parallel_size == 0 || data_parallel_size > 64) {
     return std::unexpected("--data-parallel-size must be in [1, 64]");
   }
-  if (lease_ttl < std::chrono::milliseconds(100)) {
-    return std::unexpected("--lease-ttl-ms must be at least 100");
+  if (liveness_ttl < std::chrono::milliseconds(100)) {
+    return std::unexpected("--liveness-ttl-ms must be at least 100");
   }
   if (load_interval < std::chrono::milliseconds(10)) {
     return std::unexpected("--load-interval-ms must be at least 10");
@@ -252,7 +252,7 @@ struct EngineBridge::State {
                                               .data_parallel_size = options.data_parallel_size,
                                               .taints = options.taints,
                                               .publishes_kv_events = true,
-                                              .lease_ttl = options.lease_ttl});
+                                              .liveness_ttl = options.liveness_ttl});
   }
 
   // A new incarnation with a fresh translator (the router drops the old one's KV picture when
@@ -712,7 +712,7 @@ std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
 
 BridgeStats EngineBridge::run(std::stop_token stop) {
   State& state = *state_;
-  worker::PeriodicTimer heartbeat{worker::heartbeat_interval(state.options.lease_ttl),
+  worker::PeriodicTimer heartbeat{worker::heartbeat_interval(state.options.liveness_ttl),
                                   Clock::now()};
   std::jthread prober{[&state](std::stop_token probe_stop) { state.probe(probe_stop); }};
   std::deque<InboxItem> batch;

@@ -53,7 +53,7 @@ struct BridgeOptions {
   WorkerType role = WorkerType::Aggregated;
   std::string routing_group = "default";
   std::vector<std::string> taints;
-  std::chrono::milliseconds lease_ttl{3000};
+  std::chrono::milliseconds liveness_ttl{3000};
   /// How often /metrics is scraped and LoadMetrics published.
   std::chrono::milliseconds load_interval{200};
   /// How often /health is asked.

@@ -99,11 +99,11 @@ void add_bridge_command(CLI::App& app, int& exit_code) {
       ->check(non_empty());
   command
       ->add_option_function<int>(
-          "--lease-ttl-ms",
-          [options](int ms) { options->lease_ttl = std::chrono::milliseconds(ms); },
+          "--liveness-ttl-ms",
+          [options](int ms) { options->liveness_ttl = std::chrono::milliseconds(ms); },
           "routers drop the worker when heartbeats stop for this long")
       ->default_str("3000")
-      ->envname("KVR_BRIDGE_LEASE_TTL_MS")
+      ->envname("KVR_BRIDGE_LIVENESS_TTL_MS")
       ->check(CLI::Range(100, 3'600'000));
   command
       ->add_option_function<int>(

@@ -161,8 +161,8 @@ void add_mocker_command(CLI::App& app, int& exit_code) {
                     "publish no KV events (routers predict the cache)");
   command
       ->add_option_function<int>(
-          "--lease-ttl-ms",
-          [options](int ms) { options->lease_ttl = std::chrono::milliseconds(ms); },
+          "--liveness-ttl-ms",
+          [options](int ms) { options->liveness_ttl = std::chrono::milliseconds(ms); },
           "routers drop a worker whose heartbeats stop for this long")
       ->default_str("3000")
       ->check(CLI::Range(100, 3'600'000));

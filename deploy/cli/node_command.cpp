@@ -24,7 +24,7 @@ struct NodeCommandOptions {
   actors::NodeOptions node;
   std::string router_policy_config;
   std::array<std::string, 4> role_policies;  // empty: not given on the command line
-  double lease_ttl_secs = 120;
+  double booking_ttl_secs = 120;
   SessionAffinityFlags session_affinity;
   std::uint64_t first_token_timeout_ms = 30'000;
   std::optional<std::uint32_t> block_size;  // unset: each partition learns its workers' size
@@ -84,8 +84,8 @@ int run_node(NodeCommandOptions options) {
   options.node.queue_threshold = options.queue_threshold;
   options.node.cluster.lease_ttl = std::chrono::milliseconds(
       static_cast<std::int64_t>(std::min<std::uint64_t>(options.cluster_lease_ttl_ms, 60'000)));
-  options.node.lease_ttl = std::chrono::milliseconds(
-      static_cast<std::int64_t>(std::llround(options.lease_ttl_secs * 1000)));
+  options.node.booking_ttl = std::chrono::milliseconds(
+      static_cast<std::int64_t>(std::llround(options.booking_ttl_secs * 1000)));
   options.node.session_affinity = session_affinity_options(options.session_affinity);
   options.node.first_token_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(
       std::min<std::uint64_t>(options.first_token_timeout_ms, std::uint64_t{1} << 40)));
@@ -154,35 +154,36 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->envname("KVR_BLOCK_SIZE")
       ->check(CLI::Range(1U, 4096U));
   command
-      ->add_option("--router-lease-ttl-secs", options->lease_ttl_secs,
-                   "an unreported booking (lease) is released after this many seconds")
-      ->envname("KVR_ROUTER_LEASE_TTL_SECS")
+      ->add_option("--router-booking-ttl-secs", options->booking_ttl_secs,
+                   "an unreported booking is released after this many seconds")
+      ->envname("KVR_ROUTER_BOOKING_TTL_SECS")
       ->capture_default_str()
       ->check(finite_range(0.1, 86'400));
   command
-      ->add_option("--router-max-open-leases", options->node.node_caps.max_bookings,
-                   "open leases (routed requests not yet reported or expired, and generate "
+      ->add_option("--router-max-open-bookings", options->node.node_caps.max_bookings,
+                   "open bookings (routed requests not yet reported or expired, and generate "
                    "requests in flight) over all partitions; a route beyond it is refused as "
                    "overloaded")
-      ->envname("KVR_ROUTER_MAX_OPEN_LEASES")
+      ->envname("KVR_ROUTER_MAX_OPEN_BOOKINGS")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{1}, actors::kMaxBookingCap));
   command
       ->add_option("--router-max-booked-blocks", options->node.node_caps.max_blocks,
-                   "prompt KV blocks over all open leases (each costs 27 to 47 bytes of memory "
-                   "until its lease ends); a route beyond it is refused as overloaded")
+                   "prompt KV blocks over all open bookings (each costs 27 to 47 bytes of memory "
+                   "until its booking ends); a route beyond it is refused as overloaded")
       ->envname("KVR_ROUTER_MAX_BOOKED_BLOCKS")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{1}, actors::kMaxBookingCap));
   command
-      ->add_option("--router-partition-max-open-leases", options->node.partition_caps.max_bookings,
-                   "open leases per partition (model and routing group); 0: only the node's cap")
-      ->envname("KVR_ROUTER_PARTITION_MAX_OPEN_LEASES")
+      ->add_option("--router-partition-max-open-bookings",
+                   options->node.partition_caps.max_bookings,
+                   "open bookings per partition (model and routing group); 0: only the node's cap")
+      ->envname("KVR_ROUTER_PARTITION_MAX_OPEN_BOOKINGS")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{0}, actors::kMaxBookingCap));
   command
       ->add_option("--router-partition-max-booked-blocks", options->node.partition_caps.max_blocks,
-                   "prompt KV blocks over a partition's open leases; 0: only the node's cap")
+                   "prompt KV blocks over a partition's open bookings; 0: only the node's cap")
       ->envname("KVR_ROUTER_PARTITION_MAX_BOOKED_BLOCKS")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{0}, actors::kMaxBookingCap));

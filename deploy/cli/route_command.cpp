@@ -60,10 +60,10 @@ std::string print_decision(const v1::RouteDecision& decision) {
   const auto& success = decision.success();
   return fmt::format(
       "request {}: worker {} rank {}\n  overlap blocks: device {} host {} disk {}\n"
-      "  lease {} (ttl {} ms)\n  policy {} total cost {}\n  generate subject {}",
+      "  booking {} (ttl {} ms)\n  policy {} total cost {}\n  generate subject {}",
       decision.request_id(), success.worker_id(), success.dp_rank(),
       success.device_overlap_blocks(), success.host_overlap_blocks(), success.disk_overlap_blocks(),
-      success.lease_id(), success.lease_ttl_ms(), success.policy(), success.total_cost(),
+      success.booking_id(), success.booking_ttl_ms(), success.policy(), success.total_cost(),
       success.generate_subject());
 }
 

@@ -74,8 +74,8 @@ std::expected<void, std::string> MockerOptions::validate() const {
     return std::unexpected("--data-parallel-size must be in [1, 64]");
   }
   if (model.empty()) return std::unexpected("--model must not be empty");
-  if (lease_ttl < std::chrono::milliseconds(100)) {
-    return std::unexpected("--lease-ttl-ms must be at least 100");
+  if (liveness_ttl < std::chrono::milliseconds(100)) {
+    return std::unexpected("--liveness-ttl-ms must be at least 100");
   }
   if (load_interval < std::chrono::milliseconds(1)) {
     return std::unexpected("--load-interval-ms must be at least 1");
@@ -392,7 +392,7 @@ std::expected<std::unique_ptr<MockerFleet>, std::string> MockerFleet::create(
                                 .max_num_batched_tokens = opts.engine.max_num_batched_tokens,
                                 .max_num_seqs = opts.engine.max_num_seqs,
                                 .publishes_kv_events = opts.publish_kv_events,
-                                .lease_ttl = opts.lease_ttl};
+                                .liveness_ttl = opts.liveness_ttl};
 
   std::random_device entropy;
   std::mt19937_64 random{(static_cast<std::uint64_t>(entropy()) << 32) ^ entropy()};
@@ -443,8 +443,8 @@ MockerStats MockerFleet::run(std::stop_token stop) {
   state.publish_heartbeats();
   state.publish_load();
   worker::PeriodicTimer heartbeat{
-      worker::heartbeat_interval(state.options.lease_ttl),
-      Clock::now() + worker::heartbeat_interval(state.options.lease_ttl)};
+      worker::heartbeat_interval(state.options.liveness_ttl),
+      Clock::now() + worker::heartbeat_interval(state.options.liveness_ttl)};
   worker::PeriodicTimer load{state.options.load_interval,
                              Clock::now() + state.options.load_interval};
 

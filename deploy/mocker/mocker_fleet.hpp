@@ -35,7 +35,7 @@ struct MockerOptions {
   /// false: publish no KV events (the router then predicts the cache: approximate mode).
   bool publish_kv_events = true;
   /// A worker missing heartbeats for this long is removed by routers.
-  std::chrono::milliseconds lease_ttl{3000};
+  std::chrono::milliseconds liveness_ttl{3000};
   /// How often each worker publishes LoadMetrics.
   std::chrono::milliseconds load_interval{100};
   /// Per-rank engine parameters.

@@ -44,7 +44,7 @@ enum class Phase : std::uint8_t { Waiting, Routing, Streaming, Done };
 struct LiveRequest {
   Phase phase = Phase::Waiting;
   Clock::time_point sent;
-  std::string lease_id;
+  std::string booking_id;
   std::string generate_subject;
   WorkerWithDpRank worker;
   bool first_token_seen = false;
@@ -163,10 +163,10 @@ struct LiveReplay::State {
   }
 
   // `cause`: for an abort, who is to blame (the router's passive health counts the worker's).
-  void report(std::size_t index, const std::string& lease_id, v1::LifecycleEvent event,
+  void report(std::size_t index, const std::string& booking_id, v1::LifecycleEvent event,
               std::string_view error = {}, v1::AbortCause cause = v1::ABORT_CAUSE_UNSPECIFIED) {
     v1::LifecycleReport report;
-    report.set_lease_id(lease_id);
+    report.set_booking_id(booking_id);
     report.set_event(event);
     report.set_error(std::string{error});
     report.set_abort_cause(cause);
@@ -180,7 +180,7 @@ struct LiveReplay::State {
     }
   }
 
-  // Stops a streaming request at its worker and releases its lease.
+  // Stops a streaming request at its worker and releases its booking.
   void abandon(std::size_t index, std::string_view why, v1::AbortCause cause) {
     LiveRequest& request = live[index];
     if (!request.generate_subject.empty()) {
@@ -188,7 +188,7 @@ struct LiveReplay::State {
       cancel.set_request_id(request_id(index));
       (void)client->publish(request.generate_subject + ".cancel", cancel.SerializeAsString());
     }
-    report(index, request.lease_id, v1::LIFECYCLE_EVENT_ABORTED, why, cause);
+    report(index, request.booking_id, v1::LIFECYCLE_EVENT_ABORTED, why, cause);
   }
 
   void dispatch(std::size_t index, Clock::time_point now) {
@@ -215,9 +215,9 @@ struct LiveReplay::State {
     v1::RouteDecision decision;
     const bool parsed = decision.ParseFromString(message.data);
     if (request.phase != Phase::Routing) {
-      // A decision that came after the request timed out: release its lease at once.
+      // A decision that came after the request timed out: release its booking at once.
       if (parsed && decision.has_success()) {
-        report(index, decision.success().lease_id(), v1::LIFECYCLE_EVENT_ABORTED,
+        report(index, decision.success().booking_id(), v1::LIFECYCLE_EVENT_ABORTED,
                "client timed out", v1::ABORT_CAUSE_CLIENT_CANCELLED);
       }
       return;
@@ -244,14 +244,14 @@ struct LiveReplay::State {
       return fail(index, "route: no router answered");
     }
     const v1::RouteSuccess& success = decision.success();
-    request.lease_id = success.lease_id();
+    request.booking_id = success.booking_id();
     request.generate_subject = success.generate_subject();
     request.worker = {success.worker_id(), success.dp_rank()};
     ++result.decisions_per_worker[success.worker_id()];
     policies.insert(success.policy());
     if (request.generate_subject.empty()) {
       ++result.worker_errors;
-      report(index, request.lease_id, v1::LIFECYCLE_EVENT_ABORTED, "no generate subject",
+      report(index, request.booking_id, v1::LIFECYCLE_EVENT_ABORTED, "no generate subject",
              v1::ABORT_CAUSE_WORKER_FAILED);
       return fail(index, "route: the decision names no generate subject");
     }
@@ -265,7 +265,7 @@ struct LiveReplay::State {
                                  generate.SerializeAsString())) {
       ++result.worker_errors;
       // The client's own connection failed, not the worker.
-      report(index, request.lease_id, v1::LIFECYCLE_EVENT_ABORTED, "dispatch failed",
+      report(index, request.booking_id, v1::LIFECYCLE_EVENT_ABORTED, "dispatch failed",
              v1::ABORT_CAUSE_CLIENT_CANCELLED);
       return fail(index, "generate: cannot dispatch to the worker");
     }
@@ -288,7 +288,7 @@ struct LiveReplay::State {
                                      ? std::string{"no worker subscribed to the generate subject"}
                                  : chunk.has_error() ? chunk.error().message()
                                                      : chunk.finish_reason();
-      report(index, request.lease_id, v1::LIFECYCLE_EVENT_ABORTED, reason,
+      report(index, request.booking_id, v1::LIFECYCLE_EVENT_ABORTED, reason,
              v1::ABORT_CAUSE_WORKER_FAILED);
       return fail(index, fmt::format("worker: {}", reason));
     }
@@ -297,11 +297,11 @@ struct LiveReplay::State {
       request.first_token_seen = true;
       request.first_token_ms = now_ms;
       request.cached_prompt_tokens = chunk.cached_prompt_tokens();
-      report(index, request.lease_id, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
+      report(index, request.booking_id, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
     }
     request.output_tokens += static_cast<std::uint64_t>(chunk.token_ids_size());
     if (!chunk.finished()) return;
-    report(index, request.lease_id, v1::LIFECYCLE_EVENT_COMPLETED);
+    report(index, request.booking_id, v1::LIFECYCLE_EVENT_COMPLETED);
     const simulation::TraceRequest& trace = (*requests)[index];
     simulation::RequestStats stats;
     stats.id = index;
@@ -592,7 +592,7 @@ std::expected<std::unique_ptr<LiveReplay>, std::string> LiveReplay::connect(
       last_problem = "undecodable RouteDecision";
     } else if (decision.has_success()) {
       v1::LifecycleReport release;
-      release.set_lease_id(decision.success().lease_id());
+      release.set_booking_id(decision.success().booking_id());
       release.set_event(v1::LIFECYCLE_EVENT_ABORTED);
       release.set_abort_cause(v1::ABORT_CAUSE_CLIENT_CANCELLED);
       (void)state->client->request(subjects::router_report(opts.ns), release.SerializeAsString(),

@@ -2,7 +2,7 @@
 // a NATS server) with a Mooncake trace in real time and measures what a client sees. Each request
 // is routed over NATS request/reply (kvr.<ns>.router.route), dispatched to the chosen worker's
 // generate subject, streamed back, and reported to the router (first token, completed, aborted)
-// against its lease. Plain C++ over NatsClient: NATS callbacks only stamp and queue messages; one
+// against its booking. Plain C++ over NatsClient: NATS callbacks only stamp and queue messages; one
 // driver thread (the caller of run) owns every request's state.
 #pragma once
 
@@ -83,7 +83,7 @@ struct LiveReplayResult {
   std::size_t worker_errors = 0;  ///< error or cancelled streams
   /// Arrivals that waited for the concurrency cap.
   std::size_t delayed_by_cap = 0;
-  /// Lifecycle reports the router refused (unknown lease) or did not acknowledge in time.
+  /// Lifecycle reports the router refused (unknown booking) or did not acknowledge in time.
   std::size_t reports_refused = 0;
   std::size_t reports_unacknowledged = 0;
 };
@@ -93,7 +93,7 @@ class LiveReplay {
  public:
   /// Connects, asks the workers to announce themselves (learning the fleet and its block size),
   /// and waits until the router answers a probe route request, pinned to an announced worker so
-  /// that it runs no policy choice (its lease is released at once).
+  /// that it runs no policy choice (its booking is released at once).
   /// The error says what is missing (NATS, workers, a router, agreement on the block size).
   static std::expected<std::unique_ptr<LiveReplay>, std::string> connect(LiveReplayOptions options);
 

@@ -84,7 +84,7 @@ std::uint32_t trace_index_of(std::string_view id) {
 }
 
 // The partition core's settings for a replay: the node's, with the replay's block size, seed and
-// classes, and bookings and worker leases that never expire (the simulated lifecycle reports
+// classes, and bookings and workers' liveness that never expire (the simulated lifecycle reports
 // every request).
 PartitionRouterOptions make_router_options(const ReplayOptions& options,
                                            const plugins::RouterPlugins& plugins) {
@@ -93,8 +93,8 @@ PartitionRouterOptions make_router_options(const ReplayOptions& options,
   router.options.router = options.router;
   router.options.router.block_size = options.engine.block_size;
   router.options.router.seed = options.seed;
-  router.options.lease_ttl = std::chrono::hours(24 * 365);
-  router.options.registration.max_lease_ttl = std::chrono::hours(24 * 365);
+  router.options.booking_ttl = std::chrono::hours(24 * 365);
+  router.options.registration.max_liveness_ttl = std::chrono::hours(24 * 365);
   router.affinity = options.session_affinity;
   const classifiers::PolicyClassConfig fallback =
       classifiers::default_policy_class(options.queue_threshold);
@@ -205,7 +205,7 @@ class PolicyRun {
       registration.total_kv_blocks = options_.engine.num_gpu_blocks;
       registration.max_num_batched_tokens = options_.engine.max_num_batched_tokens;
       registration.max_num_seqs = options_.engine.max_num_seqs;
-      registration.lease_ttl = std::chrono::hours(24 * 365);
+      registration.liveness_ttl = std::chrono::hours(24 * 365);
       router_.register_worker(std::move(registration), zero, effects_);
       KVR_CHECK(router_.gauges().workers == w + 1);
       // Workers report their (empty) load at start, as a live worker does.
@@ -250,7 +250,7 @@ class PolicyRun {
                                           std::nullopt);
       }
     }
-    // The node's tick: idle session bindings expire (bookings and worker leases never do here).
+    // The node's tick: idle session bindings expire (bookings and workers' liveness never do here).
     if (router_.affinity().enabled() && now - last_tick_ms_ >= kTickMs) {
       last_tick_ms_ = now;
       router_.tick(logical_time(now), effects_);

@@ -72,7 +72,7 @@ void WorkerPublisher::publish_registration(const WorkerInstance& worker,
   registration.set_max_num_batched_tokens(description.max_num_batched_tokens);
   registration.set_max_num_seqs(description.max_num_seqs);
   registration.set_publishes_kv_events(description.publishes_kv_events);
-  registration.set_lease_ttl_ms(static_cast<std::uint32_t>(description.lease_ttl.count()));
+  registration.set_liveness_ttl_ms(static_cast<std::uint32_t>(description.liveness_ttl.count()));
   registration.set_generate_subject(subjects::worker_generate(ns_, worker.id));
   registration.set_dump_subject(subjects::worker_dump(ns_, worker.id));
   publish(subjects::worker_register(ns_), registration);

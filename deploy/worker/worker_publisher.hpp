@@ -1,7 +1,7 @@
 // The worker side of kvr's NATS protocol (docs/protocol.md), shared by `kvr mocker` (many
 // simulated workers on one connection) and `kvr bridge` (one engine's worker): the worker's
 // subscriptions, its registration, heartbeats, load reports, KV event batches, answers to dump
-// requests and its deregistration, and the heartbeat cadence its lease asks for. What a worker
+// requests and its deregistration, and the heartbeat cadence its liveness asks for. What a worker
 // says is its owner's business; how it is said on the wire is this file's.
 #pragma once
 
@@ -50,13 +50,13 @@ struct WorkerDescription {
   /// false: the router predicts the worker's cache (approximate mode).
   bool publishes_kv_events = true;
   /// Routers remove a worker that has not been heard from for this long.
-  std::chrono::milliseconds lease_ttl{3000};
+  std::chrono::milliseconds liveness_ttl{3000};
 };
 
-/// How often a worker with lease `lease_ttl` heartbeats: three times per lease, so that one lost
-/// heartbeat never costs the lease.
-constexpr std::chrono::milliseconds heartbeat_interval(std::chrono::milliseconds lease_ttl) {
-  return lease_ttl / 3;
+/// How often a worker heartbeats: three times per `liveness_ttl`, so that one lost heartbeat never
+/// costs its liveness.
+constexpr std::chrono::milliseconds heartbeat_interval(std::chrono::milliseconds liveness_ttl) {
+  return liveness_ttl / 3;
 }
 
 /// A repeating deadline on a clock the caller reads (so tests and loops pass the time in).

@@ -16,7 +16,7 @@ std::expected<RegistrationChange, RegistrationError> WorkerCatalog::register_wor
     WorkerRegistration registration, std::chrono::steady_clock::time_point now) {
   auto validated = validate_registration(std::move(registration), limits_);
   if (!validated) return std::unexpected(validated.error());
-  const auto expires_at = now + validated->lease_ttl;
+  const auto expires_at = now + validated->liveness_ttl;
   const auto it = entries_.find(validated->worker_id);
   if (it == entries_.end()) {
     const WorkerId id = validated->worker_id;
@@ -24,7 +24,7 @@ std::expected<RegistrationChange, RegistrationError> WorkerCatalog::register_wor
     return RegistrationChange::added;
   }
   CatalogEntry& entry = it->second;
-  // Same process and same shape: a repeated announcement only renews the lease. Anything that
+  // Same process and same shape: a repeated announcement only renews the liveness. Anything that
   // changes what the index and load state were built for resets the worker.
   const WorkerRegistration& known = entry.registration;
   const bool same_shape = known.incarnation == validated->incarnation &&
@@ -33,7 +33,7 @@ std::expected<RegistrationChange, RegistrationError> WorkerCatalog::register_wor
                           known.block_size == validated->block_size &&
                           known.publishes_kv_events == validated->publishes_kv_events;
   entry.registration = std::move(*validated);
-  entry.lease_expires_at = expires_at;
+  entry.liveness_expires_at = expires_at;
   return same_shape ? RegistrationChange::refreshed : RegistrationChange::restarted;
 }
 
@@ -44,7 +44,7 @@ std::expected<void, CatalogError> WorkerCatalog::heartbeat(
   if (it->second.registration.incarnation != incarnation) {
     return std::unexpected(CatalogError::stale_incarnation);
   }
-  it->second.lease_expires_at = now + it->second.registration.lease_ttl;
+  it->second.liveness_expires_at = now + it->second.registration.liveness_ttl;
   return {};
 }
 
@@ -61,15 +61,15 @@ std::expected<void, CatalogError> WorkerCatalog::deregister(WorkerId worker_id,
 
 void WorkerCatalog::expire(std::chrono::steady_clock::time_point now,
                            std::vector<WorkerId>& expired) {
-  if (leases_held_) {
+  if (liveness_held_) {
     for (auto& [id, entry] : entries_) {
-      if (entry.lease_expires_at <= now) entry.lease_held_over = true;
+      if (entry.liveness_expires_at <= now) entry.liveness_held_over = true;
     }
     return;
   }
-  // Linear in the fleet; it runs on a timer a few times per lease, not per request.
+  // Linear in the fleet; it runs on a timer a few times per liveness TTL, not per request.
   for (auto it = entries_.begin(); it != entries_.end();) {
-    if (it->second.lease_expires_at <= now) {
+    if (it->second.liveness_expires_at <= now) {
       expired.push_back(it->first);
       entries_.erase(it++);
     } else {
@@ -78,16 +78,16 @@ void WorkerCatalog::expire(std::chrono::steady_clock::time_point now,
   }
 }
 
-LeaseGrace WorkerCatalog::release_leases(std::chrono::steady_clock::time_point now) {
-  leases_held_ = false;
-  LeaseGrace grace;
+LivenessGrace WorkerCatalog::resume_liveness(std::chrono::steady_clock::time_point now) {
+  liveness_held_ = false;
+  LivenessGrace grace;
   for (auto& [id, entry] : entries_) {
-    // A heartbeat that raced ahead of the reconnect's news does not hide that the lease ran out.
-    if (entry.lease_held_over || entry.lease_expires_at <= now) ++grace.held_over;
-    entry.lease_held_over = false;
-    const auto renewed_until = now + entry.registration.lease_ttl;
-    if (entry.lease_expires_at >= renewed_until) continue;
-    entry.lease_expires_at = renewed_until;
+    // A heartbeat that raced ahead of the reconnect's news does not hide that the liveness ran out.
+    if (entry.liveness_held_over || entry.liveness_expires_at <= now) ++grace.held_over;
+    entry.liveness_held_over = false;
+    const auto renewed_until = now + entry.registration.liveness_ttl;
+    if (entry.liveness_expires_at >= renewed_until) continue;
+    entry.liveness_expires_at = renewed_until;
     ++grace.renewed;
   }
   return grace;

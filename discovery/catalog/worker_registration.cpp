@@ -79,11 +79,13 @@ std::expected<WorkerRegistration, RegistrationError> validate_registration(
       return bad("taints", "empty or overlong taint");
     }
   }
-  if (registration.lease_ttl.count() == 0) registration.lease_ttl = limits.default_lease_ttl;
-  if (registration.lease_ttl < limits.min_lease_ttl ||
-      registration.lease_ttl > limits.max_lease_ttl) {
-    return bad("lease_ttl_ms", "outside [" + std::to_string(limits.min_lease_ttl.count()) + ", " +
-                                   std::to_string(limits.max_lease_ttl.count()) + "] ms");
+  if (registration.liveness_ttl.count() == 0)
+    registration.liveness_ttl = limits.default_liveness_ttl;
+  if (registration.liveness_ttl < limits.min_liveness_ttl ||
+      registration.liveness_ttl > limits.max_liveness_ttl) {
+    return bad("liveness_ttl_ms", "outside [" + std::to_string(limits.min_liveness_ttl.count()) +
+                                      ", " + std::to_string(limits.max_liveness_ttl.count()) +
+                                      "] ms");
   }
   return registration;
 }
@@ -105,13 +107,14 @@ std::expected<WorkerRegistration, RegistrationError> registration_from_proto(
   registration.max_num_batched_tokens = wire.max_num_batched_tokens();
   registration.max_num_seqs = wire.max_num_seqs();
   registration.publishes_kv_events = wire.publishes_kv_events();
-  // Absent: the router's default. An explicit 0 is no lease at all (a worker that would expire
+  // Absent: the router's default. An explicit 0 is no liveness at all (a worker that would expire
   // at once), so it is refused rather than read as the default.
-  if (wire.has_lease_ttl_ms() && wire.lease_ttl_ms() == 0) {
-    return bad("lease_ttl_ms", "0 is not a lease; leave the field out for the default of " +
-                                   std::to_string(limits.default_lease_ttl.count()) + " ms");
+  if (wire.has_liveness_ttl_ms() && wire.liveness_ttl_ms() == 0) {
+    return bad("liveness_ttl_ms",
+               "0 is not a liveness TTL; leave the field out for the default of " +
+                   std::to_string(limits.default_liveness_ttl.count()) + " ms");
   }
-  registration.lease_ttl = std::chrono::milliseconds(wire.lease_ttl_ms());
+  registration.liveness_ttl = std::chrono::milliseconds(wire.liveness_ttl_ms());
   registration.generate_subject = wire.generate_subject();
   registration.dump_subject = wire.dump_subject();
   return validate_registration(std::move(registration), limits);

@@ -27,7 +27,7 @@ struct WorkerRegistration {
   std::uint32_t max_num_batched_tokens = 0;
   std::uint32_t max_num_seqs = 0;
   bool publishes_kv_events = true;  ///< false: the index predicts the cache (approximate mode)
-  std::chrono::milliseconds lease_ttl{0};
+  std::chrono::milliseconds liveness_ttl{0};
   std::string generate_subject;
   std::string dump_subject;
 
@@ -41,9 +41,9 @@ struct RegistrationLimits {
   std::uint32_t max_data_parallel_size = 1024;
   std::size_t max_taints = 64;
   std::size_t max_string_length = 256;
-  std::chrono::milliseconds default_lease_ttl{10'000};  ///< used when the worker sends 0
-  std::chrono::milliseconds min_lease_ttl{100};
-  std::chrono::milliseconds max_lease_ttl{600'000};
+  std::chrono::milliseconds default_liveness_ttl{10'000};  ///< used when the worker sends 0
+  std::chrono::milliseconds min_liveness_ttl{100};
+  std::chrono::milliseconds max_liveness_ttl{600'000};
 };
 
 /// A rejected registration: the field at fault and why.
@@ -57,7 +57,7 @@ struct RegistrationError {
   friend bool operator==(const RegistrationError&, const RegistrationError&) = default;
 };
 
-/// Checks a registration against the limits; returns it with defaults applied (lease TTL).
+/// Checks a registration against the limits; returns it with defaults applied (liveness TTL).
 std::expected<WorkerRegistration, RegistrationError> validate_registration(
     WorkerRegistration registration, const RegistrationLimits& limits);
 

@@ -188,7 +188,7 @@ void PredictedLoad::shrink_ledger_when_sparse() {
       capacity >= kMinShrinkCapacity && active_blocks_.size() < capacity / 4) {
     active_blocks_.rehash(0);
   }
-  // The same for the bookings themselves (about 100 bytes a slot): a flood of small leases.
+  // The same for the bookings themselves (about 100 bytes a slot): a flood of small bookings.
   if (const std::size_t capacity = bookings_.capacity();
       capacity >= kMinShrinkCapacity && bookings_.size() < capacity / 4) {
     bookings_.rehash(0);

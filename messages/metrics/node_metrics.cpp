@@ -39,20 +39,26 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
      MetricType::Gauge,
      "Prompt blocks over the open bookings, by partition (the booked-blocks caps count them).",
      {}},
-    {N::kLeaseCapRefusals,
+    {N::kBookingCapRefusals,
      MetricType::Counter,
-     "Routes refused (overloaded) by a cap on open leases or booked blocks, by scope (node, "
-     "partition) and cap (leases, blocks).",
+     "Routes refused (overloaded) by a cap on open bookings or booked blocks, by scope (node, "
+     "partition) and cap (bookings, blocks).",
      {}},
-    {N::kLeasesOpen, MetricType::Gauge, "Leases in the reservation ledger.", {}},
-    {N::kLeasesExpired, MetricType::Counter, "Leases ended by expiry (never reported).", {}},
+    {N::kRouteBookingsOpen,
+     MetricType::Gauge,
+     "Route-mode bookings in the reservation ledger.",
+     {}},
+    {N::kRouteBookingsExpired,
+     MetricType::Counter,
+     "Route-mode bookings ended by expiry (never reported).",
+     {}},
     {N::kBookingsRolledBack,
      MetricType::Counter,
      "Bookings released because their decision could not be delivered.",
      {}},
     {N::kLifecycleReports,
      MetricType::Counter,
-     "Lifecycle reports, by event and whether a lease accepted them.",
+     "Lifecycle reports, by event and whether a booking accepted them.",
      {}},
     {N::kBadMessages,
      MetricType::Counter,
@@ -79,12 +85,13 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
      {}},
     {N::kWorkerExpiriesSuppressed,
      MetricType::Counter,
-     "Worker leases that ran out while the node's own NATS connection was down, held instead of "
+     "Workers' liveness that ran out while the node's own NATS connection was down, held instead "
+     "of "
      "expired (counted at the reconnect), by partition.",
      {}},
-    {N::kWorkerLeaseGrants,
+    {N::kWorkerLivenessGrants,
      MetricType::Counter,
-     "Worker leases renewed to one TTL from a NATS reconnect (grace periods), by partition.",
+     "Workers' liveness renewed to one TTL from a NATS reconnect (grace periods), by partition.",
      {}},
     {N::kKvEventGaps, MetricType::Counter, "KV event batches that skipped event ids.", {}},
     {N::kKvDumpRequests,
@@ -175,11 +182,11 @@ void NodeMetrics::describe(MetricsRegistry& registry) {
                       std::vector<double>(family.buckets.begin(), family.buckets.end()));
   }
   NodeMetrics metrics{registry};
-  metrics.leases_open().set(0);
+  metrics.route_bookings_open().set(0);
   metrics.nats_reconnects().add(0);
   for (const std::string_view scope : {"node", "partition"}) {
-    for (const std::string_view cap : {"leases", "blocks"}) {
-      metrics.lease_cap_refusals(scope, cap).add(0);
+    for (const std::string_view cap : {"bookings", "blocks"}) {
+      metrics.booking_cap_refusals(scope, cap).add(0);
     }
   }
 }
@@ -204,8 +211,8 @@ ValueHandle NodeMetrics::route_errors(Error code) const {
   return counter(kRouteErrors, "code", as_str(code));
 }
 HistogramHandle NodeMetrics::route_latency() const { return registry_->histogram(kRouteLatency); }
-ValueHandle NodeMetrics::leases_open() const { return gauge(kLeasesOpen); }
-ValueHandle NodeMetrics::leases_expired() const { return counter(kLeasesExpired); }
+ValueHandle NodeMetrics::route_bookings_open() const { return gauge(kRouteBookingsOpen); }
+ValueHandle NodeMetrics::route_bookings_expired() const { return counter(kRouteBookingsExpired); }
 ValueHandle NodeMetrics::bookings_rolled_back() const { return counter(kBookingsRolledBack); }
 ValueHandle NodeMetrics::lifecycle_reports(std::string_view event, bool accepted) const {
   return registry_->counter(kLifecycleReports, {{"event", std::string{event}},
@@ -221,8 +228,8 @@ ValueHandle NodeMetrics::bookings_open(std::string_view partition) const {
 ValueHandle NodeMetrics::booked_blocks(std::string_view partition) const {
   return gauge(kBookedBlocks, "partition", partition);
 }
-ValueHandle NodeMetrics::lease_cap_refusals(std::string_view scope, std::string_view cap) const {
-  return registry_->counter(kLeaseCapRefusals,
+ValueHandle NodeMetrics::booking_cap_refusals(std::string_view scope, std::string_view cap) const {
+  return registry_->counter(kBookingCapRefusals,
                             {{"scope", std::string{scope}}, {"cap", std::string{cap}}});
 }
 ValueHandle NodeMetrics::workers(std::string_view partition) const {
@@ -244,8 +251,8 @@ ValueHandle NodeMetrics::workers_expired(std::string_view partition) const {
 ValueHandle NodeMetrics::worker_expiries_suppressed(std::string_view partition) const {
   return counter(kWorkerExpiriesSuppressed, "partition", partition);
 }
-ValueHandle NodeMetrics::worker_lease_grants(std::string_view partition) const {
-  return counter(kWorkerLeaseGrants, "partition", partition);
+ValueHandle NodeMetrics::worker_liveness_grants(std::string_view partition) const {
+  return counter(kWorkerLivenessGrants, "partition", partition);
 }
 ValueHandle NodeMetrics::worker_messages_refused(std::string_view partition,
                                                  std::string_view kind) const {

@@ -33,20 +33,20 @@ class NodeMetrics {
   static constexpr std::string_view kRouteDecisions = "kvr_route_decisions_total";
   static constexpr std::string_view kRouteErrors = "kvr_route_errors_total";
   static constexpr std::string_view kRouteLatency = "kvr_route_latency_seconds";
-  static constexpr std::string_view kLeasesOpen = "kvr_leases_open";
-  static constexpr std::string_view kLeasesExpired = "kvr_leases_expired_total";
+  static constexpr std::string_view kRouteBookingsOpen = "kvr_route_bookings_open";
+  static constexpr std::string_view kRouteBookingsExpired = "kvr_route_bookings_expired_total";
   static constexpr std::string_view kBookingsRolledBack = "kvr_bookings_rolled_back_total";
   static constexpr std::string_view kLifecycleReports = "kvr_lifecycle_reports_total";
   // Partitions (the selectors).
   static constexpr std::string_view kSelectionLatency = "kvr_selection_latency_seconds";
   static constexpr std::string_view kBookingsOpen = "kvr_bookings_open";
   static constexpr std::string_view kBookedBlocks = "kvr_booked_blocks";
-  static constexpr std::string_view kLeaseCapRefusals = "kvr_lease_cap_refusals_total";
+  static constexpr std::string_view kBookingCapRefusals = "kvr_booking_cap_refusals_total";
   static constexpr std::string_view kWorkers = "kvr_workers";
   static constexpr std::string_view kWorkersExpired = "kvr_workers_expired_total";
   static constexpr std::string_view kWorkerExpiriesSuppressed =
       "kvr_worker_expiries_suppressed_total";
-  static constexpr std::string_view kWorkerLeaseGrants = "kvr_worker_lease_grants_total";
+  static constexpr std::string_view kWorkerLivenessGrants = "kvr_worker_liveness_grants_total";
   static constexpr std::string_view kWorkerMessagesRefused = "kvr_worker_messages_refused_total";
   static constexpr std::string_view kIndexBlocks = "kvr_index_blocks";
   static constexpr std::string_view kKvEventGaps = "kvr_kv_event_gaps_total";
@@ -89,8 +89,8 @@ class NodeMetrics {
   static std::span<const NodeMetricFamily> families();
 
   /// Declares every family in `registry` (help text, type, histogram buckets) and the series that
-  /// show from the start (kvr_leases_open, kvr_nats_reconnects_total and
-  /// kvr_lease_cap_refusals_total at 0).
+  /// show from the start (kvr_route_bookings_open, kvr_nats_reconnects_total and
+  /// kvr_booking_cap_refusals_total at 0).
   static void describe(MetricsRegistry& registry);
 
   explicit NodeMetrics(MetricsRegistry& registry) : registry_(&registry) {}
@@ -103,10 +103,10 @@ class NodeMetrics {
   /// Requests answered with an error, labelled with the error's as_str() ("no_workers").
   ValueHandle route_errors(Error code) const;
   HistogramHandle route_latency() const;
-  ValueHandle leases_open() const;
-  ValueHandle leases_expired() const;
+  ValueHandle route_bookings_open() const;
+  ValueHandle route_bookings_expired() const;
   ValueHandle bookings_rolled_back() const;
-  /// Lifecycle reports by event ("first_token", ...) and whether a lease accepted them.
+  /// Lifecycle reports by event ("first_token", ...) and whether a booking accepted them.
   ValueHandle lifecycle_reports(std::string_view event, bool accepted) const;
 
   // ---- partitions (label `partition`: "model/routing group") ------------------------------------
@@ -114,16 +114,16 @@ class NodeMetrics {
   ValueHandle bookings_open(std::string_view partition) const;
   /// Prompt blocks over a partition's open bookings (what the booked-blocks caps count).
   ValueHandle booked_blocks(std::string_view partition) const;
-  /// Routes refused by a cap on open bookings, by `scope` (node, partition) and `cap` (leases,
+  /// Routes refused by a cap on open bookings, by `scope` (node, partition) and `cap` (bookings,
   /// blocks).
-  ValueHandle lease_cap_refusals(std::string_view scope, std::string_view cap) const;
+  ValueHandle booking_cap_refusals(std::string_view scope, std::string_view cap) const;
   ValueHandle workers(std::string_view partition) const;
   ValueHandle workers_expired(std::string_view partition) const;
-  /// Worker leases that ran out while the node's own NATS connection was down and were held
+  /// Workers' liveness that ran out while the node's own NATS connection was down and were held
   /// instead of expired (counted at the reconnect).
   ValueHandle worker_expiries_suppressed(std::string_view partition) const;
-  /// Worker leases renewed to one TTL from a NATS reconnect: the grace periods granted.
-  ValueHandle worker_lease_grants(std::string_view partition) const;
+  /// Workers' liveness renewed to one TTL from a NATS reconnect: the grace periods granted.
+  ValueHandle worker_liveness_grants(std::string_view partition) const;
   /// Worker messages a partition refused, by kind ("registration", "heartbeat", ...).
   ValueHandle worker_messages_refused(std::string_view partition, std::string_view kind) const;
   ValueHandle index_blocks(std::string_view partition) const;

@@ -10,8 +10,8 @@ namespace kvr {
 
 std::string_view as_str(BookingError error) {
   switch (error) {
-    case BookingError::unknown_lease:
-      return "unknown_lease";
+    case BookingError::unknown_booking:
+      return "unknown_booking";
     case BookingError::first_token_repeated:
       return "first_token_repeated";
     case BookingError::already_ended:
@@ -22,22 +22,22 @@ std::string_view as_str(BookingError error) {
 
 namespace {
 
-// The open booking under `counter` if its id is exactly `lease_id` ("n-07" is not "n-7"), else
+// The open booking under `counter` if its id is exactly `booking_id` ("n-07" is not "n-7"), else
 // end(); for the ledger's map, const or not.
 template <class Bookings>
 auto find_exact(Bookings& bookings, std::optional<std::uint64_t> counter,
-                std::string_view lease_id) {
+                std::string_view booking_id) {
   const auto it = counter ? bookings.find(*counter) : bookings.end();
-  return it != bookings.end() && it->second.lease_id == lease_id ? it : bookings.end();
+  return it != bookings.end() && it->second.booking_id == booking_id ? it : bookings.end();
 }
 
 }  // namespace
 
 BookingLedger::BookingLedger(std::string id_prefix) : id_prefix_(std::move(id_prefix) + '-') {}
 
-std::optional<std::uint64_t> BookingLedger::counter_of(std::string_view lease_id) const {
-  if (!lease_id.starts_with(id_prefix_)) return std::nullopt;
-  const std::string_view digits = lease_id.substr(id_prefix_.size());
+std::optional<std::uint64_t> BookingLedger::counter_of(std::string_view booking_id) const {
+  if (!booking_id.starts_with(id_prefix_)) return std::nullopt;
+  const std::string_view digits = booking_id.substr(id_prefix_.size());
   std::uint64_t counter = 0;
   const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), counter);
   if (error != std::errc{} || end != digits.data() + digits.size()) return std::nullopt;
@@ -48,28 +48,28 @@ std::string BookingLedger::open(plugins::worker_selection::RoutingPartition part
                                 std::string request_id, WorkerWithDpRank worker,
                                 std::chrono::steady_clock::time_point expires_at) {
   const std::uint64_t counter = next_id_++;
-  std::string lease_id = fmt::format("{}{}", id_prefix_, counter);
-  bookings_.emplace(counter, Booking{.lease_id = lease_id,
+  std::string booking_id = fmt::format("{}{}", id_prefix_, counter);
+  bookings_.emplace(counter, Booking{.booking_id = booking_id,
                                      .partition = std::move(partition),
                                      .request_id = std::move(request_id),
                                      .worker = worker,
                                      .expires_at = expires_at});
   expiries_.emplace_back(expires_at, counter);
   std::ranges::push_heap(expiries_, std::greater{});
-  return lease_id;
+  return booking_id;
 }
 
-const Booking* BookingLedger::find(std::string_view lease_id) const {
-  const auto it = find_exact(bookings_, counter_of(lease_id), lease_id);
+const Booking* BookingLedger::find(std::string_view booking_id) const {
+  const auto it = find_exact(bookings_, counter_of(booking_id), booking_id);
   return it == bookings_.end() ? nullptr : &it->second;
 }
 
-std::expected<Booking, BookingError> BookingLedger::first_token(std::string_view lease_id) {
-  const auto counter = counter_of(lease_id);
-  const auto it = find_exact(bookings_, counter, lease_id);
+std::expected<Booking, BookingError> BookingLedger::first_token(std::string_view booking_id) {
+  const auto counter = counter_of(booking_id);
+  const auto it = find_exact(bookings_, counter, booking_id);
   if (it == bookings_.end()) {
     return std::unexpected(counter && ended_.contains(*counter) ? BookingError::already_ended
-                                                                : BookingError::unknown_lease);
+                                                                : BookingError::unknown_booking);
   }
   Booking* booking = &it->second;
   if (booking->first_token_reported) return std::unexpected(BookingError::first_token_repeated);
@@ -77,9 +77,9 @@ std::expected<Booking, BookingError> BookingLedger::first_token(std::string_view
   return *booking;
 }
 
-std::expected<Booking, BookingError> BookingLedger::close(std::string_view lease_id) {
-  const auto it = find_exact(bookings_, counter_of(lease_id), lease_id);
-  if (it == bookings_.end()) return std::unexpected(BookingError::unknown_lease);
+std::expected<Booking, BookingError> BookingLedger::close(std::string_view booking_id) {
+  const auto it = find_exact(bookings_, counter_of(booking_id), booking_id);
+  if (it == bookings_.end()) return std::unexpected(BookingError::unknown_booking);
   Booking booking = std::move(it->second);
   ended_order_.push_back(it->first);
   ended_.insert(it->first);

@@ -1,7 +1,7 @@
-// The booking ledger of route mode: lease id (a booking's id as the client holds it, the
-// RouteDecision's `lease_id`) → (partition, request id, worker, expiry), so that a lifecycle report
-// finds the selector holding its booking, and every booking is ended exactly once (report, rollback
-// or expiry). Owned by the reservation actor; plain C++ with the time passed in.
+// The booking ledger of route mode: booking id (a booking's id as the client holds it, the
+// RouteDecision's `booking_id`) → (partition, request id, worker, expiry), so that a lifecycle
+// report finds the selector holding its booking, and every booking is ended exactly once (report,
+// rollback or expiry). Owned by the reservation actor; plain C++ with the time passed in.
 #pragma once
 
 #include <chrono>
@@ -24,8 +24,8 @@ namespace kvr {
 
 /// One open booking: a routed request's claim on its worker, until reported or expired.
 struct Booking {
-  /// The booking's id on the wire (RouteDecision and LifecycleReport `lease_id`).
-  std::string lease_id;
+  /// The booking's id on the wire (RouteDecision and LifecycleReport `booking_id`).
+  std::string booking_id;
   plugins::worker_selection::RoutingPartition partition;
   std::string request_id;
   WorkerWithDpRank worker;
@@ -35,21 +35,21 @@ struct Booking {
 
 /// Why a report could not be applied to a booking.
 enum class BookingError : std::uint8_t {
-  unknown_lease,         ///< never issued, already ended, or expired
+  unknown_booking,       ///< never issued, already ended, or expired
   first_token_repeated,  ///< the first token of this booking was already reported
   already_ended,         ///< a first token for a booking its completion or abort ended just before
 };
 
-/// "unknown_lease", "first_token_repeated" or "already_ended".
+/// "unknown_booking", "first_token_repeated" or "already_ended".
 std::string_view as_str(BookingError error);
 
 /// Open bookings by id, with an expiry order.
 class BookingLedger {
  public:
-  /// Lease ids are "<id_prefix>-<counter>"; give each node (and each start) its own prefix.
+  /// Booking ids are "<id_prefix>-<counter>"; give each node (and each start) its own prefix.
   explicit BookingLedger(std::string id_prefix);
 
-  /// Records a booked request and returns its new lease id.
+  /// Records a booked request and returns its new booking id.
   std::string open(plugins::worker_selection::RoutingPartition partition, std::string request_id,
                    WorkerWithDpRank worker, std::chrono::steady_clock::time_point expires_at);
 
@@ -57,11 +57,11 @@ class BookingLedger {
   /// with already_ended for one of the last kRecentlyEnded bookings close() ended: reports travel
   /// independently (in a cluster, through different nodes), so a completion may overtake its
   /// first token.
-  std::expected<Booking, BookingError> first_token(std::string_view lease_id);
+  std::expected<Booking, BookingError> first_token(std::string_view booking_id);
 
   /// Ends the booking (completed, aborted, or rolled back) and returns it; the caller releases
   /// it at its selector. Fails when the booking is unknown, so one is never released twice.
-  std::expected<Booking, BookingError> close(std::string_view lease_id);
+  std::expected<Booking, BookingError> close(std::string_view booking_id);
 
   /// Ends the bookings whose expiry is at or before `now`, the earliest first and at most `limit`
   /// of them, and returns them.
@@ -69,7 +69,7 @@ class BookingLedger {
                               std::size_t limit = std::numeric_limits<std::size_t>::max());
 
   /// The open booking with this id, or nullptr.
-  const Booking* find(std::string_view lease_id) const;
+  const Booking* find(std::string_view booking_id) const;
 
   std::size_t size() const { return bookings_.size(); }
 
@@ -79,7 +79,7 @@ class BookingLedger {
  private:
   // Bookings are keyed by their counter: an id is "<prefix>-<counter>", so a lookup parses the
   // counter back instead of hashing and comparing strings.
-  std::optional<std::uint64_t> counter_of(std::string_view lease_id) const;
+  std::optional<std::uint64_t> counter_of(std::string_view booking_id) const;
   // Drops heap entries of bookings that already ended once they outnumber the open bookings.
   void compact_expiries();
 

@@ -4,7 +4,7 @@
 
 namespace kvr::cluster {
 
-std::string cluster_lease_prefix(std::uint64_t incarnation) {
+std::string booking_id_prefix(std::uint64_t incarnation) {
   char digits[16];
   const auto end = std::to_chars(digits, digits + sizeof digits, incarnation, 16).ptr;
   const auto length = static_cast<std::size_t>(end - digits);
@@ -13,8 +13,8 @@ std::string cluster_lease_prefix(std::uint64_t incarnation) {
   return prefix;
 }
 
-ForwardTable::ForwardTable(std::string node_id, std::string lease_prefix)
-    : node_id_(std::move(node_id)), lease_prefix_(std::move(lease_prefix)) {}
+ForwardTable::ForwardTable(std::string node_id, std::string booking_id_prefix)
+    : node_id_(std::move(node_id)), booking_id_prefix_(std::move(booking_id_prefix)) {}
 
 void ForwardTable::apply(std::span<const OwnedPartition> owned,
                          const std::map<std::string, PartitionOwner>& elsewhere,
@@ -23,10 +23,10 @@ void ForwardTable::apply(std::span<const OwnedPartition> owned,
   for (const auto& partition : owned) owned_.insert(partition.partition);
   owner_by_partition_.clear();
   for (const auto& [partition, owner] : elsewhere) owner_by_partition_[partition] = owner.node_id;
-  node_by_lease_prefix_.clear();
+  node_by_booking_id_prefix_.clear();
   address_by_node_.clear();
   for (const auto& member : members) {
-    node_by_lease_prefix_[cluster_lease_prefix(member.incarnation)] = member.node_id;
+    node_by_booking_id_prefix_[booking_id_prefix(member.incarnation)] = member.node_id;
     address_by_node_[member.node_id] = member.address;
   }
 }
@@ -58,12 +58,13 @@ ForwardDecision ForwardTable::generate(const std::string& partition) const {
   return ForwardDecision::serve_here();
 }
 
-ForwardDecision ForwardTable::report(std::string_view lease_id, int views_waited) const {
-  const auto dash = lease_id.find('-');
+ForwardDecision ForwardTable::report(std::string_view booking_id, int views_waited) const {
+  const auto dash = booking_id.find('-');
   if (dash != std::string_view::npos) {
-    const std::string prefix{lease_id.substr(0, dash)};
-    if (prefix == lease_prefix_) return ForwardDecision::serve_here();
-    if (const auto node = node_by_lease_prefix_.find(prefix); node != node_by_lease_prefix_.end()) {
+    const std::string prefix{booking_id.substr(0, dash)};
+    if (prefix == booking_id_prefix_) return ForwardDecision::serve_here();
+    if (const auto node = node_by_booking_id_prefix_.find(prefix);
+        node != node_by_booking_id_prefix_.end()) {
       if (node->second == node_id_) return ForwardDecision::serve_here();
       return ForwardDecision::forward(node->second, address_of(node->second));
     }

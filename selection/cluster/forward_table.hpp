@@ -24,7 +24,7 @@ inline constexpr int kMaxViewWaits = 3;
 
 /// The lease-id prefix of a node's leases in cluster mode: its incarnation, 16 lower-case hex
 /// digits. A cluster lease id is "<prefix>-<rest>".
-std::string cluster_lease_prefix(std::uint64_t incarnation);
+std::string booking_id_prefix(std::uint64_t incarnation);
 
 /// Where one request goes.
 struct ForwardDecision {
@@ -55,9 +55,9 @@ class ForwardTable {
  public:
   /// An empty table: it owns nothing and knows no member, so every route request waits.
   ForwardTable() = default;
-  /// `node_id` is this node's member id; `lease_prefix` the prefix of its own lease ids
-  /// (cluster_lease_prefix of its incarnation): both are served here whatever a view says.
-  ForwardTable(std::string node_id, std::string lease_prefix);
+  /// `node_id` is this node's member id; `booking_id_prefix` the prefix of its own booking ids
+  /// (booking_id_prefix of its incarnation): both are served here whatever a view says.
+  ForwardTable(std::string node_id, std::string booking_id_prefix);
 
   /// Replaces the table's picture with one view: the partitions this node owns, the owner of each
   /// partition leased elsewhere, and the live members (their lease prefixes and addresses).
@@ -79,7 +79,7 @@ class ForwardTable {
   /// forwarded to the member whose incarnation the prefix names, otherwise (a node not in the
   /// last view, or not a cluster lease id) held for the next view until kMaxViewWaits views went
   /// by, then served here (final; this node's reservation actor answers it).
-  ForwardDecision report(std::string_view lease_id, int views_waited) const;
+  ForwardDecision report(std::string_view booking_id, int views_waited) const;
 
   /// Whether a request already routed (and refused as not the owner's, or never sent because its
   /// owner could not be reached) may wait for another view after `views_waited`.
@@ -97,11 +97,11 @@ class ForwardTable {
   std::optional<std::string> remote_owner(const std::string& partition) const;
 
   std::string node_id_;
-  std::string lease_prefix_;
+  std::string booking_id_prefix_;
   std::set<std::string> owned_;
   // Owner node ids of the partitions leased elsewhere (possibly this node, by a stale record).
   std::map<std::string, std::string> owner_by_partition_;
-  std::map<std::string, std::string> node_by_lease_prefix_;
+  std::map<std::string, std::string> node_by_booking_id_prefix_;
   std::map<std::string, std::string> address_by_node_;
 };
 

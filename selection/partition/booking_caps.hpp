@@ -1,5 +1,5 @@
-// Caps on what open bookings (route-mode leases and generate requests in flight) may hold, so that
-// clients that route and never report cannot grow a node's memory without bound: each booking
+// Caps on what open bookings (route-mode bookings and generate requests in flight) may hold, so
+// that clients that route and never report cannot grow a node's memory without bound: each booking
 // keeps its prompt's block hashes until it ends (docs/protocol.md gives the bytes per block).
 // A partition's selector counts its own bookings; the node's selectors share one NodeBookingTotals
 // (atomics), so a node-wide cap holds across partitions. Plain C++; the selector state checks the
@@ -17,7 +17,7 @@ namespace kvr {
 
 /// Limits on open bookings; 0: no limit.
 struct BookingCaps {
-  std::uint64_t max_bookings = 0;  ///< open bookings (leases)
+  std::uint64_t max_bookings = 0;  ///< open bookings
   std::uint64_t max_blocks = 0;    ///< prompt blocks over all open bookings
 
   friend bool operator==(const BookingCaps&, const BookingCaps&) = default;
@@ -25,21 +25,22 @@ struct BookingCaps {
 
 /// Which cap refused a route.
 enum class BookingCapKind : std::uint8_t {
-  node_leases,
+  node_bookings,
   node_blocks,
-  partition_leases,
+  partition_bookings,
   partition_blocks,
 };
 
 /// "node" or "partition".
 constexpr std::string_view cap_scope(BookingCapKind kind) {
-  return kind == BookingCapKind::node_leases || kind == BookingCapKind::node_blocks ? "node"
-                                                                                    : "partition";
+  return kind == BookingCapKind::node_bookings || kind == BookingCapKind::node_blocks ? "node"
+                                                                                      : "partition";
 }
-/// "leases" or "blocks".
+/// "bookings" or "blocks".
 constexpr std::string_view cap_resource(BookingCapKind kind) {
-  return kind == BookingCapKind::node_leases || kind == BookingCapKind::partition_leases ? "leases"
-                                                                                         : "blocks";
+  return kind == BookingCapKind::node_bookings || kind == BookingCapKind::partition_bookings
+             ? "bookings"
+             : "blocks";
 }
 
 /// The open bookings of every selector of a node, and the node's caps. Shared by the selectors

@@ -401,14 +401,14 @@ void PartitionRouter::wake(TimePoint now, PartitionEffects& out) {
 
 void PartitionRouter::set_link(bool connected, TimePoint now, PartitionEffects& out) {
   if (!connected) {
-    selector_.hold_leases();
+    selector_.hold_liveness();
     return;
   }
-  const discovery::LeaseGrace grace = selector_.release_leases(now);
+  const discovery::LivenessGrace grace = selector_.resume_liveness(now);
   const discovery::WorkerCatalog& catalog = selector_.partition_workers().catalog();
   for (const auto& [id, entry] : catalog.entries()) {
     if (entry.registration.publishes_kv_events) {
-      resync_wanted_.insert_or_assign(id, now + entry.registration.lease_ttl);
+      resync_wanted_.insert_or_assign(id, now + entry.registration.liveness_ttl);
     }
   }
   out.events.emplace_back(

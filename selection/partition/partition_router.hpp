@@ -57,7 +57,7 @@ struct WorkerJoined {
 };
 struct WorkerLeft {
   WorkerId worker;
-  bool expired = false;  ///< its lease ran out (no heartbeat); else it deregistered
+  bool expired = false;  ///< its liveness ran out (no heartbeat); else it deregistered
 };
 struct WorkerReturned {
   WorkerId worker;  ///< back in routing after its ejection
@@ -93,8 +93,8 @@ struct QueueWaited {
 };
 struct LinkRestored {
   std::size_t workers;    ///< workers kept through the outage
-  std::size_t held_over;  ///< leases that had run out during it
-  std::size_t renewed;    ///< leases granted one TTL from the reconnect
+  std::size_t held_over;  ///< workers whose liveness had run out during it
+  std::size_t renewed;    ///< workers granted one TTL from the reconnect
 };
 struct SelectionTimed {
   double seconds;
@@ -207,14 +207,14 @@ class PartitionRouter {
   void load_kv_dump(const KvDump& dump, TimePoint now, PartitionEffects& out);
 
   // ---- time and links ---------------------------------------------------------------------
-  /// The periodic tick: expires worker leases, unreported bookings, approximate blocks and idle
+  /// The periodic tick: expires workers' liveness, unreported bookings, approximate blocks and idle
   /// session bindings; answers requests whose ownership wait ended; paces resync dumps.
   void tick(TimePoint now, PartitionEffects& out);
   /// The queue's deadline (effects.wake_at) arrived.
   void wake(TimePoint now, PartitionEffects& out);
-  /// The node's NATS connection went down (false: worker leases are held, none expires for
-  /// heartbeats the node could not receive) or came back (true: each lease runs one TTL from now,
-  /// and every worker heard from again is asked for its KV dump, a few per tick).
+  /// The node's NATS connection went down (false: workers' liveness is held, none expires for
+  /// heartbeats the node could not receive) or came back (true: each worker's liveness runs one TTL
+  /// from now, and every worker heard from again is asked for its KV dump, a few per tick).
   void set_link(bool connected, TimePoint now, PartitionEffects& out);
   /// Cluster mode: the partition is owned until `owned_until` (its lease's fence); requests that
   /// waited for it are routed.

@@ -64,11 +64,12 @@ struct PartitionTelemetry::Writer {
   }
   void operator()(const partition_event::LinkRestored& e) const {
     metrics.worker_expiries_suppressed(partition).add(static_cast<double>(e.held_over));
-    metrics.worker_lease_grants(partition).add(static_cast<double>(e.renewed));
+    metrics.worker_liveness_grants(partition).add(static_cast<double>(e.renewed));
     if (e.workers == 0) return;
     spdlog::info(
         "kvr node: partition {}: NATS is back; its {} workers were kept through the outage ({} "
-        "leases had run out), every lease now runs one TTL from the reconnect, and their KV "
+        "workers' liveness had run out), every worker's liveness now runs one TTL from the "
+        "reconnect, and their KV "
         "state is asked for again",
         partition, e.workers, e.held_over);
   }

@@ -40,7 +40,7 @@ struct RouteRequest {
   /// client's id, the first client_id_size bytes. 0: the id is not scoped (the client's own).
   std::uint32_t client_id_size = 0;
 
-  /// The id the node keys the request by (bookings, leases, queue, classifier).
+  /// The id the node keys the request by (bookings, queue, classifier).
   const std::string& id() const { return selection.request_id; }
   /// The id the client chose, as decisions carry it back.
   std::string_view client_id() const {

@@ -31,7 +31,7 @@ struct RouteOutcome {
   /// The scorers' names, index-aligned with scorer_costs (shared, built once per policy).
   std::shared_ptr<const std::vector<std::string>> scorer_names;
   /// The booking is released at this time unless reported earlier.
-  TimePoint lease_expires_at;
+  TimePoint booking_expires_at;
   std::size_t eligible_workers = 0;
 };
 

@@ -68,8 +68,9 @@ SelectorState::register_worker(discovery::WorkerRegistration registration, TimeP
     // Bounded: a flood of refused ids keeps only the first ones, which still explain a failure.
     constexpr std::size_t kMaxRemembered = 1024;
     if (refused_.size() < kMaxRemembered || refused_.contains(worker_id)) {
-      const auto ttl = registration.lease_ttl.count() > 0 ? registration.lease_ttl
-                                                          : options_.registration.default_lease_ttl;
+      const auto ttl = registration.liveness_ttl.count() > 0
+                           ? registration.liveness_ttl
+                           : options_.registration.default_liveness_ttl;
       refused_[worker_id] = RefusedWorker{registration.block_size, now + ttl};
     }
     return std::unexpected(discovery::RegistrationError{
@@ -352,11 +353,11 @@ std::optional<RouteFailure> SelectorState::over_cap(std::uint64_t blocks) const 
     held = now_held;
     cap = limit;
   };
-  check(BookingCapKind::partition_leases, load.open_bookings(), 1, partition.max_bookings);
+  check(BookingCapKind::partition_bookings, load.open_bookings(), 1, partition.max_bookings);
   check(BookingCapKind::partition_blocks, load.booked_prompt_blocks(), blocks,
         partition.max_blocks);
   if (const NodeBookingTotals* node = node_share_.totals()) {
-    check(BookingCapKind::node_leases, node->bookings.load(std::memory_order_relaxed), 1,
+    check(BookingCapKind::node_bookings, node->bookings.load(std::memory_order_relaxed), 1,
           node->caps.max_bookings);
     check(BookingCapKind::node_blocks, node->blocks.load(std::memory_order_relaxed), blocks,
           node->caps.max_blocks);
@@ -368,17 +369,17 @@ std::optional<RouteFailure> SelectorState::over_cap(std::uint64_t blocks) const 
                                 ? std::string{"the node"}
                                 : fmt::format("partition '{}' group '{}'", options_.partition.model,
                                               options_.partition.routing_group);
-  if (cap_resource(*kind) == "leases") {
+  if (cap_resource(*kind) == "bookings") {
     return RouteFailure{
         Error::overloaded,
-        fmt::format("{} open-lease cap reached: {} leases open, at most {} ({}); retry after "
-                    "reporting or releasing leases",
+        fmt::format("{} open-booking cap reached: {} bookings open, at most {} ({}); retry after "
+                    "reporting or releasing bookings",
                     node_cap ? "node" : "partition", held, cap, where)};
   }
   return RouteFailure{
       Error::overloaded,
       fmt::format("{} booked-blocks cap reached: {} blocks booked, a request of {} would pass "
-                  "the cap of {} ({}); retry after reporting or releasing leases",
+                  "the cap of {} ({}); retry after reporting or releasing bookings",
                   node_cap ? "node" : "partition", held, blocks, cap, where)};
 }
 
@@ -535,14 +536,14 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::book(const RouteRequest
                                       outcome.host_overlap_blocks + outcome.disk_overlap_blocks;
   outcome.uncached_prefill_tokens =
       discovery::uncached_prefill_tokens(input.prompt_tokens, cached_blocks, block_size_);
-  outcome.lease_expires_at = now + options_.lease_ttl;
+  outcome.booking_expires_at = now + options_.booking_ttl;
 
   auto booked = workers_.load().book(discovery::BookingRequest{
       .request_id = input.request_id,
       .worker = outcome.worker,
       .prompt_blocks = {input.block_hashes.begin(), input.block_hashes.end()},
       .uncached_prefill_tokens = outcome.uncached_prefill_tokens,
-      .expires_at = outcome.lease_expires_at,
+      .expires_at = outcome.booking_expires_at,
   });
   sync_node_share();
   if (!booked) {

@@ -36,7 +36,7 @@ struct SelectorOptions {
   /// block size of 0 is learnt from the partition's first registered worker (block_size()).
   plugins::worker_selection::RouterConfig router;
   /// A booking that is never reported (first token, completion) is released after this long.
-  std::chrono::milliseconds lease_ttl{120'000};
+  std::chrono::milliseconds booking_ttl{120'000};
   discovery::IndexerConfig index;
   discovery::RegistrationLimits registration;
   /// Passive health: outlier ejection and slow start (selection/partition/worker_health.hpp).
@@ -58,7 +58,7 @@ class SelectorState final : public selection::WorkerSignalSource {
 
   // ---- worker state, fed by the discovery path ----------------------------------------------
   /// Registers (or re-registers) a worker of this partition. A worker whose block size differs
-  /// from the partition's is refused and remembered (until its lease would have ended), so that
+  /// from the partition's is refused and remembered (until its liveness would have ended), so that
   /// a request that finds no worker says why.
   std::expected<discovery::RegistrationChange, discovery::RegistrationError> register_worker(
       discovery::WorkerRegistration registration, TimePoint now);
@@ -75,12 +75,12 @@ class SelectorState final : public selection::WorkerSignalSource {
                                                         const discovery::ConfirmedLoad& load);
   /// Expires leases, bookings and approximate blocks; appends removed worker ids.
   void expire(TimePoint now, std::vector<WorkerId>& removed_workers);
-  /// The node's own NATS connection is down: worker leases are held (not expired) until
-  /// release_leases(); see discovery::WorkerCatalog::hold_leases().
-  void hold_leases() { workers_.hold_leases(); }
-  /// The connection is back at `now`: every worker's lease runs at least one TTL from `now`.
-  discovery::LeaseGrace release_leases(TimePoint now) { return workers_.release_leases(now); }
-  /// Releases at most `limit` bookings whose lease ended; returns how many.
+  /// The node's own NATS connection is down: workers' liveness is held (not expired) until
+  /// resume_liveness(); see discovery::WorkerCatalog::hold_liveness().
+  void hold_liveness() { workers_.hold_liveness(); }
+  /// The connection is back at `now`: every worker's liveness runs at least one TTL from `now`.
+  discovery::LivenessGrace resume_liveness(TimePoint now) { return workers_.resume_liveness(now); }
+  /// Releases at most `limit` bookings that expired; returns how many.
   std::size_t expire_bookings(TimePoint now, std::size_t limit) {
     const std::size_t expired = workers_.load().expire(now, limit);
     if (expired > 0) sync_node_share();
@@ -166,7 +166,7 @@ class SelectorState final : public selection::WorkerSignalSource {
   /// Why `worker` cannot take `request` on its own (empty: it can).
   std::optional<std::string> unroutable_reason(const RouteRequest& request,
                                                WorkerWithDpRank worker) const;
-  /// Completes `outcome` (uncached tokens, lease) and books the request on outcome.worker.
+  /// Completes `outcome` (uncached tokens, booking) and books the request on outcome.worker.
   std::expected<RouteOutcome, RouteFailure> book(const RouteRequest& request, RouteOutcome outcome,
                                                  TimePoint now);
   /// `failure`, with the workers refused for their block size named when it found no worker.

@@ -84,8 +84,8 @@ struct SessionAffinityOptions {
   /// A session without a binding of its own uses its parent session's binding.
   bool inherit_parent_binding = true;
   /// A request proposed this long ago and never ended is taken as ended by expire(), so that a
-  /// lost end report (a route-mode lease that expired unreported) cannot keep its session's binding
-  /// alive forever. At least 1 s; longer than any generation.
+  /// lost end report (a route-mode booking that expired unreported) cannot keep its session's
+  /// binding alive forever. At least 1 s; longer than any generation.
   std::chrono::seconds max_request_age{3600};
 
   /// Fails naming the flag and the allowed range of the first invalid setting.

@@ -33,7 +33,7 @@ std::expected<std::unique_ptr<NatsBridge>, std::string> NatsBridge::connect(
     self->disconnected_at_.store(self->options_.clock->now().time_since_epoch().count(),
                                  std::memory_order_relaxed);
     spdlog::warn(
-        "kvr node: NATS connection lost; reconnecting. Worker leases are held until it returns "
+        "kvr node: NATS connection lost; reconnecting. Workers' liveness is held until it returns "
         "(no worker is expired for heartbeats the node cannot receive)");
     if (self->started_.load(std::memory_order_acquire) && self->sinks_.disconnected) {
       self->sinks_.disconnected();
@@ -46,7 +46,7 @@ std::expected<std::unique_ptr<NatsBridge>, std::string> NatsBridge::connect(
     const Clock::duration outage{self->options_.clock->now().time_since_epoch().count() -
                                  self->disconnected_at_.load(std::memory_order_relaxed)};
     spdlog::info(
-        "kvr node: NATS reconnected after {} ms; worker leases held through the outage now run "
+        "kvr node: NATS reconnected after {} ms; workers' liveness held through the outage now run "
         "one TTL from here; asking every worker to register again and for its KV state",
         std::chrono::duration_cast<std::chrono::milliseconds>(outage).count());
     if (self->started_.load(std::memory_order_acquire) && self->sinks_.reconnected) {

@@ -223,8 +223,8 @@ v1::RouteDecision encode_route_success(std::string_view request_id, const RouteO
   success->set_device_overlap_blocks(outcome.device_overlap_blocks);
   success->set_host_overlap_blocks(outcome.host_overlap_blocks);
   success->set_disk_overlap_blocks(outcome.disk_overlap_blocks);
-  success->set_lease_id(info.lease_id);
-  success->set_lease_ttl_ms(static_cast<std::uint32_t>(info.lease_ttl.count()));
+  success->set_booking_id(info.booking_id);
+  success->set_booking_ttl_ms(static_cast<std::uint32_t>(info.booking_ttl.count()));
   success->set_policy(info.policy);
   success->set_total_cost(outcome.total_cost);
   for (std::size_t i = 0; i < outcome.scorer_costs.size(); ++i) {
@@ -239,12 +239,12 @@ v1::RouteDecision encode_route_success(std::string_view request_id, const RouteO
 
 std::expected<LifecycleReportData, std::string> decode_lifecycle_report(
     const v1::LifecycleReport& wire, const RouteDecodeLimits& limits) {
-  if (wire.lease_id().empty()) return std::unexpected("lease_id: empty");
-  if (wire.lease_id().size() > limits.max_id_length) {
-    return std::unexpected(fmt::format("lease_id: longer than {} bytes", limits.max_id_length));
+  if (wire.booking_id().empty()) return std::unexpected("booking_id: empty");
+  if (wire.booking_id().size() > limits.max_id_length) {
+    return std::unexpected(fmt::format("booking_id: longer than {} bytes", limits.max_id_length));
   }
   LifecycleReportData data;
-  data.lease_id = wire.lease_id();
+  data.booking_id = wire.booking_id();
   switch (wire.event()) {
     case v1::LIFECYCLE_EVENT_FIRST_TOKEN:
       data.event = LifecycleEventKind::FirstToken;

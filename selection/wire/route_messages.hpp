@@ -46,8 +46,8 @@ v1::RouteDecision encode_route_error(std::string_view request_id, Error error,
 
 /// What the caller needs besides the selector's outcome to answer a routed request.
 struct RouteSuccessInfo {
-  std::string lease_id;
-  std::chrono::milliseconds lease_ttl{0};
+  std::string booking_id;
+  std::chrono::milliseconds booking_ttl{0};
   std::string policy;            ///< the policy instance that chose
   std::string generate_subject;  ///< the chosen worker's generate subject
 };
@@ -71,7 +71,7 @@ enum class AbortCause : std::uint8_t {
 
 /// A validated lifecycle report.
 struct LifecycleReportData {
-  std::string lease_id;
+  std::string booking_id;
   LifecycleEventKind event = LifecycleEventKind::Completed;
   std::string error;  ///< reason, for Aborted
   /// For Aborted; an unknown wire value reads as unspecified (blames nobody).
@@ -81,7 +81,7 @@ struct LifecycleReportData {
 /// The wire value of an abort cause.
 v1::AbortCause to_wire(AbortCause cause);
 
-/// Validates a wire report: a non-empty, bounded lease id and a known event.
+/// Validates a wire report: a non-empty, bounded booking id and a known event.
 std::expected<LifecycleReportData, std::string> decode_lifecycle_report(
     const v1::LifecycleReport& wire, const RouteDecodeLimits& limits = {});
 

@@ -15,8 +15,8 @@ void lifecycle_report(Input input) {
     (void)encode_lifecycle_ack(false, report.error()).SerializeAsString();
     return;
   }
-  KVR_FUZZ_CHECK(!report->lease_id.empty() && report->lease_id.size() <= limits.max_id_length);
-  KVR_FUZZ_CHECK(report->lease_id == wire.lease_id());
+  KVR_FUZZ_CHECK(!report->booking_id.empty() && report->booking_id.size() <= limits.max_id_length);
+  KVR_FUZZ_CHECK(report->booking_id == wire.booking_id());
   KVR_FUZZ_CHECK(report->error.size() <= 4 * limits.max_id_length);
   KVR_FUZZ_CHECK(as_str(report->event) != "unknown");
 }

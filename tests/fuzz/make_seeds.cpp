@@ -107,7 +107,7 @@ void generate_seeds() {
 
 void lifecycle_seeds() {
   kvr::v1::LifecycleReport report;
-  report.set_lease_id("n1-00000001");
+  report.set_booking_id("n1-00000001");
   report.set_event(kvr::v1::LIFECYCLE_EVENT_FIRST_TOKEN);
   write("lifecycle_report", "first_token", report);
   report.set_event(kvr::v1::LIFECYCLE_EVENT_COMPLETED);
@@ -133,7 +133,7 @@ kvr::v1::WorkerRegistration registration() {
   wire.set_max_num_batched_tokens(8192);
   wire.set_max_num_seqs(256);
   wire.set_publishes_kv_events(true);
-  wire.set_lease_ttl_ms(3000);
+  wire.set_liveness_ttl_ms(3000);
   wire.set_generate_subject("kvr.default.worker.42.generate");
   wire.set_dump_subject("kvr.default.worker.42.dump");
   return wire;
@@ -147,7 +147,7 @@ void registration_seeds() {
   prefill.add_taints("gpu=h100");
   prefill.add_taints("zone=a");
   prefill.set_publishes_kv_events(false);
-  prefill.set_lease_ttl_ms(0);
+  prefill.set_liveness_ttl_ms(0);
   prefill.set_data_parallel_size(0);
   write("worker_registration", "prefill_taints_defaults", prefill);
   kvr::v1::WorkerRegistration no_model = registration();

@@ -22,8 +22,8 @@ void worker_registration(Input input) {
   KVR_FUZZ_CHECK(registration->data_parallel_size >= 1 &&
                  registration->data_parallel_size <= bounds.max_data_parallel_size);
   KVR_FUZZ_CHECK(registration->taints.size() <= bounds.max_taints);
-  KVR_FUZZ_CHECK(registration->lease_ttl >= bounds.min_lease_ttl &&
-                 registration->lease_ttl <= bounds.max_lease_ttl);
+  KVR_FUZZ_CHECK(registration->liveness_ttl >= bounds.min_liveness_ttl &&
+                 registration->liveness_ttl <= bounds.max_liveness_ttl);
   auto again = discovery::validate_registration(*registration, bounds);
   KVR_FUZZ_CHECK(again.has_value() && *again == *registration);
 }

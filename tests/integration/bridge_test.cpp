@@ -203,7 +203,7 @@ class BridgeTest : public testing::KvrClusterTest {
                                      engine.kv_endpoint(),
                                      "--worker-id",
                                      std::to_string(id),
-                                     "--lease-ttl-ms",
+                                     "--liveness-ttl-ms",
                                      "600",
                                      "--load-interval-ms",
                                      "50",

@@ -4,7 +4,7 @@
 // workers. Shown: prompts with shared prefixes are routed to the engine holding them, with the
 // node's overlap equal to what the engine reports as cached; generate streams complete through
 // node, bridge and HTTP, and a cancel reaches the engine; a killed engine leaves routing within
-// the lease TTL; a sequence gap is filled from the replay socket, and without one the rank is
+// the liveness TTL; a sequence gap is filled from the replay socket, and without one the rank is
 // cleared.
 #include <csignal>
 
@@ -30,7 +30,7 @@ using testing::wait_until;
 constexpr std::string_view kNamespace = "vllm-bridge";
 constexpr WorkerId kFirstWorker = 500;
 constexpr std::uint32_t kBlockSize = 16;
-constexpr int kLeaseTtlMs = 1500;
+constexpr int kLivenessTtlMs = 1500;
 // Fits the engines' 2048 blocks with its prompt, and outlasts any test at time scale 1.
 constexpr std::uint32_t kLongGeneration = 20'000;
 
@@ -114,8 +114,8 @@ class BridgeVllmEngineTest : public testing::KvrClusterTest {
                                             "tcp://127.0.0.1:" + std::to_string(pair->kv_port),
                                             "--worker-id",
                                             name,
-                                            "--lease-ttl-ms",
-                                            std::to_string(kLeaseTtlMs),
+                                            "--liveness-ttl-ms",
+                                            std::to_string(kLivenessTtlMs),
                                             "--load-interval-ms",
                                             "50",
                                             "--health-interval-ms",
@@ -326,7 +326,7 @@ TEST_F(BridgeVllmEngineTest, ACancelThroughTheNodeAbortsTheEnginesRequest) {
   EXPECT_LT(engine_metric(pair, "vllm:generation_tokens_total"), kLongGeneration);
 }
 
-TEST_F(BridgeVllmEngineTest, AKilledEngineLeavesRoutingWithinTheLeaseTtl) {
+TEST_F(BridgeVllmEngineTest, AKilledEngineLeavesRoutingWithinTheLivenessTtl) {
   EnginePair& first = start_pair(kFirstWorker);
   EnginePair& second = start_pair(kFirstWorker + 1, {}, true, "1");
   start_node();
@@ -355,7 +355,7 @@ TEST_F(BridgeVllmEngineTest, AKilledEngineLeavesRoutingWithinTheLeaseTtl) {
       },
       10s));
   const auto elapsed = std::chrono::steady_clock::now() - killed_at;
-  EXPECT_LT(elapsed, std::chrono::milliseconds(kLeaseTtlMs));
+  EXPECT_LT(elapsed, std::chrono::milliseconds(kLivenessTtlMs));
   const auto elsewhere = route(tokens);
   ASSERT_TRUE(elsewhere && elsewhere->has_success());
   EXPECT_EQ(elsewhere->success().worker_id(), first.worker);

@@ -49,7 +49,7 @@ class MockerTest : public testing::KvrClusterTest {
                                   .block_size = kBlockSize,
                                   .num_gpu_blocks = 512,
                                   .time_scale = "20",
-                                  .lease_ttl_ms = 600,
+                                  .liveness_ttl_ms = 600,
                                   .load_interval_ms = 50});
     ASSERT_TRUE(mocker_);
     ASSERT_TRUE(registrations_.wait_for(2, 10s)) << mocker_->log();

@@ -47,7 +47,7 @@ class NodeActorClientTest : public ::testing::Test {
     mocker_ = kvr.start_mocker({.workers = 1,
                                 .worker_id_base = worker_id,
                                 .block_size = 16,
-                                .lease_ttl_ms = 2000,
+                                .liveness_ttl_ms = 2000,
                                 .extra = mocker_options});
     ASSERT_TRUE(mocker_);
     const std::uint16_t actor_port = free_port();
@@ -105,7 +105,7 @@ TEST_F(NodeActorClientTest, PublishedIngressRoutesAndAcceptsReports) {
     EXPECT_EQ(decision.request_id(), request.request_id());
 
     v1::LifecycleReport report;
-    report.set_lease_id(decision.success().lease_id());
+    report.set_booking_id(decision.success().booking_id());
     report.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
     v1::LifecycleAck ack;
     self->request(*ingress, 2s, actors::report_atom::value, actors::LifecycleReportMessage{report})

@@ -60,7 +60,7 @@ class NodeAdmissionTest : public testing::KvrClusterTest {
                                       .block_size = kBlockSize,
                                       .num_gpu_blocks = 2048,
                                       .time_scale = "1",
-                                      .lease_ttl_ms = 600,
+                                      .liveness_ttl_ms = 600,
                                       .load_interval_ms = 50},
                                      "mocker.log");
     ASSERT_TRUE(mocker);
@@ -231,7 +231,7 @@ TEST_F(NodeAdmissionTest, TokenBucketRejectsTheTenantOverItsBudgetAndServesTheOt
     ++request_number;
     auto decision = testing::request_route(*client_, kNamespace, request);
     if (decision && decision->has_success()) {
-      (void)testing::report_lifecycle(*client_, kNamespace, decision->success().lease_id(),
+      (void)testing::report_lifecycle(*client_, kNamespace, decision->success().booking_id(),
                                       v1::LIFECYCLE_EVENT_COMPLETED);
     }
     return decision;
@@ -291,7 +291,7 @@ TEST_F(NodeAdmissionTest, TheQueueHoldsRequestsWhileEveryWorkerPrefillsAndComple
                                     .block_size = kBlockSize,
                                     .num_gpu_blocks = 2048,
                                     .time_scale = "1",
-                                    .lease_ttl_ms = 600,
+                                    .liveness_ttl_ms = 600,
                                     .load_interval_ms = 60'000},
                                    "mocker.log");
   ASSERT_TRUE(mocker);

@@ -2,11 +2,11 @@
 // mocker` worker for each of 12 models and three router nodes. Every partition is owned by exactly
 // one node, spread over the three; a route sent to the namespace's queue group, whichever node
 // takes it, is answered (by the owner, forwarded over CAF's middleman), and its lifecycle report
-// reaches the node that holds the lease, so no report is refused and no booking is left open.
+// reaches the node that holds the booking, so no report is refused and no booking is left open.
 // Killed with SIGKILL, a node's partitions are owned again by the others; a fourth node joins
 // without a failed request; a node hung by SIGSTOP loses its leases and comes back without two
 // nodes booking one partition; the cluster reconverges after a nats-server restart. And `kvr
-// replay-live` through two and three nodes: every report reaches its lease.
+// replay-live` through two and three nodes: every report reaches its booking.
 #include <algorithm>
 #include <map>
 #include <set>
@@ -68,7 +68,7 @@ class NodeClusterTest : public testing::KvrClusterTest {
                                         .worker_id_base = static_cast<WorkerId>(100 + 10 * m),
                                         .block_size = 16,
                                         .num_gpu_blocks = 512,
-                                        .lease_ttl_ms = 1000,
+                                        .liveness_ttl_ms = 1000,
                                         .extra = {"--model", model(m)}},
                                        fmt::format("mocker-{}.log", m));
       ASSERT_TRUE(mocker);
@@ -104,7 +104,7 @@ class NodeClusterTest : public testing::KvrClusterTest {
           [&] {
             const auto decision = route(m, request);
             if (!decision || !decision->has_success()) return false;
-            (void)testing::report_lifecycle(*client_, kNamespace, decision->success().lease_id(),
+            (void)testing::report_lifecycle(*client_, kNamespace, decision->success().booking_id(),
                                             v1::LIFECYCLE_EVENT_COMPLETED);
             return true;
           },
@@ -195,7 +195,7 @@ TEST_F(NodeClusterTest, EveryPartitionHasOneOwnerAndEveryNodeAnswersForIt) {
         [&] {
           const auto decision = route(m, 0);
           if (!decision || !decision->has_success()) return false;
-          return testing::report_lifecycle(*client_, kNamespace, decision->success().lease_id(),
+          return testing::report_lifecycle(*client_, kNamespace, decision->success().booking_id(),
                                            v1::LIFECYCLE_EVENT_COMPLETED)
               .has_value();
         },
@@ -204,7 +204,7 @@ TEST_F(NodeClusterTest, EveryPartitionHasOneOwnerAndEveryNodeAnswersForIt) {
   }
 
   // Requests land on any node (one queue group); each is answered, and each report reaches the
-  // node that holds its lease.
+  // node that holds its booking.
   int answered = 0;
   int reports_accepted = 0;
   for (int request = 1; request <= 8; ++request) {
@@ -214,8 +214,8 @@ TEST_F(NodeClusterTest, EveryPartitionHasOneOwnerAndEveryNodeAnswersForIt) {
       ASSERT_TRUE(decision->has_success()) << decision->DebugString();
       ++answered;
       for (auto event : {v1::LIFECYCLE_EVENT_FIRST_TOKEN, v1::LIFECYCLE_EVENT_COMPLETED}) {
-        const auto ack =
-            testing::report_lifecycle(*client_, kNamespace, decision->success().lease_id(), event);
+        const auto ack = testing::report_lifecycle(*client_, kNamespace,
+                                                   decision->success().booking_id(), event);
         ASSERT_TRUE(ack);
         EXPECT_TRUE(ack->accepted()) << ack->DebugString();
         if (ack->accepted()) ++reports_accepted;
@@ -251,8 +251,8 @@ TEST_F(NodeClusterTest, EveryPartitionHasOneOwnerAndEveryNodeAnswersForIt) {
     v1::RouteDecision decision;
     ASSERT_TRUE(decision.ParseFromString(reply->data));
     ASSERT_TRUE(decision.has_success()) << decision.DebugString();
-    const auto ack = testing::report_lifecycle(*client_, kNamespace, decision.success().lease_id(),
-                                               v1::LIFECYCLE_EVENT_COMPLETED);
+    const auto ack = testing::report_lifecycle(
+        *client_, kNamespace, decision.success().booking_id(), v1::LIFECYCLE_EVENT_COMPLETED);
     EXPECT_TRUE(ack && ack->accepted());
   }
   double forwarded_after = 0;
@@ -329,7 +329,7 @@ TEST_F(NodeClusterTest, ANodeThatJoinsTakesItsShareWithoutAFailedRequest) {
       ASSERT_TRUE(decision) << model(m) << ": no answer during the handover";
       ASSERT_TRUE(decision->has_success()) << decision->DebugString();
       const auto ack = testing::report_lifecycle(
-          *client_, kNamespace, decision->success().lease_id(), v1::LIFECYCLE_EVENT_COMPLETED);
+          *client_, kNamespace, decision->success().booking_id(), v1::LIFECYCLE_EVENT_COMPLETED);
       ASSERT_TRUE(ack && ack->accepted()) << (ack ? ack->DebugString() : "no ack");
     }
     const auto now = owners({0, 1, 2, 3});
@@ -364,7 +364,7 @@ TEST_F(NodeClusterTest, AHungNodeLosesItsLeasesAndComesBackWithoutDoubleOwnershi
       ASSERT_TRUE(decision) << model(m) << ": no answer while a node hangs";
       EXPECT_TRUE(decision->has_success()) << decision->DebugString();
       if (decision->has_success()) {
-        (void)testing::report_lifecycle(*client_, kNamespace, decision->success().lease_id(),
+        (void)testing::report_lifecycle(*client_, kNamespace, decision->success().booking_id(),
                                         v1::LIFECYCLE_EVENT_COMPLETED);
       }
     }
@@ -448,7 +448,7 @@ TEST_F(NodeClusterTest, AnActorClientOfOneNodeIsServedForEveryPartition) {
                    [&](caf::error& failure) { ADD_FAILURE() << system.render(failure); });
       ASSERT_TRUE(decision.has_success()) << decision.DebugString();
       v1::LifecycleReport report;
-      report.set_lease_id(decision.success().lease_id());
+      report.set_booking_id(decision.success().booking_id());
       report.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
       v1::LifecycleAck ack;
       self->request(*ingress, 10s, actors::report_atom::value,
@@ -495,13 +495,13 @@ TEST_F(NodeClusterTest, AnActorClientOfOneNodeIsServedForEveryPartition) {
 
 // `kvr replay-live` through two and three cluster nodes: one model (one partition, one owner),
 // every request answered wherever it lands, every lifecycle report accepted by the node that
-// holds its lease, and no booking left open on any node at the end.
+// holds its booking, and no booking left open on any node at the end.
 class LiveClusterTest : public testing::KvrClusterTest, public ::testing::WithParamInterface<int> {
  protected:
   LiveClusterTest() : KvrClusterTest(KVR_BINARY, "livecluster", {}, {"-js"}) {}
 };
 
-TEST_P(LiveClusterTest, EveryReportReachesItsLeaseAndNoBookingIsLeftOpen) {
+TEST_P(LiveClusterTest, EveryReportReachesItsBookingAndNoBookingIsLeftOpen) {
   const int nodes = GetParam();
   auto mocker = kvr_->start_mocker({.workers = 4, .block_size = 64, .time_scale = "50"});
   ASSERT_TRUE(mocker);
@@ -544,8 +544,8 @@ TEST_P(LiveClusterTest, EveryReportReachesItsLeaseAndNoBookingIsLeftOpen) {
     }
     forwarded += metric(text, "kvr_cluster_forwards_total{kind=\"report\",outcome=\"answered\"}");
   }
-  EXPECT_EQ(refused, 0) << "every report found the node that holds its lease";
-  EXPECT_GT(forwarded, 0) << "with several nodes, some reports land away from their lease";
+  EXPECT_EQ(refused, 0) << "every report found the node that holds its booking";
+  EXPECT_GT(forwarded, 0) << "with several nodes, some reports land away from their booking";
   for (int n = 0; n < nodes; ++n) {
     EXPECT_TRUE(wait_until(
         [&] {

@@ -57,7 +57,7 @@ class NodeGenerateTest : public testing::KvrClusterTest {
                                       .block_size = kBlockSize,
                                       .num_gpu_blocks = 2048,
                                       .time_scale = time_scale,
-                                      .lease_ttl_ms = 600,
+                                      .liveness_ttl_ms = 600,
                                       .load_interval_ms = 50},
                                      name + ".log");
     EXPECT_TRUE(mocker);
@@ -157,7 +157,7 @@ TEST_F(NodeGenerateTest, RelaysEveryChunkInOrderReleasesTheBookingAndCancels) {
 
   auto [stream, decision] = generate("gen-1", prompt(64, 1), 6);
   ASSERT_TRUE(decision.has_success()) << decision.DebugString();
-  EXPECT_TRUE(decision.success().lease_id().empty());  // the node manages the booking
+  EXPECT_TRUE(decision.success().booking_id().empty());  // the node manages the booking
   const WorkerId worker = decision.success().worker_id();
   EXPECT_TRUE(worker == 100 || worker == 101) << worker;
   ASSERT_TRUE(wait_until([&] { return stream->finished(); }, 10s));
@@ -214,7 +214,7 @@ TEST_F(NodeGenerateTest, AWorkerKilledBeforeTheFirstTokenIsReplacedAndItsBooking
 
   slow.signal(SIGKILL);
   ASSERT_TRUE(slow.wait(5s));
-  // The node notices within the worker's 600 ms lease, retries on worker 400.
+  // The node notices within the worker's 600 ms liveness TTL, retries on worker 400.
   ASSERT_TRUE(wait_until([&] { return stream->finished(); }, 20s));
   const auto chunks = stream->chunks();
   ASSERT_EQ(chunks.size(), 4U);

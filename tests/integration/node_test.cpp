@@ -1,6 +1,6 @@
 // `kvr node` in route mode as a real process, with real `kvr mocker` workers and a real
 // nats-server on loopback: decisions over NATS request/reply, KV-aware routing to the worker that
-// holds a prefix, lifecycle reports and lease expiry (observed on /metrics), a killed worker
+// holds a prefix, lifecycle reports and booking expiry (observed on /metrics), a killed worker
 // leaving routing, a nats-server restart, and bad messages on every subscribed subject.
 #include <cstdlib>
 #include <fstream>
@@ -62,20 +62,20 @@ class NodeTest : public testing::KvrClusterTest {
                                .block_size = kBlockSize,
                                .num_gpu_blocks = 512,
                                .time_scale = "20",
-                               .lease_ttl_ms = 600,
+                               .liveness_ttl_ms = 600,
                                .load_interval_ms = 50,
                                .nats_reconnect_wait_ms = 50},
                               log);
   }
 
   // Starts two mocker workers and the node; returns once a route succeeds.
-  void start_cluster(const std::string& lease_ttl_secs = "60") {
+  void start_cluster(const std::string& booking_ttl_secs = "60") {
     mocker_ = start_mocker(kFirstWorker, 2, "mocker.log");
     ASSERT_TRUE(mocker_);
     metrics_port_ = free_port();
     node_ = kvr_->start_node({.block_size = kBlockSize,
                               .metrics_port = metrics_port_,
-                              .lease_ttl_secs = lease_ttl_secs,
+                              .booking_ttl_secs = booking_ttl_secs,
                               .nats_reconnect_wait_ms = 50});
     ASSERT_TRUE(node_);
     ASSERT_TRUE(testing::wait_until_healthy(metrics_port_, 20s)) << node_->log();
@@ -101,8 +101,8 @@ class NodeTest : public testing::KvrClusterTest {
     return testing::request_route(*client_, kNamespace, bytes);
   }
 
-  std::optional<v1::LifecycleAck> report(const std::string& lease, v1::LifecycleEvent event) {
-    return testing::report_lifecycle(*client_, kNamespace, lease, event);
+  std::optional<v1::LifecycleAck> report(const std::string& booking, v1::LifecycleEvent event) {
+    return testing::report_lifecycle(*client_, kNamespace, booking, event);
   }
 
   std::string metrics_text() { return http_get(metrics_port_, "/metrics"); }
@@ -137,7 +137,7 @@ TEST_F(NodeTest, RoutesToMockerWorkersAndToTheWorkerHoldingThePrefix) {
     EXPECT_EQ(decision->success().policy(), "default");
     EXPECT_EQ(decision->success().generate_subject(),
               subjects::worker_generate(kNamespace, decision->success().worker_id()));
-    report(decision->success().lease_id(), v1::LIFECYCLE_EVENT_COMPLETED);
+    report(decision->success().booking_id(), v1::LIFECYCLE_EVENT_COMPLETED);
   }
   for (WorkerId id : chosen) EXPECT_TRUE(id == kFirstWorker || id == kFirstWorker + 1) << id;
 
@@ -149,7 +149,7 @@ TEST_F(NodeTest, RoutesToMockerWorkersAndToTheWorkerHoldingThePrefix) {
       [&] {
         decision = route(tokens, next_id());
         if (!decision || !decision->has_success()) return false;
-        report(decision->success().lease_id(), v1::LIFECYCLE_EVENT_COMPLETED);
+        report(decision->success().booking_id(), v1::LIFECYCLE_EVENT_COMPLETED);
         return decision->success().device_overlap_blocks() >= 8;
       },
       10s));
@@ -157,25 +157,25 @@ TEST_F(NodeTest, RoutesToMockerWorkersAndToTheWorkerHoldingThePrefix) {
   EXPECT_GT(metric(metrics_text(), "kvr_index_blocks"), 0);
 }
 
-TEST_F(NodeTest, ReportsReleaseBookingsAndUnreportedLeasesExpire) {
+TEST_F(NodeTest, ReportsReleaseBookingsAndUnreportedBookingsExpire) {
   start_cluster("1");
   const auto bookings = [&] { return metric(metrics_text(), "kvr_bookings_open"); };
   ASSERT_TRUE(wait_until([&] { return bookings() == 0; }, 5s));
 
   auto decision = route(prompt(40, 7), next_id());
   ASSERT_TRUE(decision && decision->has_success());
-  EXPECT_EQ(decision->success().lease_ttl_ms(), 1000U);
+  EXPECT_EQ(decision->success().booking_ttl_ms(), 1000U);
   EXPECT_EQ(bookings(), 1);
-  const std::string lease = decision->success().lease_id();
-  auto ack = report(lease, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
+  const std::string booking = decision->success().booking_id();
+  auto ack = report(booking, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
   ASSERT_TRUE(ack);
   EXPECT_TRUE(ack->accepted()) << ack->message();
   EXPECT_EQ(bookings(), 1);
-  ack = report(lease, v1::LIFECYCLE_EVENT_COMPLETED);
+  ack = report(booking, v1::LIFECYCLE_EVENT_COMPLETED);
   ASSERT_TRUE(ack);
   EXPECT_TRUE(ack->accepted()) << ack->message();
   EXPECT_EQ(bookings(), 0);
-  ack = report(lease, v1::LIFECYCLE_EVENT_COMPLETED);
+  ack = report(booking, v1::LIFECYCLE_EVENT_COMPLETED);
   ASSERT_TRUE(ack);
   EXPECT_FALSE(ack->accepted());  // released exactly once
 
@@ -187,26 +187,27 @@ TEST_F(NodeTest, ReportsReleaseBookingsAndUnreportedLeasesExpire) {
   ASSERT_TRUE(decision && decision->has_success());
   EXPECT_EQ(bookings(), 1);
   v1::LifecycleReport fire_and_forget;
-  fire_and_forget.set_lease_id(decision->success().lease_id());
+  fire_and_forget.set_booking_id(decision->success().booking_id());
   fire_and_forget.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
   ASSERT_TRUE(
       client_->publish(subjects::router_report(kNamespace), fire_and_forget.SerializeAsString()));
   EXPECT_TRUE(wait_until([&] { return bookings() == 0; }, 5s));
   EXPECT_TRUE(wait_until(
       [&] { return metric(metrics_text(), accepted_completions) == completions_before + 1; }, 5s));
-  ack = report(decision->success().lease_id(), v1::LIFECYCLE_EVENT_COMPLETED);
+  ack = report(decision->success().booking_id(), v1::LIFECYCLE_EVENT_COMPLETED);
   ASSERT_TRUE(ack);
-  EXPECT_FALSE(ack->accepted());  // its lease ended with the first report
+  EXPECT_FALSE(ack->accepted());  // its booking ended with the first report
 
   // Never reported: released by expiry.
-  const double expired_before = metric(metrics_text(), "kvr_leases_expired_total");
+  const double expired_before = metric(metrics_text(), "kvr_route_bookings_expired_total");
   decision = route(prompt(40, 9), next_id());
   ASSERT_TRUE(decision && decision->has_success());
   EXPECT_EQ(bookings(), 1);
   EXPECT_TRUE(wait_until([&] { return bookings() == 0; }, 5s));
   EXPECT_TRUE(wait_until(
-      [&] { return metric(metrics_text(), "kvr_leases_expired_total") > expired_before; }, 5s));
-  ack = report(decision->success().lease_id(), v1::LIFECYCLE_EVENT_COMPLETED);
+      [&] { return metric(metrics_text(), "kvr_route_bookings_expired_total") > expired_before; },
+      5s));
+  ack = report(decision->success().booking_id(), v1::LIFECYCLE_EVENT_COMPLETED);
   ASSERT_TRUE(ack);
   EXPECT_FALSE(ack->accepted());
 }

@@ -52,7 +52,7 @@ std::optional<ChildProcess> KvrProcesses::start_mocker(const MockerOptions& opti
   add(arguments, "--block-size", options.block_size);
   add(arguments, "--num-gpu-blocks", options.num_gpu_blocks);
   add(arguments, "--time-scale", options.time_scale);
-  add(arguments, "--lease-ttl-ms", options.lease_ttl_ms);
+  add(arguments, "--liveness-ttl-ms", options.liveness_ttl_ms);
   add(arguments, "--load-interval-ms", options.load_interval_ms);
   add(arguments, "--nats-reconnect-wait-ms", options.nats_reconnect_wait_ms);
   arguments.insert(arguments.end(), options.extra.begin(), options.extra.end());
@@ -63,7 +63,7 @@ std::optional<ChildProcess> KvrProcesses::start_node(const NodeOptions& options,
                                                      const std::string& log_name) const {
   std::vector<std::string> arguments;
   add(arguments, "--block-size", options.block_size);
-  add(arguments, "--router-lease-ttl-secs", options.lease_ttl_secs);
+  add(arguments, "--router-booking-ttl-secs", options.booking_ttl_secs);
   add(arguments, "--metrics-port", options.metrics_port);
   add(arguments, "--actor-port", options.actor_port);
   add(arguments, "--nats-reconnect-wait-ms", options.nats_reconnect_wait_ms);

@@ -23,7 +23,7 @@ struct MockerOptions {
   std::optional<std::uint64_t> num_gpu_blocks;
   /// Below 1 slows the simulated engine down, above 1 speeds it up.
   std::optional<std::string> time_scale;
-  std::optional<int> lease_ttl_ms;
+  std::optional<int> liveness_ttl_ms;
   std::optional<int> load_interval_ms;
   std::optional<int> nats_reconnect_wait_ms;
   std::vector<std::string> extra;  ///< appended as given
@@ -34,7 +34,7 @@ struct NodeOptions {
   std::optional<std::uint32_t> block_size;
   std::optional<std::uint16_t> metrics_port;
   std::optional<std::uint16_t> actor_port;
-  std::optional<std::string> lease_ttl_secs;
+  std::optional<std::string> booking_ttl_secs;
   std::optional<int> nats_reconnect_wait_ms;
   std::vector<std::string> extra;  ///< appended as given
 };

@@ -88,10 +88,10 @@ std::optional<v1::RouteDecision> request_route(NatsClient& client, std::string_v
 }
 
 std::optional<v1::LifecycleAck> report_lifecycle(NatsClient& client, std::string_view ns,
-                                                 const std::string& lease,
+                                                 const std::string& booking,
                                                  v1::LifecycleEvent event) {
   v1::LifecycleReport report;
-  report.set_lease_id(lease);
+  report.set_booking_id(booking);
   report.set_event(event);
   auto reply = client.request(subjects::router_report(ns), report.SerializeAsString(), 2s);
   if (!reply) return std::nullopt;
@@ -134,7 +134,7 @@ ReportingRouter::~ReportingRouter() { subscription_.reset(); }
     // Too late for route(): released here, one way (the delivery thread must not wait).
     if (!decision.has_success()) return;
     v1::LifecycleReport report;
-    report.set_lease_id(decision.success().lease_id());
+    report.set_booking_id(decision.success().booking_id());
     report.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
     (void)client.publish(subjects::router_report(state->ns), report.SerializeAsString());
   });
@@ -174,7 +174,7 @@ std::optional<v1::RouteDecision> ReportingRouter::route(const v1::RouteRequest& 
   if (decision && decision->has_success()) {
     // Acked before the next request, so that the release is applied before it is routed.
     for (int attempt = 0; attempt < 3; ++attempt) {
-      if (report_lifecycle(*client_, state.ns, decision->success().lease_id(),
+      if (report_lifecycle(*client_, state.ns, decision->success().booking_id(),
                            v1::LIFECYCLE_EVENT_COMPLETED)) {
         break;
       }

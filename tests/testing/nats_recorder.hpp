@@ -91,10 +91,10 @@ std::optional<v1::RouteDecision> request_route(
     nats::NatsClient& client, std::string_view ns, const v1::RouteRequest& request,
     std::chrono::milliseconds timeout = std::chrono::seconds(2));
 
-/// Reports `event` of `lease` to the router of namespace `ns`; its ack, or nullopt when no
+/// Reports `event` of `booking` to the router of namespace `ns`; its ack, or nullopt when no
 /// parseable ack came within 2 s.
 std::optional<v1::LifecycleAck> report_lifecycle(nats::NatsClient& client, std::string_view ns,
-                                                 const std::string& lease,
+                                                 const std::string& booking,
                                                  v1::LifecycleEvent event);
 
 /// Route requests, as a client that reports every booking would send them, so that routing for a

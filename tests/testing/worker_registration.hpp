@@ -13,14 +13,14 @@ namespace kvr::testing {
 
 inline discovery::WorkerRegistration worker_registration(WorkerId id, std::string model,
                                                          std::uint32_t block_size,
-                                                         std::chrono::milliseconds lease_ttl) {
+                                                         std::chrono::milliseconds liveness_ttl) {
   discovery::WorkerRegistration worker;
   worker.worker_id = id;
   worker.incarnation = 1;
   worker.model = std::move(model);
   worker.block_size = block_size;
   worker.total_kv_blocks = 1000;
-  worker.lease_ttl = lease_ttl;
+  worker.liveness_ttl = liveness_ttl;
   return worker;
 }
 

@@ -1,5 +1,5 @@
 // Predicted-load micro-benchmark: the per-request work of a selector's load ledger with many open
-// bookings, as when clients do not report and bookings wait for their leases to expire. Each
+// bookings, as when clients do not report and bookings wait to expire. Each
 // iteration prepares a candidate prompt, projects it onto every rank, books it on one rank and
 // releases the oldest booking, so the number of open bookings stays at the argument.
 //

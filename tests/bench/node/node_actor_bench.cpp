@@ -6,7 +6,7 @@
 //  - published: a client actor system connected over CAF's middleman (loopback TCP) to the
 //    ingress actor a RouterNode publishes on --actor-port, as a remote actor client uses it.
 // C client actors keep W requests each in flight (closed loop); each run is bounded by a request
-// count and a duration. Leases of one second release the bookings of unreported decisions.
+// count and a duration. A booking TTL of one second releases the bookings of unreported decisions.
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -119,7 +119,7 @@ void issue(Client self) {
               ++state.errors;
             } else if (state.shared->report) {
               v1::LifecycleReport report;
-              report.set_lease_id(decision.value.success().lease_id());
+              report.set_booking_id(decision.value.success().booking_id());
               report.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
               self->request(state.shared->ingress, caf::infinite, actors::report_atom::value,
                             actors::LifecycleReportMessage{std::move(report)})
@@ -209,10 +209,10 @@ class LocalNode {
 
     actors::SelectorActorConfig selector;
     selector.options.router.block_size = kBlockSize;
-    selector.options.lease_ttl = 1s;
+    selector.options.booking_ttl = 1s;
     // As a node runs: the default caps, their totals shared by the selectors.
     selector.options.node_totals = std::make_shared<NodeBookingTotals>(
-        BookingCaps{actors::kDefaultMaxOpenLeases, actors::kDefaultMaxBookedBlocks});
+        BookingCaps{actors::kDefaultMaxOpenBookings, actors::kDefaultMaxBookedBlocks});
     selector.plugins = &plugins_;
     selector.publisher = publisher_;
     selector.metrics = metrics_;
@@ -224,7 +224,7 @@ class LocalNode {
     reservation.publisher = publisher_;
     reservation.metrics = metrics_;
     reservation.log = log_;
-    reservation.lease_ttl = 1s;
+    reservation.booking_ttl = 1s;
     reservation_ = system_->spawn(actors::reservation_behavior, std::move(reservation));
     actors::IngressActorConfig ingress;
     ingress.metrics = metrics_;

@@ -1,7 +1,7 @@
 // The cluster the router-node benchmarks drive: a nats-server on loopback, one RouterNode in this
-// process (kv-cost, block size 16, leases of one second so bookings of unreported decisions
-// expire), and 64 simulated workers that registered, reported idle load and published their KV
-// caches over NATS. Started on first use, stopped by shutdown(). Plain C++ (no CAF).
+// process (kv-cost, block size 16, a booking TTL of one second so the bookings of unreported
+// decisions expire), and 64 simulated workers that registered, reported idle load and published
+// their KV caches over NATS. Started on first use, stopped by shutdown(). Plain C++ (no CAF).
 //
 // With KVR_BENCH_CLUSTER_NODES=N (N ≥ 1), N nodes run in cluster mode instead (a nats-server
 // with JetStream): one owns the fleet's partition and the others forward to it, so the NATS
@@ -34,7 +34,7 @@ class NodeEnvironment {
   actors::RouterNode& node() { return *nodes_.front(); }
   /// The port the node's ingress actor is published on.
   std::uint16_t actor_port() const { return nodes_.front()->actor_port(); }
-  /// Renews every worker's lease (a heartbeat each); call before a measured run.
+  /// Renews every worker's liveness (a heartbeat each); call before a measured run.
   void heartbeat();
   /// The node's metrics as Prometheus text (what /metrics serves).
   std::string metrics_text() const {

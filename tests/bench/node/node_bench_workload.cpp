@@ -62,7 +62,7 @@ discovery::WorkerRegistration Workload::registration(std::size_t index) const {
   registration.total_kv_blocks = 16'384;
   registration.max_num_batched_tokens = 8192;
   registration.max_num_seqs = 256;
-  registration.lease_ttl = std::chrono::minutes(10);
+  registration.liveness_ttl = std::chrono::minutes(10);
   registration.generate_subject = subjects::worker_generate("bench", registration.worker_id);
   registration.dump_subject = subjects::worker_dump("bench", registration.worker_id);
   return registration;
@@ -112,7 +112,7 @@ v1::WorkerRegistration to_wire(const discovery::WorkerRegistration& registration
   wire.set_max_num_batched_tokens(registration.max_num_batched_tokens);
   wire.set_max_num_seqs(registration.max_num_seqs);
   wire.set_publishes_kv_events(true);
-  wire.set_lease_ttl_ms(static_cast<std::uint32_t>(registration.lease_ttl.count()));
+  wire.set_liveness_ttl_ms(static_cast<std::uint32_t>(registration.liveness_ttl.count()));
   wire.set_generate_subject(registration.generate_subject);
   wire.set_dump_subject(registration.dump_subject);
   return wire;

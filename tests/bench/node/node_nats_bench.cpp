@@ -9,7 +9,7 @@
 // from its NATS callback with a fixed decision of the node's size: what NATS request/reply alone
 // costs on this machine (client library, nats-server, loopback TCP), the floor under the node.
 //
-// Unreported decisions keep their bookings until the one-second lease expires; the `report`
+// Unreported decisions keep their bookings until the one-second booking expires; the `report`
 // variant publishes a COMPLETED lifecycle report for every decision, as a real client does.
 #include <atomic>
 #include <charconv>
@@ -84,7 +84,7 @@ NodeEnvironment::NodeEnvironment() {
   options.nats.name = "kvr-bench-node";
   options.ns = std::string{kNamespace};
   options.router.block_size = kBlockSize;
-  options.lease_ttl = 1s;
+  options.booking_ttl = 1s;
   options.actor_port = testing::free_port();
   for (int n = 0; n < std::max(1, nodes); ++n) {
     if (nodes > 0) {
@@ -304,7 +304,7 @@ class NatsLoad {
     last_reply_.store(now);
     if (routed && report_) {
       v1::LifecycleReport report;
-      report.set_lease_id(decision.success().lease_id());
+      report.set_booking_id(decision.success().booking_id());
       report.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
       (void)connection.client->publish(report_subject_, report.SerializeAsString());
     }
@@ -383,9 +383,9 @@ class EchoResponder {
     v1::RouteDecision decision;
     auto* success = decision.mutable_success();
     success->set_worker_id(kFirstWorker);
-    success->set_lease_id("lease-0123456789abcdef-1");
+    success->set_booking_id("booking-0123456789abcdef-1");
     success->set_policy("kv-cost");
-    success->set_lease_ttl_ms(1000);
+    success->set_booking_ttl_ms(1000);
     success->set_total_cost(42.5);
     success->set_generate_subject("kvr.bench.worker.1000.generate");
     auto* cost = success->add_costs();

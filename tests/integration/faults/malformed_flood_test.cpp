@@ -74,7 +74,7 @@ TEST_F(MalformedFloodTest, EveryRouteIsAnsweredAndEveryBadMessageAccountedFor) {
                                 .block_size = kBlockSize,
                                 .num_gpu_blocks = 4096,
                                 .time_scale = "20",
-                                .lease_ttl_ms = 3000,
+                                .liveness_ttl_ms = 3000,
                                 .load_interval_ms = 100});
   ASSERT_TRUE(mocker_);
   metrics_port_ = testing::free_port();
@@ -124,7 +124,7 @@ TEST_F(MalformedFloodTest, EveryRouteIsAnsweredAndEveryBadMessageAccountedFor) {
       } else {
         latencies_ms.push_back(elapsed);
         lock.unlock();
-        (void)testing::report_lifecycle(*client_, kNamespace, decision->success().lease_id(),
+        (void)testing::report_lifecycle(*client_, kNamespace, decision->success().booking_id(),
                                         v1::LIFECYCLE_EVENT_COMPLETED);
       }
     }

@@ -1,11 +1,11 @@
 // Fault injection: the node's own NATS outage. A real nats-server, a `kvr node` and three
-// `kvr mocker` processes (one worker each, 1 s leases) serve a steady stream of route requests
-// whose prompts share a few prefixes; each routed request is generated on its worker and reported
-// completed, as a route-mode client does. The server is killed (SIGKILL) for 1 s, 5 s or 30 s and
-// restarted on the same port while the stream goes on. Nothing may crash, the node must expire no
-// worker for heartbeats it could not receive, and routing must be as cache-aware as before the
-// outage (the overlap its decisions report) within 2 s of the server's return. Each case prints
-// how long after the return the first route and the first cache-aware route came.
+// `kvr mocker` processes (one worker each, 1 s liveness TTLs) serve a steady stream of route
+// requests whose prompts share a few prefixes; each routed request is generated on its worker and
+// reported completed, as a route-mode client does. The server is killed (SIGKILL) for 1 s, 5 s or
+// 30 s and restarted on the same port while the stream goes on. Nothing may crash, the node must
+// expire no worker for heartbeats it could not receive, and routing must be as cache-aware as
+// before the outage (the overlap its decisions report) within 2 s of the server's return. Each case
+// prints how long after the return the first route and the first cache-aware route came.
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -105,7 +105,7 @@ class NatsOutageTest : public testing::KvrClusterTest {
                                         .block_size = kBlockSize,
                                         .num_gpu_blocks = 8192,
                                         .time_scale = "50",
-                                        .lease_ttl_ms = 1000,
+                                        .liveness_ttl_ms = 1000,
                                         .load_interval_ms = 50,
                                         .nats_reconnect_wait_ms = 50},
                                        "mocker-" + std::to_string(i) + ".log");
@@ -167,7 +167,7 @@ class NatsOutageTest : public testing::KvrClusterTest {
       streams_signal_.wait_for(lock, kGenerateTimeout, [&] { return finished_.contains(id); });
     }
     v1::LifecycleReport report;
-    report.set_lease_id(success.lease_id());
+    report.set_booking_id(success.booking_id());
     report.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
     (void)client_->publish(subjects::router_report(kNamespace), report.SerializeAsString());
     return {answered, success.device_overlap_blocks() / kPromptBlocks};
@@ -196,7 +196,7 @@ class NatsOutageTest : public testing::KvrClusterTest {
 
     const std::string before = metrics_text();
     const double expired_before = metric(before, "kvr_workers_expired_total");
-    const double grants_before = metric(before, "kvr_worker_lease_grants_total");
+    const double grants_before = metric(before, "kvr_worker_liveness_grants_total");
     const double dumps_before = metric(before, "kvr_kv_dump_requests_total");
 
     // The stream goes on through the outage, on its own thread.
@@ -282,7 +282,7 @@ class NatsOutageTest : public testing::KvrClusterTest {
     const std::string after = metrics_text();
     EXPECT_EQ(metric(after, "kvr_workers_expired_total"), expired_before) << after;
     EXPECT_EQ(metric(after, "kvr_workers"), kWorkers) << after;
-    EXPECT_GE(metric(after, "kvr_worker_lease_grants_total"), grants_before + kWorkers) << after;
+    EXPECT_GE(metric(after, "kvr_worker_liveness_grants_total"), grants_before + kWorkers) << after;
     EXPECT_EQ(metric(after, "kvr_nats_connected"), 1);
     if (result.cache_aware) {
       EXPECT_LE(*result.cache_aware, 2000ms);
@@ -297,8 +297,9 @@ class NatsOutageTest : public testing::KvrClusterTest {
         static_cast<long long>(outage.count()), ms(result.first_route).c_str(),
         ms(result.cache_aware).c_str(), result.pre_outage_overlap, result.post_outage_overlap,
         result.routed_during_outage,
-        metric(after, "kvr_worker_expiries_suppressed_total") > 0 ? "leases held through it"
-                                                                  : "no lease ran out during it");
+        metric(after, "kvr_worker_expiries_suppressed_total") > 0
+            ? "liveness TTLs held through it"
+            : "no liveness ran out during it");
     RecordProperty("cache_aware_after_return_ms",
                    result.cache_aware ? static_cast<int>(result.cache_aware->count()) : -1);
     return result;
@@ -319,7 +320,7 @@ TEST_F(NatsOutageTest, OneSecondOutageKeepsEveryWorkerAndTheCacheView) { run_out
 
 TEST_F(NatsOutageTest, FiveSecondOutageKeepsEveryWorkerAndTheCacheView) {
   const OutageResult result = run_outage(5000ms);
-  // Five leases' worth of silence: without the hold every worker would have expired.
+  // Five liveness TTLs' worth of silence: without the hold every worker would have expired.
   EXPECT_GT(metric(metrics_text(), "kvr_worker_expiries_suppressed_total"), 0);
   EXPECT_GT(result.pre_outage_overlap, 0.5);
 }

@@ -1,6 +1,6 @@
 // Smaller holes, closed, against `kvr node` as a real process (a real nats-server, a `kvr mocker`
 // worker, raw NATS clients on loopback): a registration announcing a subject nobody can serve or
-// the routers' own is refused and logged, an explicit lease_ttl_ms of 0 is refused while an
+// the routers' own is refused and logged, an explicit liveness_ttl_ms of 0 is refused while an
 // absent one means the default, and two clients may use the same request id.
 #include <gtest/gtest.h>
 
@@ -31,7 +31,7 @@ class ProtocolHolesTest : public testing::KvrClusterTest {
     KvrClusterTest::SetUp();
     if (HasFatalFailure()) return;
     auto mocker = kvr_->start_mocker(
-        {.workers = 1, .worker_id_base = 1, .block_size = kBlockSize, .lease_ttl_ms = 10'000});
+        {.workers = 1, .worker_id_base = 1, .block_size = kBlockSize, .liveness_ttl_ms = 10'000});
     ASSERT_TRUE(mocker);
     mocker_ = std::move(*mocker);
     metrics_port_ = free_port();
@@ -120,11 +120,11 @@ TEST_F(ProtocolHolesTest, RegistrationsWithSubjectsNobodyCanServeAreRefusedAndLo
   EXPECT_TRUE(route(*client_, "mock-model", "still-served").has_success());
 }
 
-TEST_F(ProtocolHolesTest, AnExplicitZeroLeaseTtlIsRefusedAndAnAbsentOneMeansTheDefault) {
+TEST_F(ProtocolHolesTest, AnExplicitZeroLivenessTtlIsRefusedAndAnAbsentOneMeansTheDefault) {
   auto wire = registration(60, "zero-ttl");
-  wire.set_lease_ttl_ms(0);
-  expect_refused(wire, "WorkerRegistration of worker 60: lease_ttl_ms: 0 is not a lease");
-  wire.clear_lease_ttl_ms();
+  wire.set_liveness_ttl_ms(0);
+  expect_refused(wire, "WorkerRegistration of worker 60: liveness_ttl_ms: 0 is not a liveness TTL");
+  wire.clear_liveness_ttl_ms();
   ASSERT_TRUE(client_->publish(subjects::worker_register(kNamespace), wire.SerializeAsString()));
   EXPECT_TRUE(wait_until(
       [&] { return node_metric("kvr_workers{partition=\"zero-ttl/default\"}") == 1; }, 5s));

@@ -2,7 +2,7 @@
 // bounded steady load through a real `kvr node` and nats-server, in generate mode (an in-test
 // client streaming through the node) and in route mode (`kvr replay-live`, which reports the
 // failed requests ABORTED with a cause that blames the worker). The node's passive health must
-// eject the worker within a second of the first failures it hears of, long before its lease
+// eject the worker within a second of the first failures it hears of, long before its liveness
 // (3 s) would expire; no route goes to it after the ejection; and every request is answered or
 // explicitly failed, none later than its timeout.
 #include <fstream>
@@ -91,7 +91,7 @@ class WorkerFailureTest : public testing::KvrClusterTest,
                                         .block_size = kBlockSize,
                                         .num_gpu_blocks = 4096,
                                         .time_scale = "1",
-                                        .lease_ttl_ms = 3000,
+                                        .liveness_ttl_ms = 3000,
                                         .load_interval_ms = 100},
                                        fmt::format("mocker-{}.log", base));
       ASSERT_TRUE(mocker);
@@ -164,7 +164,7 @@ class WorkerFailureTest : public testing::KvrClusterTest,
         delay_ms, since_fault_ms, routes_after_fault, routes_after_ejection,
         metric(page, "kvr_worker_failures_total"));
     EXPECT_LE(delay_ms, 1000);
-    // Ejected long before the lease (3 s) would have expired it.
+    // Ejected long before the liveness TTL (3 s) would have expired it.
     EXPECT_LT(since_fault_ms, 2900);
     EXPECT_EQ(metric(page, "kvr_worker_ejections_total"), 1) << "the cap: one of three at most";
     // A decision the selector made before the ejection may be counted a moment after it.

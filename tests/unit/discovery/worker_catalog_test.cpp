@@ -1,5 +1,5 @@
-// Worker registration validation (plain and from the wire), leases, and the discovery state's
-// cascade of removals to the KV index and the bookings.
+// Worker registration validation (plain and from the wire), liveness TTLs, and the discovery
+// state's cascade of removals to the KV index and the bookings.
 #include "discovery/catalog/worker_catalog.hpp"
 
 #include <algorithm>
@@ -23,7 +23,7 @@ WorkerRegistration registration(WorkerId id = 7, Incarnation incarnation = 1) {
   worker.block_size = 16;
   worker.total_kv_blocks = 1000;
   worker.data_parallel_size = 2;
-  worker.lease_ttl = milliseconds(1000);
+  worker.liveness_ttl = milliseconds(1000);
   return worker;
 }
 
@@ -46,7 +46,7 @@ TEST(WorkerRegistrationTest, ConvertsTheWireFormWithDefaults) {
   EXPECT_EQ(converted->role, WorkerType::Prefill);
   EXPECT_EQ(converted->data_parallel_size, 1U);
   EXPECT_EQ(converted->routing_group, "default");
-  EXPECT_EQ(converted->lease_ttl, RegistrationLimits{}.default_lease_ttl);
+  EXPECT_EQ(converted->liveness_ttl, RegistrationLimits{}.default_liveness_ttl);
   EXPECT_EQ(converted->taints, std::vector<std::string>{"gpu=h100"});
 }
 
@@ -66,8 +66,8 @@ TEST(WorkerRegistrationTest, NamesTheBadField) {
   EXPECT_EQ(error.field, "block_size");
   EXPECT_EQ(error.message(), "block_size: 16 differs from the router's 32");
   wire = wire_registration();
-  wire.set_lease_ttl_ms(5);
-  EXPECT_EQ(registration_from_proto(wire, {}).error().field, "lease_ttl_ms");
+  wire.set_liveness_ttl_ms(5);
+  EXPECT_EQ(registration_from_proto(wire, {}).error().field, "liveness_ttl_ms");
   wire = wire_registration();
   wire.set_data_parallel_size(100000);
   EXPECT_EQ(registration_from_proto(wire, {}).error().field, "data_parallel_size");
@@ -76,23 +76,23 @@ TEST(WorkerRegistrationTest, NamesTheBadField) {
   EXPECT_EQ(registration_from_proto(wire, {}).error().field, "taints");
 }
 
-TEST(WorkerRegistrationTest, AnExplicitZeroLeaseTtlIsRefusedWhileAbsenceMeansTheDefault) {
+TEST(WorkerRegistrationTest, AnExplicitZeroLivenessTtlIsRefusedWhileAbsenceMeansTheDefault) {
   auto wire = wire_registration();
-  ASSERT_FALSE(wire.has_lease_ttl_ms());
+  ASSERT_FALSE(wire.has_liveness_ttl_ms());
   const auto absent = registration_from_proto(wire, {});
   ASSERT_TRUE(absent) << absent.error().message();
-  EXPECT_EQ(absent->lease_ttl, RegistrationLimits{}.default_lease_ttl);
-  wire.set_lease_ttl_ms(0);
+  EXPECT_EQ(absent->liveness_ttl, RegistrationLimits{}.default_liveness_ttl);
+  wire.set_liveness_ttl_ms(0);
   const auto zero = registration_from_proto(wire, {});
-  ASSERT_FALSE(zero) << "an explicit 0 became " << zero->lease_ttl.count() << " ms";
-  EXPECT_EQ(zero.error().field, "lease_ttl_ms");
+  ASSERT_FALSE(zero) << "an explicit 0 became " << zero->liveness_ttl.count() << " ms";
+  EXPECT_EQ(zero.error().field, "liveness_ttl_ms");
   EXPECT_NE(zero.error().reason.find("leave the field out for the default of 10000 ms"),
             std::string::npos)
       << zero.error().reason;
   // On the wire, an explicit 0 and an absent field differ.
   v1::WorkerRegistration parsed;
   ASSERT_TRUE(parsed.ParseFromString(wire.SerializeAsString()));
-  EXPECT_TRUE(parsed.has_lease_ttl_ms());
+  EXPECT_TRUE(parsed.has_liveness_ttl_ms());
 }
 
 TEST(WorkerRegistrationTest, RefusesSubjectsTheNodeCannotOrMustNotPublishTo) {
@@ -165,14 +165,14 @@ TEST(WorkerCatalogTest, TellsRefreshFromRestart) {
   EXPECT_EQ(catalog.size(), 0U);
 }
 
-// The node's own NATS outage: leases are held while it lasts and each runs one TTL from the
+// The node's own NATS outage: liveness is held while it lasts and each runs one TTL from the
 // reconnect (release), so a worker that died meanwhile expires one TTL after it.
-TEST(WorkerCatalogTest, HeldLeasesDoNotExpireAndRunOneTtlFromTheRelease) {
+TEST(WorkerCatalogTest, HeldLivenessDoesNotExpireAndRunOneTtlFromTheRelease) {
   WorkerCatalog catalog;
   ASSERT_TRUE(catalog.register_worker(registration(7), kStart));
   ASSERT_TRUE(catalog.register_worker(registration(8), kStart));
-  catalog.hold_leases();
-  EXPECT_TRUE(catalog.leases_held());
+  catalog.hold_liveness();
+  EXPECT_TRUE(catalog.liveness_held());
   std::vector<WorkerId> expired;
   // Thirty TTLs without a heartbeat: the node heard nothing because it was cut off.
   catalog.expire(kStart + milliseconds(30'000), expired);
@@ -180,11 +180,11 @@ TEST(WorkerCatalogTest, HeldLeasesDoNotExpireAndRunOneTtlFromTheRelease) {
   EXPECT_EQ(catalog.size(), 2U);
 
   const auto reconnect = kStart + milliseconds(30'000);
-  const LeaseGrace grace = catalog.release_leases(reconnect);
-  EXPECT_FALSE(catalog.leases_held());
+  const LivenessGrace grace = catalog.resume_liveness(reconnect);
+  EXPECT_FALSE(catalog.liveness_held());
   EXPECT_EQ(grace.held_over, 2U);
   EXPECT_EQ(grace.renewed, 2U);
-  EXPECT_EQ(catalog.find(7)->lease_expires_at, reconnect + milliseconds(1000));
+  EXPECT_EQ(catalog.find(7)->liveness_expires_at, reconnect + milliseconds(1000));
   // Worker 8 is alive and heartbeats after the reconnect; worker 7 died during the outage.
   ASSERT_TRUE(catalog.heartbeat(8, 1, reconnect + milliseconds(600)));
   catalog.expire(reconnect + milliseconds(999), expired);
@@ -198,25 +198,25 @@ TEST(WorkerCatalogTest, HeldLeasesDoNotExpireAndRunOneTtlFromTheRelease) {
   EXPECT_NE(catalog.find(8), nullptr);
 }
 
-TEST(WorkerCatalogTest, ReleaseCountsOnlyTheLeasesItMoved) {
+TEST(WorkerCatalogTest, ResumeCountsOnlyTheWorkersItMoved) {
   WorkerCatalog catalog;
   WorkerRegistration long_lived = registration(9);
-  long_lived.lease_ttl = milliseconds(10'000);
+  long_lived.liveness_ttl = milliseconds(10'000);
   ASSERT_TRUE(catalog.register_worker(registration(7), kStart));
   ASSERT_TRUE(catalog.register_worker(registration(8), kStart));
   ASSERT_TRUE(catalog.register_worker(long_lived, kStart));
-  catalog.hold_leases();
-  // A short outage: worker 7's lease ran out (it would have expired), worker 9's did not, and
+  catalog.hold_liveness();
+  // A short outage: worker 7's liveness ran out (it would have expired), worker 9's did not, and
   // worker 8 was heard from the moment the connection came back.
   const auto reconnect = kStart + milliseconds(1500);
   ASSERT_TRUE(catalog.heartbeat(8, 1, reconnect));
-  const LeaseGrace grace = catalog.release_leases(reconnect);
+  const LivenessGrace grace = catalog.resume_liveness(reconnect);
   EXPECT_EQ(grace.held_over, 1U);
   EXPECT_EQ(grace.renewed, 2U);
-  EXPECT_EQ(catalog.find(7)->lease_expires_at, reconnect + milliseconds(1000));
-  EXPECT_EQ(catalog.find(8)->lease_expires_at, reconnect + milliseconds(1000));
-  EXPECT_EQ(catalog.find(9)->lease_expires_at, reconnect + milliseconds(10'000));
-  // Without a hold, leases expire as before.
+  EXPECT_EQ(catalog.find(7)->liveness_expires_at, reconnect + milliseconds(1000));
+  EXPECT_EQ(catalog.find(8)->liveness_expires_at, reconnect + milliseconds(1000));
+  EXPECT_EQ(catalog.find(9)->liveness_expires_at, reconnect + milliseconds(10'000));
+  // Without a hold, workers expire as before.
   std::vector<WorkerId> expired;
   catalog.expire(reconnect + milliseconds(1000), expired);
   std::ranges::sort(expired);
@@ -226,17 +226,17 @@ TEST(WorkerCatalogTest, ReleaseCountsOnlyTheLeasesItMoved) {
 TEST(WorkerCatalogTest, ALeaseThatRanOutDuringTheHoldCountsEvenIfAHeartbeatRacedTheRelease) {
   WorkerCatalog catalog;
   ASSERT_TRUE(catalog.register_worker(registration(7), kStart));
-  catalog.hold_leases();
+  catalog.hold_liveness();
   std::vector<WorkerId> expired;
   catalog.expire(kStart + milliseconds(3000), expired);  // a tick during the outage
   EXPECT_TRUE(expired.empty());
-  EXPECT_TRUE(catalog.find(7)->lease_held_over);
+  EXPECT_TRUE(catalog.find(7)->liveness_held_over);
   // The worker's first heartbeat after the return arrives before the node hears of its reconnect.
   ASSERT_TRUE(catalog.heartbeat(7, 1, kStart + milliseconds(5000)));
-  const LeaseGrace grace = catalog.release_leases(kStart + milliseconds(5001));
+  const LivenessGrace grace = catalog.resume_liveness(kStart + milliseconds(5001));
   EXPECT_EQ(grace.held_over, 1U);
   EXPECT_EQ(grace.renewed, 1U);
-  EXPECT_FALSE(catalog.find(7)->lease_held_over);
+  EXPECT_FALSE(catalog.find(7)->liveness_held_over);
 }
 
 class DiscoveryStateTest : public ::testing::Test {
@@ -285,14 +285,14 @@ TEST_F(DiscoveryStateTest, RestartResetsTheWorkersState) {
   EXPECT_TRUE(state_.index().apply(KvEventBatch{{7, 0}, 2, 1, {}}));
 }
 
-TEST_F(DiscoveryStateTest, HeldLeasesKeepTheIndexWhileBookingsStillExpire) {
-  state_.hold_leases();
+TEST_F(DiscoveryStateTest, HeldLivenessKeepsTheIndexWhileBookingsStillExpire) {
+  state_.hold_liveness();
   std::vector<WorkerId> removed;
   state_.expire(kStart + milliseconds(61'000), removed);
   EXPECT_TRUE(removed.empty());
   EXPECT_EQ(matches(), 1U);                      // the cached prefix survives the outage
   EXPECT_EQ(state_.load().open_bookings(), 0U);  // the node's own bookings still end
-  (void)state_.release_leases(kStart + milliseconds(61'000));
+  (void)state_.resume_liveness(kStart + milliseconds(61'000));
   state_.expire(kStart + milliseconds(62'000), removed);
   EXPECT_EQ(removed, std::vector<WorkerId>{7});
   EXPECT_EQ(matches(), 0U);

@@ -20,7 +20,7 @@ TEST(ErrorTest, MapsToWireCodes) {
 
 // The admission codes were appended: the numbers clients already know keep their meaning.
 TEST(ErrorTest, AdmissionCodesAreAppendedToBothEnums) {
-  EXPECT_EQ(static_cast<int>(Error::unknown_lease), 11);
+  EXPECT_EQ(static_cast<int>(Error::unknown_booking), 11);
   EXPECT_EQ(static_cast<int>(Error::overloaded), 12);
   EXPECT_EQ(static_cast<int>(Error::rate_limited), 13);
   EXPECT_EQ(static_cast<int>(Error::due_time_expired), 14);

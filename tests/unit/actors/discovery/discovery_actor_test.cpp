@@ -118,11 +118,11 @@ class DiscoveryActorTest : public testing::CoordinatedActorsTest {
     scheduler_.run();
   }
 
-  // Selectors tick only when the test triggers their timer (an hour), leases last 1 s.
+  // Selectors tick only when the test triggers their timer (an hour), liveness TTLs last 1 s.
   DiscoveryActorConfig config() {
     DiscoveryActorConfig config;
     config.selector.options.router.block_size = kBlockSize;
-    config.selector.options.lease_ttl = 60s;
+    config.selector.options.booking_ttl = 60s;
     static_cast<NodeServices&>(config.selector) = services();
     config.selector.plugins = &plugins_;
     config.selector.tick_interval = 1h;
@@ -205,7 +205,7 @@ TEST_F(DiscoveryActorTest, ARegistrationSpawnsThePartitionsSelectorWhichGetsTheW
   EXPECT_EQ(route("m"), 1U);
   EXPECT_EQ(route("other"), 2U);
 
-  // Worker 1's heartbeat reaches its selector: its lease outlives the silent worker 2's.
+  // Worker 1's heartbeat reaches its selector: its liveness outlives the silent worker 2's.
   clock_->advance(600ms);
   send(discovery_, heartbeat_atom::value, WorkerLiveness{1, 1});
   clock_->advance(600ms);

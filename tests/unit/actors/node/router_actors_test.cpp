@@ -1,8 +1,8 @@
 // The node's actors together, in one actor system without NATS, on CAF's deterministic test
 // coordinator (no actor runs until the test runs the scheduler, after every send) and an injected
 // clock: the discovery actor spawns a selector per partition, the reservation actor books and
-// leases, the ingress actor answers actor clients (route, report, and generate with its stream). A
-// fake publisher records what would go out on NATS. The classifier actor sits in front of the
+// bookings, the ingress actor answers actor clients (route, report, and generate with its stream).
+// A fake publisher records what would go out on NATS. The classifier actor sits in front of the
 // reservation and lifecycle actors when a request classifier is configured. Timers fire only when
 // the test moves CAF's clock (advance_time) or sends the timer's message itself.
 #include <algorithm>
@@ -121,7 +121,7 @@ discovery::WorkerRegistration registration(WorkerId id) {
   result.model = "m";
   result.block_size = 4;
   result.total_kv_blocks = 100;
-  result.lease_ttl = 60s;
+  result.liveness_ttl = 60s;
   result.generate_subject = "gen." + std::to_string(id);
   result.dump_subject = "dump." + std::to_string(id);
   return result;
@@ -279,7 +279,7 @@ class RouterActorsTest : public ::testing::Test {
   SelectorActorConfig selector_config(std::shared_ptr<metrics::MetricsRegistry> metrics) {
     SelectorActorConfig selector;
     selector.options.router.block_size = 4;
-    selector.options.lease_ttl = 60s;
+    selector.options.booking_ttl = 60s;
     selector.plugins = &plugins_;
     selector.publisher = publisher_;
     selector.metrics = std::move(metrics);
@@ -297,7 +297,7 @@ class RouterActorsTest : public ::testing::Test {
     reservation.metrics = std::move(metrics);
     reservation.log = log_;
     reservation.clock = clock_;
-    reservation.lease_ttl = 60s;
+    reservation.booking_ttl = 60s;
     reservation.tick_interval = 1h;  // the tests that need it send the tick
     return reservation;
   }
@@ -330,16 +330,16 @@ class RouterActorsTest : public ::testing::Test {
     return answers_.decisions.back();
   }
 
-  v1::LifecycleAck report(const std::string& lease, LifecycleEventKind event) {
-    return report_via(reservation_, lease, event);
+  v1::LifecycleAck report(const std::string& booking, LifecycleEventKind event) {
+    return report_via(reservation_, booking, event);
   }
 
-  v1::LifecycleAck report_via(const report_entry_actor& entry, const std::string& lease,
+  v1::LifecycleAck report_via(const report_entry_actor& entry, const std::string& booking,
                               LifecycleEventKind event, std::string reason = {},
                               AbortCause cause = AbortCause::unspecified) {
     const std::size_t before = answers_.acks.size();
     system_.spawn(report_client, entry,
-                  ReportEnvelope{LifecycleReportData{lease, event, std::move(reason), cause}, {}},
+                  ReportEnvelope{LifecycleReportData{booking, event, std::move(reason), cause}, {}},
                   &answers_);
     scheduler_.run();
     if (answers_.acks.size() != before + 1) {
@@ -428,14 +428,14 @@ TEST_F(RouterActorsTest, RouteBooksAndCompletionReleasesExactlyOnce) {
   EXPECT_EQ(decision.success().generate_subject(),
             "gen." + std::to_string(decision.success().worker_id()));
   EXPECT_EQ(bookings(), 1);
-  const std::string lease = decision.success().lease_id();
-  EXPECT_TRUE(report(lease, LifecycleEventKind::FirstToken).accepted());
-  EXPECT_FALSE(report(lease, LifecycleEventKind::FirstToken).accepted());
+  const std::string booking = decision.success().booking_id();
+  EXPECT_TRUE(report(booking, LifecycleEventKind::FirstToken).accepted());
+  EXPECT_FALSE(report(booking, LifecycleEventKind::FirstToken).accepted());
   EXPECT_EQ(bookings(), 1);
-  EXPECT_TRUE(report(lease, LifecycleEventKind::Completed).accepted());
+  EXPECT_TRUE(report(booking, LifecycleEventKind::Completed).accepted());
   EXPECT_EQ(bookings(), 0);
-  EXPECT_FALSE(report(lease, LifecycleEventKind::Completed).accepted());
-  EXPECT_FALSE(report("no-such-lease", LifecycleEventKind::Aborted).accepted());
+  EXPECT_FALSE(report(booking, LifecycleEventKind::Completed).accepted());
+  EXPECT_FALSE(report("no-such-booking", LifecycleEventKind::Aborted).accepted());
 }
 
 TEST_F(RouterActorsTest, APickIsInPredictedLoadBeforeTheNextSelection) {
@@ -456,7 +456,7 @@ TEST_F(RouterActorsTest, FailedDeliveryRollsTheBookingBack) {
        RouteEnvelope{request("r1"), "reply.subject", clock_->now()});
   EXPECT_EQ(bookings(), 0);
   EXPECT_EQ(metrics_->value("kvr_bookings_rolled_back_total"), 1);
-  EXPECT_EQ(metrics_->value("kvr_leases_open"), 0);
+  EXPECT_EQ(metrics_->value("kvr_route_bookings_open"), 0);
 }
 
 // NATS answers are published deferred and written by a flush queued behind the reservation's
@@ -543,7 +543,7 @@ TEST_F(RouterActorsTest, RequestIdsAreScopedToTheirClient) {
   const v1::RouteDecision b = ask_second();
   ASSERT_TRUE(b.has_success()) << b.error().message();
   EXPECT_EQ(b.request_id(), "same");
-  EXPECT_NE(a.success().lease_id(), b.success().lease_id());
+  EXPECT_NE(a.success().booking_id(), b.success().booking_id());
   // The first client's id is still open.
   const v1::RouteDecision again = ask_first();
   ASSERT_TRUE(again.has_error());
@@ -559,7 +559,7 @@ TEST_F(RouterActorsTest, RequestIdsAreScopedToTheirClient) {
   ASSERT_TRUE(forwarded_again.has_error());
   EXPECT_EQ(forwarded_again.error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
   // Released, the id is free again for its client.
-  ASSERT_TRUE(report(a.success().lease_id(), LifecycleEventKind::Completed).accepted());
+  ASSERT_TRUE(report(a.success().booking_id(), LifecycleEventKind::Completed).accepted());
   EXPECT_TRUE(ask_first().has_success());
 }
 
@@ -734,35 +734,35 @@ TEST_F(RouterActorsTest, RouteModeReportsCommitAndAbandonHardSessionBindings) {
     data.selection.session.emplace("session-1", std::nullopt, std::nullopt, std::nullopt);
     return route_via(reservation, std::move(data));
   };
-  const auto report_on = [&](const std::string& lease, LifecycleEventKind event,
+  const auto report_on = [&](const std::string& booking, LifecycleEventKind event,
                              std::string reason = {}) {
-    return report_via(reservation, lease, event, std::move(reason)).accepted();
+    return report_via(reservation, booking, event, std::move(reason)).accepted();
   };
 
   // Bound at selection; aborted before its first token: the provisional binding is dropped.
   auto decision = route_session();
   ASSERT_TRUE(decision.has_success());
   EXPECT_EQ(metrics_->value("kvr_session_bindings", partition), 1);
-  EXPECT_TRUE(report_on(decision.success().lease_id(), LifecycleEventKind::Aborted, "failed"));
+  EXPECT_TRUE(report_on(decision.success().booking_id(), LifecycleEventKind::Aborted, "failed"));
   EXPECT_EQ(metrics_->value("kvr_session_bindings", partition), 0);
 
   // Bound again, confirmed by the first token: every later request goes to the same worker.
   decision = route_session();
   ASSERT_TRUE(decision.has_success());
   const WorkerId bound = decision.success().worker_id();
-  EXPECT_TRUE(report_on(decision.success().lease_id(), LifecycleEventKind::FirstToken));
-  EXPECT_TRUE(report_on(decision.success().lease_id(), LifecycleEventKind::Completed));
+  EXPECT_TRUE(report_on(decision.success().booking_id(), LifecycleEventKind::FirstToken));
+  EXPECT_TRUE(report_on(decision.success().booking_id(), LifecycleEventKind::Completed));
   EXPECT_EQ(metrics_->value("kvr_session_bindings", partition), 1);
-  std::vector<std::string> open_leases;
+  std::vector<std::string> open_bookings;
   for (int i = 0; i < 6; ++i) {
     // Left open, so that the bound worker is the busiest: only the binding sends them there.
     decision = route_session();
     ASSERT_TRUE(decision.has_success());
     EXPECT_EQ(decision.success().worker_id(), bound);
-    open_leases.push_back(decision.success().lease_id());
+    open_bookings.push_back(decision.success().booking_id());
   }
-  for (const auto& lease : open_leases) {
-    EXPECT_TRUE(report_on(lease, LifecycleEventKind::Completed));
+  for (const auto& booking : open_bookings) {
+    EXPECT_TRUE(report_on(booking, LifecycleEventKind::Completed));
   }
   send_exit(discovery);
   send_exit(reservation);
@@ -789,18 +789,18 @@ caf::behavior silent_selector(caf::event_based_actor* self,
 }
 
 TEST_F(RouterActorsTest, RequestsReleaseExpiredBookingsAFewAtATimeBetweenTicks) {
-  // Leases of 300 ms and a tick that never comes: only the requests themselves end the expired
-  // leases and release their bookings, four per request in each actor. Time moves only when
+  // Bookings of 300 ms and a tick that never comes: only the requests themselves end the expired
+  // bookings and release their bookings, four per request in each actor. Time moves only when
   // the test advances it.
   auto metrics = std::make_shared<metrics::MetricsRegistry>();
   auto clock = std::make_shared<ManualClock>();
   SelectorActorConfig selector = selector_config(metrics);
-  selector.options.lease_ttl = 300ms;
+  selector.options.booking_ttl = 300ms;
   selector.tick_interval = 1h;
   selector.clock = clock;
   auto discovery = own(system_.spawn(discovery_behavior, DiscoveryActorConfig{selector, {}}));
   ReservationActorConfig config = reservation_config(discovery, metrics);
-  config.lease_ttl = 300ms;
+  config.booking_ttl = 300ms;
   config.tick_interval = 1h;
   config.clock = clock;
   auto reservation = own(system_.spawn(reservation_behavior, config));
@@ -812,16 +812,16 @@ TEST_F(RouterActorsTest, RequestsReleaseExpiredBookingsAFewAtATimeBetweenTicks) 
   };
   for (int i = 0; i < 6; ++i) ASSERT_TRUE(route_on(fmt::format("early{}", i)));
   EXPECT_EQ(metrics->value("kvr_bookings_open", partition), 6);
-  EXPECT_EQ(metrics->value("kvr_leases_open"), 6);
+  EXPECT_EQ(metrics->value("kvr_route_bookings_open"), 6);
   clock->advance(400ms);
   ASSERT_TRUE(route_on("late"));
-  // Four of the six expired bookings and leases ended, and the new one is open.
+  // Four of the six expired bookings ended, and the new one is open.
   EXPECT_EQ(metrics->value("kvr_bookings_open", partition), 3);
-  EXPECT_EQ(metrics->value("kvr_leases_open"), 3);
-  EXPECT_EQ(metrics->value("kvr_leases_expired_total"), 4);
+  EXPECT_EQ(metrics->value("kvr_route_bookings_open"), 3);
+  EXPECT_EQ(metrics->value("kvr_route_bookings_expired_total"), 4);
   ASSERT_TRUE(route_on("later"));
   EXPECT_EQ(metrics->value("kvr_bookings_open", partition), 2);
-  EXPECT_EQ(metrics->value("kvr_leases_expired_total"), 6);
+  EXPECT_EQ(metrics->value("kvr_route_bookings_expired_total"), 6);
   send_exit(reservation);
   send_exit(discovery);
 }
@@ -861,8 +861,8 @@ TEST_F(RouterActorsTest, ARequestItsSelectorLeavesUnansweredFailsWithATimeoutOnT
   // The NATS client got the same answer on its reply subject (written by the queued flush).
   EXPECT_EQ(publisher_->published_on("client.reply").size(), 1U);
 
-  // No such lease: refused at once, without the selector.
-  EXPECT_FALSE(report_via(reservation, "lease-1", LifecycleEventKind::Completed).accepted());
+  // No such booking: refused at once, without the selector.
+  EXPECT_FALSE(report_via(reservation, "booking-1", LifecycleEventKind::Completed).accepted());
   EXPECT_EQ(received->load(), 1);
   send_exit(reservation);
   send_exit(silent);
@@ -913,8 +913,8 @@ TEST_F(RouterActorsTest, RouteModeAbortsCountAgainstTheWorkerOnlyWhenTheirCauseB
   const auto route_and_abort = [&](AbortCause cause) {
     const auto decision = route(request("h" + std::to_string(next++)));
     EXPECT_TRUE(decision.has_success()) << decision.error().message();
-    EXPECT_TRUE(report_via(reservation_, decision.success().lease_id(), LifecycleEventKind::Aborted,
-                           "gave up", cause)
+    EXPECT_TRUE(report_via(reservation_, decision.success().booking_id(),
+                           LifecycleEventKind::Aborted, "gave up", cause)
                     .accepted());
     return decision.success().worker_id();
   };
@@ -1134,13 +1134,13 @@ TEST_F(ClassifierActorsTest, MaxInFlightOneAnswersTheSecondRouteOnlyAfterTheFirs
   EXPECT_TRUE(publisher_->published_on("reply.r2").empty());
   EXPECT_EQ(bookings(), 1);
 
-  EXPECT_TRUE(
-      report_via(admitted_reservation_, first.success().lease_id(), LifecycleEventKind::FirstToken)
-          .accepted());
+  EXPECT_TRUE(report_via(admitted_reservation_, first.success().booking_id(),
+                         LifecycleEventKind::FirstToken)
+                  .accepted());
   EXPECT_EQ(events_->snapshot().size(), 2U);
   EXPECT_TRUE(publisher_->published_on("reply.r2").empty());  // nor does the first token
   EXPECT_TRUE(
-      report_via(admitted_reservation_, first.success().lease_id(), LifecycleEventKind::Completed)
+      report_via(admitted_reservation_, first.success().booking_id(), LifecycleEventKind::Completed)
           .accepted());
   const v1::RouteDecision second = decision_on("reply.r2");
   ASSERT_TRUE(second.has_success()) << second.error().message();
@@ -1437,7 +1437,7 @@ TEST_F(QueueActorsTest, AQueuedRouteIsAnsweredWhenTheFirstTokenFreesItsWorker) {
   ASSERT_TRUE(first.has_success());
   clock_->advance(250ms);
   EXPECT_TRUE(
-      report_via(queue_reservation_, first.success().lease_id(), LifecycleEventKind::FirstToken)
+      report_via(queue_reservation_, first.success().booking_id(), LifecycleEventKind::FirstToken)
           .accepted());
   ASSERT_TRUE(answered("r2"));
   v1::RouteDecision second;
@@ -1517,7 +1517,7 @@ TEST_F(QueueActorsTest, ARouteItsCallerGaveUpOnLeavesTheQueueUnbooked) {
   v1::RouteDecision first;
   ASSERT_TRUE(first.ParseFromString(publisher_->published_on("reply.r1")[0]));
   EXPECT_TRUE(
-      report_via(queue_reservation_, first.success().lease_id(), LifecycleEventKind::Completed)
+      report_via(queue_reservation_, first.success().booking_id(), LifecycleEventKind::Completed)
           .accepted());
   EXPECT_EQ(bookings(), 0);
   EXPECT_EQ(queue_outcome("dispatched"), 0);

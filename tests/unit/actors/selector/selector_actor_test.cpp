@@ -72,7 +72,7 @@ class SelectorActorTest : public testing::CoordinatedActorsTest {
   SelectorActorConfig config() {
     SelectorActorConfig config{{}, services()};
     config.options.router.block_size = kBlockSize;
-    config.options.lease_ttl = 60s;
+    config.options.booking_ttl = 60s;
     config.options.partition = {"m", "default"};
     config.plugins = &plugins_;
     return config;

@@ -1,8 +1,8 @@
 // The node's own NATS outage as the selector and discovery actors see it, on an injected clock and
 // CAF's deterministic test coordinator (every message is handled before the clock moves on):
-// while the connection is down no worker lease expires, after the reconnect each lease runs one
-// TTL from it (a worker silent since expires then, a live one stays), and every worker heard from
-// again is asked for its KV dump, a bounded number per tick.
+// while the connection is down no worker liveness expires, after the reconnect each worker's
+// liveness runs one TTL from it (a worker silent since expires then, a live one stays), and every
+// worker heard from again is asked for its KV dump, a bounded number per tick.
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,7 +37,7 @@ discovery::WorkerRegistration registration(WorkerId id) {
   result.model = "m";
   result.block_size = 4;
   result.total_kv_blocks = 100;
-  result.lease_ttl = 1s;
+  result.liveness_ttl = 1s;
   result.generate_subject = "gen." + std::to_string(id);
   result.dump_subject = "dump." + std::to_string(id);
   return result;
@@ -73,7 +73,7 @@ class SelectorOutageTest : public testing::CoordinatedActorsTest {
   SelectorActorConfig selector_config() {
     SelectorActorConfig config{{}, services()};
     config.options.router.block_size = 4;
-    config.options.lease_ttl = 60s;
+    config.options.booking_ttl = 60s;
     config.options.partition = {"m", "default"};
     config.plugins = &plugins_;
     config.tick_interval = 1h;
@@ -104,14 +104,14 @@ class SelectorOutageTest : public testing::CoordinatedActorsTest {
   discovery_actor discovery_;
 };
 
-TEST_F(SelectorOutageTest, NoLeaseExpiresWhileDisconnectedAndASilentWorkerExpiresOneTtlAfter) {
+TEST_F(SelectorOutageTest, NoLivenessExpiresWhileDisconnectedAndASilentWorkerExpiresOneTtlAfter) {
   selector_ = system_.spawn(selector_behavior, selector_config());
   scheduler_.run();
   for (WorkerId id : {11, 12}) send(selector_, worker_up_atom::value, registration(id));
   ASSERT_TRUE(routes(selector_, "before"));
   EXPECT_EQ(metric("kvr_workers"), 2);
 
-  // The node loses NATS for 30 leases' worth of time; ticks keep running.
+  // The node loses NATS for 30 liveness TTLs' worth of time; ticks keep running.
   send(selector_, nats_link_atom::value, false);
   for (int tick = 0; tick < 30; ++tick) {
     clock_->advance(1s);
@@ -121,15 +121,15 @@ TEST_F(SelectorOutageTest, NoLeaseExpiresWhileDisconnectedAndASilentWorkerExpire
   EXPECT_EQ(metric("kvr_workers"), 2);
   EXPECT_EQ(metric("kvr_workers_expired_total"), 0);
 
-  // Back: both leases had run out and were held; each now runs one TTL (1 s) from here.
+  // Back: both workers' liveness had run out and were held; each now runs one TTL (1 s) from here.
   send(selector_, nats_link_atom::value, true);
   ASSERT_TRUE(routes(selector_, "reconnected"));
   EXPECT_EQ(metric("kvr_worker_expiries_suppressed_total"), 2);
-  EXPECT_EQ(metric("kvr_worker_lease_grants_total"), 2);
+  EXPECT_EQ(metric("kvr_worker_liveness_grants_total"), 2);
   // No dump asked yet: neither worker has been heard from since the reconnect.
   EXPECT_TRUE(publisher_->dumps.empty());
 
-  // Worker 12 is alive: its heartbeat renews its lease and brings its dump request.
+  // Worker 12 is alive: its heartbeat renews its liveness and brings its dump request.
   clock_->advance(600ms);
   send(selector_, heartbeat_atom::value, WorkerLiveness{12, 1});
   clock_->advance(399ms);
@@ -200,8 +200,9 @@ TEST_F(SelectorOutageTest, TheDiscoveryActorTellsEverySelectorAndAsksWorkersToRe
   EXPECT_EQ(metrics_->value("kvr_workers", {{"partition", "other/default"}}), 1);
   clock_->advance(2s);
   send(discovery_, nats_link_atom::value, true);
-  EXPECT_EQ(metrics_->value("kvr_worker_lease_grants_total", {{"partition", "other/default"}}), 1);
-  EXPECT_EQ(metric("kvr_worker_lease_grants_total"), 1);
+  EXPECT_EQ(metrics_->value("kvr_worker_liveness_grants_total", {{"partition", "other/default"}}),
+            1);
+  EXPECT_EQ(metric("kvr_worker_liveness_grants_total"), 1);
   EXPECT_EQ(publisher_->reregistrations, asked_before + 1);
   // The worker registers again in answer: its KV state is asked for.
   send(discovery_, worker_up_atom::value, registration(31));

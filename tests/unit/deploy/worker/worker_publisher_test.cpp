@@ -67,7 +67,7 @@ TEST_F(WorkerPublisherTest, RegistersWithTheDescriptionAndTheWorkersOwnSubjects)
                                       .max_num_batched_tokens = 8192,
                                       .max_num_seqs = 256,
                                       .publishes_kv_events = false,
-                                      .lease_ttl = 1500ms};
+                                      .liveness_ttl = 1500ms};
   const auto registration =
       first_on<v1::WorkerRegistration>(subjects::worker_register(kNamespace), [&] {
         publisher_->publish_registration({7, 0x51}, description);
@@ -85,7 +85,7 @@ TEST_F(WorkerPublisherTest, RegistersWithTheDescriptionAndTheWorkersOwnSubjects)
   EXPECT_EQ(registration.max_num_batched_tokens(), 8192U);
   EXPECT_EQ(registration.max_num_seqs(), 256U);
   EXPECT_FALSE(registration.publishes_kv_events());
-  EXPECT_EQ(registration.lease_ttl_ms(), 1500U);
+  EXPECT_EQ(registration.liveness_ttl_ms(), 1500U);
   EXPECT_EQ(registration.generate_subject(), subjects::worker_generate(kNamespace, 7));
   EXPECT_EQ(registration.dump_subject(), subjects::worker_dump(kNamespace, 7));
 }
@@ -226,7 +226,7 @@ TEST(PeriodicTimerTest, FiresWhenDueThenOneIntervalAfterEachFiring) {
   EXPECT_EQ(timer.next(), start + 450ms);
 }
 
-TEST(PeriodicTimerTest, HeartbeatsThreeTimesPerLease) {
+TEST(PeriodicTimerTest, HeartbeatsThreeTimesPerLiveness) {
   EXPECT_EQ(heartbeat_interval(3000ms), 1000ms);
   EXPECT_EQ(heartbeat_interval(100ms), 33ms);
 }

@@ -39,11 +39,11 @@ TEST(NodeMetricsTest, DescribesEveryFamilyOnceWithItsHelpAndType) {
   }
 }
 
-TEST(NodeMetricsTest, LeasesOpenAndNatsReconnectsShowFromTheStart) {
+TEST(NodeMetricsTest, RouteBookingsOpenAndNatsReconnectsShowFromTheStart) {
   MetricsRegistry registry;
   NodeMetrics::describe(registry);
   const std::string text = registry.render();
-  EXPECT_NE(text.find("\nkvr_leases_open 0\n"), std::string::npos);
+  EXPECT_NE(text.find("\nkvr_route_bookings_open 0\n"), std::string::npos);
   EXPECT_NE(text.find("\nkvr_nats_reconnects_total 0\n"), std::string::npos);
 }
 

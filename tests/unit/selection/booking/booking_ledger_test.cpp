@@ -29,7 +29,7 @@ TEST(BookingLedgerTest, CloseReturnsTheBookingExactlyOnce) {
   EXPECT_EQ(closed->request_id, "r1");
   EXPECT_EQ(closed->worker, (WorkerWithDpRank{7, 1}));
   EXPECT_EQ(closed->partition.model, "m");
-  EXPECT_EQ(ledger.close(id).error(), BookingError::unknown_lease);
+  EXPECT_EQ(ledger.close(id).error(), BookingError::unknown_booking);
   EXPECT_EQ(ledger.size(), 0U);
 }
 
@@ -51,11 +51,11 @@ TEST(BookingLedgerTest, AFirstTokenAfterItsCompletionFindsTheBookingEnded) {
   const auto late = ledger.first_token(first);
   ASSERT_FALSE(late);
   EXPECT_EQ(late.error(), BookingError::already_ended);
-  EXPECT_EQ(ledger.first_token("n-999").error(), BookingError::unknown_lease);
+  EXPECT_EQ(ledger.first_token("n-999").error(), BookingError::unknown_booking);
   for (std::size_t i = 0; i < BookingLedger::kRecentlyEnded; ++i) {
     ASSERT_TRUE(ledger.close(ledger.open(kPartition, "r", {1, 0}, kStart + 10s)));
   }
-  EXPECT_EQ(ledger.first_token(first).error(), BookingError::unknown_lease) << "forgotten by now";
+  EXPECT_EQ(ledger.first_token(first).error(), BookingError::unknown_booking) << "forgotten by now";
 }
 
 TEST(BookingLedgerTest, ExpireEndsOnlyDueBookingsAndNeverAClosedOne) {
@@ -67,8 +67,8 @@ TEST(BookingLedgerTest, ExpireEndsOnlyDueBookingsAndNeverAClosedOne) {
   EXPECT_TRUE(ledger.expire(kStart).empty());
   const auto expired = ledger.expire(kStart + 1s);
   ASSERT_EQ(expired.size(), 1U);
-  EXPECT_EQ(expired.front().lease_id, early);
-  EXPECT_EQ(ledger.close(early).error(), BookingError::unknown_lease);
+  EXPECT_EQ(expired.front().booking_id, early);
+  EXPECT_EQ(ledger.close(early).error(), BookingError::unknown_booking);
   EXPECT_NE(ledger.find(late), nullptr);
   EXPECT_EQ(ledger.expire(kStart + 10s).size(), 1U);
   EXPECT_EQ(ledger.size(), 0U);
@@ -84,8 +84,8 @@ TEST(BookingLedgerTest, BoundedExpiryEndsTheEarliestDueBookingsFirst) {
   const std::string not_due = ledger.open(kPartition, "later", {1, 0}, kStart + 60s);
   const auto first = ledger.expire(kStart + 10s, 2);
   ASSERT_EQ(first.size(), 2U);
-  EXPECT_EQ(first[0].lease_id, ids[4]);
-  EXPECT_EQ(first[1].lease_id, ids[3]);
+  EXPECT_EQ(first[0].booking_id, ids[4]);
+  EXPECT_EQ(first[1].booking_id, ids[3]);
   EXPECT_EQ(ledger.size(), 4U);
   EXPECT_EQ(ledger.expire(kStart + 10s).size(), 3U);
   EXPECT_NE(ledger.find(not_due), nullptr);
@@ -99,7 +99,7 @@ TEST(BookingLedgerTest, OnlyTheExactIdFindsABooking) {
   for (const char* other :
        {"n-01", "n-1 ", "m-1", "n-", "n-x", "n1", "", "n-18446744073709551616"}) {
     EXPECT_EQ(ledger.find(other), nullptr) << other;
-    EXPECT_EQ(ledger.close(other).error(), BookingError::unknown_lease) << other;
+    EXPECT_EQ(ledger.close(other).error(), BookingError::unknown_booking) << other;
   }
   EXPECT_TRUE(ledger.close(id));
 }

@@ -60,16 +60,16 @@ class ForwardTableTest : public ::testing::Test {
   }
 
   static std::string lease_of(std::uint64_t incarnation) {
-    return cluster_lease_prefix(incarnation) + "-0000000000000001";
+    return booking_id_prefix(incarnation) + "-0000000000000001";
   }
 
-  ForwardTable table_{"a", cluster_lease_prefix(kSelfIncarnation)};
+  ForwardTable table_{"a", booking_id_prefix(kSelfIncarnation)};
 };
 
-TEST(ClusterLeasePrefixTest, IsTheIncarnationInSixteenLowerCaseHexDigits) {
-  EXPECT_EQ(cluster_lease_prefix(0), "0000000000000000");
-  EXPECT_EQ(cluster_lease_prefix(0xabcdef), "0000000000abcdef");
-  EXPECT_EQ(cluster_lease_prefix(0xffffffffffffffffULL), "ffffffffffffffff");
+TEST(BookingIdPrefixTest, IsTheIncarnationInSixteenLowerCaseHexDigits) {
+  EXPECT_EQ(booking_id_prefix(0), "0000000000000000");
+  EXPECT_EQ(booking_id_prefix(0xabcdef), "0000000000abcdef");
+  EXPECT_EQ(booking_id_prefix(0xffffffffffffffffULL), "ffffffffffffffff");
 }
 
 TEST_F(ForwardTableTest, OwnPartitionIsServedHereWithoutWaiting) {
@@ -125,25 +125,26 @@ TEST_F(ForwardTableTest, StaleRecordNamingThisNodeIsNeverForwardedToItself) {
   EXPECT_EQ(table_.generate(kCode), ForwardDecision::serve_here());
 }
 
-TEST_F(ForwardTableTest, ReportIsRoutedByItsLeasePrefix) {
+TEST_F(ForwardTableTest, ReportIsRoutedByItsBookingIdPrefix) {
   apply(two_nodes());
   EXPECT_EQ(table_.report(lease_of(kSelfIncarnation), 0), ForwardDecision::serve_here());
   EXPECT_EQ(table_.report(lease_of(kPeerIncarnation), 0),
             ForwardDecision::forward("b", "10.0.0.2:4001"));
 }
 
-TEST_F(ForwardTableTest, OwnLeasePrefixIsServedHereBeforeAnyView) {
+TEST_F(ForwardTableTest, OwnBookingIdPrefixIsServedHereBeforeAnyView) {
   EXPECT_EQ(table_.report(lease_of(kSelfIncarnation), 0), ForwardDecision::serve_here());
 }
 
 TEST_F(ForwardTableTest, ReportOfAnUnknownPrefixWaitsThenIsServedHere) {
   apply(two_nodes());
   // A node not in the view, and a prefix no incarnation has.
-  for (const std::string& lease_id : {lease_of(kThirdIncarnation), std::string{"not-hex"}}) {
+  for (const std::string& booking_id : {lease_of(kThirdIncarnation), std::string{"not-hex"}}) {
     for (int waited = 0; waited < kMaxViewWaits; ++waited) {
-      EXPECT_EQ(table_.report(lease_id, waited), ForwardDecision::await_view()) << lease_id;
+      EXPECT_EQ(table_.report(booking_id, waited), ForwardDecision::await_view()) << booking_id;
     }
-    EXPECT_EQ(table_.report(lease_id, kMaxViewWaits), ForwardDecision::serve_here()) << lease_id;
+    EXPECT_EQ(table_.report(booking_id, kMaxViewWaits), ForwardDecision::serve_here())
+        << booking_id;
   }
   // Not a cluster lease id at all (no prefix): the same.
   EXPECT_EQ(table_.report("nodash", 0), ForwardDecision::await_view());

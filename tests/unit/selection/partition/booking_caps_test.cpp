@@ -1,4 +1,4 @@
-// Caps on open bookings: per partition and per node (shared by the node's selectors), on leases
+// Caps on open bookings: per partition and per node (shared by the node's selectors), on bookings
 // and on booked prompt blocks. A route beyond a cap is refused as overloaded before selection,
 // naming the cap; released, expired and removed bookings give their share back, and so does a
 // selector that goes away.
@@ -17,7 +17,7 @@ using namespace std::chrono_literals;
 
 constexpr std::uint32_t kBlockSize = 16;
 const TimePoint kStart{std::chrono::seconds(1000)};
-constexpr auto kLeaseTtl = 30s;
+constexpr auto kBookingTtl = 30s;
 
 std::vector<BlockHash> blocks(std::size_t length, std::uint64_t seed) {
   std::vector<BlockHash> hashes;
@@ -47,7 +47,7 @@ class BookingCapsTest : public ::testing::Test {
     SelectorOptions options;
     options.partition.model = model;
     options.router.block_size = kBlockSize;
-    options.lease_ttl = kLeaseTtl;
+    options.booking_ttl = kBookingTtl;
     options.partition_caps = partition_caps;
     options.node_totals = std::move(node);
     options.on_cap_refusal = [this](BookingCapKind kind) { refusals_.push_back(kind); };
@@ -85,17 +85,17 @@ class BookingCapsTest : public ::testing::Test {
   std::vector<BookingCapKind> refusals_;
 };
 
-TEST_F(BookingCapsTest, PartitionLeaseCapRefusesTheNextRouteUntilALeaseIsReleased) {
+TEST_F(BookingCapsTest, PartitionBookingCapRefusesTheNextRouteUntilALeaseIsReleased) {
   auto state = partition("llama", 1, BookingCaps{.max_bookings = 2});
   ASSERT_TRUE(route(*state, "a", 4));
   ASSERT_TRUE(route(*state, "b", 4));
-  expect_refused(route(*state, "c", 4), BookingCapKind::partition_leases,
-                 "partition open-lease cap reached: 2 leases open, at most 2");
+  expect_refused(route(*state, "c", 4), BookingCapKind::partition_bookings,
+                 "partition open-booking cap reached: 2 bookings open, at most 2");
   // A refused route books nothing.
   EXPECT_EQ(state->partition_workers().load().open_bookings(), 2U);
-  // A first token keeps the lease open; the release frees its share.
+  // A first token keeps the booking open; the release frees its share.
   ASSERT_TRUE(state->first_token("a"));
-  expect_refused(route(*state, "c", 4), BookingCapKind::partition_leases, "open-lease cap");
+  expect_refused(route(*state, "c", 4), BookingCapKind::partition_bookings, "open-booking cap");
   ASSERT_TRUE(state->release("a", discovery::BookingEnd::completed));
   EXPECT_TRUE(route(*state, "c", 4));
 }
@@ -118,7 +118,7 @@ TEST_F(BookingCapsTest, PartitionBlockCapCountsEveryOpenBookingsPromptBlocks) {
   EXPECT_TRUE(route(*state, "d", 10));
 }
 
-TEST_F(BookingCapsTest, NodeLeaseCapHoldsAcrossPartitions) {
+TEST_F(BookingCapsTest, NodeBookingCapHoldsAcrossPartitions) {
   auto node = std::make_shared<NodeBookingTotals>(BookingCaps{.max_bookings = 3});
   auto llama = partition("llama", 1, {}, node);
   auto mistral = partition("mistral", 2, {}, node);
@@ -126,10 +126,10 @@ TEST_F(BookingCapsTest, NodeLeaseCapHoldsAcrossPartitions) {
   ASSERT_TRUE(route(*llama, "b", 2));
   ASSERT_TRUE(route(*mistral, "c", 2));
   EXPECT_EQ(node->bookings.load(), 3U);
-  expect_refused(route(*mistral, "d", 2), BookingCapKind::node_leases,
-                 "node open-lease cap reached: 3 leases open, at most 3 (the node)");
-  expect_refused(route(*llama, "d", 2), BookingCapKind::node_leases, "node open-lease cap");
-  // A lease released in one partition makes room in the other.
+  expect_refused(route(*mistral, "d", 2), BookingCapKind::node_bookings,
+                 "node open-booking cap reached: 3 bookings open, at most 3 (the node)");
+  expect_refused(route(*llama, "d", 2), BookingCapKind::node_bookings, "node open-booking cap");
+  // A booking released in one partition makes room in the other.
   ASSERT_TRUE(llama->release("a", discovery::BookingEnd::completed));
   EXPECT_EQ(node->bookings.load(), 2U);
   EXPECT_TRUE(route(*mistral, "d", 2));
@@ -155,28 +155,28 @@ TEST_F(BookingCapsTest, ThePartitionCapAppliesBelowTheNodeCap) {
   auto llama = partition("llama", 1, BookingCaps{.max_bookings = 1}, node);
   auto mistral = partition("mistral", 2, {}, node);
   ASSERT_TRUE(route(*llama, "a", 2));
-  expect_refused(route(*llama, "b", 2), BookingCapKind::partition_leases,
+  expect_refused(route(*llama, "b", 2), BookingCapKind::partition_bookings,
                  "partition 'llama' group 'default'");
   // The other partition is not held back by llama's cap.
   EXPECT_TRUE(route(*mistral, "b", 2));
 }
 
-TEST_F(BookingCapsTest, ExpiredLeasesFreeTheirShare) {
+TEST_F(BookingCapsTest, ExpiredBookingsFreeTheirShare) {
   auto node = std::make_shared<NodeBookingTotals>(BookingCaps{.max_bookings = 2, .max_blocks = 8});
   auto state = partition("llama", 1, {}, node);
   ASSERT_TRUE(route(*state, "a", 4));
   ASSERT_TRUE(route(*state, "b", 4));
-  expect_refused(route(*state, "c", 1), BookingCapKind::node_leases, "open-lease cap");
-  // Never reported: the bookings expire at their lease TTL, on the per-request sweep ...
-  EXPECT_EQ(state->expire_bookings(kStart + kLeaseTtl, 1), 1U);
+  expect_refused(route(*state, "c", 1), BookingCapKind::node_bookings, "open-booking cap");
+  // Never reported: the bookings expire at their booking TTL, on the per-request sweep ...
+  EXPECT_EQ(state->expire_bookings(kStart + kBookingTtl, 1), 1U);
   EXPECT_EQ(node->bookings.load(), 1U);
   EXPECT_EQ(node->blocks.load(), 4U);
   // ... or on the timer's.
   std::vector<WorkerId> removed;
-  state->expire(kStart + kLeaseTtl, removed);
+  state->expire(kStart + kBookingTtl, removed);
   EXPECT_EQ(node->bookings.load(), 0U);
   EXPECT_EQ(node->blocks.load(), 0U);
-  EXPECT_TRUE(route(*state, "c", 8, kStart + kLeaseTtl));
+  EXPECT_TRUE(route(*state, "c", 8, kStart + kBookingTtl));
 }
 
 TEST_F(BookingCapsTest, ARemovedWorkerAndARetiredPartitionGiveTheirShareBack) {

@@ -39,7 +39,7 @@ class PartitionQueueTest : public ::testing::Test {
     SelectorOptions options;
     options.partition.model = std::string{kModel};
     options.router.block_size = kBlockSize;
-    options.lease_ttl = 60s;
+    options.booking_ttl = 60s;
     selector_ = std::make_unique<SelectorState>(std::move(options), *plugins_);
   }
 

@@ -36,7 +36,7 @@ class PartitionRouterTest : public ::testing::Test {
     plugins_ = std::make_unique<plugins::RouterPlugins>(std::move(*plugins));
     options_.options.partition.model = std::string{kModel};
     options_.options.router.block_size = kBlockSize;
-    options_.options.lease_ttl = 60s;
+    options_.options.booking_ttl = 60s;
   }
 
   // The class `default` is busy above 100 active prefill tokens; a request waits at most 5 s.
@@ -150,7 +150,7 @@ TEST_F(PartitionRouterTest, LeasesAreHeldWhileTheLinkIsDownAndDumpsArePacedAfter
   add_worker(2);
   router_->set_link(false, kStart, effects_);
   router_->tick(kStart + 30s, effects_);
-  EXPECT_TRUE(effects_.removed.empty()) << "no lease runs out while the node cannot hear";
+  EXPECT_TRUE(effects_.removed.empty()) << "no liveness runs out while the node cannot hear";
   effects_.clear();
 
   router_->set_link(true, kStart + 30s, effects_);

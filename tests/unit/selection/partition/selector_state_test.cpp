@@ -1,6 +1,6 @@
 // The selector's plain state: registration checks, routing over KV events and approximate
 // (routing-fed) caches, booking before the answer, releases exactly once, worker removal by
-// deregistration and lease expiry, request validation, and the overlap a route reports.
+// deregistration and liveness expiry, request validation, and the overlap a route reports.
 #include "selection/partition/selector_state.hpp"
 
 #include <map>
@@ -72,7 +72,7 @@ class SelectorStateTest : public ::testing::Test {
     options.partition.model = std::string{kModel};
     options.router.block_size = block_size;
     options.router.seed = 42;
-    options.lease_ttl = 30s;
+    options.booking_ttl = 30s;
     state_ = std::make_unique<SelectorState>(std::move(options), *plugins_);
     return *state_;
   }
@@ -175,7 +175,7 @@ TEST_F(SelectorStateTest, OutcomeCarriesOverlapByTierAndUncachedPrefillTokens) {
   EXPECT_EQ(routed->host_overlap_blocks, 1U);
   EXPECT_EQ(routed->disk_overlap_blocks, 0U);
   EXPECT_EQ(routed->uncached_prefill_tokens, 100U - 4 * kBlockSize);
-  EXPECT_EQ(routed->lease_expires_at, kStart + 30s);
+  EXPECT_EQ(routed->booking_expires_at, kStart + 30s);
   // The booking carries the same uncached tokens.
   EXPECT_EQ(state.partition_workers().load().rank_load({1, 0})->booked_prefill_tokens,
             100U - 4 * kBlockSize);
@@ -349,11 +349,12 @@ TEST_F(SelectorStateTest, RefusedDuplicateLeavesTheRoundRobinPositionAlone) {
   EXPECT_EQ(second->worker.worker_id, 2U);
 }
 
-TEST_F(SelectorStateTest, UnreportedBookingIsReleasedWhenItsLeaseEnds) {
+TEST_F(SelectorStateTest, UnreportedBookingIsReleasedWhenItsBookingEnds) {
   auto& state = make_state();
   add_workers({1});
   ASSERT_TRUE(route("r1", prompt_blocks(2, 1)));
-  // The worker stays alive (heartbeats every 9 s against a 10 s lease); only the booking ends.
+  // The worker stays alive (heartbeats every 9 s against a 10 s liveness TTL); only the booking
+  // ends.
   std::vector<WorkerId> removed;
   for (const auto at : {9s, 18s, 27s}) {
     ASSERT_TRUE(state.heartbeat(1, 1, kStart + at));
@@ -394,10 +395,10 @@ TEST_F(SelectorStateTest, DeregisteredWorkerIsNoLongerRouted) {
   EXPECT_EQ(none.error().code, Error::no_workers);
 }
 
-TEST_F(SelectorStateTest, ExpiredLeaseRemovesTheWorkerFromRouting) {
+TEST_F(SelectorStateTest, ExpiredLivenessRemovesTheWorkerFromRouting) {
   auto& state = make_state("round-robin");
   add_workers({1, 2});
-  // Worker 2 keeps renewing its lease; worker 1 stops.
+  // Worker 2 keeps renewing its liveness; worker 1 stops.
   ASSERT_TRUE(state.heartbeat(2, 1, kStart + 8s));
   std::vector<WorkerId> removed;
   state.expire(kStart + 9s, removed);
@@ -452,7 +453,7 @@ TEST_F(SelectorStateTest, NoWorkersNamesTheWorkersRefusedForTheirBlockSize) {
   EXPECT_NE(message.find("4 at block size 64"), std::string::npos) << message;
   EXPECT_NE(message.find("routes at block size 16"), std::string::npos) << message;
 
-  // A refusal is forgotten when the worker's lease would have ended.
+  // A refusal is forgotten when the worker's liveness would have ended.
   std::vector<WorkerId> removed;
   state.expire(kStart + 11s, removed);
   const auto later = route("r2", prompt_blocks(2, 1), 0, kStart + 11s);

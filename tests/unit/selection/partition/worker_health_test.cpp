@@ -277,7 +277,7 @@ class SelectorHealthTest : public ::testing::Test {
     options.partition.model = "llama";
     options.router.block_size = kBlockSize;
     options.router.seed = 42;
-    options.lease_ttl = 30s;
+    options.booking_ttl = 30s;
     options.health = health;
     state_ = std::make_unique<SelectorState>(std::move(options), *plugins_);
     return *state_;

@@ -230,9 +230,9 @@ v1::RouteRequest route_wire(const std::string& request_id) {
   return wire;
 }
 
-std::string report_bytes(const std::string& lease_id) {
+std::string report_bytes(const std::string& booking_id) {
   v1::LifecycleReport wire;
-  wire.set_lease_id(lease_id);
+  wire.set_booking_id(booking_id);
   wire.set_event(v1::LIFECYCLE_EVENT_ABORTED);
   wire.set_error("client went away");
   wire.set_abort_cause(v1::ABORT_CAUSE_CLIENT_CANCELLED);
@@ -405,11 +405,11 @@ TEST_F(NatsBridgeTest, MalformedRouteRequestIsAnsweredWithAnInvalidRequestError)
 
 TEST_F(NatsBridgeTest, LifecycleReportReachesItsSinkDecodedWithItsReplySubject) {
   const std::string reply = client_->new_inbox();
-  publish_request(subjects::router_report(ns()), reply, report_bytes("lease-1"));
+  publish_request(subjects::router_report(ns()), reply, report_bytes("booking-1"));
   ASSERT_TRUE(recorder_.wait_for([&] { return !recorder_.reports.empty(); }));
   const auto report = recorder_.read([&] { return recorder_.reports.front(); });
   EXPECT_EQ(report.reply, reply);
-  EXPECT_EQ(report.report.lease_id, "lease-1");
+  EXPECT_EQ(report.report.booking_id, "booking-1");
   EXPECT_EQ(report.report.event, LifecycleEventKind::Aborted);
   EXPECT_EQ(report.report.error, "client went away");
   EXPECT_EQ(report.report.abort_cause, AbortCause::client_cancelled);
@@ -535,7 +535,7 @@ std::vector<MessageKind> message_kinds() {
        [] { return route_wire("r1").SerializeAsString(); },
        [](SinkRecorder& recorder) { return recorder.routes.size(); }},
       {"report", [=] { return subjects::router_report(ns()); },
-       [=] { return subjects::router_report(ns()); }, [] { return report_bytes("lease-1"); },
+       [=] { return subjects::router_report(ns()); }, [] { return report_bytes("booking-1"); },
        [](SinkRecorder& recorder) { return recorder.reports.size(); }},
       {"generate", [=] { return subjects::router_generate(ns()); },
        [=] { return subjects::router_generate(ns()); }, [] { return generate_bytes("g1"); },

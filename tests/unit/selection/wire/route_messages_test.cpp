@@ -196,7 +196,7 @@ TEST(RouteRequestTest, ErrorDecisionCarriesTheWireCode) {
   EXPECT_EQ(decision.error().message(), "none");
 }
 
-TEST(RouteRequestTest, SuccessDecisionCarriesLeaseAndOverlap) {
+TEST(RouteRequestTest, SuccessDecisionCarriesBookingAndOverlap) {
   RouteOutcome outcome;
   outcome.worker = {42, 1};
   outcome.device_overlap_blocks = 3;
@@ -205,26 +205,26 @@ TEST(RouteRequestTest, SuccessDecisionCarriesLeaseAndOverlap) {
   outcome.scorer_names = std::make_shared<const std::vector<std::string>>(
       std::vector<std::string>{"kvr::selection::policies::KvCostScorer"});
   const auto decision = encode_route_success("r", outcome,
-                                             {.lease_id = "L-1",
-                                              .lease_ttl = std::chrono::seconds(2),
+                                             {.booking_id = "L-1",
+                                              .booking_ttl = std::chrono::seconds(2),
                                               .policy = "p",
                                               .generate_subject = "kvr.ns.worker.42.generate"});
   ASSERT_TRUE(decision.has_success());
   EXPECT_EQ(decision.success().worker_id(), 42U);
   EXPECT_EQ(decision.success().dp_rank(), 1U);
   EXPECT_EQ(decision.success().device_overlap_blocks(), 3U);
-  EXPECT_EQ(decision.success().lease_id(), "L-1");
-  EXPECT_EQ(decision.success().lease_ttl_ms(), 2000U);
+  EXPECT_EQ(decision.success().booking_id(), "L-1");
+  EXPECT_EQ(decision.success().booking_ttl_ms(), 2000U);
   ASSERT_EQ(decision.success().costs_size(), 1);
   EXPECT_EQ(decision.success().costs(0).scorer(), "kvr::selection::policies::KvCostScorer");
   EXPECT_DOUBLE_EQ(decision.success().costs(0).cost(), 1.5);
   EXPECT_EQ(decision.success().generate_subject(), "kvr.ns.worker.42.generate");
 }
 
-TEST(RouteRequestTest, LifecycleReportNeedsLeaseAndKnownEvent) {
+TEST(RouteRequestTest, LifecycleReportNeedsBookingAndKnownEvent) {
   v1::LifecycleReport wire;
   EXPECT_FALSE(decode_lifecycle_report(wire));
-  wire.set_lease_id("L-1");
+  wire.set_booking_id("L-1");
   EXPECT_FALSE(decode_lifecycle_report(wire));  // unspecified event
   wire.set_event(static_cast<v1::LifecycleEvent>(42));
   EXPECT_FALSE(decode_lifecycle_report(wire));

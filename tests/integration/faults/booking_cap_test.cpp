@@ -2,7 +2,7 @@
 // loopback): it routes long prompts and never reports. Its partition's caps stop it with explicit
 // overload errors naming the cap, the node's resident memory stays under the bound the protocol
 // guide documents, a client of another partition is served meanwhile until the node-wide cap, and
-// the rogue's leases free their share when they expire.
+// the rogue's bookings free their share when they expire.
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -27,17 +27,17 @@ constexpr std::string_view kNamespace = "faults";
 constexpr std::uint32_t kBlockSize = 16;
 // The rogue's prompts: 100,000 blocks (1.6 M tokens, 800 KB of hashes on the wire).
 constexpr std::size_t kLongPromptBlocks = 100'000;
-// Its partition may book 30 of them (and 100 blocks more) and 100 leases; the node 3.5 M blocks
-// and 150 leases.
+// Its partition may book 30 of them (and 100 blocks more) and 100 bookings; the node 3.5 M blocks
+// and 150 bookings.
 constexpr std::uint64_t kPartitionBlocks = 3'000'100;
-constexpr std::uint64_t kPartitionLeases = 100;
+constexpr std::uint64_t kPartitionBookings = 100;
 constexpr std::uint64_t kNodeBlocks = 3'500'000;
-constexpr std::uint64_t kNodeLeases = 150;
-// Long enough for the test's steps before the rogue's leases expire, with margin for a machine
+constexpr std::uint64_t kNodeBookings = 150;
+// Long enough for the test's steps before the rogue's bookings expire, with margin for a machine
 // that runs other suites beside this one (30 routes of 100,000 blocks take seconds under ASan).
-constexpr int kLeaseTtlSecs = 30;
-// The bound docs/protocol.md gives per open lease: 1 KB plus 48 bytes per booked block.
-constexpr double kBytesPerLease = 1024;
+constexpr int kBookingTtlSecs = 30;
+// The bound docs/protocol.md gives per open booking: 1 KB plus 48 bytes per booked block.
+constexpr double kBytesPerBooking = 1024;
 constexpr double kBytesPerBlock = 48;
 
 // The resident set of a process, in bytes (VmRSS of /proc/<pid>/status).
@@ -50,9 +50,9 @@ double resident_bytes(pid_t pid) {
   return 0;
 }
 
-class LeaseCapTest : public testing::KvrClusterTest {
+class BookingCapTest : public testing::KvrClusterTest {
  protected:
-  LeaseCapTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+  BookingCapTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
 
   void SetUp() override {
     KvrClusterTest::SetUp();
@@ -62,7 +62,7 @@ class LeaseCapTest : public testing::KvrClusterTest {
                                         .worker_id_base = static_cast<WorkerId>(id),
                                         .block_size = kBlockSize,
                                         .num_gpu_blocks = 4096,
-                                        .lease_ttl_ms = 10'000,
+                                        .liveness_ttl_ms = 10'000,
                                         .extra = {"--model", model}},
                                        std::string{model} + ".log");
       ASSERT_TRUE(mocker);
@@ -72,7 +72,7 @@ class LeaseCapTest : public testing::KvrClusterTest {
     ASSERT_EQ(setenv("KVR_ROUTER_MAX_BOOKED_BLOCKS", std::to_string(kNodeBlocks).c_str(), 1), 0);
     // Under AddressSanitizer, freed memory waits in a quarantine (256 MB by default) before
     // reuse: the node's resident set would measure the sanitizer's quarantine, not what the
-    // leases hold. A small one keeps the measurement about live memory.
+    // bookings hold. A small one keeps the measurement about live memory.
     const char* asan = getenv("ASAN_OPTIONS");
     const std::string saved_asan = asan != nullptr ? asan : "";
     ASSERT_EQ(setenv("ASAN_OPTIONS",
@@ -84,7 +84,7 @@ class LeaseCapTest : public testing::KvrClusterTest {
     metrics_port_ = free_port();
     node_ = kvr_->start_node({.block_size = kBlockSize,
                               .metrics_port = metrics_port_,
-                              .lease_ttl_secs = std::to_string(lease_ttl_secs()),
+                              .booking_ttl_secs = std::to_string(booking_ttl_secs()),
                               .extra = cap_flags()});
     unsetenv("KVR_ROUTER_MAX_BOOKED_BLOCKS");
     if (saved_asan.empty()) {
@@ -106,27 +106,24 @@ class LeaseCapTest : public testing::KvrClusterTest {
         wait_until([&] { return route(*rogue_, "rogue-model", "probe-r", 1).has_success(); }, 20s));
     report_completed(*other_, "probe-o");
     report_completed(*rogue_, "probe-r");
-    ASSERT_TRUE(wait_until([&] { return node_metric("kvr_leases_open") == 0; }, 10s));
+    ASSERT_TRUE(wait_until([&] { return node_metric("kvr_route_bookings_open") == 0; }, 10s));
   }
 
   void TearDown() override {
     if (HasFailure() && node_) std::cerr << "---- node log\n" << node_->log();
   }
 
-  // How long an unreported lease lives.
-  virtual int lease_ttl_secs() const { return kLeaseTtlSecs; }
+  // How long an unreported booking lives.
+  virtual int booking_ttl_secs() const { return kBookingTtlSecs; }
 
   // The caps the node starts with, besides the node-wide block cap (in the environment).
   virtual std::vector<std::string> cap_flags() const {
-    return {"--router-max-open-leases",
-            std::to_string(kNodeLeases),
-            "--router-partition-max-open-leases",
-            std::to_string(kPartitionLeases),
-            "--router-partition-max-booked-blocks",
-            std::to_string(kPartitionBlocks)};
+    return {"--router-max-open-bookings",           std::to_string(kNodeBookings),
+            "--router-partition-max-open-bookings", std::to_string(kPartitionBookings),
+            "--router-partition-max-booked-blocks", std::to_string(kPartitionBlocks)};
   }
 
-  // Routes a prompt of `blocks` distinct blocks; remembers the lease of a success.
+  // Routes a prompt of `blocks` distinct blocks; remembers the booking of a success.
   v1::RouteDecision route(nats::NatsClient& client, const std::string& model,
                           const std::string& request_id, std::size_t blocks) {
     v1::RouteRequest request;
@@ -144,13 +141,13 @@ class LeaseCapTest : public testing::KvrClusterTest {
       ADD_FAILURE() << "no decision for " << request_id;
       return decision;
     }
-    if (decision.has_success()) leases_[request_id] = decision.success().lease_id();
+    if (decision.has_success()) bookings_[request_id] = decision.success().booking_id();
     return decision;
   }
 
   void report_completed(nats::NatsClient& client, const std::string& request_id) {
     v1::LifecycleReport report;
-    report.set_lease_id(leases_.at(request_id));
+    report.set_booking_id(bookings_.at(request_id));
     report.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
     auto ack = client.request(subjects::router_report(kNamespace), report.SerializeAsString(), 5s);
     ASSERT_TRUE(ack) << ack.error();
@@ -186,7 +183,7 @@ class LeaseCapTest : public testing::KvrClusterTest {
   std::optional<testing::ChildProcess> node_;
   std::unique_ptr<nats::NatsClient> rogue_;
   std::unique_ptr<nats::NatsClient> other_;
-  std::map<std::string, std::string> leases_;
+  std::map<std::string, std::string> bookings_;
   // The ids served by route_until_refused, by prefix, in order.
   std::map<std::string, std::vector<std::string>> served_ids_;
   std::uint64_t requests_ = 0;
@@ -199,13 +196,13 @@ void expect_overloaded(const v1::RouteDecision& decision, std::string_view cap) 
   EXPECT_NE(decision.error().message().find(cap), std::string::npos) << decision.error().message();
 }
 
-TEST_F(LeaseCapTest, ARogueClientIsStoppedAtItsCapsWhileOthersAreServed) {
+TEST_F(BookingCapTest, ARogueClientIsStoppedAtItsCapsWhileOthersAreServed) {
   const double resident_before = resident_bytes(node_->pid());
   ASSERT_GT(resident_before, 0);
 
   // Long prompts, never reported: the partition's block cap stops them after 30. What the node
   // holds is counted on the node: a route answered `timeout` on a loaded machine may still have
-  // been booked (and holds its booking until the lease TTL, as an unreported one does).
+  // been booked (and holds its booking until the booking TTL, as an unreported one does).
   const auto [long_served, long_refusal] = route_until_refused(
       *rogue_, "rogue-model", "long-", kLongPromptBlocks, kPartitionBlocks / kLongPromptBlocks);
   expect_overloaded(long_refusal, "partition booked-blocks cap reached");
@@ -218,41 +215,41 @@ TEST_F(LeaseCapTest, ARogueClientIsStoppedAtItsCapsWhileOthersAreServed) {
   // allocator's and the heap's own slack 32 MB).
   const double resident_at_cap = resident_bytes(node_->pid());
   const double bound = static_cast<double>(long_booked) *
-                       (kBytesPerLease + kBytesPerBlock * static_cast<double>(kLongPromptBlocks));
+                       (kBytesPerBooking + kBytesPerBlock * static_cast<double>(kLongPromptBlocks));
   EXPECT_LT(resident_at_cap - resident_before, bound * 1.125 + 32e6)
       << "RSS " << resident_before / 1e6 << " MB -> " << resident_at_cap / 1e6 << " MB";
   std::cout << "node RSS " << resident_before / 1e6 << " MB before, " << resident_at_cap / 1e6
-            << " MB with " << long_booked << " leases of " << kLongPromptBlocks << " blocks ("
+            << " MB with " << long_booked << " bookings of " << kLongPromptBlocks << " blocks ("
             << (resident_at_cap - resident_before) / static_cast<double>(long_booked) / 1e6
-            << " MB a lease)\n";
+            << " MB a booking)\n";
 
-  // Short prompts: the partition's lease cap stops them at 100 open leases.
+  // Short prompts: the partition's booking cap stops them at 100 open bookings.
   const auto [short_served, short_refusal] =
-      route_until_refused(*rogue_, "rogue-model", "short-", 1, kPartitionLeases);
+      route_until_refused(*rogue_, "rogue-model", "short-", 1, kPartitionBookings);
   EXPECT_EQ(node_metric("kvr_bookings_open{partition=\"rogue-model/default\"}"),
-            static_cast<double>(kPartitionLeases));
-  EXPECT_LE(long_served + short_served, kPartitionLeases);
-  expect_overloaded(short_refusal, "partition open-lease cap reached");
+            static_cast<double>(kPartitionBookings));
+  EXPECT_LE(long_served + short_served, kPartitionBookings);
+  expect_overloaded(short_refusal, "partition open-booking cap reached");
 
-  // Another client, another partition: served meanwhile, until the node's lease cap.
+  // Another client, another partition: served meanwhile, until the node's booking cap.
   const auto [other_served, other_refusal] =
-      route_until_refused(*other_, "other-model", "other-", 4, kNodeLeases);
-  EXPECT_EQ(other_served, kNodeLeases - kPartitionLeases);
-  expect_overloaded(other_refusal, "node open-lease cap reached");
+      route_until_refused(*other_, "other-model", "other-", 4, kNodeBookings);
+  EXPECT_EQ(other_served, kNodeBookings - kPartitionBookings);
+  expect_overloaded(other_refusal, "node open-booking cap reached");
   // Its reports free its share: served again.
   for (std::size_t i = 0; i < 10; ++i) report_completed(*other_, served_ids_["other-"].at(i));
   EXPECT_TRUE(wait_until(
       [&] { return route(*other_, "other-model", "other-again", 4).has_success(); }, 5s));
 
-  EXPECT_GE(node_metric("kvr_lease_cap_refusals_total{scope=\"partition\",cap=\"blocks\"}"), 1);
-  EXPECT_GE(node_metric("kvr_lease_cap_refusals_total{scope=\"partition\",cap=\"leases\"}"), 1);
-  EXPECT_GE(node_metric("kvr_lease_cap_refusals_total{scope=\"node\",cap=\"leases\"}"), 1);
+  EXPECT_GE(node_metric("kvr_booking_cap_refusals_total{scope=\"partition\",cap=\"blocks\"}"), 1);
+  EXPECT_GE(node_metric("kvr_booking_cap_refusals_total{scope=\"partition\",cap=\"bookings\"}"), 1);
+  EXPECT_GE(node_metric("kvr_booking_cap_refusals_total{scope=\"node\",cap=\"bookings\"}"), 1);
   EXPECT_GE(node_metric("kvr_route_errors_total{code=\"overloaded\"}"), 3);
 
-  // The rogue's leases expire unreported (at the lease TTL): its partition serves again.
+  // The rogue's bookings expire unreported (at the booking TTL): its partition serves again.
   EXPECT_TRUE(wait_until(
       [&] { return node_metric("kvr_booked_blocks{partition=\"rogue-model/default\"}") == 0; },
-      std::chrono::seconds(2 * kLeaseTtlSecs)));
+      std::chrono::seconds(2 * kBookingTtlSecs)));
   // (Retried with fresh ids: a loaded machine may time a 100,000-block route out.)
   int attempt = 0;
   v1::RouteDecision after_expiry;
@@ -264,41 +261,42 @@ TEST_F(LeaseCapTest, ARogueClientIsStoppedAtItsCapsWhileOthersAreServed) {
       },
       10s))
       << after_expiry.DebugString();
-  // And the memory the expired leases held is reused, not added to.
+  // And the memory the expired bookings held is reused, not added to.
   EXPECT_LT(resident_bytes(node_->pid()), resident_at_cap + 32e6);
   EXPECT_TRUE(node_->running());
 }
 
-// What a lease of a short prompt costs: many of them, as a pipelined flood leaves open.
-class ShortLeasesTest : public LeaseCapTest {
+// What a booking of a short prompt costs: many of them, as a pipelined flood leaves open.
+class ShortBookingsTest : public BookingCapTest {
  protected:
   std::vector<std::string> cap_flags() const override {
-    return {"--router-max-open-leases", std::to_string(kShortLeases + 10)};
+    return {"--router-max-open-bookings", std::to_string(kShortBookings + 10)};
   }
-  // Every lease must still be open when the last of the 10,000 is routed, however slow the
-  // machine: the test measures what open leases hold, not when they expire.
-  int lease_ttl_secs() const override { return 300; }
-  static constexpr std::size_t kShortLeases = 10'000;
+  // Every booking must still be open when the last of the 10,000 is routed, however slow the
+  // machine: the test measures what open bookings hold, not when they expire.
+  int booking_ttl_secs() const override { return 300; }
+  static constexpr std::size_t kShortBookings = 10'000;
   static constexpr std::size_t kShortPromptBlocks = 8;
 };
 
-TEST_F(ShortLeasesTest, ManyShortLeasesStayUnderTheBound) {
+TEST_F(ShortBookingsTest, ManyShortBookingsStayUnderTheBound) {
   const double resident_before = resident_bytes(node_->pid());
-  for (std::size_t i = 0; i < kShortLeases; ++i) {
+  for (std::size_t i = 0; i < kShortBookings; ++i) {
     ASSERT_TRUE(route(*rogue_, "rogue-model", "flood-" + std::to_string(i), kShortPromptBlocks)
                     .has_success())
-        << "lease " << i;
+        << "booking " << i;
   }
-  EXPECT_EQ(node_metric("kvr_leases_open"), static_cast<double>(kShortLeases));
+  EXPECT_EQ(node_metric("kvr_route_bookings_open"), static_cast<double>(kShortBookings));
   const double resident_after = resident_bytes(node_->pid());
-  const double bound = static_cast<double>(kShortLeases) *
-                       (kBytesPerLease + kBytesPerBlock * static_cast<double>(kShortPromptBlocks));
+  const double bound =
+      static_cast<double>(kShortBookings) *
+      (kBytesPerBooking + kBytesPerBlock * static_cast<double>(kShortPromptBlocks));
   EXPECT_LT(resident_after - resident_before, bound * 1.125 + 32e6)
       << "RSS " << resident_before / 1e6 << " MB -> " << resident_after / 1e6 << " MB";
   std::cout << "node RSS " << resident_before / 1e6 << " MB before, " << resident_after / 1e6
-            << " MB with " << kShortLeases << " leases of " << kShortPromptBlocks << " blocks ("
-            << (resident_after - resident_before) / static_cast<double>(kShortLeases)
-            << " bytes a lease)\n";
+            << " MB with " << kShortBookings << " bookings of " << kShortPromptBlocks << " blocks ("
+            << (resident_after - resident_before) / static_cast<double>(kShortBookings)
+            << " bytes a booking)\n";
 }
 
 }  // namespace
