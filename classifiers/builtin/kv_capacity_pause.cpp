@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "classifiers/builtin/provider.hpp"
+
 namespace kvr::classifiers::builtin {
 
 using plugins::request_classifier::AdmissionFuture;
@@ -18,7 +20,6 @@ using plugins::request_classifier::FleetLoad;
 using plugins::request_classifier::ParameterReader;
 using plugins::request_classifier::Poll;
 using plugins::request_classifier::PollContext;
-using plugins::request_classifier::RequestClassifierContext;
 using plugins::request_classifier::RequestClassifierFactory;
 using plugins::request_classifier::RequestClassifierParameters;
 using plugins::request_classifier::RequestClassifierProviderError;
@@ -183,11 +184,7 @@ bool KvCapacityPauseClassifier::paused() const { return state_->paused; }
 
 std::expected<RequestClassifierFactory, RequestClassifierProviderError> kv_capacity_pause_provider(
     const RequestClassifierParameters& parameters) {
-  auto parsed = KvCapacityPauseParameters::read(parameters);
-  if (!parsed) return std::unexpected(parsed.error());
-  return RequestClassifierFactory{[checked = *parsed](const RequestClassifierContext&) {
-    return std::make_unique<KvCapacityPauseClassifier>(checked);
-  }};
+  return read_then_make<KvCapacityPauseClassifier, KvCapacityPauseParameters>(parameters);
 }
 
 }  // namespace kvr::classifiers::builtin

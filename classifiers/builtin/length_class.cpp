@@ -1,17 +1,16 @@
 #include "classifiers/builtin/length_class.hpp"
 
-#include <memory>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "classifiers/builtin/class_table.hpp"
+#include "classifiers/builtin/provider.hpp"
 
 namespace kvr::classifiers::builtin {
 
 using plugins::request_classifier::AdmissionFuture;
 using plugins::request_classifier::ClassifyRequest;
-using plugins::request_classifier::RequestClassifierContext;
 using plugins::request_classifier::RequestClassifierFactory;
 using plugins::request_classifier::RequestClassifierParameters;
 using plugins::request_classifier::RequestClassifierProviderError;
@@ -50,11 +49,7 @@ AdmissionFuture LengthClassClassifier::classify(ClassifyRequest request) {
 
 std::expected<RequestClassifierFactory, RequestClassifierProviderError> length_class_provider(
     const RequestClassifierParameters& parameters) {
-  auto parsed = LengthClassParameters::read(parameters);
-  if (!parsed) return std::unexpected(parsed.error());
-  return RequestClassifierFactory{[checked = std::move(*parsed)](const RequestClassifierContext&) {
-    return std::make_unique<LengthClassClassifier>(checked);
-  }};
+  return read_then_make<LengthClassClassifier, LengthClassParameters>(parameters);
 }
 
 }  // namespace kvr::classifiers::builtin

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "classifiers/builtin/provider.hpp"
+
 namespace kvr::classifiers::builtin {
 
 using plugins::request_classifier::Aborted;
@@ -188,12 +190,7 @@ std::size_t MaxInFlightClassifier::waiting(std::optional<std::string_view> tenan
 
 std::expected<RequestClassifierFactory, RequestClassifierProviderError> max_in_flight_provider(
     const RequestClassifierParameters& parameters) {
-  auto parsed = MaxInFlightParameters::read(parameters);
-  if (!parsed) return std::unexpected(parsed.error());
-  return RequestClassifierFactory{
-      [checked = *parsed](const plugins::request_classifier::RequestClassifierContext&) {
-        return std::make_unique<MaxInFlightClassifier>(checked);
-      }};
+  return read_then_make<MaxInFlightClassifier, MaxInFlightParameters>(parameters);
 }
 
 }  // namespace kvr::classifiers::builtin

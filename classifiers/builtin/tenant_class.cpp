@@ -1,17 +1,16 @@
 #include "classifiers/builtin/tenant_class.hpp"
 
-#include <memory>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "classifiers/builtin/class_table.hpp"
+#include "classifiers/builtin/provider.hpp"
 
 namespace kvr::classifiers::builtin {
 
 using plugins::request_classifier::AdmissionFuture;
 using plugins::request_classifier::ClassifyRequest;
-using plugins::request_classifier::RequestClassifierContext;
 using plugins::request_classifier::RequestClassifierFactory;
 using plugins::request_classifier::RequestClassifierParameters;
 using plugins::request_classifier::RequestClassifierProviderError;
@@ -53,11 +52,7 @@ AdmissionFuture TenantClassClassifier::classify(ClassifyRequest request) {
 
 std::expected<RequestClassifierFactory, RequestClassifierProviderError> tenant_class_provider(
     const RequestClassifierParameters& parameters) {
-  auto parsed = TenantClassParameters::read(parameters);
-  if (!parsed) return std::unexpected(parsed.error());
-  return RequestClassifierFactory{[checked = std::move(*parsed)](const RequestClassifierContext&) {
-    return std::make_unique<TenantClassClassifier>(checked);
-  }};
+  return read_then_make<TenantClassClassifier, TenantClassParameters>(parameters);
 }
 
 }  // namespace kvr::classifiers::builtin

@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "classifiers/builtin/provider.hpp"
+
 namespace kvr::classifiers::builtin {
 
 using plugins::request_classifier::AdmissionFuture;
@@ -18,7 +20,6 @@ using plugins::request_classifier::ClassifyRequest;
 using plugins::request_classifier::ParameterReader;
 using plugins::request_classifier::Poll;
 using plugins::request_classifier::PollContext;
-using plugins::request_classifier::RequestClassifierContext;
 using plugins::request_classifier::RequestClassifierFactory;
 using plugins::request_classifier::RequestClassifierParameters;
 using plugins::request_classifier::RequestClassifierProviderError;
@@ -237,11 +238,7 @@ double TokenBucketClassifier::tokens_at(std::optional<std::string_view> tenant,
 
 std::expected<RequestClassifierFactory, RequestClassifierProviderError> token_bucket_provider(
     const RequestClassifierParameters& parameters) {
-  auto parsed = TokenBucketParameters::read(parameters);
-  if (!parsed) return std::unexpected(parsed.error());
-  return RequestClassifierFactory{[checked = *parsed](const RequestClassifierContext&) {
-    return std::make_unique<TokenBucketClassifier>(checked);
-  }};
+  return read_then_make<TokenBucketClassifier, TokenBucketParameters>(parameters);
 }
 
 }  // namespace kvr::classifiers::builtin
