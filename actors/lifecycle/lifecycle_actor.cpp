@@ -105,6 +105,17 @@ void maybe_forget(Self self, std::uint64_t stream_id) {
   update_in_flight(self);
 }
 
+// The response is flowing: remembers when its last chunk came and, unless a check is pending
+// already, checks for a stall one stall timeout from now (one timer per quiet period, not one
+// per chunk).
+void watch_for_stall(Self self, std::uint64_t stream_id, GenerateFlight& flight) {
+  flight.last_chunk_at = self->clock().now();
+  if (flight.stall_check_pending) return;
+  flight.stall_check_pending = true;
+  self->delayed_send(self, self->state.config.stream_stall_timeout, stall_atom::value, stream_id,
+                     flight.attempt);
+}
+
 void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
                const v1::GenerateChunk* chunk);
 
@@ -197,6 +208,8 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
     ++flight->relayed;
     if (flight->lifecycle.state() == RequestState::Completed) {
       node_metrics(self).generate_outcomes("completed").add();
+    } else {
+      watch_for_stall(self, stream_id, *flight);
     }
   }
   if (step.end_stream) {
@@ -247,7 +260,8 @@ void on_routed(Self self, std::uint64_t stream_id, SelectorReply& reply) {
                              RouteSuccessInfo{.booking_id = {},
                                               .booking_ttl = {},
                                               .policy = reply.policy,
-                                              .generate_subject = reply.generate_subject}));
+                                              .generate_subject = reply.generate_subject,
+                                              .http_url = reply.http_url}));
   }
   carry_out(self, stream_id, std::move(*step), nullptr);
 }
@@ -407,6 +421,47 @@ lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfi
                                             worker)));
             }
           }
+        }
+      },
+      [self](stall_atom, std::uint64_t stream_id, std::uint32_t attempt) {
+        GenerateFlight* flight = find_flight(self, stream_id);
+        if (flight == nullptr || flight->attempt != attempt) return;
+        flight->stall_check_pending = false;
+        if (flight->lifecycle.state() != RequestState::Responding) return;
+        const auto timeout = self->state.config.stream_stall_timeout;
+        const auto quiet = self->clock().now() - flight->last_chunk_at;
+        if (quiet < timeout) {
+          // A chunk came since the check was set: check again one timeout after it.
+          flight->stall_check_pending = true;
+          self->delayed_send(self, timeout - quiet, stall_atom::value, stream_id, attempt);
+          return;
+        }
+        node_metrics(self).generate_stream_stalls().add();
+        flight->failure_cause = FailureCause::stream_timeout;
+        apply(self, stream_id,
+              flight->lifecycle.abort(
+                  Error::timeout, fmt::format("worker {} sent no chunk for {} ms after chunk {}",
+                                              flight->lifecycle.worker()->worker_id,
+                                              timeout.count(), flight->relayed - 1)));
+      },
+      [self](nats_link_atom, bool connected) {
+        if (connected) return;
+        // Chunks published while the node is cut off never reach it: no stream in flight can
+        // continue whole, so each ends now with an explicit error (its client may retry).
+        auto& state = self->state;
+        std::vector<std::uint64_t> ids;
+        for (const auto& [id, flight] : state.flights) ids.push_back(id);
+        for (std::uint64_t id : ids) {
+          GenerateFlight* flight = find_flight(self, id);
+          if (flight == nullptr || flight->lifecycle.ended()) continue;
+          if (flight->route_pending) {
+            state.routes.cancel_route(self, flight->request.route.partition,
+                                      flight->request.route.id());
+          }
+          node_metrics(self).generate_nats_losses().add();
+          apply(self, id,
+                flight->lifecycle.abort(Error::unavailable,
+                                        "the node lost its NATS connection mid-request"));
         }
       },
       [self](deadline_atom, std::uint64_t stream_id, std::uint32_t attempt) {

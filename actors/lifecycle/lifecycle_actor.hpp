@@ -23,6 +23,11 @@
 //   selector(model, group, selector) — from the discovery actor: that partition's route and
 //                                       booking requests go to `selector` directly;
 //   deadline(stream id, attempt)     — internal, its own timer: the attempt's first-token timeout;
+//   stall(stream id, attempt)        — internal, its own timer: a responding attempt with no chunk
+//                                      for the stall timeout ends with an explicit error;
+//   nats_link(bool connected)        — the node's NATS connection went down: chunks sent meanwhile
+//                                      are lost, so every request in flight ends with an explicit
+//                                      error at once, its booking released;
 //   flush                            — internal: writes the decisions and chunks relayed to NATS
 //                                      clients since the last write (burst_writer.hpp);
 //   an exit message (node shutdown)  — every request in flight ends with an explicit error;
@@ -42,6 +47,7 @@
 #include <unordered_map>
 
 #include <caf/actor_addr.hpp>
+#include <caf/actor_clock.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_response_promise.hpp>
 
@@ -66,6 +72,9 @@ struct LifecycleActorConfig : NodeServices {
   std::chrono::milliseconds selector_timeout{2'000};
   /// A dispatched attempt without a first chunk after this long counts as a worker failure.
   std::chrono::milliseconds first_token_timeout{30'000};
+  /// A responding attempt without a chunk for this long ends with an explicit error (and counts
+  /// as a stream timeout against its worker).
+  std::chrono::milliseconds stream_stall_timeout{30'000};
   LifecycleOptions lifecycle;
   /// When the node runs a request classifier: told each request's classifier events (Sent per
   /// dispatch, Responding at the first chunk, Completed at the final chunk, Aborted on an error,
@@ -93,6 +102,10 @@ struct GenerateFlight {
   std::uint32_t attempt = 0;
   /// Chunks sent to the client so far.
   std::uint32_t relayed = 0;
+  /// When the current attempt's last chunk arrived (CAF's clock), and whether a stall check is
+  /// pending for it.
+  caf::actor_clock::time_point last_chunk_at{};
+  bool stall_check_pending = false;
   /// A route request to the selector is in flight (its booking must be undone if it arrives late).
   bool route_pending = false;
   /// Why the current attempt is failing, when the node saw the worker fail it (dispatch failure,

@@ -26,6 +26,7 @@
 #include "actors/reservation/reservation_actor.hpp"
 #include "messages/metrics/metrics_http.hpp"
 #include "messages/metrics/node_metrics.hpp"
+#include "messages/nats/redact.hpp"
 #include "selection/wire/nats_bridge.hpp"
 
 namespace kvr::actors {
@@ -86,7 +87,11 @@ BridgeSinks make_bridge_sinks(const discovery_actor& discovery, const RequestEnt
   };
   // From the connection's thread, in order: the discovery actor holds every worker's liveness while
   // the node is cut off, then renews them and asks the workers to register and dump again.
-  sinks.disconnected = [discovery] { caf::anon_send(discovery, nats_link_atom::value, false); };
+  // The lifecycle actor ends every stream in flight: their chunks are lost meanwhile.
+  sinks.disconnected = [discovery, lifecycle] {
+    caf::anon_send(discovery, nats_link_atom::value, false);
+    caf::anon_send(lifecycle, nats_link_atom::value, false);
+  };
   sinks.reconnected = [discovery] { caf::anon_send(discovery, nats_link_atom::value, true); };
   return sinks;
 }
@@ -122,6 +127,10 @@ std::expected<void, std::string> NodeOptions::validate() const {
   if (first_token_timeout < std::chrono::milliseconds(1) ||
       first_token_timeout > std::chrono::hours(24)) {
     return std::unexpected("--router-first-token-timeout-ms: between 1 ms and 24 h");
+  }
+  if (stream_stall_timeout < std::chrono::milliseconds(1) ||
+      stream_stall_timeout > std::chrono::hours(24)) {
+    return std::unexpected("--router-stream-stall-timeout-ms: between 1 ms and 24 h");
   }
   if (queue_threshold && !(*queue_threshold > 0 && *queue_threshold <= 1)) {
     return std::unexpected("--router-queue-threshold: a fraction in (0, 1]");
@@ -394,6 +403,7 @@ struct RouterNode::Impl {
     settings.stream_inbox_prefix = bridge->stream_inbox_prefix();
     settings.selector_timeout = selector_answer_timeout();
     settings.first_token_timeout = options.first_token_timeout;
+    settings.stream_stall_timeout = options.stream_stall_timeout;
     settings.classifier = classifier;
     lifecycle = system->spawn(lifecycle_behavior, std::move(settings));
   }
@@ -497,7 +507,7 @@ struct RouterNode::Impl {
                           options.session_affinity.ttl->count())
             : std::string{"off"},
         plugins.request_classifier ? plugins.request_classifier->type : std::string{"none"},
-        describe_queue(), scheduler_threads, options.nats.url,
+        describe_queue(), scheduler_threads, nats::redact_urls(options.nats.url),
         http ? fmt::format("http://{}:{}/metrics", options.bind_host, http->port())
              : std::string{"off"},
         actor_port,

@@ -78,6 +78,8 @@ struct NodeOptions {
   /// Generate mode: a dispatched request without a first chunk after this long counts as a
   /// failure of its worker (retried once elsewhere).
   std::chrono::milliseconds first_token_timeout{30'000};
+  /// Generate mode: a response with no chunk for this long ends with an explicit error.
+  std::chrono::milliseconds stream_stall_timeout{30'000};
   /// The default class's busy threshold (`--router-queue-threshold`): a fraction in (0, 1] of a
   /// worker's max batched tokens; empty: the class `default` never queues. Requests queue only
   /// when some class (this one, or one of the router-policy YAML's policy_classes) has a busy

@@ -157,7 +157,8 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
                            RouteSuccessInfo{.booking_id = booking_id,
                                             .booking_ttl = state.config.booking_ttl,
                                             .policy = std::move(reply.policy),
-                                            .generate_subject = std::move(reply.generate_subject)});
+                                            .generate_subject = std::move(reply.generate_subject),
+                                            .http_url = std::move(reply.http_url)});
   if (deliver_decision(self, pending.envelope, pending.promise, std::move(decision))) {
     tell_classifier(self, request.partition.model, [&] {
       return plugins::request_classifier::Sent{request.id(), outcome.worker};

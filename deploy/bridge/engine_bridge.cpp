@@ -17,6 +17,7 @@
 #include "deploy/worker/worker_inbox.hpp"
 #include "deploy/worker/worker_publisher.hpp"
 #include "kvr/v1/routing.pb.h"
+#include "messages/http_url.hpp"
 #include "messages/metrics/metrics_http.hpp"
 #include "messages/metrics/metrics_registry.hpp"
 #include "messages/subjects.hpp"
@@ -112,8 +113,13 @@ std::expected<void, std::string> BridgeOptions::validate() const {
   if (!subjects::is_valid_namespace(ns)) {
     return std::unexpected("--namespace must be non-empty and use only [A-Za-z0-9_-]");
   }
-  if (!engine_url.starts_with("http://") && !engine_url.starts_with("https://")) {
-    return std::unexpected("--engine-url must start with http:// or https://");
+  if (const std::string why = invalid_http_url(engine_url); !why.empty()) {
+    return std::unexpected("--engine-url '" + engine_url + "' " + why);
+  }
+  if (!advertise_url.empty()) {
+    if (const std::string why = invalid_http_url(advertise_url); !why.empty()) {
+      return std::unexpected("--advertise-url '" + advertise_url + "' " + why);
+    }
   }
   if (kv_events.empty()) return std::unexpected("--kv-events must not be empty");
   if (data_parallel_size == 0 || data_parallel_size > 64) {
@@ -252,7 +258,8 @@ struct EngineBridge::State {
                                               .data_parallel_size = options.data_parallel_size,
                                               .taints = options.taints,
                                               .publishes_kv_events = true,
-                                              .liveness_ttl = options.liveness_ttl});
+                                              .liveness_ttl = options.liveness_ttl,
+                                              .http_url = options.advertised_url()});
   }
 
   // A new incarnation with a fresh translator (the router drops the old one's KV picture when

@@ -37,6 +37,10 @@ struct BridgeOptions {
   EngineKind engine = EngineKind::vllm;
   /// The engine's HTTP server: /health, /v1/models, /metrics.
   std::string engine_url = "http://127.0.0.1:8000";
+  /// The engine's HTTP base URL as routers reach it (registered as the worker's http_url), when
+  /// it differs from engine_url (a bridge beside its engine reaches it on loopback); empty:
+  /// engine_url.
+  std::string advertise_url;
   /// The engine's KV event sockets (rank 0; rank r at port + r) and topic.
   std::string kv_events = "tcp://127.0.0.1:5557";
   std::string kv_events_replay;
@@ -71,6 +75,10 @@ struct BridgeOptions {
 
   /// Checks ranges; the error names the option.
   std::expected<void, std::string> validate() const;
+  /// The URL the worker registers: advertise_url, else engine_url.
+  const std::string& advertised_url() const {
+    return advertise_url.empty() ? engine_url : advertise_url;
+  }
 };
 
 /// Counters of one bridge run, for logs and tests.

@@ -51,6 +51,11 @@ void add_bridge_command(CLI::App& app, int& exit_code) {
       ->envname("KVR_BRIDGE_ENGINE_URL")
       ->check(non_empty());
   command
+      ->add_option("--advertise-url", options->advertise_url,
+                   "the engine's HTTP base URL as routers reach it, registered with the worker "
+                   "(default: --engine-url)")
+      ->envname("KVR_BRIDGE_ADVERTISE_URL");
+  command
       ->add_option("--kv-events", options->kv_events,
                    "the engine's ZMQ KV event publisher (rank r at port + r)")
       ->capture_default_str()

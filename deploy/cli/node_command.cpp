@@ -27,6 +27,7 @@ struct NodeCommandOptions {
   double booking_ttl_secs = 120;
   SessionAffinityFlags session_affinity;
   std::uint64_t first_token_timeout_ms = 30'000;
+  std::uint64_t stream_stall_timeout_ms = 30'000;
   std::optional<std::uint32_t> block_size;  // unset: each partition learns its workers' size
   std::optional<std::uint16_t> metrics_port;
   std::optional<std::uint16_t> actor_port;
@@ -89,6 +90,8 @@ int run_node(NodeCommandOptions options) {
   options.node.session_affinity = session_affinity_options(options.session_affinity);
   options.node.first_token_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(
       std::min<std::uint64_t>(options.first_token_timeout_ms, std::uint64_t{1} << 40)));
+  options.node.stream_stall_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(
+      std::min<std::uint64_t>(options.stream_stall_timeout_ms, std::uint64_t{1} << 40)));
   if (auto valid = options.node.validate(); !valid) {
     spdlog::error("kvr node: {}", valid.error());
     return kUsageError;
@@ -193,6 +196,13 @@ void add_node_command(CLI::App& app, int& exit_code) {
                    "generate mode: a worker that sends no first chunk within this time has failed "
                    "the request (retried once elsewhere)")
       ->envname("KVR_ROUTER_FIRST_TOKEN_TIMEOUT_MS")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{86'400'000}));
+  command
+      ->add_option("--router-stream-stall-timeout-ms", options->stream_stall_timeout_ms,
+                   "generate mode: a response stream with no chunk for this long ends with an "
+                   "explicit error (a stream timeout against its worker)")
+      ->envname("KVR_ROUTER_STREAM_STALL_TIMEOUT_MS")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{86'400'000}));
   command

@@ -60,11 +60,12 @@ std::string print_decision(const v1::RouteDecision& decision) {
   const auto& success = decision.success();
   return fmt::format(
       "request {}: worker {} rank {}\n  overlap blocks: device {} host {} disk {}\n"
-      "  booking {} (ttl {} ms)\n  policy {} total cost {}\n  generate subject {}",
+      "  booking {} (ttl {} ms)\n  policy {} total cost {}\n  generate subject {}{}",
       decision.request_id(), success.worker_id(), success.dp_rank(),
       success.device_overlap_blocks(), success.host_overlap_blocks(), success.disk_overlap_blocks(),
       success.booking_id(), success.booking_ttl_ms(), success.policy(), success.total_cost(),
-      success.generate_subject());
+      success.generate_subject(),
+      success.worker_http_url().empty() ? "" : "\n  http url " + success.worker_http_url());
 }
 
 int run_route(const RouteCommandOptions& options) {

@@ -75,6 +75,7 @@ void WorkerPublisher::publish_registration(const WorkerInstance& worker,
   registration.set_liveness_ttl_ms(static_cast<std::uint32_t>(description.liveness_ttl.count()));
   registration.set_generate_subject(subjects::worker_generate(ns_, worker.id));
   registration.set_dump_subject(subjects::worker_dump(ns_, worker.id));
+  registration.set_http_url(description.http_url);
   publish(subjects::worker_register(ns_), registration);
 }
 

@@ -51,6 +51,8 @@ struct WorkerDescription {
   bool publishes_kv_events = true;
   /// Routers remove a worker that has not been heard from for this long.
   std::chrono::milliseconds liveness_ttl{3000};
+  /// The engine's HTTP base URL as routers reach it; empty: reached over NATS only.
+  std::string http_url;
 };
 
 /// How often a worker heartbeats: three times per `liveness_ttl`, so that one lost heartbeat never

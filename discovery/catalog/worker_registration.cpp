@@ -2,6 +2,7 @@
 
 #include <string_view>
 
+#include "messages/http_url.hpp"
 #include "messages/subjects.hpp"
 #include "messages/worker_role.hpp"
 
@@ -39,7 +40,8 @@ std::expected<WorkerRegistration, RegistrationError> validate_registration(
       {"model", &registration.model},
       {"routing_group", &registration.routing_group},
       {"generate_subject", &registration.generate_subject},
-      {"dump_subject", &registration.dump_subject}};
+      {"dump_subject", &registration.dump_subject},
+      {"http_url", &registration.http_url}};
   for (const auto& [field, value] : strings) {
     if (value->size() > limits.max_string_length) {
       return bad(std::string(field), "longer than " + std::to_string(limits.max_string_length));
@@ -54,6 +56,13 @@ std::expected<WorkerRegistration, RegistrationError> validate_registration(
     if (const std::string why = subjects::invalid_worker_subject(*value); !why.empty()) {
       return bad(std::string(field), quoted(*value) + " " + why);
     }
+  }
+  // HTTP requests routed to the worker go there: one that is no base URL would fail each of them.
+  if (!registration.http_url.empty()) {
+    if (const std::string why = invalid_http_url(registration.http_url); !why.empty()) {
+      return bad("http_url", quoted(registration.http_url) + " " + why);
+    }
+    registration.http_url = std::string{trim_trailing_slash(registration.http_url)};
   }
   if (registration.routing_group.empty()) registration.routing_group = "default";
   if (registration.block_size == 0) return bad("block_size", "must be positive");
@@ -117,6 +126,7 @@ std::expected<WorkerRegistration, RegistrationError> registration_from_proto(
   registration.liveness_ttl = std::chrono::milliseconds(wire.liveness_ttl_ms());
   registration.generate_subject = wire.generate_subject();
   registration.dump_subject = wire.dump_subject();
+  registration.http_url = wire.http_url();
   return validate_registration(std::move(registration), limits);
 }
 

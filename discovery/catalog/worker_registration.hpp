@@ -30,6 +30,7 @@ struct WorkerRegistration {
   std::chrono::milliseconds liveness_ttl{0};
   std::string generate_subject;
   std::string dump_subject;
+  std::string http_url;  ///< the engine's HTTP base URL, without a trailing '/'; empty: none
 
   friend bool operator==(const WorkerRegistration&, const WorkerRegistration&) = default;
 };

@@ -118,6 +118,14 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
      MetricType::Counter,
      "Generate attempts that produced no first chunk in time.",
      {}},
+    {N::kGenerateStreamStalls,
+     MetricType::Counter,
+     "Generate streams ended because their worker sent no chunk for the stall timeout.",
+     {}},
+    {N::kGenerateNatsLosses,
+     MetricType::Counter,
+     "Generate requests ended because the node lost its NATS connection mid-request.",
+     {}},
     {N::kGenerateStaleChunks,
      MetricType::Counter,
      "Worker chunks for requests that ended or moved to another worker.",
@@ -330,6 +338,8 @@ ValueHandle NodeMetrics::generate_retries() const { return counter(kGenerateRetr
 ValueHandle NodeMetrics::generate_first_token_timeouts() const {
   return counter(kGenerateFirstTokenTimeouts);
 }
+ValueHandle NodeMetrics::generate_stream_stalls() const { return counter(kGenerateStreamStalls); }
+ValueHandle NodeMetrics::generate_nats_losses() const { return counter(kGenerateNatsLosses); }
 ValueHandle NodeMetrics::generate_stale_chunks() const { return counter(kGenerateStaleChunks); }
 ValueHandle NodeMetrics::generate_in_flight() const { return gauge(kGenerateInFlight); }
 

@@ -82,6 +82,8 @@ class NodeMetrics {
   static constexpr std::string_view kGenerateRetries = "kvr_generate_retries_total";
   static constexpr std::string_view kGenerateFirstTokenTimeouts =
       "kvr_generate_first_token_timeouts_total";
+  static constexpr std::string_view kGenerateStreamStalls = "kvr_generate_stream_stalls_total";
+  static constexpr std::string_view kGenerateNatsLosses = "kvr_generate_nats_losses_total";
   static constexpr std::string_view kGenerateStaleChunks = "kvr_generate_stale_chunks_total";
   static constexpr std::string_view kGenerateInFlight = "kvr_generate_in_flight";
 
@@ -181,6 +183,8 @@ class NodeMetrics {
   ValueHandle generate_outcomes(std::string_view outcome) const;
   ValueHandle generate_retries() const;
   ValueHandle generate_first_token_timeouts() const;
+  ValueHandle generate_stream_stalls() const;
+  ValueHandle generate_nats_losses() const;
   ValueHandle generate_stale_chunks() const;
   ValueHandle generate_in_flight() const;
 

@@ -7,6 +7,7 @@
 
 #include <nats/nats.h>
 
+#include "messages/nats/redact.hpp"
 #include "messages/nats/socket_loop.hpp"
 
 namespace kvr::nats {
@@ -137,6 +138,17 @@ std::int64_t NatsSubscription::dropped() const {
 }
 
 std::expected<std::unique_ptr<NatsClient>, std::string> NatsClient::connect(
+    const NatsOptions& options, NatsEventHandlers handlers) {
+  auto client = connect_as_given(options, std::move(handlers));
+  if (client) return client;
+  // The URL and the library's error text may both carry the credentials.
+  std::vector<std::string> secrets = url_secrets(options.url);
+  secrets.push_back(options.password);
+  secrets.push_back(options.token);
+  return std::unexpected(redact(std::move(client.error()), secrets));
+}
+
+std::expected<std::unique_ptr<NatsClient>, std::string> NatsClient::connect_as_given(
     const NatsOptions& options, NatsEventHandlers handlers) {
   natsOptions* raw_options = nullptr;
   if (natsStatus status = natsOptions_Create(&raw_options); status != NATS_OK) {

@@ -92,7 +92,8 @@ struct NatsEventHandlers {
 /// One connection. Thread-safe: any thread may publish.
 class NatsClient {
  public:
-  /// Connects; the error describes why (unreachable server, bad credentials, TLS files ...).
+  /// Connects; the error describes why (unreachable server, bad credentials, TLS files ...), with
+  /// any password or token masked.
   static std::expected<std::unique_ptr<NatsClient>, std::string> connect(
       const NatsOptions& options, NatsEventHandlers handlers = {});
 
@@ -133,6 +134,9 @@ class NatsClient {
   __natsConnection* native_handle() const { return connection_; }
 
  private:
+  /// connect() before its error is redacted of the credentials.
+  static std::expected<std::unique_ptr<NatsClient>, std::string> connect_as_given(
+      const NatsOptions& options, NatsEventHandlers handlers);
   struct Callbacks;
   NatsClient(__natsConnection* connection, std::unique_ptr<Callbacks> callbacks,
              std::unique_ptr<SocketLoop> loop);

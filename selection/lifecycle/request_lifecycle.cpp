@@ -111,8 +111,9 @@ std::expected<void, LifecycleError> RequestLifecycle::check_chunk(const StreamCh
                fmt::format("chunk {} from worker {} rank {}, which is not serving the request",
                            chunk.index, chunk.worker.worker_id, chunk.worker.dp_rank)));
   }
-  // An error chunk is taken at any index: a failure must not be lost.
-  if (!chunk.error && chunk.index != next_index_) {
+  // An error chunk is taken at any index: a failure must not be lost. A chunk ahead of the next
+  // one is a gap (on_chunk); one behind it was seen already.
+  if (!chunk.error && chunk.index < next_index_) {
     return std::unexpected(refuse(LifecycleError::Kind::out_of_order,
                                   fmt::format("chunk {} from worker {} where chunk {} was expected",
                                               chunk.index, chunk.worker.worker_id, next_index_)));
@@ -123,6 +124,14 @@ std::expected<void, LifecycleError> RequestLifecycle::check_chunk(const StreamCh
 LifecycleResult RequestLifecycle::on_chunk(const StreamChunk& chunk) {
   if (auto valid = check_chunk(chunk); !valid) return std::unexpected(std::move(valid.error()));
   if (chunk.error) return fail_attempt(*chunk.error, /*failed_by_worker=*/true);
+  if (chunk.index > next_index_) {
+    // Chunks were lost on the way (a dropped connection, a slow consumer): the client's stream
+    // can no longer be whole, so the attempt fails (retried before its first token) and the
+    // worker is told to stop.
+    return fail_attempt(fmt::format("chunks {} to {} of worker {} were lost", next_index_,
+                                    chunk.index - 1, chunk.worker.worker_id),
+                        /*failed_by_worker=*/false);
+  }
 
   ++next_index_;
   output_tokens_ += chunk.tokens;

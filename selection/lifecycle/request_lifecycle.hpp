@@ -27,9 +27,11 @@
 //   - Classifier events, per request in this order: Sent (again, naming the new worker, for each
 //     retry), Responding, then exactly one of Completed or Aborted. A request whose routing failed
 //     before it reached any worker gets only Aborted, with no worker.
+//   - A gap in the chunk indexes (chunks lost on the way) fails the attempt as a worker failure
+//     does, the worker told to stop: retried before the first token, else Aborted.
 //   - An event that makes no sense in the current state (a chunk after completion, a second
-//     completion, a chunk from a worker that is not serving the request, out of order) is
-//     returned as a LifecycleError and changes nothing; nothing here aborts the process.
+//     completion, a chunk from a worker that is not serving the request, a chunk seen before)
+//     is returned as a LifecycleError and changes nothing; nothing here aborts the process.
 #pragma once
 
 #include <cstddef>
@@ -104,7 +106,7 @@ struct LifecycleError {
   enum class Kind : std::uint8_t {
     after_end,      ///< the request already completed or was aborted
     stale_worker,   ///< the chunk came from a worker that is not serving the request
-    out_of_order,   ///< the chunk's index is not the next one
+    out_of_order,   ///< the chunk's index was seen before
     invalid_state,  ///< the event cannot happen in this state (a bug in the caller)
   };
   Kind kind = Kind::invalid_state;

@@ -43,6 +43,7 @@ struct RouteReply {
   std::expected<RouteOutcome, RouteFailure> result;
   std::string policy;            ///< the instance name serving the request's worker type
   std::string generate_subject;  ///< the chosen worker's generate subject
+  std::string http_url;          ///< the chosen worker's HTTP base URL (empty: none)
 };
 
 /// What a booking change does to the request's session-affinity proposal (SessionAffinity).

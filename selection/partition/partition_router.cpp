@@ -93,7 +93,10 @@ RouteReply PartitionRouter::select(RouteRequest& request, TimePoint now, Partiti
   if (reply.result) {
     const auto* entry =
         selector_.partition_workers().catalog().find(reply.result->worker.worker_id);
-    if (entry != nullptr) reply.generate_subject = entry->registration.generate_subject;
+    if (entry != nullptr) {
+      reply.generate_subject = entry->registration.generate_subject;
+      reply.http_url = entry->registration.http_url;
+    }
   }
   return reply;
 }

@@ -234,6 +234,7 @@ v1::RouteDecision encode_route_success(std::string_view request_id, const RouteO
     cost->set_cost(outcome.scorer_costs[i]);
   }
   success->set_generate_subject(info.generate_subject);
+  success->set_worker_http_url(info.http_url);
   return decision;
 }
 

@@ -50,6 +50,7 @@ struct RouteSuccessInfo {
   std::chrono::milliseconds booking_ttl{0};
   std::string policy;            ///< the policy instance that chose
   std::string generate_subject;  ///< the chosen worker's generate subject
+  std::string http_url;          ///< the chosen worker's HTTP base URL (empty: none)
 };
 
 /// A successful decision.

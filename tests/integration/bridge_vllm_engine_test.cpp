@@ -272,6 +272,10 @@ TEST_F(BridgeVllmEngineTest, RoutesSharedPrefixesToTheEngineHoldingThemAndStream
     EXPECT_EQ(seeded.chunks.back().finish_reason(), "length");
     const WorkerId holder = seeded.decision.success().worker_id();
     EXPECT_EQ(seeded.chunks[0].worker_id(), holder);
+    // The decision names the holder's engine as its bridge registered it (--engine-url).
+    const EnginePair& holding = holder == first.worker ? first : second;
+    EXPECT_EQ(seeded.decision.success().worker_http_url(),
+              "http://127.0.0.1:" + std::to_string(holding.http_port));
     cached_by_engines += seeded.chunks[0].cached_prompt_tokens();
     overlap_tokens_by_node += seeded.decision.success().device_overlap_blocks() * kBlockSize;
     // The engine's BlockStored events, translated by the bridge, reach the node.

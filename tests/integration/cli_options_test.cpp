@@ -139,6 +139,13 @@ const BadOption kBadOptions[] = {
     {"MockerEmptyModel", {"mocker", "--model", ""}, "--model"},
     {"MockerUnknownRole", {"mocker", "--role", "chef"}, "--role"},
     {"MockerBadNamespace", {"mocker", "--namespace", "a b"}, "--namespace"},
+    // bridge
+    {"BridgeEngineUrlWithoutScheme",
+     {"bridge", "--nats", kNoNats, "--engine-url", "127.0.0.1:8000"},
+     "--engine-url"},
+    {"BridgeAdvertiseUrlWithQuery",
+     {"bridge", "--nats", kNoNats, "--advertise-url", "http://10.0.0.7:8000/?x=1"},
+     "--advertise-url"},
     // route
     {"RouteZeroTimeout", {"route", "--text", "hello", "--timeout-ms", "0"}, "--timeout-ms"},
     {"RouteNoPrompt", {"route", "--nats", kNoNats}, "--text"},

@@ -35,17 +35,10 @@ constexpr WorkerId kFirstWorker = 100;
 constexpr WorkerId kSecondFleetWorker = 200;
 constexpr std::uint32_t kBlockSize = 16;
 
-// The client reconnects forever, quickly: one test restarts the server.
-nats::NatsOptions reconnecting_client() {
-  nats::NatsOptions options;
-  options.max_reconnects = -1;
-  options.reconnect_wait = 50ms;
-  return options;
-}
-
 class NodeTest : public testing::KvrClusterTest {
  protected:
-  NodeTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}, reconnecting_client()) {}
+  NodeTest()
+      : KvrClusterTest(KVR_BINARY, std::string{kNamespace}, testing::reconnecting_client()) {}
 
   void TearDown() override {
     // Log files help when something failed.

@@ -1,8 +1,16 @@
 #include "tests/testing/kvr_cluster_test.hpp"
 
+#include <chrono>
 #include <utility>
 
 namespace kvr::testing {
+
+nats::NatsOptions reconnecting_client() {
+  nats::NatsOptions options;
+  options.max_reconnects = -1;
+  options.reconnect_wait = std::chrono::milliseconds(50);
+  return options;
+}
 
 KvrClusterTest::KvrClusterTest(std::string binary, std::string ns, nats::NatsOptions client_options,
                                std::vector<std::string> server_args)

@@ -15,6 +15,9 @@
 
 namespace kvr::testing {
 
+/// Client options that reconnect forever, quickly: for tests that restart the server under it.
+nats::NatsOptions reconnecting_client();
+
 /// Starts the server, connects the client and makes `kvr_` in SetUp(). A fixture that adds to
 /// SetUp() calls this one first and stops when it failed (HasFatalFailure()).
 class KvrClusterTest : public ::testing::Test {

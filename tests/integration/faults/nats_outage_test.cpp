@@ -52,14 +52,6 @@ constexpr auto kGenerateTimeout = 300ms;
 // overlap (within 10 %).
 constexpr std::size_t kAwareWindow = 6;
 
-// The client reconnects forever, quickly: the server is restarted under it.
-nats::NatsOptions reconnecting_client() {
-  nats::NatsOptions options;
-  options.max_reconnects = -1;
-  options.reconnect_wait = 50ms;
-  return options;
-}
-
 /// One route request of the stream: when its answer came and, if it was routed, the fraction of
 /// its prompt blocks the node found cached on the chosen worker.
 struct Sample {
@@ -78,7 +70,8 @@ struct OutageResult {
 
 class NatsOutageTest : public testing::KvrClusterTest {
  protected:
-  NatsOutageTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}, reconnecting_client()) {}
+  NatsOutageTest()
+      : KvrClusterTest(KVR_BINARY, std::string{kNamespace}, testing::reconnecting_client()) {}
 
   void SetUp() override {
     KvrClusterTest::SetUp();

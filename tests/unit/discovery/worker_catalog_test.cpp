@@ -50,6 +50,22 @@ TEST(WorkerRegistrationTest, ConvertsTheWireFormWithDefaults) {
   EXPECT_EQ(converted->taints, std::vector<std::string>{"gpu=h100"});
 }
 
+TEST(WorkerRegistrationTest, KeepsTheHttpUrlWithoutItsTrailingSlashAndRefusesABadOne) {
+  auto wire = wire_registration();
+  EXPECT_EQ(registration_from_proto(wire, {})->http_url, "") << "absent: reached over NATS only";
+  wire.set_http_url("http://10.0.0.7:8000/");
+  const auto converted = registration_from_proto(wire, {});
+  ASSERT_TRUE(converted) << converted.error().message();
+  EXPECT_EQ(converted->http_url, "http://10.0.0.7:8000");
+  wire.set_http_url("10.0.0.7:8000");
+  const auto refused = registration_from_proto(wire, {});
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().message(),
+            "http_url: '10.0.0.7:8000' is not an http:// or https:// URL");
+  wire.set_http_url("http://" + std::string(300, 'a'));
+  EXPECT_EQ(registration_from_proto(wire, {}).error().field, "http_url") << "overlong";
+}
+
 TEST(WorkerRegistrationTest, NamesTheBadField) {
   auto wire = wire_registration();
   wire.set_role(v1::WORKER_ROLE_UNSPECIFIED);

@@ -905,6 +905,89 @@ TEST_F(RouterActorsTest, NoFirstChunkInTimeCountsAsAFailureRetriedOnceThenAnErro
   send_exit(impatient);
 }
 
+// A response whose worker goes quiet ends with an explicit error one stall timeout after its last
+// chunk (CAF's clock), the worker told to stop and blamed for a stream timeout.
+TEST_F(RouterActorsTest, AResponseThatGoesQuietEndsWithAnErrorAfterTheStallTimeout) {
+  register_workers({11});
+  LifecycleActorConfig config = lifecycle_config("stall.streams", 60s);
+  config.stream_stall_timeout = 100ms;
+  auto lifecycle = own(system_.spawn(lifecycle_behavior, std::move(config)));
+  scheduler_.run();
+  send(lifecycle, generate_atom::value,
+       GenerateEnvelope{generate_request("s1", "quiet.stream"), {}, clock_->now()});
+  ASSERT_EQ(publisher_->published_on("gen.11").size(), 1U);
+  v1::GenerateChunk chunk;
+  chunk.set_request_id("s1");
+  chunk.set_worker_id(11);
+  chunk.add_token_ids(7);
+  send(lifecycle, chunk_atom::value, ChunkEnvelope{1, chunk});
+  scheduler_.advance_time(60ms);
+  scheduler_.run();
+  chunk.set_index(1);
+  send(lifecycle, chunk_atom::value, ChunkEnvelope{1, chunk});
+  // 120 ms after the first chunk but 60 ms after the last: still flowing.
+  scheduler_.advance_time(60ms);
+  scheduler_.run();
+  ASSERT_EQ(publisher_->published_on("quiet.stream").size(), 2U);
+  EXPECT_EQ(metrics_->value("kvr_generate_in_flight"), 1);
+  scheduler_.advance_time(40ms);
+  scheduler_.run();
+  ASSERT_EQ(publisher_->published_on("quiet.stream").size(), 3U);
+  v1::GenerateChunk end;
+  ASSERT_TRUE(end.ParseFromString(publisher_->published_on("quiet.stream")[2]));
+  EXPECT_EQ(end.finish_reason(), "error");
+  EXPECT_EQ(end.error().code(), v1::ROUTE_ERROR_TIMEOUT);
+  EXPECT_NE(end.error().message().find("no chunk for 100 ms after chunk 1"), std::string::npos)
+      << end.error().message();
+  EXPECT_EQ(publisher_->published_on("gen.11.cancel").size(), 1U);
+  EXPECT_EQ(metrics_->value("kvr_generate_stream_stalls_total"), 1);
+  EXPECT_EQ(metrics_->value("kvr_worker_failures_total",
+                            {{"partition", "m/default"}, {"cause", "stream_timeout"}}),
+            1);
+  EXPECT_EQ(bookings(), 0);
+  EXPECT_EQ(metrics_->value("kvr_generate_in_flight"), 0);
+  send_exit(lifecycle);
+}
+
+// The node's NATS connection drops: chunks sent meanwhile are lost, so every stream in flight,
+// responding or not yet, ends at once with an explicit error and its booking released; nothing
+// is blamed on the workers.
+TEST_F(RouterActorsTest, LosingNatsEndsEveryStreamInFlightWithAnExplicitError) {
+  register_workers({11, 12});
+  send(lifecycle_, generate_atom::value,
+       GenerateEnvelope{generate_request("n1", "first.stream"), {}, clock_->now()});
+  const WorkerId first = publisher_->dispatched_to({11, 12});
+  ASSERT_NE(first, 0U);
+  send(lifecycle_, generate_atom::value,
+       GenerateEnvelope{generate_request("n2", "second.stream"), {}, clock_->now()});
+  v1::GenerateChunk chunk;
+  chunk.set_request_id("n1");
+  chunk.set_worker_id(first);
+  chunk.add_token_ids(7);
+  send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  ASSERT_EQ(publisher_->published_on("first.stream").size(), 1U);
+  EXPECT_EQ(metrics_->value("kvr_generate_in_flight"), 2);
+
+  send(lifecycle_, nats_link_atom::value, false);
+  for (const std::string stream : {"first.stream", "second.stream"}) {
+    const auto published = publisher_->published_on(stream);
+    ASSERT_FALSE(published.empty()) << stream;
+    v1::GenerateChunk end;
+    ASSERT_TRUE(end.ParseFromString(published.back())) << stream;
+    EXPECT_EQ(end.finish_reason(), "error") << stream;
+    EXPECT_EQ(end.error().code(), v1::ROUTE_ERROR_UNAVAILABLE) << stream;
+    EXPECT_NE(end.error().message().find("lost its NATS connection"), std::string::npos)
+        << end.error().message();
+  }
+  EXPECT_EQ(metrics_->value("kvr_generate_nats_losses_total"), 2);
+  EXPECT_EQ(metrics_->value("kvr_generate_in_flight"), 0);
+  EXPECT_EQ(bookings(), 0);
+  EXPECT_EQ(metrics_->total("kvr_worker_failures_total"), 0);
+  // The link's return changes nothing more.
+  send(lifecycle_, nats_link_atom::value, true);
+  EXPECT_EQ(metrics_->value("kvr_generate_nats_losses_total"), 2);
+}
+
 // Route mode: an abort counts against its worker only when its cause blames the worker; three
 // in a row eject it (the default), and with two workers only one may be ejected.
 TEST_F(RouterActorsTest, RouteModeAbortsCountAgainstTheWorkerOnlyWhenTheirCauseBlamesIt) {

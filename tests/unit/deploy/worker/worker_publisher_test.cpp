@@ -67,7 +67,8 @@ TEST_F(WorkerPublisherTest, RegistersWithTheDescriptionAndTheWorkersOwnSubjects)
                                       .max_num_batched_tokens = 8192,
                                       .max_num_seqs = 256,
                                       .publishes_kv_events = false,
-                                      .liveness_ttl = 1500ms};
+                                      .liveness_ttl = 1500ms,
+                                      .http_url = "http://10.0.0.7:8000"};
   const auto registration =
       first_on<v1::WorkerRegistration>(subjects::worker_register(kNamespace), [&] {
         publisher_->publish_registration({7, 0x51}, description);
@@ -88,6 +89,7 @@ TEST_F(WorkerPublisherTest, RegistersWithTheDescriptionAndTheWorkersOwnSubjects)
   EXPECT_EQ(registration.liveness_ttl_ms(), 1500U);
   EXPECT_EQ(registration.generate_subject(), subjects::worker_generate(kNamespace, 7));
   EXPECT_EQ(registration.dump_subject(), subjects::worker_dump(kNamespace, 7));
+  EXPECT_EQ(registration.http_url(), "http://10.0.0.7:8000");
 }
 
 TEST_F(WorkerPublisherTest, HeartbeatsAndDeregistrationsCarryTheIncarnation) {

@@ -534,7 +534,7 @@ TEST_F(RequestLifecycleTest, ChunkAfterCompletionAndDuplicateCompletionAreRefuse
   expect_all_released_once(request);
 }
 
-TEST_F(RequestLifecycleTest, ChunksFromAnotherWorkerOrOutOfOrderAreRefused) {
+TEST_F(RequestLifecycleTest, ChunksFromAnotherWorkerOrSeenBeforeAreRefused) {
   add_workers({1, 2});
   TrackedRequest request{"r1"};
   route(request);
@@ -544,15 +544,51 @@ TEST_F(RequestLifecycleTest, ChunksFromAnotherWorkerOrOutOfOrderAreRefused) {
   const auto other_rank = request.lifecycle.on_chunk(chunk({kA.worker_id, 1}, 0));
   ASSERT_FALSE(other_rank);
   EXPECT_EQ(other_rank.error().kind, LifecycleError::Kind::stale_worker);
-  const auto skipped = request.lifecycle.on_chunk(chunk(kA, 1));
-  ASSERT_FALSE(skipped);
-  EXPECT_EQ(skipped.error().kind, LifecycleError::Kind::out_of_order);
   EXPECT_EQ(request.lifecycle.state(), RequestState::Sent) << "refused events change nothing";
   apply(request, request.lifecycle.on_chunk(chunk(kA, 0)));
   const auto repeated = request.lifecycle.on_chunk(chunk(kA, 0));
   ASSERT_FALSE(repeated);
   EXPECT_EQ(repeated.error().kind, LifecycleError::Kind::out_of_order);
   apply(request, request.lifecycle.on_chunk(chunk(kA, 1, 1, /*finished=*/true)));
+  expect_all_released_once(request);
+}
+
+// Chunks lost on the way (here the first one): the stream cannot be whole, so the attempt fails,
+// the worker is told to stop, and the request is retried on another worker.
+TEST_F(RequestLifecycleTest, AGapBeforeTheFirstTokenRetriesOnAnotherWorker) {
+  add_workers({1, 2});
+  TrackedRequest request{"r1"};
+  route(request);
+  apply(request, request.lifecycle.on_chunk(chunk(kA, 1)));
+  EXPECT_EQ(request.cancels_at_worker, 1);
+  ASSERT_EQ(request.lifecycle.worker(), kB);
+  EXPECT_EQ(request.lifecycle.state(), RequestState::Sent);
+  EXPECT_EQ(request.forwarded, 0) << "nothing of the broken attempt reached the client";
+  apply(request, request.lifecycle.on_chunk(chunk(kB, 0, 1, /*finished=*/true)));
+  EXPECT_EQ(request.lifecycle.state(), RequestState::Completed);
+  EXPECT_EQ(event_names(request.events),
+            (std::vector<std::string>{"sent:1", "sent:2", "responding:2", "completed:2"}));
+  expect_all_released_once(request);
+}
+
+// After the first token a gap ends the stream with an explicit error naming the lost chunks.
+TEST_F(RequestLifecycleTest, AGapAfterTheFirstTokenEndsTheStreamWithAnError) {
+  add_workers({1, 2});
+  TrackedRequest request{"r1"};
+  route(request);
+  apply(request, request.lifecycle.on_chunk(chunk(kA, 0)));
+  apply(request, request.lifecycle.on_chunk(chunk(kA, 3)));
+  EXPECT_EQ(request.lifecycle.state(), RequestState::Aborted);
+  EXPECT_EQ(request.cancels_at_worker, 1);
+  EXPECT_EQ(request.forwarded, 1) << "only the first chunk";
+  ASSERT_EQ(request.stream_ends.size(), 1U);
+  EXPECT_EQ(request.stream_ends[0].finish_reason, "error");
+  EXPECT_EQ(request.stream_ends[0].error, Error::worker_failed);
+  EXPECT_NE(request.stream_ends[0].message.find("chunks 1 to 2 of worker 1 were lost"),
+            std::string::npos)
+      << request.stream_ends[0].message;
+  EXPECT_EQ(event_names(request.events),
+            (std::vector<std::string>{"sent:1", "responding:1", "aborted:1"}));
   expect_all_released_once(request);
 }
 

@@ -208,7 +208,8 @@ TEST(RouteRequestTest, SuccessDecisionCarriesBookingAndOverlap) {
                                              {.booking_id = "L-1",
                                               .booking_ttl = std::chrono::seconds(2),
                                               .policy = "p",
-                                              .generate_subject = "kvr.ns.worker.42.generate"});
+                                              .generate_subject = "kvr.ns.worker.42.generate",
+                                              .http_url = "http://10.0.0.7:8000"});
   ASSERT_TRUE(decision.has_success());
   EXPECT_EQ(decision.success().worker_id(), 42U);
   EXPECT_EQ(decision.success().dp_rank(), 1U);
@@ -219,6 +220,7 @@ TEST(RouteRequestTest, SuccessDecisionCarriesBookingAndOverlap) {
   EXPECT_EQ(decision.success().costs(0).scorer(), "kvr::selection::policies::KvCostScorer");
   EXPECT_DOUBLE_EQ(decision.success().costs(0).cost(), 1.5);
   EXPECT_EQ(decision.success().generate_subject(), "kvr.ns.worker.42.generate");
+  EXPECT_EQ(decision.success().worker_http_url(), "http://10.0.0.7:8000");
 }
 
 TEST(RouteRequestTest, LifecycleReportNeedsBookingAndKnownEvent) {
