@@ -222,14 +222,15 @@ void PartitionRouter::register_worker(discovery::WorkerRegistration registration
   out.events.emplace_back(
       partition_event::WorkerJoined{id, *change != discovery::RegistrationChange::added});
   out.fleet_changed = true;
-  // A partition that changed hands: the new owner rebuilds the index from dumps.
-  if (options_.fenced) {
-    const auto* entry = selector_.partition_workers().catalog().find(id);
-    if (entry != nullptr && entry->registration.publishes_kv_events) {
-      for (DpRank rank = 0; rank < entry->registration.data_parallel_size; ++rank) {
-        request_dump({id, rank}, now, out);
-      }
+  // What the worker cached before this node knew of it (the node started, or took the partition
+  // over, while the worker sat idle) reaches the index only through a dump, since no event gap
+  // would ever show it: each rank's is asked for once, paced like a reconnect's resync.
+  const auto* entry = selector_.partition_workers().catalog().find(id);
+  if (entry != nullptr && entry->registration.publishes_kv_events) {
+    for (DpRank rank = 0; rank < entry->registration.data_parallel_size; ++rank) {
+      resync_dumps_.push_back({id, rank});
     }
+    send_resync_dumps(now, out);
   }
   drain_queue(now, out);
   finish(out);

@@ -2,6 +2,8 @@
 // nats-server on loopback: decisions over NATS request/reply, KV-aware routing to the worker that
 // holds a prefix, lifecycle reports and booking expiry (observed on /metrics), a killed worker
 // leaving routing, a nats-server restart, and bad messages on every subscribed subject.
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -148,6 +150,37 @@ TEST_F(NodeTest, RoutesToMockerWorkersAndToTheWorkerHoldingThePrefix) {
       10s));
   EXPECT_EQ(decision->success().worker_id(), kFirstWorker + 1);
   EXPECT_GT(metric(metrics_text(), "kvr_index_blocks"), 0);
+}
+
+// Warm start: a node started while its workers sit idle sees no KV event, so only the dump it
+// asks each worker for at registration shows what the workers hold.
+TEST_F(NodeTest, ANodeStartedBesideIdleWorkersLearnsTheirCacheFromDumps) {
+  start_cluster();
+  const auto tokens = prompt(128, 60'000);
+  generate_on(kFirstWorker, tokens);
+  const auto routes_to_cache = [&] {
+    const auto decision = route(tokens, next_id());
+    if (!decision || !decision->has_success()) return false;
+    report(decision->success().booking_id(), v1::LIFECYCLE_EVENT_COMPLETED);
+    return decision->success().worker_id() == kFirstWorker &&
+           decision->success().device_overlap_blocks() >= 8;
+  };
+  ASSERT_TRUE(wait_until(routes_to_cache, 10s));
+
+  // A new node replaces this one while the workers stay idle.
+  ASSERT_EQ(node_->stop(), 0) << node_->log();
+  metrics_port_ = free_port();
+  node_ = kvr_->start_node(
+      {.block_size = kBlockSize, .metrics_port = metrics_port_, .nats_reconnect_wait_ms = 50},
+      "node-2.log");
+  ASSERT_TRUE(node_);
+  ASSERT_TRUE(testing::wait_until_healthy(metrics_port_, 20s)) << node_->log();
+  const auto started = std::chrono::steady_clock::now();
+  ASSERT_TRUE(wait_until(routes_to_cache, 10s)) << node_->log();
+  std::printf("[ warm start ] the new node routed to the cache %.0f ms after /healthz answered\n",
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
+                  .count());
+  EXPECT_GE(metric(metrics_text(), "kvr_index_blocks"), 8);
 }
 
 TEST_F(NodeTest, ReportsReleaseBookingsAndUnreportedBookingsExpire) {

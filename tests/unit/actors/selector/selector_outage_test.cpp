@@ -110,6 +110,9 @@ TEST_F(SelectorOutageTest, NoLivenessExpiresWhileDisconnectedAndASilentWorkerExp
   for (WorkerId id : {11, 12}) send(selector_, worker_up_atom::value, registration(id));
   ASSERT_TRUE(routes(selector_, "before"));
   EXPECT_EQ(metric("kvr_workers"), 2);
+  // Each worker the selector learns of is asked for its KV state once.
+  EXPECT_EQ(publisher_->dumps, (std::vector<WorkerWithDpRank>{{11, 0}, {12, 0}}));
+  publisher_->dumps.clear();
 
   // The node loses NATS for 30 liveness TTLs' worth of time; ticks keep running.
   send(selector_, nats_link_atom::value, false);
@@ -165,6 +168,11 @@ TEST_F(SelectorOutageTest, ResyncDumpsAreAskedForAFewPerTick) {
   scheduler_.run();
   const std::vector<WorkerId> fleet{21, 22, 23, 24, 25};
   for (WorkerId id : fleet) send(selector_, worker_up_atom::value, registration(id));
+  // The new workers' dumps, paced the same way.
+  EXPECT_EQ(publisher_->dumps.size(), 2U);
+  for (int tick = 0; tick < 3; ++tick) send(selector_, tick_atom::value);
+  EXPECT_EQ(publisher_->dumps.size(), 5U);
+  publisher_->dumps.clear();
   send(selector_, nats_link_atom::value, false);
   clock_->advance(5s);
   send(selector_, nats_link_atom::value, true);
@@ -191,6 +199,8 @@ TEST_F(SelectorOutageTest, TheDiscoveryActorTellsEverySelectorAndAsksWorkersToRe
   send(discovery_, worker_up_atom::value, registration(31));
   ASSERT_TRUE(routes(discovery_, "before"));
   const int asked_before = publisher_->reregistrations;
+  EXPECT_EQ(publisher_->dumps, (std::vector<WorkerWithDpRank>{{31, 0}})) << "learnt of: asked once";
+  publisher_->dumps.clear();
 
   send(discovery_, nats_link_atom::value, false);
   // A partition first seen during the outage (its selector spawned then) is told of the return.
@@ -198,6 +208,7 @@ TEST_F(SelectorOutageTest, TheDiscoveryActorTellsEverySelectorAndAsksWorkersToRe
   other.model = "other";
   send(discovery_, worker_up_atom::value, other);
   EXPECT_EQ(metrics_->value("kvr_workers", {{"partition", "other/default"}}), 1);
+  publisher_->dumps.clear();  // worker 32's, asked for while the link is down
   clock_->advance(2s);
   send(discovery_, nats_link_atom::value, true);
   EXPECT_EQ(metrics_->value("kvr_worker_liveness_grants_total", {{"partition", "other/default"}}),

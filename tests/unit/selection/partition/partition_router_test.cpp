@@ -126,20 +126,20 @@ TEST_F(PartitionRouterTest, AnswersAtOnceWithoutWorkersAndBooksOnTheWorkerThatJo
 
 TEST_F(PartitionRouterTest, AKvEventGapAsksForOneDumpPerRetryPeriod) {
   make();
-  add_worker(3);
+  add_worker(3);  // asked for its dump at registration
   KvEventBatch batch{.worker = {3, 0}, .incarnation = 1, .event_id = 5, .events = {}};
-  router_->apply_kv_events(batch, kStart, effects_);
+  router_->apply_kv_events(batch, kStart + 2s, effects_);
   ASSERT_EQ(effects_.dumps.size(), 1U);
   EXPECT_EQ(effects_.dumps[0].dump_subject, "dump.3");
   EXPECT_EQ(count<partition_event::KvEventGap>(effects_), 1U);
   effects_.clear();
 
   batch.event_id = 9;
-  router_->apply_kv_events(batch, kStart + 100ms, effects_);
+  router_->apply_kv_events(batch, kStart + 2s + 100ms, effects_);
   EXPECT_TRUE(effects_.dumps.empty()) << "within dump_retry of the last request";
   effects_.clear();
   batch.event_id = 12;
-  router_->apply_kv_events(batch, kStart + 2s, effects_);
+  router_->apply_kv_events(batch, kStart + 4s, effects_);
   EXPECT_EQ(effects_.dumps.size(), 1U);
 }
 
@@ -148,6 +148,7 @@ TEST_F(PartitionRouterTest, LeasesAreHeldWhileTheLinkIsDownAndDumpsArePacedAfter
   make();
   add_worker(1);
   add_worker(2);
+  router_->tick(kStart, effects_);  // sends worker 2's registration dump, paced behind worker 1's
   router_->set_link(false, kStart, effects_);
   router_->tick(kStart + 30s, effects_);
   EXPECT_TRUE(effects_.removed.empty()) << "no liveness runs out while the node cannot hear";
@@ -231,12 +232,37 @@ TEST_F(PartitionRouterTest, AFencedPartitionRoutesOnlyWhileItsLeaseLiesAhead) {
   EXPECT_EQ(effects_.answers[0].second.result.error().code, Error::unavailable);
 }
 
-TEST_F(PartitionRouterTest, AFencedPartitionAsksEveryJoiningWorkerForItsDump) {
-  options_.fenced = true;
-  make();
-  router_->register_worker(worker(4), kStart, effects_);
-  ASSERT_EQ(effects_.dumps.size(), 1U);
-  EXPECT_EQ(effects_.dumps[0].worker, (WorkerWithDpRank{4, 0}));
+// A node that starts, or takes a partition over, while its workers sit idle would never see a KV
+// event gap: each worker it learns of is asked for its dump once per rank, paced per tick.
+TEST_F(PartitionRouterTest, EveryWorkerLearntOfIsAskedForItsDumpOncePacedPerTick) {
+  for (const bool fenced : {false, true}) {
+    options_.fenced = fenced;
+    options_.resync_dumps_per_tick = 2;
+    make();
+    if (fenced) router_->set_owned_until(kStart + 1h, kStart, effects_);
+    effects_.clear();
+    discovery::WorkerRegistration ranks = worker(4);
+    ranks.data_parallel_size = 3;
+    router_->register_worker(ranks, kStart, effects_);
+    ASSERT_EQ(effects_.dumps.size(), 2U) << "fenced " << fenced;
+    EXPECT_EQ(effects_.dumps[0].worker, (WorkerWithDpRank{4, 0}));
+    EXPECT_EQ(effects_.dumps[1].worker, (WorkerWithDpRank{4, 1}));
+    effects_.clear();
+    router_->tick(kStart + 100ms, effects_);
+    ASSERT_EQ(effects_.dumps.size(), 1U);
+    EXPECT_EQ(effects_.dumps[0].worker, (WorkerWithDpRank{4, 2}));
+    effects_.clear();
+    // The same registration again (a refresh) asks for nothing.
+    router_->register_worker(ranks, kStart + 200ms, effects_);
+    router_->tick(kStart + 300ms, effects_);
+    EXPECT_TRUE(effects_.dumps.empty()) << "fenced " << fenced;
+    // A worker that publishes no KV events has no dump to give.
+    discovery::WorkerRegistration quiet = worker(5);
+    quiet.publishes_kv_events = false;
+    router_->register_worker(quiet, kStart + 300ms, effects_);
+    EXPECT_TRUE(effects_.dumps.empty());
+    effects_.clear();
+  }
 }
 
 TEST_F(PartitionRouterTest, HardSessionAffinityKeepsASessionOnItsWorker) {
