@@ -132,6 +132,9 @@ std::expected<void, std::string> NodeOptions::validate() const {
       stream_stall_timeout > std::chrono::hours(24)) {
     return std::unexpected("--router-stream-stall-timeout-ms: between 1 ms and 24 h");
   }
+  if (drain_timeout < std::chrono::milliseconds(0) || drain_timeout > std::chrono::hours(1)) {
+    return std::unexpected("--drain-timeout-ms: between 0 and 1 h");
+  }
   if (queue_threshold && !(*queue_threshold > 0 && *queue_threshold <= 1)) {
     return std::unexpected("--router-queue-threshold: a fraction in (0, 1]");
   }
@@ -516,6 +519,26 @@ struct RouterNode::Impl {
                      : std::string{"off"});
   }
 
+  std::size_t drain(std::chrono::milliseconds timeout) {
+    const auto in_flight = [this] {
+      return static_cast<std::size_t>(registry->value(metrics::NodeMetrics::kGenerateInFlight));
+    };
+    // A cluster member hands its partitions back at once instead: peers would go on forwarding
+    // it their requests while it drained.
+    if (cluster_link) return in_flight();
+    if (system && actor_port != 0) {
+      (void)system->middleman().unpublish(ingress, actor_port);
+      actor_port = 0;
+    }
+    if (bridge) bridge->stop_intake();
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    // The main thread waits here while the actors serve: a short poll of one gauge.
+    while (in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return in_flight();
+  }
+
   void shutdown() {
     if (bridge) bridge->stop();
     http.reset();
@@ -550,6 +573,8 @@ struct RouterNode::Impl {
 RouterNode::RouterNode(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 RouterNode::~RouterNode() { impl_->shutdown(); }
+
+std::size_t RouterNode::drain(std::chrono::milliseconds timeout) { return impl_->drain(timeout); }
 
 std::uint16_t RouterNode::actor_port() const { return impl_->actor_port; }
 

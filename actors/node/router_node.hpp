@@ -80,6 +80,8 @@ struct NodeOptions {
   std::chrono::milliseconds first_token_timeout{30'000};
   /// Generate mode: a response with no chunk for this long ends with an explicit error.
   std::chrono::milliseconds stream_stall_timeout{30'000};
+  /// On SIGTERM: how long the streams in flight may run on while no new request is taken.
+  std::chrono::milliseconds drain_timeout{20'000};
   /// The default class's busy threshold (`--router-queue-threshold`): a fraction in (0, 1] of a
   /// worker's max batched tokens; empty: the class `default` never queues. Requests queue only
   /// when some class (this one, or one of the router-policy YAML's policy_classes) has a busy
@@ -110,6 +112,13 @@ class RouterNode {
   ~RouterNode();
   RouterNode(const RouterNode&) = delete;
   RouterNode& operator=(const RouterNode&) = delete;
+
+  /// Stops taking new requests (the router's NATS subjects and the actor port) while the requests
+  /// in flight go on: worker messages, reports, cancels and generate streams. Waits until no
+  /// generate stream is left or `timeout` passed; returns how many are left (destroying the node
+  /// ends them with an explicit error). A cluster member does not drain: it hands its partitions
+  /// back when destroyed, since peers would go on forwarding it requests.
+  std::size_t drain(std::chrono::milliseconds timeout);
 
   /// The port the ingress actor is published on (0: not published).
   std::uint16_t actor_port() const;

@@ -8,6 +8,7 @@
 #include <random>
 #include <variant>
 
+#include <fmt/format.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -20,6 +21,7 @@
 #include "messages/http_url.hpp"
 #include "messages/metrics/metrics_http.hpp"
 #include "messages/metrics/metrics_registry.hpp"
+#include "messages/metrics/rate_limited_log.hpp"
 #include "messages/subjects.hpp"
 
 namespace kvr::bridge {
@@ -149,6 +151,9 @@ std::expected<void, std::string> BridgeOptions::validate() const {
 
 struct EngineBridge::State {
   BridgeOptions options;
+  // Bad input from the network or the engine is counted, and logged at most once per kind and
+  // window (thread-safe: the ZMQ and NATS threads log here too).
+  metrics::RateLimitedLog log;
   std::unique_ptr<nats::NatsClient> nats;
   // Speaks the worker side of the protocol on `nats`.
   std::optional<worker::WorkerPublisher> publisher;
@@ -304,8 +309,10 @@ struct EngineBridge::State {
             .on_restart = [this](DpRank rank) { enqueue(RestartItem{rank}); },
             .on_malformed =
                 [this](DpRank rank, const DecodeError& error) {
-                  spdlog::warn("kvr bridge: dropped a malformed KV event payload of rank {}: {}",
-                               rank, error.message());
+                  log.warn("malformed-kv-events",
+                           fmt::format("kvr bridge: dropped a malformed KV event payload of rank "
+                                       "{}: {}",
+                                       rank, error.message()));
                 }});
     if (!subscriber_or) {
       spdlog::error("kvr bridge: {}", subscriber_or.error());
@@ -673,7 +680,8 @@ std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
               [raw](nats::NatsMessage message) {
                 v1::GenerateRequest request;
                 if (!request.ParseFromString(message.data)) {
-                  spdlog::warn("kvr bridge: dropped a malformed GenerateRequest");
+                  raw->log.warn("malformed-generate",
+                                "kvr bridge: dropped a malformed GenerateRequest");
                   return;
                 }
                 raw->generator->submit(std::move(request));
@@ -682,7 +690,8 @@ std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
               [raw](nats::NatsMessage message) {
                 v1::GenerateCancel request;
                 if (!request.ParseFromString(message.data)) {
-                  spdlog::warn("kvr bridge: dropped a malformed GenerateCancel");
+                  raw->log.warn("malformed-cancel",
+                                "kvr bridge: dropped a malformed GenerateCancel");
                   return;
                 }
                 raw->generator->cancel(request.request_id());

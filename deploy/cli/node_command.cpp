@@ -28,6 +28,7 @@ struct NodeCommandOptions {
   SessionAffinityFlags session_affinity;
   std::uint64_t first_token_timeout_ms = 30'000;
   std::uint64_t stream_stall_timeout_ms = 30'000;
+  std::uint64_t drain_timeout_ms = 20'000;
   std::optional<std::uint32_t> block_size;  // unset: each partition learns its workers' size
   std::optional<std::uint16_t> metrics_port;
   std::optional<std::uint16_t> actor_port;
@@ -92,6 +93,8 @@ int run_node(NodeCommandOptions options) {
       std::min<std::uint64_t>(options.first_token_timeout_ms, std::uint64_t{1} << 40)));
   options.node.stream_stall_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(
       std::min<std::uint64_t>(options.stream_stall_timeout_ms, std::uint64_t{1} << 40)));
+  options.node.drain_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(
+      std::min<std::uint64_t>(options.drain_timeout_ms, std::uint64_t{1} << 40)));
   if (auto valid = options.node.validate(); !valid) {
     spdlog::error("kvr node: {}", valid.error());
     return kUsageError;
@@ -119,7 +122,12 @@ int run_node(NodeCommandOptions options) {
     return kUsageError;
   }
   const int signal = signals->wait();
-  spdlog::info("kvr node: signal {} received; stopping", signal);
+  spdlog::info("kvr node: signal {} received; taking no new request, draining", signal);
+  const std::size_t left = (*node)->drain(options.node.drain_timeout);
+  if (left > 0) {
+    spdlog::warn("kvr node: {} generate streams still in flight after the {} ms drain; ending them",
+                 left, options.node.drain_timeout.count());
+  }
   node->reset();
   spdlog::info("kvr node: stopped");
   return 0;
@@ -198,6 +206,13 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->envname("KVR_ROUTER_FIRST_TOKEN_TIMEOUT_MS")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{86'400'000}));
+  command
+      ->add_option("--drain-timeout-ms", options->drain_timeout_ms,
+                   "on SIGTERM/SIGINT: take no new request and let the generate streams in flight "
+                   "run for up to this long before ending them with an explicit error")
+      ->envname("KVR_DRAIN_TIMEOUT_MS")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{3'600'000}));
   command
       ->add_option("--router-stream-stall-timeout-ms", options->stream_stall_timeout_ms,
                    "generate mode: a response stream with no chunk for this long ends with an "

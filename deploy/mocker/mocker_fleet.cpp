@@ -1,10 +1,12 @@
 #include "deploy/mocker/mocker_fleet.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <optional>
 #include <random>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "absl/container/flat_hash_map.h"
@@ -13,6 +15,7 @@
 #include "deploy/worker/worker_publisher.hpp"
 #include "discovery/block_hash.hpp"
 #include "kvr/v1/routing.pb.h"
+#include "messages/metrics/rate_limited_log.hpp"
 #include "messages/subjects.hpp"
 
 namespace kvr::mocker {
@@ -87,6 +90,10 @@ std::expected<void, std::string> MockerOptions::validate() const {
 struct MockerFleet::State {
   MockerOptions options;
   std::unique_ptr<nats::NatsClient> nats;
+  // Set when the fleet closes its connection on purpose: that end is no outage.
+  std::atomic<bool> closing{false};
+  // Bad input from the network is counted, and logged at most once per kind and window.
+  metrics::RateLimitedLog log;
   // Speaks the worker side of the protocol on `nats`.
   std::optional<worker::WorkerPublisher> publisher;
   // What every worker of the fleet registers as.
@@ -174,7 +181,8 @@ struct MockerFleet::State {
   void reject_generate(const std::string& stream_subject, const std::string& request_id,
                        WorkerId worker, std::string_view reason) {
     ++stats.rejected_requests;
-    spdlog::warn("mocker: worker {} rejects generate '{}': {}", worker, request_id, reason);
+    log.warn("generate-rejected", fmt::format("mocker: worker {} rejects generate '{}': {}", worker,
+                                              request_id, reason));
     if (stream_subject.empty()) return;
     v1::RouteError error;
     error.set_code(v1::ROUTE_ERROR_INVALID_REQUEST);
@@ -188,7 +196,8 @@ struct MockerFleet::State {
     v1::GenerateRequest request;
     if (!request.ParseFromString(message.data)) {
       ++stats.bad_messages;
-      spdlog::warn("mocker: worker {} dropped a malformed GenerateRequest", worker.id);
+      log.warn("malformed-GenerateRequest",
+               fmt::format("mocker: worker {} dropped a malformed GenerateRequest", worker.id));
       return;
     }
     ++stats.generate_requests;
@@ -258,7 +267,8 @@ struct MockerFleet::State {
     v1::GenerateCancel cancel;
     if (!cancel.ParseFromString(message.data)) {
       ++stats.bad_messages;
-      spdlog::warn("mocker: worker {} dropped a malformed GenerateCancel", worker.id);
+      log.warn("malformed-GenerateCancel",
+               fmt::format("mocker: worker {} dropped a malformed GenerateCancel", worker.id));
       return;
     }
     auto found = by_request_id.find(std::make_pair(worker.id, cancel.request_id()));
@@ -277,7 +287,8 @@ struct MockerFleet::State {
         worker::read_dump_request(message, static_cast<std::uint32_t>(worker.ranks.size()));
     if (!requested) {
       ++stats.bad_messages;
-      spdlog::warn("mocker: worker {} dropped a malformed KvDumpRequest", worker.id);
+      log.warn("malformed-KvDumpRequest",
+               fmt::format("mocker: worker {} dropped a malformed KvDumpRequest", worker.id));
       return;
     }
     const DpRank rank_id = *requested;
@@ -357,6 +368,7 @@ MockerFleet::~MockerFleet() {
     state_->discover_subscription.reset();
     for (auto& worker : state_->workers) worker.subscriptions.clear();
     // Closed before the inbox its reconnect handler writes to is destroyed.
+    state_->closing.store(true);
     state_->nats.reset();
   }
 }
@@ -370,7 +382,9 @@ std::expected<std::unique_ptr<MockerFleet>, std::string> MockerFleet::create(
   // A router that lost its view during the outage (or started meanwhile) hears of every worker
   // again as soon as this process is back; the fleet thread publishes the registrations.
   nats::NatsEventHandlers handlers;
-  handlers.on_disconnected = [] { spdlog::warn("mocker: NATS connection lost; reconnecting"); };
+  handlers.on_disconnected = [raw] {
+    if (!raw->closing.load()) spdlog::warn("mocker: NATS connection lost; reconnecting");
+  };
   handlers.on_reconnected = [raw] {
     spdlog::info("mocker: NATS reconnected; registering every worker again");
     raw->enqueue(InboxKind::Discover, 0, {});

@@ -30,6 +30,7 @@ std::expected<std::unique_ptr<NatsBridge>, std::string> NatsBridge::connect(
   nats::NatsEventHandlers handlers;
   handlers.on_disconnected = [self] {
     metrics::NodeMetrics{*self->registry_}.nats_connected().set(0);
+    if (self->stopping_.load(std::memory_order_acquire)) return;  // closed on purpose
     self->disconnected_at_.store(self->options_.clock->now().time_since_epoch().count(),
                                  std::memory_order_relaxed);
     spdlog::warn(
@@ -101,7 +102,7 @@ void NatsBridge::on_route(const BadMessageCounter& bad, nats::NatsMessage messag
 
 std::expected<void, std::string> NatsBridge::serve_route_subject(const std::string& subject) {
   std::lock_guard lock{route_subjects_mutex_};
-  if (!started_.load() || route_subjects_.contains(subject)) return {};
+  if (!started_.load() || !intake_open_.load() || route_subjects_.contains(subject)) return {};
   // In the routers' queue group: while a partition changes hands, both owners may be subscribed,
   // and each request still reaches one of them.
   auto subscription = client_->subscribe(
@@ -153,12 +154,13 @@ void NatsBridge::drop(const BadMessageCounter& bad, std::string_view reason) {
 
 std::expected<void, std::string> NatsBridge::subscribe(
     std::string subject, std::function<void(nats::NatsMessage)> handler,
-    std::string_view queue_group) {
+    std::string_view queue_group, bool intake) {
   auto subscription = client_->subscribe(subject, std::move(handler), queue_group);
   if (!subscription) return std::unexpected(subscription.error());
   std::lock_guard lock{subscriptions_mutex_};
   subscriptions_.push_back(std::move(*subscription));
   subjects_.push_back(std::move(subject));
+  intake_.push_back(intake);
   return {};
 }
 
@@ -233,7 +235,7 @@ std::expected<void, std::string> NatsBridge::start(BridgeSinks sinks) {
         [this, bad = bad_message_counter(subject)](nats::NatsMessage message) {
           on_route(bad, std::move(message));
         },
-        subjects::kRouterQueueGroup);
+        subjects::kRouterQueueGroup, /*intake=*/true);
   }
   if (subscribed) {
     subject = subjects::router_report(ns);
@@ -302,7 +304,7 @@ std::expected<void, std::string> NatsBridge::subscribe_generate() {
         }
         sinks_.generate(std::move(*request), std::move(message.reply), received);
       },
-      subjects::kRouterQueueGroup);
+      subjects::kRouterQueueGroup, /*intake=*/true);
   if (subscribed) {
     subject = subjects::router_generate_cancel(ns);
     // No queue group: only the node serving the request acts on it.
@@ -337,12 +339,38 @@ std::expected<void, std::string> NatsBridge::subscribe_generate() {
   return subscribed;
 }
 
+void NatsBridge::stop_intake() {
+  // Destroyed outside the locks: destroying a subscription waits for its running callback.
+  std::vector<nats::NatsSubscription> stopped;
+  {
+    std::lock_guard lock{subscriptions_mutex_};
+    for (std::size_t i = subscriptions_.size(); i-- > 0;) {
+      if (!intake_[i]) continue;
+      stopped.push_back(std::move(subscriptions_[i]));
+      subscriptions_.erase(subscriptions_.begin() + static_cast<std::ptrdiff_t>(i));
+      subjects_.erase(subjects_.begin() + static_cast<std::ptrdiff_t>(i));
+      intake_.erase(intake_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+  std::map<std::string, nats::NatsSubscription> route_subjects;
+  {
+    std::lock_guard lock{route_subjects_mutex_};
+    intake_open_.store(false);
+    route_subjects.swap(route_subjects_);
+  }
+  stopped.clear();
+  route_subjects.clear();
+  (void)client_->flush(std::chrono::seconds(2));  // the server stops sending them here
+}
+
 void NatsBridge::stop() {
+  stopping_.store(true, std::memory_order_release);
   // Destroying a subscription waits for its running callback; after this no sink runs.
   std::vector<nats::NatsSubscription> stopped;
   {
     std::lock_guard lock{subscriptions_mutex_};
     stopped.swap(subscriptions_);
+    intake_.clear();
   }
   stopped.clear();
   {

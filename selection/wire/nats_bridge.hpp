@@ -104,8 +104,12 @@ class NatsBridge final : public RouterPublisher {
 
   /// Subscribes every subject, delivering to `sinks`; call once.
   std::expected<void, std::string> start(BridgeSinks sinks);
-  /// Unsubscribes (waiting for running callbacks); afterwards no sink is called again.
+  /// Unsubscribes (waiting for running callbacks); afterwards no sink is called again, and the
+  /// connection's end is no outage (nothing is logged or told for it).
   void stop();
+  /// Stops taking new requests (router.route, router.generate and the partitions' route subjects)
+  /// while everything else goes on: worker messages, reports, cancels and the streams in flight.
+  void stop_intake();
 
   bool publish(std::string_view subject, std::string_view data) override;
   bool publish_deferred(std::string_view subject, std::string_view data) override;
@@ -149,9 +153,11 @@ class NatsBridge final : public RouterPublisher {
   std::expected<void, std::string> subscribe_generate();
   /// A route request received on `subject`: decoded and handed to the route sink, or refused.
   void on_route(const BadMessageCounter& bad, nats::NatsMessage message);
+  /// `intake`: a subscription that brings new requests (stop_intake() ends it).
   std::expected<void, std::string> subscribe(std::string subject,
                                              std::function<void(nats::NatsMessage)> handler,
-                                             std::string_view queue_group = {});
+                                             std::string_view queue_group = {},
+                                             bool intake = false);
 
   BridgeOptions options_;
   std::shared_ptr<metrics::MetricsRegistry> registry_;
@@ -164,12 +170,18 @@ class NatsBridge final : public RouterPublisher {
   metrics::ValueHandle generate_requests_;
   BridgeSinks sinks_;
   std::atomic<bool> started_{false};
+  /// Set by stop(): the connection is being closed on purpose.
+  std::atomic<bool> stopping_{false};
+  /// Cleared by stop_intake(): no route subject is served again.
+  std::atomic<bool> intake_open_{true};
   // Guards subjects_ and subscriptions_ against a scrape (refresh_drop_counts) during stop().
   mutable std::mutex subscriptions_mutex_;
   /// When the connection was last lost (the clock's ticks), for the reconnect's log line.
   std::atomic<Clock::duration::rep> disconnected_at_{0};
   std::vector<std::string> subjects_;
   std::vector<nats::NatsSubscription> subscriptions_;
+  /// Per subscription: whether it brings new requests.
+  std::vector<bool> intake_;
   std::mutex route_subjects_mutex_;
   std::map<std::string, nats::NatsSubscription> route_subjects_;
 };

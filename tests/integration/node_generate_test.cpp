@@ -197,6 +197,45 @@ TEST_F(NodeGenerateTest, RelaysEveryChunkInOrderReleasesTheBookingAndCancels) {
   EXPECT_TRUE(node_->running());
 }
 
+// SIGTERM drains: the node takes no new request (no other node serves here, so a route gets no
+// answer), lets a stream in flight run to its last chunk, ends one that outlasts the drain
+// timeout with an explicit error, and exits 0.
+TEST_F(NodeGenerateTest, ASigtermDrainsTheStreamsInFlightAndTakesNoNewRequest) {
+  start_mocker("mocker", 400, 1, "1");
+  start_node({"--drain-timeout-ms", "6000"});
+  ASSERT_TRUE(wait_for_worker(400));
+  auto [finishing, first] = generate("finishing", prompt(32, 1), 200);
+  auto [outlasting, second] = generate("outlasting", prompt(32, 1000), kLongGeneration);
+  ASSERT_TRUE(first.has_success()) << first.DebugString();
+  ASSERT_TRUE(second.has_success()) << second.DebugString();
+  ASSERT_TRUE(wait_until([&] { return finishing->size() > 0 && outlasting->size() > 0; }, 10s));
+  ASSERT_FALSE(finishing->finished()) << "the test needs it in flight at the signal";
+
+  node_->signal(SIGTERM);
+  v1::RouteRequest probe;
+  probe.set_model("mock-model");
+  for (const std::uint32_t token : prompt(32, 5000)) probe.mutable_tokens()->add_ids(token);
+  int probes = 0;
+  EXPECT_TRUE(wait_until(
+      [&] {
+        probe.set_request_id("after-sigterm-" + std::to_string(++probes));
+        return !testing::request_route(*client_, kNamespace, probe, 200ms);
+      },
+      5s))
+      << "still taking requests";
+  ASSERT_TRUE(wait_until([&] { return finishing->finished(); }, 10s));
+  EXPECT_EQ(finishing->chunks().back().finish_reason(), "length");
+  EXPECT_EQ(finishing->size(), 200U);
+  EXPECT_EQ(node_->wait(20s), 0) << node_->log();
+  ASSERT_TRUE(wait_until([&] { return outlasting->finished(); }, 5s));
+  const v1::GenerateChunk end = outlasting->chunks().back();
+  EXPECT_EQ(end.finish_reason(), "error");
+  EXPECT_EQ(end.error().code(), v1::ROUTE_ERROR_UNAVAILABLE) << end.error().message();
+  EXPECT_EQ(node_->log().find("NATS connection lost"), std::string::npos)
+      << "a clean stop is no outage:\n"
+      << node_->log();
+}
+
 TEST_F(NodeGenerateTest, AWorkerKilledBeforeTheFirstTokenIsReplacedAndItsBookingReleased) {
   // Worker 300 computes prefill 200 times slower than real time: seconds for a long prompt.
   ChildProcess& slow = start_mocker("slow", 300, 1, "0.005");
