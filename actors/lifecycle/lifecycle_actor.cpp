@@ -316,6 +316,25 @@ caf::result<RouteDecisionMessage> refuse(Self self, const GenerateEnvelope& enve
   return caf::delegated<RouteDecisionMessage>{};  // a NATS client: answered on its subjects
 }
 
+// Ends every request in flight with an explicit `unavailable` error (a route still with its
+// selector is cancelled there); returns how many ended.
+std::size_t abort_every_flight(Self self, std::string_view reason) {
+  std::vector<std::uint64_t> ids;
+  for (const auto& [id, flight] : self->state.flights) {
+    if (!flight.lifecycle.ended()) ids.push_back(id);
+  }
+  for (std::uint64_t id : ids) {
+    GenerateFlight* flight = find_flight(self, id);
+    if (flight == nullptr) continue;
+    if (flight->route_pending) {
+      self->state.routes.cancel_route(self, flight->request.route.partition,
+                                      flight->request.route.id());
+    }
+    apply(self, id, flight->lifecycle.abort(Error::unavailable, reason));
+  }
+  return ids.size();
+}
+
 }  // namespace
 
 lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfig config) {
@@ -328,16 +347,7 @@ lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfi
   }
   // Shutdown: no client is left without an end to its stream.
   self->set_exit_handler([self](caf::exit_msg& message) {
-    std::vector<std::uint64_t> ids;
-    for (const auto& [id, flight] : self->state.flights) {
-      if (!flight.lifecycle.ended()) ids.push_back(id);
-    }
-    for (std::uint64_t id : ids) {
-      if (GenerateFlight* flight = find_flight(self, id)) {
-        apply(self, id,
-              flight->lifecycle.abort(Error::unavailable, "the router node is shutting down"));
-      }
-    }
+    abort_every_flight(self, "the router node is shutting down");
     self->quit(message.reason);
   });
   // An actor client that terminated reads no more: cancel its requests (at the worker too).
@@ -448,21 +458,9 @@ lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfi
         if (connected) return;
         // Chunks published while the node is cut off never reach it: no stream in flight can
         // continue whole, so each ends now with an explicit error (its client may retry).
-        auto& state = self->state;
-        std::vector<std::uint64_t> ids;
-        for (const auto& [id, flight] : state.flights) ids.push_back(id);
-        for (std::uint64_t id : ids) {
-          GenerateFlight* flight = find_flight(self, id);
-          if (flight == nullptr || flight->lifecycle.ended()) continue;
-          if (flight->route_pending) {
-            state.routes.cancel_route(self, flight->request.route.partition,
-                                      flight->request.route.id());
-          }
-          node_metrics(self).generate_nats_losses().add();
-          apply(self, id,
-                flight->lifecycle.abort(Error::unavailable,
-                                        "the node lost its NATS connection mid-request"));
-        }
+        const std::size_t ended =
+            abort_every_flight(self, "the node lost its NATS connection mid-request");
+        node_metrics(self).generate_nats_losses().add(static_cast<double>(ended));
       },
       [self](deadline_atom, std::uint64_t stream_id, std::uint32_t attempt) {
         GenerateFlight* flight = find_flight(self, stream_id);
