@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <expected>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -125,6 +126,12 @@ struct ClusterView {
   std::vector<cluster::MemberRecord> members;
 };
 
+/// Where the front door's gateway actor hands a route decision back to the HTTP server (whose
+/// callback posts it to the connection's strand).
+struct DecisionCallback {
+  std::function<void(v1::RouteDecision)> done;
+};
+
 /// The selector's answer to a BookingUpdate.
 struct BookingUpdateReply {
   bool applied = false;
@@ -173,6 +180,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::BookingUpdateReply)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::GenerateEnvelope)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ChunkEnvelope)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ClassifierEvent)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::DecisionCallback)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::PartitionFleet)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ClusterView)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::RouteRequest)
@@ -387,6 +395,14 @@ using ingress_actor = caf::typed_actor<
     caf::replies_to<report_atom, LifecycleReportMessage>::with<LifecycleAckMessage>,
     caf::replies_to<generate_atom, GenerateRequestMessage>::with<RouteDecisionMessage>,
     caf::reacts_to<cancel_atom, GenerateCancelMessage>>;
+
+/// The front door's gateway actor (actors/front_door/gateway_actor.hpp): the HTTP server's
+/// route requests and lifecycle reports, sent on to the node's ingress actor.
+using gateway_actor = caf::typed_actor<
+    // route, and answer through the callback (always: an ingress failure becomes an error)
+    caf::reacts_to<route_atom, RouteRequestMessage, DecisionCallback>,
+    // a lifecycle report; a refused one is logged
+    caf::reacts_to<report_atom, LifecycleReportMessage>>;
 
 // ---- cluster mode -------------------------------------------------------------------------------
 

@@ -11,9 +11,16 @@ packages=(
   libssl-dev libabsl-dev libxxhash-dev libspdlog-dev libfmt-dev libcli11-dev libcpp-httplib-dev
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev  # kvr bridge: the engines' ZMQ KV events
   nlohmann-json3-dev python3 python3-matplotlib
+  libboost-dev  # the node's HTTP front door: Boost.Beast and Asio (header-only)
   openssl  # the tests make a self-signed certificate for their TLS nats-server
   clang-19 libclang-rt-19-dev  # the fuzz stage: libFuzzer harnesses (deploy/scripts/fuzz.sh)
 )
+
+# Node.js and npm run the official OpenAI client in the front door's tests; a Node.js (20 or later)
+# already on the PATH is used as it is.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  packages+=(nodejs npm)
+fi
 
 missing=()
 for package in "${packages[@]}"; do

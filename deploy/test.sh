@@ -11,6 +11,10 @@ build_dir=${KVR_TEST_BUILD_DIR:-"$root/build/test"}
 jobs=${KVR_BUILD_JOBS:-$(nproc)}
 
 "$root/deploy/install_deps.sh"
+# The OpenAI SDK the front door's tests drive (pinned by its package-lock.json).
+if [[ ! -d "$root/tests/clients/openai/node_modules/openai" ]]; then
+  npm ci --prefix "$root/tests/clients/openai" --no-audit --no-fund --loglevel=error
+fi
 
 cmake -S "$root" -B "$build_dir" -G Ninja \
   -DCMAKE_BUILD_TYPE=Debug -DKVR_SANITIZE=ON -DKVR_WERROR=ON \

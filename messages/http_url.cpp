@@ -74,6 +74,29 @@ std::string invalid_http_url(std::string_view url) {
   return invalid_authority(rest.substr(0, rest.find('/')));
 }
 
+std::optional<HttpUrlParts> split_http_url(std::string_view url) {
+  if (!invalid_http_url(url).empty()) return std::nullopt;
+  HttpUrlParts parts;
+  parts.https = url.starts_with("https://");
+  const std::string_view rest = url.substr(parts.https ? 8 : 7);
+  const std::size_t slash = rest.find('/');
+  const std::string_view authority = rest.substr(0, slash);
+  if (slash != std::string_view::npos) parts.path = trim_trailing_slash(rest.substr(slash));
+  std::string_view host = authority;
+  std::string_view port;
+  if (authority.front() == '[') {
+    const auto close = authority.find(']');
+    host = authority.substr(1, close - 1);
+    if (close + 1 < authority.size()) port = authority.substr(close + 2);
+  } else if (const auto colon = authority.rfind(':'); colon != std::string_view::npos) {
+    host = authority.substr(0, colon);
+    port = authority.substr(colon + 1);
+  }
+  parts.host = host;
+  parts.port = port.empty() ? (parts.https ? "443" : "80") : std::string{port};
+  return parts;
+}
+
 std::string_view trim_trailing_slash(std::string_view url) {
   while (url.ends_with('/')) url.remove_suffix(1);
   return url;

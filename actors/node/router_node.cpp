@@ -21,6 +21,7 @@
 #include "actors/cluster/cluster_actor.hpp"
 #include "actors/cluster/forwarder_actor.hpp"
 #include "actors/discovery/discovery_actor.hpp"
+#include "actors/front_door/gateway_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/lifecycle/lifecycle_actor.hpp"
 #include "actors/reservation/reservation_actor.hpp"
@@ -43,16 +44,21 @@ std::string random_booking_id_prefix() {
 // With a classifier actor, route and generate requests and cancels go to it first.
 // The NATS bridge's decoded messages: worker messages to the discovery actor, requests to the
 // node's entry, chunks to the lifecycle actor.
+// The front door's fleet directory (when the node serves HTTP) sees the worker messages too.
 BridgeSinks make_bridge_sinks(const discovery_actor& discovery, const RequestEntry& entry,
-                              const lifecycle_actor& lifecycle) {
+                              const lifecycle_actor& lifecycle,
+                              const std::shared_ptr<front_door::FleetDirectory>& directory) {
   BridgeSinks sinks;
-  sinks.registration = [discovery](discovery::WorkerRegistration registration) {
+  sinks.registration = [discovery, directory](discovery::WorkerRegistration registration) {
+    if (directory) directory->registered(registration);
     caf::anon_send(discovery, worker_up_atom::value, std::move(registration));
   };
-  sinks.heartbeat = [discovery](WorkerLiveness heartbeat) {
+  sinks.heartbeat = [discovery, directory](WorkerLiveness heartbeat) {
+    if (directory) directory->heartbeat(heartbeat);
     caf::anon_send(discovery, heartbeat_atom::value, heartbeat);
   };
-  sinks.deregistration = [discovery](WorkerLiveness deregistration) {
+  sinks.deregistration = [discovery, directory](WorkerLiveness deregistration) {
+    if (directory) directory->deregistered(deregistration);
     caf::anon_send(discovery, worker_down_atom::value, deregistration);
   };
   sinks.load = [discovery](WorkerLoadReport report) {
@@ -88,11 +94,15 @@ BridgeSinks make_bridge_sinks(const discovery_actor& discovery, const RequestEnt
   // From the connection's thread, in order: the discovery actor holds every worker's liveness while
   // the node is cut off, then renews them and asks the workers to register and dump again.
   // The lifecycle actor ends every stream in flight: their chunks are lost meanwhile.
-  sinks.disconnected = [discovery, lifecycle] {
+  sinks.disconnected = [discovery, lifecycle, directory] {
+    if (directory) directory->nats_link(false);
     caf::anon_send(discovery, nats_link_atom::value, false);
     caf::anon_send(lifecycle, nats_link_atom::value, false);
   };
-  sinks.reconnected = [discovery] { caf::anon_send(discovery, nats_link_atom::value, true); };
+  sinks.reconnected = [discovery, directory] {
+    if (directory) directory->nats_link(true);
+    caf::anon_send(discovery, nats_link_atom::value, true);
+  };
   return sinks;
 }
 
@@ -151,6 +161,9 @@ std::expected<void, std::string> NodeOptions::validate() const {
   if (auto affinity = session_affinity.validate(); !affinity) {
     return std::unexpected(affinity.error());
   }
+  if (http) {
+    if (auto http_ok = http->validate(); !http_ok) return std::unexpected(http_ok.error());
+  }
   return {};
 }
 
@@ -183,6 +196,10 @@ struct RouterNode::Impl {
   ingress_actor peer_ingress;
   std::uint64_t incarnation = 0;
   std::string cluster_address;
+  /// The HTTP API (--http-port) only.
+  std::shared_ptr<front_door::FleetDirectory> directory;
+  gateway_actor gateway;
+  std::unique_ptr<front_door::HttpFrontDoor> http_api;
 
   // What every actor config starts from.
   NodeServices services() const { return NodeServices{bridge, registry, log, options.clock}; }
@@ -439,7 +456,24 @@ struct RouterNode::Impl {
 
   // Hands the bridge's decoded messages to the actors and subscribes.
   std::expected<void, std::string> start_bridge() {
-    return bridge->start(make_bridge_sinks(discovery, entry(), lifecycle));
+    if (options.http) directory = std::make_shared<front_door::FleetDirectory>(options.clock);
+    return bridge->start(make_bridge_sinks(discovery, entry(), lifecycle, directory));
+  }
+
+  // Serves the OpenAI-compatible API, when asked (--http-port): its requests enter through the
+  // ingress actor, as an actor client's do.
+  std::expected<void, std::string> start_front_door() {
+    if (!options.http) return {};
+    GatewayActorConfig settings{services()};
+    settings.ingress = ingress;
+    // A queued request may wait as long as the reservation actor waits for its selector.
+    settings.route_timeout = selector_answer_timeout() + std::chrono::seconds(5);
+    gateway = system->spawn(gateway_behavior, std::move(settings));
+    auto started = front_door::HttpFrontDoor::start(*options.http, make_actor_gateway(gateway),
+                                                    directory, registry);
+    if (!started) return std::unexpected(started.error());
+    http_api = std::move(*started);
+    return {};
   }
 
   // Serves /metrics and /healthz, when asked (--metrics-port).
@@ -500,7 +534,7 @@ struct RouterNode::Impl {
     spdlog::info(
         "kvr node: namespace '{}', block size {}, booking ttl {} ms, booking caps {}, first-token "
         "timeout {} ms, session affinity {}, request classifier {}, queue {}, {} scheduler "
-        "threads; NATS {}; metrics {}; actor port {}; cluster {}",
+        "threads; NATS {}; metrics {}; actor port {}; HTTP API {}; cluster {}",
         options.ns,
         options.router.block_size != 0 ? std::to_string(options.router.block_size)
                                        : std::string{"learnt per partition"},
@@ -514,6 +548,8 @@ struct RouterNode::Impl {
         http ? fmt::format("http://{}:{}/metrics", options.bind_host, http->port())
              : std::string{"off"},
         actor_port,
+        http_api ? fmt::format("http://{}:{}/v1", options.http->address, http_api->port())
+                 : std::string{"off"},
         cluster_link ? fmt::format("node {} at {}, lease ttl {} ms", cluster_link->self.node_id,
                                    cluster_address, options.cluster.lease_ttl.count())
                      : std::string{"off"});
@@ -521,7 +557,8 @@ struct RouterNode::Impl {
 
   std::size_t drain(std::chrono::milliseconds timeout) {
     const auto in_flight = [this] {
-      return static_cast<std::size_t>(registry->value(metrics::NodeMetrics::kGenerateInFlight));
+      return static_cast<std::size_t>(registry->value(metrics::NodeMetrics::kGenerateInFlight)) +
+             (http_api ? http_api->in_flight() : 0);
     };
     // A cluster member hands its partitions back at once instead: peers would go on forwarding
     // it their requests while it drained.
@@ -531,6 +568,7 @@ struct RouterNode::Impl {
       actor_port = 0;
     }
     if (bridge) bridge->stop_intake();
+    if (http_api) http_api->stop_intake();
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     // The main thread waits here while the actors serve: a short poll of one gauge.
     while (in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
@@ -540,6 +578,9 @@ struct RouterNode::Impl {
   }
 
   void shutdown() {
+    // The front door first: it ends its requests in flight and releases their bookings while the
+    // actors still run.
+    http_api.reset();
     if (bridge) bridge->stop();
     http.reset();
     if (system) {
@@ -556,6 +597,8 @@ struct RouterNode::Impl {
       caf::anon_send_exit(discovery, caf::exit_reason::user_shutdown);
       caf::anon_send_exit(reservation, caf::exit_reason::user_shutdown);
       caf::anon_send_exit(ingress, caf::exit_reason::user_shutdown);
+      if (gateway) caf::anon_send_exit(gateway, caf::exit_reason::user_shutdown);
+      gateway = nullptr;
       if (classifier) caf::anon_send_exit(classifier, caf::exit_reason::user_shutdown);
       classifier = nullptr;
       lifecycle = nullptr;
@@ -577,6 +620,10 @@ RouterNode::~RouterNode() { impl_->shutdown(); }
 std::size_t RouterNode::drain(std::chrono::milliseconds timeout) { return impl_->drain(timeout); }
 
 std::uint16_t RouterNode::actor_port() const { return impl_->actor_port; }
+
+std::uint16_t RouterNode::http_port() const {
+  return impl_->http_api ? impl_->http_api->port() : std::uint16_t{0};
+}
 
 std::uint16_t RouterNode::metrics_port() const {
   return impl_->http ? impl_->http->port() : std::uint16_t{0};
@@ -611,6 +658,7 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   if (before_answering) before_answering();
   if (auto started = impl->start_bridge(); !started) return fail(started.error());
   if (auto serving = impl->start_metrics_endpoint(); !serving) return fail(serving.error());
+  if (auto serving = impl->start_front_door(); !serving) return fail(serving.error());
   impl->request_registrations();
   impl->log_summary();
   return std::unique_ptr<RouterNode>(new RouterNode(std::move(impl)));

@@ -225,6 +225,11 @@ void add_mocker_command(CLI::App& app, int& exit_code) {
                    "fault injection: every nth KV event batch is not sent live (only replayed)")
       ->group(group)
       ->capture_default_str();
+  command
+      ->add_flag("!--no-render-endpoints", vllm->render_endpoints,
+                 "answer 404 on /v1/completions/render and /v1/chat/completions/render, as a vLLM "
+                 "without them does (/tokenize stays)")
+      ->group(group);
   command->callback([options, duration_s, role, speak, vllm, stride, &exit_code] {
     options->role = *parse_worker_type(*role);
     exit_code = *speak == "vllm" ? run_vllm_engines(*options, *vllm, *stride, *duration_s)

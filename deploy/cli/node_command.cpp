@@ -32,6 +32,9 @@ struct NodeCommandOptions {
   std::optional<std::uint32_t> block_size;  // unset: each partition learns its workers' size
   std::optional<std::uint16_t> metrics_port;
   std::optional<std::uint16_t> actor_port;
+  std::optional<std::uint16_t> http_port;
+  front_door::FrontDoorOptions http;
+  std::string tokenizer_mode = "engine";
   std::optional<double> queue_threshold;  // unset: the class `default` never queues
   std::uint64_t cluster_lease_ttl_ms = 3000;
 };
@@ -95,6 +98,19 @@ int run_node(NodeCommandOptions options) {
       std::min<std::uint64_t>(options.stream_stall_timeout_ms, std::uint64_t{1} << 40)));
   options.node.drain_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(
       std::min<std::uint64_t>(options.drain_timeout_ms, std::uint64_t{1} << 40)));
+  if (options.http_port) {
+    options.node.http = options.http;
+    options.node.http->port = *options.http_port;
+    options.node.http->first_byte_timeout = options.node.first_token_timeout;
+    options.node.http->stall_timeout = options.node.stream_stall_timeout;
+    const auto mode = front_door::tokenizer_mode_from(options.tokenizer_mode);
+    if (!mode) {
+      spdlog::error("kvr node: --tokenizer-mode: '{}' is not a mode (engine)",
+                    options.tokenizer_mode);
+      return kUsageError;
+    }
+    options.node.http->default_tokenizer_mode = *mode;
+  }
   if (auto valid = options.node.validate(); !valid) {
     spdlog::error("kvr node: {}", valid.error());
     return kUsageError;
@@ -290,6 +306,56 @@ void add_node_command(CLI::App& app, int& exit_code) {
                    "publish the ingress actor on 127.0.0.1:P for CAF clients; unset: not published")
       ->envname("KVR_ACTOR_PORT")
       ->check(CLI::Range(1, 65'535));
+  const std::string http_group = "OpenAI-compatible HTTP API";
+  command
+      ->add_option("--http-port", options->http_port,
+                   "serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions, "
+                   "/v1/models, /health) on this port; unset: not served")
+      ->envname("KVR_HTTP_PORT")
+      ->check(CLI::Range(1, 65'535))
+      ->group(http_group);
+  command
+      ->add_option("--http-address", options->http.address,
+                   "the address the HTTP API binds (an IP address)")
+      ->envname("KVR_HTTP_ADDRESS")
+      ->capture_default_str()
+      ->group(http_group);
+  command
+      ->add_option("--http-threads", options->http.threads,
+                   "threads serving HTTP connections (each connection is a few KB, not a thread)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{64}))
+      ->group(http_group);
+  command
+      ->add_option("--http-max-body-bytes", options->http.max_body_bytes,
+                   "a request body above this is refused with 413")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1024}, std::size_t{1} << 30))
+      ->group(http_group);
+  command
+      ->add_option("--http-max-connections", options->http.max_connections,
+                   "client connections beyond this are closed when accepted")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1'000'000}))
+      ->group(http_group);
+  command
+      ->add_option("--http-session-header", options->http.session_header,
+                   "the request header naming the session (session affinity)")
+      ->capture_default_str()
+      ->group(http_group);
+  command
+      ->add_option("--tokenizer-mode", options->tokenizer_mode,
+                   "how the HTTP API gets a prompt's token ids: engine (an engine of the model "
+                   "renders the request: vLLM's /v1/*/render, else /tokenize)")
+      ->envname("KVR_TOKENIZER_MODE")
+      ->capture_default_str()
+      ->group(http_group);
+  command
+      ->add_option("--http-max-renders-in-flight", options->http.max_renders_in_flight,
+                   "render calls to engines at once; beyond it a request is refused with 503")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1'000'000}))
+      ->group(http_group);
   const std::size_t max_threads = max_scheduler_threads();
   command
       ->add_option("--scheduler-threads", options->node.scheduler_threads,

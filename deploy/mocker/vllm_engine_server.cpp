@@ -1,5 +1,6 @@
 #include "deploy/mocker/vllm_engine_server.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -18,6 +19,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "deploy/mocker/mock_tokenizer.hpp"
 #include "deploy/simulation/engine.hpp"
 #include "deploy/worker/vllm_kv_frames.hpp"
 #include "discovery/block_hash.hpp"
@@ -34,6 +36,8 @@ using simulation::StepResult;
 constexpr std::uint64_t kEngineHashMultiplier = 0x9E3779B97F4A7C15ULL;
 constexpr std::size_t kMaxPromptTokens = 1 << 22;
 constexpr std::uint32_t kMaxOutputTokens = 1 << 20;
+// The ids the engine generates: the mock tokenizer's words.
+constexpr std::uint32_t kWordTokens = kVocabSize - kFirstWordToken;
 
 std::uint64_t engine_hash(BlockHash hash) { return hash * kEngineHashMultiplier; }
 
@@ -105,11 +109,56 @@ struct LoadSnapshot {
   std::uint64_t completed = 0;
 };
 
-std::string error_body(std::string_view message, std::string_view type, int code) {
-  return nlohmann::json{
-      {"object", "error"}, {"message", message}, {"type", type}, {"param", nullptr}, {"code", code}}
-      .dump();
+// What a body asks of the engine besides its prompt.
+struct Generation {
+  std::uint32_t max_tokens = 16;
+  Sampling sampling;
+  bool stream = false;
+  bool include_usage = false;     // stream_options.include_usage: a last event with the usage
+  bool continuous_usage = false;  // stream_options.continuous_usage_stats: usage in every event
+  bool return_token_ids = false;  // vLLM's extension: each choice carries its token ids
+};
+
+// The two response formats one engine request can be served in.
+enum class Api : std::uint8_t { completions, chat };
+
+// A request the HTTP side refuses: its status and vLLM's error type.
+struct HttpError {
+  int status = 400;
+  std::string message;
+  std::string type;
+};
+
+HttpError bad_request(std::string message) { return {400, std::move(message), "BadRequestError"}; }
+
+// vLLM's ErrorResponse.
+void send_error(httplib::Response& response, const HttpError& error) {
+  response.status = error.status;
+  response.set_content(nlohmann::json{{"error",
+                                       {{"message", error.message},
+                                        {"type", error.type},
+                                        {"param", nullptr},
+                                        {"code", error.status}}}}
+                           .dump(),
+                       "application/json");
 }
+
+// A boolean field of `object`: `fallback` when absent or null, an error when not a boolean.
+std::expected<bool, HttpError> read_bool(const nlohmann::json& object, const char* field,
+                                         bool fallback) {
+  const auto found = object.find(field);
+  if (found == object.end() || found->is_null()) return fallback;
+  if (!found->is_boolean())
+    return std::unexpected(bad_request(fmt::format("{} must be a boolean", field)));
+  return found->get<bool>();
+}
+
+// Calls of the endpoints that give a prompt's token ids without serving it.
+struct RenderCalls {
+  std::atomic<std::uint64_t> chat_render{0};
+  std::atomic<std::uint64_t> completions_render{0};
+  std::atomic<std::uint64_t> tokenize{0};
+};
 
 }  // namespace
 
@@ -141,6 +190,8 @@ struct VllmEngineServer::State {
   std::deque<InboxItem> inbox;
   bool engine_done = false;  // guarded by inbox_mutex
   std::atomic<EngineRequestId> next_request_id{1};
+  std::atomic<std::uint64_t> next_render_id{1};
+  RenderCalls render_calls;
 
   // Engine thread only.
   absl::flat_hash_map<EngineRequestId, LiveRequest> live;
@@ -337,8 +388,9 @@ struct VllmEngineServer::State {
     live.erase(found);
   }
 
-  // The index-th generated token: a function of the seed when the request has one (the same
-  // seed gives the same tokens, as a seeded sampler does), else of the request.
+  // The index-th generated token, a word of the mock tokenizer: a function of the seed when the
+  // request has one (the same seed gives the same tokens, as a seeded sampler does), else of the
+  // request.
   static std::uint32_t token_for(EngineRequestId id, const Sampling& sampling,
                                  std::uint64_t index) {
     if (sampling.seed) {
@@ -347,9 +399,9 @@ struct VllmEngineServer::State {
       mixed ^= mixed >> 31;
       mixed *= 0x94D049BB133111EBULL;
       mixed ^= mixed >> 29;
-      return static_cast<std::uint32_t>(mixed % 32000);
+      return kFirstWordToken + static_cast<std::uint32_t>(mixed % kWordTokens);
     }
-    return static_cast<std::uint32_t>((id * 7919 + index) % 32000);
+    return kFirstWordToken + static_cast<std::uint32_t>((id * 7919 + index) % kWordTokens);
   }
 
   void deliver(StepResult& result) {
@@ -538,6 +590,17 @@ struct VllmEngineServer::State {
         "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
         "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {:.3f}\n",
         start_unix_seconds);
+    out +=
+        "# HELP kvr_mock_render_requests Calls of the endpoints that give a prompt's token ids.\n";
+    out += "# TYPE kvr_mock_render_requests counter\n";
+    for (const auto& [endpoint, calls] :
+         {std::pair{"/v1/chat/completions/render", &render_calls.chat_render},
+          std::pair{"/v1/completions/render", &render_calls.completions_render},
+          std::pair{"/tokenize", &render_calls.tokenize}}) {
+      out +=
+          fmt::format("kvr_mock_render_requests_total{{endpoint=\"{}\",model_name=\"{}\"}} {}.0\n",
+                      endpoint, options.model, calls->load());
+    }
     out += "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n";
     out += "# TYPE vllm:cache_config_info gauge\n";
     out += fmt::format(
@@ -555,21 +618,8 @@ struct VllmEngineServer::State {
     return token.stopped ? "stop" : "length";
   }
 
-  std::string completion_event(const std::string& id, std::int64_t created, const Token& token,
-                               bool return_token_ids, const std::optional<nlohmann::json>& usage) {
-    nlohmann::json choice = {{"index", 0},
-                             {"text", fmt::format(" t{}", token.id)},
-                             {"logprobs", nullptr},
-                             {"finish_reason", finish_reason(token)},
-                             {"stop_reason", token.stopped ? nlohmann::json(token.id) : nullptr}};
-    if (return_token_ids) choice["token_ids"] = {token.id};
-    const nlohmann::json event = {{"id", id},
-                                  {"object", "text_completion"},
-                                  {"created", created},
-                                  {"model", options.model},
-                                  {"choices", {choice}},
-                                  {"usage", usage ? *usage : nlohmann::json()}};
-    return "data: " + event.dump() + "\n\n";
+  static nlohmann::json stop_reason(const Token& token) {
+    return token.stopped ? nlohmann::json(token.id) : nlohmann::json();
   }
 
   static nlohmann::json usage_json(std::uint64_t prompt, std::uint64_t completion,
@@ -580,8 +630,8 @@ struct VllmEngineServer::State {
             {"prompt_tokens_details", {{"cached_tokens", cached}}}};
   }
 
-  // The sampling parameters of a completions body, checked for their types as vLLM checks them;
-  // seed, stop_token_ids and min_tokens are honoured, the others (temperature, top_p, top_k,
+  // The sampling parameters of a completions or chat body, checked for their types as vLLM checks
+  // them; seed, stop_token_ids and min_tokens are honoured, the others (temperature, top_p, top_k,
   // min_p, stop, the penalties, ignore_eos: the simulated engine has no EOS token, so it always
   // generates to max_tokens or a stop token) accepted and ignored.
   static std::expected<Sampling, std::string> read_sampling(const nlohmann::json& body) {
@@ -634,80 +684,243 @@ struct VllmEngineServer::State {
     return sampling;
   }
 
-  void serve_completion(const httplib::Request& http_request, httplib::Response& response) {
-    auto bad = [&](int status, std::string_view message, std::string_view type) {
-      response.status = status;
-      response.set_content(error_body(message, type, status), "application/json");
-    };
-    const auto body = nlohmann::json::parse(http_request.body, nullptr, false);
+  // The body as a JSON object naming the served model (or none).
+  std::expected<nlohmann::json, HttpError> read_body(const httplib::Request& http_request) const {
+    auto body = nlohmann::json::parse(http_request.body, nullptr, false);
     if (body.is_discarded() || !body.is_object()) {
-      bad(400, "the body is not a JSON object", "BadRequestError");
-      return;
+      return std::unexpected(bad_request("the body is not a JSON object"));
     }
-    if (body.value("model", options.model) != options.model) {
-      bad(404, fmt::format("The model `{}` does not exist.", body.value("model", "")),
-          "NotFoundError");
-      return;
+    const auto model = body.find("model");
+    if (model == body.end() || model->is_null()) return body;
+    if (!model->is_string()) return std::unexpected(bad_request("model must be a string"));
+    if (model->get<std::string>() != options.model) {
+      return std::unexpected(
+          HttpError{404, fmt::format("The model `{}` does not exist.", model->get<std::string>()),
+                    "NotFoundError"});
     }
-    nlohmann::json prompt = body.value("prompt", nlohmann::json());
-    if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_array()) prompt = prompt[0];
-    AddItem item;
-    if (!prompt.is_array() || prompt.empty() || prompt.size() > kMaxPromptTokens) {
-      bad(400, "kvr mocker serves prompts of token ids only (a non-empty list of integers)",
-          "BadRequestError");
-      return;
+    return body;
+  }
+
+  // The prompts of a completions body, each as the engine's token ids: a text (tokenized, after
+  // BOS unless add_special_tokens is false), a list of ids (as they are), or a list of either.
+  static std::expected<std::vector<std::vector<std::uint32_t>>, HttpError> read_prompts(
+      const nlohmann::json& body) {
+    const auto add_bos = read_bool(body, "add_special_tokens", true);
+    if (!add_bos) return std::unexpected(add_bos.error());
+    const auto prompt = body.find("prompt");
+    if (prompt == body.end() || prompt->is_null()) {
+      return std::unexpected(bad_request("prompt is required"));
     }
-    for (const auto& token : prompt) {
-      if (!token.is_number_unsigned() || token.get<std::uint64_t>() > UINT32_MAX) {
-        bad(400, "a prompt token is not an unsigned 32-bit integer", "BadRequestError");
-        return;
+    auto one = [&](const nlohmann::json& entry) -> std::optional<std::vector<std::uint32_t>> {
+      if (entry.is_string()) return encode_text(entry.get_ref<const std::string&>(), *add_bos);
+      if (!entry.is_array()) return std::nullopt;
+      std::vector<std::uint32_t> ids;
+      ids.reserve(entry.size());
+      for (const auto& token : entry) {
+        if (!token.is_number_unsigned() || token.get<std::uint64_t>() > UINT32_MAX) {
+          return std::nullopt;
+        }
+        ids.push_back(token.get<std::uint32_t>());
       }
-      item.tokens.push_back(token.get<std::uint32_t>());
+      return ids;
+    };
+    std::vector<std::vector<std::uint32_t>> prompts;
+    // A list of texts or of id lists is a batch; a list of integers is one prompt.
+    const bool batch = prompt->is_array() && !prompt->empty() &&
+                       ((*prompt)[0].is_string() || (*prompt)[0].is_array());
+    if (batch) {
+      for (const auto& entry : *prompt) {
+        auto ids = one(entry);
+        if (!ids) break;
+        prompts.push_back(std::move(*ids));
+      }
+      if (prompts.size() != prompt->size()) prompts.clear();
+    } else if (auto ids = one(*prompt)) {
+      prompts.push_back(std::move(*ids));
     }
-    const auto max_tokens = body.value("max_tokens", nlohmann::json(16));
+    if (prompts.empty()) {
+      return std::unexpected(bad_request(
+          "prompt must be a text, a list of unsigned 32-bit token ids, or a list of either"));
+    }
+    for (const auto& ids : prompts) {
+      if (ids.empty() || ids.size() > kMaxPromptTokens) {
+        return std::unexpected(bad_request("a prompt must have 1 to 4194304 tokens"));
+      }
+    }
+    return prompts;
+  }
+
+  // The chat template's token ids for a body's messages (add_generation_prompt defaults to true;
+  // add_special_tokens, false by default as in vLLM's chat requests, puts a second BOS first).
+  static std::expected<std::vector<std::uint32_t>, HttpError> read_chat_prompt(
+      const nlohmann::json& body) {
+    const auto generation_prompt = read_bool(body, "add_generation_prompt", true);
+    if (!generation_prompt) return std::unexpected(generation_prompt.error());
+    const auto add_bos = read_bool(body, "add_special_tokens", false);
+    if (!add_bos) return std::unexpected(add_bos.error());
+    const auto messages = body.find("messages");
+    if (messages == body.end() || !messages->is_array() || messages->empty()) {
+      return std::unexpected(bad_request("messages must be a non-empty list of messages"));
+    }
+    std::vector<ChatMessage> chat;
+    chat.reserve(messages->size());
+    for (const auto& message : *messages) {
+      if (!message.is_object()) return std::unexpected(bad_request("a message is not an object"));
+      const auto role = message.find("role");
+      if (role == message.end() || !role->is_string()) {
+        return std::unexpected(bad_request("a message's role must be a string"));
+      }
+      ChatMessage& entry = chat.emplace_back();
+      entry.role = role->get<std::string>();
+      const auto content = message.find("content");
+      if (content == message.end() || content->is_null()) continue;
+      if (content->is_string()) {
+        entry.content = content->get<std::string>();
+        continue;
+      }
+      if (!content->is_array()) {
+        return std::unexpected(
+            bad_request("a message's content must be a text or a list of parts"));
+      }
+      for (const auto& part : *content) {
+        const auto type = part.is_object() ? part.find("type") : part.end();
+        if (!part.is_object() || type == part.end() || !type->is_string()) {
+          return std::unexpected(bad_request("a content part must be an object with a type"));
+        }
+        if (*type != "text") {
+          return std::unexpected(bad_request(fmt::format(
+              "kvr mocker serves text content only, not a part of type `{}`", type->dump())));
+        }
+        const auto text = part.find("text");
+        if (text == part.end() || !text->is_string()) {
+          return std::unexpected(bad_request("a text part's text must be a string"));
+        }
+        entry.content += text->get<std::string>();
+      }
+    }
+    std::vector<std::uint32_t> ids = render_chat(chat, *generation_prompt);
+    if (*add_bos) ids.insert(ids.begin(), kBosToken);
+    if (ids.size() > kMaxPromptTokens) {
+      return std::unexpected(bad_request("a prompt must have 1 to 4194304 tokens"));
+    }
+    return ids;
+  }
+
+  // What a completions or chat body asks of the engine besides the prompt. Chat reads
+  // max_completion_tokens before max_tokens. Both default to 16, vLLM's completions default (its
+  // chat would generate to the end of the context, which no test of a mock wants).
+  static std::expected<Generation, HttpError> read_generation(const nlohmann::json& body,
+                                                              bool chat) {
+    Generation generation;
+    const auto given = [&](const char* field) -> const nlohmann::json* {
+      const auto found = body.find(field);
+      return found == body.end() || found->is_null() ? nullptr : &*found;
+    };
+    const nlohmann::json* max_tokens_field = chat ? given("max_completion_tokens") : nullptr;
+    if (max_tokens_field == nullptr) max_tokens_field = given("max_tokens");
+    const nlohmann::json max_tokens =
+        max_tokens_field ? *max_tokens_field : nlohmann::json(std::uint64_t{16});
     if (!max_tokens.is_number_unsigned() || max_tokens.get<std::uint64_t>() == 0 ||
         max_tokens.get<std::uint64_t>() > kMaxOutputTokens) {
-      bad(400, "max_tokens must be in [1, 1048576]", "BadRequestError");
-      return;
+      return std::unexpected(bad_request("max_tokens must be in [1, 1048576]"));
     }
-    item.max_tokens = max_tokens.get<std::uint32_t>();
+    generation.max_tokens = max_tokens.get<std::uint32_t>();
     auto sampling = read_sampling(body);
-    if (!sampling) {
-      bad(400, sampling.error(), "BadRequestError");
-      return;
+    if (!sampling) return std::unexpected(bad_request(sampling.error()));
+    generation.sampling = std::move(*sampling);
+    const auto stream = read_bool(body, "stream", false);
+    if (!stream) return std::unexpected(stream.error());
+    generation.stream = *stream;
+    const auto return_token_ids = read_bool(body, "return_token_ids", false);
+    if (!return_token_ids) return std::unexpected(return_token_ids.error());
+    generation.return_token_ids = *return_token_ids;
+    if (const auto found = body.find("stream_options"); found != body.end() && !found->is_null()) {
+      if (!found->is_object()) {
+        return std::unexpected(bad_request("stream_options must be an object"));
+      }
+      const auto include_usage = read_bool(*found, "include_usage", false);
+      if (!include_usage) return std::unexpected(include_usage.error());
+      const auto continuous = read_bool(*found, "continuous_usage_stats", false);
+      if (!continuous) return std::unexpected(continuous.error());
+      generation.include_usage = *include_usage;
+      generation.continuous_usage = *include_usage && *continuous;
     }
-    item.sampling = std::move(*sampling);
-    const bool stream = body.value("stream", false);
-    const bool return_token_ids = body.value("return_token_ids", false);
-    const auto stream_options = body.value("stream_options", nlohmann::json::object());
-    const bool include_usage =
-        stream_options.is_object() && stream_options.value("include_usage", false);
-    const bool continuous_usage =
-        include_usage && stream_options.value("continuous_usage_stats", false);
-    item.hashes = hasher.sequence_hashes(item.tokens);
+    return generation;
+  }
+
+  // Hands a prompt to the engine and waits until it is admitted; its tokens then arrive on the
+  // channel.
+  std::expected<std::pair<EngineRequestId, std::shared_ptr<Channel>>, HttpError> submit(
+      std::vector<std::uint32_t> tokens, const Generation& generation) {
+    AddItem item;
+    item.hashes = hasher.sequence_hashes(tokens);
+    item.tokens = std::move(tokens);
+    item.max_tokens = generation.max_tokens;
+    item.sampling = generation.sampling;
     item.id = next_request_id++;
     item.channel = std::make_shared<Channel>();
     auto channel = item.channel;
     const EngineRequestId id = item.id;
-    const std::uint64_t prompt_tokens = item.tokens.size();
-    if (!enqueue(std::move(item))) {
-      bad(503, "the engine is shutting down", "ServiceUnavailableError");
-      return;
+    const HttpError stopping_error{503, "the engine is shutting down", "ServiceUnavailableError"};
+    if (!enqueue(std::move(item))) return std::unexpected(stopping_error);
+    std::unique_lock lock{channel->mutex};
+    channel->changed.wait(lock, [&] { return channel->answered || channel->closed; });
+    if (channel->closed) return std::unexpected(stopping_error);
+    if (!channel->refusal.empty()) {
+      return std::unexpected(
+          bad_request(fmt::format("the engine refused the request: {}", channel->refusal)));
     }
-    {
-      std::unique_lock lock{channel->mutex};
-      channel->changed.wait(lock, [&] { return channel->answered || channel->closed; });
-      if (channel->closed) {
-        bad(503, "the engine is shutting down", "ServiceUnavailableError");
-        return;
-      }
-      if (!channel->refusal.empty()) {
-        bad(400, fmt::format("the engine refused the request: {}", channel->refusal),
-            "BadRequestError");
-        return;
-      }
+    return std::pair{id, channel};
+  }
+
+  // One `data: {json}\n\n` event of a completions stream.
+  std::string completion_event(const std::string& id, std::int64_t created, const Token& token,
+                               bool return_token_ids, const std::optional<nlohmann::json>& usage) {
+    nlohmann::json choice = {{"index", 0},
+                             {"text", token_text(token.id)},
+                             {"logprobs", nullptr},
+                             {"finish_reason", finish_reason(token)},
+                             {"stop_reason", stop_reason(token)}};
+    if (return_token_ids) choice["token_ids"] = {token.id};
+    const nlohmann::json event = {{"id", id},
+                                  {"object", "text_completion"},
+                                  {"created", created},
+                                  {"model", options.model},
+                                  {"choices", {choice}},
+                                  {"usage", usage ? *usage : nlohmann::json()}};
+    return "data: " + event.dump() + "\n\n";
+  }
+
+  // One `data: {json}\n\n` event of a chat stream: the delta of one token, or (no token) the
+  // first event's assistant role; usage only where continuous usage was asked for.
+  std::string chat_event(const std::string& id, std::int64_t created, const Token* token,
+                         bool return_token_ids, const std::optional<nlohmann::json>& usage) {
+    nlohmann::json choice = {{"index", 0}, {"logprobs", nullptr}};
+    if (token) {
+      choice["delta"] = {{"content", token_text(token->id)}};
+      choice["finish_reason"] = finish_reason(*token);
+      choice["stop_reason"] = stop_reason(*token);
+      if (return_token_ids) choice["token_ids"] = {token->id};
+    } else {
+      choice["delta"] = {{"role", "assistant"}, {"content", ""}};
+      choice["finish_reason"] = nullptr;
     }
-    const std::string completion_id = fmt::format("cmpl-{:016x}", id);
+    nlohmann::json event = {{"id", id},
+                            {"object", "chat.completion.chunk"},
+                            {"created", created},
+                            {"model", options.model},
+                            {"choices", {choice}}};
+    if (usage) event["usage"] = *usage;
+    return "data: " + event.dump() + "\n\n";
+  }
+
+  // Serves an admitted request: one JSON answer, or an event stream ending `data: [DONE]`, in the
+  // completions or the chat format.
+  void respond(Api api, EngineRequestId id, std::shared_ptr<Channel> channel,
+               std::uint64_t prompt_tokens, const Generation& generation,
+               httplib::Response& response) {
+    const bool chat = api == Api::chat;
+    const std::string response_id = fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl", id);
     const auto created = static_cast<std::int64_t>(unix_seconds());
     // Waits for the next token; nullopt when the server stops.
     auto next_token = [channel]() -> std::optional<std::pair<Token, std::uint64_t>> {
@@ -718,7 +931,7 @@ struct VllmEngineServer::State {
       channel->tokens.pop_front();
       return std::pair{token, channel->cached_tokens};
     };
-    if (!stream) {
+    if (!generation.stream) {
       std::vector<std::uint32_t> ids;
       std::string text;
       std::uint64_t cached = 0;
@@ -726,24 +939,27 @@ struct VllmEngineServer::State {
       while (true) {
         auto token = next_token();
         if (!token) {
-          bad(503, "the engine is shutting down", "ServiceUnavailableError");
+          send_error(response, {503, "the engine is shutting down", "ServiceUnavailableError"});
           return;
         }
         ids.push_back(token->first.id);
-        text += fmt::format(" t{}", token->first.id);
+        text += token_text(token->first.id);
         cached = token->second;
         final_token = token->first;
         if (token->first.last) break;
       }
-      nlohmann::json choice = {
-          {"index", 0},
-          {"text", text},
-          {"logprobs", nullptr},
-          {"finish_reason", finish_reason(final_token)},
-          {"stop_reason", final_token.stopped ? nlohmann::json(final_token.id) : nullptr}};
-      if (return_token_ids) choice["token_ids"] = ids;
-      response.set_content(nlohmann::json{{"id", completion_id},
-                                          {"object", "text_completion"},
+      nlohmann::json choice = {{"index", 0}};
+      if (chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", text}};
+      } else {
+        choice["text"] = text;
+      }
+      choice["logprobs"] = nullptr;
+      choice["finish_reason"] = finish_reason(final_token);
+      choice["stop_reason"] = stop_reason(final_token);
+      if (generation.return_token_ids) choice["token_ids"] = ids;
+      response.set_content(nlohmann::json{{"id", response_id},
+                                          {"object", chat ? "chat.completion" : "text_completion"},
                                           {"created", created},
                                           {"model", options.model},
                                           {"choices", {choice}},
@@ -755,20 +971,31 @@ struct VllmEngineServer::State {
     auto generated = std::make_shared<std::uint64_t>(0);
     response.set_chunked_content_provider(
         "text/event-stream",
-        [this, next_token, completion_id, created, return_token_ids, include_usage,
-         continuous_usage, prompt_tokens, generated](std::size_t, httplib::DataSink& sink) {
+        [this, chat, next_token, response_id, created, generation, prompt_tokens, generated](
+            std::size_t, httplib::DataSink& sink) {
           auto token = next_token();
           if (!token) return false;
+          const bool first = *generated == 0;
           ++*generated;
-          std::optional<nlohmann::json> usage;
-          if (continuous_usage) usage = usage_json(prompt_tokens, *generated, token->second);
-          std::string out =
-              completion_event(completion_id, created, token->first, return_token_ids, usage);
+          auto usage = [&](std::uint64_t completion) -> std::optional<nlohmann::json> {
+            if (!generation.continuous_usage) return std::nullopt;
+            return usage_json(prompt_tokens, completion, token->second);
+          };
+          std::string out;
+          if (chat) {
+            // vLLM opens a chat stream with the role once the first token is out.
+            if (first) out += chat_event(response_id, created, nullptr, false, usage(0));
+            out += chat_event(response_id, created, &token->first, generation.return_token_ids,
+                              usage(*generated));
+          } else {
+            out += completion_event(response_id, created, token->first, generation.return_token_ids,
+                                    usage(*generated));
+          }
           if (token->first.last) {
-            if (include_usage) {
+            if (generation.include_usage) {
               out += "data: " +
-                     nlohmann::json{{"id", completion_id},
-                                    {"object", "text_completion"},
+                     nlohmann::json{{"id", response_id},
+                                    {"object", chat ? "chat.completion.chunk" : "text_completion"},
                                     {"created", created},
                                     {"model", options.model},
                                     {"choices", nlohmann::json::array()},
@@ -788,6 +1015,153 @@ struct VllmEngineServer::State {
         });
   }
 
+  void serve_completion(const httplib::Request& http_request, httplib::Response& response) {
+    const auto body = read_body(http_request);
+    if (!body) return send_error(response, body.error());
+    auto prompts = read_prompts(*body);
+    if (!prompts) return send_error(response, prompts.error());
+    if (prompts->size() != 1) {
+      return send_error(response, bad_request("kvr mocker serves one prompt per request"));
+    }
+    const auto generation = read_generation(*body, false);
+    if (!generation) return send_error(response, generation.error());
+    const std::uint64_t prompt_tokens = prompts->front().size();
+    auto admitted = submit(std::move(prompts->front()), *generation);
+    if (!admitted) return send_error(response, admitted.error());
+    respond(Api::completions, admitted->first, std::move(admitted->second), prompt_tokens,
+            *generation, response);
+  }
+
+  void serve_chat(const httplib::Request& http_request, httplib::Response& response) {
+    const auto body = read_body(http_request);
+    if (!body) return send_error(response, body.error());
+    auto prompt = read_chat_prompt(*body);
+    if (!prompt) return send_error(response, prompt.error());
+    const auto generation = read_generation(*body, true);
+    if (!generation) return send_error(response, generation.error());
+    const std::uint64_t prompt_tokens = prompt->size();
+    auto admitted = submit(std::move(*prompt), *generation);
+    if (!admitted) return send_error(response, admitted.error());
+    respond(Api::chat, admitted->first, std::move(admitted->second), prompt_tokens, *generation,
+            response);
+  }
+
+  // One prompt as vLLM's render endpoints give it: the request /inference/v1/generate would take.
+  nlohmann::json rendered(std::string request_id, const std::vector<std::uint32_t>& tokens,
+                          const nlohmann::json& body, const Generation& generation) const {
+    nlohmann::json sampling = {
+        {"max_tokens", generation.max_tokens},
+        {"min_tokens", generation.sampling.min_tokens},
+        {"seed", generation.sampling.seed ? nlohmann::json(*generation.sampling.seed) : nullptr}};
+    std::vector<std::uint32_t> stop_ids(generation.sampling.stop_token_ids.begin(),
+                                        generation.sampling.stop_token_ids.end());
+    std::ranges::sort(stop_ids);
+    sampling["stop_token_ids"] = stop_ids;
+    for (const char* field : {"temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                              "frequency_penalty", "repetition_penalty", "ignore_eos",
+                              "skip_special_tokens", "include_stop_str_in_output"}) {
+      if (const auto found = body.find(field); found != body.end() && !found->is_null()) {
+        sampling[field] = *found;
+      }
+    }
+    if (const auto stop = body.find("stop"); stop != body.end() && !stop->is_null()) {
+      sampling["stop"] = stop->is_string() ? nlohmann::json::array({*stop}) : *stop;
+    }
+    return {{"request_id", std::move(request_id)},
+            {"token_ids", tokens},
+            {"features", nullptr},
+            {"sampling_params", std::move(sampling)},
+            {"model", options.model},
+            {"stream", generation.stream}};
+  }
+
+  void serve_chat_render(const httplib::Request& http_request, httplib::Response& response) {
+    ++render_calls.chat_render;
+    const auto body = read_body(http_request);
+    if (!body) return send_error(response, body.error());
+    const auto prompt = read_chat_prompt(*body);
+    if (!prompt) return send_error(response, prompt.error());
+    const auto generation = read_generation(*body, true);
+    if (!generation) return send_error(response, generation.error());
+    response.set_content(rendered(fmt::format("chatcmpl-render-{:016x}", next_render_id++), *prompt,
+                                  *body, *generation)
+                             .dump(),
+                         "application/json");
+  }
+
+  void serve_completion_render(const httplib::Request& http_request, httplib::Response& response) {
+    ++render_calls.completions_render;
+    const auto body = read_body(http_request);
+    if (!body) return send_error(response, body.error());
+    const auto prompts = read_prompts(*body);
+    if (!prompts) return send_error(response, prompts.error());
+    const auto generation = read_generation(*body, false);
+    if (!generation) return send_error(response, generation.error());
+    const std::uint64_t render_id = next_render_id++;
+    nlohmann::json answer = nlohmann::json::array();
+    for (std::size_t i = 0; i < prompts->size(); ++i) {
+      answer.push_back(rendered(fmt::format("cmpl-render-{:016x}-{}", render_id, i), (*prompts)[i],
+                                *body, *generation));
+    }
+    response.set_content(answer.dump(), "application/json");
+  }
+
+  // vLLM's /tokenize: a text prompt (add_special_tokens defaults to true) or chat messages
+  // (through the chat template; add_special_tokens defaults to false).
+  void serve_tokenize(const httplib::Request& http_request, httplib::Response& response) {
+    ++render_calls.tokenize;
+    const auto body = read_body(http_request);
+    if (!body) return send_error(response, body.error());
+    std::vector<std::uint32_t> ids;
+    if (body->contains("messages")) {
+      auto prompt = read_chat_prompt(*body);
+      if (!prompt) return send_error(response, prompt.error());
+      ids = std::move(*prompt);
+    } else {
+      const auto prompt = body->find("prompt");
+      if (prompt == body->end() || !prompt->is_string()) {
+        return send_error(response, bad_request("prompt must be a text (or give messages)"));
+      }
+      const auto add_bos = read_bool(*body, "add_special_tokens", true);
+      if (!add_bos) return send_error(response, add_bos.error());
+      ids = encode_text(prompt->get_ref<const std::string&>(), *add_bos);
+    }
+    const auto return_strs = read_bool(*body, "return_token_strs", false);
+    if (!return_strs) return send_error(response, return_strs.error());
+    nlohmann::json token_strs;
+    if (*return_strs) {
+      token_strs = nlohmann::json::array();
+      for (std::uint32_t id : ids) token_strs.push_back(token_text(id));
+    }
+    response.set_content(nlohmann::json{{"count", ids.size()},
+                                        {"max_model_len", max_model_len()},
+                                        {"tokens", ids},
+                                        {"token_strs", std::move(token_strs)}}
+                             .dump(),
+                         "application/json");
+  }
+
+  void serve_detokenize(const httplib::Request& http_request, httplib::Response& response) {
+    const auto body = read_body(http_request);
+    if (!body) return send_error(response, body.error());
+    const auto tokens = body->find("tokens");
+    const auto refuse = [&] {
+      send_error(response, bad_request("tokens must be a list of unsigned 32-bit ids"));
+    };
+    if (tokens == body->end() || !tokens->is_array()) return refuse();
+    std::vector<std::uint32_t> ids;
+    ids.reserve(tokens->size());
+    for (const auto& token : *tokens) {
+      if (!token.is_number_unsigned() || token.get<std::uint64_t>() > UINT32_MAX) return refuse();
+      ids.push_back(token.get<std::uint32_t>());
+    }
+    response.set_content(nlohmann::json{{"prompt", decode_tokens(ids)}}.dump(), "application/json");
+  }
+
+  std::uint64_t max_model_len() const {
+    return std::uint64_t{options.engine.block_size} * options.engine.num_gpu_blocks;
+  }
+
   void install_routes() {
     http.new_task_queue = [threads = options.http_threads] {
       return new httplib::ThreadPool(threads);
@@ -795,8 +1169,6 @@ struct VllmEngineServer::State {
     http.Get("/health",
              [](const httplib::Request&, httplib::Response& response) { response.status = 200; });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {
-      const std::uint64_t max_len =
-          std::uint64_t{options.engine.block_size} * options.engine.num_gpu_blocks;
       response.set_content(nlohmann::json{{"object", "list"},
                                           {"data",
                                            {{{"id", options.model},
@@ -805,17 +1177,27 @@ struct VllmEngineServer::State {
                                              {"owned_by", "vllm"},
                                              {"root", options.model},
                                              {"parent", nullptr},
-                                             {"max_model_len", max_len}}}}}
+                                             {"max_model_len", max_model_len()}}}}}
                                .dump(),
                            "application/json");
     });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
       response.set_content(metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
     });
-    http.Post("/v1/completions",
-              [this](const httplib::Request& request, httplib::Response& response) {
-                serve_completion(request, response);
-              });
+    auto post = [this](const char* path, auto serve) {
+      http.Post(path, [this, serve](const httplib::Request& request, httplib::Response& response) {
+        (this->*serve)(request, response);
+      });
+    };
+    post("/v1/completions", &State::serve_completion);
+    post("/v1/chat/completions", &State::serve_chat);
+    post("/tokenize", &State::serve_tokenize);
+    post("/detokenize", &State::serve_detokenize);
+    // Without them (--no-render-endpoints) a front door must fall back to /tokenize.
+    if (options.render_endpoints) {
+      post("/v1/completions/render", &State::serve_completion_render);
+      post("/v1/chat/completions/render", &State::serve_chat_render);
+    }
   }
 };
 

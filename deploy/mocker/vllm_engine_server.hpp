@@ -1,14 +1,27 @@
 // `kvr mocker --speak vllm`: the simulated engine (deploy/simulation/engine.hpp) behind vLLM's own
-// wire formats instead of kvr's NATS protocol, so that `kvr bridge` can be tested against what a
-// real vLLM serves:
-//  - HTTP (cpp-httplib): POST /v1/completions (OpenAI completions with the prompt as token ids,
-//    streamed as `data: {json}\n\n` events ending `data: [DONE]`, or one JSON answer), GET
-//    /v1/models, GET /health and GET /metrics (Prometheus text with vLLM's metric names:
-//    vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc,
-//    vllm:cache_config_info, vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total, and
-//    prometheus_client's process_start_time_seconds). Sampling parameters are accepted with
-//    vLLM's type checks; seed (the tokens follow it), stop_token_ids (finish_reason "stop") and
-//    min_tokens are honoured, the rest ignored.
+// wire formats instead of kvr's NATS protocol, so that `kvr bridge` and kvr's OpenAI-compatible
+// front door can be tested end to end against what a real vLLM serves:
+//  - HTTP (cpp-httplib), with vLLM's error object {"error": {message, type, param, code}} (400 for
+//    a bad body, 404 for another model):
+//    - POST /v1/completions (prompt: token ids, or text through the mock tokenizer,
+//      deploy/mocker/mock_tokenizer.hpp) and POST /v1/chat/completions (messages through the mock
+//      tokenizer's chat template): one engine queue for both, answered as one JSON object or
+//      streamed as `data: {json}\n\n` events ending `data: [DONE]` (stream_options include_usage
+//      and continuous_usage_stats); every usage has prompt_tokens_details.cached_tokens, the
+//      prompt tokens the engine's prefix cache served. A client that goes away aborts its request.
+//    - POST /v1/completions/render (an array, one object per prompt) and POST
+//      /v1/chat/completions/render (one object): {request_id, token_ids, features: null,
+//      sampling_params, model, stream}, the very ids the engine would serve (and publish KV events
+//      for); absent with render_endpoints false, so that a front door's fallback can be tested.
+//    - POST /tokenize ({prompt} or {messages}) → {count, max_model_len, tokens, token_strs} and
+//      POST /detokenize ({tokens}) → {prompt}.
+//    - GET /v1/models, GET /health and GET /metrics (Prometheus text with vLLM's metric names:
+//      vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc,
+//      vllm:cache_config_info, vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total,
+//      prometheus_client's process_start_time_seconds, and the mock's own
+//      kvr_mock_render_requests_total{endpoint} counting render and tokenize calls).
+//    Sampling parameters are accepted with vLLM's type checks; seed (the tokens follow it),
+//    stop_token_ids (finish_reason "stop") and min_tokens are honoured, the rest ignored.
 //  - ZMQ PUB: the engine's KV events as msgpack KVEventBatch in vLLM's three-frame messages
 //    (topic, 8-byte big-endian sequence from 0, payload), encoded as vLLM's msgspec Structs with
 //    array_like=True and omit_defaults=True: [ts, [events...], dp_rank], each event tagged by its
@@ -18,7 +31,7 @@
 //    buffered batch from there, then sequence -1 with an empty payload.
 // The engine's block hashes are kvr's chained hashes multiplied by an odd constant (a bijection),
 // so a bridge that forwarded them unchanged, instead of recomputing kvr's from the tokens, would
-// route nowhere. Only the served model (no LoRA) and token-id prompts are accepted.
+// route nowhere. Only the served model (no LoRA) and text content are accepted.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +60,9 @@ struct VllmEngineOptions {
   std::uint32_t skip_every = 0;
   /// HTTP server threads (each streaming response holds one).
   std::uint32_t http_threads = 64;
+  /// Serve /v1/completions/render and /v1/chat/completions/render (false: 404, as a vLLM without
+  /// them answers).
+  bool render_endpoints = true;
   simulation::EngineConfig engine;
 };
 

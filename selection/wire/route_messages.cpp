@@ -80,6 +80,8 @@ v1::RouteRequest encode_route_request(const RouteRequest& data) {
   }
   wire.mutable_allowed_workers()->Add(request.allowed_workers.begin(),
                                       request.allowed_workers.end());
+  wire.mutable_excluded_workers()->Add(request.excluded_workers.begin(),
+                                       request.excluded_workers.end());
   for (const std::string& taint : request.required_taints) wire.add_required_taints(taint);
   for (const auto& taint : request.preferred_taints) {
     (*wire.mutable_preferred_taints())[taint.taint] = taint.weight;
@@ -182,6 +184,10 @@ std::expected<RouteRequest, RouteFailure> decode_route_request(const v1::RouteRe
     return invalid(fmt::format("allowed_workers: more than {}", limits.max_allowed_workers));
   }
   request.allowed_workers.assign(wire.allowed_workers().begin(), wire.allowed_workers().end());
+  if (static_cast<std::size_t>(wire.excluded_workers_size()) > limits.max_allowed_workers) {
+    return invalid(fmt::format("excluded_workers: more than {}", limits.max_allowed_workers));
+  }
+  request.excluded_workers.assign(wire.excluded_workers().begin(), wire.excluded_workers().end());
   if (static_cast<std::size_t>(wire.required_taints_size()) > limits.max_taints ||
       wire.preferred_taints_size() > static_cast<int>(limits.max_taints)) {
     return invalid(

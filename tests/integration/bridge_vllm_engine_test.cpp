@@ -16,6 +16,7 @@
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_recorder.hpp"
+#include "tests/testing/vllm_engines.hpp"
 
 namespace kvr {
 namespace {
@@ -23,6 +24,7 @@ namespace {
 using namespace std::chrono_literals;
 using testing::ChildProcess;
 using testing::ChunkStream;
+using testing::EnginePair;
 using testing::free_port;
 using testing::prompt;
 using testing::wait_until;
@@ -33,18 +35,6 @@ constexpr std::uint32_t kBlockSize = 16;
 constexpr int kLivenessTtlMs = 1500;
 // Fits the engines' 2048 blocks with its prompt, and outlasts any test at time scale 1.
 constexpr std::uint32_t kLongGeneration = 20'000;
-
-// One `kvr mocker --speak vllm` engine and the `kvr bridge` next to it.
-struct EnginePair {
-  WorkerId worker = 0;
-  std::uint16_t http_port = 0;
-  std::uint16_t kv_port = 0;
-  std::uint16_t replay_port = 0;
-  std::uint16_t bridge_metrics_port = 0;
-  std::vector<std::string> engine_args;  // to start it again on the same ports
-  std::optional<ChildProcess> engine;
-  std::optional<ChildProcess> bridge;
-};
 
 struct Generated {
   v1::RouteDecision decision;
@@ -73,62 +63,16 @@ class BridgeVllmEngineTest : public testing::KvrClusterTest {
   EnginePair& start_pair(WorkerId worker, std::vector<std::string> engine_args = {},
                          bool replay = true, const std::string& time_scale = "20",
                          const std::string& health_interval_ms = "50") {
-    auto pair = std::make_unique<EnginePair>();
-    pair->worker = worker;
-    pair->http_port = free_port();
-    pair->kv_port = free_port();
-    pair->replay_port = replay ? free_port() : 0;
-    pair->bridge_metrics_port = free_port();
-    std::vector<std::string> args = {"--speak",
-                                     "vllm",
-                                     "--workers",
-                                     "1",
-                                     "--model",
-                                     "mock-model",
-                                     "--http-port",
-                                     std::to_string(pair->http_port),
-                                     "--kv-events-port",
-                                     std::to_string(pair->kv_port),
-                                     "--kv-events-replay-port",
-                                     std::to_string(pair->replay_port),
-                                     "--block-size",
-                                     std::to_string(kBlockSize),
-                                     "--num-gpu-blocks",
-                                     "2048",
-                                     "--time-scale",
-                                     time_scale};
-    args.insert(args.end(), engine_args.begin(), engine_args.end());
-    pair->engine_args = args;
-    const std::string name = std::to_string(worker);
-    pair->engine = kvr_->start({"mocker"}, args, "engine-" + name + ".log");
-    EXPECT_TRUE(pair->engine);
-    EXPECT_TRUE(wait_until(
-        [&] { return testing::http_get(pair->http_port, "/health").starts_with("HTTP/1.1 200"); },
-        20s))
-        << (pair->engine ? pair->engine->log() : "");
-    std::vector<std::string> bridge_args = {"--engine",
-                                            "vllm",
-                                            "--engine-url",
-                                            "http://127.0.0.1:" + std::to_string(pair->http_port),
-                                            "--kv-events",
-                                            "tcp://127.0.0.1:" + std::to_string(pair->kv_port),
-                                            "--worker-id",
-                                            name,
-                                            "--liveness-ttl-ms",
-                                            std::to_string(kLivenessTtlMs),
-                                            "--load-interval-ms",
-                                            "50",
-                                            "--health-interval-ms",
-                                            health_interval_ms,
-                                            "--metrics-port",
-                                            std::to_string(pair->bridge_metrics_port)};
-    if (replay) {
-      bridge_args.push_back("--kv-events-replay");
-      bridge_args.push_back("tcp://127.0.0.1:" + std::to_string(pair->replay_port));
-    }
-    pair->bridge = kvr_->start({"bridge"}, bridge_args, "bridge-" + name + ".log");
-    EXPECT_TRUE(pair->bridge);
-    pairs_.push_back(std::move(pair));
+    auto pair = testing::start_engine_pair(*kvr_, {.worker = worker,
+                                                   .block_size = kBlockSize,
+                                                   .time_scale = time_scale,
+                                                   .replay = replay,
+                                                   .health_interval_ms = health_interval_ms,
+                                                   .liveness_ttl_ms = kLivenessTtlMs,
+                                                   .engine_args = std::move(engine_args)});
+    EXPECT_TRUE(pair) << pair.error();
+    if (!pair) pair = std::make_unique<EnginePair>();
+    pairs_.push_back(std::move(*pair));
     return *pairs_.back();
   }
 

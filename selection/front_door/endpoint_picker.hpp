@@ -1,0 +1,75 @@
+// The node's endpoint picker for Envoy (`kvr node --epp-port`): a gRPC server of Envoy's external
+// processing API (ext_proc v3) speaking the Gateway API Inference Extension's endpoint-picker
+// protocol. Envoy streams each HTTP request's headers and body to it; it renders the prompt into
+// token ids with an engine of the model, routes them through the RoutingGateway as the HTTP front
+// door does, and answers with the chosen engine's "ip:port" in the x-gateway-destination-endpoint
+// header and the envoy.lb dynamic metadata (an ORIGINAL_DST cluster sends the request there), or
+// with a local reply carrying an OpenAI error object. The response phase of the same stream
+// reports the first byte as the first token and the end as the completion, so the booking is
+// released exactly once (docs/gateway.md).
+//
+// gRPC's callback API: a stream is a reactor, not a thread; its events run on an Asio strand of
+// their own (one thread serves every stream's logic, which only parses and routes). Plain C++ (no
+// CAF); gRPC and Asio stay inside the .cpp.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <expected>
+#include <memory>
+#include <string>
+
+#include "messages/metrics/metrics_registry.hpp"
+#include "selection/front_door/fleet_directory.hpp"
+#include "selection/front_door/routing_gateway.hpp"
+
+namespace kvr::front_door {
+
+struct EndpointPickerOptions {
+  /// An IP address.
+  std::string address = "127.0.0.1";
+  /// 0: any free port (see EndpointPicker::port()).
+  std::uint16_t port = 0;
+  /// A request body above this is refused with 413 (the node passes the HTTP API's limit).
+  std::size_t max_body_bytes = std::size_t{8} << 20;
+  /// Header naming the session (session affinity).
+  std::string session_header = "x-session-id";
+  /// Render and tokenize calls in flight at once; beyond it a request is refused with 503.
+  std::size_t max_renders_in_flight = 1024;
+  /// A render or tokenize call without an answer after this long fails.
+  std::chrono::milliseconds render_timeout{10'000};
+  /// How often the health service follows the directory (readiness: a worker is live).
+  std::chrono::milliseconds health_interval{250};
+
+  /// Checks ranges; the error names the option.
+  std::expected<void, std::string> validate() const;
+};
+
+class EndpointPicker {
+ public:
+  /// Binds and starts serving; the error names the address.
+  static std::expected<std::unique_ptr<EndpointPicker>, std::string> start(
+      EndpointPickerOptions options, std::shared_ptr<RoutingGateway> gateway,
+      std::shared_ptr<const FleetDirectory> directory,
+      std::shared_ptr<metrics::MetricsRegistry> metrics);
+  /// Shuts the server down (streams still open get a short grace), releasing every open booking.
+  ~EndpointPicker();
+  EndpointPicker(const EndpointPicker&) = delete;
+  EndpointPicker& operator=(const EndpointPicker&) = delete;
+
+  std::uint16_t port() const;
+  /// A drain: readiness turns NOT_SERVING and new requests are refused with 503; the streams of
+  /// requests already routed go on.
+  void stop_intake();
+  /// Streams holding a booking (routed, their response not yet over).
+  std::size_t in_flight() const;
+
+  struct State;
+
+ private:
+  explicit EndpointPicker(std::shared_ptr<State> state);
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace kvr::front_door

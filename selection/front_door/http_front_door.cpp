@@ -1,0 +1,1087 @@
+#include "selection/front_door/http_front_door.hpp"
+
+#include <array>
+#include <charconv>
+#include <condition_variable>
+#include <limits>
+#include <optional>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "messages/http_url.hpp"
+#include "selection/front_door/openai_api.hpp"
+#include "selection/front_door/prompt_renderer.hpp"
+
+namespace kvr::front_door {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using Json = nlohmann::json;
+
+constexpr std::string_view kRequests = "kvr_http_requests_total";
+constexpr std::string_view kInFlight = "kvr_http_requests_in_flight";
+constexpr std::string_view kConnections = "kvr_http_connections_open";
+constexpr std::string_view kEngineFailures = "kvr_http_engine_failures_total";
+constexpr std::string_view kRetries = "kvr_http_retries_total";
+constexpr std::string_view kClientsGone = "kvr_http_clients_gone_total";
+constexpr std::string_view kAddedLatency = "kvr_http_added_latency_seconds";
+
+constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
+// Bytes a client may send while its answer streams (a pipelined next request) before the node
+// stops reading it.
+constexpr std::size_t kMaxPipelinedBytes = 64 * 1024;
+constexpr std::size_t kChunkBytes = 16 * 1024;
+constexpr std::size_t kMaxHeaderValue = 256;
+
+std::string str(beast::string_view view) { return {view.data(), view.size()}; }
+
+std::string random_prefix() {
+  std::random_device device;
+  return fmt::format("{:08x}", device());
+}
+
+}  // namespace
+
+std::optional<TokenizerMode> tokenizer_mode_from(std::string_view name) {
+  if (name == "engine") return TokenizerMode::engine;
+  return std::nullopt;
+}
+
+std::expected<void, std::string> FrontDoorOptions::validate() const {
+  if (threads == 0 || threads > 64) return std::unexpected("--http-threads: between 1 and 64");
+  if (max_body_bytes < 1024 || max_body_bytes > (std::size_t{1} << 30)) {
+    return std::unexpected("--http-max-body-bytes: between 1 KiB and 1 GiB");
+  }
+  if (session_header.empty()) return std::unexpected("--http-session-header: empty");
+  if (max_renders_in_flight == 0) return std::unexpected("--http-max-renders-in-flight: >= 1");
+  for (const auto timeout : {render_timeout, first_byte_timeout, stall_timeout, idle_timeout}) {
+    if (timeout < std::chrono::milliseconds(1)) return std::unexpected("HTTP timeouts: >= 1 ms");
+  }
+  return {};
+}
+
+// ---- the server's shared state ------------------------------------------------------------------
+
+namespace {
+class Connection;
+}  // namespace
+
+struct HttpFrontDoor::State {
+  State(FrontDoorOptions front_options, std::shared_ptr<RoutingGateway> routing_gateway,
+        std::shared_ptr<const FleetDirectory> fleet,
+        std::shared_ptr<metrics::MetricsRegistry> registry)
+      : options(std::move(front_options)),
+        gateway(std::move(routing_gateway)),
+        directory(std::move(fleet)),
+        metrics(std::move(registry)),
+        renderer(options.max_renders_in_flight, options.render_timeout, metrics),
+        io(static_cast<int>(options.threads)),
+        acceptor(net::make_strand(io)) {}
+
+  FrontDoorOptions options;
+  std::shared_ptr<RoutingGateway> gateway;
+  std::shared_ptr<const FleetDirectory> directory;
+  std::shared_ptr<metrics::MetricsRegistry> metrics;
+  const std::string id_prefix = random_prefix();
+  const std::int64_t started_unix = std::chrono::duration_cast<std::chrono::seconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count();
+  std::atomic<std::uint64_t> next_request{0};
+  std::atomic<std::size_t> in_flight{0};
+  std::atomic<std::size_t> connection_count{0};
+  std::atomic<bool> accepting{true};
+  metrics::ValueHandle in_flight_gauge = metrics->gauge(kInFlight);
+  metrics::ValueHandle connections_gauge = metrics->gauge(kConnections);
+  metrics::HistogramHandle added_latency = metrics->histogram(kAddedLatency);
+  std::uint16_t port = 0;
+  // Gateway answers arrive on CAF's threads: they post to a connection's strand only while the
+  // io_context lives.
+  std::mutex post_mutex;
+  bool posting = true;
+  // Live connections, so that shutdown can end each one's request with an explicit error.
+  std::mutex connections_mutex;
+  std::condition_variable connections_gone;
+  std::unordered_map<Connection*, std::weak_ptr<Connection>> connections;
+  // Everything above outlives the io_context (declared last, destroyed first): the connections
+  // and renders its unrun handlers still hold release themselves into it.
+  PromptRenderer renderer;
+  net::io_context io;
+  tcp::acceptor acceptor;
+  std::vector<std::thread> threads;
+
+  template <class Handler>
+  void post(const net::any_io_executor& executor, Handler handler) {
+    std::lock_guard lock{post_mutex};
+    if (posting) net::post(executor, std::move(handler));
+  }
+
+  void accept();
+  void count(std::string_view endpoint, unsigned status) {
+    metrics->add(kRequests,
+                 {{"endpoint", std::string{endpoint}}, {"code", std::to_string(status)}});
+  }
+};
+
+namespace {
+
+// What a generation request carries besides its body, from the request's headers.
+struct RequestMetadata {
+  std::string session_id;
+  std::string tenant;
+  std::string routing_group;
+  std::uint32_t priority = 0;
+};
+
+std::expected<RequestMetadata, HttpError> read_metadata(
+    const http::request<http::string_body>& request, const std::string& session_header) {
+  RequestMetadata metadata;
+  const auto value = [&](std::string_view name,
+                         std::string& into) -> std::expected<void, HttpError> {
+    const auto found = request.find(beast::string_view{name.data(), name.size()});
+    if (found == request.end()) return {};
+    const auto text = found->value();
+    if (text.size() > kMaxHeaderValue) {
+      return std::unexpected(
+          bad_request(fmt::format("header {}: longer than {} bytes", name, kMaxHeaderValue),
+                      std::string{name}));
+    }
+    into.assign(text.data(), text.size());
+    return {};
+  };
+  if (auto ok = value(session_header, metadata.session_id); !ok) return std::unexpected(ok.error());
+  if (auto ok = value("x-kvr-tenant", metadata.tenant); !ok) return std::unexpected(ok.error());
+  if (auto ok = value("x-kvr-routing-group", metadata.routing_group); !ok) {
+    return std::unexpected(ok.error());
+  }
+  std::string priority;
+  if (auto ok = value("x-kvr-priority", priority); !ok) return std::unexpected(ok.error());
+  if (!priority.empty()) {
+    const auto [end, error] =
+        std::from_chars(priority.data(), priority.data() + priority.size(), metadata.priority);
+    if (error != std::errc{} || end != priority.data() + priority.size()) {
+      return std::unexpected(bad_request(
+          "header x-kvr-priority: an integer in [0, 4294967295] is required", "x-kvr-priority"));
+    }
+  }
+  return metadata;
+}
+
+// ---- one client connection ----------------------------------------------------------------------
+// Requests are served one after another (HTTP/1.1 keep-alive). While a generation request is in
+// flight, one read stays pending on the client's socket: its end is the client going away.
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(HttpFrontDoor::State& server, tcp::socket socket)
+      : server_(server),
+        stream_(std::move(socket)),
+        deadline_(stream_.get_executor()),
+        upstream_(stream_.get_executor()),
+        resolver_(stream_.get_executor()) {}
+
+  ~Connection() {
+    std::lock_guard lock{server_.connections_mutex};
+    server_.connections.erase(this);
+    server_.connection_count.fetch_sub(1);
+    server_.connections_gauge.set(static_cast<double>(server_.connection_count.load()));
+    server_.connections_gone.notify_all();
+  }
+
+  net::any_io_executor executor() { return stream_.get_executor(); }
+
+  void start() {
+    {
+      std::lock_guard lock{server_.connections_mutex};
+      server_.connections.emplace(this, weak_from_this());
+    }
+    read_request();
+  }
+
+  // From shutdown: the request in flight ends with an explicit error, then the connection closes.
+  void shut_down() {
+    closing_ = true;
+    if (flight_) {
+      fail_flight(HttpError{.status = 503,
+                            .message = "the router is shutting down",
+                            .code = "service_unavailable"},
+                  v1::ABORT_CAUSE_UNSPECIFIED);
+    } else if (!writing_) {
+      close();
+    }
+  }
+
+ private:
+  // ---- reading requests ----------------------------------------------------------------------
+
+  void read_request() {
+    if (closing_ || !server_.accepting.load()) return close();
+    parser_.emplace();
+    parser_->header_limit(kMaxHeaderBytes);
+    parser_->body_limit(server_.options.max_body_bytes);
+    stream_.expires_after(server_.options.idle_timeout);
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code error, std::size_t) {
+                              self->on_header(error);
+                            });
+  }
+
+  void on_header(beast::error_code error) {
+    if (error) return read_failed(error);
+    // curl and others wait for "100 Continue" before sending a large body.
+    const auto& header = parser_->get();
+    const auto expect = header[http::field::expect];
+    if (beast::iequals(expect, "100-continue")) {
+      auto interim = std::make_shared<http::response<http::empty_body>>(http::status::continue_,
+                                                                        header.version());
+      writing_ = true;
+      http::async_write(
+          stream_, *interim,
+          [self = shared_from_this(), interim](beast::error_code write_error, std::size_t) {
+            self->writing_ = false;
+            if (write_error) return self->close();
+            self->read_body();
+          });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code error, std::size_t) {
+                       if (error) return self->read_failed(error);
+                       self->stream_.expires_never();
+                       self->serve(self->parser_->release());
+                     });
+  }
+
+  void read_failed(beast::error_code error) {
+    if (error == http::error::body_limit) {
+      keep_alive_ = false;
+      return respond_error(
+          "", HttpError{.status = 413,
+                        .message = fmt::format("the request body is larger than {} bytes",
+                                               server_.options.max_body_bytes),
+                        .type = "invalid_request_error",
+                        .code = "request_too_large"});
+    }
+    if (error == http::error::header_limit) {
+      keep_alive_ = false;
+      return respond_error("", HttpError{.status = 431,
+                                         .message = "the request headers are too large",
+                                         .type = "invalid_request_error"});
+    }
+    if (error != http::error::end_of_stream && error != net::error::operation_aborted &&
+        error != beast::error::timeout && error != net::error::connection_reset &&
+        error != net::error::eof && parser_ && parser_->got_some()) {
+      keep_alive_ = false;
+      return respond_error("", bad_request("malformed HTTP request: " + error.message()));
+    }
+    close();
+  }
+
+  // ---- routing a request to its endpoint -------------------------------------------------------
+
+  void serve(http::request<http::string_body> request) {
+    keep_alive_ = request.keep_alive();
+    version_ = request.version();
+    const beast::string_view target = request.target();
+    const std::string_view path{target.data(), target.find('?') == beast::string_view::npos
+                                                   ? target.size()
+                                                   : target.find('?')};
+    const auto method = request.method();
+    const auto only = [&](http::verb allowed) {
+      if (method == allowed) return true;
+      respond_error(path, HttpError{.status = 405,
+                                    .message = fmt::format("{} takes {} only", path,
+                                                           str(http::to_string(allowed))),
+                                    .type = "invalid_request_error"});
+      return false;
+    };
+    if (path == "/v1/chat/completions" || path == "/v1/completions") {
+      if (!only(http::verb::post)) return;
+      const Endpoint endpoint =
+          path == "/v1/completions" ? Endpoint::completions : Endpoint::chat_completions;
+      return start_flight(endpoint, std::move(request));
+    }
+    if (path == "/v1/models") {
+      if (only(http::verb::get)) serve_models();
+      return;
+    }
+    if (path == "/health") {
+      if (only(http::verb::get)) serve_health();
+      return;
+    }
+    respond_error(path, HttpError{.status = 404,
+                                  .message = fmt::format("no endpoint {}", path),
+                                  .type = "invalid_request_error",
+                                  .code = "unknown_url"});
+  }
+
+  void serve_models() {
+    Json data = Json::array();
+    for (const std::string& model : server_.directory->models()) {
+      data.push_back(Json{{"id", model},
+                          {"object", "model"},
+                          {"created", server_.started_unix},
+                          {"owned_by", "kvr"}});
+    }
+    respond("/v1/models", 200, Json{{"object", "list"}, {"data", std::move(data)}}.dump());
+  }
+
+  void serve_health() {
+    const bool ready = server_.directory->any_live();
+    respond("/health", ready ? 200 : 503,
+            Json{{"status", ready ? "ready" : "no live worker"}}.dump());
+  }
+
+  // ---- writing whole answers -------------------------------------------------------------------
+
+  void respond(std::string_view endpoint, unsigned status, std::string body,
+               std::string content_type = "application/json",
+               std::vector<std::pair<std::string, std::string>> headers = {}) {
+    server_.count(endpoint.empty() ? "other" : endpoint, status);
+    auto response = std::make_shared<http::response<http::string_body>>(
+        static_cast<http::status>(status), version_);
+    response->set(http::field::content_type, content_type);
+    response->set(http::field::server, "kvr");
+    for (auto& [name, value] : headers) response->set(name, value);
+    response->body() = std::move(body);
+    response->keep_alive(keep_alive_ && !closing_);
+    response->prepare_payload();
+    writing_ = true;
+    stream_.expires_after(server_.options.idle_timeout);
+    http::async_write(stream_, *response,
+                      [self = shared_from_this(), response](beast::error_code error, std::size_t) {
+                        self->writing_ = false;
+                        self->stream_.expires_never();
+                        if (error) return self->close();
+                        if (!response->keep_alive()) return self->close_after_reading();
+                        self->next_request();
+                      });
+  }
+
+  void respond_error(std::string_view endpoint, const HttpError& error) {
+    std::vector<std::pair<std::string, std::string>> headers;
+    if (!request_id_.empty()) headers.emplace_back("x-kvr-request-id", request_id_);
+    if (error.retry_after) {
+      headers.emplace_back("retry-after", std::to_string(error.retry_after->count()));
+    }
+    respond(endpoint, error.status, error.body(), "application/json", std::move(headers));
+  }
+
+  // After an answer: the next request, once a pending watch read (if any) has seen its bytes.
+  void next_request() {
+    request_id_.clear();
+    if (watching_) {
+      // The watch read stays pending: its bytes start the next request, its end closes.
+      awaiting_next_ = true;
+      deadline_.expires_after(server_.options.idle_timeout);
+      deadline_.async_wait([self = shared_from_this()](beast::error_code error) {
+        if (!error && self->awaiting_next_) self->close();
+      });
+      return;
+    }
+    read_request();
+  }
+
+  // Closes after the answer reached the client: a close with unread request bytes (a body over
+  // the limit) would reset the connection and could discard the answer, so the node first stops
+  // sending and reads what the client still sends, for a second at most.
+  void close_after_reading() {
+    if (closed_ || watching_) return close();
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.expires_after(std::chrono::seconds(1));
+    buffer_.clear();
+    stream_.async_read_some(buffer_.prepare(16 * 1024),
+                            [self = shared_from_this()](beast::error_code error, std::size_t) {
+                              if (error) return self->close();
+                              self->close_after_reading();
+                            });
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    beast::error_code ignored;
+    deadline_.cancel();
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
+    close_upstream();
+  }
+
+  // ---- a generation request
+  // ----------------------------------------------------------------------
+
+  struct Flight {
+    Endpoint endpoint = Endpoint::chat_completions;
+    std::string endpoint_path;
+    GenerationRequest request;
+    std::string body;
+    std::string authorization;
+    std::string accept;
+    RequestMetadata metadata;
+    std::vector<std::uint32_t> tokens;
+    std::chrono::steady_clock::time_point received;
+    // The attempt under way: its booking and worker.
+    std::uint32_t attempt = 0;
+    std::vector<std::uint64_t> failed_workers;
+    std::string booking_id;
+    std::uint64_t worker_id = 0;
+    std::string worker_url;
+    std::uint64_t predicted_cached_tokens = 0;
+    bool first_byte = false;
+    // What the client has been sent of the answer.
+    bool header_sent = false;
+    bool streaming = false;
+    std::string answer;  // a non-streamed answer, gathered
+    unsigned answer_status = 200;
+    std::string answer_type;
+  };
+
+  void start_flight(Endpoint endpoint, http::request<http::string_body> request) {
+    request_id_ = fmt::format("kvr-{}-{}", server_.id_prefix, server_.next_request.fetch_add(1));
+    const std::string_view path = path_of(endpoint);
+    auto parsed = parse_generation_request(endpoint, request.body());
+    if (!parsed) return respond_error(path, parsed.error());
+    auto metadata = read_metadata(request, server_.options.session_header);
+    if (!metadata) return respond_error(path, metadata.error());
+    const auto workers = server_.directory->workers(parsed->model);
+    if (workers.empty()) {
+      return respond_error(
+          path, HttpError{.status = 404,
+                          .message = fmt::format("The model `{}` does not exist (no live worker "
+                                                 "serves it).",
+                                                 parsed->model),
+                          .type = "invalid_request_error",
+                          .code = "model_not_found",
+                          .param = "model"});
+    }
+    std::vector<std::string> engine_urls;
+    for (const auto& worker : workers) {
+      if (!worker.http_url.empty()) engine_urls.push_back(worker.http_url);
+    }
+    if (engine_urls.empty()) {
+      return respond_error(
+          path, HttpError{.status = 503,
+                          .message = fmt::format(
+                              "no worker of `{}` registered an HTTP URL: its workers serve only "
+                              "kvr's NATS generate API (run the engines behind `kvr bridge`)",
+                              parsed->model),
+                          .code = "service_unavailable"});
+    }
+    flight_.emplace();
+    flight_->endpoint = endpoint;
+    flight_->endpoint_path = std::string{path};
+    flight_->received = std::chrono::steady_clock::now();
+    flight_->body = std::move(request.body());
+    flight_->request = std::move(*parsed);
+    flight_->metadata = std::move(*metadata);
+    if (const auto found = request.find(http::field::authorization); found != request.end()) {
+      flight_->authorization = str(found->value());
+    }
+    if (const auto found = request.find(http::field::accept); found != request.end()) {
+      flight_->accept = str(found->value());
+    }
+    server_.in_flight.fetch_add(1);
+    server_.in_flight_gauge.set(static_cast<double>(server_.in_flight.load()));
+    watch_client();
+    const std::uint64_t epoch = ++epoch_;
+    server_.renderer.render(stream_.get_executor(), flight_->request, std::move(engine_urls),
+                            [self = shared_from_this(), epoch](RenderResult tokens) {
+                              if (epoch != self->epoch_ || !self->flight_) return;
+                              if (!tokens) return self->fail_flight(tokens.error(), {});
+                              self->flight_->tokens = std::move(*tokens);
+                              self->route();
+                            });
+  }
+
+  // One read on the client's socket while its request is served: it ends when the client goes.
+  void watch_client() {
+    if (watching_ || closed_) return;
+    if (buffer_.size() >= kMaxPipelinedBytes) return;
+    watching_ = true;
+    stream_.expires_never();
+    stream_.async_read_some(buffer_.prepare(4096),
+                            [self = shared_from_this()](beast::error_code error, std::size_t n) {
+                              self->watching_ = false;
+                              if (error) {
+                                if (self->flight_) return self->client_gone();
+                                return self->close();
+                              }
+                              self->buffer_.commit(n);
+                              if (self->awaiting_next_) {
+                                self->awaiting_next_ = false;
+                                self->deadline_.cancel();
+                                return self->read_request();
+                              }
+                              if (self->flight_) self->watch_client();
+                            });
+  }
+
+  void route() {
+    Flight& flight = *flight_;
+    v1::RouteRequest request;
+    request.set_request_id(flight.attempt == 0 ? request_id_
+                                               : fmt::format("{}.{}", request_id_, flight.attempt));
+    request.set_model(flight.request.model);
+    request.set_routing_group(flight.metadata.routing_group);
+    request.mutable_tokens()->mutable_ids()->Add(flight.tokens.begin(), flight.tokens.end());
+    if (flight.request.max_tokens) request.set_expected_output_tokens(*flight.request.max_tokens);
+    if (!flight.metadata.session_id.empty()) {
+      request.mutable_session()->set_session_id(flight.metadata.session_id);
+    }
+    request.set_priority(flight.metadata.priority);
+    request.set_tenant(!flight.metadata.tenant.empty() ? flight.metadata.tenant
+                                                       : flight.request.user);
+    // Only workers whose engines the node can forward to.
+    const auto workers = server_.directory->workers(flight.request.model);
+    if (std::any_of(workers.begin(), workers.end(),
+                    [](const DirectoryWorker& worker) { return worker.http_url.empty(); })) {
+      for (const auto& worker : workers) {
+        if (!worker.http_url.empty()) request.add_allowed_workers(worker.worker_id);
+      }
+    }
+    request.mutable_excluded_workers()->Add(flight.failed_workers.begin(),
+                                            flight.failed_workers.end());
+    const std::uint64_t epoch = epoch_;
+    auto self = shared_from_this();
+    server_.gateway->route(std::move(request), [self, epoch](v1::RouteDecision decision) {
+      self->server_.post(self->stream_.get_executor(),
+                         [self, epoch, decision = std::move(decision)]() mutable {
+                           self->on_decision(epoch, std::move(decision));
+                         });
+    });
+  }
+
+  void on_decision(std::uint64_t epoch, v1::RouteDecision decision) {
+    if (epoch != epoch_ || !flight_) {
+      // The client went away while the request was routed: release what was booked for it.
+      if (decision.has_success()) {
+        report(decision.success().booking_id(), v1::LIFECYCLE_EVENT_ABORTED,
+               v1::ABORT_CAUSE_CLIENT_CANCELLED, "the client went away");
+      }
+      return;
+    }
+    Flight& flight = *flight_;
+    if (decision.has_error()) {
+      HttpError error = error_for_route(decision.error());
+      if (flight.attempt > 0 && (decision.error().code() == v1::ROUTE_ERROR_NO_WORKERS ||
+                                 decision.error().code() == v1::ROUTE_ERROR_ALL_FILTERED)) {
+        error = HttpError{.status = 502,
+                          .message =
+                              "the engine failed and no other worker can serve the "
+                              "request: " +
+                              decision.error().message(),
+                          .code = "worker_failed"};
+      }
+      return fail_flight(error, {});
+    }
+    const v1::RouteSuccess& success = decision.success();
+    flight.booking_id = success.booking_id();
+    flight.worker_id = success.worker_id();
+    flight.worker_url = success.worker_http_url();
+    flight.first_byte = false;
+    std::uint32_t block_size = 0;
+    for (const auto& worker : server_.directory->workers(flight.request.model)) {
+      if (worker.worker_id == success.worker_id()) block_size = worker.block_size;
+    }
+    flight.predicted_cached_tokens = std::uint64_t{success.device_overlap_blocks()} * block_size;
+    if (flight.worker_url.empty()) {
+      report(flight.booking_id, v1::LIFECYCLE_EVENT_ABORTED, v1::ABORT_CAUSE_UNSPECIFIED,
+             "the worker has no HTTP URL");
+      flight.booking_id.clear();
+      return fail_flight(
+          HttpError{.status = 503,
+                    .message = fmt::format("worker {} registered no HTTP URL", success.worker_id()),
+                    .code = "service_unavailable"},
+          {});
+    }
+    forward();
+  }
+
+  // ---- forwarding to the engine ----------------------------------------------------------------
+
+  void forward() {
+    Flight& flight = *flight_;
+    const auto url = split_http_url(flight.worker_url);
+    if (!url || url->https) {
+      return engine_failed(fmt::format("cannot reach '{}' (the front door forwards over http:// "
+                                       "only)",
+                                       flight.worker_url),
+                           v1::ABORT_CAUSE_UNSPECIFIED);
+    }
+    upstream_request_.emplace(http::verb::post, url->path + flight.endpoint_path, 11);
+    upstream_request_->set(http::field::host, url->host + ":" + url->port);
+    upstream_request_->set(http::field::content_type, "application/json");
+    upstream_request_->set(http::field::user_agent, "kvr");
+    upstream_request_->set("x-request-id", request_id_);
+    if (!flight.accept.empty()) upstream_request_->set(http::field::accept, flight.accept);
+    if (!flight.authorization.empty()) {
+      upstream_request_->set(http::field::authorization, flight.authorization);
+    }
+    upstream_request_->body() = flight.body;
+    upstream_request_->prepare_payload();
+    arm_deadline(server_.options.first_byte_timeout, "first_byte");
+    const std::uint64_t epoch = epoch_;
+    resolver_.async_resolve(
+        url->host, url->port,
+        [self = shared_from_this(), epoch](beast::error_code error,
+                                           tcp::resolver::results_type found) {
+          if (epoch != self->epoch_) return;
+          if (error) return self->engine_failed("cannot resolve: " + error.message());
+          self->upstream_.async_connect(
+              found, [self, epoch](beast::error_code connect_error, const tcp::endpoint&) {
+                if (epoch != self->epoch_) return;
+                if (connect_error) {
+                  return self->engine_failed("cannot connect: " + connect_error.message());
+                }
+                self->send_upstream();
+              });
+        });
+  }
+
+  void send_upstream() {
+    const std::uint64_t epoch = epoch_;
+    http::async_write(upstream_, *upstream_request_,
+                      [self = shared_from_this(), epoch](beast::error_code error, std::size_t) {
+                        if (epoch != self->epoch_) return;
+                        if (error) return self->engine_failed("cannot send: " + error.message());
+                        self->server_.added_latency.observe(
+                            std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                          self->flight_->received)
+                                .count());
+                        self->read_upstream_header();
+                      });
+  }
+
+  void read_upstream_header() {
+    upstream_parser_.emplace();
+    // No limit here (a stream may run long; a gathered answer has its own). Not boost::none:
+    // Beast 1.74 compares a Content-Length with an empty limit as exceeding it.
+    upstream_parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
+    const std::uint64_t epoch = epoch_;
+    http::async_read_header(
+        upstream_, upstream_buffer_, *upstream_parser_,
+        [self = shared_from_this(), epoch](beast::error_code error, std::size_t) {
+          if (epoch != self->epoch_) return;
+          if (error) return self->engine_failed("no answer: " + error.message());
+          self->on_upstream_header();
+        });
+  }
+
+  void on_upstream_header() {
+    Flight& flight = *flight_;
+    const auto& header = upstream_parser_->get();
+    flight.answer_status = header.result_int();
+    flight.answer_type = str(header[http::field::content_type]);
+    if (flight.answer_status >= 500) {
+      return engine_failed(fmt::format("the engine answered {}", flight.answer_status));
+    }
+    flight.streaming = flight.answer_status == 200 &&
+                       beast::string_view{flight.answer_type}.starts_with("text/event-stream");
+    read_upstream_body();
+  }
+
+  void read_upstream_body() {
+    auto& body = upstream_parser_->get().body();
+    body.data = chunk_.data();
+    body.size = chunk_.size();
+    const std::uint64_t epoch = epoch_;
+    http::async_read_some(
+        upstream_, upstream_buffer_, *upstream_parser_,
+        [self = shared_from_this(), epoch](beast::error_code error, std::size_t) {
+          if (epoch != self->epoch_) return;
+          if (error == http::error::need_buffer) error = {};
+          const std::size_t bytes = self->chunk_.size() - self->upstream_parser_->get().body().size;
+          if (error) {
+            return self->engine_failed(bytes > 0 || self->flight_->first_byte
+                                           ? "the answer broke off: " + error.message()
+                                           : "no answer: " + error.message(),
+                                       v1::ABORT_CAUSE_WORKER_FAILED);
+          }
+          self->on_upstream_bytes(bytes);
+        });
+  }
+
+  void on_upstream_bytes(std::size_t bytes) {
+    Flight& flight = *flight_;
+    const bool done = upstream_parser_->is_done();
+    if (bytes > 0 && !flight.first_byte) {
+      flight.first_byte = true;
+      report(flight.booking_id, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
+    }
+    if (bytes > 0 || !done) arm_deadline(server_.options.stall_timeout, "stall");
+    if (!flight.streaming) {
+      if (flight.answer.size() + bytes > server_.options.max_response_bytes) {
+        return engine_failed(fmt::format("the engine's answer is larger than {} bytes",
+                                         server_.options.max_response_bytes),
+                             v1::ABORT_CAUSE_WORKER_FAILED);
+      }
+      flight.answer.append(chunk_.data(), bytes);
+      if (!done) return read_upstream_body();
+      return finish_whole_answer();
+    }
+    if (bytes == 0) {
+      if (done) return finish_stream();
+      return read_upstream_body();
+    }
+    send_chunk(std::string(chunk_.data(), bytes), done);
+  }
+
+  std::vector<std::pair<std::string, std::string>> kvr_headers() const {
+    return {{"x-kvr-request-id", request_id_},
+            {"x-kvr-worker-id", std::to_string(flight_->worker_id)},
+            {"x-kvr-cached-tokens", std::to_string(flight_->predicted_cached_tokens)}};
+  }
+
+  void finish_whole_answer() {
+    Flight& flight = *flight_;
+    const unsigned status = flight.answer_status;
+    if (status == 200) {
+      report(flight.booking_id, v1::LIFECYCLE_EVENT_COMPLETED);
+    } else {
+      // The engine refused the request (4xx): its answer goes back as it is, nobody to blame.
+      report(flight.booking_id, v1::LIFECYCLE_EVENT_ABORTED, v1::ABORT_CAUSE_UNSPECIFIED,
+             fmt::format("the engine answered {}", status));
+    }
+    auto headers = kvr_headers();
+    std::string answer = std::move(flight.answer);
+    std::string type = flight.answer_type.empty() ? "application/json" : flight.answer_type;
+    const std::string endpoint = flight.endpoint_path;
+    end_flight();
+    respond(endpoint, status, std::move(answer), std::move(type), std::move(headers));
+  }
+
+  // Streams `bytes` to the client (its response header first), then reads on or ends.
+  void send_chunk(std::string bytes, bool last) {
+    Flight& flight = *flight_;
+    auto pending = std::make_shared<std::string>(std::move(bytes));
+    const std::uint64_t epoch = epoch_;
+    auto after = [self = shared_from_this(), epoch, pending, last](beast::error_code error,
+                                                                   std::size_t) {
+      self->writing_ = false;
+      if (epoch != self->epoch_ || !self->flight_) return;
+      if (error) return self->client_gone();
+      if (last) return self->finish_stream();
+      self->read_upstream_body();
+    };
+    writing_ = true;
+    if (!flight.header_sent) {
+      flight.header_sent = true;
+      stream_header_.emplace(http::status::ok, version_);
+      stream_header_->set(http::field::content_type, flight.answer_type);
+      stream_header_->set(http::field::cache_control, "no-cache");
+      stream_header_->set(http::field::server, "kvr");
+      for (auto& [name, value] : kvr_headers()) stream_header_->set(name, value);
+      stream_header_->keep_alive(keep_alive_);
+      stream_header_->chunked(true);
+      stream_serializer_.emplace(*stream_header_);
+      http::async_write_header(stream_, *stream_serializer_,
+                               [self = shared_from_this(), epoch, pending, after](
+                                   beast::error_code error, std::size_t) mutable {
+                                 if (epoch != self->epoch_ || !self->flight_) return;
+                                 if (error) {
+                                   self->writing_ = false;
+                                   return self->client_gone();
+                                 }
+                                 net::async_write(self->stream_,
+                                                  http::make_chunk(net::buffer(*pending)),
+                                                  std::move(after));
+                               });
+      return;
+    }
+    net::async_write(stream_, http::make_chunk(net::buffer(*pending)), std::move(after));
+  }
+
+  void finish_stream() {
+    Flight& flight = *flight_;
+    report(flight.booking_id, v1::LIFECYCLE_EVENT_COMPLETED);
+    server_.count(flight.endpoint_path, 200);
+    end_stream();
+  }
+
+  // Ends a chunked answer (with an error event first, when `error` is set).
+  void end_stream(const HttpError* failure = nullptr) {
+    std::string tail;
+    if (failure != nullptr) {
+      tail = fmt::format("data: {}\n\ndata: [DONE]\n\n", failure->body());
+    }
+    end_flight();
+    auto pending = std::make_shared<std::string>(std::move(tail));
+    writing_ = true;
+    const auto finish = [self = shared_from_this(), pending](beast::error_code error, std::size_t) {
+      self->writing_ = false;
+      if (error || !self->keep_alive_ || self->closing_) return self->close();
+      self->next_request();
+    };
+    if (pending->empty()) {
+      net::async_write(stream_, http::make_chunk_last(), finish);
+      return;
+    }
+    net::async_write(stream_, http::make_chunk(net::buffer(*pending)),
+                     [self = shared_from_this(), finish](beast::error_code error, std::size_t n) {
+                       if (error) return finish(error, n);
+                       net::async_write(self->stream_, http::make_chunk_last(), finish);
+                     });
+  }
+
+  // ---- failures ------------------------------------------------------------------------------
+
+  // The engine failed the attempt: retried once elsewhere while the client has been sent nothing
+  // and the engine sent no byte; else the request ends with an explicit error.
+  void engine_failed(std::string why, v1::AbortCause cause = v1::ABORT_CAUSE_WORKER_FAILED) {
+    Flight& flight = *flight_;
+    server_.metrics->add(kEngineFailures, {{"phase", flight.first_byte ? "answer" : "first_byte"}});
+    spdlog::warn("front door: request {}: worker {} ({}): {}", request_id_, flight.worker_id,
+                 flight.worker_url, why);
+    close_upstream();
+    report(flight.booking_id, v1::LIFECYCLE_EVENT_ABORTED, cause, why);
+    flight.booking_id.clear();
+    const bool retryable =
+        flight.attempt == 0 && !flight.first_byte && !flight.header_sent &&
+        (cause == v1::ABORT_CAUSE_WORKER_FAILED || cause == v1::ABORT_CAUSE_FIRST_TOKEN_TIMEOUT);
+    if (retryable) {
+      server_.metrics->add(kRetries);
+      flight.failed_workers.push_back(flight.worker_id);
+      ++flight.attempt;
+      ++epoch_;
+      return route();
+    }
+    const bool timeout = cause == v1::ABORT_CAUSE_FIRST_TOKEN_TIMEOUT;
+    fail_flight(HttpError{.status = timeout ? 504u : 502u,
+                          .message = fmt::format("worker {} failed: {}", flight.worker_id, why),
+                          .code = timeout ? "timeout" : "worker_failed"},
+                {});
+  }
+
+  void arm_deadline(std::chrono::milliseconds after, const char* kind) {
+    deadline_.expires_after(after);
+    const std::uint64_t epoch = epoch_;
+    const bool first_byte = std::string_view{kind} == "first_byte";
+    deadline_.async_wait(
+        [self = shared_from_this(), epoch, after, first_byte](beast::error_code error) {
+          if (error || epoch != self->epoch_ || !self->flight_) return;
+          if (first_byte) {
+            return self->engine_failed(fmt::format("no first byte within {} ms", after.count()),
+                                       v1::ABORT_CAUSE_FIRST_TOKEN_TIMEOUT);
+          }
+          self->engine_failed(fmt::format("the answer stalled for {} ms", after.count()),
+                              v1::ABORT_CAUSE_STREAM_TIMEOUT);
+        });
+  }
+
+  // Ends the request in flight with `error`: an error answer, or an error event when the
+  // answer's header went out already. Releases its booking with `cause`.
+  void fail_flight(const HttpError& error, v1::AbortCause cause) {
+    Flight& flight = *flight_;
+    if (!flight.booking_id.empty()) {
+      report(flight.booking_id, v1::LIFECYCLE_EVENT_ABORTED, cause, error.message);
+      flight.booking_id.clear();
+    }
+    close_upstream();
+    if (flight.header_sent) {
+      server_.count(flight.endpoint_path, error.status);
+      if (writing_) {
+        // A chunk is on its way: the connection cannot carry a clean end.
+        end_flight();
+        return close();
+      }
+      return end_stream(&error);
+    }
+    const std::string endpoint = flight.endpoint_path;
+    end_flight();
+    if (writing_) return close();
+    respond_error(endpoint, error);
+  }
+
+  void client_gone() {
+    server_.metrics->add(kClientsGone);
+    if (flight_ && !flight_->booking_id.empty()) {
+      report(flight_->booking_id, v1::LIFECYCLE_EVENT_ABORTED, v1::ABORT_CAUSE_CLIENT_CANCELLED,
+             "the client went away");
+      flight_->booking_id.clear();
+    }
+    end_flight();
+    close();
+  }
+
+  void end_flight() {
+    if (!flight_) return;
+    flight_.reset();
+    ++epoch_;
+    deadline_.cancel();
+    close_upstream();
+    server_.in_flight.fetch_sub(1);
+    server_.in_flight_gauge.set(static_cast<double>(server_.in_flight.load()));
+  }
+
+  void close_upstream() {
+    resolver_.cancel();
+    if (upstream_.socket().is_open()) {
+      beast::error_code ignored;
+      upstream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+      upstream_.close();
+    }
+    upstream_buffer_.clear();
+    upstream_parser_.reset();
+  }
+
+  void report(const std::string& booking_id, v1::LifecycleEvent event,
+              v1::AbortCause cause = v1::ABORT_CAUSE_UNSPECIFIED, std::string error = {}) {
+    if (booking_id.empty()) return;
+    v1::LifecycleReport report;
+    report.set_booking_id(booking_id);
+    report.set_event(event);
+    if (event == v1::LIFECYCLE_EVENT_ABORTED) {
+      report.set_abort_cause(cause);
+      report.set_error(std::move(error));
+    }
+    server_.gateway->report(std::move(report));
+  }
+
+  HttpFrontDoor::State& server_;
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  net::steady_timer deadline_;
+  unsigned version_ = 11;
+  bool keep_alive_ = true;
+  bool writing_ = false;
+  bool watching_ = false;
+  bool awaiting_next_ = false;
+  bool closing_ = false;
+  bool closed_ = false;
+  std::string request_id_;
+  /// Advanced whenever an attempt or flight ends: a late handler of an older one does nothing.
+  std::uint64_t epoch_ = 0;
+  std::optional<Flight> flight_;
+  // The engine connection of the attempt under way.
+  beast::tcp_stream upstream_;
+  tcp::resolver resolver_;
+  beast::flat_buffer upstream_buffer_;
+  std::optional<http::request<http::string_body>> upstream_request_;
+  std::optional<http::response_parser<http::buffer_body>> upstream_parser_;
+  std::array<char, kChunkBytes> chunk_{};
+  std::optional<http::response<http::empty_body>> stream_header_;
+  std::optional<http::response_serializer<http::empty_body>> stream_serializer_;
+};
+
+}  // namespace
+
+void HttpFrontDoor::State::accept() {
+  acceptor.async_accept(net::make_strand(io), [this](beast::error_code error, tcp::socket socket) {
+    if (error == net::error::operation_aborted || !acceptor.is_open()) return;
+    if (!error) {
+      if (!accepting.load() || connection_count.load() >= options.max_connections) {
+        beast::error_code ignored;
+        socket.close(ignored);
+      } else {
+        connection_count.fetch_add(1);
+        connections_gauge.set(static_cast<double>(connection_count.load()));
+        std::make_shared<Connection>(*this, std::move(socket))->start();
+      }
+    }
+    accept();
+  });
+}
+
+HttpFrontDoor::HttpFrontDoor(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+std::expected<std::unique_ptr<HttpFrontDoor>, std::string> HttpFrontDoor::start(
+    FrontDoorOptions options, std::shared_ptr<RoutingGateway> gateway,
+    std::shared_ptr<const FleetDirectory> directory,
+    std::shared_ptr<metrics::MetricsRegistry> metrics) {
+  if (auto valid = options.validate(); !valid) return std::unexpected(valid.error());
+  metrics->describe(std::string{kRequests}, metrics::MetricType::Counter,
+                    "HTTP requests answered by the front door, by endpoint and status code");
+  metrics->describe(std::string{kInFlight}, metrics::MetricType::Gauge,
+                    "Generation requests between their body and their answer's last byte");
+  metrics->describe(std::string{kConnections}, metrics::MetricType::Gauge,
+                    "Open client connections of the front door");
+  metrics->describe(std::string{kEngineFailures}, metrics::MetricType::Counter,
+                    "Forwarded requests an engine failed, before its first byte or after");
+  metrics->describe(std::string{kRetries}, metrics::MetricType::Counter,
+                    "Requests routed again after their engine failed before its first byte");
+  metrics->describe(std::string{kClientsGone}, metrics::MetricType::Counter,
+                    "Requests whose client went away before the answer ended");
+  metrics->describe(
+      std::string{kAddedLatency}, metrics::MetricType::Histogram,
+      "Time from a request's body to its forwarding to the engine (render and "
+      "route included)",
+      {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1});
+  auto state = std::make_shared<State>(std::move(options), std::move(gateway), std::move(directory),
+                                       std::move(metrics));
+  const FrontDoorOptions& opts = state->options;
+  beast::error_code error;
+  const auto address = net::ip::make_address(opts.address, error);
+  if (error)
+    return std::unexpected(fmt::format("--http-address: '{}' is not an IP address", opts.address));
+  const tcp::endpoint endpoint{address, opts.port};
+  state->acceptor.open(endpoint.protocol(), error);
+  if (!error) state->acceptor.set_option(net::socket_base::reuse_address(true), error);
+  if (!error) state->acceptor.bind(endpoint, error);
+  if (!error) state->acceptor.listen(net::socket_base::max_listen_connections, error);
+  if (error) {
+    return std::unexpected(
+        fmt::format("cannot serve HTTP on {}:{}: {}", opts.address, opts.port, error.message()));
+  }
+  state->port = state->acceptor.local_endpoint().port();
+  state->accept();
+  for (std::size_t i = 0; i < opts.threads; ++i) {
+    state->threads.emplace_back([raw = state.get()] { raw->io.run(); });
+  }
+  return std::unique_ptr<HttpFrontDoor>(new HttpFrontDoor(std::move(state)));
+}
+
+HttpFrontDoor::~HttpFrontDoor() {
+  State& state = *state_;
+  stop_intake();
+  {
+    std::unique_lock lock{state.connections_mutex};
+    for (auto& [raw, weak] : state.connections) {
+      if (auto connection = weak.lock()) {
+        net::post(connection->executor(), [connection] { connection->shut_down(); });
+      }
+    }
+    // Each connection writes its error and closes; bounded, for clients that do not read.
+    state.connections_gone.wait_for(lock, std::chrono::seconds(2),
+                                    [&] { return state.connections.empty(); });
+  }
+  {
+    std::lock_guard lock{state.post_mutex};
+    state.posting = false;
+  }
+  state.io.stop();
+  for (auto& thread : state.threads) thread.join();
+}
+
+std::uint16_t HttpFrontDoor::port() const { return state_->port; }
+
+void HttpFrontDoor::stop_intake() {
+  State& state = *state_;
+  state.accepting.store(false);
+  net::post(state.acceptor.get_executor(), [raw = state_.get()] {
+    beast::error_code ignored;
+    raw->acceptor.close(ignored);
+  });
+}
+
+std::size_t HttpFrontDoor::in_flight() const { return state_->in_flight.load(); }
+
+}  // namespace kvr::front_door

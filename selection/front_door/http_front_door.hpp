@@ -1,0 +1,97 @@
+// The node's OpenAI-compatible HTTP API (`kvr node --http-port`): POST /v1/chat/completions and
+// /v1/completions, GET /v1/models and /health. For each generation request it asks an engine of
+// the model to render the prompt into token ids (the engine's own chat template and tokenizer,
+// so the ids match its KV cache), routes them through the RoutingGateway, forwards the client's
+// body unchanged to the chosen engine's HTTP URL and streams the engine's answer back, reporting
+// the first streamed byte as the first token and the end as the completion. An engine that fails
+// before its first byte is left out and the request routed once more; a client that goes away
+// closes the engine's connection at once and releases the booking.
+//
+// Built on Boost.Beast and Asio: every connection is a few kilobytes of state on a strand, not a
+// thread, and a slow client only slows its own engine connection (one chunk in flight each way).
+// Plain C++ (no CAF); Beast stays inside the .cpp.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <expected>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "messages/metrics/metrics_registry.hpp"
+#include "selection/front_door/fleet_directory.hpp"
+#include "selection/front_door/routing_gateway.hpp"
+
+namespace kvr::front_door {
+
+/// How the front door gets a prompt's token ids.
+enum class TokenizerMode : std::uint8_t {
+  /// One engine of the model renders the request (vLLM's /v1/chat/completions/render and
+  /// /v1/completions/render, else /tokenize).
+  engine,
+};
+
+/// "engine"; nullopt for a name that is not a built mode.
+std::optional<TokenizerMode> tokenizer_mode_from(std::string_view name);
+
+struct FrontDoorOptions {
+  std::string address = "127.0.0.1";
+  /// 0: any free port (see HttpFrontDoor::port()).
+  std::uint16_t port = 0;
+  /// Threads running the connections (each connection stays on one strand).
+  std::size_t threads = 1;
+  /// A request body above this is refused with 413.
+  std::size_t max_body_bytes = std::size_t{8} << 20;
+  /// A non-streamed engine answer above this ends the request with 502.
+  std::size_t max_response_bytes = std::size_t{64} << 20;
+  /// Open client connections beyond this are closed as soon as they are accepted.
+  std::size_t max_connections = 20'000;
+  /// Header naming the session (session affinity).
+  std::string session_header = "x-session-id";
+  TokenizerMode default_tokenizer_mode = TokenizerMode::engine;
+  /// Per model, overriding the default.
+  std::map<std::string, TokenizerMode> tokenizer_modes;
+  /// Render and tokenize calls in flight at once over all engines; beyond it a request is
+  /// refused with 503.
+  std::size_t max_renders_in_flight = 1024;
+  /// A render or tokenize call without an answer after this long fails.
+  std::chrono::milliseconds render_timeout{10'000};
+  /// An engine that sends no first byte this long after the request was forwarded has failed.
+  std::chrono::milliseconds first_byte_timeout{30'000};
+  /// A streamed answer with no byte for this long ends with an error event.
+  std::chrono::milliseconds stall_timeout{30'000};
+  /// A client connection idle (between requests) this long is closed.
+  std::chrono::milliseconds idle_timeout{60'000};
+
+  /// Checks ranges; the error names the option.
+  std::expected<void, std::string> validate() const;
+};
+
+class HttpFrontDoor {
+ public:
+  /// Binds and starts serving; the error names the address.
+  static std::expected<std::unique_ptr<HttpFrontDoor>, std::string> start(
+      FrontDoorOptions options, std::shared_ptr<RoutingGateway> gateway,
+      std::shared_ptr<const FleetDirectory> directory,
+      std::shared_ptr<metrics::MetricsRegistry> metrics);
+  /// Ends every request in flight with an explicit error, then stops.
+  ~HttpFrontDoor();
+  HttpFrontDoor(const HttpFrontDoor&) = delete;
+  HttpFrontDoor& operator=(const HttpFrontDoor&) = delete;
+
+  std::uint16_t port() const;
+  /// Stops accepting connections and requests (a drain); those in flight go on.
+  void stop_intake();
+  /// Generation requests between their body and their last byte.
+  std::size_t in_flight() const;
+
+  struct State;
+
+ private:
+  explicit HttpFrontDoor(std::shared_ptr<State> state);
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace kvr::front_door

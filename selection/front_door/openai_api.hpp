@@ -1,0 +1,71 @@
+// The OpenAI-compatible API of the front door, as plain values: what a client's request body says
+// that routing needs (the body itself is forwarded to the engine untouched, so the engine does its
+// own templating and sampling), the errors a client gets in OpenAI's error object, and how a
+// route error maps to an HTTP status.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "kvr/v1/routing.pb.h"
+
+namespace kvr::front_door {
+
+/// An error as an HTTP client gets it: a status and OpenAI's error object
+/// {"error": {"message", "type", "param", "code"}}.
+struct HttpError {
+  unsigned status = 500;
+  std::string message;
+  /// OpenAI's `type`: invalid_request_error, rate_limit_exceeded, server_error.
+  std::string type = "server_error";
+  /// OpenAI's `code` (null when empty): model_not_found, request_too_large, ...
+  std::string code;
+  /// The request field at fault (null when empty).
+  std::string param;
+  /// Sent as Retry-After when set.
+  std::optional<std::chrono::seconds> retry_after;
+
+  /// The error object, serialised.
+  std::string body() const;
+};
+
+HttpError bad_request(std::string message, std::string param = {});
+
+/// The two generation endpoints.
+enum class Endpoint : std::uint8_t { chat_completions, completions };
+
+/// "/v1/chat/completions" or "/v1/completions".
+std::string_view path_of(Endpoint endpoint);
+
+/// What routing reads from a client's request body.
+struct GenerationRequest {
+  Endpoint endpoint = Endpoint::chat_completions;
+  std::string model;
+  bool stream = false;
+  /// max_tokens (or max_completion_tokens), when given: the expected output length.
+  std::optional<std::uint32_t> max_tokens;
+  /// OpenAI's `user`: the tenant unless x-kvr-tenant names one.
+  std::string user;
+  /// The parsed body, for the engine's render and tokenize calls.
+  nlohmann::json body;
+};
+
+/// Parses and checks a request body: a JSON object with a non-empty string `model`, `messages`
+/// (chat: a non-empty array of objects with a string `role`) or `prompt` (completions: a string,
+/// an array of strings, or an array of token ids), and well-typed `stream`, `max_tokens`,
+/// `max_completion_tokens`, `user` and `stream_options`. The error names the field (400).
+std::expected<GenerationRequest, HttpError> parse_generation_request(Endpoint endpoint,
+                                                                     std::string_view body);
+
+/// The HTTP error a client gets for a route error: invalid request 400; rejected or rate-limited
+/// by admission 429; overloaded, no routable worker, unavailable or owner lost 503; policy failure
+/// 500; timeout or due time expired 504; worker failed 502.
+HttpError error_for_route(const v1::RouteError& error);
+
+}  // namespace kvr::front_door

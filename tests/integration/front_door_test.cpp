@@ -1,0 +1,493 @@
+// The node's OpenAI-compatible HTTP API end to end, all real processes: nats-server, `kvr node
+// --http-port`, and `kvr bridge`s in front of `kvr mocker --speak vllm` engines (vLLM's HTTP API,
+// render and tokenize endpoints, KV events). Shown: models and health follow the live workers;
+// chat and completions are rendered by an engine, routed, forwarded and answered (whole and
+// streamed); a repeated long prompt lands on the engine that caches it; every error is an OpenAI
+// error object with its status; a client that goes away cancels the engine's request and releases
+// the booking; a killed engine fails only its own streams, and a request routed to it is retried
+// on another engine.
+#include <csignal>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/testing/kvr_cluster_test.hpp"
+#include "tests/testing/loopback_http.hpp"
+#include "tests/testing/process_run.hpp"
+#include "tests/testing/vllm_engines.hpp"
+
+namespace kvr {
+namespace {
+
+using namespace std::chrono_literals;
+using Json = nlohmann::json;
+using testing::EnginePair;
+using testing::free_port;
+using testing::wait_until;
+
+constexpr std::string_view kNamespace = "front-door";
+constexpr WorkerId kFirstWorker = 700;
+constexpr std::uint32_t kBlockSize = 16;
+
+// One HTTP answer, read whole.
+struct Answer {
+  int status = 0;
+  httplib::Headers headers;
+  std::string body;
+  Json json() const { return Json::parse(body, nullptr, false); }
+  std::string header(const std::string& name) const {
+    const auto found = headers.find(name);
+    return found == headers.end() ? std::string{} : found->second;
+  }
+};
+
+// The `data:` payloads of a Server-Sent Events body.
+std::vector<std::string> sse_data(const std::string& body) {
+  std::vector<std::string> events;
+  std::size_t at = 0;
+  while ((at = body.find("data: ", at)) != std::string::npos) {
+    const std::size_t end = body.find("\n\n", at);
+    if (end == std::string::npos) break;
+    events.push_back(body.substr(at + 6, end - at - 6));
+    at = end + 2;
+  }
+  return events;
+}
+
+// A long system prompt: its blocks are what a repeated request finds cached.
+Json long_chat(const std::string& topic, std::string_view extra = {}) {
+  std::string system;
+  for (int i = 0; i < 40; ++i) system += "You are a careful assistant for " + topic + ". ";
+  return Json{{"model", "mock-model"},
+              {"max_tokens", 4},
+              {"messages",
+               {{{"role", "system"}, {"content", system}},
+                {{"role", "user"}, {"content", "Tell me about " + topic + std::string{extra}}}}}};
+}
+
+class FrontDoorTest : public testing::KvrClusterTest {
+ protected:
+  FrontDoorTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+
+  void TearDown() override {
+    if (HasFailure()) {
+      if (node_) std::cerr << "---- node log\n" << node_->log();
+      for (auto& pair : pairs_) {
+        if (pair->engine)
+          std::cerr << "---- engine " << pair->worker << "\n" << pair->engine->log();
+        if (pair->bridge)
+          std::cerr << "---- bridge " << pair->worker << "\n" << pair->bridge->log();
+      }
+    }
+  }
+
+  EnginePair& start_pair(WorkerId worker, const std::string& time_scale = "20") {
+    auto pair = testing::start_engine_pair(
+        *kvr_, {.worker = worker, .block_size = kBlockSize, .time_scale = time_scale});
+    EXPECT_TRUE(pair) << pair.error();
+    if (!pair) pair = std::make_unique<EnginePair>();
+    pairs_.push_back(std::move(*pair));
+    return *pairs_.back();
+  }
+
+  void start_node(std::vector<std::string> extra = {}) {
+    metrics_port_ = free_port();
+    http_port_ = free_port();
+    extra.insert(extra.end(), {"--http-port", std::to_string(http_port_)});
+    node_ = kvr_->start_node(
+        {.block_size = kBlockSize, .metrics_port = metrics_port_, .extra = std::move(extra)});
+    ASSERT_TRUE(node_);
+    ASSERT_TRUE(testing::wait_until_healthy(metrics_port_, 20s)) << node_->log();
+  }
+
+  // Waits until the front door sees `workers` live workers' model (and /health says ready).
+  void wait_until_ready() {
+    ASSERT_TRUE(wait_until([&] { return get("/health").status == 200; }, 20s));
+  }
+
+  httplib::Client client() const {
+    httplib::Client http{"127.0.0.1", http_port_};
+    http.set_read_timeout(30s);
+    return http;
+  }
+
+  Answer get(const std::string& path) const {
+    auto http = client();
+    const auto result = http.Get(path);
+    if (!result) return {};
+    return Answer{result->status, result->headers, result->body};
+  }
+
+  Answer post(const std::string& path, const std::string& body,
+              const httplib::Headers& headers = {}) const {
+    auto http = client();
+    const auto result = http.Post(path, headers, body, "application/json");
+    if (!result) return {};
+    return Answer{result->status, result->headers, result->body};
+  }
+
+  double node_metric(const std::string& name) const {
+    return testing::metric(testing::http_get(metrics_port_, "/metrics"), name);
+  }
+
+  double engine_metric(const EnginePair& pair, const std::string& name) const {
+    return testing::metric(testing::http_get(pair.http_port, "/metrics"), name);
+  }
+
+  std::vector<std::unique_ptr<EnginePair>> pairs_;
+  std::optional<testing::ChildProcess> node_;
+  std::uint16_t metrics_port_ = 0;
+  std::uint16_t http_port_ = 0;
+};
+
+TEST_F(FrontDoorTest, ModelsAndHealthFollowTheLiveWorkers) {
+  start_node();
+  EXPECT_EQ(get("/health").status, 503);
+  EXPECT_EQ(get("/v1/models").json()["data"], Json::array());
+  start_pair(kFirstWorker);
+  wait_until_ready();
+  const Json models = get("/v1/models").json();
+  EXPECT_EQ(models["object"], "list");
+  ASSERT_EQ(models["data"].size(), 1u);
+  EXPECT_EQ(models["data"][0]["id"], "mock-model");
+  EXPECT_EQ(models["data"][0]["object"], "model");
+  // A deregistered worker leaves: its bridge stops cleanly.
+  pairs_.front()->bridge->stop();
+  EXPECT_TRUE(wait_until([&] { return get("/health").status == 503; }, 10s));
+  EXPECT_EQ(get("/v1/models").json()["data"], Json::array());
+}
+
+TEST_F(FrontDoorTest, ARepeatedLongChatPromptLandsOnTheEngineThatCachesIt) {
+  start_node();
+  start_pair(kFirstWorker);
+  start_pair(kFirstWorker + 1);
+  wait_until_ready();
+  ASSERT_TRUE(wait_until([&] { return node_metric("kvr_workers") == 2; }, 10s));
+  const std::string body = long_chat("routers").dump();
+  const Answer first = post("/v1/chat/completions", body);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const Json first_json = first.json();
+  EXPECT_EQ(first_json["object"], "chat.completion");
+  EXPECT_EQ(first_json["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(first_json["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  const std::string worker = first.header("x-kvr-worker-id");
+  ASSERT_FALSE(worker.empty());
+  EXPECT_FALSE(first.header("x-kvr-request-id").empty());
+  // Once the engine's KV events reached the node, the same prompt goes back to it and hits.
+  Answer again;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        again = post("/v1/chat/completions", body);
+        return again.status == 200 && std::stoull(again.header("x-kvr-cached-tokens")) > 0;
+      },
+      10s))
+      << again.body;
+  EXPECT_EQ(again.header("x-kvr-worker-id"), worker);
+  const std::uint64_t cached = again.json()["usage"]["prompt_tokens_details"]["cached_tokens"];
+  EXPECT_GT(cached, 0u);
+  // The node predicted what the engine found: whole blocks of the same tokens.
+  EXPECT_EQ(std::stoull(again.header("x-kvr-cached-tokens")), cached);
+  // Rendered by an engine once per request: the node's token ids are the engine's own.
+  EXPECT_GE(node_metric("kvr_http_render_calls_total{endpoint=\"/v1/chat/completions/render\","
+                        "outcome=\"ok\""),
+            2);
+}
+
+TEST_F(FrontDoorTest, StreamsChatAndCompletionsWithUsage) {
+  start_node();
+  start_pair(kFirstWorker);
+  wait_until_ready();
+  Json chat = long_chat("streams");
+  chat["stream"] = true;
+  chat["stream_options"] = {{"include_usage", true}};
+  const Answer streamed = post("/v1/chat/completions", chat.dump());
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  EXPECT_TRUE(streamed.header("Content-Type").starts_with("text/event-stream"));
+  const auto events = sse_data(streamed.body);
+  ASSERT_GE(events.size(), 3u) << streamed.body;
+  EXPECT_EQ(events.back(), "[DONE]");
+  const Json usage = Json::parse(events[events.size() - 2]);
+  EXPECT_EQ(usage["choices"], Json::array());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(Json::parse(events.front())["object"], "chat.completion.chunk");
+
+  const Json completion = {{"model", "mock-model"},
+                           {"prompt", "Once upon a time, a router"},
+                           {"max_tokens", 3},
+                           {"stream", true}};
+  const Answer text = post("/v1/completions", completion.dump());
+  ASSERT_EQ(text.status, 200) << text.body;
+  const auto text_events = sse_data(text.body);
+  ASSERT_EQ(text_events.size(), 4u) << text.body;
+  EXPECT_EQ(Json::parse(text_events[2])["choices"][0]["finish_reason"], "length");
+  // Prompts of token ids need no render call.
+  const double renders = node_metric("kvr_http_render_calls_total");
+  const Answer ids =
+      post("/v1/completions",
+           Json{{"model", "mock-model"}, {"prompt", {5, 6, 7}}, {"max_tokens", 2}}.dump());
+  ASSERT_EQ(ids.status, 200) << ids.body;
+  EXPECT_EQ(ids.json()["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(node_metric("kvr_http_render_calls_total"), renders);
+  // Bookings end with their answers.
+  EXPECT_TRUE(wait_until([&] { return node_metric("kvr_route_bookings_open") == 0; }, 5s));
+}
+
+TEST_F(FrontDoorTest, EveryErrorIsAnOpenAiErrorObject) {
+  start_node({"--http-max-body-bytes", "4096", "--router-max-open-bookings", "1"});
+  start_pair(kFirstWorker, "0.2");
+  wait_until_ready();
+  const auto expect_error = [](const Answer& answer, int status, const std::string& code,
+                               const std::string& param = {}) {
+    EXPECT_EQ(answer.status, status) << answer.body;
+    const Json error = answer.json()["error"];
+    ASSERT_TRUE(error.is_object()) << answer.body;
+    EXPECT_TRUE(error["message"].is_string());
+    EXPECT_TRUE(error["type"].is_string());
+    if (code.empty()) {
+      EXPECT_TRUE(error["code"].is_null()) << answer.body;
+    } else {
+      EXPECT_EQ(error["code"], code) << answer.body;
+    }
+    if (!param.empty()) {
+      EXPECT_EQ(error["param"], param) << answer.body;
+    }
+  };
+  expect_error(post("/v1/chat/completions", "{not json"), 400, "");
+  expect_error(post("/v1/chat/completions", R"({"model":"mock-model"})"), 400, "", "messages");
+  expect_error(post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}]})"), 400,
+               "", "model");
+  expect_error(post("/v1/completions", R"({"model":"mock-model","prompt":"x","stream":"yes"})"),
+               400, "", "stream");
+  expect_error(post("/v1/completions", R"({"model":"mock-model","prompt":"x"})",
+                    {{"x-kvr-priority", "high"}}),
+               400, "", "x-kvr-priority");
+  expect_error(post("/v1/completions", R"({"model":"no-such-model","prompt":"x"})"), 404,
+               "model_not_found", "model");
+  expect_error(post("/v1/completions", std::string(8192, ' ')), 413, "request_too_large");
+  expect_error(post("/v1/embeddings", "{}"), 404, "unknown_url");
+  expect_error(get("/v1/chat/completions"), 405, "");
+  // The engine refuses what it cannot serve; its answer comes back as it is.
+  const Answer refused =
+      post("/v1/completions", R"({"model":"mock-model","prompt":[1,2],"temperature":"hot"})");
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_TRUE(refused.json()["error"]["message"].get<std::string>().find("temperature") !=
+              std::string::npos)
+      << refused.body;
+  // One open booking at most: a second request while a stream runs is refused (503).
+  auto streaming = client();
+  std::atomic<bool> started{false};
+  std::atomic<bool> stop{false};
+  std::thread holder{[&] {
+    httplib::Request request;
+    request.method = "POST";
+    request.path = "/v1/completions";
+    request.body = Json{
+        {"model", "mock-model"},
+        {"prompt", {1, 2, 3}},
+        {"max_tokens", 20000},
+        {"stream",
+         true}}.dump();
+    request.set_header("Content-Type", "application/json");
+    request.content_receiver = [&](const char*, std::size_t, std::uint64_t, std::uint64_t) {
+      started = true;
+      return !stop.load();
+    };
+    (void)streaming.send(request);
+  }};
+  ASSERT_TRUE(wait_until([&] { return started.load(); }, 10s));
+  expect_error(post("/v1/completions", R"({"model":"mock-model","prompt":[4,5,6]})"), 503,
+               "service_unavailable");
+  stop = true;
+  holder.join();
+  EXPECT_TRUE(wait_until([&] { return node_metric("kvr_route_bookings_open") == 0; }, 5s));
+}
+
+TEST_F(FrontDoorTest, AdmissionRateLimitsAre429) {
+  const auto config = directory_.path() / "policy.yaml";
+  {
+    std::ofstream yaml{config};
+    yaml << "request_classifier:\n  type: token-bucket\n  parameters:\n"
+            "    rate_tokens_per_s: 1\n    burst_tokens: 10\n    mode: reject\n";
+  }
+  start_node({"--router-policy-config", config.string()});
+  start_pair(kFirstWorker);
+  wait_until_ready();
+  const std::string body = R"({"model":"mock-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":1})";
+  EXPECT_EQ(post("/v1/completions", body, {{"x-kvr-tenant", "a"}}).status, 200);
+  const Answer limited = post("/v1/completions", body, {{"x-kvr-tenant", "a"}});
+  EXPECT_EQ(limited.status, 429) << limited.body;
+  EXPECT_EQ(limited.json()["error"]["code"], "rate_limit_exceeded");
+  // Another tenant has its own bucket; OpenAI's `user` names the tenant without the header.
+  EXPECT_EQ(post("/v1/completions",
+                 R"({"model":"mock-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":1,"user":"b"})")
+                .status,
+            200);
+}
+
+TEST_F(FrontDoorTest, AnEngineWithoutFirstByteInTimeIs504) {
+  start_node({"--router-first-token-timeout-ms", "300"});
+  // So slow that no first token comes within the timeout, on either engine.
+  start_pair(kFirstWorker, "0.001");
+  start_pair(kFirstWorker + 1, "0.001");
+  wait_until_ready();
+  ASSERT_TRUE(wait_until([&] { return node_metric("kvr_workers") == 2; }, 10s));
+  const Answer timed_out = post(
+      "/v1/completions", R"({"model":"mock-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":1})");
+  EXPECT_EQ(timed_out.status, 504) << timed_out.body;
+  EXPECT_EQ(timed_out.json()["error"]["code"], "timeout");
+  // Tried on each engine once.
+  EXPECT_EQ(node_metric("kvr_http_retries_total"), 1);
+  EXPECT_TRUE(wait_until([&] { return node_metric("kvr_route_bookings_open") == 0; }, 5s));
+}
+
+TEST_F(FrontDoorTest, AClientThatGoesAwayCancelsTheEngineRequestAndReleasesTheBooking) {
+  start_node();
+  EnginePair& pair = start_pair(kFirstWorker, "1");
+  wait_until_ready();
+  std::atomic<bool> first_event{false};
+  std::chrono::steady_clock::time_point gone;
+  {
+    auto http = client();
+    httplib::Request request;
+    request.method = "POST";
+    request.path = "/v1/completions";
+    request.body = Json{
+        {"model", "mock-model"},
+        {"prompt", {1, 2, 3}},
+        {"max_tokens", 20000},
+        {"stream",
+         true}}.dump();
+    request.set_header("Content-Type", "application/json");
+    request.content_receiver = [&](const char*, std::size_t, std::uint64_t, std::uint64_t) {
+      first_event = true;
+      gone = std::chrono::steady_clock::now();
+      return false;  // httplib closes the connection
+    };
+    (void)http.send(request);
+  }
+  ASSERT_TRUE(first_event.load());
+  EXPECT_TRUE(
+      wait_until([&] { return engine_metric(pair, "vllm:num_requests_running") == 0; }, 5s));
+  const auto seen = std::chrono::steady_clock::now() - gone;
+  std::cout << "the engine saw the client leave within "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(seen).count() << " ms\n";
+  EXPECT_TRUE(wait_until([&] { return node_metric("kvr_route_bookings_open") == 0; }, 5s));
+  EXPECT_EQ(node_metric("kvr_http_clients_gone_total"), 1);
+  EXPECT_EQ(node_metric("kvr_lifecycle_reports_total{event=\"aborted\",accepted=\"true\""), 1);
+}
+
+TEST_F(FrontDoorTest, AKilledEngineFailsOnlyItsOwnStreams) {
+  start_node();
+  start_pair(kFirstWorker, "1");
+  start_pair(kFirstWorker + 1, "1");
+  wait_until_ready();
+  ASSERT_TRUE(wait_until([&] { return node_metric("kvr_workers") == 2; }, 10s));
+  // Streams until each engine serves at least one (kv-cost spreads a busy fleet's load).
+  struct Stream {
+    std::thread thread;
+    std::mutex mutex;
+    std::string body;
+    std::string worker;
+    std::atomic<bool> headers{false};
+    std::atomic<bool> done{false};
+  };
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::set<std::string> workers;
+  for (int i = 0; i < 8 && workers.size() < 2; ++i) {
+    auto stream = std::make_unique<Stream>();
+    Stream* raw = stream.get();
+    const std::uint16_t port = http_port_;
+    stream->thread = std::thread{[raw, port, i] {
+      httplib::Client http{"127.0.0.1", port};
+      http.set_read_timeout(30s);
+      httplib::Request request;
+      request.method = "POST";
+      request.path = "/v1/completions";
+      request.body = Json{
+          {"model", "mock-model"},
+          {"prompt", testing::prompt(64, 1000 * (i + 1))},
+          {"max_tokens", i % 2 == 0 ? 3000 : 3001},
+          {"stream",
+           true}}.dump();
+      request.set_header("Content-Type", "application/json");
+      request.response_handler = [raw](const httplib::Response& response) {
+        std::lock_guard lock{raw->mutex};
+        raw->worker = response.get_header_value("x-kvr-worker-id");
+        raw->headers = true;
+        return true;
+      };
+      request.content_receiver = [raw](const char* data, std::size_t size, std::uint64_t,
+                                       std::uint64_t) {
+        std::lock_guard lock{raw->mutex};
+        raw->body.append(data, size);
+        return true;
+      };
+      (void)http.send(request);
+      raw->done = true;
+    }};
+    ASSERT_TRUE(wait_until([&] { return raw->headers.load(); }, 10s));
+    {
+      std::lock_guard lock{raw->mutex};
+      workers.insert(raw->worker);
+    }
+    streams.push_back(std::move(stream));
+  }
+  ASSERT_EQ(workers.size(), 2u);
+  EnginePair& killed = *pairs_.front();
+  killed.engine->signal(SIGKILL);
+  const std::string killed_id = std::to_string(killed.worker);
+  for (auto& stream : streams) {
+    if (stream->worker != killed_id) continue;
+    ASSERT_TRUE(wait_until([&] { return stream->done.load(); }, 10s));
+    std::lock_guard lock{stream->mutex};
+    const auto events = sse_data(stream->body);
+    ASSERT_GE(events.size(), 2u);
+    EXPECT_EQ(events.back(), "[DONE]");
+    EXPECT_TRUE(Json::parse(events[events.size() - 2]).contains("error")) << stream->body;
+  }
+  // The other engine's streams go on.
+  for (auto& stream : streams) {
+    if (stream->worker == killed_id) continue;
+    EXPECT_FALSE(stream->done.load());
+  }
+  // A request the node still sends to the dead engine is retried on the other.
+  for (int i = 0; i < 3; ++i) {
+    const Answer answer =
+        post("/v1/completions",
+             Json{{"model", "mock-model"}, {"prompt", testing::prompt(64, 1000)}, {"max_tokens", 1}}
+                 .dump());
+    EXPECT_EQ(answer.status, 200) << answer.body;
+    EXPECT_NE(answer.header("x-kvr-worker-id"), killed_id);
+  }
+  for (auto& pair : pairs_) {
+    if (pair.get() != &killed) pair->engine->signal(SIGKILL);
+  }
+  for (auto& stream : streams) stream->thread.join();
+}
+
+// The official OpenAI Node.js client (tests/clients/openai, installed by deploy/test.sh), as an
+// application would use it against kvr.
+TEST_F(FrontDoorTest, TheOfficialOpenAiClientListsStreamsAndHitsTheCache) {
+  start_node();
+  start_pair(kFirstWorker);
+  start_pair(kFirstWorker + 1);
+  wait_until_ready();
+  const std::filesystem::path client_dir = KVR_OPENAI_CLIENT_DIR;
+  ASSERT_TRUE(std::filesystem::exists(client_dir / "node_modules" / "openai"))
+      << "run `npm ci --prefix " << client_dir.string() << "` (deploy/test.sh does)";
+  const auto run = testing::run_process(
+      {"node", (client_dir / "front_door_client.mjs").string(),
+       "http://127.0.0.1:" + std::to_string(http_port_) + "/v1", "mock-model"},
+      directory_.path() / "openai-client.log", 60s);
+  std::cout << run.output;
+  ASSERT_TRUE(run.exit_code);
+  EXPECT_EQ(*run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("cache hit: "), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvr
