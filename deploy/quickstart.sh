@@ -4,8 +4,9 @@
 # kv-cost policy with round-robin, random and least-loaded; then starts a real local cluster
 # (nats-server, one kvr node, a kvr mocker fleet) and routes a slice of the trace through it live;
 # then routes the same slice through `kvr bridge`s in front of vLLM-speaking engines (`kvr mocker
-# --speak vllm`: vLLM's HTTP API, Prometheus metrics and ZMQ KV events). Prints the tables and writes JSON reports and PNG plots to out/ (override with
-# KVR_QUICKSTART_OUT). The cluster is torn down on exit, failure or Ctrl-C.
+# --speak vllm`: vLLM's HTTP API, Prometheus metrics and ZMQ KV events), once over NATS and once
+# as OpenAI chat completions through the node's HTTP front door. Prints the tables and writes
+# JSON reports and PNG plots to out/ (override with KVR_QUICKSTART_OUT). The cluster is torn down on exit, failure or Ctrl-C.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -112,69 +113,96 @@ if ! "$kvr" replay-live --nats "$nats_url" --namespace quickstart --limit "$live
 fi
 stop_cluster
 
-# ---- 4. live through bridges: the same slice, workers being vLLM-speaking engines -------------
+# ---- 4. and 5. live through bridges: workers being vLLM-speaking engines ----------------------
 bridge_engines=${KVR_QUICKSTART_BRIDGE_ENGINES:-8}
-echo
-echo "== 4. Live through kvr bridge: $bridge_engines vLLM-speaking engines, each with a bridge =="
-echo "   (the same $live_requests requests; prompts sent as token ids, streamed over HTTP by the"
-echo "   engines; the bridges translate their ZMQ KV events and Prometheus load for the node)"
-# Each engine takes three consecutive ports (HTTP, KV events, replay), then each bridge one for
-# its /healthz: a base with all free.
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-engine_base=
-for _ in $(seq 50); do
-  candidate=$((20000 + RANDOM % 30000))
-  all_free=1
-  for ((p = candidate; p < candidate + 4 * bridge_engines; p++)); do
-    port_free "$p" || { all_free=0; break; }
+# Each engine takes three consecutive ports (HTTP, KV events, replay), then each bridge one for
+# its /healthz, then the node's HTTP API one: a base with all free (sets engine_base).
+find_engine_ports() {
+  engine_base=
+  local candidate all_free p
+  for _ in $(seq 50); do
+    candidate=$((20000 + RANDOM % 30000))
+    all_free=1
+    for ((p = candidate; p <= candidate + 4 * bridge_engines; p++)); do
+      port_free "$p" || { all_free=0; break; }
+    done
+    if ((all_free)); then engine_base=$candidate; return; fi
   done
-  if ((all_free)); then engine_base=$candidate; break; fi
-done
-if [[ -z "$engine_base" ]]; then
   echo "quickstart: no free port range for the engines" >&2
   exit 1
-fi
-start_nats "$out_dir/bridge_nats-server.log"
-# The same engines as in run 3 (block size 64, ten times the modelled GPU's speed), behind
-# vLLM's wire formats; engine i listens on base + 3i (HTTP), + 1 (KV events), + 2 (replay).
-"$kvr" mocker --speak vllm --workers "$bridge_engines" --time-scale 10 \
-  --http-port "$engine_base" --kv-events-port $((engine_base + 1)) \
-  --kv-events-replay-port $((engine_base + 2)) --port-stride 3 \
-  >"$out_dir/bridge_engines.log" 2>&1 &
-live_pids+=("$!")
-for ((i = 0; i < bridge_engines; i++)); do
-  http=$((engine_base + 3 * i))
-  "$kvr" bridge --engine vllm --engine-url "http://127.0.0.1:$http" \
-    --kv-events "tcp://127.0.0.1:$((http + 1))" --kv-events-replay "tcp://127.0.0.1:$((http + 2))" \
-    --nats "$nats_url" --namespace quickstart-bridge \
-    --metrics-port $((engine_base + 3 * bridge_engines + i)) >"$out_dir/bridge_$i.log" 2>&1 &
-  live_pids+=("$!")
-done
-# Every bridge registered (its /healthz answers 200 once its engine does), so the replay sees the
-# whole fleet from its first request.
+}
 healthy() {
   local reply
   exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
-  printf 'GET /healthz HTTP/1.0\r\n\r\n' >&3
+  printf 'GET %s HTTP/1.0\r\n\r\n' "${2:-/healthz}" >&3
   read -r -t 2 reply <&3 || true
   exec 3>&-
   [[ "$reply" == *" 200"* ]]
 }
-for _ in $(seq 300); do
-  registered=0
+# The same engines as in run 3 (block size 64, ten times the modelled GPU's speed), behind
+# vLLM's wire formats, each with a bridge on namespace $1; engine i listens on base + 3i (HTTP),
+# + 1 (KV events), + 2 (replay). Returns once every bridge registered its engine, so that the
+# replay sees the whole fleet from its first request.
+start_bridged_fleet() {
+  local ns=$1 i http registered
+  find_engine_ports
+  "$kvr" mocker --speak vllm --workers "$bridge_engines" --time-scale 10 \
+    --http-port "$engine_base" --kv-events-port $((engine_base + 1)) \
+    --kv-events-replay-port $((engine_base + 2)) --port-stride 3 \
+    >"$out_dir/bridge_engines_$ns.log" 2>&1 &
+  live_pids+=("$!")
   for ((i = 0; i < bridge_engines; i++)); do
-    healthy $((engine_base + 3 * bridge_engines + i)) 2>/dev/null && registered=$((registered + 1))
+    http=$((engine_base + 3 * i))
+    "$kvr" bridge --engine vllm --engine-url "http://127.0.0.1:$http" \
+      --kv-events "tcp://127.0.0.1:$((http + 1))" --kv-events-replay "tcp://127.0.0.1:$((http + 2))" \
+      --nats "$nats_url" --namespace "$ns" \
+      --metrics-port $((engine_base + 3 * bridge_engines + i)) >"$out_dir/bridge_${ns}_$i.log" 2>&1 &
+    live_pids+=("$!")
   done
-  ((registered == bridge_engines)) && break
-  sleep 0.1
-done
-echo "   $registered of $bridge_engines bridges registered with their engines"
+  for _ in $(seq 300); do
+    registered=0
+    for ((i = 0; i < bridge_engines; i++)); do
+      healthy $((engine_base + 3 * bridge_engines + i)) 2>/dev/null && registered=$((registered + 1))
+    done
+    ((registered == bridge_engines)) && break
+    sleep 0.1
+  done
+  echo "   $registered of $bridge_engines bridges registered with their engines"
+}
+
+echo
+echo "== 4. Live through kvr bridge: $bridge_engines vLLM-speaking engines, each with a bridge =="
+echo "   (the same $live_requests requests; prompts sent as token ids, streamed over HTTP by the"
+echo "   engines; the bridges translate their ZMQ KV events and Prometheus load for the node)"
+start_nats "$out_dir/bridge_nats-server.log"
+start_bridged_fleet quickstart-bridge
 "$kvr" node --nats "$nats_url" --namespace quickstart-bridge >"$out_dir/bridge_node.log" 2>&1 &
 live_pids+=("$!")
 if ! "$kvr" replay-live --nats "$nats_url" --namespace quickstart-bridge --limit "$live_requests" \
   --speedup 4 --timeout 60 --send-tokens --json "$out_dir/replay_live_bridge.json" \
   --plot "$out_dir/replay_live_bridge.png"; then
   echo "quickstart: the live replay through the bridges failed" >&2
+  show_logs >&2
+  exit 1
+fi
+stop_cluster
+
+echo
+echo "== 5. Through the front door: the node's OpenAI-compatible API before fresh engines =="
+echo "   (the same $live_requests requests as OpenAI chat completions, streamed; an engine renders"
+echo "   each prompt into token ids, the node routes and forwards; hit = the engines' cached_tokens)"
+start_nats "$out_dir/bridge_nats-server.log"
+start_bridged_fleet quickstart-http
+http_port=$((engine_base + 4 * bridge_engines))
+"$kvr" node --nats "$nats_url" --namespace quickstart-http --http-port "$http_port" \
+  >"$out_dir/bridge_http_node.log" 2>&1 &
+live_pids+=("$!")
+for _ in $(seq 100); do healthy "$http_port" /health 2>/dev/null && break; sleep 0.1; done
+if ! "$kvr" replay-live --openai-url "http://127.0.0.1:$http_port/v1" --openai-api chat \
+  --limit "$live_requests" --speedup 4 --timeout 60 --block-size 64 \
+  --json "$out_dir/replay_front_door.json" --plot "$out_dir/replay_front_door.png"; then
+  echo "quickstart: the replay through the front door failed" >&2
   show_logs >&2
   exit 1
 fi

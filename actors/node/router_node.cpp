@@ -44,7 +44,8 @@ std::string random_booking_id_prefix() {
 // With a classifier actor, route and generate requests and cancels go to it first.
 // The NATS bridge's decoded messages: worker messages to the discovery actor, requests to the
 // node's entry, chunks to the lifecycle actor.
-// The front door's fleet directory (when the node serves HTTP) sees the worker messages too.
+// The front door's fleet directory (when the node serves HTTP or the endpoint picker) sees the
+// worker messages too.
 BridgeSinks make_bridge_sinks(const discovery_actor& discovery, const RequestEntry& entry,
                               const lifecycle_actor& lifecycle,
                               const std::shared_ptr<front_door::FleetDirectory>& directory) {
@@ -164,6 +165,9 @@ std::expected<void, std::string> NodeOptions::validate() const {
   if (http) {
     if (auto http_ok = http->validate(); !http_ok) return std::unexpected(http_ok.error());
   }
+  if (epp) {
+    if (auto epp_ok = epp->validate(); !epp_ok) return std::unexpected(epp_ok.error());
+  }
   return {};
 }
 
@@ -196,10 +200,11 @@ struct RouterNode::Impl {
   ingress_actor peer_ingress;
   std::uint64_t incarnation = 0;
   std::string cluster_address;
-  /// The HTTP API (--http-port) only.
+  /// The HTTP API (--http-port) and the endpoint picker (--epp-port) only.
   std::shared_ptr<front_door::FleetDirectory> directory;
   gateway_actor gateway;
   std::unique_ptr<front_door::HttpFrontDoor> http_api;
+  std::unique_ptr<front_door::EndpointPicker> epp;
 
   // What every actor config starts from.
   NodeServices services() const { return NodeServices{bridge, registry, log, options.clock}; }
@@ -456,23 +461,34 @@ struct RouterNode::Impl {
 
   // Hands the bridge's decoded messages to the actors and subscribes.
   std::expected<void, std::string> start_bridge() {
-    if (options.http) directory = std::make_shared<front_door::FleetDirectory>(options.clock);
+    if (options.http || options.epp) {
+      directory = std::make_shared<front_door::FleetDirectory>(options.clock);
+    }
     return bridge->start(make_bridge_sinks(discovery, entry(), lifecycle, directory));
   }
 
-  // Serves the OpenAI-compatible API, when asked (--http-port): its requests enter through the
-  // ingress actor, as an actor client's do.
+  // Serves the OpenAI-compatible API (--http-port) and the endpoint picker (--epp-port), when
+  // asked: their requests enter through the ingress actor, as an actor client's do.
   std::expected<void, std::string> start_front_door() {
-    if (!options.http) return {};
+    if (!options.http && !options.epp) return {};
     GatewayActorConfig settings{services()};
     settings.ingress = ingress;
     // A queued request may wait as long as the reservation actor waits for its selector.
     settings.route_timeout = selector_answer_timeout() + std::chrono::seconds(5);
     gateway = system->spawn(gateway_behavior, std::move(settings));
-    auto started = front_door::HttpFrontDoor::start(*options.http, make_actor_gateway(gateway),
-                                                    directory, registry);
-    if (!started) return std::unexpected(started.error());
-    http_api = std::move(*started);
+    const auto routing_gateway = make_actor_gateway(gateway);
+    if (options.http) {
+      auto started =
+          front_door::HttpFrontDoor::start(*options.http, routing_gateway, directory, registry);
+      if (!started) return std::unexpected(started.error());
+      http_api = std::move(*started);
+    }
+    if (options.epp) {
+      auto started =
+          front_door::EndpointPicker::start(*options.epp, routing_gateway, directory, registry);
+      if (!started) return std::unexpected(started.error());
+      epp = std::move(*started);
+    }
     return {};
   }
 
@@ -534,7 +550,7 @@ struct RouterNode::Impl {
     spdlog::info(
         "kvr node: namespace '{}', block size {}, booking ttl {} ms, booking caps {}, first-token "
         "timeout {} ms, session affinity {}, request classifier {}, queue {}, {} scheduler "
-        "threads; NATS {}; metrics {}; actor port {}; HTTP API {}; cluster {}",
+        "threads; NATS {}; metrics {}; actor port {}; HTTP API {}; endpoint picker {}; cluster {}",
         options.ns,
         options.router.block_size != 0 ? std::to_string(options.router.block_size)
                                        : std::string{"learnt per partition"},
@@ -550,6 +566,7 @@ struct RouterNode::Impl {
         actor_port,
         http_api ? fmt::format("http://{}:{}/v1", options.http->address, http_api->port())
                  : std::string{"off"},
+        epp ? fmt::format("grpc://{}:{}", options.epp->address, epp->port()) : std::string{"off"},
         cluster_link ? fmt::format("node {} at {}, lease ttl {} ms", cluster_link->self.node_id,
                                    cluster_address, options.cluster.lease_ttl.count())
                      : std::string{"off"});
@@ -558,7 +575,7 @@ struct RouterNode::Impl {
   std::size_t drain(std::chrono::milliseconds timeout) {
     const auto in_flight = [this] {
       return static_cast<std::size_t>(registry->value(metrics::NodeMetrics::kGenerateInFlight)) +
-             (http_api ? http_api->in_flight() : 0);
+             (http_api ? http_api->in_flight() : 0) + (epp ? epp->in_flight() : 0);
     };
     // A cluster member hands its partitions back at once instead: peers would go on forwarding
     // it their requests while it drained.
@@ -569,6 +586,7 @@ struct RouterNode::Impl {
     }
     if (bridge) bridge->stop_intake();
     if (http_api) http_api->stop_intake();
+    if (epp) epp->stop_intake();
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     // The main thread waits here while the actors serve: a short poll of one gauge.
     while (in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
@@ -578,9 +596,10 @@ struct RouterNode::Impl {
   }
 
   void shutdown() {
-    // The front door first: it ends its requests in flight and releases their bookings while the
-    // actors still run.
+    // The front door and the endpoint picker first: they end their requests in flight and release
+    // their bookings while the actors still run.
     http_api.reset();
+    epp.reset();
     if (bridge) bridge->stop();
     http.reset();
     if (system) {
@@ -625,6 +644,10 @@ std::uint16_t RouterNode::http_port() const {
   return impl_->http_api ? impl_->http_api->port() : std::uint16_t{0};
 }
 
+std::uint16_t RouterNode::epp_port() const {
+  return impl_->epp ? impl_->epp->port() : std::uint16_t{0};
+}
+
 std::uint16_t RouterNode::metrics_port() const {
   return impl_->http ? impl_->http->port() : std::uint16_t{0};
 }
@@ -657,8 +680,9 @@ std::expected<std::unique_ptr<RouterNode>, std::string> RouterNode::start(
   if (auto joined = impl->start_cluster(); !joined) return fail(joined.error());
   if (before_answering) before_answering();
   if (auto started = impl->start_bridge(); !started) return fail(started.error());
-  if (auto serving = impl->start_metrics_endpoint(); !serving) return fail(serving.error());
+  // The front doors before /healthz: a node that answers /healthz serves every port it was given.
   if (auto serving = impl->start_front_door(); !serving) return fail(serving.error());
+  if (auto serving = impl->start_metrics_endpoint(); !serving) return fail(serving.error());
   impl->request_registrations();
   impl->log_summary();
   return std::unique_ptr<RouterNode>(new RouterNode(std::move(impl)));

@@ -17,6 +17,7 @@
 #include "messages/clock.hpp"
 #include "messages/metrics/metrics_registry.hpp"
 #include "messages/nats/nats_client.hpp"
+#include "selection/front_door/endpoint_picker.hpp"
 #include "selection/front_door/http_front_door.hpp"
 #include "selection/partition/booking_caps.hpp"
 #include "selection/partition/session_affinity.hpp"
@@ -91,6 +92,8 @@ struct NodeOptions {
   ClusterNodeOptions cluster;
   /// The OpenAI-compatible HTTP API (`--http-port`); absent: not served.
   std::optional<front_door::FrontDoorOptions> http;
+  /// The endpoint picker for Envoy's ext_proc (`--epp-port`); absent: not served.
+  std::optional<front_door::EndpointPickerOptions> epp;
   /// Session affinity (`--router-session-affinity-*`); off unless a TTL is set.
   SessionAffinityOptions session_affinity;
   /// Where the node's actors read the time (leases, deadlines, latencies); tests inject one.
@@ -116,17 +119,20 @@ class RouterNode {
   RouterNode(const RouterNode&) = delete;
   RouterNode& operator=(const RouterNode&) = delete;
 
-  /// Stops taking new requests (the router's NATS subjects, the actor port and the HTTP API) while
-  /// the requests in flight go on: worker messages, reports, cancels, generate streams and HTTP
-  /// answers. Waits until none is left or `timeout` passed; returns how many are left (destroying
-  /// the node ends them with an explicit error). A cluster member does not drain: it hands its
-  /// partitions back when destroyed, since peers would go on forwarding it requests.
+  /// Stops taking new requests (the router's NATS subjects, the actor port, the HTTP API and the
+  /// endpoint picker) while the requests in flight go on: worker messages, reports, cancels,
+  /// generate streams, HTTP answers and the answers of requests Envoy was sent to an engine. Waits
+  /// until none is left or `timeout` passed; returns how many are left (destroying the node ends
+  /// them with an explicit error). A cluster member does not drain: it hands its partitions back
+  /// when destroyed, since peers would go on forwarding it requests.
   std::size_t drain(std::chrono::milliseconds timeout);
 
   /// The port the ingress actor is published on (0: not published).
   std::uint16_t actor_port() const;
   /// The port of the OpenAI-compatible HTTP API (0: not served).
   std::uint16_t http_port() const;
+  /// The port of the endpoint picker (0: not served).
+  std::uint16_t epp_port() const;
   /// The port of /metrics and /healthz (0: none).
   std::uint16_t metrics_port() const;
   const metrics::MetricsRegistry& metrics() const;

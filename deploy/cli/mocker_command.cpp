@@ -226,6 +226,12 @@ void add_mocker_command(CLI::App& app, int& exit_code) {
       ->group(group)
       ->capture_default_str();
   command
+      ->add_option("--http-threads", vllm->http_threads,
+                   "HTTP server threads per engine (a streamed answer holds one while it runs)")
+      ->group(group)
+      ->capture_default_str()
+      ->check(CLI::Range(1U, 10'000U));
+  command
       ->add_flag("!--no-render-endpoints", vllm->render_endpoints,
                  "answer 404 on /v1/completions/render and /v1/chat/completions/render, as a vLLM "
                  "without them does (/tokenize stays)")

@@ -34,6 +34,8 @@ struct NodeCommandOptions {
   std::optional<std::uint16_t> actor_port;
   std::optional<std::uint16_t> http_port;
   front_door::FrontDoorOptions http;
+  std::optional<std::uint16_t> epp_port;
+  std::string epp_address = "127.0.0.1";
   std::string tokenizer_mode = "engine";
   std::optional<double> queue_threshold;  // unset: the class `default` never queues
   std::uint64_t cluster_lease_ttl_ms = 3000;
@@ -110,6 +112,16 @@ int run_node(NodeCommandOptions options) {
       return kUsageError;
     }
     options.node.http->default_tokenizer_mode = *mode;
+  }
+  if (options.epp_port) {
+    // Requests reach it through Envoy instead of the HTTP API: the same limits apply.
+    options.node.epp = front_door::EndpointPickerOptions{
+        .address = options.epp_address,
+        .port = *options.epp_port,
+        .max_body_bytes = options.http.max_body_bytes,
+        .session_header = options.http.session_header,
+        .max_renders_in_flight = options.http.max_renders_in_flight,
+        .render_timeout = options.http.render_timeout};
   }
   if (auto valid = options.node.validate(); !valid) {
     spdlog::error("kvr node: {}", valid.error());
@@ -356,6 +368,21 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{1}, std::size_t{1'000'000}))
       ->group(http_group);
+  const std::string epp_group = "Envoy endpoint picker (ext_proc)";
+  command
+      ->add_option("--epp-port", options->epp_port,
+                   "serve the endpoint picker for Envoy (gRPC ext_proc, docs/gateway.md) on this "
+                   "port; the --http-max-body-bytes, --http-session-header and "
+                   "--http-max-renders-in-flight settings apply to it; unset: not served")
+      ->envname("KVR_EPP_PORT")
+      ->check(CLI::Range(1, 65'535))
+      ->group(epp_group);
+  command
+      ->add_option("--epp-address", options->epp_address,
+                   "the address the endpoint picker binds (an IP address)")
+      ->envname("KVR_EPP_ADDRESS")
+      ->capture_default_str()
+      ->group(epp_group);
   const std::size_t max_threads = max_scheduler_threads();
   command
       ->add_option("--scheduler-threads", options->node.scheduler_threads,

@@ -10,6 +10,8 @@
 #include "deploy/cli/cli_options.hpp"
 #include "deploy/cli/replay_output.hpp"
 #include "deploy/replay/live_replay.hpp"
+#include "deploy/replay/openai_replay.hpp"
+#include "messages/http_url.hpp"
 
 namespace kvr::cli {
 namespace {
@@ -23,15 +25,80 @@ struct ReplayLiveCommandOptions {
   std::optional<std::uint32_t> block_size;
   double timeout_s = 60;
   double ready_timeout_s = 15;
+  // Non-empty: through an OpenAI-compatible HTTP API instead of NATS.
+  std::vector<std::string> openai_urls;
+  replay::OpenAiApi openai_api = replay::OpenAiApi::chat;
+  bool measure_from_send = false;
 };
 
 std::chrono::milliseconds seconds_to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(seconds * 1000)));
 }
 
+// The common table with live wording: latencies are wall-clock, as the client measured them.
+std::string live_table(const simulation::ReplayReport& report) {
+  std::string table = simulation::format_table(report);
+  for (const auto& [simulated, live_text] :
+       {std::pair<std::string_view, std::string_view>{"ms of simulated time",
+                                                      "ms of wall-clock time, measured by this "
+                                                      "client"},
+        {"busy = share of time workers ran steps", "busy: not measured live"}}) {
+    if (const auto at = table.find(simulated); at != std::string::npos) {
+      table.replace(at, simulated.size(), live_text);
+    }
+  }
+  return table;
+}
+
+int run_openai_replay(const ReplayLiveCommandOptions& options,
+                      const std::vector<simulation::TraceRequest>& trace) {
+  replay::OpenAiReplayOptions openai;
+  openai.base_urls = options.openai_urls;
+  openai.model = options.live.model;
+  openai.api = options.openai_api;
+  openai.speedup = options.output.speedup;
+  openai.concurrency = options.live.concurrency;
+  openai.measure_from_send = options.measure_from_send;
+  openai.request_timeout = seconds_to_ms(options.timeout_s);
+  openai.tenant = options.live.tenant;
+  openai.tenants = options.live.tenants;
+  ProgressBar progress{{"openai"}, trace.size(), !options.output.quiet};
+  openai.on_progress = [&progress](std::size_t done) { progress.update(0, done); };
+  const auto started = std::chrono::steady_clock::now();
+  replay::OpenAiReplayResult result = replay::run_openai_replay(openai, trace);
+  result.report.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  simulation::ReplayReport report;
+  report.trace = trace_name(options.output);
+  report.requests = trace.size();
+  report.workers = result.requests_per_worker.size();
+  report.speedup = options.output.speedup;
+  report.block_size = options.block_size.value_or(0);
+  if (options.block_size) {
+    std::vector<std::vector<BlockHash>> hashes;
+    hashes.reserve(trace.size());
+    for (const auto& request : trace) {
+      hashes.push_back(simulation::expand_to_block_hashes(request, *options.block_size));
+    }
+    report.infinite_cache_hit_rate =
+        simulation::infinite_cache_hit_rate(trace, hashes, *options.block_size);
+  }
+  report.policies.push_back(result.report);
+  std::cout << live_table(report) << replay::format_openai_summary(result);
+  if (!write_decisions(kCommand, options.output,
+                       {PolicyDecisions{result.report.policy, std::move(result.outcomes)}})) {
+    return 1;
+  }
+  const int written =
+      write_report(kCommand, options.output, report, simulation::to_json(report), "failed");
+  if (written != 0) return written;
+  return result.report.failed == 0 ? 0 : 1;
+}
+
 int run_live_replay(const ReplayLiveCommandOptions& options) {
   auto trace = load_trace(kCommand, options.output);
   if (!trace) return kUsageError;
+  if (!options.openai_urls.empty()) return run_openai_replay(options, *trace);
   replay::LiveReplayOptions live_options = options.live;
   live_options.speedup = options.output.speedup;
   live_options.block_size = options.block_size.value_or(0);
@@ -68,18 +135,7 @@ int run_live_replay(const ReplayLiveCommandOptions& options) {
   report.infinite_cache_hit_rate = result.infinite_cache_hit_rate;
   report.policies.push_back(result.report);
 
-  // The common table; live latencies are wall-clock, as the client measured them.
-  std::string table = simulation::format_table(report);
-  for (const auto& [simulated, live_text] :
-       {std::pair<std::string_view, std::string_view>{"ms of simulated time",
-                                                      "ms of wall-clock time, measured by this "
-                                                      "client"},
-        {"busy = share of time workers ran steps", "busy: not measured live"}}) {
-    if (const auto at = table.find(simulated); at != std::string::npos) {
-      table.replace(at, simulated.size(), live_text);
-    }
-  }
-  std::cout << table << replay::format_live_summary(result);
+  std::cout << live_table(report) << replay::format_live_summary(result);
   if (!write_decisions(kCommand, options.output,
                        {PolicyDecisions{result.report.policy, std::move(result.outcomes)}})) {
     return 1;
@@ -143,6 +199,29 @@ void add_replay_live_command(CLI::App& app, int& exit_code) {
           ->check(CLI::Range(std::size_t{1}, std::size_t{1'000'000}));
   tenant->excludes(tenants);
   tenants->excludes(tenant);
+  command
+      ->add_option("--openai-url", options->openai_urls,
+                   "send the requests through an OpenAI-compatible API instead of NATS: a base "
+                   "URL ending in /v1 (a kvr node's --http-port, or engines reached directly, "
+                   "in turn when repeated); TTFT is the first streamed token, the hit rate the "
+                   "engines' reported cached tokens")
+      ->check([](const std::string& url) {
+        const std::string fault = invalid_http_url(url);
+        if (!fault.empty()) return "'" + url + "' " + fault;
+        return url.starts_with("http://") ? std::string{}
+                                          : std::string{"only http:// URLs are supported"};
+      });
+  command->add_flag("--measure-from-send", options->measure_from_send,
+                    "with --openai-url: latencies from each request's sending, not its arrival "
+                    "(with a high --speedup: closed-loop load at --concurrency streams)");
+  command
+      ->add_option("--openai-api", options->openai_api,
+                   "with --openai-url: chat (the prompt as text in a user message) or "
+                   "completions (the prompt as token ids)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, replay::OpenAiApi>{{"chat", replay::OpenAiApi::chat},
+                                                   {"completions", replay::OpenAiApi::completions}},
+          CLI::ignore_case));
   command->footer(
       "A request the node's admission control refuses (ROUTE_ERROR_OVERLOADED, _RATE_LIMITED, "
       "_DUE_TIME_EXPIRED, _REJECTED) is counted as \"rejected by admission\", not as failed. "

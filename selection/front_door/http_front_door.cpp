@@ -1,11 +1,9 @@
 #include "selection/front_door/http_front_door.hpp"
 
 #include <array>
-#include <charconv>
 #include <condition_variable>
 #include <limits>
 #include <optional>
-#include <random>
 #include <thread>
 #include <unordered_map>
 
@@ -22,6 +20,7 @@
 #include "messages/http_url.hpp"
 #include "selection/front_door/openai_api.hpp"
 #include "selection/front_door/prompt_renderer.hpp"
+#include "selection/front_door/request_routing.hpp"
 
 namespace kvr::front_door {
 namespace {
@@ -45,14 +44,8 @@ constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
 // stops reading it.
 constexpr std::size_t kMaxPipelinedBytes = 64 * 1024;
 constexpr std::size_t kChunkBytes = 16 * 1024;
-constexpr std::size_t kMaxHeaderValue = 256;
 
 std::string str(beast::string_view view) { return {view.data(), view.size()}; }
-
-std::string random_prefix() {
-  std::random_device device;
-  return fmt::format("{:08x}", device());
-}
 
 }  // namespace
 
@@ -96,7 +89,7 @@ struct HttpFrontDoor::State {
   std::shared_ptr<RoutingGateway> gateway;
   std::shared_ptr<const FleetDirectory> directory;
   std::shared_ptr<metrics::MetricsRegistry> metrics;
-  const std::string id_prefix = random_prefix();
+  const std::string id_prefix = random_request_prefix();
   const std::int64_t started_unix = std::chrono::duration_cast<std::chrono::seconds>(
                                         std::chrono::system_clock::now().time_since_epoch())
                                         .count();
@@ -137,48 +130,6 @@ struct HttpFrontDoor::State {
 };
 
 namespace {
-
-// What a generation request carries besides its body, from the request's headers.
-struct RequestMetadata {
-  std::string session_id;
-  std::string tenant;
-  std::string routing_group;
-  std::uint32_t priority = 0;
-};
-
-std::expected<RequestMetadata, HttpError> read_metadata(
-    const http::request<http::string_body>& request, const std::string& session_header) {
-  RequestMetadata metadata;
-  const auto value = [&](std::string_view name,
-                         std::string& into) -> std::expected<void, HttpError> {
-    const auto found = request.find(beast::string_view{name.data(), name.size()});
-    if (found == request.end()) return {};
-    const auto text = found->value();
-    if (text.size() > kMaxHeaderValue) {
-      return std::unexpected(
-          bad_request(fmt::format("header {}: longer than {} bytes", name, kMaxHeaderValue),
-                      std::string{name}));
-    }
-    into.assign(text.data(), text.size());
-    return {};
-  };
-  if (auto ok = value(session_header, metadata.session_id); !ok) return std::unexpected(ok.error());
-  if (auto ok = value("x-kvr-tenant", metadata.tenant); !ok) return std::unexpected(ok.error());
-  if (auto ok = value("x-kvr-routing-group", metadata.routing_group); !ok) {
-    return std::unexpected(ok.error());
-  }
-  std::string priority;
-  if (auto ok = value("x-kvr-priority", priority); !ok) return std::unexpected(ok.error());
-  if (!priority.empty()) {
-    const auto [end, error] =
-        std::from_chars(priority.data(), priority.data() + priority.size(), metadata.priority);
-    if (error != std::errc{} || end != priority.data() + priority.size()) {
-      return std::unexpected(bad_request(
-          "header x-kvr-priority: an integer in [0, 4294967295] is required", "x-kvr-priority"));
-    }
-  }
-  return metadata;
-}
 
 // ---- one client connection ----------------------------------------------------------------------
 // Requests are served one after another (HTTP/1.1 keep-alive). While a generation request is in
@@ -265,6 +216,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
                      [self = shared_from_this()](beast::error_code error, std::size_t) {
                        if (error) return self->read_failed(error);
                        self->stream_.expires_never();
+                       // A large body's capacity is not kept for the connection's lifetime.
+                       self->buffer_.shrink_to_fit();
                        self->serve(self->parser_->release());
                      });
   }
@@ -459,7 +412,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const std::string_view path = path_of(endpoint);
     auto parsed = parse_generation_request(endpoint, request.body());
     if (!parsed) return respond_error(path, parsed.error());
-    auto metadata = read_metadata(request, server_.options.session_header);
+    auto metadata = read_request_metadata(
+        [&request](std::string_view name) -> std::string_view {
+          const auto found = request.find(beast::string_view{name.data(), name.size()});
+          if (found == request.end()) return {};
+          return {found->value().data(), found->value().size()};
+        },
+        server_.options.session_header);
     if (!metadata) return respond_error(path, metadata.error());
     const auto workers = server_.directory->workers(parsed->model);
     if (workers.empty()) {
@@ -509,6 +468,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
                               self->flight_->tokens = std::move(*tokens);
                               self->route();
                             });
+    // The renderer took what it needs; routing reads the fields parsed out of the body.
+    if (flight_) flight_->request.body = nlohmann::json();
   }
 
   // One read on the client's socket while its request is served: it ends when the client goes.
@@ -536,19 +497,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void route() {
     Flight& flight = *flight_;
-    v1::RouteRequest request;
-    request.set_request_id(flight.attempt == 0 ? request_id_
-                                               : fmt::format("{}.{}", request_id_, flight.attempt));
-    request.set_model(flight.request.model);
-    request.set_routing_group(flight.metadata.routing_group);
-    request.mutable_tokens()->mutable_ids()->Add(flight.tokens.begin(), flight.tokens.end());
-    if (flight.request.max_tokens) request.set_expected_output_tokens(*flight.request.max_tokens);
-    if (!flight.metadata.session_id.empty()) {
-      request.mutable_session()->set_session_id(flight.metadata.session_id);
-    }
-    request.set_priority(flight.metadata.priority);
-    request.set_tenant(!flight.metadata.tenant.empty() ? flight.metadata.tenant
-                                                       : flight.request.user);
+    v1::RouteRequest request = make_route_request(
+        flight.attempt == 0 ? request_id_ : fmt::format("{}.{}", request_id_, flight.attempt),
+        flight.request, flight.metadata, flight.tokens);
     // Only workers whose engines the node can forward to.
     const auto workers = server_.directory->workers(flight.request.model);
     if (std::any_of(workers.begin(), workers.end(),
@@ -635,7 +586,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (!flight.authorization.empty()) {
       upstream_request_->set(http::field::authorization, flight.authorization);
     }
-    upstream_request_->body() = flight.body;
+    // Moved, not copied (prompts run to megabytes); a retry takes it back.
+    upstream_request_->body() = std::move(flight.body);
     upstream_request_->prepare_payload();
     arm_deadline(server_.options.first_byte_timeout, "first_byte");
     const std::uint64_t epoch = epoch_;
@@ -700,15 +652,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void read_upstream_body() {
     auto& body = upstream_parser_->get().body();
-    body.data = chunk_.data();
-    body.size = chunk_.size();
+    if (!chunk_) chunk_ = std::make_unique<char[]>(kChunkBytes);
+    body.data = chunk_.get();
+    body.size = kChunkBytes;
     const std::uint64_t epoch = epoch_;
     http::async_read_some(
         upstream_, upstream_buffer_, *upstream_parser_,
         [self = shared_from_this(), epoch](beast::error_code error, std::size_t) {
           if (epoch != self->epoch_) return;
           if (error == http::error::need_buffer) error = {};
-          const std::size_t bytes = self->chunk_.size() - self->upstream_parser_->get().body().size;
+          const std::size_t bytes = kChunkBytes - self->upstream_parser_->get().body().size;
           if (error) {
             return self->engine_failed(bytes > 0 || self->flight_->first_byte
                                            ? "the answer broke off: " + error.message()
@@ -725,6 +678,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (bytes > 0 && !flight.first_byte) {
       flight.first_byte = true;
       report(flight.booking_id, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
+      // No retry after the first byte: a long stream keeps neither its prompt nor its body.
+      upstream_request_.reset();
+      flight.tokens = {};
     }
     if (bytes > 0 || !done) arm_deadline(server_.options.stall_timeout, "stall");
     if (!flight.streaming) {
@@ -733,7 +689,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                          server_.options.max_response_bytes),
                              v1::ABORT_CAUSE_WORKER_FAILED);
       }
-      flight.answer.append(chunk_.data(), bytes);
+      flight.answer.append(chunk_.get(), bytes);
       if (!done) return read_upstream_body();
       return finish_whole_answer();
     }
@@ -741,7 +697,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (done) return finish_stream();
       return read_upstream_body();
     }
-    send_chunk(std::string(chunk_.data(), bytes), done);
+    send_chunk(std::string(chunk_.get(), bytes), done);
   }
 
   std::vector<std::pair<std::string, std::string>> kvr_headers() const {
@@ -857,6 +813,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         flight.attempt == 0 && !flight.first_byte && !flight.header_sent &&
         (cause == v1::ABORT_CAUSE_WORKER_FAILED || cause == v1::ABORT_CAUSE_FIRST_TOKEN_TIMEOUT);
     if (retryable) {
+      if (upstream_request_) flight.body = std::move(upstream_request_->body());
       server_.metrics->add(kRetries);
       flight.failed_workers.push_back(flight.worker_id);
       ++flight.attempt;
@@ -924,6 +881,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void end_flight() {
     if (!flight_) return;
     flight_.reset();
+    upstream_request_.reset();
+    chunk_.reset();
     ++epoch_;
     deadline_.cancel();
     close_upstream();
@@ -944,15 +903,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void report(const std::string& booking_id, v1::LifecycleEvent event,
               v1::AbortCause cause = v1::ABORT_CAUSE_UNSPECIFIED, std::string error = {}) {
-    if (booking_id.empty()) return;
-    v1::LifecycleReport report;
-    report.set_booking_id(booking_id);
-    report.set_event(event);
-    if (event == v1::LIFECYCLE_EVENT_ABORTED) {
-      report.set_abort_cause(cause);
-      report.set_error(std::move(error));
-    }
-    server_.gateway->report(std::move(report));
+    report_booking(*server_.gateway, booking_id, event, cause, std::move(error));
   }
 
   HttpFrontDoor::State& server_;
@@ -974,10 +925,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // The engine connection of the attempt under way.
   beast::tcp_stream upstream_;
   tcp::resolver resolver_;
-  beast::flat_buffer upstream_buffer_;
+  // Bounded: the answer's bytes pass through it into chunk_.
+  beast::flat_buffer upstream_buffer_{kChunkBytes};
   std::optional<http::request<http::string_body>> upstream_request_;
   std::optional<http::response_parser<http::buffer_body>> upstream_parser_;
-  std::array<char, kChunkBytes> chunk_{};
+  /// The engine's answer is read through it; held only while a request is in flight, so that an
+  /// idle keep-alive connection costs a few hundred bytes.
+  std::unique_ptr<char[]> chunk_;
   std::optional<http::response<http::empty_body>> stream_header_;
   std::optional<http::response_serializer<http::empty_body>> stream_serializer_;
 };

@@ -479,10 +479,10 @@ TEST_F(FrontDoorTest, TheOfficialOpenAiClientListsStreamsAndHitsTheCache) {
   const std::filesystem::path client_dir = KVR_OPENAI_CLIENT_DIR;
   ASSERT_TRUE(std::filesystem::exists(client_dir / "node_modules" / "openai"))
       << "run `npm ci --prefix " << client_dir.string() << "` (deploy/test.sh does)";
-  const auto run = testing::run_process(
-      {"node", (client_dir / "front_door_client.mjs").string(),
-       "http://127.0.0.1:" + std::to_string(http_port_) + "/v1", "mock-model"},
-      directory_.path() / "openai-client.log", 60s);
+  const auto run =
+      testing::run_process({"node", (client_dir / "front_door_client.mjs").string(),
+                            "http://127.0.0.1:" + std::to_string(http_port_) + "/v1", "mock-model"},
+                           directory_.path() / "openai-client.log", 60s);
   std::cout << run.output;
   ASSERT_TRUE(run.exit_code);
   EXPECT_EQ(*run.exit_code, 0) << run.output;

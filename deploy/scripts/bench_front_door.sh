@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# What the front door costs, measured side by side in one run (docs/performance.md, "The front
+# door"): the same vLLM-speaking engines (`kvr mocker --speak vllm` at time scale 1e6, so that an
+# answer takes microseconds of simulated GPU and the difference is HTTP, rendering and routing)
+# reached directly, in turn, and through `kvr node --http-port`, by `kvr replay-live --openai-url`
+# at 64 and 512 concurrent streams; the CPU the node and the engines spent per request; then 2,000
+# streams held open through the node at once (slow engines), with the node's memory per stream.
+# Usage: deploy/scripts/bench_front_door.sh [KVR_BINARY] (default build/release/deploy/cli/kvr).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+kvr=${1:-"$root/build/release/deploy/cli/kvr"}
+engines=${KVR_BENCH_ENGINES:-4}
+requests=${KVR_BENCH_REQUESTS:-2000}
+held_streams=${KVR_BENCH_HELD_STREAMS:-2000}
+work=$(mktemp -d "${TMPDIR:-/tmp}/kvr-bench-front-door.XXXXXX")
+pids=()
+stop_all() {
+  local i
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill "${pids[i]}" 2>/dev/null || true; done
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do wait "${pids[i]}" 2>/dev/null || true; done
+  pids=()
+}
+trap 'stop_all; rm -rf "$work"' EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+cpu_ms() { awk '{print ($14 + $15) * 1000 / '"$(getconf CLK_TCK)"'}' "/proc/$1/stat"; }
+rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
+# The sum of a metric's series on the node's /metrics.
+metric() {
+  curl -s "127.0.0.1:$metrics_port/metrics" |
+    awk -v m="$1" '$1 == m || index($1, m "{") == 1 {s += $2} END {print s + 0}'
+}
+
+# A fleet: nats-server, $engines engines at time scale $1 with a bridge each, one node.
+start_fleet() {
+  local time_scale=$1 i base nats_port
+  nats_port=$(free_port)
+  nats-server -a 127.0.0.1 -p "$nats_port" >"$work/nats.log" 2>&1 &
+  pids+=("$!")
+  nats="nats://127.0.0.1:$nats_port"
+  base=$((20000 + RANDOM % 20000))
+  "$kvr" mocker --speak vllm --workers "$engines" --time-scale "$time_scale" --http-threads 1000 \
+    --http-port "$base" --kv-events-port $((base + 1)) --kv-events-replay-port 0 --port-stride 3 \
+    >"$work/engines.log" 2>&1 &
+  engines_pid=$!
+  pids+=("$engines_pid")
+  engine_urls=()
+  for ((i = 0; i < engines; i++)); do
+    local http=$((base + 3 * i))
+    until curl -sf "127.0.0.1:$http/health" >/dev/null; do sleep 0.1; done
+    "$kvr" bridge --engine vllm --engine-url "http://127.0.0.1:$http" \
+      --kv-events "tcp://127.0.0.1:$((http + 1))" --nats "$nats" >"$work/bridge_$i.log" 2>&1 &
+    pids+=("$!")
+    engine_urls+=(--openai-url "http://127.0.0.1:$http/v1")
+  done
+  metrics_port=$(free_port)
+  http_port=$(free_port)
+  "$kvr" node --nats "$nats" --http-port "$http_port" --metrics-port "$metrics_port" \
+    --http-max-connections 100000 >"$work/node.log" 2>&1 &
+  node_pid=$!
+  pids+=("$node_pid")
+  until [[ "$(metric kvr_workers 2>/dev/null)" == "$engines" ]]; do
+    sleep 0.1
+  done
+}
+
+# replay-live through $1 (direct | node) at concurrency $2; prints one row of the table.
+run() {
+  local target=$1 concurrency=$2 urls json node_before engines_before
+  if [[ $target == node ]]; then urls=(--openai-url "http://127.0.0.1:$http_port/v1"); else urls=("${engine_urls[@]}"); fi
+  json="$work/${target}_${concurrency}.json"
+  node_before=$(cpu_ms "$node_pid")
+  engines_before=$(cpu_ms "$engines_pid")
+  "$kvr" replay-live "${urls[@]}" --openai-api completions --limit "$requests" --speedup 1e6 \
+    --concurrency "$concurrency" --measure-from-send --timeout 120 --quiet --json "$json" >/dev/null
+  python3 - "$json" "$target" "$concurrency" "$requests" \
+    "$(awk -v a="$(cpu_ms "$node_pid")" -v b="$node_before" 'BEGIN {print a - b}')" \
+    "$(awk -v a="$(cpu_ms "$engines_pid")" -v b="$engines_before" 'BEGIN {print a - b}')" <<'EOF'
+import json, sys
+path, target, concurrency, requests, node_ms, engines_ms = sys.argv[1:]
+policy = json.load(open(path))["policies"][0]
+done = policy["completed"]
+print(f"{target:>7} {concurrency:>5} {done:>6}/{requests} {done / policy['makespan_s']:>9.0f} "
+      f"{policy['ttft_ms']['p50']:>9.3f} {policy['ttft_ms']['p99']:>9.3f} "
+      f"{float(node_ms) / done:>10.3f} {float(engines_ms) / done:>12.3f}")
+EOF
+}
+
+echo "kvr front door: $engines engines (time scale 1e6), $requests requests of the bundled trace"
+echo "(completions with token-id prompts, streamed) per row, side by side in one run"
+start_fleet 1e6
+printf '%7s %5s %13s %9s %9s %9s %10s %12s\n' target conc completed "req/s" "ttft p50" "ttft p99" \
+  "node ms/req" "engines ms/req"
+for concurrency in 64 512; do
+  for target in direct node; do run "$target" "$concurrency"; done
+done
+echo "(ttft in ms of wall-clock time at the client; ms/req = CPU time of the process per request)"
+stop_all
+
+echo
+echo "$held_streams streams held open through the node at once (engines at time scale 0.05)"
+start_fleet 0.05
+idle_kb=$(rss_kb "$node_pid")
+"$kvr" replay-live --openai-url "http://127.0.0.1:$http_port/v1" --openai-api completions \
+  --limit "$held_streams" --speedup 1e6 --concurrency "$held_streams" --timeout 300 --quiet \
+  >/dev/null 2>&1 &
+replay_pid=$!
+peak_streams=0
+peak_kb=$idle_kb
+while kill -0 "$replay_pid" 2>/dev/null; do
+  streams=$(metric kvr_http_requests_in_flight || echo 0)
+  streams=${streams%.*}
+  kb=$(rss_kb "$node_pid")
+  if ((${streams:-0} > peak_streams)); then peak_streams=$streams; peak_kb=$kb; fi
+  ((peak_streams >= held_streams)) && break
+  sleep 0.2
+done
+kill "$replay_pid" 2>/dev/null || true
+wait "$replay_pid" 2>/dev/null || true
+echo "streams in flight at the peak: $peak_streams; node RSS idle $((idle_kb / 1024)) MiB, at the peak" \
+  "$((peak_kb / 1024)) MiB: $(((peak_kb - idle_kb) / (peak_streams > 0 ? peak_streams : 1))) KiB per stream"

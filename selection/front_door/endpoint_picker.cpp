@@ -1,0 +1,895 @@
+#include "selection/front_door/endpoint_picker.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <fmt/format.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+#include <spdlog/spdlog.h>
+
+#include "envoy/ext_proc.grpc.pb.h"
+#include "messages/http_url.hpp"
+#include "selection/front_door/openai_api.hpp"
+#include "selection/front_door/prompt_renderer.hpp"
+#include "selection/front_door/request_routing.hpp"
+
+namespace kvr::front_door {
+namespace {
+
+namespace net = boost::asio;
+namespace ext = envoy::service::ext_proc::v3;
+using BodyMode = ext::ProcessingMode::BodySendMode;
+using Reactor = grpc::ServerBidiReactor<ext::ProcessingRequest, ext::ProcessingResponse>;
+
+constexpr std::string_view kRequests = "kvr_epp_requests_total";
+constexpr std::string_view kStreamsOpen = "kvr_epp_streams_open";
+constexpr std::string_view kInFlight = "kvr_epp_requests_in_flight";
+constexpr std::string_view kAddedLatency = "kvr_epp_added_latency_seconds";
+
+// Envoy's gRPC client takes messages up to 64 KiB unless configured otherwise: echoed body chunks
+// stay below (the reference endpoint picker's limit).
+constexpr std::size_t kChunkBytes = 62'000;
+constexpr std::string_view kDestinationHeader = "x-gateway-destination-endpoint";
+constexpr std::string_view kLbNamespace = "envoy.lb";
+constexpr std::string_view kSubsetNamespace = "envoy.lb.subset_hint";
+constexpr std::string_view kSubsetKey = "x-gateway-destination-endpoint-subset";
+constexpr std::string_view kLiveness = "liveness";
+// Services SERVING while the node can route (a worker is live and it is not draining).
+constexpr std::array<std::string_view, 3> kReadinessServices = {
+    "readiness", "envoy.service.ext_proc.v3.ExternalProcessor", ""};
+
+// What Envoy sends: raw_value since 1.32 (value before).
+std::string header_value(const ext::HeaderValue& header) {
+  return header.raw_value().empty() ? header.value() : header.raw_value();
+}
+
+std::string lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return text;
+}
+
+std::string_view trim(std::string_view text) {
+  while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
+  return text;
+}
+
+// One entry of a subset hint: "ip:port", "[v6]:port", or an address alone (any of its ports).
+struct HintedEndpoint {
+  std::string host;
+  std::string port;  // empty: any port
+};
+
+HintedEndpoint parse_hinted(std::string_view entry) {
+  if (entry.starts_with('[')) {
+    const auto close = entry.find(']');
+    if (close == std::string_view::npos) return {std::string{entry.substr(1)}, {}};
+    const auto rest = entry.substr(close + 1);
+    return {std::string{entry.substr(1, close - 1)},
+            rest.starts_with(':') ? std::string{rest.substr(1)} : std::string{}};
+  }
+  const auto colon = entry.find(':');
+  // Two or more colons: an IPv6 address without brackets, hence without a port.
+  if (colon == std::string_view::npos || entry.find(':', colon + 1) != std::string_view::npos) {
+    return {std::string{entry}, {}};
+  }
+  return {std::string{entry.substr(0, colon)}, std::string{entry.substr(colon + 1)}};
+}
+
+void add_hinted(std::string_view joined, std::vector<HintedEndpoint>& into) {
+  while (!joined.empty()) {
+    const auto comma = joined.find(',');
+    const auto entry = trim(joined.substr(0, comma));
+    if (!entry.empty()) into.push_back(parse_hinted(entry));
+    if (comma == std::string_view::npos) break;
+    joined.remove_prefix(comma + 1);
+  }
+}
+
+// The subset hint in Envoy's metadata: nullopt when absent (any endpoint), else the endpoints it
+// lists (a list of strings, or one comma-joined string; an entry may itself hold commas).
+std::optional<std::vector<HintedEndpoint>> subset_hint(const ext::Metadata& metadata) {
+  const auto space = metadata.filter_metadata().find(std::string{kSubsetNamespace});
+  if (space == metadata.filter_metadata().end()) return std::nullopt;
+  const auto key = space->second.fields().find(std::string{kSubsetKey});
+  if (key == space->second.fields().end()) return std::nullopt;
+  std::vector<HintedEndpoint> endpoints;
+  const google::protobuf::Value& value = key->second;
+  if (value.has_string_value()) add_hinted(value.string_value(), endpoints);
+  if (value.has_list_value()) {
+    for (const auto& item : value.list_value().values()) {
+      if (item.has_string_value()) add_hinted(item.string_value(), endpoints);
+    }
+  }
+  return endpoints;
+}
+
+// "host:port" as Envoy's ORIGINAL_DST cluster reads it ("[v6]:port" for IPv6).
+std::string endpoint_of(const HttpUrlParts& url) {
+  return url.host.find(':') != std::string::npos ? fmt::format("[{}]:{}", url.host, url.port)
+                                                 : fmt::format("{}:{}", url.host, url.port);
+}
+
+void set_header(ext::HeaderMutation& mutation, std::string_view key, std::string value) {
+  auto* option = mutation.add_set_headers();
+  option->mutable_header()->set_key(std::string{key});
+  option->mutable_header()->set_raw_value(std::move(value));
+  // Envoy's ext_proc honours `append` only (unset: replace); the action says the same for those
+  // that read it. Replacing matters: ORIGINAL_DST takes a repeated header's first value.
+  option->set_append_action(ext::HeaderValueOption::OVERWRITE_IF_EXISTS_OR_ADD);
+}
+
+bool is_2xx(unsigned status) { return status >= 200 && status < 300; }
+
+HttpError refusal(unsigned status, std::string message, std::string code = {}) {
+  return HttpError{.status = status,
+                   .message = std::move(message),
+                   .type = status < 500 ? "invalid_request_error" : "server_error",
+                   .code = std::move(code)};
+}
+
+}  // namespace
+
+std::expected<void, std::string> EndpointPickerOptions::validate() const {
+  boost::system::error_code error;
+  net::ip::make_address(address, error);
+  if (error)
+    return std::unexpected(fmt::format("--epp-address: '{}' is not an IP address", address));
+  if (max_body_bytes < 1024 || max_body_bytes > (std::size_t{1} << 30)) {
+    return std::unexpected("--http-max-body-bytes: between 1 KiB and 1 GiB");
+  }
+  if (session_header.empty()) return std::unexpected("--http-session-header: empty");
+  if (max_renders_in_flight == 0) return std::unexpected("--http-max-renders-in-flight: >= 1");
+  if (render_timeout < std::chrono::milliseconds(1) ||
+      health_interval < std::chrono::milliseconds(1)) {
+    return std::unexpected("endpoint picker timeouts: >= 1 ms");
+  }
+  return {};
+}
+
+// ---- the server's shared state ------------------------------------------------------------------
+
+namespace {
+class PickerService;
+}  // namespace
+
+struct EndpointPicker::State {
+  State(EndpointPickerOptions picker_options, std::shared_ptr<RoutingGateway> routing_gateway,
+        std::shared_ptr<const FleetDirectory> fleet,
+        std::shared_ptr<metrics::MetricsRegistry> registry)
+      : options(std::move(picker_options)),
+        gateway(std::move(routing_gateway)),
+        directory(std::move(fleet)),
+        metrics(std::move(registry)),
+        renderer(options.max_renders_in_flight, options.render_timeout, metrics) {}
+
+  EndpointPickerOptions options;
+  std::shared_ptr<RoutingGateway> gateway;
+  std::shared_ptr<const FleetDirectory> directory;
+  std::shared_ptr<metrics::MetricsRegistry> metrics;
+  const std::string id_prefix = random_request_prefix();
+  std::atomic<std::uint64_t> next_request{0};
+  std::atomic<bool> accepting{true};
+  std::atomic<bool> stopping{false};
+  std::atomic<std::size_t> in_flight{0};
+  metrics::ValueHandle in_flight_gauge = metrics->gauge(kInFlight);
+  metrics::ValueHandle streams_gauge = metrics->gauge(kStreamsOpen);
+  metrics::HistogramHandle added_latency = metrics->histogram(kAddedLatency);
+  std::uint16_t port = 0;
+  // Open streams (reactors not yet destroyed): shutdown waits for them.
+  std::mutex streams_mutex;
+  std::condition_variable streams_gone;
+  std::size_t streams = 0;
+  // Gateway answers arrive on the router's threads: they reach a stream's strand only while the
+  // io_context lives (they release their booking themselves once it is gone).
+  std::shared_ptr<std::mutex> post_mutex = std::make_shared<std::mutex>();
+  std::shared_ptr<bool> posting = std::make_shared<bool>(true);
+  // Everything above outlives the io_context (declared below it, so destroyed before it): the
+  // handlers the io_context still holds when destroyed release their streams into it.
+  PromptRenderer renderer;
+  net::io_context io{1};
+  net::executor_work_guard<net::io_context::executor_type> work = net::make_work_guard(io);
+  net::steady_timer health_timer{io};
+  std::optional<bool> ready_reported;
+  std::unique_ptr<PickerService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::thread thread;
+
+  void count(bool routed, unsigned status) {
+    metrics->add(kRequests,
+                 {{"outcome", routed ? "routed" : "refused"}, {"code", std::to_string(status)}});
+  }
+
+  void report(const std::string& booking_id, v1::LifecycleEvent event,
+              v1::AbortCause cause = v1::ABORT_CAUSE_UNSPECIFIED, std::string error = {}) {
+    report_booking(*gateway, booking_id, event, cause, std::move(error));
+  }
+
+  void stream_opened() {
+    std::lock_guard lock{streams_mutex};
+    ++streams;
+    streams_gauge.set(static_cast<double>(streams));
+  }
+
+  void stream_closed() {
+    std::lock_guard lock{streams_mutex};
+    --streams;
+    streams_gauge.set(static_cast<double>(streams));
+    streams_gone.notify_all();
+  }
+
+  void booked(bool open) {
+    if (open) {
+      in_flight.fetch_add(1);
+    } else {
+      in_flight.fetch_sub(1);
+    }
+    in_flight_gauge.set(static_cast<double>(in_flight.load()));
+  }
+
+  // Readiness: a worker is live and the picker takes requests.
+  void report_health() {
+    const bool ready = accepting.load() && directory->any_live();
+    if (ready_reported == ready) return;
+    ready_reported = ready;
+    if (auto* health = server->GetHealthCheckService()) {
+      for (const auto service_name : kReadinessServices) {
+        health->SetServingStatus(std::string{service_name}, ready);
+      }
+    }
+  }
+
+  // The health service follows the directory.
+  void watch_health() {
+    report_health();
+    health_timer.expires_after(options.health_interval);
+    health_timer.async_wait([this](boost::system::error_code error) {
+      if (!error && !stopping.load()) watch_health();
+    });
+  }
+};
+
+namespace {
+
+// ---- one ext_proc stream: one HTTP request ------------------------------------------------------
+// Envoy's messages arrive on gRPC's threads and are handled on the stream's strand, one at a time;
+// the replies leave in order, one write in flight.
+
+class PickerStream final : public Reactor, public std::enable_shared_from_this<PickerStream> {
+ public:
+  PickerStream(EndpointPicker::State& server, grpc::CallbackServerContext* context)
+      : server_(server), context_(context), strand_(net::make_strand(server.io)) {
+    server_.stream_opened();
+  }
+
+  ~PickerStream() override {
+    // Reached only when the stream's end was never handled (the node stopped first).
+    if (!booking_id_.empty()) {
+      server_.report(booking_id_, v1::LIFECYCLE_EVENT_ABORTED, v1::ABORT_CAUSE_UNSPECIFIED,
+                     "the endpoint picker stopped");
+      server_.booked(false);
+    }
+    server_.stream_closed();
+  }
+
+  void start() {
+    self_ = shared_from_this();
+    StartRead(&incoming_);
+  }
+
+  // ---- gRPC's reactions (any gRPC thread): onto the strand ------------------------------------
+
+  void OnReadDone(bool ok) override {
+    net::post(strand_, [self = shared_from_this(), ok] { self->on_read(ok); });
+  }
+
+  void OnWriteDone(bool ok) override {
+    net::post(strand_, [self = shared_from_this(), ok] { self->on_written(ok); });
+  }
+
+  void OnDone() override {
+    // The last reaction: whether Envoy saw the stream's status is known now.
+    const bool cancelled = context_->IsCancelled();
+    auto self = std::move(self_);
+    net::post(strand_, [self, cancelled] { self->on_done(cancelled); });
+  }
+
+ private:
+  enum class Phase : std::uint8_t { headers, body, routing, routed, refused };
+
+  // ---- reading ----------------------------------------------------------------------------------
+
+  void on_read(bool ok) {
+    if (!ok) {
+      // Envoy closed its side (the request is over) or the stream broke.
+      reads_over_ = true;
+      return finish(grpc::Status::OK);
+    }
+    ext::ProcessingRequest message = std::move(incoming_);
+    incoming_.Clear();
+    // One read stays pending while the stream lives: its failure is Envoy going away.
+    if (!finished_) StartRead(&incoming_);
+    handle(message);
+  }
+
+  void handle(const ext::ProcessingRequest& message) {
+    if (message.observability_mode()) observe_only_ = true;
+    if (message.has_protocol_config()) {
+      request_mode_ = message.protocol_config().request_body_mode();
+      response_mode_ = message.protocol_config().response_body_mode();
+    }
+    // Envoy expects no answer, so nothing is routed or booked either.
+    if (observe_only_ || finishing_) return;
+    if (message.has_metadata_context()) {
+      if (auto hint = subset_hint(message.metadata_context())) subset_ = std::move(hint);
+    }
+    switch (message.request_case()) {
+      case ext::ProcessingRequest::kRequestHeaders:
+        return on_request_headers(message.request_headers());
+      case ext::ProcessingRequest::kRequestBody:
+        return on_request_body(message.request_body());
+      case ext::ProcessingRequest::kRequestTrailers:
+        return on_request_trailers();
+      case ext::ProcessingRequest::kResponseHeaders:
+        return on_response_headers(message.response_headers());
+      case ext::ProcessingRequest::kResponseBody:
+        return on_response_body(message.response_body());
+      case ext::ProcessingRequest::kResponseTrailers:
+        return on_response_trailers();
+      case ext::ProcessingRequest::REQUEST_NOT_SET:
+        return;
+    }
+  }
+
+  bool full_duplex() const { return request_mode_ == ext::ProcessingMode::FULL_DUPLEX_STREAMED; }
+
+  void on_request_headers(const ext::HttpHeaders& headers) {
+    if (phase_ != Phase::headers) return protocol_error("request headers twice");
+    request_id_ = fmt::format("kvr-{}-{}", server_.id_prefix, server_.next_request.fetch_add(1));
+    for (const auto& header : headers.headers().headers()) {
+      headers_.emplace_back(lower(header.key()), header_value(header));
+    }
+    if (!server_.accepting.load()) {
+      return refuse(refusal(503, "the router is draining", "service_unavailable"));
+    }
+    if (request_mode_ && *request_mode_ != ext::ProcessingMode::BUFFERED && !full_duplex()) {
+      return refuse(refusal(500,
+                            fmt::format("the endpoint picker needs request_body_mode BUFFERED or "
+                                        "FULL_DUPLEX_STREAMED (got {})",
+                                        ext::ProcessingMode::BodySendMode_Name(*request_mode_)),
+                            "endpoint_picker_misconfigured"));
+    }
+    const std::string path{header(":path").substr(0, header(":path").find('?'))};
+    if (path == "/v1/chat/completions") {
+      endpoint_ = Endpoint::chat_completions;
+    } else if (path == "/v1/completions") {
+      endpoint_ = Endpoint::completions;
+    } else {
+      return refuse(refusal(404, fmt::format("no endpoint {}", path), "unknown_url"));
+    }
+    if (const auto method = header(":method"); !method.empty() && method != "POST") {
+      return refuse(refusal(405, fmt::format("{} takes POST only", path)));
+    }
+    if (headers.end_of_stream()) {
+      return refuse(bad_request("the endpoint picker routes requests with a JSON body"));
+    }
+    phase_ = Phase::body;
+    // BUFFERED: Envoy sends the body once the headers are answered; FULL_DUPLEX_STREAMED: the
+    // headers' answer waits for the body (it carries the destination).
+    if (!full_duplex()) send(continue_headers(true));
+  }
+
+  void on_request_body(const ext::HttpBody& chunk) {
+    if (phase_ != Phase::body) return protocol_error("a request body out of order");
+    if (body_.size() + chunk.body().size() > server_.options.max_body_bytes) {
+      return refuse(HttpError{.status = 413,
+                              .message = fmt::format("the request body is larger than {} bytes",
+                                                     server_.options.max_body_bytes),
+                              .type = "invalid_request_error",
+                              .code = "request_too_large"});
+    }
+    body_ += chunk.body();
+    // BUFFERED sends the whole body in one message (trailers, if any, come after its answer).
+    if (chunk.end_of_stream() || !full_duplex()) decide();
+  }
+
+  void on_request_trailers() {
+    trailers_ = true;
+    if (phase_ == Phase::body) return decide();
+    // BUFFERED: the body was answered (or is being routed, then the trailers' answer follows).
+    if (phase_ == Phase::routed) send(trailers_reply(true));
+  }
+
+  // ---- deciding
+  // -----------------------------------------------------------------------------------
+
+  std::string_view header(std::string_view name) const {
+    for (const auto& [key, value] : headers_) {
+      if (key == name) return value;
+    }
+    return {};
+  }
+
+  std::expected<RequestMetadata, HttpError> read_metadata() const {
+    return read_request_metadata([this](std::string_view name) { return header(name); },
+                                 lower(server_.options.session_header));
+  }
+
+  // Whether the subset hint (when given) lists the worker's engine.
+  bool hinted(const DirectoryWorker& worker) const {
+    if (!subset_) return true;
+    const auto url = split_http_url(worker.http_url);
+    if (!url) return false;
+    return std::any_of(subset_->begin(), subset_->end(), [&](const HintedEndpoint& endpoint) {
+      return endpoint.host == url->host && (endpoint.port.empty() || endpoint.port == url->port);
+    });
+  }
+
+  // The whole request is here: parse, pick the eligible engines, render, route.
+  void decide() {
+    phase_ = Phase::routing;
+    body_complete_ = std::chrono::steady_clock::now();
+    auto parsed = parse_generation_request(endpoint_, body_);
+    if (!parsed) return refuse(parsed.error());
+    auto metadata = read_metadata();
+    if (!metadata) return refuse(metadata.error());
+    const auto workers = server_.directory->workers(parsed->model);
+    if (workers.empty()) {
+      return refuse(HttpError{.status = 404,
+                              .message = fmt::format("The model `{}` does not exist (no live "
+                                                     "worker serves it).",
+                                                     parsed->model),
+                              .type = "invalid_request_error",
+                              .code = "model_not_found",
+                              .param = "model"});
+    }
+    std::vector<std::string> engine_urls;
+    for (const auto& worker : workers) {
+      if (worker.http_url.empty() || !hinted(worker)) continue;
+      engine_urls.push_back(worker.http_url);
+      eligible_.push_back(worker.worker_id);
+    }
+    // Only engines Envoy can reach, and of those only the hinted ones.
+    restrict_ = subset_.has_value() || eligible_.size() < workers.size();
+    if (engine_urls.empty()) {
+      return refuse(refusal(
+          503,
+          subset_
+              ? fmt::format("no live engine of `{}` is in the endpoint subset hint", parsed->model)
+              : fmt::format("no worker of `{}` registered an HTTP URL (run the engines "
+                            "behind `kvr bridge`)",
+                            parsed->model),
+          "service_unavailable"));
+    }
+    request_ = std::move(*parsed);
+    metadata_ = std::move(*metadata);
+    server_.renderer.render(strand_, request_, std::move(engine_urls),
+                            [self = shared_from_this()](RenderResult tokens) {
+                              if (self->finishing_) return;
+                              if (!tokens) return self->refuse(tokens.error());
+                              self->route(std::move(*tokens));
+                            });
+  }
+
+  void route(std::vector<std::uint32_t> tokens) {
+    v1::RouteRequest request = make_route_request(request_id_, request_, metadata_, tokens);
+    if (restrict_) request.mutable_allowed_workers()->Add(eligible_.begin(), eligible_.end());
+    // The decision comes back on the router's threads. It holds the stream weakly and the
+    // io_context not at all: once the picker is gone, it releases its booking itself.
+    std::weak_ptr<PickerStream> weak = weak_from_this();
+    server_.gateway->route(
+        std::move(request), [weak, post_mutex = server_.post_mutex, posting = server_.posting,
+                             gateway = server_.gateway](v1::RouteDecision decision) {
+          {
+            std::lock_guard lock{*post_mutex};
+            if (*posting) {
+              if (auto self = weak.lock()) {
+                net::post(self->strand_, [self, decision = std::move(decision)]() mutable {
+                  self->on_decision(std::move(decision));
+                });
+                return;
+              }
+            }
+          }
+          if (decision.has_success()) {
+            report_booking(*gateway, decision.success().booking_id(), v1::LIFECYCLE_EVENT_ABORTED,
+                           v1::ABORT_CAUSE_CLIENT_CANCELLED,
+                           "the endpoint picker's stream ended before the decision");
+          }
+        });
+  }
+
+  void on_decision(v1::RouteDecision decision) {
+    if (finishing_) {
+      // Envoy went away while the request was routed: release what was booked for it.
+      if (decision.has_success()) {
+        server_.report(decision.success().booking_id(), v1::LIFECYCLE_EVENT_ABORTED,
+                       v1::ABORT_CAUSE_CLIENT_CANCELLED, "Envoy closed the stream");
+      }
+      return;
+    }
+    if (decision.has_error()) return refuse(error_for_route(decision.error()));
+    const v1::RouteSuccess& success = decision.success();
+    const auto url = split_http_url(success.worker_http_url());
+    if (!url) {
+      server_.report(success.booking_id(), v1::LIFECYCLE_EVENT_ABORTED, v1::ABORT_CAUSE_UNSPECIFIED,
+                     "the worker has no usable HTTP URL");
+      return refuse(refusal(503,
+                            fmt::format("worker {} registered no usable HTTP URL ('{}')",
+                                        success.worker_id(), success.worker_http_url()),
+                            "service_unavailable"));
+    }
+    booking_id_ = success.booking_id();
+    server_.booked(true);
+    phase_ = Phase::routed;
+    server_.count(true, 200);
+    send_destination(endpoint_of(*url), success.worker_id());
+    server_.added_latency.observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - body_complete_).count());
+  }
+
+  // The destination as the endpoint-picker protocol gives it: the header (ORIGINAL_DST reads it)
+  // and the same value in the envoy.lb metadata; then, in FULL_DUPLEX_STREAMED, the body echoed
+  // (Envoy forwards only what comes back).
+  void send_destination(const std::string& destination, std::uint64_t worker_id) {
+    ext::CommonResponse routed;
+    routed.set_clear_route_cache(true);
+    auto& mutation = *routed.mutable_header_mutation();
+    set_header(mutation, kDestinationHeader, destination);
+    set_header(mutation, "x-kvr-worker-id", std::to_string(worker_id));
+    set_header(mutation, "x-kvr-request-id", request_id_);
+    ext::ProcessingResponse reply;
+    auto& lb = (*reply.mutable_dynamic_metadata()->mutable_fields())[std::string{kLbNamespace}];
+    (*lb.mutable_struct_value()->mutable_fields())[std::string{kDestinationHeader}]
+        .set_string_value(destination);
+    if (!full_duplex()) {
+      *reply.mutable_request_body()->mutable_response() = std::move(routed);
+      send(std::move(reply));
+      if (trailers_) send(trailers_reply(true));
+      return;
+    }
+    // Envoy drops content-length when a FULL_DUPLEX body is echoed; the echo is the same bytes.
+    if (!trailers_) set_header(mutation, "content-length", std::to_string(body_.size()));
+    *reply.mutable_request_headers()->mutable_response() = std::move(routed);
+    send(std::move(reply));
+    std::size_t at = 0;
+    do {
+      const std::size_t size = std::min(kChunkBytes, body_.size() - at);
+      const bool last = at + size == body_.size();
+      send(streamed_body(true, body_.substr(at, size), last && !trailers_));
+      at += size;
+    } while (at < body_.size());
+    if (trailers_) send(trailers_reply(true));
+    body_ = std::string{};
+  }
+
+  // ---- the response phase ----------------------------------------------------------------------
+
+  void on_response_headers(const ext::HttpHeaders& headers) {
+    for (const auto& header : headers.headers().headers()) {
+      if (header.key() == ":status") {
+        const std::string text = header_value(header);
+        std::from_chars(text.data(), text.data() + text.size(), response_status_);
+      }
+    }
+    send(continue_headers(false));
+    // Without response bodies, the headers are the first sign of an answer.
+    if (response_mode_.value_or(ext::ProcessingMode::NONE) == ext::ProcessingMode::NONE) {
+      first_token();
+    }
+    if (headers.end_of_stream()) response_over();
+  }
+
+  void on_response_body(const ext::HttpBody& chunk) {
+    if (!chunk.body().empty()) first_token();
+    const auto mode = response_mode_.value_or(ext::ProcessingMode::NONE);
+    if (mode == ext::ProcessingMode::FULL_DUPLEX_STREAMED || mode == ext::ProcessingMode::GRPC) {
+      const std::string& bytes = chunk.body();
+      std::size_t at = 0;
+      do {
+        const std::size_t size = std::min(kChunkBytes, bytes.size() - at);
+        const bool last = at + size == bytes.size();
+        send(streamed_body(false, bytes.substr(at, size), last && chunk.end_of_stream()));
+        at += size;
+      } while (at < bytes.size());
+    } else {
+      ext::ProcessingResponse reply;
+      reply.mutable_response_body()->mutable_response();
+      send(std::move(reply));
+    }
+    if (chunk.end_of_stream()) response_over();
+  }
+
+  void on_response_trailers() {
+    send(trailers_reply(false));
+    response_over();
+  }
+
+  void first_token() {
+    if (first_token_ || booking_id_.empty()) return;
+    first_token_ = true;
+    server_.report(booking_id_, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
+  }
+
+  // The answer's last byte passed: the booking ends with it.
+  void response_over() {
+    if (booking_id_.empty()) return;
+    if (is_2xx(response_status_)) {
+      release(v1::LIFECYCLE_EVENT_COMPLETED);
+    } else {
+      // A failed engine (5xx, Envoy's own 503 when it cannot connect) counts against it; a
+      // refused request (4xx) against nobody.
+      release(v1::LIFECYCLE_EVENT_ABORTED,
+              response_status_ >= 500 ? v1::ABORT_CAUSE_WORKER_FAILED : v1::ABORT_CAUSE_UNSPECIFIED,
+              fmt::format("the engine answered {}", response_status_));
+    }
+  }
+
+  void release(v1::LifecycleEvent event, v1::AbortCause cause = v1::ABORT_CAUSE_UNSPECIFIED,
+               std::string error = {}) {
+    if (booking_id_.empty()) return;
+    server_.report(booking_id_, event, cause, std::move(error));
+    booking_id_.clear();
+    server_.booked(false);
+  }
+
+  // ---- replies ---------------------------------------------------------------------------------
+
+  static ext::ProcessingResponse continue_headers(bool request) {
+    ext::ProcessingResponse reply;
+    (request ? reply.mutable_request_headers() : reply.mutable_response_headers())
+        ->mutable_response();
+    return reply;
+  }
+
+  static ext::ProcessingResponse trailers_reply(bool request) {
+    ext::ProcessingResponse reply;
+    if (request) {
+      reply.mutable_request_trailers();
+    } else {
+      reply.mutable_response_trailers();
+    }
+    return reply;
+  }
+
+  static ext::ProcessingResponse streamed_body(bool request, std::string bytes, bool last) {
+    ext::ProcessingResponse reply;
+    auto* streamed = (request ? reply.mutable_request_body() : reply.mutable_response_body())
+                         ->mutable_response()
+                         ->mutable_body_mutation()
+                         ->mutable_streamed_response();
+    streamed->set_body(std::move(bytes));
+    streamed->set_end_of_stream(last);
+    return reply;
+  }
+
+  // A local reply with OpenAI's error object; Envoy answers the client with it and ignores the
+  // stream from then on, so it ends here.
+  void refuse(const HttpError& error) {
+    phase_ = Phase::refused;
+    server_.count(false, error.status);
+    ext::ProcessingResponse reply;
+    auto& immediate = *reply.mutable_immediate_response();
+    immediate.mutable_status()->set_code(static_cast<ext::StatusCode>(error.status));
+    auto& headers = *immediate.mutable_headers();
+    set_header(headers, "content-type", "application/json");
+    if (!request_id_.empty()) set_header(headers, "x-kvr-request-id", request_id_);
+    if (error.retry_after) {
+      set_header(headers, "retry-after", std::to_string(error.retry_after->count()));
+    }
+    immediate.set_body(error.body());
+    // %RESPONSE_CODE_DETAILS% takes no whitespace.
+    immediate.set_details(
+        fmt::format("kvr_epp_{}", error.code.empty() ? std::to_string(error.status) : error.code));
+    send(std::move(reply));
+    finish(grpc::Status::OK);
+  }
+
+  // Envoy sent what ext_proc does not allow here: the stream fails (Envoy answers 500).
+  void protocol_error(std::string_view what) {
+    spdlog::warn("endpoint picker: request {}: {}", request_id_, what);
+    finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string{what}));
+  }
+
+  void send(ext::ProcessingResponse reply) {
+    if (finishing_ || observe_only_) return;
+    outbox_.push_back(std::move(reply));
+    pump();
+  }
+
+  void finish(grpc::Status status) {
+    if (finishing_) return;
+    finishing_ = true;
+    status_ = std::move(status);
+    pump();
+  }
+
+  // One write at a time (the reactor allows no more); the stream finishes once the outbox is
+  // empty.
+  void pump() {
+    if (writing_ || finished_) return;
+    if (!outbox_.empty() && !write_broken_) {
+      writing_ = true;
+      StartWrite(&outbox_.front());
+      return;
+    }
+    if (finishing_) {
+      finished_ = true;
+      Finish(status_);
+    }
+  }
+
+  void on_written(bool ok) {
+    writing_ = false;
+    if (ok) {
+      outbox_.pop_front();
+    } else {
+      write_broken_ = true;
+      outbox_.clear();
+      finish(grpc::Status::OK);
+    }
+    pump();
+  }
+
+  // After Finish: the booking, if the answer's end never came through the stream (a response
+  // body mode of NONE, or Envoy cancelled), ends with the stream.
+  void on_done(bool cancelled) {
+    if (booking_id_.empty()) return;
+    if (server_.stopping.load()) {
+      return release(v1::LIFECYCLE_EVENT_ABORTED, v1::ABORT_CAUSE_UNSPECIFIED,
+                     "the router is shutting down");
+    }
+    if (is_2xx(response_status_) && !cancelled && reads_over_) {
+      return release(v1::LIFECYCLE_EVENT_COMPLETED);
+    }
+    release(v1::LIFECYCLE_EVENT_ABORTED, v1::ABORT_CAUSE_CLIENT_CANCELLED,
+            "Envoy closed the stream before the answer ended");
+  }
+
+  EndpointPicker::State& server_;
+  grpc::CallbackServerContext* context_;
+  net::strand<net::io_context::executor_type> strand_;
+  // Held from start() to OnDone(): gRPC needs the reactor until then.
+  std::shared_ptr<PickerStream> self_;
+  ext::ProcessingRequest incoming_;
+  std::deque<ext::ProcessingResponse> outbox_;
+  grpc::Status status_;
+  bool writing_ = false;
+  bool write_broken_ = false;
+  bool finishing_ = false;
+  bool finished_ = false;
+  bool reads_over_ = false;
+  bool observe_only_ = false;
+  // From the stream's first message; unknown (an Envoy before 1.34): treated as BUFFERED and NONE.
+  std::optional<BodyMode> request_mode_;
+  std::optional<BodyMode> response_mode_;
+  Phase phase_ = Phase::headers;
+  std::string request_id_;
+  std::vector<std::pair<std::string, std::string>> headers_;
+  std::optional<std::vector<HintedEndpoint>> subset_;
+  Endpoint endpoint_ = Endpoint::chat_completions;
+  std::string body_;
+  bool trailers_ = false;
+  std::chrono::steady_clock::time_point body_complete_;
+  GenerationRequest request_;
+  RequestMetadata metadata_;
+  std::vector<std::uint64_t> eligible_;
+  bool restrict_ = false;
+  std::string booking_id_;
+  bool first_token_ = false;
+  unsigned response_status_ = 0;
+};
+
+class PickerService final : public ext::ExternalProcessor::CallbackService {
+ public:
+  explicit PickerService(EndpointPicker::State& state) : state_(state) {}
+
+  Reactor* Process(grpc::CallbackServerContext* context) override {
+    auto stream = std::make_shared<PickerStream>(state_, context);
+    stream->start();
+    return stream.get();
+  }
+
+ private:
+  EndpointPicker::State& state_;
+};
+
+}  // namespace
+
+EndpointPicker::EndpointPicker(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+std::expected<std::unique_ptr<EndpointPicker>, std::string> EndpointPicker::start(
+    EndpointPickerOptions options, std::shared_ptr<RoutingGateway> gateway,
+    std::shared_ptr<const FleetDirectory> directory,
+    std::shared_ptr<metrics::MetricsRegistry> metrics) {
+  if (auto valid = options.validate(); !valid) return std::unexpected(valid.error());
+  metrics->describe(std::string{kRequests}, metrics::MetricType::Counter,
+                    "Requests Envoy's ext_proc streams brought to the endpoint picker, by outcome "
+                    "(routed, refused) and HTTP status");
+  metrics->describe(std::string{kStreamsOpen}, metrics::MetricType::Gauge,
+                    "Open ext_proc streams of the endpoint picker");
+  metrics->describe(std::string{kInFlight}, metrics::MetricType::Gauge,
+                    "Requests the endpoint picker routed whose answer has not ended");
+  metrics->describe(
+      std::string{kAddedLatency}, metrics::MetricType::Histogram,
+      "Time from a request's last body byte to the endpoint picker's destination (render and "
+      "route included)",
+      {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1});
+  auto state = std::make_shared<State>(std::move(options), std::move(gateway), std::move(directory),
+                                       std::move(metrics));
+  const EndpointPickerOptions& opts = state->options;
+  state->service = std::make_unique<PickerService>(*state);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  const std::string target = opts.address.find(':') != std::string::npos
+                                 ? fmt::format("[{}]:{}", opts.address, opts.port)
+                                 : fmt::format("{}:{}", opts.address, opts.port);
+  int bound_port = 0;
+  builder.AddListeningPort(target, grpc::InsecureServerCredentials(), &bound_port);
+  builder.RegisterService(state->service.get());
+  // BUFFERED mode sends the whole body in one message.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(opts.max_body_bytes + (std::size_t{1} << 20)));
+  // gRPC shares ports by default: a port in use must stop startup.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  state->server = builder.BuildAndStart();
+  if (!state->server || bound_port == 0) {
+    return std::unexpected(
+        fmt::format("--epp-port {}: cannot serve the endpoint picker (gRPC) on {} (in use?)",
+                    opts.port, target));
+  }
+  state->port = static_cast<std::uint16_t>(bound_port);
+  if (auto* health = state->server->GetHealthCheckService()) {
+    health->SetServingStatus(std::string{kLiveness}, true);
+  }
+  // Every service has its status before the port is announced.
+  state->report_health();
+  net::post(state->io, [raw = state.get()] { raw->watch_health(); });
+  state->thread = std::thread([raw = state.get()] { raw->io.run(); });
+  return std::unique_ptr<EndpointPicker>(new EndpointPicker(std::move(state)));
+}
+
+EndpointPicker::~EndpointPicker() {
+  State& state = *state_;
+  state.accepting.store(false);
+  state.stopping.store(true);
+  // Streams still open get a moment, then are cancelled; their ends run on the io thread, which
+  // releases their bookings, so it runs until they are gone.
+  state.server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  {
+    std::unique_lock lock{state.streams_mutex};
+    state.streams_gone.wait_for(lock, std::chrono::seconds(2), [&] { return state.streams == 0; });
+  }
+  {
+    std::lock_guard lock{*state.post_mutex};
+    *state.posting = false;
+  }
+  state.work.reset();
+  state.io.stop();
+  state.thread.join();
+}
+
+std::uint16_t EndpointPicker::port() const { return state_->port; }
+
+void EndpointPicker::stop_intake() { state_->accepting.store(false); }
+
+std::size_t EndpointPicker::in_flight() const { return state_->in_flight.load(); }
+
+}  // namespace kvr::front_door

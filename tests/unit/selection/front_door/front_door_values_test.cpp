@@ -1,0 +1,161 @@
+// The front door's plain values: the fleet directory's liveness (registrations, heartbeats,
+// deregistrations, a NATS outage held), OpenAI request parsing and its errors, the HTTP status of
+// each route error, and the parts of an engine's URL.
+#include <gtest/gtest.h>
+
+#include "messages/http_url.hpp"
+#include "selection/front_door/fleet_directory.hpp"
+#include "selection/front_door/openai_api.hpp"
+
+namespace kvr::front_door {
+namespace {
+
+using namespace std::chrono_literals;
+
+discovery::WorkerRegistration registration(WorkerId id, std::string model, std::string url = {}) {
+  discovery::WorkerRegistration worker;
+  worker.worker_id = id;
+  worker.incarnation = 1;
+  worker.model = std::move(model);
+  worker.block_size = 16;
+  worker.liveness_ttl = 1000ms;
+  worker.http_url = std::move(url);
+  return worker;
+}
+
+TEST(FleetDirectoryTest, AWorkerIsLiveUntilItsLivenessRunsOutAndHeartbeatsRenewIt) {
+  auto clock = std::make_shared<ManualClock>();
+  FleetDirectory directory{clock};
+  EXPECT_FALSE(directory.any_live());
+  directory.registered(registration(7, "m", "http://127.0.0.1:8000"));
+  directory.registered(registration(8, "a"));
+  EXPECT_EQ(directory.models(), (std::vector<std::string>{"a", "m"}));
+  ASSERT_EQ(directory.workers("m").size(), 1u);
+  EXPECT_EQ(directory.workers("m")[0].http_url, "http://127.0.0.1:8000");
+  EXPECT_EQ(directory.workers("m")[0].block_size, 16u);
+  clock->advance(900ms);
+  directory.heartbeat({.worker_id = 7, .incarnation = 1});
+  // Another incarnation's heartbeat renews nothing.
+  directory.heartbeat({.worker_id = 8, .incarnation = 2});
+  clock->advance(200ms);
+  EXPECT_EQ(directory.models(), (std::vector<std::string>{"m"}));
+  clock->advance(1000ms);
+  EXPECT_TRUE(directory.models().empty());
+  EXPECT_FALSE(directory.any_live());
+}
+
+TEST(FleetDirectoryTest, ADeregisteredWorkerLeavesAtOnce) {
+  FleetDirectory directory{std::make_shared<ManualClock>()};
+  directory.registered(registration(7, "m"));
+  directory.deregistered({.worker_id = 7, .incarnation = 2});  // not this incarnation
+  EXPECT_EQ(directory.workers("m").size(), 1u);
+  directory.deregistered({.worker_id = 7, .incarnation = 1});
+  EXPECT_TRUE(directory.workers("m").empty());
+}
+
+TEST(FleetDirectoryTest, ANatsOutageHoldsLivenessAndTheReconnectGrantsOneTtl) {
+  auto clock = std::make_shared<ManualClock>();
+  FleetDirectory directory{clock};
+  directory.registered(registration(7, "m"));
+  directory.nats_link(false);
+  clock->advance(10s);
+  EXPECT_TRUE(directory.any_live());
+  directory.nats_link(true);
+  clock->advance(900ms);
+  EXPECT_TRUE(directory.any_live());
+  clock->advance(200ms);
+  EXPECT_FALSE(directory.any_live());
+}
+
+TEST(OpenAiApiTest, AChatRequestIsReadWithItsRoutingFields) {
+  const auto request = parse_generation_request(
+      Endpoint::chat_completions,
+      R"({"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,
+          "max_completion_tokens":12,"user":"alice","stream_options":{"include_usage":true}})");
+  ASSERT_TRUE(request) << request.error().message;
+  EXPECT_EQ(request->model, "m");
+  EXPECT_TRUE(request->stream);
+  EXPECT_EQ(request->max_tokens, 12u);
+  EXPECT_EQ(request->user, "alice");
+}
+
+TEST(OpenAiApiTest, EachMalformedFieldIsA400NamingIt) {
+  const auto param_of = [](Endpoint endpoint, std::string_view body) {
+    const auto request = parse_generation_request(endpoint, body);
+    EXPECT_FALSE(request) << body;
+    if (request) return std::string{"(accepted)"};
+    EXPECT_EQ(request.error().status, 400u);
+    EXPECT_EQ(request.error().type, "invalid_request_error");
+    return request.error().param;
+  };
+  const Endpoint chat = Endpoint::chat_completions;
+  const Endpoint completions = Endpoint::completions;
+  EXPECT_EQ(param_of(chat, "{"), "");
+  EXPECT_EQ(param_of(chat, "[1]"), "");
+  EXPECT_EQ(param_of(chat, R"({"messages":[{"role":"user"}]})"), "model");
+  EXPECT_EQ(param_of(chat, R"({"model":"","messages":[{"role":"user"}]})"), "model");
+  EXPECT_EQ(param_of(chat, R"({"model":"m","messages":[]})"), "messages");
+  EXPECT_EQ(param_of(chat, R"({"model":"m","messages":[{"content":"x"}]})"), "messages");
+  EXPECT_EQ(param_of(completions, R"({"model":"m"})"), "prompt");
+  EXPECT_EQ(param_of(completions, R"({"model":"m","prompt":[1,"x"]})"), "prompt");
+  EXPECT_EQ(param_of(completions, R"({"model":"m","prompt":"x","stream":1})"), "stream");
+  EXPECT_EQ(param_of(completions, R"({"model":"m","prompt":"x","max_tokens":0})"), "max_tokens");
+  EXPECT_EQ(param_of(completions, R"({"model":"m","prompt":"x","user":5})"), "user");
+  EXPECT_EQ(param_of(completions, R"({"model":"m","prompt":"x","stream_options":true})"),
+            "stream_options");
+  // Every prompt form OpenAI allows is accepted.
+  for (const char* prompt : {R"("x")", R"(["a","b"])", "[1,2,3]", "[[1,2],[3]]"}) {
+    EXPECT_TRUE(parse_generation_request(completions,
+                                         std::string{R"({"model":"m","prompt":)"} + prompt + "}"))
+        << prompt;
+  }
+}
+
+TEST(OpenAiApiTest, TheErrorObjectHasOpenAisShape) {
+  const HttpError error = bad_request("messages: required", "messages");
+  const auto body = nlohmann::json::parse(error.body());
+  EXPECT_EQ(body["error"]["message"], "messages: required");
+  EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(body["error"]["param"], "messages");
+  EXPECT_TRUE(body["error"]["code"].is_null());
+}
+
+TEST(OpenAiApiTest, EachRouteErrorHasItsStatus) {
+  const auto status_of = [](v1::RouteErrorCode code) {
+    v1::RouteError error;
+    error.set_code(code);
+    return error_for_route(error).status;
+  };
+  EXPECT_EQ(status_of(v1::ROUTE_ERROR_INVALID_REQUEST), 400u);
+  EXPECT_EQ(status_of(v1::ROUTE_ERROR_RATE_LIMITED), 429u);
+  EXPECT_EQ(status_of(v1::ROUTE_ERROR_REJECTED), 429u);
+  EXPECT_EQ(status_of(v1::ROUTE_ERROR_OVERLOADED), 503u);
+  EXPECT_EQ(status_of(v1::ROUTE_ERROR_NO_WORKERS), 503u);
+  EXPECT_EQ(status_of(v1::ROUTE_ERROR_ALL_FILTERED), 503u);
+  EXPECT_EQ(status_of(v1::ROUTE_ERROR_UNAVAILABLE), 503u);
+  EXPECT_EQ(status_of(v1::ROUTE_ERROR_OWNER_LOST), 503u);
+  EXPECT_EQ(status_of(v1::ROUTE_ERROR_POLICY_FAILED), 500u);
+  EXPECT_EQ(status_of(v1::ROUTE_ERROR_TIMEOUT), 504u);
+  EXPECT_EQ(status_of(v1::ROUTE_ERROR_DUE_TIME_EXPIRED), 504u);
+  EXPECT_EQ(status_of(v1::ROUTE_ERROR_WORKER_FAILED), 502u);
+}
+
+TEST(HttpUrlTest, AUrlSplitsIntoHostPortAndPath) {
+  const auto plain = split_http_url("http://10.0.0.5:8000/");
+  ASSERT_TRUE(plain);
+  EXPECT_FALSE(plain->https);
+  EXPECT_EQ(plain->host, "10.0.0.5");
+  EXPECT_EQ(plain->port, "8000");
+  EXPECT_EQ(plain->path, "");
+  const auto prefixed = split_http_url("https://[::1]/engines/a/");
+  ASSERT_TRUE(prefixed);
+  EXPECT_TRUE(prefixed->https);
+  EXPECT_EQ(prefixed->host, "::1");
+  EXPECT_EQ(prefixed->port, "443");
+  EXPECT_EQ(prefixed->path, "/engines/a");
+  EXPECT_EQ(split_http_url("http://engine")->port, "80");
+  EXPECT_FALSE(split_http_url("ftp://engine"));
+}
+
+}  // namespace
+}  // namespace kvr::front_door
