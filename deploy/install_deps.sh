@@ -11,7 +11,7 @@ packages=(
   libssl-dev libabsl-dev libxxhash-dev libspdlog-dev libfmt-dev libcli11-dev libcpp-httplib-dev
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev  # kvr bridge: the engines' ZMQ KV events
   nlohmann-json3-dev python3 python3-matplotlib
-  libboost-dev  # the node's HTTP front door: Boost.Beast and Asio (header-only)
+  libboost-dev libsimdjson-dev  # the node's HTTP front door: Boost.Beast and Asio, simdjson
   libgrpc++-dev protobuf-compiler-grpc  # the node's endpoint picker for Envoy (gRPC ext_proc)
   openssl  # the tests make a self-signed certificate for their TLS nats-server
   clang-19 libclang-rt-19-dev  # the fuzz stage: libFuzzer harnesses (deploy/scripts/fuzz.sh)

@@ -481,7 +481,7 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
     }
     request_ = std::move(*parsed);
     metadata_ = std::move(*metadata);
-    server_.renderer.render(strand_, request_, std::move(engine_urls),
+    server_.renderer.render(strand_, request_, body_, std::move(engine_urls),
                             [self = shared_from_this()](RenderResult tokens) {
                               if (self->finishing_) return;
                               if (!tokens) return self->refuse(tokens.error());

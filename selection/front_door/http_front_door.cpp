@@ -461,15 +461,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
     server_.in_flight_gauge.set(static_cast<double>(server_.in_flight.load()));
     watch_client();
     const std::uint64_t epoch = ++epoch_;
-    server_.renderer.render(stream_.get_executor(), flight_->request, std::move(engine_urls),
+    server_.renderer.render(stream_.get_executor(), flight_->request, flight_->body,
+                            std::move(engine_urls),
                             [self = shared_from_this(), epoch](RenderResult tokens) {
                               if (epoch != self->epoch_ || !self->flight_) return;
                               if (!tokens) return self->fail_flight(tokens.error(), {});
                               self->flight_->tokens = std::move(*tokens);
                               self->route();
                             });
-    // The renderer took what it needs; routing reads the fields parsed out of the body.
-    if (flight_) flight_->request.body = nlohmann::json();
+    // The prompt's ids are in flight_->tokens now.
+    if (flight_) flight_->request.prompt_token_ids = {};
   }
 
   // One read on the client's socket while its request is served: it ends when the client goes.

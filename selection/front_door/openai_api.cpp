@@ -1,8 +1,9 @@
 #include "selection/front_door/openai_api.hpp"
 
-#include <algorithm>
+#include <optional>
 
 #include <fmt/format.h>
+#include <simdjson.h>
 
 namespace kvr::front_door {
 namespace {
@@ -11,51 +12,85 @@ using Json = nlohmann::json;
 
 Json null_if_empty(const std::string& value) { return value.empty() ? Json() : Json(value); }
 
-// A field that may be absent or null, else must pass `valid`.
-template <class Valid>
-bool absent_or(const Json& body, const char* field, Valid valid) {
-  const auto found = body.find(field);
-  return found == body.end() || found->is_null() || valid(*found);
+namespace ondemand = simdjson::ondemand;
+
+// A token id: an unsigned integer of 32 bits.
+bool read_token_id(ondemand::value value, std::vector<std::uint32_t>& into) {
+  std::uint64_t id = 0;
+  if (value.get_uint64().get(id) || id > UINT32_MAX) return false;
+  into.push_back(static_cast<std::uint32_t>(id));
+  return true;
 }
 
-std::expected<void, HttpError> check_messages(const Json& body) {
-  const auto messages = body.find("messages");
-  if (messages == body.end() || !messages->is_array() || messages->empty()) {
-    return std::unexpected(bad_request("messages: a non-empty array is required", "messages"));
-  }
-  for (std::size_t i = 0; i < messages->size(); ++i) {
-    const Json& message = (*messages)[i];
-    const auto role = message.is_object() ? message.find("role") : message.end();
-    if (!message.is_object() || role == message.end() || !role->is_string()) {
-      return std::unexpected(bad_request(
-          fmt::format("messages[{}]: an object with a string role is required", i), "messages"));
+std::expected<void, HttpError> read_messages(ondemand::value value) {
+  const auto fail = [](std::string message) {
+    return std::unexpected(bad_request(std::move(message), "messages"));
+  };
+  ondemand::array messages;
+  if (value.get_array().get(messages)) return fail("messages: a non-empty array is required");
+  std::size_t count = 0;
+  for (auto element : messages) {
+    ondemand::object message;
+    std::string_view role;
+    if (element.get_object().get(message) ||
+        message.find_field_unordered("role").get_string().get(role)) {
+      return fail(fmt::format("messages[{}]: an object with a string role is required", count));
     }
+    ++count;
   }
+  if (count == 0) return fail("messages: a non-empty array is required");
   return {};
 }
 
-std::expected<void, HttpError> check_prompt(const Json& body) {
-  const auto prompt = body.find("prompt");
+// A string, strings, token ids, or lists of token ids; the ids (of the first list) go to `ids`.
+std::expected<void, HttpError> read_prompt(ondemand::value value, std::vector<std::uint32_t>& ids) {
   const auto fail = [] {
     return std::unexpected(bad_request(
         "prompt: a string, an array of strings or an array of token ids is required", "prompt"));
   };
-  if (prompt == body.end()) return fail();
-  if (prompt->is_string()) return {};
-  if (!prompt->is_array() || prompt->empty()) return fail();
-  const bool strings = std::all_of(prompt->begin(), prompt->end(),
-                                   [](const Json& item) { return item.is_string(); });
-  const bool token_ids = std::all_of(prompt->begin(), prompt->end(), [](const Json& item) {
-    return item.is_number_unsigned() && item.get<std::uint64_t>() <= UINT32_MAX;
-  });
-  const bool token_lists = std::all_of(prompt->begin(), prompt->end(), [](const Json& item) {
-    return item.is_array() && !item.empty() &&
-           std::all_of(item.begin(), item.end(), [](const Json& id) {
-             return id.is_number_unsigned() && id.get<std::uint64_t>() <= UINT32_MAX;
-           });
-  });
-  if (strings || token_ids || token_lists) return {};
-  return fail();
+  ondemand::json_type type;
+  if (value.type().get(type)) return fail();
+  if (type == ondemand::json_type::string) {
+    std::string_view text;
+    if (value.get_string().get(text)) return fail();
+    return {};
+  }
+  ondemand::array prompt;
+  if (type != ondemand::json_type::array || value.get_array().get(prompt)) return fail();
+  std::optional<ondemand::json_type> kind;
+  std::size_t count = 0;
+  for (auto element : prompt) {
+    ondemand::value item;
+    ondemand::json_type item_type;
+    if (element.get(item) || item.type().get(item_type)) return fail();
+    if (kind && *kind != item_type) return fail();
+    kind = item_type;
+    if (item_type == ondemand::json_type::number) {
+      if (!read_token_id(item, ids)) return fail();
+    } else if (item_type == ondemand::json_type::string) {
+      std::string_view text;
+      if (item.get_string().get(text)) return fail();
+    } else if (item_type == ondemand::json_type::array) {
+      // Lists of token ids: the first is routed, the others only checked.
+      std::vector<std::uint32_t> checked;
+      std::vector<std::uint32_t>& into = count == 0 ? ids : checked;
+      ondemand::array list;
+      if (item.get_array().get(list)) return fail();
+      std::size_t size = 0;
+      for (auto id : list) {
+        ondemand::value id_value;
+        if (id.get(id_value) || !read_token_id(id_value, into)) return fail();
+        ++size;
+      }
+      if (size == 0) return fail();
+      checked.clear();
+    } else {
+      return fail();
+    }
+    ++count;
+  }
+  if (count == 0) return fail();
+  return {};
 }
 
 }  // namespace
@@ -84,43 +119,81 @@ std::expected<GenerationRequest, HttpError> parse_generation_request(Endpoint en
                                                                      std::string_view body) {
   GenerationRequest request;
   request.endpoint = endpoint;
-  request.body = Json::parse(body, nullptr, false);
-  if (request.body.is_discarded())
+  // One parser per thread: it keeps its buffers between requests.
+  thread_local ondemand::parser parser;
+  const simdjson::padded_string padded{body};
+  ondemand::document document;
+  ondemand::object object;
+  if (parser.iterate(padded).get(document)) {
     return std::unexpected(bad_request("the body is not valid JSON"));
-  if (!request.body.is_object())
+  }
+  if (document.get_object().get(object)) {
     return std::unexpected(bad_request("the body is not a JSON object"));
-  const Json& json = request.body;
-  const auto model = json.find("model");
-  if (model == json.end() || !model->is_string() || model->get_ref<const std::string&>().empty()) {
+  }
+  bool has_model = false;
+  bool has_content = false;
+  const std::string_view content_field =
+      endpoint == Endpoint::chat_completions ? "messages" : "prompt";
+  for (auto field : object) {
+    std::string_view key;
+    ondemand::value value;
+    if (field.unescaped_key().get(key) || field.value().get(value)) {
+      return std::unexpected(bad_request("the body is not valid JSON"));
+    }
+    bool null = false;
+    if (value.is_null().get(null))
+      return std::unexpected(bad_request("the body is not valid JSON"));
+    if (key == "model") {
+      std::string_view model;
+      if (value.get_string().get(model) || model.empty()) {
+        return std::unexpected(bad_request("model: a non-empty string is required", "model"));
+      }
+      request.model = model;
+      has_model = true;
+    } else if (key == content_field) {
+      auto read = endpoint == Endpoint::chat_completions
+                      ? read_messages(value)
+                      : read_prompt(value, request.prompt_token_ids);
+      if (!read) return std::unexpected(read.error());
+      has_content = true;
+    } else if (null) {
+      continue;
+    } else if (key == "stream") {
+      if (value.get_bool().get(request.stream)) {
+        return std::unexpected(bad_request("stream: a boolean is required", "stream"));
+      }
+    } else if (key == "max_tokens" || key == "max_completion_tokens") {
+      std::uint64_t tokens = 0;
+      if (value.get_uint64().get(tokens) || tokens == 0 || tokens > UINT32_MAX) {
+        const std::string name{key};
+        return std::unexpected(
+            bad_request(fmt::format("{}: a positive integer is required", name), name));
+      }
+      request.max_tokens = static_cast<std::uint32_t>(tokens);
+    } else if (key == "user") {
+      std::string_view user;
+      if (value.get_string().get(user)) {
+        return std::unexpected(bad_request("user: a string is required", "user"));
+      }
+      request.user = user;
+    } else if (key == "stream_options") {
+      ondemand::object options;
+      if (value.get_object().get(options)) {
+        return std::unexpected(
+            bad_request("stream_options: an object is required", "stream_options"));
+      }
+    }
+  }
+  if (!has_model) {
     return std::unexpected(bad_request("model: a non-empty string is required", "model"));
   }
-  request.model = model->get<std::string>();
-  auto content = endpoint == Endpoint::chat_completions ? check_messages(json) : check_prompt(json);
-  if (!content) return std::unexpected(content.error());
-  if (!absent_or(json, "stream", [](const Json& v) { return v.is_boolean(); })) {
-    return std::unexpected(bad_request("stream: a boolean is required", "stream"));
-  }
-  if (const auto stream = json.find("stream"); stream != json.end() && stream->is_boolean()) {
-    request.stream = stream->get<bool>();
-  }
-  for (const char* field : {"max_tokens", "max_completion_tokens"}) {
-    const auto tokens = json.find(field);
-    if (tokens == json.end() || tokens->is_null()) continue;
-    if (!tokens->is_number_unsigned() || tokens->get<std::uint64_t>() == 0 ||
-        tokens->get<std::uint64_t>() > UINT32_MAX) {
-      return std::unexpected(
-          bad_request(fmt::format("{}: a positive integer is required", field), field));
-    }
-    request.max_tokens = tokens->get<std::uint32_t>();
-  }
-  if (!absent_or(json, "user", [](const Json& v) { return v.is_string(); })) {
-    return std::unexpected(bad_request("user: a string is required", "user"));
-  }
-  if (const auto user = json.find("user"); user != json.end() && user->is_string()) {
-    request.user = user->get<std::string>();
-  }
-  if (!absent_or(json, "stream_options", [](const Json& v) { return v.is_object(); })) {
-    return std::unexpected(bad_request("stream_options: an object is required", "stream_options"));
+  if (!has_content) {
+    return std::unexpected(
+        endpoint == Endpoint::chat_completions
+            ? bad_request("messages: a non-empty array is required", "messages")
+            : bad_request(
+                  "prompt: a string, an array of strings or an array of token ids is required",
+                  "prompt"));
   }
   return request;
 }

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -43,7 +44,7 @@ enum class Endpoint : std::uint8_t { chat_completions, completions };
 /// "/v1/chat/completions" or "/v1/completions".
 std::string_view path_of(Endpoint endpoint);
 
-/// What routing reads from a client's request body.
+/// What routing reads from a client's request body (the body itself is forwarded as it came).
 struct GenerationRequest {
   Endpoint endpoint = Endpoint::chat_completions;
   std::string model;
@@ -52,13 +53,15 @@ struct GenerationRequest {
   std::optional<std::uint32_t> max_tokens;
   /// OpenAI's `user`: the tenant unless x-kvr-tenant names one.
   std::string user;
-  /// The parsed body, for the engine's render and tokenize calls.
-  nlohmann::json body;
+  /// A completions prompt given as token ids (the first, for a batch of prompts); empty for text
+  /// and chat, which an engine renders.
+  std::vector<std::uint32_t> prompt_token_ids;
 };
 
-/// Parses and checks a request body: a JSON object with a non-empty string `model`, `messages`
-/// (chat: a non-empty array of objects with a string `role`) or `prompt` (completions: a string,
-/// an array of strings, or an array of token ids), and well-typed `stream`, `max_tokens`,
+/// Parses and checks a request body (simdjson's on-demand parser: prompts run to megabytes of
+/// token ids): a JSON object with a non-empty string `model`, `messages` (chat: a non-empty array
+/// of objects with a string `role`) or `prompt` (completions: a string, an array of strings, an
+/// array of token ids or an array of such arrays), and well-typed `stream`, `max_tokens`,
 /// `max_completion_tokens`, `user` and `stream_options`. The error names the field (400).
 std::expected<GenerationRequest, HttpError> parse_generation_request(Endpoint endpoint,
                                                                      std::string_view body);

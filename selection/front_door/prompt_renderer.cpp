@@ -11,32 +11,23 @@ using Json = nlohmann::json;
 
 constexpr std::string_view kRenderCalls = "kvr_http_render_calls_total";
 
-// The token ids of a completions prompt given as ids (one list, or the first of several).
-std::optional<std::vector<std::uint32_t>> prompt_token_ids(const GenerationRequest& request) {
-  if (request.endpoint != Endpoint::completions) return std::nullopt;
-  const Json& prompt = request.body["prompt"];
-  if (!prompt.is_array() || prompt.empty()) return std::nullopt;
-  const Json& ids = prompt[0].is_array() ? prompt[0] : prompt;
-  if (!ids[0].is_number_unsigned()) return std::nullopt;
-  return ids.get<std::vector<std::uint32_t>>();
-}
-
 // vLLM's /tokenize body for the request: its messages (with the chat fields that change the
 // rendering) or its first prompt.
-Json tokenize_body(const GenerationRequest& request) {
-  Json body{{"model", request.model}};
-  if (request.endpoint == Endpoint::chat_completions) {
+// Built only for engines without render endpoints, from the body parse_generation_request
+// checked already.
+std::string tokenize_body(bool chat, const std::string& client_body) {
+  const Json request = Json::parse(client_body, nullptr, false);
+  Json body{{"model", request.value("model", Json())}};
+  if (chat) {
     for (const char* field : {"messages", "add_generation_prompt", "continue_final_message",
                               "chat_template", "chat_template_kwargs", "tools"}) {
-      if (const auto found = request.body.find(field); found != request.body.end()) {
-        body[field] = *found;
-      }
+      if (const auto found = request.find(field); found != request.end()) body[field] = *found;
     }
   } else {
-    const Json& prompt = request.body["prompt"];
+    const Json& prompt = request["prompt"];
     body["prompt"] = prompt.is_array() ? prompt[0] : prompt;
   }
-  return body;
+  return body.dump();
 }
 
 // An engine's error message from its error object, else its body.
@@ -107,9 +98,10 @@ void PromptRenderer::mark_lacks_render(const std::string& url) {
 }
 
 void PromptRenderer::render(boost::asio::any_io_executor executor, const GenerationRequest& request,
-                            std::vector<std::string> engine_urls,
+                            std::string_view body, std::vector<std::string> engine_urls,
                             std::function<void(RenderResult)> done) {
-  if (auto ids = prompt_token_ids(request)) return done(std::move(*ids));
+  // A completions prompt of token ids needs no engine.
+  if (!request.prompt_token_ids.empty()) return done(request.prompt_token_ids);
   if (engine_urls.empty()) {
     return done(std::unexpected(HttpError{.status = 503,
                                           .message = "no engine of the model can render prompts",
@@ -126,8 +118,7 @@ void PromptRenderer::render(boost::asio::any_io_executor executor, const Generat
   attempt->owner = this;  // from here the Attempt owns the in-flight slot
   attempt->executor = std::move(executor);
   attempt->chat = request.endpoint == Endpoint::chat_completions;
-  attempt->render_body = request.body.dump();
-  attempt->tokenize_body = tokenize_body(request).dump();
+  attempt->render_body = body;
   attempt->next = next_engine_.fetch_add(1) % engine_urls.size();
   attempt->engines = std::move(engine_urls);
   attempt->done = std::move(done);
@@ -152,6 +143,9 @@ void PromptRenderer::call(std::shared_ptr<Attempt> attempt, bool tokenize) {
   const std::string path = tokenize        ? "/tokenize"
                            : attempt->chat ? "/v1/chat/completions/render"
                                            : "/v1/completions/render";
+  if (tokenize && attempt->tokenize_body.empty()) {
+    attempt->tokenize_body = tokenize_body(attempt->chat, attempt->render_body);
+  }
   EngineCallRequest engine_request{.base_url = url,
                                    .path = path,
                                    .body = tokenize ? attempt->tokenize_body : attempt->render_body,

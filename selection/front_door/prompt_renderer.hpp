@@ -31,11 +31,13 @@ class PromptRenderer {
   PromptRenderer(std::size_t max_in_flight, std::chrono::milliseconds timeout,
                  std::shared_ptr<metrics::MetricsRegistry> metrics);
 
-  /// The token ids of `request`'s prompt (its first, for a batch of prompts), from one of
-  /// `engine_urls`; `done` runs once on `executor`. The error: 400 with the engine's reason when
-  /// it refuses the request, 503 when no engine could render or too many renders are in flight.
+  /// The token ids of `request`'s prompt (its first, for a batch of prompts; `body` is the
+  /// request's body as the client sent it), from one of `engine_urls`; `done` runs once on
+  /// `executor`. The error: 400 with the engine's reason when it refuses the request, 503 when no
+  /// engine could render or too many renders are in flight.
   void render(boost::asio::any_io_executor executor, const GenerationRequest& request,
-              std::vector<std::string> engine_urls, std::function<void(RenderResult)> done);
+              std::string_view body, std::vector<std::string> engine_urls,
+              std::function<void(RenderResult)> done);
 
   /// Calls made so far (render and tokenize), for tests and benchmarks.
   std::uint64_t calls() const { return calls_.load(); }
