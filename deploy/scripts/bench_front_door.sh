@@ -3,7 +3,7 @@
 # door"): the same vLLM-speaking engines (`kvr mocker --speak vllm` at time scale 1e6, so that an
 # answer takes microseconds of simulated GPU and the difference is HTTP, rendering and routing)
 # reached directly, in turn, and through `kvr node --http-port`, by `kvr replay-live --openai-url`
-# at 64 and 512 concurrent streams; the CPU the node and the engines spent per request; then 2,000
+# at the trace's arrivals (6x) and closed-loop at 64 and 512 concurrent streams; the CPU the node and the engines spent per request; then 2,000
 # streams held open through the node at once (slow engines), with the node's memory per stream.
 # Usage: deploy/scripts/bench_front_door.sh [KVR_BINARY] (default build/release/deploy/cli/kvr).
 set -euo pipefail
@@ -12,6 +12,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 kvr=${1:-"$root/build/release/deploy/cli/kvr"}
 engines=${KVR_BENCH_ENGINES:-4}
 requests=${KVR_BENCH_REQUESTS:-2000}
+open_requests=${KVR_BENCH_OPEN_REQUESTS:-600}
 held_streams=${KVR_BENCH_HELD_STREAMS:-2000}
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvr-bench-front-door.XXXXXX")
 pids=()
@@ -24,6 +25,27 @@ stop_all() {
 trap 'stop_all; rm -rf "$work"' EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# A base port with the $1 ports from it all free.
+free_base() {
+  python3 -c '
+import random, socket, sys
+count = int(sys.argv[1])
+for _ in range(200):
+    base = random.randint(20000, 60000 - count)
+    sockets = []
+    try:
+        for port in range(base, base + count):
+            sockets.append(socket.socket())
+            sockets[-1].bind(("127.0.0.1", port))
+        print(base)
+        break
+    except OSError:
+        pass
+    finally:
+        for s in sockets:
+            s.close()
+' "$1"
+}
 cpu_ms() { awk '{print ($14 + $15) * 1000 / '"$(getconf CLK_TCK)"'}' "/proc/$1/stat"; }
 rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
 # The sum of a metric's series on the node's /metrics.
@@ -39,7 +61,7 @@ start_fleet() {
   nats-server -a 127.0.0.1 -p "$nats_port" >"$work/nats.log" 2>&1 &
   pids+=("$!")
   nats="nats://127.0.0.1:$nats_port"
-  base=$((20000 + RANDOM % 20000))
+  base=$(free_base $((3 * engines)))
   "$kvr" mocker --speak vllm --workers "$engines" --time-scale "$time_scale" --http-threads 1000 \
     --http-port "$base" --kv-events-port $((base + 1)) --kv-events-replay-port 0 --port-stride 3 \
     >"$work/engines.log" 2>&1 &
@@ -48,7 +70,10 @@ start_fleet() {
   engine_urls=()
   for ((i = 0; i < engines; i++)); do
     local http=$((base + 3 * i))
-    until curl -sf "127.0.0.1:$http/health" >/dev/null; do sleep 0.1; done
+    until curl -sf "127.0.0.1:$http/health" >/dev/null; do
+      kill -0 "$engines_pid" 2>/dev/null || { cat "$work/engines.log" >&2; exit 1; }
+      sleep 0.1
+    done
     "$kvr" bridge --engine vllm --engine-url "http://127.0.0.1:$http" \
       --kv-events "tcp://127.0.0.1:$((http + 1))" --nats "$nats" >"$work/bridge_$i.log" 2>&1 &
     pids+=("$!")
@@ -65,23 +90,31 @@ start_fleet() {
   done
 }
 
-# replay-live through $1 (direct | node) at concurrency $2; prints one row of the table.
+# replay-live through $1 (direct | node) at concurrency $2 (a number: closed loop, every request
+# due at once; "open": the trace's arrivals at 6x its rate, about 20 requests/s, nothing
+# saturated); prints one row of the table.
 run() {
-  local target=$1 concurrency=$2 urls json node_before engines_before
+  local target=$1 concurrency=$2 urls json node_before engines_before load
   if [[ $target == node ]]; then urls=(--openai-url "http://127.0.0.1:$http_port/v1"); else urls=("${engine_urls[@]}"); fi
   json="$work/${target}_${concurrency}.json"
+  if [[ $concurrency == open ]]; then
+    load=(--speedup 6 --concurrency 1000 --limit "$open_requests")
+  else
+    load=(--speedup 1e6 --concurrency "$concurrency" --measure-from-send --limit "$requests")
+  fi
   node_before=$(cpu_ms "$node_pid")
   engines_before=$(cpu_ms "$engines_pid")
-  "$kvr" replay-live "${urls[@]}" --openai-api completions --limit "$requests" --speedup 1e6 \
-    --concurrency "$concurrency" --measure-from-send --timeout 120 --quiet --json "$json" >/dev/null
-  python3 - "$json" "$target" "$concurrency" "$requests" \
+  # A failed request fails the replay (exit 1), not the table: its row shows the completed count.
+  "$kvr" replay-live "${urls[@]}" --openai-api completions "${load[@]}" --timeout 120 --quiet \
+    --json "$json" >/dev/null || true
+  python3 - "$json" "$target" "$concurrency" \
     "$(awk -v a="$(cpu_ms "$node_pid")" -v b="$node_before" 'BEGIN {print a - b}')" \
     "$(awk -v a="$(cpu_ms "$engines_pid")" -v b="$engines_before" 'BEGIN {print a - b}')" <<'EOF'
 import json, sys
-path, target, concurrency, requests, node_ms, engines_ms = sys.argv[1:]
+path, target, concurrency, node_ms, engines_ms = sys.argv[1:]
 policy = json.load(open(path))["policies"][0]
 done = policy["completed"]
-print(f"{target:>7} {concurrency:>5} {done:>6}/{requests} {done / policy['makespan_s']:>9.0f} "
+print(f"{target:>7} {concurrency:>5} {done:>6}/{policy['requests']} {done / policy['makespan_s']:>9.0f} "
       f"{policy['ttft_ms']['p50']:>9.3f} {policy['ttft_ms']['p99']:>9.3f} "
       f"{float(node_ms) / done:>10.3f} {float(engines_ms) / done:>12.3f}")
 EOF
@@ -92,10 +125,19 @@ echo "(completions with token-id prompts, streamed) per row, side by side in one
 start_fleet 1e6
 printf '%7s %5s %13s %9s %9s %9s %10s %12s\n' target conc completed "req/s" "ttft p50" "ttft p99" \
   "node ms/req" "engines ms/req"
-for concurrency in 64 512; do
+for concurrency in ${KVR_BENCH_LOADS:-open 64 512}; do
   for target in direct node; do run "$target" "$concurrency"; done
 done
 echo "(ttft in ms of wall-clock time at the client; ms/req = CPU time of the process per request)"
+# The node's own view: from a request's body to its forwarding (routing included), over every run.
+curl -s "127.0.0.1:$metrics_port/metrics" | python3 -c '
+import sys
+buckets = [(float(line.split("le=\"")[1].split("\"")[0].replace("+Inf", "inf")), float(line.split()[-1]))
+           for line in sys.stdin if line.startswith("kvr_http_added_latency_seconds_bucket")]
+total = buckets[-1][1]
+quantile = lambda q: next(le for le, count in buckets if count >= q * total)
+print(f"node: body to forwarded, {int(total)} requests: p50 <= {quantile(0.5) * 1000:g} ms, "
+      f"p99 <= {quantile(0.99) * 1000:g} ms (histogram bucket bounds)")'
 stop_all
 
 echo
