@@ -37,6 +37,8 @@ std::string read_file(const fs::path& path) {
 }
 
 /// The ```yaml fenced blocks of a Markdown file, each named by the line of its opening fence.
+/// Other YAML, such as Envoy's configuration in docs/gateway.md, names itself after the language
+/// ("```yaml envoy") and is not a router policy.
 std::vector<YamlSample> yaml_blocks(const fs::path& markdown, const std::string& name) {
   std::vector<YamlSample> blocks;
   std::istringstream lines{read_file(markdown)};
@@ -45,7 +47,7 @@ std::vector<YamlSample> yaml_blocks(const fs::path& markdown, const std::string&
   for (int number = 1; std::getline(lines, line); ++number) {
     const std::string_view trimmed =
         std::string_view{line}.substr(std::min(line.find_first_not_of(' '), line.size()));
-    if (!open && trimmed.starts_with("```yaml")) {
+    if (!open && trimmed == "```yaml") {
       open = YamlSample{name + ":" + std::to_string(number), {}};
     } else if (open && trimmed.starts_with("```")) {
       blocks.push_back(std::move(*open));
