@@ -212,12 +212,7 @@ class EndpointPickerTest : public testing::KvrClusterTest {
   void TearDown() override {
     if (HasFailure()) {
       if (node_) std::cerr << "---- node log\n" << node_->log();
-      for (auto& pair : pairs_) {
-        if (pair->engine)
-          std::cerr << "---- engine " << pair->worker << "\n" << pair->engine->log();
-        if (pair->bridge)
-          std::cerr << "---- bridge " << pair->worker << "\n" << pair->bridge->log();
-      }
+      std::cerr << testing::engine_pair_logs(pairs_);
     }
   }
 

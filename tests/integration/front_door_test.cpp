@@ -69,6 +69,18 @@ Json long_chat(const std::string& topic, std::string_view extra = {}) {
                 {{"role", "user"}, {"content", "Tell me about " + topic + std::string{extra}}}}}};
 }
 
+// A streamed completion that runs far longer than any test (its receiver is set by the caller).
+httplib::Request long_streamed_completion() {
+  httplib::Request request;
+  request.method = "POST";
+  request.path = "/v1/completions";
+  request.body =
+      Json{{"model", "mock-model"}, {"prompt", {1, 2, 3}}, {"max_tokens", 20000}, {"stream", true}}
+          .dump();
+  request.set_header("Content-Type", "application/json");
+  return request;
+}
+
 class FrontDoorTest : public testing::KvrClusterTest {
  protected:
   FrontDoorTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
@@ -76,12 +88,7 @@ class FrontDoorTest : public testing::KvrClusterTest {
   void TearDown() override {
     if (HasFailure()) {
       if (node_) std::cerr << "---- node log\n" << node_->log();
-      for (auto& pair : pairs_) {
-        if (pair->engine)
-          std::cerr << "---- engine " << pair->worker << "\n" << pair->engine->log();
-        if (pair->bridge)
-          std::cerr << "---- bridge " << pair->worker << "\n" << pair->bridge->log();
-      }
+      std::cerr << testing::engine_pair_logs(pairs_);
     }
   }
 
@@ -282,16 +289,7 @@ TEST_F(FrontDoorTest, EveryErrorIsAnOpenAiErrorObject) {
   std::atomic<bool> started{false};
   std::atomic<bool> stop{false};
   std::thread holder{[&] {
-    httplib::Request request;
-    request.method = "POST";
-    request.path = "/v1/completions";
-    request.body = Json{
-        {"model", "mock-model"},
-        {"prompt", {1, 2, 3}},
-        {"max_tokens", 20000},
-        {"stream",
-         true}}.dump();
-    request.set_header("Content-Type", "application/json");
+    httplib::Request request = long_streamed_completion();
     request.content_receiver = [&](const char*, std::size_t, std::uint64_t, std::uint64_t) {
       started = true;
       return !stop.load();
@@ -352,16 +350,7 @@ TEST_F(FrontDoorTest, AClientThatGoesAwayCancelsTheEngineRequestAndReleasesTheBo
   std::chrono::steady_clock::time_point gone;
   {
     auto http = client();
-    httplib::Request request;
-    request.method = "POST";
-    request.path = "/v1/completions";
-    request.body = Json{
-        {"model", "mock-model"},
-        {"prompt", {1, 2, 3}},
-        {"max_tokens", 20000},
-        {"stream",
-         true}}.dump();
-    request.set_header("Content-Type", "application/json");
+    httplib::Request request = long_streamed_completion();
     request.content_receiver = [&](const char*, std::size_t, std::uint64_t, std::uint64_t) {
       first_event = true;
       gone = std::chrono::steady_clock::now();

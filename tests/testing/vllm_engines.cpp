@@ -64,4 +64,14 @@ std::expected<std::unique_ptr<EnginePair>, std::string> start_engine_pair(
   return pair;
 }
 
+std::string engine_pair_logs(const std::vector<std::unique_ptr<EnginePair>>& pairs) {
+  std::string logs;
+  for (const auto& pair : pairs) {
+    const std::string worker = std::to_string(pair->worker);
+    if (pair->engine) logs += "---- engine " + worker + "\n" + pair->engine->log();
+    if (pair->bridge) logs += "---- bridge " + worker + "\n" + pair->bridge->log();
+  }
+  return logs;
+}
+
 }  // namespace kvr::testing

@@ -52,4 +52,7 @@ std::expected<std::unique_ptr<EnginePair>, std::string> start_engine_pair(
     const KvrProcesses& kvr, const EnginePairOptions& options,
     std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
+/// Every pair's engine and bridge log, headed by their worker, for a failed test's output.
+std::string engine_pair_logs(const std::vector<std::unique_ptr<EnginePair>>& pairs);
+
 }  // namespace kvr::testing
