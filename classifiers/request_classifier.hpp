@@ -130,18 +130,25 @@ class ClassifierError {
   static ClassifierError overloaded(std::string message) {
     return {Kind::Overloaded, std::move(message)};
   }
-  static ClassifierError rate_limited(std::string message) {
-    return {Kind::RateLimited, std::move(message)};
+  /// `retry_after`: when the request would be admitted if sent again (clients get it as an HTTP
+  /// Retry-After); empty when the classifier cannot say.
+  static ClassifierError rate_limited(
+      std::string message, std::optional<std::chrono::milliseconds> retry_after = std::nullopt) {
+    ClassifierError error{Kind::RateLimited, std::move(message)};
+    error.retry_after_ = retry_after;
+    return error;
   }
   static ClassifierError failed(std::string message) { return {Kind::Failed, std::move(message)}; }
 
   Kind kind() const { return kind_; }
   std::string_view message() const { return message_; }
+  std::optional<std::chrono::milliseconds> retry_after() const { return retry_after_; }
 
  private:
   ClassifierError(Kind kind, std::string message) : kind_(kind), message_(std::move(message)) {}
   Kind kind_;
   std::string message_;
+  std::optional<std::chrono::milliseconds> retry_after_;
 };
 
 namespace detail {

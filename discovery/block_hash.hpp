@@ -2,6 +2,7 @@
 // simulated engine and every worker agree on. Used by routing clients, replay and the mocker.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -43,6 +44,34 @@ class BlockHasher {
 
  private:
   std::uint32_t block_size_;
+  std::uint64_t seed_;
+};
+
+/// The `estimate` tokenizer mode's stand-in for a token: this many bytes of UTF-8 prompt text
+/// (about right for English under the common BPE vocabularies). A text block of block_size such
+/// "tokens" then stands for about one KV block, so overlaps and loads keep their units.
+inline constexpr std::uint32_t kTextBytesPerToken = 4;
+
+/// The estimated token count of `text_bytes` bytes of prompt text (at least 1).
+constexpr std::size_t estimated_prompt_tokens(std::size_t text_bytes) {
+  return text_bytes == 0 ? 1 : (text_bytes + kTextBytesPerToken - 1) / kTextBytesPerToken;
+}
+
+/// Hashes a prompt's text in fixed-size byte blocks, chained as BlockHasher chains token blocks,
+/// but from a seed of its own: text-block keys live in a router-side index of routing decisions
+/// and are never compared with the block hashes of engine KV events.
+class TextBlockHasher {
+ public:
+  /// Blocks of block_size * kTextBytesPerToken bytes; `block_size` must be positive.
+  explicit TextBlockHasher(std::uint32_t block_size, std::string_view cache_namespace = {});
+
+  std::size_t block_bytes() const { return block_bytes_; }
+
+  /// Appends the sequence hashes of every full block of `text` to `out`.
+  void append_sequence_hashes(std::string_view text, std::vector<BlockHash>& out) const;
+
+ private:
+  std::size_t block_bytes_;
   std::uint64_t seed_;
 };
 

@@ -3,7 +3,7 @@
 namespace kvr::discovery {
 
 PartitionWorkers::PartitionWorkers(RegistrationLimits limits, IndexerConfig index_config)
-    : catalog_(std::move(limits)), index_(index_config) {}
+    : catalog_(std::move(limits)), index_(index_config), text_index_(index_config) {}
 
 std::expected<RegistrationChange, RegistrationError> PartitionWorkers::register_worker(
     WorkerRegistration registration, std::chrono::steady_clock::time_point now) {
@@ -35,6 +35,7 @@ void PartitionWorkers::expire(std::chrono::steady_clock::time_point now,
   for (std::size_t i = first; i < removed.size(); ++i) drop_worker(removed[i]);
   load_.expire(now);
   index_.expire(now);
+  text_index_.expire(now);
 }
 
 void PartitionWorkers::add_ranks(const WorkerRegistration& registration) {
@@ -43,12 +44,15 @@ void PartitionWorkers::add_ranks(const WorkerRegistration& registration) {
     // Validation guarantees a positive capacity and a fresh (worker, rank) after drop_worker.
     (void)index_.add_worker(worker, {registration.total_kv_blocks, registration.incarnation,
                                      !registration.publishes_kv_events});
+    (void)text_index_.add_worker(
+        worker, {registration.total_kv_blocks, registration.incarnation, /*approximate=*/true});
     (void)load_.add_rank(worker, registration.total_kv_blocks);
   }
 }
 
 void PartitionWorkers::drop_worker(WorkerId worker_id) {
   index_.remove_worker(worker_id);
+  text_index_.remove_worker(worker_id);
   load_.remove_worker(worker_id);
 }
 

@@ -1,6 +1,6 @@
-// Everything kvr knows about the workers of one routing partition: catalog, KV index and
-// predicted load, kept in step (a removal cascades to the index and to the bookings). Owned by
-// the partition's selector actor; plain C++ with an injected clock.
+// Everything kvr knows about the workers of one routing partition: catalog, KV index, text index
+// and predicted load, kept in step (a removal cascades to the indexes and to the bookings). Owned
+// by the partition's selector actor; plain C++ with an injected clock.
 #pragma once
 
 #include <chrono>
@@ -13,7 +13,7 @@
 
 namespace kvr::discovery {
 
-/// Catalog, KV index and predicted load of one partition.
+/// Catalog, KV index, text index and predicted load of one partition.
 class PartitionWorkers {
  public:
   explicit PartitionWorkers(RegistrationLimits limits = {}, IndexerConfig index_config = {});
@@ -45,6 +45,10 @@ class PartitionWorkers {
   const WorkerCatalog& catalog() const { return catalog_; }
   KvIndexer& index() { return index_; }
   const KvIndexer& index() const { return index_; }
+  /// Text blocks (the `estimate` tokenizer mode) routed to each rank: filled only by routing
+  /// decisions and expired by TTL, every rank approximate, apart from the engines' KV events.
+  KvIndexer& text_index() { return text_index_; }
+  const KvIndexer& text_index() const { return text_index_; }
   PredictedLoad& load() { return load_; }
   const PredictedLoad& load() const { return load_; }
 
@@ -54,6 +58,7 @@ class PartitionWorkers {
 
   WorkerCatalog catalog_;
   KvIndexer index_;
+  KvIndexer text_index_;
   PredictedLoad load_;
 };
 

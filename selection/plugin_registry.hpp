@@ -13,6 +13,7 @@
 
 #include "classifiers/queue/policy_class_config.hpp"
 #include "classifiers/request_classifier.hpp"
+#include "selection/config/model_config.hpp"
 #include "selection/config/worker_health_config.hpp"
 #include "selection/worker_selection.hpp"
 
@@ -58,6 +59,8 @@ struct RouterPlugins {
   std::vector<classifiers::PolicyClassConfig> policy_classes;
   /// The configured `worker_health` (the defaults when omitted).
   selection::WorkerHealthConfig worker_health;
+  /// The configured `models`: the front doors' tokenizer mode per model.
+  std::map<std::string, selection::ModelConfig, std::less<>> models;
 
   const WorkerSelection& selection_for(WorkerType type) const {
     return worker_selection[static_cast<std::size_t>(type)];

@@ -25,12 +25,22 @@ struct PreferredTaint {
   friend bool operator==(const PreferredTaint&, const PreferredTaint&) = default;
 };
 
+/// What a request's block hashes are keys of.
+enum class PromptKeys : std::uint8_t {
+  /// Token blocks, as the engines hash them: matched against the KV index of their events.
+  kv_blocks,
+  /// Blocks of the prompt's text (the `estimate` tokenizer mode): matched against the partition's
+  /// own index of the text blocks it routed, never against engine KV events.
+  text_blocks,
+};
+
 /// One request to select a worker for.
 struct SelectionRequest {
   std::string request_id;
   std::size_t prompt_tokens = 0;
   /// Chained block hashes of the prompt's full blocks.
   std::vector<BlockHash> block_hashes;
+  PromptKeys prompt_keys = PromptKeys::kv_blocks;
   std::optional<std::uint32_t> expected_output_tokens;
   std::optional<SessionContext> session;
   /// Soft target offered to the policy (session affinity or a classifier's choice).

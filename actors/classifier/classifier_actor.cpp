@@ -88,7 +88,8 @@ void reject(Self self, Waiting& waiting, const AdmissionRejected& rejection) {
   node_metrics(self).route_errors(rejection.code).add();
   if (auto* route = std::get_if<AdmittingRoute>(&waiting)) {
     const v1::RouteDecision decision =
-        encode_route_error(route->envelope.request.client_id(), rejection.code, rejection.message);
+        encode_route_error(route->envelope.request.client_id(), rejection.code, rejection.message,
+                           rejection.retry_after);
     if (!route->envelope.reply_subject.empty()) {
       self->state.config.publisher->publish(route->envelope.reply_subject,
                                             decision.SerializeAsString());

@@ -201,10 +201,16 @@ AdmissionFuture TokenBucketClassifier::classify(ClassifyRequest request) {
     return AdmissionFuture::ready(std::move(request));
   }
   if (state_->mode == TokenBucketMode::Reject) {
-    return AdmissionFuture::rejected(ClassifierError::rate_limited(fmt::format(
-        "{} over the rate: the request needs {} tokens, the bucket holds {:.0f} of {:.0f}, "
-        "refilling at {} tokens/s",
-        tenant_name(key), cost, std::max(0.0, bucket.tokens), state_->burst, state_->rate)));
+    // The refill that would admit the same request.
+    const double missing = std::max(0.0, state_->needed(cost) - bucket.tokens);
+    const auto retry_after = std::chrono::milliseconds{
+        static_cast<std::int64_t>(std::ceil(std::min(missing / state_->rate, 86'400.0) * 1000))};
+    return AdmissionFuture::rejected(ClassifierError::rate_limited(
+        fmt::format("{} over the rate: the request needs {} tokens, the bucket holds {:.0f} of "
+                    "{:.0f}, refilling at {} tokens/s",
+                    tenant_name(key), cost, std::max(0.0, bucket.tokens), state_->burst,
+                    state_->rate),
+        retry_after));
   }
   // Queued at arrival, so that the tenant's deferred requests are admitted in arrival order.
   auto ticket = std::make_shared<Ticket>(state_, std::move(key), cost);

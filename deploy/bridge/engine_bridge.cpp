@@ -1,5 +1,6 @@
 #include "deploy/bridge/engine_bridge.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -9,6 +10,7 @@
 #include <variant>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -52,8 +54,32 @@ struct HealthItem {
 struct MetricsItem {
   std::string text;
 };
-using InboxItem =
-    std::variant<BatchItem, LostItem, DumpItem, DiscoverItem, RestartItem, HealthItem, MetricsItem>;
+// The engine's /v1/models answer, read again while registered: LoRA adapters come and go at run
+// time (vLLM's /v1/load_lora_adapter).
+struct ModelsItem {
+  std::string text;
+};
+using InboxItem = std::variant<BatchItem, LostItem, DumpItem, DiscoverItem, RestartItem, HealthItem,
+                               MetricsItem, ModelsItem>;
+
+// How often a registered bridge reads /v1/models again for the engine's LoRA adapters.
+constexpr std::chrono::seconds kModelsInterval{2};
+
+// The LoRA adapters in a /v1/models `data` array: the entries whose parent is `model`.
+std::vector<std::string> lora_adapters_of(const nlohmann::json& data, const std::string& model) {
+  std::vector<std::string> adapters;
+  for (const auto& entry : data) {
+    const auto parent = entry.find("parent");
+    const auto id = entry.find("id");
+    if (parent == entry.end() || !parent->is_string() || *parent != model) continue;
+    if (id != entry.end() && id->is_string() && !id->get<std::string>().empty()) {
+      adapters.push_back(id->get<std::string>());
+    }
+  }
+  std::ranges::sort(adapters);
+  adapters.erase(std::unique(adapters.begin(), adapters.end()), adapters.end());
+  return adapters;
+}
 
 // The bridge's metric families: name, help, and whether it is a counter (else a gauge).
 struct BridgeMetric {
@@ -107,6 +133,8 @@ struct EngineFacts {
   std::uint64_t num_gpu_blocks = 0;
   // process_start_time_seconds, when the engine publishes it.
   std::optional<double> start_time;
+  // Sorted.
+  std::vector<std::string> lora_adapters;
 };
 
 }  // namespace
@@ -223,6 +251,7 @@ struct EngineBridge::State {
         for (const auto& entry : data) served = served || entry.value("id", "") == options.model;
         if (!served) spdlog::warn("kvr bridge: the engine does not list model '{}'", options.model);
       }
+      engine.lora_adapters = lora_adapters_of(data, engine.model);
       for (const auto& entry : data) {
         if (entry.value("id", "") == engine.model && entry.contains("max_model_len")) {
           spdlog::info("kvr bridge: model '{}' with max length {}", engine.model,
@@ -264,7 +293,8 @@ struct EngineBridge::State {
                                               .taints = options.taints,
                                               .publishes_kv_events = true,
                                               .liveness_ttl = options.liveness_ttl,
-                                              .http_url = options.advertised_url()});
+                                              .http_url = options.advertised_url(),
+                                              .lora_adapters = facts->lora_adapters});
   }
 
   // A new incarnation with a fresh translator (the router drops the old one's KV picture when
@@ -577,9 +607,26 @@ struct EngineBridge::State {
       handle_health(health->healthy);
     } else if (auto* metrics = std::get_if<MetricsItem>(&item)) {
       publish_load(metrics->text);
+    } else if (auto* models = std::get_if<ModelsItem>(&item)) {
+      update_adapters(models->text);
     } else if (facts) {
       publish_registration();
     }
+  }
+
+  // Re-registers when the engine's LoRA adapters changed (a refresh: the index stays).
+  void update_adapters(const std::string& text) {
+    if (!facts) return;
+    const auto json = nlohmann::json::parse(text, nullptr, false);
+    if (!json.is_object() || !json.contains("data") || !json["data"].is_array()) {
+      log.warn("models", "kvr bridge: unreadable /v1/models answer");
+      return;
+    }
+    auto adapters = lora_adapters_of(json["data"], facts->model);
+    if (adapters == facts->lora_adapters) return;
+    spdlog::info("kvr bridge: the engine's LoRA adapters are now [{}]", fmt::join(adapters, ", "));
+    facts->lora_adapters = std::move(adapters);
+    publish_registration();
   }
 
   void handle_health(bool healthy) {
@@ -604,6 +651,7 @@ struct EngineBridge::State {
     std::condition_variable_any wake;
     auto next_health = Clock::now();
     auto next_load = Clock::now();
+    auto next_models = Clock::now() + kModelsInterval;
     while (!stop.stop_requested()) {
       auto now = Clock::now();
       if (now >= next_health) {
@@ -619,8 +667,16 @@ struct EngineBridge::State {
         }
         next_load = now + options.load_interval;
       }
+      if (now >= next_models) {
+        if (registered) {
+          if (auto text = get("/v1/models")) enqueue(ModelsItem{std::move(*text)});
+          now = Clock::now();
+        }
+        next_models = now + kModelsInterval;
+      }
       std::unique_lock lock{mutex};
-      wake.wait_until(lock, stop, std::min(next_health, next_load), [] { return false; });
+      wake.wait_until(lock, stop, std::min({next_health, next_load, next_models}),
+                      [] { return false; });
     }
   }
 };

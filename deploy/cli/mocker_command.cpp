@@ -40,6 +40,10 @@ int run_vllm_engines(const mocker::MockerOptions& options, const mocker::VllmEng
     spdlog::error("kvr mocker: {}", valid.error());
     return kUsageError;
   }
+  if (auto valid = mocker::check_lora_adapters(options.model, vllm.lora_adapters); !valid) {
+    spdlog::error("kvr mocker: --lora-adapter: {}", valid.error());
+    return kUsageError;
+  }
   for (std::uint16_t port : {vllm.http_port, vllm.kv_events_port, vllm.replay_port}) {
     if (port != 0 && std::uint32_t{port} + stride * (options.workers - 1) > 65535) {
       spdlog::error("kvr mocker: port {} + --port-stride x (--workers - 1) exceeds 65535", port);
@@ -236,6 +240,13 @@ void add_mocker_command(CLI::App& app, int& exit_code) {
                  "answer 404 on /v1/completions/render and /v1/chat/completions/render, as a vLLM "
                  "without them does (/tokenize stays)")
       ->group(group);
+  command
+      ->add_option("--lora-adapter", vllm->lora_adapters,
+                   "a LoRA adapter served besides --model (repeatable): listed by /v1/models, "
+                   "accepted as a request's model, cached apart and named in KV events (lora_id: "
+                   "its 1-based position here)")
+      ->group(group)
+      ->check(non_empty());
   command->callback([options, duration_s, role, speak, vllm, stride, &exit_code] {
     options->role = *parse_worker_type(*role);
     exit_code = *speak == "vllm" ? run_vllm_engines(*options, *vllm, *stride, *duration_s)

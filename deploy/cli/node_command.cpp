@@ -105,13 +105,12 @@ int run_node(NodeCommandOptions options) {
     options.node.http->port = *options.http_port;
     options.node.http->first_byte_timeout = options.node.first_token_timeout;
     options.node.http->stall_timeout = options.node.stream_stall_timeout;
-    const auto mode = front_door::tokenizer_mode_from(options.tokenizer_mode);
-    if (!mode) {
-      spdlog::error("kvr node: --tokenizer-mode: '{}' is not a mode (engine)",
-                    options.tokenizer_mode);
-      return kUsageError;
-    }
-    options.node.http->default_tokenizer_mode = *mode;
+  }
+  const auto tokenizer_mode = selection::tokenizer_mode_from(options.tokenizer_mode);
+  if (!tokenizer_mode) {
+    spdlog::error("kvr node: --tokenizer-mode: '{}' is not a mode ({})", options.tokenizer_mode,
+                  selection::tokenizer_mode_names());
+    return kUsageError;
   }
   if (options.epp_port) {
     // Requests reach it through Envoy instead of the HTTP API: the same limits apply.
@@ -132,6 +131,11 @@ int run_node(NodeCommandOptions options) {
     spdlog::error("kvr node: {}", plugins.error());
     return kUsageError;
   }
+  // The YAML's `models` override the flag per model.
+  const selection::TokenizerModes modes =
+      selection::tokenizer_modes(*tokenizer_mode, plugins->models);
+  if (options.node.http) options.node.http->tokenizer_modes = modes;
+  if (options.node.epp) options.node.epp->tokenizer_modes = modes;
   if (!plugins->policy_classes.empty() &&
       !queues_requests(classifiers::resolve_policy_classes(
           plugins->policy_classes,
@@ -357,8 +361,11 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->group(http_group);
   command
       ->add_option("--tokenizer-mode", options->tokenizer_mode,
-                   "how the HTTP API gets a prompt's token ids: engine (an engine of the model "
-                   "renders the request: vLLM's /v1/*/render, else /tokenize)")
+                   "how the HTTP API and the endpoint picker get a prompt's routing key, for "
+                   "models the router-policy YAML's `models` leave unset: engine (an engine of "
+                   "the model renders the request into token ids: vLLM's /v1/*/render, else "
+                   "/tokenize) or estimate (no tokenizer: the prompt's text is hashed in byte "
+                   "blocks and matched against the router's own index of what it routed)")
       ->envname("KVR_TOKENIZER_MODE")
       ->capture_default_str()
       ->group(http_group);

@@ -72,6 +72,7 @@ struct Channel {
 
 struct AddItem {
   EngineRequestId id = 0;
+  std::uint32_t lora = 0;  // 0: the served model; i: the i-th LoRA adapter
   std::vector<std::uint32_t> tokens;
   std::vector<BlockHash> hashes;
   std::uint32_t max_tokens = 0;
@@ -86,6 +87,7 @@ using InboxItem = std::variant<AddItem, AbortItem>;
 // A block's tokens, for the BlockStored events that must carry them.
 struct BlockTokens {
   std::vector<std::uint32_t> tokens;
+  std::uint32_t lora = 0;       // the adapter whose namespace hashed the block (0: none)
   std::uint32_t live_refs = 0;  // live requests whose prompt has the block
   bool stored = false;          // in the pool as a cached block
 };
@@ -107,6 +109,13 @@ struct LoadSnapshot {
   std::uint64_t prompt_tokens = 0;
   std::uint64_t generation_tokens = 0;
   std::uint64_t completed = 0;
+};
+
+// A request's JSON body and the model it names: 0 the served model (also when it names none), i
+// the i-th LoRA adapter.
+struct RequestBody {
+  nlohmann::json json;
+  std::uint32_t lora = 0;
 };
 
 // What a body asks of the engine besides its prompt.
@@ -165,7 +174,9 @@ struct RenderCalls {
 struct VllmEngineServer::State {
   VllmEngineOptions options;
   std::optional<Engine> engine;
-  discovery::BlockHasher hasher{1};
+  // By LoRA: [0] the served model's, [i] the i-th adapter's, in the adapter's namespace, so that
+  // an adapter's blocks are cached apart as vLLM's (whose block hashes include the LoRA) are.
+  std::vector<discovery::BlockHasher> hashers;
   Clock::time_point start = Clock::now();
   // Unix time the engine started, published as prometheus_client's process_start_time_seconds:
   // a bridge reads a change of it as an engine restart.
@@ -237,7 +248,11 @@ struct VllmEngineServer::State {
 
   void pack_event(msgpack::packer<msgpack::sbuffer>& packer, const KvEvent& event) {
     if (const auto* stored = std::get_if<KvStoredEvent>(&event)) {
-      packer.pack_array(7);
+      // One event is one chain of one request's blocks, so of one LoRA.
+      const std::uint32_t lora =
+          stored->block_hashes.empty() ? 0 : block_tokens.at(stored->block_hashes.front()).lora;
+      // An adapter's block adds lora_name; a base model's stays 7 fields (omit_defaults).
+      packer.pack_array(lora == 0 ? 7 : 8);
       packer.pack(std::string{"BlockStored"});
       packer.pack_array(static_cast<std::uint32_t>(stored->block_hashes.size()));
       for (BlockHash hash : stored->block_hashes) packer.pack_uint64(engine_hash(hash));
@@ -252,8 +267,13 @@ struct VllmEngineServer::State {
         for (std::uint32_t token : block_tokens.at(hash).tokens) packer.pack_uint32(token);
       }
       packer.pack_uint32(options.engine.block_size);
-      packer.pack_nil();  // lora_id
+      if (lora == 0) {
+        packer.pack_nil();  // lora_id
+      } else {
+        packer.pack_uint32(lora);
+      }
       pack_tier(packer, stored->tier);
+      if (lora != 0) packer.pack(options.lora_adapters[lora - 1]);  // lora_name
     } else if (const auto* removed = std::get_if<KvRemovedEvent>(&event)) {
       packer.pack_array(3);
       packer.pack(std::string{"BlockRemoved"});
@@ -367,6 +387,7 @@ struct VllmEngineServer::State {
     for (std::size_t i = 0; i < item.hashes.size(); ++i) {
       auto [entry, inserted] = block_tokens.try_emplace(item.hashes[i]);
       if (inserted) {
+        entry->second.lora = item.lora;
         entry->second.tokens.assign(
             item.tokens.begin() + static_cast<std::ptrdiff_t>(i * block_size),
             item.tokens.begin() + static_cast<std::ptrdiff_t>((i + 1) * block_size));
@@ -684,20 +705,28 @@ struct VllmEngineServer::State {
     return sampling;
   }
 
-  // The body as a JSON object naming the served model (or none).
-  std::expected<nlohmann::json, HttpError> read_body(const httplib::Request& http_request) const {
-    auto body = nlohmann::json::parse(http_request.body, nullptr, false);
-    if (body.is_discarded() || !body.is_object()) {
+  // The name answers carry for a request of `lora`.
+  const std::string& model_name(std::uint32_t lora) const {
+    return lora == 0 ? options.model : options.lora_adapters[lora - 1];
+  }
+
+  // The body as a JSON object naming the served model, one of its adapters, or none.
+  std::expected<RequestBody, HttpError> read_body(const httplib::Request& http_request) const {
+    RequestBody body{.json = nlohmann::json::parse(http_request.body, nullptr, false)};
+    if (body.json.is_discarded() || !body.json.is_object()) {
       return std::unexpected(bad_request("the body is not a JSON object"));
     }
-    const auto model = body.find("model");
-    if (model == body.end() || model->is_null()) return body;
+    const auto model = body.json.find("model");
+    if (model == body.json.end() || model->is_null()) return body;
     if (!model->is_string()) return std::unexpected(bad_request("model must be a string"));
-    if (model->get<std::string>() != options.model) {
+    const auto& name = model->get_ref<const std::string&>();
+    if (name == options.model) return body;
+    const auto adapter = std::ranges::find(options.lora_adapters, name);
+    if (adapter == options.lora_adapters.end()) {
       return std::unexpected(
-          HttpError{404, fmt::format("The model `{}` does not exist.", model->get<std::string>()),
-                    "NotFoundError"});
+          HttpError{404, fmt::format("The model `{}` does not exist.", name), "NotFoundError"});
     }
+    body.lora = static_cast<std::uint32_t>(adapter - options.lora_adapters.begin()) + 1;
     return body;
   }
 
@@ -851,9 +880,10 @@ struct VllmEngineServer::State {
   // Hands a prompt to the engine and waits until it is admitted; its tokens then arrive on the
   // channel.
   std::expected<std::pair<EngineRequestId, std::shared_ptr<Channel>>, HttpError> submit(
-      std::vector<std::uint32_t> tokens, const Generation& generation) {
+      std::vector<std::uint32_t> tokens, std::uint32_t lora, const Generation& generation) {
     AddItem item;
-    item.hashes = hasher.sequence_hashes(tokens);
+    item.lora = lora;
+    item.hashes = hashers[lora].sequence_hashes(tokens);
     item.tokens = std::move(tokens);
     item.max_tokens = generation.max_tokens;
     item.sampling = generation.sampling;
@@ -874,8 +904,10 @@ struct VllmEngineServer::State {
   }
 
   // One `data: {json}\n\n` event of a completions stream.
-  std::string completion_event(const std::string& id, std::int64_t created, const Token& token,
-                               bool return_token_ids, const std::optional<nlohmann::json>& usage) {
+  static std::string completion_event(const std::string& id, const std::string& model,
+                                      std::int64_t created, const Token& token,
+                                      bool return_token_ids,
+                                      const std::optional<nlohmann::json>& usage) {
     nlohmann::json choice = {{"index", 0},
                              {"text", token_text(token.id)},
                              {"logprobs", nullptr},
@@ -885,7 +917,7 @@ struct VllmEngineServer::State {
     const nlohmann::json event = {{"id", id},
                                   {"object", "text_completion"},
                                   {"created", created},
-                                  {"model", options.model},
+                                  {"model", model},
                                   {"choices", {choice}},
                                   {"usage", usage ? *usage : nlohmann::json()}};
     return "data: " + event.dump() + "\n\n";
@@ -893,8 +925,9 @@ struct VllmEngineServer::State {
 
   // One `data: {json}\n\n` event of a chat stream: the delta of one token, or (no token) the
   // first event's assistant role; usage only where continuous usage was asked for.
-  std::string chat_event(const std::string& id, std::int64_t created, const Token* token,
-                         bool return_token_ids, const std::optional<nlohmann::json>& usage) {
+  static std::string chat_event(const std::string& id, const std::string& model,
+                                std::int64_t created, const Token* token, bool return_token_ids,
+                                const std::optional<nlohmann::json>& usage) {
     nlohmann::json choice = {{"index", 0}, {"logprobs", nullptr}};
     if (token) {
       choice["delta"] = {{"content", token_text(token->id)}};
@@ -908,7 +941,7 @@ struct VllmEngineServer::State {
     nlohmann::json event = {{"id", id},
                             {"object", "chat.completion.chunk"},
                             {"created", created},
-                            {"model", options.model},
+                            {"model", model},
                             {"choices", {choice}}};
     if (usage) event["usage"] = *usage;
     return "data: " + event.dump() + "\n\n";
@@ -916,7 +949,7 @@ struct VllmEngineServer::State {
 
   // Serves an admitted request: one JSON answer, or an event stream ending `data: [DONE]`, in the
   // completions or the chat format.
-  void respond(Api api, EngineRequestId id, std::shared_ptr<Channel> channel,
+  void respond(Api api, EngineRequestId id, std::shared_ptr<Channel> channel, std::string model,
                std::uint64_t prompt_tokens, const Generation& generation,
                httplib::Response& response) {
     const bool chat = api == Api::chat;
@@ -961,7 +994,7 @@ struct VllmEngineServer::State {
       response.set_content(nlohmann::json{{"id", response_id},
                                           {"object", chat ? "chat.completion" : "text_completion"},
                                           {"created", created},
-                                          {"model", options.model},
+                                          {"model", model},
                                           {"choices", {choice}},
                                           {"usage", usage_json(prompt_tokens, ids.size(), cached)}}
                                .dump(),
@@ -971,7 +1004,7 @@ struct VllmEngineServer::State {
     auto generated = std::make_shared<std::uint64_t>(0);
     response.set_chunked_content_provider(
         "text/event-stream",
-        [this, chat, next_token, response_id, created, generation, prompt_tokens, generated](
+        [chat, next_token, response_id, model, created, generation, prompt_tokens, generated](
             std::size_t, httplib::DataSink& sink) {
           auto token = next_token();
           if (!token) return false;
@@ -984,12 +1017,12 @@ struct VllmEngineServer::State {
           std::string out;
           if (chat) {
             // vLLM opens a chat stream with the role once the first token is out.
-            if (first) out += chat_event(response_id, created, nullptr, false, usage(0));
-            out += chat_event(response_id, created, &token->first, generation.return_token_ids,
-                              usage(*generated));
+            if (first) out += chat_event(response_id, model, created, nullptr, false, usage(0));
+            out += chat_event(response_id, model, created, &token->first,
+                              generation.return_token_ids, usage(*generated));
           } else {
-            out += completion_event(response_id, created, token->first, generation.return_token_ids,
-                                    usage(*generated));
+            out += completion_event(response_id, model, created, token->first,
+                                    generation.return_token_ids, usage(*generated));
           }
           if (token->first.last) {
             if (generation.include_usage) {
@@ -997,7 +1030,7 @@ struct VllmEngineServer::State {
                      nlohmann::json{{"id", response_id},
                                     {"object", chat ? "chat.completion.chunk" : "text_completion"},
                                     {"created", created},
-                                    {"model", options.model},
+                                    {"model", model},
                                     {"choices", nlohmann::json::array()},
                                     {"usage", usage_json(prompt_tokens, *generated, token->second)}}
                          .dump() +
@@ -1018,37 +1051,38 @@ struct VllmEngineServer::State {
   void serve_completion(const httplib::Request& http_request, httplib::Response& response) {
     const auto body = read_body(http_request);
     if (!body) return send_error(response, body.error());
-    auto prompts = read_prompts(*body);
+    auto prompts = read_prompts(body->json);
     if (!prompts) return send_error(response, prompts.error());
     if (prompts->size() != 1) {
       return send_error(response, bad_request("kvr mocker serves one prompt per request"));
     }
-    const auto generation = read_generation(*body, false);
+    const auto generation = read_generation(body->json, false);
     if (!generation) return send_error(response, generation.error());
     const std::uint64_t prompt_tokens = prompts->front().size();
-    auto admitted = submit(std::move(prompts->front()), *generation);
+    auto admitted = submit(std::move(prompts->front()), body->lora, *generation);
     if (!admitted) return send_error(response, admitted.error());
-    respond(Api::completions, admitted->first, std::move(admitted->second), prompt_tokens,
-            *generation, response);
+    respond(Api::completions, admitted->first, std::move(admitted->second), model_name(body->lora),
+            prompt_tokens, *generation, response);
   }
 
   void serve_chat(const httplib::Request& http_request, httplib::Response& response) {
     const auto body = read_body(http_request);
     if (!body) return send_error(response, body.error());
-    auto prompt = read_chat_prompt(*body);
+    auto prompt = read_chat_prompt(body->json);
     if (!prompt) return send_error(response, prompt.error());
-    const auto generation = read_generation(*body, true);
+    const auto generation = read_generation(body->json, true);
     if (!generation) return send_error(response, generation.error());
     const std::uint64_t prompt_tokens = prompt->size();
-    auto admitted = submit(std::move(*prompt), *generation);
+    auto admitted = submit(std::move(*prompt), body->lora, *generation);
     if (!admitted) return send_error(response, admitted.error());
-    respond(Api::chat, admitted->first, std::move(admitted->second), prompt_tokens, *generation,
-            response);
+    respond(Api::chat, admitted->first, std::move(admitted->second), model_name(body->lora),
+            prompt_tokens, *generation, response);
   }
 
   // One prompt as vLLM's render endpoints give it: the request /inference/v1/generate would take.
   nlohmann::json rendered(std::string request_id, const std::vector<std::uint32_t>& tokens,
-                          const nlohmann::json& body, const Generation& generation) const {
+                          const RequestBody& request, const Generation& generation) const {
+    const nlohmann::json& body = request.json;
     nlohmann::json sampling = {
         {"max_tokens", generation.max_tokens},
         {"min_tokens", generation.sampling.min_tokens},
@@ -1071,7 +1105,7 @@ struct VllmEngineServer::State {
             {"token_ids", tokens},
             {"features", nullptr},
             {"sampling_params", std::move(sampling)},
-            {"model", options.model},
+            {"model", model_name(request.lora)},
             {"stream", generation.stream}};
   }
 
@@ -1079,9 +1113,9 @@ struct VllmEngineServer::State {
     ++render_calls.chat_render;
     const auto body = read_body(http_request);
     if (!body) return send_error(response, body.error());
-    const auto prompt = read_chat_prompt(*body);
+    const auto prompt = read_chat_prompt(body->json);
     if (!prompt) return send_error(response, prompt.error());
-    const auto generation = read_generation(*body, true);
+    const auto generation = read_generation(body->json, true);
     if (!generation) return send_error(response, generation.error());
     response.set_content(rendered(fmt::format("chatcmpl-render-{:016x}", next_render_id++), *prompt,
                                   *body, *generation)
@@ -1093,9 +1127,9 @@ struct VllmEngineServer::State {
     ++render_calls.completions_render;
     const auto body = read_body(http_request);
     if (!body) return send_error(response, body.error());
-    const auto prompts = read_prompts(*body);
+    const auto prompts = read_prompts(body->json);
     if (!prompts) return send_error(response, prompts.error());
-    const auto generation = read_generation(*body, false);
+    const auto generation = read_generation(body->json, false);
     if (!generation) return send_error(response, generation.error());
     const std::uint64_t render_id = next_render_id++;
     nlohmann::json answer = nlohmann::json::array();
@@ -1113,20 +1147,20 @@ struct VllmEngineServer::State {
     const auto body = read_body(http_request);
     if (!body) return send_error(response, body.error());
     std::vector<std::uint32_t> ids;
-    if (body->contains("messages")) {
-      auto prompt = read_chat_prompt(*body);
+    if (body->json.contains("messages")) {
+      auto prompt = read_chat_prompt(body->json);
       if (!prompt) return send_error(response, prompt.error());
       ids = std::move(*prompt);
     } else {
-      const auto prompt = body->find("prompt");
-      if (prompt == body->end() || !prompt->is_string()) {
+      const auto prompt = body->json.find("prompt");
+      if (prompt == body->json.end() || !prompt->is_string()) {
         return send_error(response, bad_request("prompt must be a text (or give messages)"));
       }
-      const auto add_bos = read_bool(*body, "add_special_tokens", true);
+      const auto add_bos = read_bool(body->json, "add_special_tokens", true);
       if (!add_bos) return send_error(response, add_bos.error());
       ids = encode_text(prompt->get_ref<const std::string&>(), *add_bos);
     }
-    const auto return_strs = read_bool(*body, "return_token_strs", false);
+    const auto return_strs = read_bool(body->json, "return_token_strs", false);
     if (!return_strs) return send_error(response, return_strs.error());
     nlohmann::json token_strs;
     if (*return_strs) {
@@ -1144,11 +1178,11 @@ struct VllmEngineServer::State {
   void serve_detokenize(const httplib::Request& http_request, httplib::Response& response) {
     const auto body = read_body(http_request);
     if (!body) return send_error(response, body.error());
-    const auto tokens = body->find("tokens");
+    const auto tokens = body->json.find("tokens");
     const auto refuse = [&] {
       send_error(response, bad_request("tokens must be a list of unsigned 32-bit ids"));
     };
-    if (tokens == body->end() || !tokens->is_array()) return refuse();
+    if (tokens == body->json.end() || !tokens->is_array()) return refuse();
     std::vector<std::uint32_t> ids;
     ids.reserve(tokens->size());
     for (const auto& token : *tokens) {
@@ -1166,19 +1200,29 @@ struct VllmEngineServer::State {
     http.new_task_queue = [threads = options.http_threads] {
       return new httplib::ThreadPool(threads);
     };
+    // As vLLM's server (uvicorn on asyncio) does: streamed tokens are small writes, which Nagle's
+    // algorithm would hold back.
+    http.set_tcp_nodelay(true);
     http.Get("/health",
              [](const httplib::Request&, httplib::Response& response) { response.status = 200; });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {
-      response.set_content(nlohmann::json{{"object", "list"},
-                                          {"data",
-                                           {{{"id", options.model},
-                                             {"object", "model"},
-                                             {"created", static_cast<std::int64_t>(unix_seconds())},
-                                             {"owned_by", "vllm"},
-                                             {"root", options.model},
-                                             {"parent", nullptr},
-                                             {"max_model_len", max_model_len()}}}}}
-                               .dump(),
+      const auto created = static_cast<std::int64_t>(unix_seconds());
+      auto card = [&](const std::string& id, std::string root, nlohmann::json parent) {
+        return nlohmann::json{{"id", id},
+                              {"object", "model"},
+                              {"created", created},
+                              {"owned_by", "vllm"},
+                              {"root", std::move(root)},
+                              {"parent", std::move(parent)},
+                              {"max_model_len", max_model_len()}};
+      };
+      // vLLM lists the base model, then each adapter with the base as its parent and the
+      // adapter's path as its root.
+      nlohmann::json data = nlohmann::json::array({card(options.model, options.model, nullptr)});
+      for (const std::string& adapter : options.lora_adapters) {
+        data.push_back(card(adapter, "/adapters/" + adapter, options.model));
+      }
+      response.set_content(nlohmann::json{{"object", "list"}, {"data", std::move(data)}}.dump(),
                            "application/json");
     });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
@@ -1201,6 +1245,22 @@ struct VllmEngineServer::State {
   }
 };
 
+std::expected<void, std::string> check_lora_adapters(std::string_view model,
+                                                     const std::vector<std::string>& adapters) {
+  absl::flat_hash_set<std::string_view> seen;
+  for (const std::string& name : adapters) {
+    if (name.empty()) return std::unexpected("an adapter's name must not be empty");
+    // A request naming it could not tell the base model from the adapter.
+    if (name == model) {
+      return std::unexpected(fmt::format("adapter `{}` has the served model's name", name));
+    }
+    if (!seen.insert(name).second) {
+      return std::unexpected(fmt::format("adapter `{}` is given twice", name));
+    }
+  }
+  return {};
+}
+
 VllmEngineServer::VllmEngineServer(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 std::expected<std::unique_ptr<VllmEngineServer>, std::string> VllmEngineServer::start(
@@ -1209,10 +1269,16 @@ std::expected<std::unique_ptr<VllmEngineServer>, std::string> VllmEngineServer::
   if (!engine) return std::unexpected(engine.error().message());
   if (options.replay_buffer == 0) return std::unexpected("the replay buffer must hold a batch");
   if (options.http_threads == 0) return std::unexpected("the HTTP server needs a thread");
+  if (auto valid = check_lora_adapters(options.model, options.lora_adapters); !valid) {
+    return std::unexpected(fmt::format("LoRA adapters: {}", valid.error()));
+  }
   auto state = std::make_unique<State>();
   state->options = std::move(options);
   state->engine = std::move(*engine);
-  state->hasher = discovery::BlockHasher{state->options.engine.block_size};
+  state->hashers.emplace_back(state->options.engine.block_size);
+  for (const std::string& adapter : state->options.lora_adapters) {
+    state->hashers.emplace_back(state->options.engine.block_size, adapter);
+  }
   const VllmEngineOptions& opts = state->options;
   try {
     state->publisher.set(zmq::sockopt::linger, 0);

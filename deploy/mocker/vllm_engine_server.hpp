@@ -15,7 +15,8 @@
 //      for); absent with render_endpoints false, so that a front door's fallback can be tested.
 //    - POST /tokenize ({prompt} or {messages}) → {count, max_model_len, tokens, token_strs} and
 //      POST /detokenize ({tokens}) → {prompt}.
-//    - GET /v1/models, GET /health and GET /metrics (Prometheus text with vLLM's metric names:
+//    - GET /v1/models (the served model, then each LoRA adapter with its parent and root, as
+//      vLLM lists them), GET /health and GET /metrics (Prometheus text with vLLM's metric names:
 //      vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc,
 //      vllm:cache_config_info, vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total,
 //      prometheus_client's process_start_time_seconds, and the mock's own
@@ -25,19 +26,24 @@
 //  - ZMQ PUB: the engine's KV events as msgpack KVEventBatch in vLLM's three-frame messages
 //    (topic, 8-byte big-endian sequence from 0, payload), encoded as vLLM's msgspec Structs with
 //    array_like=True and omit_defaults=True: [ts, [events...], dp_rank], each event tagged by its
-//    class name first: ["BlockStored", hashes, parent, token_ids, block_size, lora_id, "GPU"],
+//    class name first: ["BlockStored", hashes, parent, token_ids, block_size, lora_id, "GPU"]
+//    (an adapter's blocks: lora_id its 1-based index, then lora_name),
 //    ["BlockRemoved", hashes, "GPU"], ["AllBlocksCleared"].
 //  - ZMQ ROUTER: vLLM's replay service: (identity, "", start sequence) is answered with every
 //    buffered batch from there, then sequence -1 with an empty payload.
 // The engine's block hashes are kvr's chained hashes multiplied by an odd constant (a bijection),
 // so a bridge that forwarded them unchanged, instead of recomputing kvr's from the tokens, would
-// route nowhere. Only the served model (no LoRA) and text content are accepted.
+// route nowhere. A request's `model` is the served model or one of its LoRA adapters (each answer
+// echoes it); as in vLLM, an adapter's blocks are cached apart from the base model's (their hashes
+// are kvr's in the adapter's namespace). Only text content is accepted.
 #pragma once
 
 #include <cstdint>
 #include <expected>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "deploy/simulation/engine_config.hpp"
 
@@ -63,8 +69,16 @@ struct VllmEngineOptions {
   /// Serve /v1/completions/render and /v1/chat/completions/render (false: 404, as a vLLM without
   /// them answers).
   bool render_endpoints = true;
+  /// LoRA adapters served besides `model` (vLLM's --lora-modules), by name; adapter i (0-based)
+  /// has lora_id i + 1 in KV events.
+  std::vector<std::string> lora_adapters;
   simulation::EngineConfig engine;
 };
+
+/// Adapter names must be non-empty, unique and other than the served model's; the error says
+/// which is not.
+std::expected<void, std::string> check_lora_adapters(std::string_view model,
+                                                     const std::vector<std::string>& adapters);
 
 /// The engine's threads and sockets; stops when destroyed.
 class VllmEngineServer {

@@ -76,6 +76,7 @@ void WorkerPublisher::publish_registration(const WorkerInstance& worker,
   registration.set_generate_subject(subjects::worker_generate(ns_, worker.id));
   registration.set_dump_subject(subjects::worker_dump(ns_, worker.id));
   registration.set_http_url(description.http_url);
+  for (const auto& adapter : description.lora_adapters) registration.add_lora_adapters(adapter);
   publish(subjects::worker_register(ns_), registration);
 }
 

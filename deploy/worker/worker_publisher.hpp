@@ -53,6 +53,8 @@ struct WorkerDescription {
   std::chrono::milliseconds liveness_ttl{3000};
   /// The engine's HTTP base URL as routers reach it; empty: reached over NATS only.
   std::string http_url;
+  /// LoRA adapters the engine serves on top of `model`.
+  std::vector<std::string> lora_adapters;
 };
 
 /// How often a worker heartbeats: three times per `liveness_ttl`, so that one lost heartbeat never

@@ -88,6 +88,17 @@ std::expected<WorkerRegistration, RegistrationError> validate_registration(
       return bad("taints", "empty or overlong taint");
     }
   }
+  if (registration.lora_adapters.size() > limits.max_lora_adapters) {
+    return bad("lora_adapters", "more than " + std::to_string(limits.max_lora_adapters));
+  }
+  for (const std::string& adapter : registration.lora_adapters) {
+    if (adapter.empty() || adapter.size() > limits.max_string_length) {
+      return bad("lora_adapters", "empty or overlong adapter name");
+    }
+    if (adapter == registration.model) {
+      return bad("lora_adapters", "'" + adapter + "' is the model itself");
+    }
+  }
   if (registration.liveness_ttl.count() == 0)
     registration.liveness_ttl = limits.default_liveness_ttl;
   if (registration.liveness_ttl < limits.min_liveness_ttl ||
@@ -127,6 +138,7 @@ std::expected<WorkerRegistration, RegistrationError> registration_from_proto(
   registration.generate_subject = wire.generate_subject();
   registration.dump_subject = wire.dump_subject();
   registration.http_url = wire.http_url();
+  registration.lora_adapters.assign(wire.lora_adapters().begin(), wire.lora_adapters().end());
   return validate_registration(std::move(registration), limits);
 }
 

@@ -31,6 +31,8 @@ struct WorkerRegistration {
   std::string generate_subject;
   std::string dump_subject;
   std::string http_url;  ///< the engine's HTTP base URL, without a trailing '/'; empty: none
+  /// LoRA adapters served on top of `model`: requests naming one route in this partition.
+  std::vector<std::string> lora_adapters;
 
   friend bool operator==(const WorkerRegistration&, const WorkerRegistration&) = default;
 };
@@ -41,6 +43,7 @@ struct RegistrationLimits {
   std::uint64_t max_kv_blocks_per_rank = std::uint64_t{1} << 26;
   std::uint32_t max_data_parallel_size = 1024;
   std::size_t max_taints = 64;
+  std::size_t max_lora_adapters = 1024;
   std::size_t max_string_length = 256;
   std::chrono::milliseconds default_liveness_ttl{10'000};  ///< used when the worker sends 0
   std::chrono::milliseconds min_liveness_ttl{100};

@@ -154,8 +154,8 @@ std::optional<AdmissionOutcome> AdmissionState::poll(std::uint64_t sequence, Tim
 AdmissionOutcome AdmissionState::decide(std::uint64_t sequence, rc::Poll answer) {
   if (answer.is_ready()) return finish(sequence, std::move(answer.request()));
   const rc::ClassifierError& error = answer.error();
-  return finish(sequence,
-                AdmissionRejected{admission_error(error.kind()), std::string{error.message()}});
+  return finish(sequence, AdmissionRejected{admission_error(error.kind()),
+                                            std::string{error.message()}, error.retry_after()});
 }
 
 AdmissionOutcome AdmissionState::finish(

@@ -48,6 +48,8 @@ namespace kvr {
 struct AdmissionRejected {
   Error code = Error::rejected;
   std::string message;
+  /// When a retry would be admitted, if the classifier said.
+  std::optional<std::chrono::milliseconds> retry_after;
 };
 
 /// The decision for one request.

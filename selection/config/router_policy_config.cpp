@@ -51,7 +51,8 @@ using classifiers::describe_yaml;
 using classifiers::PolicyClassConfig;
 
 constexpr std::string_view kTopLevelKeys[] = {"worker_selection", "request_classifier",
-                                              "policy_classes", "worker_health"};
+                                              "policy_classes", "worker_health", "models"};
+constexpr std::string_view kModelKeys[] = {"tokenizer_mode"};
 constexpr std::string_view kWorkerSelectionKeys[] = {"aggregated", "prefill", "decode", "encode",
                                                      "instances"};
 constexpr std::string_view kInstanceKeys[] = {"name", "type", "parameters"};
@@ -105,6 +106,7 @@ class Parser {
       auto parsed = entry.key == "worker_selection"     ? parse_worker_selection(entry.value)
                     : entry.key == "request_classifier" ? parse_request_classifier(entry.value)
                     : entry.key == "worker_health"      ? parse_worker_health(entry.value)
+                    : entry.key == "models"             ? parse_models(entry.value)
                                                         : parse_policy_classes(entry.value);
       if (!parsed) return parsed;
     }
@@ -418,6 +420,51 @@ class Parser {
       return fail(where, child_path(path, valid.error().key), valid.error().message);
     }
     config_.worker_health = health;
+    return {};
+  }
+
+  // `models`: a mapping from model names (any string the workers register) to their settings.
+  std::expected<void, std::string> parse_models(const YAML::Node& node) {
+    constexpr std::string_view path = "models";
+    if (node.IsNull()) return {};
+    if (!node.IsMap()) {
+      return fail(node, path,
+                  fmt::format("expected a mapping from model names to their settings, got {}",
+                              describe_yaml(node)));
+    }
+    for (auto entry = node.begin(); entry != node.end(); ++entry) {
+      if (!entry->first.IsScalar() || entry->first.Scalar().empty()) {
+        return fail(entry->first, path,
+                    fmt::format("model names must be non-empty strings, got {}",
+                                describe_yaml(entry->first)));
+      }
+      const YAML::Node key = entry->first;
+      const std::string model = key.Scalar();
+      const std::string model_path = child_path(path, model);
+      if (config_.models.contains(model)) return fail(key, model_path, "duplicate model");
+      ModelConfig settings;
+      const YAML::Node value = entry->second;
+      if (!value.IsNull() && !value.IsMap()) {
+        return fail(value, model_path,
+                    fmt::format("expected a mapping with the keys {}, got {}", join(kModelKeys),
+                                describe_yaml(value)));
+      }
+      auto fields = value.IsNull() ? std::expected<std::vector<MappingEntry>, std::string>{}
+                                   : mapping_entries(value, model_path, kModelKeys);
+      if (!fields) return std::unexpected(std::move(fields.error()));
+      for (const MappingEntry& field : *fields) {
+        const std::string field_path = child_path(model_path, field.key);
+        auto name = name_value(field.value, field_path, "a tokenizer mode");
+        if (!name) return std::unexpected(std::move(name.error()));
+        settings.tokenizer_mode = tokenizer_mode_from(*name);
+        if (!settings.tokenizer_mode) {
+          return fail(field.value, field_path,
+                      fmt::format("'{}' is not a tokenizer mode; one of: {}", *name,
+                                  tokenizer_mode_names()));
+        }
+      }
+      config_.models.emplace(model, settings);
+    }
     return {};
   }
 

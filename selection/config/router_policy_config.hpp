@@ -23,12 +23,15 @@
 //   (selection/config/worker_health_config.hpp)
 //     consecutive_failures: 3
 //     slow_start_window_ms: 0
+//   models:                         # per model (selection/config/model_config.hpp)
+//     llama-3.1-8b: {tokenizer_mode: estimate}
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <expected>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +40,7 @@
 
 #include "classifiers/queue/policy_class_config.hpp"
 #include "messages/ids.hpp"
+#include "selection/config/model_config.hpp"
 #include "selection/config/parameter_source.hpp"
 #include "selection/config/worker_health_config.hpp"
 
@@ -81,6 +85,8 @@ struct RouterPolicyConfig {
   std::vector<classifiers::PolicyClassConfig> policy_classes;
   /// `worker_health`: passive health of every partition (valid; the defaults when omitted).
   WorkerHealthConfig worker_health;
+  /// `models`: per-model settings, by model name.
+  std::map<std::string, ModelConfig, std::less<>> models;
   /// The file path (or the name given to parse_router_policy_config), used in messages.
   std::string source_name;
 

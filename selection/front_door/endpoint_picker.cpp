@@ -179,7 +179,8 @@ struct EndpointPicker::State {
         gateway(std::move(routing_gateway)),
         directory(std::move(fleet)),
         metrics(std::move(registry)),
-        renderer(options.max_renders_in_flight, options.render_timeout, metrics) {}
+        renderer(options.tokenizer_modes, options.max_renders_in_flight, options.render_timeout,
+                 metrics) {}
 
   EndpointPickerOptions options;
   std::shared_ptr<RoutingGateway> gateway;
@@ -447,12 +448,12 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
   void decide() {
     phase_ = Phase::routing;
     body_complete_ = std::chrono::steady_clock::now();
-    auto parsed = parse_generation_request(endpoint_, body_);
+    auto parsed = parse_generation_request(endpoint_, body_, server_.renderer.text_use());
     if (!parsed) return refuse(parsed.error());
     auto metadata = read_metadata();
     if (!metadata) return refuse(metadata.error());
-    const auto workers = server_.directory->workers(parsed->model);
-    if (workers.empty()) {
+    target_ = server_.directory->target(parsed->model);
+    if (target_.workers.empty()) {
       return refuse(HttpError{.status = 404,
                               .message = fmt::format("The model `{}` does not exist (no live "
                                                      "worker serves it).",
@@ -462,13 +463,13 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
                               .param = "model"});
     }
     std::vector<std::string> engine_urls;
-    for (const auto& worker : workers) {
+    // Only engines Envoy can reach, and of those only the hinted ones (for an adapter: only
+    // those that serve it).
+    for (const auto& worker : target_.workers) {
       if (worker.http_url.empty() || !hinted(worker)) continue;
       engine_urls.push_back(worker.http_url);
       eligible_.push_back(worker.worker_id);
     }
-    // Only engines Envoy can reach, and of those only the hinted ones.
-    restrict_ = subset_.has_value() || eligible_.size() < workers.size();
     if (engine_urls.empty()) {
       return refuse(refusal(
           503,
@@ -482,16 +483,16 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
     request_ = std::move(*parsed);
     metadata_ = std::move(*metadata);
     server_.renderer.render(strand_, request_, body_, std::move(engine_urls),
-                            [self = shared_from_this()](RenderResult tokens) {
+                            [self = shared_from_this()](RenderResult key) {
                               if (self->finishing_) return;
-                              if (!tokens) return self->refuse(tokens.error());
-                              self->route(std::move(*tokens));
+                              if (!key) return self->refuse(key.error());
+                              self->route(*key);
                             });
   }
 
-  void route(std::vector<std::uint32_t> tokens) {
-    v1::RouteRequest request = make_route_request(request_id_, request_, metadata_, tokens);
-    if (restrict_) request.mutable_allowed_workers()->Add(eligible_.begin(), eligible_.end());
+  void route(const RoutingKey& key) {
+    v1::RouteRequest request =
+        make_route_request(request_id_, request_, metadata_, target_, eligible_, key);
     // The decision comes back on the router's threads. It holds the stream weakly and the
     // io_context not at all: once the picker is gone, it releases its booking itself.
     std::weak_ptr<PickerStream> weak = weak_from_this();
@@ -791,8 +792,8 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
   std::chrono::steady_clock::time_point body_complete_;
   GenerationRequest request_;
   RequestMetadata metadata_;
-  std::vector<std::uint64_t> eligible_;
-  bool restrict_ = false;
+  ModelTarget target_;
+  std::vector<WorkerId> eligible_;
   std::string booking_id_;
   bool first_token_ = false;
   unsigned response_status_ = 0;

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "messages/metrics/metrics_registry.hpp"
+#include "selection/config/model_config.hpp"
 #include "selection/front_door/fleet_directory.hpp"
 #include "selection/front_door/routing_gateway.hpp"
 
@@ -35,6 +36,8 @@ struct EndpointPickerOptions {
   std::size_t max_body_bytes = std::size_t{8} << 20;
   /// Header naming the session (session affinity).
   std::string session_header = "x-session-id";
+  /// How each model's prompts become routing keys (engine rendering, or text estimates).
+  selection::TokenizerModes tokenizer_modes;
   /// Render and tokenize calls in flight at once; beyond it a request is refused with 503.
   std::size_t max_renders_in_flight = 1024;
   /// A render or tokenize call without an answer after this long fails.

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "messages/http_url.hpp"
+#include "selection/front_door/tcp_options.hpp"
 
 namespace kvr::front_door {
 namespace {
@@ -41,17 +42,12 @@ class EngineCall : public std::enable_shared_from_this<EngineCall> {
     message_.body() = std::move(request_.body);
     message_.prepare_payload();
     stream_.expires_after(request_.timeout);
-    resolver_.async_resolve(
-        url->host, url->port,
-        [self = shared_from_this()](beast::error_code error, tcp::resolver::results_type found) {
-          if (error) return self->finish("cannot resolve: " + error.message());
-          self->stream_.async_connect(
-              found, [self](beast::error_code connect_error, const tcp::endpoint&) {
-                if (connect_error)
-                  return self->finish("cannot connect: " + connect_error.message());
-                self->write();
-              });
-        });
+    connect_engine(stream_, resolver_, url->host, url->port,
+                   [self = shared_from_this()](beast::error_code error, std::string_view what) {
+                     if (error)
+                       return self->finish(fmt::format("cannot {}: {}", what, error.message()));
+                     self->write();
+                   });
   }
 
  private:

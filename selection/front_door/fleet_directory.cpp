@@ -1,6 +1,8 @@
 #include "selection/front_door/fleet_directory.hpp"
 
+#include <algorithm>
 #include <set>
+#include <utility>
 
 namespace kvr::front_door {
 
@@ -25,7 +27,8 @@ void FleetDirectory::registered(const discovery::WorkerRegistration& registratio
                                  .routing_group = registration.routing_group,
                                  .role = registration.role,
                                  .block_size = registration.block_size,
-                                 .http_url = registration.http_url};
+                                 .http_url = registration.http_url,
+                                 .lora_adapters = registration.lora_adapters};
   entry.model = registration.model;
   entry.incarnation = registration.incarnation;
   entry.liveness_ttl = registration.liveness_ttl;
@@ -76,6 +79,41 @@ std::vector<DirectoryWorker> FleetDirectory::workers(const std::string& model) c
     if (entry.model == model && live(entry, now)) found.push_back(entry.worker);
   }
   return found;
+}
+
+std::vector<ServedAdapter> FleetDirectory::adapters() const {
+  const auto now = clock_->now();
+  std::set<std::pair<std::string, std::string>> adapters;
+  std::lock_guard lock{mutex_};
+  for (const auto& [id, entry] : workers_) {
+    if (!live(entry, now)) continue;
+    for (const std::string& adapter : entry.worker.lora_adapters) {
+      adapters.emplace(adapter, entry.model);
+    }
+  }
+  std::vector<ServedAdapter> served;
+  for (const auto& [name, model] : adapters) served.push_back({name, model});
+  return served;
+}
+
+ModelTarget FleetDirectory::target(const std::string& name) const {
+  ModelTarget target{.model = name, .workers = workers(name)};
+  if (!target.workers.empty()) return target;
+  const auto now = clock_->now();
+  std::lock_guard lock{mutex_};
+  for (const auto& [id, entry] : workers_) {
+    if (!live(entry, now) ||
+        std::ranges::find(entry.worker.lora_adapters, name) == entry.worker.lora_adapters.end()) {
+      continue;
+    }
+    // Two base models listing one adapter name: the first (by worker id) is the target.
+    if (target.adapter.empty()) {
+      target.model = entry.model;
+      target.adapter = name;
+    }
+    if (entry.model == target.model) target.workers.push_back(entry.worker);
+  }
+  return target;
 }
 
 bool FleetDirectory::any_live() const {

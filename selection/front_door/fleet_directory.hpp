@@ -29,6 +29,25 @@ struct DirectoryWorker {
   std::uint32_t block_size = 0;
   /// The engine's HTTP base URL; empty: the worker serves only kvr's NATS generate API.
   std::string http_url;
+  /// LoRA adapters the engine serves on top of its model.
+  std::vector<std::string> lora_adapters;
+};
+
+/// Where the requests naming one model go.
+struct ModelTarget {
+  /// The model whose partitions route them: the name itself, or a LoRA adapter's base model.
+  std::string model;
+  /// The LoRA adapter named (the requests' cache namespace); empty: the model itself.
+  std::string adapter;
+  /// The live workers that serve the name (for an adapter, those that list it); empty: unknown.
+  std::vector<DirectoryWorker> workers;
+};
+
+/// A LoRA adapter some live worker serves, and its base model.
+struct ServedAdapter {
+  std::string name;
+  std::string model;
+  friend bool operator==(const ServedAdapter&, const ServedAdapter&) = default;
 };
 
 class FleetDirectory {
@@ -46,6 +65,11 @@ class FleetDirectory {
   std::vector<std::string> models() const;
   /// The live workers of `model` (any group and role); empty: the model is unknown or dead.
   std::vector<DirectoryWorker> workers(const std::string& model) const;
+  /// The LoRA adapters of live workers, sorted by name.
+  std::vector<ServedAdapter> adapters() const;
+  /// Where requests naming `name` go: a model with live workers, else a LoRA adapter of one
+  /// (routed in its base model's partition, among the workers that serve it).
+  ModelTarget target(const std::string& name) const;
   /// Whether any worker is live.
   bool any_live() const;
 

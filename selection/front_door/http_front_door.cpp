@@ -21,6 +21,7 @@
 #include "selection/front_door/openai_api.hpp"
 #include "selection/front_door/prompt_renderer.hpp"
 #include "selection/front_door/request_routing.hpp"
+#include "selection/front_door/tcp_options.hpp"
 
 namespace kvr::front_door {
 namespace {
@@ -49,11 +50,6 @@ std::string str(beast::string_view view) { return {view.data(), view.size()}; }
 
 }  // namespace
 
-std::optional<TokenizerMode> tokenizer_mode_from(std::string_view name) {
-  if (name == "engine") return TokenizerMode::engine;
-  return std::nullopt;
-}
-
 std::expected<void, std::string> FrontDoorOptions::validate() const {
   if (threads == 0 || threads > 64) return std::unexpected("--http-threads: between 1 and 64");
   if (max_body_bytes < 1024 || max_body_bytes > (std::size_t{1} << 30)) {
@@ -81,7 +77,8 @@ struct HttpFrontDoor::State {
         gateway(std::move(routing_gateway)),
         directory(std::move(fleet)),
         metrics(std::move(registry)),
-        renderer(options.max_renders_in_flight, options.render_timeout, metrics),
+        renderer(options.tokenizer_modes, options.max_renders_in_flight, options.render_timeout,
+                 metrics),
         io(static_cast<int>(options.threads)),
         acceptor(net::make_strand(io)) {}
 
@@ -291,7 +288,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
       data.push_back(Json{{"id", model},
                           {"object", "model"},
                           {"created", server_.started_unix},
-                          {"owned_by", "kvr"}});
+                          {"owned_by", "kvr"},
+                          {"parent", nullptr}});
+    }
+    // LoRA adapters as vLLM lists them: models whose parent is the base model.
+    for (const ServedAdapter& adapter : server_.directory->adapters()) {
+      data.push_back(Json{{"id", adapter.name},
+                          {"object", "model"},
+                          {"created", server_.started_unix},
+                          {"owned_by", "kvr"},
+                          {"parent", adapter.model}});
     }
     respond("/v1/models", 200, Json{{"object", "list"}, {"data", std::move(data)}}.dump());
   }
@@ -389,7 +395,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::string authorization;
     std::string accept;
     RequestMetadata metadata;
-    std::vector<std::uint32_t> tokens;
+    RoutingKey key;
     std::chrono::steady_clock::time_point received;
     // The attempt under way: its booking and worker.
     std::uint32_t attempt = 0;
@@ -410,7 +416,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void start_flight(Endpoint endpoint, http::request<http::string_body> request) {
     request_id_ = fmt::format("kvr-{}-{}", server_.id_prefix, server_.next_request.fetch_add(1));
     const std::string_view path = path_of(endpoint);
-    auto parsed = parse_generation_request(endpoint, request.body());
+    auto parsed = parse_generation_request(endpoint, request.body(), server_.renderer.text_use());
     if (!parsed) return respond_error(path, parsed.error());
     auto metadata = read_request_metadata(
         [&request](std::string_view name) -> std::string_view {
@@ -420,8 +426,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
         },
         server_.options.session_header);
     if (!metadata) return respond_error(path, metadata.error());
-    const auto workers = server_.directory->workers(parsed->model);
-    if (workers.empty()) {
+    const ModelTarget target = server_.directory->target(parsed->model);
+    if (target.workers.empty()) {
       return respond_error(
           path, HttpError{.status = 404,
                           .message = fmt::format("The model `{}` does not exist (no live worker "
@@ -432,7 +438,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
                           .param = "model"});
     }
     std::vector<std::string> engine_urls;
-    for (const auto& worker : workers) {
+    for (const auto& worker : target.workers) {
       if (!worker.http_url.empty()) engine_urls.push_back(worker.http_url);
     }
     if (engine_urls.empty()) {
@@ -463,14 +469,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const std::uint64_t epoch = ++epoch_;
     server_.renderer.render(stream_.get_executor(), flight_->request, flight_->body,
                             std::move(engine_urls),
-                            [self = shared_from_this(), epoch](RenderResult tokens) {
+                            [self = shared_from_this(), epoch](RenderResult key) {
                               if (epoch != self->epoch_ || !self->flight_) return;
-                              if (!tokens) return self->fail_flight(tokens.error(), {});
-                              self->flight_->tokens = std::move(*tokens);
+                              if (!key) return self->fail_flight(key.error(), {});
+                              self->flight_->key = std::move(*key);
                               self->route();
                             });
-    // The prompt's ids are in flight_->tokens now.
-    if (flight_) flight_->request.prompt_token_ids = {};
   }
 
   // One read on the client's socket while its request is served: it ends when the client goes.
@@ -498,17 +502,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void route() {
     Flight& flight = *flight_;
+    // Only workers whose engines the node can forward to (for an adapter: that serve it).
+    const ModelTarget target = server_.directory->target(flight.request.model);
+    std::vector<WorkerId> eligible;
+    for (const auto& worker : target.workers) {
+      if (!worker.http_url.empty()) eligible.push_back(worker.worker_id);
+    }
+    if (eligible.empty()) {
+      return fail_flight(HttpError{.status = 503,
+                                   .message = fmt::format("no live engine serves `{}` any more",
+                                                          flight.request.model),
+                                   .code = "service_unavailable"},
+                         {});
+    }
     v1::RouteRequest request = make_route_request(
         flight.attempt == 0 ? request_id_ : fmt::format("{}.{}", request_id_, flight.attempt),
-        flight.request, flight.metadata, flight.tokens);
-    // Only workers whose engines the node can forward to.
-    const auto workers = server_.directory->workers(flight.request.model);
-    if (std::any_of(workers.begin(), workers.end(),
-                    [](const DirectoryWorker& worker) { return worker.http_url.empty(); })) {
-      for (const auto& worker : workers) {
-        if (!worker.http_url.empty()) request.add_allowed_workers(worker.worker_id);
-      }
-    }
+        flight.request, flight.metadata, target, eligible, flight.key);
     request.mutable_excluded_workers()->Add(flight.failed_workers.begin(),
                                             flight.failed_workers.end());
     const std::uint64_t epoch = epoch_;
@@ -550,7 +559,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     flight.worker_url = success.worker_http_url();
     flight.first_byte = false;
     std::uint32_t block_size = 0;
-    for (const auto& worker : server_.directory->workers(flight.request.model)) {
+    for (const auto& worker : server_.directory->target(flight.request.model).workers) {
       if (worker.worker_id == success.worker_id()) block_size = worker.block_size;
     }
     flight.predicted_cached_tokens = std::uint64_t{success.device_overlap_blocks()} * block_size;
@@ -591,21 +600,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     upstream_request_->body() = std::move(flight.body);
     upstream_request_->prepare_payload();
     arm_deadline(server_.options.first_byte_timeout, "first_byte");
-    const std::uint64_t epoch = epoch_;
-    resolver_.async_resolve(
-        url->host, url->port,
-        [self = shared_from_this(), epoch](beast::error_code error,
-                                           tcp::resolver::results_type found) {
+    connect_engine(
+        upstream_, resolver_, url->host, url->port,
+        [self = shared_from_this(), epoch = epoch_](beast::error_code error,
+                                                    std::string_view what) {
           if (epoch != self->epoch_) return;
-          if (error) return self->engine_failed("cannot resolve: " + error.message());
-          self->upstream_.async_connect(
-              found, [self, epoch](beast::error_code connect_error, const tcp::endpoint&) {
-                if (epoch != self->epoch_) return;
-                if (connect_error) {
-                  return self->engine_failed("cannot connect: " + connect_error.message());
-                }
-                self->send_upstream();
-              });
+          if (error) {
+            return self->engine_failed(fmt::format("cannot {}: {}", what, error.message()));
+          }
+          self->send_upstream();
         });
   }
 
@@ -681,7 +684,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       report(flight.booking_id, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
       // No retry after the first byte: a long stream keeps neither its prompt nor its body.
       upstream_request_.reset();
-      flight.tokens = {};
+      flight.key = {};
     }
     if (bytes > 0 || !done) arm_deadline(server_.options.stall_timeout, "stall");
     if (!flight.streaming) {
@@ -949,6 +952,8 @@ void HttpFrontDoor::State::accept() {
       } else {
         connection_count.fetch_add(1);
         connections_gauge.set(static_cast<double>(connection_count.load()));
+        beast::error_code ignored;
+        socket.set_option(tcp::no_delay(true), ignored);
         std::make_shared<Connection>(*this, std::move(socket))->start();
       }
     }

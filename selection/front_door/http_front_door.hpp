@@ -1,11 +1,12 @@
 // The node's OpenAI-compatible HTTP API (`kvr node --http-port`): POST /v1/chat/completions and
 // /v1/completions, GET /v1/models and /health. For each generation request it asks an engine of
 // the model to render the prompt into token ids (the engine's own chat template and tokenizer,
-// so the ids match its KV cache), routes them through the RoutingGateway, forwards the client's
-// body unchanged to the chosen engine's HTTP URL and streams the engine's answer back, reporting
-// the first streamed byte as the first token and the end as the completion. An engine that fails
-// before its first byte is left out and the request routed once more; a client that goes away
-// closes the engine's connection at once and releases the booking.
+// so the ids match its KV cache; or, in the `estimate` mode, takes the prompt's text), routes them
+// through the RoutingGateway, forwards the client's body unchanged to the chosen engine's HTTP URL
+// and streams the engine's answer back, reporting the first streamed byte as the first token and
+// the end as the completion. An engine that fails before its first byte is left out and the request
+// routed once more; a client that goes away closes the engine's connection at once and releases the
+// booking.
 //
 // Built on Boost.Beast and Asio: every connection is a few kilobytes of state on a strand, not a
 // thread, and a slow client only slows its own engine connection (one chunk in flight each way).
@@ -16,25 +17,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <expected>
-#include <map>
 #include <memory>
 #include <string>
 
 #include "messages/metrics/metrics_registry.hpp"
+#include "selection/config/model_config.hpp"
 #include "selection/front_door/fleet_directory.hpp"
 #include "selection/front_door/routing_gateway.hpp"
 
 namespace kvr::front_door {
-
-/// How the front door gets a prompt's token ids.
-enum class TokenizerMode : std::uint8_t {
-  /// One engine of the model renders the request (vLLM's /v1/chat/completions/render and
-  /// /v1/completions/render, else /tokenize).
-  engine,
-};
-
-/// "engine"; nullopt for a name that is not a built mode.
-std::optional<TokenizerMode> tokenizer_mode_from(std::string_view name);
 
 struct FrontDoorOptions {
   std::string address = "127.0.0.1";
@@ -50,9 +41,8 @@ struct FrontDoorOptions {
   std::size_t max_connections = 20'000;
   /// Header naming the session (session affinity).
   std::string session_header = "x-session-id";
-  TokenizerMode default_tokenizer_mode = TokenizerMode::engine;
-  /// Per model, overriding the default.
-  std::map<std::string, TokenizerMode> tokenizer_modes;
+  /// How each model's prompts become routing keys (engine rendering, or text estimates).
+  selection::TokenizerModes tokenizer_modes;
   /// Render and tokenize calls in flight at once over all engines; beyond it a request is
   /// refused with 503.
   std::size_t max_renders_in_flight = 1024;

@@ -22,7 +22,38 @@ bool read_token_id(ondemand::value value, std::vector<std::uint32_t>& into) {
   return true;
 }
 
-std::expected<void, HttpError> read_messages(ondemand::value value) {
+// Appends a message's content to `text`: a string as it is, an array of parts by their `text`
+// (a part without one, an image say, by its JSON); null (an assistant's tool call) adds nothing.
+bool append_content(ondemand::value content, std::string& text) {
+  ondemand::json_type type;
+  if (content.type().get(type)) return false;
+  if (type == ondemand::json_type::null) return true;
+  if (type == ondemand::json_type::string) {
+    std::string_view part;
+    if (content.get_string().get(part)) return false;
+    text += part;
+    return true;
+  }
+  ondemand::array parts;
+  if (type != ondemand::json_type::array || content.get_array().get(parts)) return false;
+  for (auto element : parts) {
+    ondemand::object part;
+    if (element.get_object().get(part)) return false;
+    std::string_view part_text;
+    if (!part.find_field_unordered("text").get_string().get(part_text)) {
+      text += part_text;
+      continue;
+    }
+    part.reset();
+    std::string_view raw;
+    if (part.raw_json().get(raw)) return false;
+    text += raw;
+  }
+  return true;
+}
+
+// Checks the messages; with `text`, appends each as "<role>: <content>\n".
+std::expected<void, HttpError> read_messages(ondemand::value value, std::string* text) {
   const auto fail = [](std::string message) {
     return std::unexpected(bad_request(std::move(message), "messages"));
   };
@@ -36,14 +67,28 @@ std::expected<void, HttpError> read_messages(ondemand::value value) {
         message.find_field_unordered("role").get_string().get(role)) {
       return fail(fmt::format("messages[{}]: an object with a string role is required", count));
     }
+    if (text != nullptr) {
+      *text += role;
+      *text += ": ";
+      ondemand::value content;
+      const auto found = message.find_field_unordered("content").get(content);
+      if (found != simdjson::NO_SUCH_FIELD &&
+          (found != simdjson::SUCCESS || !append_content(content, *text))) {
+        return fail(fmt::format(
+            "messages[{}].content: a string or an array of content parts is required", count));
+      }
+      *text += '\n';
+    }
     ++count;
   }
   if (count == 0) return fail("messages: a non-empty array is required");
   return {};
 }
 
-// A string, strings, token ids, or lists of token ids; the ids (of the first list) go to `ids`.
-std::expected<void, HttpError> read_prompt(ondemand::value value, std::vector<std::uint32_t>& ids) {
+// A string, strings, token ids, or lists of token ids; the ids (of the first list) go to `ids`,
+// with `text` the (first) string to `text`.
+std::expected<void, HttpError> read_prompt(ondemand::value value, std::vector<std::uint32_t>& ids,
+                                           std::string* text) {
   const auto fail = [] {
     return std::unexpected(bad_request(
         "prompt: a string, an array of strings or an array of token ids is required", "prompt"));
@@ -51,8 +96,9 @@ std::expected<void, HttpError> read_prompt(ondemand::value value, std::vector<st
   ondemand::json_type type;
   if (value.type().get(type)) return fail();
   if (type == ondemand::json_type::string) {
-    std::string_view text;
-    if (value.get_string().get(text)) return fail();
+    std::string_view prompt;
+    if (value.get_string().get(prompt)) return fail();
+    if (text != nullptr) *text = prompt;
     return {};
   }
   ondemand::array prompt;
@@ -68,8 +114,9 @@ std::expected<void, HttpError> read_prompt(ondemand::value value, std::vector<st
     if (item_type == ondemand::json_type::number) {
       if (!read_token_id(item, ids)) return fail();
     } else if (item_type == ondemand::json_type::string) {
-      std::string_view text;
-      if (item.get_string().get(text)) return fail();
+      std::string_view item_text;
+      if (item.get_string().get(item_text)) return fail();
+      if (text != nullptr && count == 0) *text = item_text;
     } else if (item_type == ondemand::json_type::array) {
       // Lists of token ids: the first is routed, the others only checked.
       std::vector<std::uint32_t> checked;
@@ -116,7 +163,8 @@ std::string_view path_of(Endpoint endpoint) {
 }
 
 std::expected<GenerationRequest, HttpError> parse_generation_request(Endpoint endpoint,
-                                                                     std::string_view body) {
+                                                                     std::string_view body,
+                                                                     PromptTextUse text_use) {
   GenerationRequest request;
   request.endpoint = endpoint;
   // One parser per thread: it keeps its buffers between requests.
@@ -151,9 +199,10 @@ std::expected<GenerationRequest, HttpError> parse_generation_request(Endpoint en
       request.model = model;
       has_model = true;
     } else if (key == content_field) {
+      std::string* text = text_use == PromptTextUse::keep ? &request.prompt_text : nullptr;
       auto read = endpoint == Endpoint::chat_completions
-                      ? read_messages(value)
-                      : read_prompt(value, request.prompt_token_ids);
+                      ? read_messages(value, text)
+                      : read_prompt(value, request.prompt_token_ids, text);
       if (!read) return std::unexpected(read.error());
       has_content = true;
     } else if (null) {
@@ -209,11 +258,17 @@ HttpError error_for_route(const v1::RouteError& error) {
     case v1::ROUTE_ERROR_INVALID_REQUEST:
       return bad_request(error.message());
     case v1::ROUTE_ERROR_REJECTED:
-    case v1::ROUTE_ERROR_RATE_LIMITED:
-      return HttpError{.status = 429,
-                       .message = error.message(),
-                       .type = "rate_limit_exceeded",
-                       .code = "rate_limit_exceeded"};
+    case v1::ROUTE_ERROR_RATE_LIMITED: {
+      HttpError limited{.status = 429,
+                        .message = error.message(),
+                        .type = "rate_limit_exceeded",
+                        .code = "rate_limit_exceeded"};
+      // Retry-After is in whole seconds: rounded up, so a client that waits it is admitted.
+      if (error.has_retry_after_ms()) {
+        limited.retry_after = std::chrono::seconds{(error.retry_after_ms() + 999) / 1000};
+      }
+      return limited;
+    }
     case v1::ROUTE_ERROR_TIMEOUT:
     case v1::ROUTE_ERROR_DUE_TIME_EXPIRED:
       return server(504, "timeout");

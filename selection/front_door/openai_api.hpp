@@ -56,15 +56,22 @@ struct GenerationRequest {
   /// A completions prompt given as token ids (the first, for a batch of prompts); empty for text
   /// and chat, which an engine renders.
   std::vector<std::uint32_t> prompt_token_ids;
+  /// The prompt's text, when asked for (the `estimate` tokenizer mode) and the prompt is not
+  /// token ids: each chat message as "<role>: <text parts>\n" (a part without text as its JSON),
+  /// or the completions prompt (the first, for a batch of prompts).
+  std::string prompt_text;
 };
+
+/// Whether parse_generation_request keeps the prompt's text.
+enum class PromptTextUse : std::uint8_t { skip, keep };
 
 /// Parses and checks a request body (simdjson's on-demand parser: prompts run to megabytes of
 /// token ids): a JSON object with a non-empty string `model`, `messages` (chat: a non-empty array
 /// of objects with a string `role`) or `prompt` (completions: a string, an array of strings, an
 /// array of token ids or an array of such arrays), and well-typed `stream`, `max_tokens`,
 /// `max_completion_tokens`, `user` and `stream_options`. The error names the field (400).
-std::expected<GenerationRequest, HttpError> parse_generation_request(Endpoint endpoint,
-                                                                     std::string_view body);
+std::expected<GenerationRequest, HttpError> parse_generation_request(
+    Endpoint endpoint, std::string_view body, PromptTextUse text_use = PromptTextUse::skip);
 
 /// The HTTP error a client gets for a route error: invalid request 400; rejected or rate-limited
 /// by admission 429; overloaded, no routable worker, unavailable or owner lost 503; policy failure

@@ -79,9 +79,13 @@ struct PromptRenderer::Attempt {
   ~Attempt() { owner->in_flight_.fetch_sub(1); }
 };
 
-PromptRenderer::PromptRenderer(std::size_t max_in_flight, std::chrono::milliseconds timeout,
+PromptRenderer::PromptRenderer(selection::TokenizerModes modes, std::size_t max_in_flight,
+                               std::chrono::milliseconds timeout,
                                std::shared_ptr<metrics::MetricsRegistry> metrics)
-    : max_in_flight_(max_in_flight), timeout_(timeout), metrics_(std::move(metrics)) {
+    : modes_(std::move(modes)),
+      max_in_flight_(max_in_flight),
+      timeout_(timeout),
+      metrics_(std::move(metrics)) {
   metrics_->describe(std::string{kRenderCalls}, metrics::MetricType::Counter,
                      "Render and tokenize calls to engines, by endpoint and outcome (ok, "
                      "refused: the engine rejected the request, failed: no usable answer)");
@@ -97,11 +101,25 @@ void PromptRenderer::mark_lacks_render(const std::string& url) {
   without_render_.insert(url);
 }
 
-void PromptRenderer::render(boost::asio::any_io_executor executor, const GenerationRequest& request,
+PromptTextUse PromptRenderer::text_use() const {
+  return modes_.uses(selection::TokenizerMode::estimate) ? PromptTextUse::keep
+                                                         : PromptTextUse::skip;
+}
+
+void PromptRenderer::render(boost::asio::any_io_executor executor, GenerationRequest& request,
                             std::string_view body, std::vector<std::string> engine_urls,
                             std::function<void(RenderResult)> done) {
   // A completions prompt of token ids needs no engine.
-  if (!request.prompt_token_ids.empty()) return done(request.prompt_token_ids);
+  if (!request.prompt_token_ids.empty()) {
+    return done(RoutingKey{.tokens = std::move(request.prompt_token_ids)});
+  }
+  if (modes_.for_model(request.model) == selection::TokenizerMode::estimate) {
+    if (request.prompt_text.empty()) {
+      return done(
+          std::unexpected(bad_request("prompt: an empty prompt cannot be routed", "prompt")));
+    }
+    return done(RoutingKey{.text = std::move(request.prompt_text)});
+  }
   if (engine_urls.empty()) {
     return done(std::unexpected(HttpError{.status = 503,
                                           .message = "no engine of the model can render prompts",
@@ -172,7 +190,7 @@ void PromptRenderer::call(std::shared_ptr<Attempt> attempt, bool tokenize) {
         if (answer.failure.empty() && answer.status == 200) {
           if (auto ids = answer_ids(answer.body, tokenize)) {
             count("ok");
-            return attempt->done(std::move(*ids));
+            return attempt->done(RoutingKey{.tokens = std::move(*ids)});
           }
           answer.failure = "its answer carries no token ids";
         }

@@ -1,8 +1,9 @@
-// The `engine` tokenizer mode: the prompt's token ids as the engine itself makes them (its chat
-// template, special tokens and tokenizer), so that they hash to the blocks the engine reports in
-// its KV events. Asks one engine of the model, in turn: vLLM's /v1/chat/completions/render or
-// /v1/completions/render, and /tokenize where those are missing (remembered per engine); a
-// failed engine is replaced by another once. A completions prompt of token ids needs no call.
+// A request's routing key, by its model's tokenizer mode. `engine`: the prompt's token ids as the
+// engine itself makes them (its chat template, special tokens and tokenizer), so that they hash to
+// the blocks the engine reports in its KV events. Asks one engine of the model, in turn: vLLM's
+// /v1/chat/completions/render or /v1/completions/render, and /tokenize where those are missing
+// (remembered per engine); a failed engine is replaced by another once. `estimate`: the prompt's
+// text, with no call. A completions prompt of token ids needs no call in either mode.
 // Only included by the front door's .cpp files.
 #pragma once
 
@@ -20,22 +21,29 @@
 #include <boost/asio/any_io_executor.hpp>
 
 #include "messages/metrics/metrics_registry.hpp"
+#include "selection/config/model_config.hpp"
 #include "selection/front_door/openai_api.hpp"
+#include "selection/front_door/request_routing.hpp"
 
 namespace kvr::front_door {
 
-using RenderResult = std::expected<std::vector<std::uint32_t>, HttpError>;
+using RenderResult = std::expected<RoutingKey, HttpError>;
 
 class PromptRenderer {
  public:
-  PromptRenderer(std::size_t max_in_flight, std::chrono::milliseconds timeout,
+  PromptRenderer(selection::TokenizerModes modes, std::size_t max_in_flight,
+                 std::chrono::milliseconds timeout,
                  std::shared_ptr<metrics::MetricsRegistry> metrics);
 
-  /// The token ids of `request`'s prompt (its first, for a batch of prompts; `body` is the
-  /// request's body as the client sent it), from one of `engine_urls`; `done` runs once on
-  /// `executor`. The error: 400 with the engine's reason when it refuses the request, 503 when no
-  /// engine could render or too many renders are in flight.
-  void render(boost::asio::any_io_executor executor, const GenerationRequest& request,
+  /// Whether requests must be parsed with their prompt's text (some model uses `estimate`).
+  PromptTextUse text_use() const;
+
+  /// The routing key of `request` (its first prompt, for a batch; `body` is the request's body as
+  /// the client sent it): its token ids, its text in the `estimate` mode, else the ids one of
+  /// `engine_urls` renders; `done` runs once, on `executor` after an engine call, else at once.
+  /// The error: 400 with the engine's reason when it refuses the request, 503 when no engine
+  /// could render or too many renders are in flight.
+  void render(boost::asio::any_io_executor executor, GenerationRequest& request,
               std::string_view body, std::vector<std::string> engine_urls,
               std::function<void(RenderResult)> done);
 
@@ -50,6 +58,7 @@ class PromptRenderer {
   bool lacks_render(const std::string& url) const;
   void mark_lacks_render(const std::string& url);
 
+  selection::TokenizerModes modes_;
   std::size_t max_in_flight_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<metrics::MetricsRegistry> metrics_;

@@ -42,13 +42,20 @@ std::expected<RequestMetadata, HttpError> read_request_metadata(
 }
 
 v1::RouteRequest make_route_request(std::string request_id, const GenerationRequest& request,
-                                    const RequestMetadata& metadata,
-                                    std::span<const std::uint32_t> tokens) {
+                                    const RequestMetadata& metadata, const ModelTarget& target,
+                                    std::span<const WorkerId> eligible, const RoutingKey& key) {
   v1::RouteRequest route;
   route.set_request_id(std::move(request_id));
-  route.set_model(request.model);
+  route.set_model(target.model);
+  route.set_cache_namespace(target.adapter);
+  // Always a list, even of every worker: an empty one would mean "any worker of the partition".
+  route.mutable_allowed_workers()->Add(eligible.begin(), eligible.end());
   route.set_routing_group(metadata.routing_group);
-  route.mutable_tokens()->mutable_ids()->Add(tokens.begin(), tokens.end());
+  if (!key.tokens.empty()) {
+    route.mutable_tokens()->mutable_ids()->Add(key.tokens.begin(), key.tokens.end());
+  } else {
+    route.mutable_text()->set_utf8(key.text);
+  }
   if (request.max_tokens) route.set_expected_output_tokens(*request.max_tokens);
   if (!metadata.session_id.empty()) route.mutable_session()->set_session_id(metadata.session_id);
   route.set_priority(metadata.priority);

@@ -25,7 +25,10 @@ struct RouteRequest {
   /// a property of a partition's workers, so the partition's selector hashes them into
   /// selection.block_hashes at its block size, and then clears them.
   std::vector<std::uint32_t> prompt_token_ids;
-  /// The cache namespace the token ids are hashed in.
+  /// The prompt's UTF-8 text, when the client has no token ids (the `estimate` tokenizer mode):
+  /// the selector hashes it into text blocks (PromptKeys::text_blocks), then clears it.
+  std::string prompt_text;
+  /// The cache namespace the token ids or the text are hashed in.
   std::string cache_namespace;
   /// Who the request is for, as the client named it (per-tenant admission); empty: none.
   std::string tenant;

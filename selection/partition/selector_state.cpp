@@ -187,6 +187,7 @@ void SelectorState::rebuild_rows() const {
   for (RoleRows& rows : rows_) {
     rows.descriptors.clear();
     rows.slots.clear();
+    rows.text_slots.clear();
     rows.total_kv_blocks.clear();
     rows.max_batched_tokens.clear();
   }
@@ -203,12 +204,14 @@ void SelectorState::rebuild_rows() const {
     for (DpRank rank = 0; rank < registration.data_parallel_size; ++rank) {
       const WorkerWithDpRank worker{registration.worker_id, rank};
       const auto slot = workers_.index().slot_of(worker);
-      if (!slot) continue;  // not indexed: cannot be offered
+      const auto text_slot = workers_.text_index().slot_of(worker);
+      if (!slot || !text_slot) continue;  // not indexed: cannot be offered
       rows.descriptors.push_back(
           selection::WorkerDescriptor{.worker = worker,
                                       .taints = registration.taints,
                                       .available = !health_.is_ejected(registration.worker_id)});
       rows.slots.push_back(*slot);
+      rows.text_slots.push_back(*text_slot);
       rows.total_kv_blocks.push_back(registration.total_kv_blocks);
       rows.max_batched_tokens.push_back(registration.max_num_batched_tokens);
     }
@@ -245,18 +248,28 @@ std::span<const selection::WorkerDescriptor> SelectorState::workers(WorkerType w
   return rows.descriptors;
 }
 
-const discovery::MatchResult& SelectorState::matches_for(std::span<const BlockHash> block_hashes) {
+const discovery::KvIndexer& SelectorState::index_for(selection::PromptKeys keys) const {
+  return keys == selection::PromptKeys::text_blocks ? workers_.text_index() : workers_.index();
+}
+
+const std::vector<discovery::SlotId>& SelectorState::RoleRows::slots_for(
+    selection::PromptKeys keys) const {
+  return keys == selection::PromptKeys::text_blocks ? text_slots : slots;
+}
+
+const discovery::MatchResult& SelectorState::matches_for(
+    const selection::SelectionRequest& request) {
   if (!in_route_ || matches_for_route_ != route_counter_) {
-    workers_.index().find_matches(block_hashes, matches_);
+    index_for(request.prompt_keys).find_matches(request.block_hashes, matches_);
     matches_for_route_ = in_route_ ? route_counter_ : 0;
   }
   return matches_;
 }
 
-void SelectorState::set_overlap(RouteOutcome& outcome, std::span<const BlockHash> block_hashes) {
-  const auto slot = workers_.index().slot_of(outcome.worker);
+void SelectorState::set_overlap(RouteOutcome& outcome, const selection::SelectionRequest& request) {
+  const auto slot = index_for(request.prompt_keys).slot_of(outcome.worker);
   if (!slot) return;
-  if (const discovery::WorkerMatch* match = matches_for(block_hashes).find(*slot)) {
+  if (const discovery::WorkerMatch* match = matches_for(request).find(*slot)) {
     outcome.device_overlap_blocks = match->device_blocks;
     outcome.host_overlap_blocks = match->host_blocks;
     outcome.disk_overlap_blocks = match->disk_blocks;
@@ -268,12 +281,13 @@ void SelectorState::compute_signals(const selection::SelectionRequest& request,
                                     std::span<selection::WorkerCacheInput> cache_out,
                                     std::span<selection::WorkerLoadInput> load_out) {
   const RoleRows& role_rows = rows_[static_cast<std::size_t>(worker_type)];
-  const discovery::MatchResult& matches = matches_for(request.block_hashes);
+  const discovery::MatchResult& matches = matches_for(request);
+  const std::vector<discovery::SlotId>& slots = role_rows.slots_for(request.prompt_keys);
   const std::uint64_t prompt_blocks = request.block_hashes.size();
   if (!load_out.empty()) workers_.load().prepare(request.block_hashes, projection_scratch_);
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const std::uint32_t row = rows[i];
-    const discovery::WorkerMatch* match = matches.find(role_rows.slots[row]);
+    const discovery::WorkerMatch* match = matches.find(slots[row]);
     if (!cache_out.empty()) {
       cache_out[i] = match ? selection::WorkerCacheInput{static_cast<double>(match->device_blocks),
                                                          static_cast<double>(match->host_blocks),
@@ -318,7 +332,14 @@ std::expected<void, RouteFailure> SelectorState::prepare(RouteRequest& request, 
     const discovery::BlockHasher hasher{block_size_, request.cache_namespace};
     selection.block_hashes.clear();
     hasher.append_sequence_hashes(request.prompt_token_ids, selection.block_hashes);
+    selection.prompt_keys = selection::PromptKeys::kv_blocks;
     request.prompt_token_ids.clear();
+  } else if (!request.prompt_text.empty()) {
+    const discovery::TextBlockHasher hasher{block_size_, request.cache_namespace};
+    selection.block_hashes.clear();
+    hasher.append_sequence_hashes(request.prompt_text, selection.block_hashes);
+    selection.prompt_keys = selection::PromptKeys::text_blocks;
+    request.prompt_text = std::string{};
   }
   if (selection.block_hashes.size() > selection.prompt_tokens / block_size_) {
     return std::unexpected(
@@ -425,7 +446,7 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::route(RouteRequest& req
         static_cast<std::uint32_t>(selected->cache->disk_overlap_blocks());
   } else {
     // The policy asked for no CACHE signals; the booking still needs the chosen worker's overlap.
-    set_overlap(outcome, request.selection.block_hashes);
+    set_overlap(outcome, request.selection);
   }
   in_route_ = false;
   outcome.total_cost = selected->total_cost;
@@ -466,7 +487,8 @@ void SelectorState::eligible_prefill_loads(const RouteRequest& request,
 std::uint64_t SelectorState::fewest_uncached_tokens(const RouteRequest& request) {
   const auto descriptors = workers(request.worker_type);
   const RoleRows& rows = rows_[static_cast<std::size_t>(request.worker_type)];
-  const discovery::MatchResult& matches = matches_for(request.selection.block_hashes);
+  const discovery::MatchResult& matches = matches_for(request.selection);
+  const std::vector<discovery::SlotId>& slots = rows.slots_for(request.selection.prompt_keys);
   std::uint64_t most_cached = 0;
   for (std::size_t row = 0; row < descriptors.size(); ++row) {
     const selection::WorkerDescriptor& descriptor = descriptors[row];
@@ -474,7 +496,7 @@ std::uint64_t SelectorState::fewest_uncached_tokens(const RouteRequest& request)
                                         descriptor.taints)) {
       continue;
     }
-    if (const discovery::WorkerMatch* match = matches.find(rows.slots[row])) {
+    if (const discovery::WorkerMatch* match = matches.find(slots[row])) {
       most_cached =
           std::max<std::uint64_t>(most_cached, std::uint64_t{match->device_blocks} +
                                                    match->host_blocks + match->disk_blocks);
@@ -524,7 +546,7 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::route_to(RouteRequest& 
   RouteOutcome outcome;
   outcome.worker = worker;
   outcome.eligible_workers = 1;
-  set_overlap(outcome, request.selection.block_hashes);
+  set_overlap(outcome, request.selection);
   return book(request, std::move(outcome), now);
 }
 #pragma GCC diagnostic pop
@@ -553,10 +575,12 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::book(const RouteRequest
         fmt::format("cannot book request '{}': {}", input.request_id,
                     discovery::as_str(booked.error()))});
   }
-  // Workers that publish no KV events: the routing decision is the only evidence of what they
-  // will cache.
-  if (const auto* entry = workers_.catalog().find(outcome.worker.worker_id);
-      entry != nullptr && !entry->registration.publishes_kv_events) {
+  // Text blocks, and workers that publish no KV events: the routing decision is the only evidence
+  // of what they will cache.
+  if (input.prompt_keys == selection::PromptKeys::text_blocks) {
+    (void)workers_.text_index().record_routing(outcome.worker, input.block_hashes, now);
+  } else if (const auto* entry = workers_.catalog().find(outcome.worker.worker_id);
+             entry != nullptr && !entry->registration.publishes_kv_events) {
     (void)workers_.index().record_routing(outcome.worker, input.block_hashes, now);
   }
   return outcome;

@@ -90,8 +90,8 @@ class SelectorState final : public selection::WorkerSignalSource {
   // ---- routing ------------------------------------------------------------------------------
   /// Selects a worker and books the request on it before returning, so the next selection
   /// already sees this one (no herding on stale metrics).
-  /// Token ids are hashed into the request's block hashes at the partition's block size, and
-  /// the request is stamped with `now`.
+  /// Token ids (or the prompt's text) are hashed into the request's block hashes at the
+  /// partition's block size, and the request is stamped with `now`.
   std::expected<RouteOutcome, RouteFailure> route(RouteRequest& request, TimePoint now);
   /// Books the request on exactly `worker` without running the policy (hard session affinity, a
   /// pinned dispatch). The worker must serve the request's worker type in this partition and pass
@@ -119,9 +119,9 @@ class SelectorState final : public selection::WorkerSignalSource {
   const WorkerHealth& health() const { return health_; }
 
   // ---- admission queue (selection/partition/partition_queue.hpp) --------------------------------
-  /// Hashes the request's token ids (at block_size()), stamps it with `now` and checks the prompt
-  /// and that its id has no open booking; route() and route_to() run it first themselves, and it
-  /// may run again on a prepared request.
+  /// Hashes the request's token ids or text (at block_size()), stamps it with `now` and checks the
+  /// prompt and that its id has no open booking; route() and route_to() run it first themselves,
+  /// and it may run again on a prepared request.
   std::expected<void, RouteFailure> prepare(RouteRequest& request, TimePoint now);
   /// The prefill load of every worker rank eligible for `request` (of its role, passing its hard
   /// restrictions), into `out` (cleared first): what the policy-class busy rule reads.
@@ -152,9 +152,12 @@ class SelectorState final : public selection::WorkerSignalSource {
   // Per worker type: the rows the host selects over and what each row needs for its signals.
   struct RoleRows {
     std::vector<selection::WorkerDescriptor> descriptors;
-    std::vector<discovery::SlotId> slots;
+    std::vector<discovery::SlotId> slots;       // in the KV index
+    std::vector<discovery::SlotId> text_slots;  // in the text index
     std::vector<std::uint64_t> total_kv_blocks;
     std::vector<std::uint64_t> max_batched_tokens;
+
+    const std::vector<discovery::SlotId>& slots_for(selection::PromptKeys keys) const;
   };
 
   /// A worker refused for its block size, remembered to explain a request that finds no worker.
@@ -181,7 +184,7 @@ class SelectorState final : public selection::WorkerSignalSource {
   /// Forgets the learnt block size and the policies built for it once the last worker has left.
   void forget_block_size_when_empty();
   /// Fills the outcome's overlap by tier from the chosen worker's match.
-  void set_overlap(RouteOutcome& outcome, std::span<const BlockHash> block_hashes);
+  void set_overlap(RouteOutcome& outcome, const selection::SelectionRequest& request);
   void rebuild_rows() const;
   /// Re-marks every row's availability from the ejections after they changed.
   void mark_ejections();
@@ -192,7 +195,9 @@ class SelectorState final : public selection::WorkerSignalSource {
   void refresh_busy_signals(RoleRows& rows) const;
   /// The request's matched prefix on every rank: one index lookup per routed request, shared by
   /// the signal computation and the booking.
-  const discovery::MatchResult& matches_for(std::span<const BlockHash> block_hashes);
+  const discovery::MatchResult& matches_for(const selection::SelectionRequest& request);
+  /// The KV index, or the text index for text-block keys.
+  const discovery::KvIndexer& index_for(selection::PromptKeys keys) const;
 
   SelectorOptions options_;
   const plugins::RouterPlugins* plugins_;

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "discovery/block_hash.hpp"
 #include "messages/worker_role.hpp"
 
 namespace kvr {
@@ -52,6 +53,9 @@ v1::RouteRequest encode_route_request(const RouteRequest& data) {
   if (!data.prompt_token_ids.empty()) {
     wire.mutable_tokens()->mutable_ids()->Add(data.prompt_token_ids.begin(),
                                               data.prompt_token_ids.end());
+    wire.set_cache_namespace(data.cache_namespace);
+  } else if (!data.prompt_text.empty()) {
+    wire.mutable_text()->set_utf8(data.prompt_text);
     wire.set_cache_namespace(data.cache_namespace);
   } else {
     auto* hashes = wire.mutable_block_hashes();
@@ -152,8 +156,21 @@ std::expected<RouteRequest, RouteFailure> decode_route_request(const v1::RouteRe
       request.block_hashes.assign(hashes.hashes().begin(), hashes.hashes().end());
       break;
     }
+    case v1::RouteRequest::kText: {
+      const std::string& text = wire.text().utf8();
+      if (text.empty()) return invalid("text: empty prompt");
+      request.prompt_tokens = discovery::estimated_prompt_tokens(text.size());
+      if (request.prompt_tokens > limits.max_prompt_tokens) {
+        return invalid(fmt::format("text: {} bytes exceed the limit of {} (4 per token)",
+                                   text.size(),
+                                   limits.max_prompt_tokens * discovery::kTextBytesPerToken));
+      }
+      data.prompt_text = text;
+      data.cache_namespace = wire.cache_namespace();
+      break;
+    }
     case v1::RouteRequest::PROMPT_NOT_SET:
-      return invalid("prompt: neither tokens nor block_hashes given");
+      return invalid("prompt: none of tokens, block_hashes or text given");
   }
 
   if (wire.has_expected_output_tokens()) {
@@ -210,12 +227,17 @@ std::expected<RouteRequest, RouteFailure> decode_route_request(const v1::RouteRe
 }
 
 v1::RouteDecision encode_route_error(std::string_view request_id, Error error,
-                                     std::string_view message) {
+                                     std::string_view message,
+                                     std::optional<std::chrono::milliseconds> retry_after) {
   v1::RouteDecision decision;
   decision.set_request_id(std::string{request_id});
   auto* failure = decision.mutable_error();
   failure->set_code(to_route_error_code(error));
   failure->set_message(std::string{message});
+  if (retry_after) {
+    failure->set_retry_after_ms(static_cast<std::uint32_t>(
+        std::clamp<std::int64_t>(retry_after->count(), 0, std::int64_t{UINT32_MAX})));
+  }
   return decision;
 }
 

@@ -40,9 +40,10 @@ std::expected<RouteRequest, RouteFailure> decode_route_request(
 /// carries the client's own id (client_id()); the forwarder sends the client's scope alongside.
 v1::RouteRequest encode_route_request(const RouteRequest& request);
 
-/// A decision that reports `error` for `request_id`.
-v1::RouteDecision encode_route_error(std::string_view request_id, Error error,
-                                     std::string_view message);
+/// A decision that reports `error` for `request_id` (with when to retry, if known).
+v1::RouteDecision encode_route_error(
+    std::string_view request_id, Error error, std::string_view message,
+    std::optional<std::chrono::milliseconds> retry_after = std::nullopt);
 
 /// What the caller needs besides the selector's outcome to answer a routed request.
 struct RouteSuccessInfo {

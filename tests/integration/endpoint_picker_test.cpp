@@ -187,6 +187,7 @@ struct Refusal {
   int status = 0;
   Json error;
   std::string content_type;
+  std::string retry_after;
 };
 
 Refusal refusal_of(const ext::ProcessingResponse& reply) {
@@ -195,7 +196,8 @@ Refusal refusal_of(const ext::ProcessingResponse& reply) {
   const Json body = Json::parse(immediate.body(), nullptr, false);
   return Refusal{static_cast<int>(immediate.status().code()),
                  body.is_object() ? body.value("error", Json()) : Json(),
-                 set_value(immediate.headers(), "content-type")};
+                 set_value(immediate.headers(), "content-type"),
+                 set_value(immediate.headers(), "retry-after")};
 }
 
 // A completions request with a prompt of token ids (nothing to render).
@@ -513,6 +515,8 @@ TEST_F(EndpointPickerTest, ARateLimitedTenantIs429) {
   const Refusal limited = refusal_of(route_once(body, {}, {{"x-kvr-tenant", "a"}}));
   EXPECT_EQ(limited.status, 429);
   EXPECT_EQ(limited.error["code"], "rate_limit_exceeded");
+  // 8 of the 10 tokens were taken; the 6 missing for another 8 refill in 6 s.
+  EXPECT_EQ(limited.retry_after, "6");
   // OpenAI's `user` names another tenant, with a bucket of its own.
   EXPECT_TRUE(
       route_once(R"({"model":"mock-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":1,"user":"b"})")
@@ -549,9 +553,11 @@ TEST_F(EndpointPickerTest, ADrainRefusesNewRequestsWhileRoutedAnswersEnd) {
   ASSERT_TRUE(routed.send(body_chunk(completion(1), true)));
   ASSERT_TRUE(routed.next().has_request_headers());
   EXPECT_EQ(routed.echoed_body(true), completion(1));
-  // Open, its body never sent: the node's stop ends it.
+  // Open, its body never sent: the node's stop ends it. Buffered, so that the node's answer to
+  // its headers shows they came before the drain (after it, they would be refused).
   EnvoyStream waiting{*stub_};
-  ASSERT_TRUE(waiting.send(request_headers(ext::ProcessingMode::FULL_DUPLEX_STREAMED)));
+  ASSERT_TRUE(waiting.send(request_headers(ext::ProcessingMode::BUFFERED)));
+  ASSERT_TRUE(waiting.next().has_request_headers());
 
   node_->signal(SIGTERM);
   ASSERT_TRUE(wait_until([&] { return health("readiness") == Health::NOT_SERVING; }, 10s));

@@ -8,6 +8,7 @@
 // on another engine.
 #include <csignal>
 #include <fstream>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -204,6 +205,86 @@ TEST_F(FrontDoorTest, ARepeatedLongChatPromptLandsOnTheEngineThatCachesIt) {
             2);
 }
 
+TEST_F(FrontDoorTest, AnEstimateModeModelIsRoutedOnItsTextWithoutAskingAnEngine) {
+  // The mode comes from the router-policy YAML's `models`, over the flag's default (engine).
+  const auto config = directory_.path() / "policy.yaml";
+  std::ofstream{config} << "models:\n  mock-model: {tokenizer_mode: estimate}\n";
+  start_node({"--router-policy-config", config.string(), "--tokenizer-mode", "engine"});
+  start_pair(kFirstWorker);
+  start_pair(kFirstWorker + 1);
+  wait_until_ready();
+  ASSERT_TRUE(wait_until([&] { return node_metric("kvr_workers") == 2; }, 10s));
+  const std::vector<std::string> topics{"routers", "caches", "engines", "tokens"};
+  std::map<std::string, std::string> first_worker;
+  for (const std::string& topic : topics) {
+    const Answer first = post("/v1/chat/completions", long_chat(topic).dump());
+    ASSERT_EQ(first.status, 200) << first.body;
+    EXPECT_EQ(first.header("x-kvr-cached-tokens"), "0");
+    first_worker[topic] = first.header("x-kvr-worker-id");
+  }
+  // Each repeat finds its text where the router sent it (no KV event is needed: the decision
+  // itself filled the text index), and the engine there has the prompt cached.
+  for (const std::string& topic : topics) {
+    const Answer again = post("/v1/chat/completions", long_chat(topic, "?").dump());
+    ASSERT_EQ(again.status, 200) << again.body;
+    EXPECT_EQ(again.header("x-kvr-worker-id"), first_worker[topic]) << topic;
+    EXPECT_GT(std::stoull(again.header("x-kvr-cached-tokens")), 0u) << topic;
+    EXPECT_GT(again.json()["usage"]["prompt_tokens_details"]["cached_tokens"].get<std::uint64_t>(),
+              0u)
+        << topic;
+  }
+  EXPECT_EQ(node_metric("kvr_http_render_calls_total"), 0);
+}
+
+TEST_F(FrontDoorTest, ALoraAdapterIsRoutedInItsBaseModelToTheEnginesThatServeIt) {
+  start_node();
+  // Only the first engine serves the adapter; its bridge registers it from /v1/models.
+  auto with_adapter =
+      testing::start_engine_pair(*kvr_, {.worker = kFirstWorker,
+                                         .block_size = kBlockSize,
+                                         .engine_args = {"--lora-adapter", "sql-lora"}});
+  ASSERT_TRUE(with_adapter) << with_adapter.error();
+  pairs_.push_back(std::move(*with_adapter));
+  start_pair(kFirstWorker + 1);
+  wait_until_ready();
+  ASSERT_TRUE(wait_until(
+      [&] {
+        const Json data = get("/v1/models").json()["data"];
+        return data.size() == 2 && data[1]["id"] == "sql-lora";
+      },
+      10s));
+  const Json models = get("/v1/models").json()["data"];
+  EXPECT_EQ(models[0]["id"], "mock-model");
+  EXPECT_EQ(models[1]["parent"], "mock-model");
+
+  Json request = long_chat("queries");
+  request["model"] = "sql-lora";
+  const Answer first = post("/v1/chat/completions", request.dump());
+  ASSERT_EQ(first.status, 200) << first.body;
+  EXPECT_EQ(first.header("x-kvr-worker-id"), std::to_string(kFirstWorker));
+  EXPECT_EQ(first.json()["model"], "sql-lora");
+  // The adapter's blocks come back in its cache namespace: a repeat is predicted to hit, and does.
+  Answer again;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        again = post("/v1/chat/completions", request.dump());
+        return again.status == 200 && std::stoull(again.header("x-kvr-cached-tokens")) > 0;
+      },
+      10s))
+      << again.body;
+  EXPECT_EQ(again.header("x-kvr-worker-id"), std::to_string(kFirstWorker));
+  EXPECT_EQ(std::stoull(again.header("x-kvr-cached-tokens")),
+            again.json()["usage"]["prompt_tokens_details"]["cached_tokens"].get<std::uint64_t>());
+  // The same prompt on the base model shares nothing with the adapter's cache.
+  request["model"] = "mock-model";
+  const Answer base = post("/v1/chat/completions", request.dump());
+  ASSERT_EQ(base.status, 200) << base.body;
+  EXPECT_EQ(base.header("x-kvr-cached-tokens"), "0");
+  // A name no live worker serves, as model or adapter, is still unknown.
+  request["model"] = "other-lora";
+  EXPECT_EQ(post("/v1/chat/completions", request.dump()).status, 404);
+}
+
 TEST_F(FrontDoorTest, StreamsChatAndCompletionsWithUsage) {
   start_node();
   start_pair(kFirstWorker);
@@ -319,6 +400,8 @@ TEST_F(FrontDoorTest, AdmissionRateLimitsAre429) {
   const Answer limited = post("/v1/completions", body, {{"x-kvr-tenant", "a"}});
   EXPECT_EQ(limited.status, 429) << limited.body;
   EXPECT_EQ(limited.json()["error"]["code"], "rate_limit_exceeded");
+  // 8 tokens were taken from the 10, and 8 more refill at 1 token/s: the 6 missing take 6 s.
+  EXPECT_EQ(limited.header("retry-after"), "6");
   // Another tenant has its own bucket; OpenAI's `user` names the tenant without the header.
   EXPECT_EQ(post("/v1/completions",
                  R"({"model":"mock-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":1,"user":"b"})")

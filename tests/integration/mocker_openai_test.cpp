@@ -2,12 +2,15 @@
 // template; /tokenize, /detokenize and the render endpoints agreeing with each other and with the
 // token ids the engine serves and publishes KV events for; chat completions, one answer and
 // streamed; cached prompt tokens in the usage; text prompts on /v1/completions; the render
-// endpoints switched off; vLLM's errors for an unknown model and bad bodies.
+// endpoints switched off; vLLM's errors for an unknown model and bad bodies; LoRA adapters (listed,
+// served under their names, cached apart, named in KV events, checked by the command line).
 #include <array>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -15,11 +18,14 @@
 #include <zmq_addon.hpp>
 
 #include "deploy/bridge/kv_event_decoder.hpp"
+#include "deploy/bridge/kv_translator.hpp"
 #include "deploy/mocker/mock_tokenizer.hpp"
 #include "deploy/mocker/vllm_engine_server.hpp"
 #include "deploy/worker/vllm_kv_frames.hpp"
+#include "discovery/block_hash.hpp"
 #include "tests/testing/child_process.hpp"
 #include "tests/testing/loopback_http.hpp"
+#include "tests/testing/process_run.hpp"
 
 namespace kvr::mocker {
 namespace {
@@ -91,10 +97,11 @@ class MockerOpenAiTest : public ::testing::Test {
  protected:
   void SetUp() override { start(true); }
 
-  void start(bool render_endpoints) {
+  void start(bool render_endpoints, std::vector<std::string> lora_adapters = {}) {
     server_.reset();
     VllmEngineOptions options;
     options.model = "mock-model";
+    options.lora_adapters = std::move(lora_adapters);
     options.http_port = 0;
     options.kv_events_port = testing::free_port();
     options.replay_port = testing::free_port();
@@ -479,6 +486,180 @@ TEST_F(MockerOpenAiTest, ClientLeavingAChatStreamAbortsTheRequest) {
       10s))
       << metrics();
   EXPECT_LT(testing::metric(metrics(), "vllm:generation_tokens_total"), 20'000.0);
+}
+
+// ---- LoRA adapters ----------------------------------------------------------------------------
+
+const std::vector<std::string> kAdapters = {"sql-lora", "chat-lora"};
+
+TEST_F(MockerOpenAiTest, ModelsListTheLoraAdaptersAfterTheBaseModel) {
+  start(true, kAdapters);
+  const auto result = client_->Get("/v1/models");
+  ASSERT_TRUE(result);
+  ASSERT_EQ(result->status, 200) << result->body;
+  const json models = json::parse(result->body, nullptr, false);
+  ASSERT_TRUE(models.is_object()) << result->body;
+  EXPECT_EQ(models.at("object"), "list");
+  const json& data = models.at("data");
+  ASSERT_EQ(data.size(), 3U) << data;
+  const json& base = data[0];
+  EXPECT_EQ(base.at("id"), "mock-model");
+  EXPECT_EQ(base.at("root"), "mock-model");
+  EXPECT_TRUE(base.at("parent").is_null());
+  for (std::size_t i = 0; i < kAdapters.size(); ++i) {
+    const json& adapter = data[i + 1];
+    EXPECT_EQ(adapter.at("id"), kAdapters[i]);
+    EXPECT_EQ(adapter.at("object"), "model");
+    EXPECT_EQ(adapter.at("owned_by"), "vllm");
+    EXPECT_EQ(adapter.at("root"), "/adapters/" + kAdapters[i]);
+    EXPECT_EQ(adapter.at("parent"), "mock-model");
+    EXPECT_EQ(adapter.at("created"), base.at("created"));
+    EXPECT_EQ(adapter.at("max_model_len"), kBlockSize * kGpuBlocks);
+  }
+}
+
+TEST_F(MockerOpenAiTest, AnAdapterIsServedUnderItsNameAndAnotherNameStays404) {
+  start(true, kAdapters);
+  json chat = kChat;
+  chat["model"] = "sql-lora";
+  const auto [status, answer] = post("/v1/chat/completions", chat);
+  ASSERT_EQ(status, 200) << answer;
+  EXPECT_EQ(answer.at("model"), "sql-lora");
+  EXPECT_EQ(answer.at("usage").at("completion_tokens"), 4);
+
+  json streamed = chat;
+  streamed["stream"] = true;
+  streamed["stream_options"] = {{"include_usage", true}};
+  const auto [stream_status, text] = post_text("/v1/chat/completions", streamed.dump());
+  ASSERT_EQ(stream_status, 200) << text;
+  const auto events = sse_data(text);
+  ASSERT_GE(events.size(), 2U) << text;
+  for (std::size_t i = 0; i + 1 < events.size(); ++i) {
+    EXPECT_EQ(json::parse(events[i]).at("model"), "sql-lora") << events[i];
+  }
+
+  const json completion = {{"model", "chat-lora"}, {"prompt", "x"}, {"max_tokens", 2}};
+  const auto [completion_status, completed] = post("/v1/completions", completion);
+  ASSERT_EQ(completion_status, 200) << completed;
+  EXPECT_EQ(completed.at("model"), "chat-lora");
+  const auto [render_status, rendered] = post("/v1/chat/completions/render", chat);
+  ASSERT_EQ(render_status, 200) << rendered;
+  EXPECT_EQ(rendered.at("model"), "sql-lora");
+  EXPECT_EQ(rendered.at("token_ids").get<std::vector<std::uint32_t>>(), chat_ids());
+  const auto [completion_render_status, completion_rendered] =
+      post("/v1/completions/render", completion);
+  ASSERT_EQ(completion_render_status, 200) << completion_rendered;
+  EXPECT_EQ(completion_rendered[0].at("model"), "chat-lora");
+  EXPECT_EQ(post("/tokenize", {{"model", "chat-lora"}, {"prompt", "x"}}).first, 200);
+
+  chat["model"] = "no-such-lora";
+  const auto [unknown_status, unknown] = post("/v1/chat/completions", chat);
+  EXPECT_EQ(unknown_status, 404) << unknown;
+  EXPECT_EQ(unknown.at("error").at("type"), "NotFoundError");
+  EXPECT_EQ(post("/tokenize", {{"model", "no-such-lora"}, {"prompt", "x"}}).first, 404);
+}
+
+TEST_F(MockerOpenAiTest, AnAdaptersPrefixCacheIsApartFromTheBaseModels) {
+  start(true, kAdapters);
+  json body = kChat;
+  body["messages"][1]["content"] = std::string(300, 'l');
+  const auto cached_tokens = [&](const std::string& model) -> std::uint64_t {
+    body["model"] = model;
+    const auto [status, answer] = post("/v1/chat/completions", body);
+    EXPECT_EQ(status, 200) << answer;
+    EXPECT_EQ(answer.value("model", ""), model);
+    return answer.at("usage").at("prompt_tokens_details").at("cached_tokens");
+  };
+  EXPECT_EQ(cached_tokens("mock-model"), 0U);
+  // The base model's blocks are cached now, but an adapter's hashes are its own.
+  EXPECT_EQ(cached_tokens("sql-lora"), 0U);
+  const std::uint64_t repeat = cached_tokens("sql-lora");
+  EXPECT_GT(repeat, 0U);
+  EXPECT_EQ(repeat % kBlockSize, 0U);
+  EXPECT_EQ(cached_tokens("chat-lora"), 0U);
+}
+
+TEST_F(MockerOpenAiTest, KvEventsOfAnAdapterCarryItsLoraIdAndName) {
+  start(true, kAdapters);
+  json base = kChat;
+  base["messages"][1]["content"] = std::string(60, 'b');
+  ASSERT_EQ(post("/v1/chat/completions", base).first, 200);
+  json body = kChat;
+  body["model"] = "chat-lora";
+  body["messages"][1]["content"] = std::string(100, 'e');
+  const auto [render_status, rendered] = post("/v1/chat/completions/render", body);
+  ASSERT_EQ(render_status, 200) << rendered;
+  const auto ids = rendered.at("token_ids").get<std::vector<std::uint32_t>>();
+  const auto [status, answer] = post("/v1/chat/completions", body);
+  ASSERT_EQ(status, 200) << answer;
+
+  bridge::EngineKvEventBatch adapter_events;
+  std::vector<std::uint32_t> adapter_tokens;
+  std::size_t base_blocks = 0;
+  for (const auto& block : stored_blocks()) {
+    EXPECT_EQ(block.block_size, kBlockSize);
+    if (!block.lora_name) {
+      // The base model's blocks stay as they were: no LoRA at all.
+      EXPECT_FALSE(block.lora_id.has_value());
+      base_blocks += block.block_hashes.size();
+      continue;
+    }
+    EXPECT_EQ(*block.lora_name, "chat-lora");
+    EXPECT_EQ(block.lora_id, 2);  // its 1-based position among the adapters
+    EXPECT_EQ(bridge::cache_namespace_of(block), "chat-lora");
+    adapter_tokens.insert(adapter_tokens.end(), block.token_ids.begin(), block.token_ids.end());
+    adapter_events.events.emplace_back(block);
+  }
+  EXPECT_GT(base_blocks, 0U);
+  const std::size_t full_blocks = ids.size() / kBlockSize;
+  ASSERT_GT(full_blocks, 0U);
+  const std::vector<std::uint32_t> full(ids.begin(), ids.begin() + full_blocks * kBlockSize);
+  EXPECT_EQ(adapter_tokens, full);
+
+  // A bridge turns them into kvr's hashes in the adapter's namespace.
+  auto translator = bridge::KvTranslator::create(
+      {.worker_id = 1, .block_size = kBlockSize, .capacity_blocks = kGpuBlocks});
+  ASSERT_TRUE(translator) << translator.error();
+  const auto translated = translator->translate(0, adapter_events);
+  ASSERT_TRUE(translated);
+  std::vector<BlockHash> kvr_hashes;
+  for (const auto& event : translated->events) {
+    const auto* stored = std::get_if<KvStoredEvent>(&event);
+    ASSERT_NE(stored, nullptr);
+    kvr_hashes.insert(kvr_hashes.end(), stored->block_hashes.begin(), stored->block_hashes.end());
+  }
+  EXPECT_EQ(kvr_hashes, discovery::BlockHasher(kBlockSize, "chat-lora").sequence_hashes(full));
+}
+
+TEST(MockerOpenAiCliTest, BadLoraAdapterExitsWithTwoNamingTheOption) {
+  const std::string binary = KVR_BINARY;
+  testing::TemporaryDirectory directory;
+  const std::vector<std::vector<std::string>> bad = {
+      {"--lora-adapter", ""},
+      {"--lora-adapter", "sql-lora", "--lora-adapter", "sql-lora"},
+      {"--lora-adapter", "base-model"}};
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    const std::vector<std::string>& adapters = bad[i];
+    std::vector<std::string> argv = {binary,
+                                     "mocker",
+                                     "--speak",
+                                     "vllm",
+                                     "--model",
+                                     "base-model",
+                                     "--http-port",
+                                     "0",
+                                     "--kv-events-port",
+                                     std::to_string(testing::free_port()),
+                                     "--kv-events-replay-port",
+                                     "0"};
+    argv.insert(argv.end(), adapters.begin(), adapters.end());
+    const testing::ProcessRun run =
+        testing::run_process(argv, directory.path() / fmt::format("kvr-{}.log", i), 60s);
+    const std::string given = fmt::format("{}", fmt::join(adapters, " "));
+    ASSERT_TRUE(run.exit_code.has_value()) << given << ": did not exit\n" << run.output;
+    EXPECT_EQ(*run.exit_code, 2) << given << "\n" << run.output;
+    EXPECT_NE(run.output.find("--lora-adapter"), std::string::npos) << given << "\n" << run.output;
+  }
 }
 
 }  // namespace

@@ -74,3 +74,56 @@ TEST(BlockHasherTest, BlocksForTokensRoundsUp) {
 
 }  // namespace
 }  // namespace kvr::discovery
+
+namespace kvr::discovery {
+namespace {
+
+std::vector<BlockHash> text_hashes(std::string_view text, std::string_view cache_namespace = {}) {
+  std::vector<BlockHash> hashes;
+  TextBlockHasher(4, cache_namespace).append_sequence_hashes(text, hashes);
+  return hashes;
+}
+
+TEST(TextBlockHasherTest, HashesFullBlocksOfBlockSizeTimesBytesPerToken) {
+  EXPECT_EQ(TextBlockHasher(4).block_bytes(), 4U * kTextBytesPerToken);
+  EXPECT_TRUE(text_hashes(std::string(15, 'a')).empty());
+  EXPECT_EQ(text_hashes(std::string(16, 'a')).size(), 1U);
+  EXPECT_EQ(text_hashes(std::string(47, 'a')).size(), 2U);
+}
+
+TEST(TextBlockHasherTest, SharedTextPrefixGivesSharedHashesThenDiverges) {
+  const std::string shared(32, 's');
+  const auto first = text_hashes(shared + std::string(16, 'x'));
+  const auto second = text_hashes(shared + std::string(16, 'y'));
+  ASSERT_EQ(first.size(), 3U);
+  ASSERT_EQ(second.size(), 3U);
+  EXPECT_EQ(first[0], second[0]);
+  EXPECT_EQ(first[1], second[1]);
+  EXPECT_NE(first[2], second[2]);
+  // Chained: a change early on changes every later block.
+  const auto changed = text_hashes("t" + std::string(31, 's') + std::string(16, 'x'));
+  EXPECT_NE(changed[1], first[1]);
+  EXPECT_NE(changed[2], first[2]);
+}
+
+TEST(TextBlockHasherTest, TextKeysDifferFromTokenKeysOfTheSameBytes) {
+  // Four tokens whose little-endian bytes equal a 16-byte text block.
+  const std::vector<std::uint32_t> tokens{0x61616161, 0x61616161, 0x61616161, 0x61616161};
+  EXPECT_NE(text_hashes(std::string(16, 'a')), BlockHasher(4).sequence_hashes(tokens));
+}
+
+TEST(TextBlockHasherTest, CacheNamespaceSeparatesEqualText) {
+  const std::string text(32, 'n');
+  EXPECT_NE(text_hashes(text), text_hashes(text, "adapter-a"));
+  EXPECT_NE(text_hashes(text, "adapter-a"), text_hashes(text, "adapter-b"));
+}
+
+TEST(TextBlockHasherTest, EstimatedTokensRoundUpAndAreNeverZero) {
+  EXPECT_EQ(estimated_prompt_tokens(0), 1U);
+  EXPECT_EQ(estimated_prompt_tokens(1), 1U);
+  EXPECT_EQ(estimated_prompt_tokens(kTextBytesPerToken), 1U);
+  EXPECT_EQ(estimated_prompt_tokens(kTextBytesPerToken + 1), 2U);
+}
+
+}  // namespace
+}  // namespace kvr::discovery

@@ -90,6 +90,21 @@ TEST(WorkerRegistrationTest, NamesTheBadField) {
   wire = wire_registration();
   wire.add_taints("");
   EXPECT_EQ(registration_from_proto(wire, {}).error().field, "taints");
+  wire = wire_registration();
+  wire.add_lora_adapters("");
+  EXPECT_EQ(registration_from_proto(wire, {}).error().field, "lora_adapters");
+  wire = wire_registration();
+  wire.add_lora_adapters(wire.model());
+  EXPECT_EQ(registration_from_proto(wire, {}).error().field, "lora_adapters");
+}
+
+TEST(WorkerRegistrationTest, CarriesTheLoraAdapters) {
+  auto wire = wire_registration();
+  wire.add_lora_adapters("sql");
+  wire.add_lora_adapters("chat");
+  const auto registration = registration_from_proto(wire, {});
+  ASSERT_TRUE(registration) << registration.error().message();
+  EXPECT_EQ(registration->lora_adapters, (std::vector<std::string>{"sql", "chat"}));
 }
 
 TEST(WorkerRegistrationTest, AnExplicitZeroLivenessTtlIsRefusedWhileAbsenceMeansTheDefault) {

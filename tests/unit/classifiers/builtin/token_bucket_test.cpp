@@ -60,6 +60,9 @@ TEST_F(TokenBucketTest, OverTheRateRejectsAsRateLimited) {
   EXPECT_EQ(over->error().kind(), ClassifierError::Kind::RateLimited);
   EXPECT_THAT(std::string{over->error().message()}, HasSubstr("tenant 'alice'"));
   EXPECT_DOUBLE_EQ(classifier_->tokens_at("alice", kStart), 100.0);  // a rejection costs nothing
+  // The missing 100 tokens refill in one second at 100 tokens/s: the client may retry then.
+  EXPECT_EQ(over->error().retry_after(), std::chrono::milliseconds{1000});
+  EXPECT_TRUE(arrive(200, kStart + 1s, "alice")->is_ready());
 }
 
 TEST_F(TokenBucketTest, TheBucketRefillsAtTheRateUpToTheBurst) {

@@ -84,7 +84,7 @@ TEST(RouterPolicyConfigTest, AnEmptyDocumentIsAnEmptyConfiguration) {
 TEST(RouterPolicyConfigTest, RejectsAnUnknownTopLevelKey) {
   EXPECT_EQ(parse_error("worker_selection: {}\nworker_selections: {}\n"),
             "router.yaml:2: worker_selections: unknown key; allowed: worker_selection, "
-            "request_classifier, policy_classes, worker_health");
+            "request_classifier, policy_classes, worker_health, models");
 }
 
 TEST(RouterPolicyConfigTest, RejectsAnUnknownKeyUnderWorkerSelection) {
@@ -208,7 +208,7 @@ TEST(RouterPolicyConfigTest, RejectsADuplicateParameter) {
 TEST(RouterPolicyConfigTest, RejectsATopLevelList) {
   EXPECT_EQ(parse_error("- worker_selection\n"),
             "router.yaml:1: expected a mapping with the keys worker_selection, "
-            "request_classifier, policy_classes, worker_health, got a list");
+            "request_classifier, policy_classes, worker_health, models, got a list");
 }
 
 TEST(RouterPolicyConfigTest, RejectsADuplicateKey) {
@@ -245,6 +245,44 @@ constexpr std::string_view kPolicyClassesYaml = R"(policy_classes:
   - name: batch
     quantum: 128
 )";
+
+TEST(RouterPolicyConfigTest, ParsesEachModelsTokenizerMode) {
+  auto config = parse_router_policy_config(R"(models:
+  llama-3.1-8b: {tokenizer_mode: estimate}
+  "org/qwen:7b":
+    tokenizer_mode: engine
+  plain:
+)",
+                                           "router.yaml");
+  ASSERT_TRUE(config.has_value()) << config.error();
+  ASSERT_EQ(config->models.size(), 3U);
+  EXPECT_EQ(config->models.at("llama-3.1-8b").tokenizer_mode, TokenizerMode::estimate);
+  EXPECT_EQ(config->models.at("org/qwen:7b").tokenizer_mode, TokenizerMode::engine);
+  EXPECT_FALSE(config->models.at("plain").tokenizer_mode.has_value());
+
+  // The CLI's default applies to every model the YAML leaves unset.
+  const TokenizerModes modes = tokenizer_modes(TokenizerMode::engine, config->models);
+  EXPECT_EQ(modes.for_model("llama-3.1-8b"), TokenizerMode::estimate);
+  EXPECT_EQ(modes.for_model("plain"), TokenizerMode::engine);
+  EXPECT_EQ(modes.for_model("unlisted"), TokenizerMode::engine);
+  EXPECT_TRUE(modes.uses(TokenizerMode::estimate));
+  EXPECT_FALSE(tokenizer_modes(TokenizerMode::engine, {}).uses(TokenizerMode::estimate));
+}
+
+TEST(RouterPolicyConfigTest, RejectsABadModelsSectionNamingTheKey) {
+  EXPECT_EQ(parse_error("models:\n  llama: {tokenizer_mode: native}\n"),
+            "router.yaml:2: models.llama.tokenizer_mode: 'native' is not a tokenizer mode; one "
+            "of: engine, estimate");
+  EXPECT_EQ(parse_error("models:\n  llama: {tokenizer: estimate}\n"),
+            "router.yaml:2: models.llama.tokenizer: unknown key; allowed: tokenizer_mode");
+  EXPECT_EQ(parse_error("models:\n  llama: estimate\n"),
+            "router.yaml:2: models.llama: expected a mapping with the keys tokenizer_mode, got "
+            "'estimate'");
+  EXPECT_EQ(parse_error("models:\n  llama: {}\n  llama: {}\n"),
+            "router.yaml:3: models.llama: duplicate model");
+  EXPECT_THAT(parse_error("models: [llama]\n"),
+              HasSubstr("models: expected a mapping from model names to their settings"));
+}
 
 TEST(RouterPolicyConfigTest, ParsesPolicyClasses) {
   auto config = parse_router_policy_config(kPolicyClassesYaml, "router.yaml");

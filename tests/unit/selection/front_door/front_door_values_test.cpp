@@ -44,6 +44,34 @@ TEST(FleetDirectoryTest, AWorkerIsLiveUntilItsLivenessRunsOutAndHeartbeatsRenewI
   EXPECT_FALSE(directory.any_live());
 }
 
+TEST(FleetDirectoryTest, AnAdapterTargetsItsBaseModelAmongTheWorkersThatServeIt) {
+  auto clock = std::make_shared<ManualClock>();
+  FleetDirectory directory{clock};
+  auto with_adapters = registration(7, "m", "http://127.0.0.1:8000");
+  with_adapters.lora_adapters = {"sql", "chat"};
+  directory.registered(with_adapters);
+  directory.registered(registration(8, "m", "http://127.0.0.1:8001"));
+  EXPECT_EQ(directory.adapters(), (std::vector<ServedAdapter>{{.name = "chat", .model = "m"},
+                                                              {.name = "sql", .model = "m"}}));
+
+  const ModelTarget base = directory.target("m");
+  EXPECT_EQ(base.model, "m");
+  EXPECT_TRUE(base.adapter.empty());
+  EXPECT_EQ(base.workers.size(), 2u);
+
+  const ModelTarget adapter = directory.target("sql");
+  EXPECT_EQ(adapter.model, "m");
+  EXPECT_EQ(adapter.adapter, "sql");
+  ASSERT_EQ(adapter.workers.size(), 1u);
+  EXPECT_EQ(adapter.workers[0].worker_id, 7u);
+
+  EXPECT_TRUE(directory.target("unknown").workers.empty());
+  // The adapter leaves with the last worker that served it.
+  clock->advance(1100ms);
+  EXPECT_TRUE(directory.target("sql").workers.empty());
+  EXPECT_TRUE(directory.adapters().empty());
+}
+
 TEST(FleetDirectoryTest, ADeregisteredWorkerLeavesAtOnce) {
   FleetDirectory directory{std::make_shared<ManualClock>()};
   directory.registered(registration(7, "m"));
@@ -109,6 +137,41 @@ TEST(OpenAiApiTest, EachMalformedFieldIsA400NamingIt) {
                                          std::string{R"({"model":"m","prompt":)"} + prompt + "}"))
         << prompt;
   }
+}
+
+TEST(OpenAiApiTest, ThePromptsTextIsKeptOnlyWhenAskedFor) {
+  const std::string chat_body =
+      R"({"messages":[{"role":"system","content":"Be brief."},)"
+      R"({"role":"user","content":[{"type":"text","text":"What is "},)"
+      R"({"type":"image_url","image_url":{"url":"http://x/a.png"}},{"type":"text","text":"this?"}]},)"
+      R"({"role":"assistant","content":null,"tool_calls":[]}],"model":"m"})";
+  const auto chat =
+      parse_generation_request(Endpoint::chat_completions, chat_body, PromptTextUse::keep);
+  ASSERT_TRUE(chat) << chat.error().message;
+  EXPECT_EQ(chat->prompt_text,
+            "system: Be brief.\nuser: What is "
+            R"({"type":"image_url","image_url":{"url":"http://x/a.png"}})"
+            "this?\nassistant: \n");
+  const auto skipped = parse_generation_request(Endpoint::chat_completions, chat_body);
+  ASSERT_TRUE(skipped);
+  EXPECT_TRUE(skipped->prompt_text.empty());
+
+  const auto completion = parse_generation_request(
+      Endpoint::completions, R"({"model":"m","prompt":["first","second"]})", PromptTextUse::keep);
+  ASSERT_TRUE(completion);
+  EXPECT_EQ(completion->prompt_text, "first");
+  // Token ids are the key themselves: no text.
+  const auto ids = parse_generation_request(
+      Endpoint::completions, R"({"model":"m","prompt":[5,6,7]})", PromptTextUse::keep);
+  ASSERT_TRUE(ids);
+  EXPECT_TRUE(ids->prompt_text.empty());
+  EXPECT_EQ(ids->prompt_token_ids, (std::vector<std::uint32_t>{5, 6, 7}));
+
+  const auto bad_content = parse_generation_request(
+      Endpoint::chat_completions, R"({"model":"m","messages":[{"role":"user","content":7}]})",
+      PromptTextUse::keep);
+  ASSERT_FALSE(bad_content);
+  EXPECT_EQ(bad_content.error().param, "messages");
 }
 
 TEST(OpenAiApiTest, TheErrorObjectHasOpenAisShape) {

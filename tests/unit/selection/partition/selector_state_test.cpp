@@ -577,5 +577,84 @@ TEST_F(SelectorStateTest, WorkerPublishingEventsIsNotFilledFromRoutingDecisions)
   EXPECT_EQ(state.partition_workers().index().blocks_held({1, 0}, StorageTier::Device), 0U);
 }
 
+// ---- text blocks (the `estimate` tokenizer mode) ---------------------------------------------
+
+std::expected<RouteOutcome, RouteFailure> route_text(SelectorState& state, std::string id,
+                                                     std::string text, TimePoint now = kStart) {
+  RouteRequest request;
+  request.selection.request_id = std::move(id);
+  request.selection.prompt_tokens = discovery::estimated_prompt_tokens(text.size());
+  request.prompt_text = std::move(text);
+  return state.route(request, now);
+}
+
+TEST_F(SelectorStateTest, TextPromptIsHashedInByteBlocksIntoTheTextIndexOnly) {
+  auto& state = make_state();
+  add_workers({1});
+  const std::string text(10 * kBlockSize * discovery::kTextBytesPerToken + 7, 'a');
+  RouteRequest request;
+  request.selection.request_id = "t1";
+  request.selection.prompt_tokens = discovery::estimated_prompt_tokens(text.size());
+  request.prompt_text = text;
+  const auto routed = state.route(request, kStart);
+  ASSERT_TRUE(routed) << routed.error().message;
+  std::vector<BlockHash> expected;
+  discovery::TextBlockHasher(kBlockSize).append_sequence_hashes(text, expected);
+  EXPECT_EQ(request.selection.block_hashes, expected);
+  EXPECT_EQ(request.selection.block_hashes.size(), 10U);
+  EXPECT_EQ(request.selection.prompt_keys, selection::PromptKeys::text_blocks);
+  EXPECT_TRUE(request.prompt_text.empty());
+  // The decision is recorded where only text blocks are matched: a worker publishing KV events
+  // keeps its KV index exactly as its events left it.
+  EXPECT_EQ(state.partition_workers().text_index().blocks_held({1, 0}, StorageTier::Device), 10U);
+  EXPECT_EQ(state.partition_workers().index().blocks_held({1, 0}, StorageTier::Device), 0U);
+}
+
+TEST_F(SelectorStateTest, RepeatedTextPrefixGoesWhereItWasRoutedWithItsOverlap) {
+  auto& state = make_state();
+  add_workers({1, 2, 3});
+  const std::string shared(8 * kBlockSize * discovery::kTextBytesPerToken, 's');
+  const auto first = route_text(state, "t1", shared + std::string(200, 'x'));
+  ASSERT_TRUE(first) << first.error().message;
+  EXPECT_EQ(first->device_overlap_blocks, 0U);
+  ASSERT_TRUE(state.first_token("t1"));
+  ASSERT_TRUE(state.release("t1", discovery::BookingEnd::completed));
+
+  const auto second = route_text(state, "t2", shared + std::string(300, 'y'), kStart + 1s);
+  ASSERT_TRUE(second) << second.error().message;
+  EXPECT_EQ(second->worker, first->worker);
+  EXPECT_EQ(second->device_overlap_blocks, 8U);
+}
+
+TEST_F(SelectorStateTest, TextBlocksNeverMatchEngineKvBlocks) {
+  auto& state = make_state();
+  add_workers({1, 2});
+  const std::string text(4 * kBlockSize * discovery::kTextBytesPerToken, 'k');
+  std::vector<BlockHash> text_blocks;
+  discovery::TextBlockHasher(kBlockSize).append_sequence_hashes(text, text_blocks);
+  // Worker 2's engine reports exactly these hashes as KV blocks: a text request must not see them.
+  ASSERT_TRUE(state.apply_kv_events(stored(2, 1, text_blocks)));
+  const auto routed = route_text(state, "t1", text);
+  ASSERT_TRUE(routed) << routed.error().message;
+  EXPECT_EQ(routed->device_overlap_blocks, 0U);
+  ASSERT_TRUE(state.release("t1", discovery::BookingEnd::completed));
+
+  // And a token-keyed request with those hashes sees worker 2's KV blocks, not the text index.
+  const auto by_tokens = route("k1", text_blocks, 0, kStart + 1s);
+  ASSERT_TRUE(by_tokens) << by_tokens.error().message;
+  EXPECT_EQ(by_tokens->worker, (WorkerWithDpRank{2, 0}));
+  EXPECT_EQ(by_tokens->device_overlap_blocks, 4U);
+}
+
+TEST_F(SelectorStateTest, TextBlocksLeaveWithTheirWorker) {
+  auto& state = make_state();
+  add_workers({1});
+  const std::string text(3 * kBlockSize * discovery::kTextBytesPerToken, 'e');
+  ASSERT_TRUE(route_text(state, "t1", text));
+  EXPECT_EQ(state.partition_workers().text_index().blocks_held({1, 0}, StorageTier::Device), 3U);
+  ASSERT_TRUE(state.deregister(1, 1));
+  EXPECT_FALSE(state.partition_workers().text_index().slot_of({1, 0}));
+}
+
 }  // namespace
 }  // namespace kvr
