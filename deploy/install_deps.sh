@@ -13,6 +13,7 @@ packages=(
   nlohmann-json3-dev python3 python3-matplotlib
   libboost-dev libsimdjson-dev  # the node's HTTP front door: Boost.Beast and Asio, simdjson
   libgrpc++-dev protobuf-compiler-grpc  # the node's endpoint picker for Envoy (gRPC ext_proc)
+  libpcre2-dev libutf8proc-dev xz-utils  # the native tokenizer: regexes, Unicode, bundled files
   openssl  # the tests make a self-signed certificate for their TLS nats-server
   curl  # deploy/scripts/bench_front_door.sh
   clang-19 libclang-rt-19-dev  # the fuzz stage: libFuzzer harnesses (deploy/scripts/fuzz.sh)

@@ -1,0 +1,94 @@
+// kvr's native tokenizer: a HuggingFace tokenizer.json (BPE, byte-level or SentencePiece-style)
+// loaded once and shared by the front door, `kvr tokenize` and the parity check. Encoding is
+// const and safe from any number of threads.
+#pragma once
+
+#include <cstddef>
+#include <expected>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "selection/tokenizer/tokenizer_types.hpp"
+
+namespace kvr::tokenizer {
+
+/// How a tokenizer caches: the ids of text between added tokens (a chat turn, a system prompt)
+/// are kept by content, so a long conversation's next turn costs only its new text.
+struct TokenizerOptions {
+  /// Bytes of segment text (plus ids) kept; 0 turns the cache off.
+  std::size_t segment_cache_bytes = 64u << 20;
+  /// Segments shorter than this are encoded every time (cheaper than a lookup).
+  std::size_t segment_cache_min_bytes = 128;
+};
+
+/// A loaded tokenizer.
+class Tokenizer {
+ public:
+  /// Loads `path`: a tokenizer.json, or a folder holding one and, optionally, the model's
+  /// tokenizer_config.json, whose add_bos_token and add_eos_token replace the post-processor as
+  /// transformers (and so vLLM and SGLang) does. An unsupported component or a malformed file is
+  /// an error naming the file and the component.
+  static std::expected<Tokenizer, TokenizerError> load(const std::filesystem::path& path,
+                                                       const TokenizerOptions& options = {});
+
+  /// Builds a tokenizer from the text of a tokenizer.json and, when not empty, of its
+  /// tokenizer_config.json.
+  static std::expected<Tokenizer, TokenizerError> from_json(std::string_view tokenizer_json,
+                                                            const TokenizerOptions& options = {},
+                                                            std::string_view tokenizer_config = {});
+
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+  /// The ids of `text`; with `add_special_tokens`, the post-processor's tokens too (an engine's
+  /// completions path), without them as a rendered chat is encoded. Added tokens in the text
+  /// are matched. Text that is not UTF-8 is an error naming the byte offset.
+  std::expected<TokenIds, TokenizerError> encode(std::string_view text,
+                                                 bool add_special_tokens) const;
+
+  /// The text of `ids`; with `skip_special_tokens`, special added tokens are left out. Bytes
+  /// that do not form UTF-8 (a character cut between ids) become U+FFFD.
+  std::string decode(std::span<const TokenId> ids, bool skip_special_tokens) const;
+
+  /// The id of a vocabulary entry or added token as spelt in tokenizer.json.
+  std::optional<TokenId> token_to_id(std::string_view token) const;
+
+  /// Whether `id` is a special added token.
+  bool is_special(TokenId id) const;
+
+  /// One more than the largest id.
+  std::size_t vocab_size() const;
+
+ private:
+  struct Parts;
+  explicit Tokenizer(std::unique_ptr<Parts> parts);
+  std::unique_ptr<Parts> parts_;
+};
+
+/// Turns a stream of ids into text chunk by chunk, holding back bytes until they form whole
+/// characters (a character split across ids is never emitted in halves).
+class IncrementalDecoder {
+ public:
+  IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
+      : tokenizer_(&tokenizer), skip_special_tokens_(skip_special_tokens) {}
+
+  /// The text `id` completes (often empty while a character is incomplete).
+  std::string push(TokenId id);
+
+  /// Whatever is held back at the end of the stream, repaired as U+FFFD.
+  std::string finish();
+
+ private:
+  const Tokenizer* tokenizer_;
+  bool skip_special_tokens_;
+  TokenIds ids_;
+  std::size_t prefix_offset_ = 0;
+  std::size_t read_offset_ = 0;
+};
+
+}  // namespace kvr::tokenizer
