@@ -1,5 +1,6 @@
 #include "actors/lifecycle/lifecycle_actor.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include <caf/actor_system.hpp>
@@ -203,6 +204,13 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
                  ClassifierEvent{flight->request.route.partition.model, std::move(event)});
     }
   }
+  if (step.first_token && chunk != nullptr) {
+    // The worker's first chunk carries the prompt tokens its engine served from cache.
+    metrics::record_cache_outcome(node_metrics(self), *config.cache_mismatch, *config.log,
+                                  flight->request.route.partition.model,
+                                  flight->request.route.selection.prompt_tokens,
+                                  flight->predicted_cached_tokens, chunk->cached_prompt_tokens());
+  }
   if (step.forward_chunk && chunk != nullptr) {
     send_chunk(self, *flight, *chunk);
     ++flight->relayed;
@@ -253,6 +261,9 @@ void on_routed(Self self, std::uint64_t stream_id, SelectorReply& reply) {
   }
   if (step->dispatch) {
     flight->generate_subject = reply.generate_subject;
+    const std::uint64_t prompt_tokens = flight->request.route.selection.prompt_tokens;
+    flight->predicted_cached_tokens =
+        prompt_tokens - std::min(prompt_tokens, outcome.uncached_prefill_tokens);
     node_metrics(self).route_decisions(outcome.worker.worker_id).add();
     publish_decision(
         self, *flight,
@@ -339,6 +350,10 @@ std::size_t abort_every_flight(Self self, std::string_view reason) {
 
 lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfig config) {
   self->state.config = std::move(config);
+  if (!self->state.config.cache_mismatch) {
+    self->state.config.cache_mismatch =
+        std::make_shared<metrics::CacheMismatchDetector>(self->state.config.clock);
+  }
   update_in_flight(self);
   self->state.routes = PartitionRoutes{self->state.config.discovery};
   if (self->state.config.discovery) {

@@ -9,6 +9,9 @@
 // once on another worker (excluding it), and after that the client gets an explicit error chunk.
 // Booking updates carry what the node saw of the worker's health: the first token is a success,
 // a dispatch failure or first-token timeout a failure (the selector may eject the worker).
+// At each request's first chunk it records the cache outcome (the route's predicted cached tokens
+// against the chunk's cached_prompt_tokens) in the node's metrics and the cache-mismatch
+// detector, which warns through the rate-limited log (docs/hit-rate.md).
 //
 // State it owns: the requests in flight (stream id → RequestLifecycle, the decoded request, the
 // client's stream and reply subjects, the current worker's generate subject), request id →
@@ -54,6 +57,7 @@
 #include "actors/actor_types.hpp"
 #include "actors/support/burst_writer.hpp"
 #include "actors/support/partition_routes.hpp"
+#include "messages/metrics/cache_mismatch_detector.hpp"
 #include "messages/metrics/metrics_registry.hpp"
 #include "messages/metrics/rate_limited_log.hpp"
 #include "selection/lifecycle/request_lifecycle.hpp"
@@ -80,6 +84,9 @@ struct LifecycleActorConfig : NodeServices {
   /// dispatch, Responding at the first chunk, Completed at the final chunk, Aborted on an error,
   /// cancel or timeout). Null: no messages.
   classifier_actor classifier;
+  /// Judges each model's predicted against delivered cached tokens (docs/hit-rate.md); the node
+  /// shares one with its HTTP front door. Null: the actor makes its own on the node's clock.
+  std::shared_ptr<metrics::CacheMismatchDetector> cache_mismatch;
 };
 
 /// One generate request in flight.
@@ -111,6 +118,9 @@ struct GenerateFlight {
   /// Why the current attempt is failing, when the node saw the worker fail it (dispatch failure,
   /// first-token timeout): the attempt's release reports it against the worker (passive health).
   std::optional<FailureCause> failure_cause;
+  /// The current attempt's route overlap in tokens (at most the prompt): what the router
+  /// predicted cached, set against what the first chunk reports.
+  std::uint64_t predicted_cached_tokens = 0;
 };
 
 /// The lifecycle actor's state.

@@ -128,6 +128,9 @@ int run_replay(const ReplayCommandOptions& options) {
   report.seed = replay_options.seed;
   report.block_size = replay_options.engine.block_size;
   report.infinite_cache_hit_rate = replay.infinite_cache_hit_rate();
+  report.fleet_kv_blocks = replay.fleet_kv_blocks();
+  report.capacity_bound_hit_rate = replay.capacity_bound_hit_rate();
+  report.model = std::string{replay::TraceReplay::model()};
   std::vector<PolicyDecisions> decisions(options.output.decisions_path.empty() ? 0 : names.size());
   for (std::size_t i = 0; i < names.size(); ++i) {
     const auto started = std::chrono::steady_clock::now();

@@ -74,6 +74,7 @@ int run_openai_replay(const ReplayLiveCommandOptions& options,
   report.workers = result.requests_per_worker.size();
   report.speedup = options.output.speedup;
   report.block_size = options.block_size.value_or(0);
+  report.model = options.live.model;
   if (options.block_size) {
     std::vector<std::vector<BlockHash>> hashes;
     hashes.reserve(trace.size());
@@ -133,6 +134,9 @@ int run_live_replay(const ReplayLiveCommandOptions& options) {
   report.seed = 0;
   report.block_size = result.block_size;
   report.infinite_cache_hit_rate = result.infinite_cache_hit_rate;
+  report.fleet_kv_blocks = result.fleet_kv_blocks;
+  report.capacity_bound_hit_rate = result.capacity_bound_hit_rate;
+  report.model = live_options.model;
   report.policies.push_back(result.report);
 
   std::cout << live_table(report) << replay::format_live_summary(result);

@@ -50,6 +50,8 @@ struct LiveRequest {
   bool first_token_seen = false;
   double first_token_ms = 0;
   std::uint64_t cached_prompt_tokens = 0;
+  // The decision's overlap in tokens: what the router predicted cached.
+  std::uint64_t predicted_cached_tokens = 0;
   std::uint64_t output_tokens = 0;
 };
 
@@ -80,6 +82,8 @@ struct LiveReplay::State {
   std::string run_id = random_run_id();
   std::uint32_t block_size = 0;
   std::size_t fleet_size = 0;
+  // The announced workers' KV blocks, every rank's.
+  std::uint64_t fleet_kv_blocks = 0;
 
   // Filled by the client's delivery thread, drained by the driver.
   std::mutex mutex;
@@ -247,6 +251,10 @@ struct LiveReplay::State {
     request.booking_id = success.booking_id();
     request.generate_subject = success.generate_subject();
     request.worker = {success.worker_id(), success.dp_rank()};
+    request.predicted_cached_tokens =
+        (std::uint64_t{success.device_overlap_blocks()} + success.host_overlap_blocks() +
+         success.disk_overlap_blocks()) *
+        block_size;
     ++result.decisions_per_worker[success.worker_id()];
     policies.insert(success.policy());
     if (request.generate_subject.empty()) {
@@ -312,7 +320,10 @@ struct LiveReplay::State {
     stats.cached_prompt_tokens = request.cached_prompt_tokens;
     stats.output_tokens = request.output_tokens;
     outcomes.push_back(simulation::ReplayRequestOutcome{
-        .trace_index = index, .worker = request.worker, .stats = stats});
+        .trace_index = index,
+        .worker = request.worker,
+        .stats = stats,
+        .predicted_cached_tokens = request.predicted_cached_tokens});
     end(index);
   }
 
@@ -400,6 +411,9 @@ struct LiveReplay::State {
       hashes.push_back(simulation::expand_to_block_hashes(request, block_size));
     }
     result.infinite_cache_hit_rate = simulation::infinite_cache_hit_rate(trace, hashes, block_size);
+    result.fleet_kv_blocks = fleet_kv_blocks;
+    result.capacity_bound_hit_rate =
+        simulation::capacity_bound_hit_rate(trace, hashes, block_size, fleet_kv_blocks);
     live.assign(trace.size(), LiveRequest{});
     outcomes.clear();
     failures.clear();
@@ -514,6 +528,7 @@ std::expected<std::unique_ptr<LiveReplay>, std::string> LiveReplay::connect(
     std::mutex mutex;
     std::condition_variable signal;
     std::map<WorkerId, std::uint32_t> block_sizes;
+    std::map<WorkerId, std::uint64_t> kv_blocks;  // every rank's
     Clock::time_point last_seen;
   } fleet;
   {
@@ -525,6 +540,9 @@ std::expected<std::unique_ptr<LiveReplay>, std::string> LiveReplay::connect(
           }
           std::lock_guard lock{fleet.mutex};
           fleet.block_sizes[registration.worker_id()] = registration.block_size();
+          fleet.kv_blocks[registration.worker_id()] =
+              registration.total_kv_blocks() *
+              std::max<std::uint64_t>(1, registration.data_parallel_size());
           fleet.last_seen = Clock::now();
           fleet.signal.notify_all();
         });
@@ -550,6 +568,7 @@ std::expected<std::unique_ptr<LiveReplay>, std::string> LiveReplay::connect(
     }
   }  // unsubscribed here: the callback no longer runs
   state->fleet_size = fleet.block_sizes.size();
+  for (const auto& [worker, blocks] : fleet.kv_blocks) state->fleet_kv_blocks += blocks;
   // The probe is pinned to a worker that announced itself: routed by its pin, it runs no policy
   // choice, so the policy's state (its random draws, a round-robin position) is the trace's alone.
   const std::optional<WorkerId> probe_worker =

@@ -57,14 +57,19 @@ struct LiveReplayOptions {
 /// What a live run measured besides the common report.
 struct LiveReplayResult {
   /// Completed and failed requests, hit rate, wall-clock TTFT/ITL/end-to-end, throughput, load
-  /// imbalance over the fleet (tokens served per chosen worker). No utilisation: the client
-  /// cannot see it.
+  /// imbalance over the fleet (tokens served per chosen worker), the ladder's predicted (the
+  /// decisions' overlap) and delivered (the first chunks' cached tokens) rungs. No utilisation:
+  /// the client cannot see it.
   simulation::PolicyReport report;
   /// Workers of the model that announced themselves (else the distinct workers chosen).
   std::size_t workers = 0;
   std::uint32_t block_size = 0;
   /// The hit rate of one infinite shared cache over the replayed requests.
   double infinite_cache_hit_rate = 0;
+  /// The announced workers' KV blocks together (every rank's), 0 when none announced itself, and
+  /// the hit rate of one LRU cache of that many blocks over the replayed requests.
+  std::uint64_t fleet_kv_blocks = 0;
+  double capacity_bound_hit_rate = 0;
   /// Policy instances the router named in its decisions.
   std::vector<std::string> policies;
   /// Route decisions per chosen worker.

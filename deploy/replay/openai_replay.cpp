@@ -1,6 +1,7 @@
 #include "deploy/replay/openai_replay.hpp"
 
 #include <array>
+#include <charconv>
 #include <deque>
 #include <limits>
 #include <memory>
@@ -81,6 +82,8 @@ class Call : public std::enable_shared_from_this<Call> {
   std::uint64_t cached_tokens_ = 0;
   std::uint64_t completion_tokens_ = 0;
   std::string worker_;
+  // The node's predicted cached tokens (x-kvr-cached-tokens); none from an engine reached directly.
+  std::optional<std::uint64_t> predicted_cached_;
   bool done_ = false;
 };
 
@@ -112,7 +115,8 @@ class Replay {
 
   void completed(std::size_t index, Clock::time_point arrival, Clock::time_point first_token,
                  Clock::time_point last_token, double max_gap_ms, std::uint64_t output_tokens,
-                 std::uint64_t cached_tokens, const std::string& worker) {
+                 std::uint64_t cached_tokens, std::optional<std::uint64_t> predicted_cached_tokens,
+                 const std::string& worker) {
     simulation::RequestStats stats;
     stats.id = index;
     stats.arrival_ms = ms_between(start_, arrival);
@@ -124,8 +128,11 @@ class Replay {
     stats.max_inter_token_ms = max_gap_ms;
     const auto [slot, inserted] = workers_.emplace(worker, workers_.size() + 1);
     ++result_.requests_per_worker[worker];
-    outcomes_.push_back(simulation::ReplayRequestOutcome{
-        .trace_index = index, .worker = {slot->second, 0}, .stats = stats});
+    outcomes_.push_back(
+        simulation::ReplayRequestOutcome{.trace_index = index,
+                                         .worker = {slot->second, 0},
+                                         .stats = stats,
+                                         .predicted_cached_tokens = predicted_cached_tokens});
     ended();
   }
 
@@ -284,6 +291,14 @@ void Call::on_bytes(std::string_view bytes) {
   if (worker_.empty()) {
     worker_ = std::string{parser_->get()["x-kvr-worker-id"]};
     if (worker_.empty()) worker_ = target_.host + ":" + target_.port;
+    const auto predicted = parser_->get()["x-kvr-cached-tokens"];
+    std::uint64_t tokens = 0;
+    const auto [end_of_number, error] =
+        std::from_chars(predicted.data(), predicted.data() + predicted.size(), tokens);
+    if (!predicted.empty() && error == std::errc{} &&
+        end_of_number == predicted.data() + predicted.size()) {
+      predicted_cached_ = tokens;
+    }
   }
   std::size_t end = 0;
   while ((end = pending_.find("\n\n")) != std::string::npos) {
@@ -340,7 +355,7 @@ void Call::finish() {
   if (!first_token_) return replay_.failed(index_, "the stream carried no token", 0, false, true);
   replay_.completed(index_, arrival_, *first_token_, last_token_, max_gap_ms_,
                     completion_tokens_ != 0 ? completion_tokens_ : output_events_, cached_tokens_,
-                    worker_);
+                    predicted_cached_, worker_);
 }
 
 void Call::fail(std::string why, bool timeout) {

@@ -47,8 +47,10 @@ struct OpenAiReplayOptions {
 };
 
 struct OpenAiReplayResult {
-  /// Completed and failed requests, the engines' hit rate (their reported cached tokens),
-  /// wall-clock TTFT/ITL/end-to-end, throughput and the imbalance over the workers named.
+  /// Completed and failed requests, the engines' hit rate (their reported cached tokens, the
+  /// ladder's delivered rung), the node's predicted one (x-kvr-cached-tokens, through a front
+  /// door only), wall-clock TTFT/ITL/end-to-end, throughput and the imbalance over the workers
+  /// named.
   simulation::PolicyReport report;
   /// Each completed request's worker and statistics, in trace order.
   std::vector<simulation::ReplayRequestOutcome> outcomes;

@@ -132,6 +132,7 @@ class PolicyRun {
     // had been scheduled first.
     std::vector<std::uint32_t> arrivals(requests_.size());
     arrival_ms_.resize(requests_.size());
+    predicted_cached_.assign(requests_.size(), 0);
     for (std::size_t i = 0; i < arrivals.size(); ++i) {
       arrivals[i] = static_cast<std::uint32_t>(i);
       arrival_ms_[i] = static_cast<double>(requests_[i].timestamp_ms) / options_.speedup;
@@ -323,6 +324,10 @@ class PolicyRun {
     }
     const simulation::TraceRequest& trace = requests_[index];
     const WorkerWithDpRank worker = reply.result->worker;
+    // The router's overlap in tokens, capped at the prompt as the booking counts it.
+    predicted_cached_[index] =
+        trace.input_length -
+        std::min<std::uint64_t>(trace.input_length, reply.result->uncached_prefill_tokens);
     const std::size_t w = worker.worker_id - 1;
     auto added = engines_[w].add_request(
         simulation::EngineRequest{.id = index,
@@ -454,6 +459,7 @@ class PolicyRun {
       }
       simulation::ReplayRequestOutcome outcome{
           .trace_index = done.id, .worker = worker, .stats = done};
+      outcome.predicted_cached_tokens = predicted_cached_[done.id];
       // The engine saw the request when the router dispatched it; its latencies count from its
       // arrival, admission and queue waits included (the same time when nothing waited).
       outcome.dispatched_ms = done.arrival_ms;
@@ -518,7 +524,9 @@ class PolicyRun {
   std::vector<std::deque<discovery::ConfirmedLoad>> pending_loads_;
   std::vector<simulation::ReplayRequestOutcome> outcomes_;
   std::vector<double> arrival_ms_;  // per trace index
-  double now_ms_ = 0;               // the time of the arrival or event being handled
+  // Per trace index: the prompt tokens the router predicted cached when it routed the request.
+  std::vector<std::uint64_t> predicted_cached_;
+  double now_ms_ = 0;  // the time of the arrival or event being handled
   std::map<std::string, std::size_t> failures_;
   std::vector<std::pair<std::uint32_t, Error>> rejections_;
 
@@ -578,6 +586,17 @@ std::vector<simulation::TenantReport> TraceReplay::tenant_reports(
 double TraceReplay::infinite_cache_hit_rate() const {
   return simulation::infinite_cache_hit_rate(requests_, block_hashes_, options_.engine.block_size);
 }
+
+std::uint64_t TraceReplay::fleet_kv_blocks() const {
+  return std::uint64_t{options_.workers} * options_.engine.num_gpu_blocks;
+}
+
+double TraceReplay::capacity_bound_hit_rate() const {
+  return simulation::capacity_bound_hit_rate(requests_, block_hashes_, options_.engine.block_size,
+                                             fleet_kv_blocks());
+}
+
+std::string_view TraceReplay::model() { return kReplayModel; }
 
 simulation::PolicyReport TraceReplay::run(
     const std::string& label, const plugins::RouterPlugins& plugins, std::size_t policy_index,

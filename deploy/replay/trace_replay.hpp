@@ -12,6 +12,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "deploy/replay/tenant_assignment.hpp"
@@ -69,11 +70,19 @@ class TraceReplay {
 
   /// The hit rate of one shared infinite cache over the trace: an upper bound for any router.
   double infinite_cache_hit_rate() const;
+  /// The simulated fleet's KV blocks together (workers × the engine's blocks).
+  std::uint64_t fleet_kv_blocks() const;
+  /// The hit rate of one LRU cache of fleet_kv_blocks() over the trace: the upper bound for any
+  /// router of a fleet with this much KV memory.
+  double capacity_bound_hit_rate() const;
+  /// The model every replayed request names.
+  static std::string_view model();
 
   /// Replays the trace with the policy `plugins` selects for aggregated workers, and their request
   /// classifier and policy classes; `label` names it in the report. `policy_index` is passed to
   /// the progress callback. Latencies count from a request's arrival in the trace.
-  /// `outcomes`, when given, receives each completed request's outcome, by trace index.
+  /// `outcomes`, when given, receives each completed request's outcome, by trace index; each
+  /// carries the cached tokens the router predicted for it.
   simulation::PolicyReport run(
       const std::string& label, const plugins::RouterPlugins& plugins, std::size_t policy_index = 0,
       std::vector<simulation::ReplayRequestOutcome>* outcomes = nullptr) const;

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <fstream>
+#include <list>
 #include <optional>
 
+#include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
 #include <nlohmann/json.hpp>
 
@@ -143,6 +145,41 @@ double infinite_cache_hit_rate(const std::vector<TraceRequest>& requests,
     cached_tokens += std::uint64_t{matched} * block_size;
     prompt_tokens += requests[i].input_length;
     seen.insert(hashes.begin(), hashes.end());
+  }
+  return prompt_tokens == 0
+             ? 0
+             : static_cast<double>(cached_tokens) / static_cast<double>(prompt_tokens);
+}
+
+double capacity_bound_hit_rate(const std::vector<TraceRequest>& requests,
+                               const std::vector<std::vector<BlockHash>>& block_hashes,
+                               std::uint32_t block_size, std::uint64_t capacity_blocks) {
+  // Most recently used first; each cached hash's place in it.
+  std::list<BlockHash> recency;
+  absl::flat_hash_map<BlockHash, std::list<BlockHash>::iterator> cached;
+  std::uint64_t prompt_tokens = 0;
+  std::uint64_t cached_tokens = 0;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const auto& hashes = block_hashes[i];
+    const std::size_t reusable =
+        std::min<std::size_t>(hashes.size(), (requests[i].input_length - 1) / block_size);
+    std::size_t matched = 0;
+    while (matched < reusable && cached.contains(hashes[matched])) ++matched;
+    cached_tokens += std::uint64_t{matched} * block_size;
+    prompt_tokens += requests[i].input_length;
+    if (capacity_blocks == 0) continue;
+    for (auto hash = hashes.rbegin(); hash != hashes.rend(); ++hash) {
+      if (const auto found = cached.find(*hash); found != cached.end()) {
+        recency.splice(recency.begin(), recency, found->second);
+        continue;
+      }
+      recency.push_front(*hash);
+      cached.emplace(*hash, recency.begin());
+      if (cached.size() > capacity_blocks) {
+        cached.erase(recency.back());
+        recency.pop_back();
+      }
+    }
   }
   return prompt_tokens == 0
              ? 0

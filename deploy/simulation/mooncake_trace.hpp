@@ -46,4 +46,14 @@ double infinite_cache_hit_rate(const std::vector<TraceRequest>& requests,
                                const std::vector<std::vector<BlockHash>>& block_hashes,
                                std::uint32_t block_size);
 
+/// The hit rate of one shared LRU cache of `capacity_blocks` blocks over the same requests (the
+/// capacity-bound ceiling: one cache as large as the whole fleet's KV, which no router can beat
+/// with that memory). A request reuses its longest cached prefix, then its blocks become the most
+/// recently used, its first block most recent of all: engines free a prompt's blocks tail first,
+/// so what eviction leaves of a prompt is a prefix that can still be reused. As an engine does,
+/// the last prompt token is always computed. Capacity 0 caches nothing.
+double capacity_bound_hit_rate(const std::vector<TraceRequest>& requests,
+                               const std::vector<std::vector<BlockHash>>& block_hashes,
+                               std::uint32_t block_size, std::uint64_t capacity_blocks);
+
 }  // namespace kvr::simulation

@@ -52,6 +52,58 @@ std::string counts_text(const NamedCounts& counts) {
   return text.empty() ? "none" : text;
 }
 
+// A rung's value, or "-" when it is unknown.
+std::string rung(bool known, double rate) { return known ? fmt::format("{:.3f}", rate) : "-"; }
+
+// The ladder's rows, one per policy, from the highest rung down (docs/hit-rate.md).
+std::string format_hit_rate_ladder(const ReplayReport& report) {
+  const bool workload_known = report.block_size != 0;
+  const bool capacity_known = workload_known && report.fleet_kv_blocks != 0;
+  std::string text = fmt::format(
+      "hit-rate ladder, model {} (docs/hit-rate.md): workload = one infinite cache; capacity = "
+      "one LRU cache of the fleet's {} KV blocks; predicted = the router's overlap when it "
+      "routed; delivered = the engines' cached tokens\n",
+      report.model.empty() ? std::string{"?"} : report.model,
+      capacity_known ? fmt::format("{}", report.fleet_kv_blocks) : std::string{"(unknown)"});
+  text += fmt::format("{:<26} {:>9} {:>9} {:>9} {:>9} {:>14} {:>14} {:>14} {:>11} {:>7} {:>7}\n",
+                      "policy", "workload", "capacity", "predicted", "delivered", "prompt tok",
+                      "predicted tok", "engine tok", "engine<pred", "=pred", ">pred");
+  for (const PolicyReport& policy : report.policies) {
+    const metrics::ModelCacheOutcomes& cache = policy.cache_outcomes;
+    text += fmt::format(
+        "{:<26} {:>9} {:>9} {:>9} {:>9} {:>14} {:>14} {:>14} {:>11} {:>7} {:>7}\n", policy.policy,
+        rung(workload_known, report.infinite_cache_hit_rate),
+        rung(capacity_known, report.capacity_bound_hit_rate),
+        rung(policy.predicted_known, cache.totals.predicted_hit_rate()),
+        rung(true, cache.totals.delivered_hit_rate()), cache.totals.prompt_tokens,
+        policy.predicted_known ? fmt::format("{}", cache.totals.predicted_cached_tokens) : "-",
+        cache.totals.engine_cached_tokens,
+        policy.predicted_known ? fmt::format("{}", cache.engine_below_predicted) : "-",
+        policy.predicted_known ? fmt::format("{}", cache.engine_as_predicted) : "-",
+        policy.predicted_known ? fmt::format("{}", cache.engine_above_predicted) : "-");
+  }
+  return text;
+}
+
+// A rate for the JSON report, or null when it is unknown.
+nlohmann::ordered_json rate_json(bool known, double rate) {
+  return known ? nlohmann::ordered_json(rounded(rate)) : nlohmann::ordered_json(nullptr);
+}
+
+nlohmann::ordered_json ladder_json(const PolicyReport& policy) {
+  const metrics::ModelCacheOutcomes& cache = policy.cache_outcomes;
+  nlohmann::ordered_json json;
+  json["delivered"] = rounded(cache.totals.delivered_hit_rate());
+  json["engine_above_predicted"] = cache.engine_above_predicted;
+  json["engine_as_predicted"] = cache.engine_as_predicted;
+  json["engine_below_predicted"] = cache.engine_below_predicted;
+  json["engine_cached_tokens"] = cache.totals.engine_cached_tokens;
+  json["predicted"] = rate_json(policy.predicted_known, cache.totals.predicted_hit_rate());
+  json["predicted_cached_tokens"] = cache.totals.predicted_cached_tokens;
+  json["prompt_tokens"] = cache.totals.prompt_tokens;
+  return json;
+}
+
 }  // namespace
 
 std::size_t total(const NamedCounts& counts) {
@@ -92,8 +144,13 @@ PolicyReport make_policy_report(std::string policy, std::size_t requests,
   double first_arrival = outcomes.empty() ? 0 : outcomes.front().stats.arrival_ms;
   double last_completion = 0;
   std::map<WorkerWithDpRank, double> served;
+  metrics::HitRateLadder ladder;
   for (const auto& outcome : outcomes) {
     const RequestStats& stats = outcome.stats;
+    ladder.record({}, metrics::CacheOutcome::of(stats.prompt_tokens,
+                                                outcome.predicted_cached_tokens.value_or(0),
+                                                stats.cached_prompt_tokens));
+    report.predicted_known = report.predicted_known || outcome.predicted_cached_tokens.has_value();
     ttft.push_back(stats.ttft_ms());
     if (stats.output_tokens > 1) itl.push_back(stats.mean_inter_token_ms());
     e2e.push_back(stats.completion_ms - stats.arrival_ms);
@@ -107,6 +164,7 @@ PolicyReport make_policy_report(std::string policy, std::size_t requests,
   report.hit_rate = prompt_tokens == 0
                         ? 0
                         : static_cast<double>(cached_tokens) / static_cast<double>(prompt_tokens);
+  report.cache_outcomes = ladder.model({});
   report.ttft_ms = summarize(std::move(ttft));
   report.itl_ms = summarize(std::move(itl));
   report.e2e_ms = summarize(std::move(e2e));
@@ -152,6 +210,7 @@ std::string format_table(const ReplayReport& report) {
       "(latencies in ms of simulated time; hit = prompt tokens served from cache / prompt "
       "tokens; imbal = max/mean tokens served per worker; busy = share of time workers ran "
       "steps)\n";
+  table += format_hit_rate_ladder(report);
   // Only runs with admission or tenants have these, so other tables stay as they were.
   const bool any_rejected = std::ranges::any_of(
       report.policies, [](const PolicyReport& policy) { return !policy.rejected.empty(); });
@@ -191,6 +250,7 @@ std::string to_json(const ReplayReport& report) {
     entry["failed"] = policy.failed;
     entry["failures"] = counts_json(policy.failures);
     entry["hit_rate"] = rounded(policy.hit_rate);
+    entry["hit_rate_ladder"] = ladder_json(policy);
     entry["itl_ms"] = latency_json(policy.itl_ms);
     entry["load_imbalance"] = rounded(policy.load_imbalance);
     entry["makespan_s"] = rounded(policy.makespan_s);
@@ -214,10 +274,14 @@ std::string to_json(const ReplayReport& report) {
     entry["utilization"] = rounded(policy.utilization);
     policies.push_back(std::move(entry));
   }
-  // Keys in sorted order: "policies" comes between "infinite_cache_hit_rate" and "requests".
+  // Keys in sorted order: "policies" comes between "model" and "requests".
   nlohmann::ordered_json json;
   json["block_size"] = report.block_size;
+  json["capacity_bound_hit_rate"] = rate_json(report.block_size != 0 && report.fleet_kv_blocks != 0,
+                                              report.capacity_bound_hit_rate);
+  json["fleet_kv_blocks"] = report.fleet_kv_blocks;
   json["infinite_cache_hit_rate"] = rounded(report.infinite_cache_hit_rate);
+  json["model"] = report.model;
   json["policies"] = std::move(policies);
   json["requests"] = report.requests;
   json["seed"] = report.seed;

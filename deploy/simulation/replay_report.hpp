@@ -1,13 +1,16 @@
 // Summaries of a trace replay: per-policy KV hit rate, latency percentiles, throughput and load
-// balance, rendered as a text table and as JSON. Used by `kvr replay` (offline and live).
+// balance, and the hit-rate ladder (docs/hit-rate.md), rendered as a text table and as JSON. Used
+// by `kvr replay` (offline and live).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "deploy/simulation/engine.hpp"
+#include "messages/metrics/hit_rate_ladder.hpp"
 
 namespace kvr::simulation {
 
@@ -32,6 +35,9 @@ struct ReplayRequestOutcome {
   RequestStats stats;
   /// When the router sent it to its worker (stats.arrival_ms when it did not wait); 0 if unknown.
   double dispatched_ms = 0;
+  /// The prompt tokens the router predicted cached when it routed the request (its overlap in
+  /// tokens); unknown when the engines were reached without the router.
+  std::optional<std::uint64_t> predicted_cached_tokens;
 };
 
 /// Counts by name (an error code, a failure message), sorted by name.
@@ -61,6 +67,13 @@ struct PolicyReport {
   NamedCounts rejected;
   /// Prompt tokens served from cache / prompt tokens.
   double hit_rate = 0;
+  /// The ladder's measured rungs over the completed requests: prompt tokens, the router's
+  /// predicted cached tokens and the engines' (hit_rate is their delivered rate), and how the two
+  /// differed per request.
+  metrics::ModelCacheOutcomes cache_outcomes;
+  /// Whether any completed request carried the router's prediction (not so for engines reached
+  /// directly): without it the predicted rung is unknown.
+  bool predicted_known = false;
   LatencySummary ttft_ms;
   /// Mean inter-token latency per request, summarised over requests.
   LatencySummary itl_ms;
@@ -98,13 +111,22 @@ struct ReplayReport {
   double speedup = 1;
   std::uint64_t seed = 0;
   std::uint32_t block_size = 0;
-  /// The hit rate of one infinite shared cache: an upper bound for any router.
+  /// The hit rate of one infinite shared cache: an upper bound for any router (the ladder's
+  /// workload ceiling; unknown while block_size is 0).
   double infinite_cache_hit_rate = 0;
+  /// The fleet's KV blocks together (0: unknown), and the hit rate of one LRU cache of that many
+  /// blocks over the trace: the ladder's capacity-bound ceiling.
+  std::uint64_t fleet_kv_blocks = 0;
+  double capacity_bound_hit_rate = 0;
+  /// The model the requests named: the ladder's label.
+  std::string model;
   std::vector<PolicyReport> policies;
 };
 
-/// A fixed-width table with one row per policy; below it, when any policy has them, each policy's
-/// rejections by code and a table of its tenants.
+/// A fixed-width table with one row per policy; below it the hit-rate ladder, one row per policy
+/// (workload ceiling, capacity-bound ceiling, predicted, delivered, the token counters; "-" for a
+/// rung that is unknown), then, when any policy has them, each policy's rejections by code and a
+/// table of its tenants.
 std::string format_table(const ReplayReport& report);
 
 /// Deterministic JSON (keys sorted, fixed float formatting): equal inputs give equal bytes.

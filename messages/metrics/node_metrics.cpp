@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "messages/metrics/hit_rate_ladder.hpp"
+
 namespace kvr::metrics {
 namespace {
 
@@ -131,6 +133,22 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
      "Worker chunks for requests that ended or moved to another worker.",
      {}},
     {N::kGenerateInFlight, MetricType::Gauge, "Generate requests being served by this node.", {}},
+    {N::kPromptTokens,
+     MetricType::Counter,
+     "Prompt tokens of the requests whose engine reported its cached tokens, by model.",
+     {}},
+    {N::kPredictedCachedTokens,
+     MetricType::Counter,
+     "Prompt tokens the router predicted cached (its overlap at routing time), of the same "
+     "requests, by model.",
+     {}},
+    {N::kEngineCachedTokens,
+     MetricType::Counter,
+     "Prompt tokens the engines reported served from their cache, of the same requests, by model.",
+     {}},
+    {N::kCachedTokensDifference, MetricType::Histogram,
+     "Per request, engine-reported minus router-predicted cached prompt tokens, by model.",
+     kCachedTokensDifferenceBuckets},
     {N::kSessionBindings, MetricType::Gauge, "Session-affinity bindings, by partition.", {}},
     {N::kSessionRebinds,
      MetricType::Counter,
@@ -342,5 +360,20 @@ ValueHandle NodeMetrics::generate_stream_stalls() const { return counter(kGenera
 ValueHandle NodeMetrics::generate_nats_losses() const { return counter(kGenerateNatsLosses); }
 ValueHandle NodeMetrics::generate_stale_chunks() const { return counter(kGenerateStaleChunks); }
 ValueHandle NodeMetrics::generate_in_flight() const { return gauge(kGenerateInFlight); }
+
+void NodeMetrics::record_cache_outcome(std::string_view model, std::uint64_t prompt_tokens,
+                                       std::uint64_t predicted_cached_tokens,
+                                       std::uint64_t engine_cached_tokens) const {
+  const CacheOutcome outcome =
+      CacheOutcome::of(prompt_tokens, predicted_cached_tokens, engine_cached_tokens);
+  const Labels labels = one_label("model", model);
+  registry_->counter(kPromptTokens, labels).add(static_cast<double>(outcome.prompt_tokens));
+  registry_->counter(kPredictedCachedTokens, labels)
+      .add(static_cast<double>(outcome.predicted_cached_tokens));
+  registry_->counter(kEngineCachedTokens, labels)
+      .add(static_cast<double>(outcome.engine_cached_tokens));
+  registry_->histogram(kCachedTokensDifference, labels)
+      .observe(static_cast<double>(outcome.difference()));
+}
 
 }  // namespace kvr::metrics

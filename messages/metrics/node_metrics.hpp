@@ -3,6 +3,7 @@
 // C++, no CAF. Tests, the docs and dashboards read these names: they never change.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <string_view>
 
@@ -86,6 +87,11 @@ class NodeMetrics {
   static constexpr std::string_view kGenerateNatsLosses = "kvr_generate_nats_losses_total";
   static constexpr std::string_view kGenerateStaleChunks = "kvr_generate_stale_chunks_total";
   static constexpr std::string_view kGenerateInFlight = "kvr_generate_in_flight";
+  // The hit-rate ladder (docs/hit-rate.md), per model, from both doors.
+  static constexpr std::string_view kPromptTokens = "kvr_prompt_tokens_total";
+  static constexpr std::string_view kPredictedCachedTokens = "kvr_predicted_cached_tokens_total";
+  static constexpr std::string_view kEngineCachedTokens = "kvr_engine_cached_tokens_total";
+  static constexpr std::string_view kCachedTokensDifference = "kvr_cached_tokens_difference";
 
   /// Every family of a node, in the order /metrics help was written.
   static std::span<const NodeMetricFamily> families();
@@ -187,6 +193,16 @@ class NodeMetrics {
   ValueHandle generate_nats_losses() const;
   ValueHandle generate_stale_chunks() const;
   ValueHandle generate_in_flight() const;
+
+  // ---- the hit-rate ladder (label `model`) -----------------------------------------------------
+  /// Counts one request whose engine reported its cached prompt tokens: its prompt tokens, the
+  /// router's predicted cached tokens (its overlap at routing time in tokens) and the engine's,
+  /// both capped at the prompt, and engine − predicted in kvr_cached_tokens_difference. Both doors
+  /// call it (generate mode at the first chunk, the HTTP front door at the engine's usage);
+  /// record_cache_outcome in cache_mismatch_detector.hpp adds the node's mismatch warning.
+  void record_cache_outcome(std::string_view model, std::uint64_t prompt_tokens,
+                            std::uint64_t predicted_cached_tokens,
+                            std::uint64_t engine_cached_tokens) const;
 
  private:
   ValueHandle counter(std::string_view name, std::string_view label = {},

@@ -93,6 +93,14 @@ TEST_F(LiveReplayTest, RoutesStreamsAndReportsEveryTraceRequest) {
   // Labelled with the policy instance the node's decisions named.
   EXPECT_EQ(policy["policy"].get<std::string>().rfind("live:", 0), 0U) << policy["policy"];
   EXPECT_GT(policy["policy"].get<std::string>().size(), 5U) << policy["policy"];
+  // The hit-rate ladder: the fleet's KV from the registrations (4 workers of the mocker's default
+  // 16384 blocks), the router's predictions from its decisions, the first chunks' cached tokens.
+  EXPECT_EQ(report["model"], "mock-model");
+  EXPECT_EQ(report["fleet_kv_blocks"], 4 * 16384);
+  EXPECT_TRUE(report["capacity_bound_hit_rate"].is_number()) << report.dump(2);
+  const auto& ladder = policy["hit_rate_ladder"];
+  EXPECT_GT(ladder["predicted"].get<double>(), 0.0) << ladder.dump(2);
+  EXPECT_EQ(ladder["delivered"], policy["hit_rate"]) << ladder.dump(2);
 
   const auto& live = report["live"];
   std::size_t decisions = 0;

@@ -31,6 +31,7 @@
 #include "classifiers/builtin/kv_capacity_pause.hpp"
 #include "classifiers/builtin/max_in_flight.hpp"
 #include "messages/clock.hpp"
+#include "messages/metrics/cache_mismatch_detector.hpp"
 #include "messages/metrics/node_metrics.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
@@ -312,6 +313,7 @@ class RouterActorsTest : public ::testing::Test {
     lifecycle.clock = clock_;
     lifecycle.stream_inbox_prefix = std::move(stream_inbox_prefix);
     lifecycle.first_token_timeout = first_token_timeout;
+    lifecycle.cache_mismatch = cache_mismatch_;
     return lifecycle;
   }
 
@@ -395,6 +397,8 @@ class RouterActorsTest : public ::testing::Test {
   std::shared_ptr<metrics::MetricsRegistry> metrics_ = std::make_shared<metrics::MetricsRegistry>();
   std::shared_ptr<metrics::RateLimitedLog> log_ = std::make_shared<metrics::RateLimitedLog>();
   std::shared_ptr<ManualClock> clock_ = std::make_shared<ManualClock>();
+  std::shared_ptr<metrics::CacheMismatchDetector> cache_mismatch_ =
+      std::make_shared<metrics::CacheMismatchDetector>(clock_);
   Answers answers_;
   // The test's clients' answers: kept until every actor has ended, since actors that end at
   // teardown still stream their last chunks to their clients.
@@ -603,6 +607,48 @@ TEST_F(RouterActorsTest, GenerateIsRetriedOnceWhenItsWorkerLeavesBeforeTheFirstT
   EXPECT_EQ(metrics_->value("kvr_generate_stale_chunks_total"), 1);
   EXPECT_EQ(publisher_->published_on("client.stream").size(), 2U);
   EXPECT_EQ(publisher_->unflushed(), 0U);  // nothing relayed is left unwritten
+}
+
+TEST_F(RouterActorsTest, GenerateRecordsTheFirstChunksCachedTokensAgainstTheRoutesOverlap) {
+  register_workers({11});
+  // Worker 11 holds the request's first block: the route's overlap is 1 block of 4 tokens.
+  KvEventBatch batch;
+  batch.worker = {11, 0};
+  batch.incarnation = 1;
+  batch.event_id = 1;
+  batch.events.push_back(KvStoredEvent{std::nullopt, {1}, StorageTier::Device});
+  send(discovery_, kv_events_atom::value, batch);
+  send(lifecycle_, generate_atom::value,
+       GenerateEnvelope{generate_request("g-cache", "client.stream"), {}, clock_->now()});
+  ASSERT_EQ(publisher_->published_on("gen.11").size(), 1U);
+
+  v1::GenerateChunk chunk;
+  chunk.set_request_id("g-cache");
+  chunk.set_worker_id(11);
+  chunk.set_cached_prompt_tokens(4);
+  chunk.add_token_ids(7);
+  send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  const metrics::Labels model{{"model", "m"}};
+  EXPECT_EQ(metrics_->value("kvr_prompt_tokens_total", model), 8);
+  EXPECT_EQ(metrics_->value("kvr_predicted_cached_tokens_total", model), 4);
+  EXPECT_EQ(metrics_->value("kvr_engine_cached_tokens_total", model), 4);
+  const std::string text = metrics_->render();
+  EXPECT_NE(text.find("kvr_cached_tokens_difference_bucket{model=\"m\",le=\"-1\"} 0\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("kvr_cached_tokens_difference_bucket{model=\"m\",le=\"0\"} 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(cache_mismatch_->window("m").requests, 1U);
+
+  // Later chunks carry no cached tokens to count.
+  chunk.set_index(1);
+  chunk.set_finished(true);
+  chunk.set_finish_reason("length");
+  send(lifecycle_, chunk_atom::value, ChunkEnvelope{1, chunk});
+  EXPECT_EQ(publisher_->published_on("client.stream").size(), 2U);
+  EXPECT_EQ(metrics_->value("kvr_prompt_tokens_total", model), 8);
+  EXPECT_EQ(cache_mismatch_->window("m").requests, 1U);
 }
 
 TEST_F(RouterActorsTest, GenerateWithoutAnyOtherWorkerEndsWithAnExplicitError) {

@@ -325,6 +325,37 @@ TEST_F(TraceReplayTest, InfiniteCacheHitRateCountsEveryRepeatedPrefix) {
   EXPECT_DOUBLE_EQ(TraceReplay("empty", {}, options(1)).infinite_cache_hit_rate(), 0.0);
 }
 
+TEST_F(TraceReplayTest, TheCapacityBoundCeilingIsTheInfiniteCachesUnlessTheFleetIsSmaller) {
+  const TraceReplay roomy{"conversations", conversation_trace(5, 8), options(4)};
+  EXPECT_EQ(roomy.fleet_kv_blocks(), 4U * roomy.options().engine.num_gpu_blocks);
+  EXPECT_DOUBLE_EQ(roomy.capacity_bound_hit_rate(), roomy.infinite_cache_hit_rate());
+  // 200 blocks hold the five conversations' early turns, but from the third turn on the other
+  // four evict a conversation's blocks before its next turn: far below the infinite cache.
+  ReplayOptions small = options(1);
+  small.engine.num_gpu_blocks = 200;
+  const TraceReplay tight{"conversations", conversation_trace(5, 8), small};
+  EXPECT_EQ(tight.fleet_kv_blocks(), 200U);
+  EXPECT_GT(tight.capacity_bound_hit_rate(), 0.0);
+  EXPECT_LT(tight.capacity_bound_hit_rate() + 0.2, tight.infinite_cache_hit_rate());
+}
+
+TEST_F(TraceReplayTest, ReportsTheRoutersPredictedAndTheEnginesDeliveredCachedTokens) {
+  const TraceReplay replay{"conversations", conversation_trace(5, 8), options(4)};
+  std::vector<simulation::ReplayRequestOutcome> outcomes;
+  const auto kv_cost = replay.run("kv-cost", plugins_for("kv-cost"), 0, &outcomes);
+  ASSERT_EQ(outcomes.size(), replay.size());
+  EXPECT_TRUE(kv_cost.predicted_known);
+  const metrics::CacheTotals& totals = kv_cost.cache_outcomes.totals;
+  EXPECT_EQ(totals.requests, replay.size());
+  EXPECT_DOUBLE_EQ(totals.delivered_hit_rate(), kv_cost.hit_rate);
+  // Turns after the first find their conversation on the worker the router predicted.
+  EXPECT_GT(totals.predicted_hit_rate(), 0.3) << totals.predicted_cached_tokens;
+  for (const auto& outcome : outcomes) {
+    ASSERT_TRUE(outcome.predicted_cached_tokens);
+    EXPECT_LE(*outcome.predicted_cached_tokens, outcome.stats.prompt_tokens);
+  }
+}
+
 TEST_F(TraceReplayTest, AMaxInFlightClassifierCapsTheRequestsAtTheWorkersAndAllComplete) {
   const TraceReplay replay{"random", random_trace(60, 5), options(4)};
   std::vector<simulation::ReplayRequestOutcome> uncapped;

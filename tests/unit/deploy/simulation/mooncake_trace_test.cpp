@@ -90,5 +90,43 @@ TEST_F(MooncakeTraceTest, SharedHashIdPrefixGivesSharedBlockHashes) {
   for (std::size_t i = 8; i < 16; ++i) EXPECT_NE(hashes_a[i], hashes_b[i]) << i;
 }
 
+// ---- the capacity-bound ceiling --------------------------------------------------------------
+
+// A hand-made trace at block size 4, with its block hashes given directly (hash ids are not
+// expanded). Worked by hand, most recently used first, capacity 4:
+//   r0 {1,2,3}, 12 tokens: reuses at most 2 blocks (the last token is computed); hits 0.
+//      Touched 3, 2, 1: [1 2 3].
+//   r1 {4,5}, 8 tokens: hits 0. Touched 5, 4: [4 5 1 2 3] evicts 3: [4 5 1 2].
+//   r2 {1,2,3}, 13 tokens: up to 3 blocks; 1, 2 cached, 3 evicted: 8 tokens (infinite: 12).
+//      Touched 3, 2, 1: [1 2 3 4 5] evicts 5: [1 2 3 4].
+//   r3 {4,5}, 9 tokens: up to 2 blocks; 4 cached, 5 evicted: 4 tokens (infinite: 8).
+// Prompt tokens 42: capacity-bound 12/42, infinite 20/42.
+struct HandMadeTrace {
+  std::vector<TraceRequest> requests{
+      {.input_length = 12}, {.input_length = 8}, {.input_length = 13}, {.input_length = 9}};
+  std::vector<std::vector<BlockHash>> hashes{{1, 2, 3}, {4, 5}, {1, 2, 3}, {4, 5}};
+};
+
+TEST_F(MooncakeTraceTest, CapacityBoundHitRateOfAHandMadeTrace) {
+  const HandMadeTrace trace;
+  EXPECT_DOUBLE_EQ(capacity_bound_hit_rate(trace.requests, trace.hashes, 4, 4), 12.0 / 42.0);
+  EXPECT_DOUBLE_EQ(infinite_cache_hit_rate(trace.requests, trace.hashes, 4), 20.0 / 42.0);
+}
+
+TEST_F(MooncakeTraceTest, CapacityBoundHitRateWithRoomForEveryBlockIsTheInfiniteCaches) {
+  const HandMadeTrace trace;
+  EXPECT_DOUBLE_EQ(capacity_bound_hit_rate(trace.requests, trace.hashes, 4, 5),
+                   infinite_cache_hit_rate(trace.requests, trace.hashes, 4));
+  EXPECT_DOUBLE_EQ(capacity_bound_hit_rate(trace.requests, trace.hashes, 4, 0), 0.0);
+  EXPECT_DOUBLE_EQ(capacity_bound_hit_rate({}, {}, 4, 4), 0.0);
+}
+
+TEST_F(MooncakeTraceTest, CapacityBoundCacheKeepsAPromptsHeadWhenItsTailIsEvicted) {
+  // Three blocks into a cache of two: the tail block goes, the first two stay and are reused.
+  const std::vector<TraceRequest> requests{{.input_length = 13}, {.input_length = 13}};
+  const std::vector<std::vector<BlockHash>> hashes{{1, 2, 3}, {1, 2, 3}};
+  EXPECT_DOUBLE_EQ(capacity_bound_hit_rate(requests, hashes, 4, 2), 8.0 / 26.0);
+}
+
 }  // namespace
 }  // namespace kvr::simulation

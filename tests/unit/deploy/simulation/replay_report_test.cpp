@@ -269,5 +269,83 @@ TEST(ReplayJsonTest, RejectionsAndTenantsAreCountedByCode) {
   EXPECT_TRUE(parsed["policies"][1]["tenants"].empty());
 }
 
+// ---- the hit-rate ladder -------------------------------------------------------------------
+
+// Two completed requests of 1000 prompt tokens: the router predicted 500 and 0 cached, the
+// engines delivered 400 and 100.
+ReplayReport ladder_report(bool predicted_known) {
+  ReplayReport report = sample_report();
+  report.model = "llama";
+  report.fleet_kv_blocks = 2048;
+  report.capacity_bound_hit_rate = 0.5;
+  report.infinite_cache_hit_rate = 0.75;
+  std::vector<ReplayRequestOutcome> outcomes{outcome(1, 0, 10, 20, 1000, 400, 2),
+                                             outcome(2, 0, 10, 20, 1000, 100, 2)};
+  if (predicted_known) {
+    outcomes[0].predicted_cached_tokens = 500;
+    outcomes[1].predicted_cached_tokens = 0;
+  }
+  report.policies = {make_policy_report("kv-cost", 2, outcomes, 2)};
+  return report;
+}
+
+TEST(PolicyReportTest, TheLaddersMeasuredRungsComeFromTheOutcomes) {
+  const PolicyReport policy = ladder_report(true).policies[0];
+  EXPECT_TRUE(policy.predicted_known);
+  EXPECT_EQ(policy.cache_outcomes.totals.prompt_tokens, 2000U);
+  EXPECT_EQ(policy.cache_outcomes.totals.predicted_cached_tokens, 500U);
+  EXPECT_EQ(policy.cache_outcomes.totals.engine_cached_tokens, 500U);
+  EXPECT_DOUBLE_EQ(policy.cache_outcomes.totals.delivered_hit_rate(), policy.hit_rate);
+  EXPECT_EQ(policy.cache_outcomes.engine_below_predicted, 1U);
+  EXPECT_EQ(policy.cache_outcomes.engine_above_predicted, 1U);
+  EXPECT_FALSE(ladder_report(false).policies[0].predicted_known);
+}
+
+TEST(ReplayTableTest, TheLadderListsTheRungsFromTheTopDown) {
+  const std::string table = format_table(ladder_report(true));
+  EXPECT_NE(table.find("hit-rate ladder, model llama"), std::string::npos) << table;
+  EXPECT_NE(table.find("fleet's 2048 KV blocks"), std::string::npos) << table;
+  // workload, capacity, predicted, delivered; prompt, predicted and engine tokens; below, as,
+  // above.
+  EXPECT_NE(table.find("kv-cost                        0.750     0.500     0.250     0.250"
+                       "           2000            500            500           1       0       1"
+                       "\n"),
+            std::string::npos)
+      << table;
+}
+
+TEST(ReplayTableTest, UnknownRungsShowAsDashes) {
+  ReplayReport report = ladder_report(false);
+  report.fleet_kv_blocks = 0;
+  const std::string table = format_table(report);
+  EXPECT_NE(table.find("fleet's (unknown) KV blocks"), std::string::npos) << table;
+  EXPECT_NE(table.find("kv-cost                        0.750         -         -     0.250"
+                       "           2000              -            500           -       -       -"
+                       "\n"),
+            std::string::npos)
+      << table;
+}
+
+TEST(ReplayJsonTest, TheLadderIsInThePolicyAndItsCeilingsAtTheTop) {
+  auto parsed = nlohmann::ordered_json::parse(to_json(ladder_report(true)));
+  expect_sorted_keys(parsed, "$");
+  EXPECT_EQ(parsed["model"], "llama");
+  EXPECT_EQ(parsed["fleet_kv_blocks"], 2048);
+  EXPECT_EQ(parsed["capacity_bound_hit_rate"], 0.5);
+  const auto& ladder = parsed["policies"][0]["hit_rate_ladder"];
+  EXPECT_EQ(ladder["prompt_tokens"], 2000);
+  EXPECT_EQ(ladder["predicted_cached_tokens"], 500);
+  EXPECT_EQ(ladder["engine_cached_tokens"], 500);
+  EXPECT_EQ(ladder["predicted"], 0.25);
+  EXPECT_EQ(ladder["delivered"], 0.25);
+  EXPECT_EQ(ladder["engine_below_predicted"], 1);
+
+  ReplayReport unknown = ladder_report(false);
+  unknown.fleet_kv_blocks = 0;
+  parsed = nlohmann::ordered_json::parse(to_json(unknown));
+  EXPECT_TRUE(parsed["capacity_bound_hit_rate"].is_null());
+  EXPECT_TRUE(parsed["policies"][0]["hit_rate_ladder"]["predicted"].is_null());
+}
+
 }  // namespace
 }  // namespace kvr::simulation

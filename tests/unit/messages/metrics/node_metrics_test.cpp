@@ -76,5 +76,31 @@ TEST(NodeMetricsTest, SeriesCarryTheLabelsTheDocsName) {
   EXPECT_EQ(registry.value("kvr_bookings_open", {{"partition", "m/default"}}), 3);
 }
 
+TEST(NodeMetricsTest, CacheOutcomesCountTokensAndTheSignedDifferencePerModel) {
+  MetricsRegistry registry;
+  NodeMetrics::describe(registry);
+  const NodeMetrics metrics{registry};
+  // The overlap reaches past the 100-token prompt: it counts as 100.
+  metrics.record_cache_outcome("a", 100, 128, 40);
+  metrics.record_cache_outcome("a", 50, 0, 16);
+  metrics.record_cache_outcome("b", 10, 0, 0);
+  EXPECT_EQ(registry.value("kvr_prompt_tokens_total", {{"model", "a"}}), 150);
+  EXPECT_EQ(registry.value("kvr_predicted_cached_tokens_total", {{"model", "a"}}), 100);
+  EXPECT_EQ(registry.value("kvr_engine_cached_tokens_total", {{"model", "a"}}), 56);
+  EXPECT_EQ(registry.value("kvr_prompt_tokens_total", {{"model", "b"}}), 10);
+  const std::string text = registry.render();
+  // a: -60 and +16; b: 0.
+  for (const std::string_view line : {
+           "kvr_cached_tokens_difference_bucket{model=\"a\",le=\"-64\"} 0\n",
+           "kvr_cached_tokens_difference_bucket{model=\"a\",le=\"-1\"} 1\n",
+           "kvr_cached_tokens_difference_bucket{model=\"a\",le=\"0\"} 1\n",
+           "kvr_cached_tokens_difference_bucket{model=\"a\",le=\"64\"} 2\n",
+           "kvr_cached_tokens_difference_sum{model=\"a\"} -44\n",
+           "kvr_cached_tokens_difference_bucket{model=\"b\",le=\"0\"} 1\n",
+       }) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << " not in:\n" << text;
+  }
+}
+
 }  // namespace
 }  // namespace kvr::metrics
