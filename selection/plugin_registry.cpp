@@ -199,6 +199,7 @@ std::expected<RouterPlugins, RegistryError> RouterPluginRegistry::resolve_plugin
   plugins.policy_classes = config.policy_classes;
   plugins.worker_health = config.worker_health;
   plugins.models = config.models;
+  plugins.tokenizers = config.tokenizers;
   return plugins;
 }
 

@@ -61,6 +61,8 @@ struct RouterPlugins {
   selection::WorkerHealthConfig worker_health;
   /// The configured `models`: the front doors' tokenizer mode per model.
   std::map<std::string, selection::ModelConfig, std::less<>> models;
+  /// The router-policy YAML's `tokenizers` (model → tokenizer path, the `native` mode's files).
+  std::map<std::string, std::string, std::less<>> tokenizers;
 
   const WorkerSelection& selection_for(WorkerType type) const {
     return worker_selection[static_cast<std::size_t>(type)];

@@ -1,5 +1,5 @@
 // The kvr command: one executable, one subcommand per job (bridge, cluster, mocker, node, replay,
-// replay-live, route).
+// replay-live, route, tokenize).
 #include <iostream>
 #include <string>
 
@@ -16,6 +16,7 @@
 #include "deploy/cli/replay_command.hpp"
 #include "deploy/cli/replay_live_command.hpp"
 #include "deploy/cli/route_command.hpp"
+#include "deploy/cli/tokenize_command.hpp"
 #include "messages/metrics/rate_limited_log.hpp"
 
 namespace {
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   kvr::cli::add_replay_command(app, exit_code);
   kvr::cli::add_replay_live_command(app, exit_code);
   kvr::cli::add_route_command(app, exit_code);
+  kvr::cli::add_tokenize_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

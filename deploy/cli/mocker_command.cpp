@@ -11,6 +11,7 @@
 #include "deploy/cli/stop_signals.hpp"
 #include "deploy/mocker/mocker_fleet.hpp"
 #include "deploy/mocker/vllm_engine_server.hpp"
+#include "selection/tokenizer/prompt_tokenizer.hpp"
 
 namespace kvr::cli {
 namespace {
@@ -29,8 +30,8 @@ void wait_for_stop(std::stop_source stop, double duration_s) {
 }
 
 // `--speak vllm`: one vLLM-speaking engine per --workers, engine i on every port + stride * i.
-int run_vllm_engines(const mocker::MockerOptions& options, const mocker::VllmEngineOptions& vllm,
-                     std::uint32_t stride, double duration_s) {
+int run_vllm_engines(const mocker::MockerOptions& options, mocker::VllmEngineOptions vllm,
+                     std::uint32_t stride, double duration_s, const std::string& tokenizer_path) {
   auto signals = StopSignals::install("kvr mocker");
   if (options.data_parallel_size != 1) {
     spdlog::error("kvr mocker: --speak vllm runs one rank per engine (--data-parallel-size 1)");
@@ -43,6 +44,14 @@ int run_vllm_engines(const mocker::MockerOptions& options, const mocker::VllmEng
   if (auto valid = mocker::check_lora_adapters(options.model, vllm.lora_adapters); !valid) {
     spdlog::error("kvr mocker: --lora-adapter: {}", valid.error());
     return kUsageError;
+  }
+  if (!tokenizer_path.empty()) {
+    auto loaded = tokenizer::PromptTokenizer::load(tokenizer_path);
+    if (!loaded) {
+      spdlog::error("kvr mocker: --tokenizer: {}", loaded.error().message);
+      return kUsageError;
+    }
+    vllm.tokenizer = std::move(*loaded);
   }
   for (std::uint16_t port : {vllm.http_port, vllm.kv_events_port, vllm.replay_port}) {
     if (port != 0 && std::uint32_t{port} + stride * (options.workers - 1) > 65535) {
@@ -247,10 +256,19 @@ void add_mocker_command(CLI::App& app, int& exit_code) {
                    "its 1-based position here)")
       ->group(group)
       ->check(non_empty());
-  command->callback([options, duration_s, role, speak, vllm, stride, &exit_code] {
+  auto tokenizer_path = std::make_shared<std::string>();
+  command
+      ->add_option("--tokenizer", *tokenizer_path,
+                   "a model's tokenizer (a folder with tokenizer.json and tokenizer_config.json): "
+                   "prompts, chats, render and tokenize use it and its chat template instead of "
+                   "the mock tokenizer")
+      ->group(group)
+      ->check(CLI::ExistingPath);
+  command->callback([options, duration_s, role, speak, vllm, stride, tokenizer_path, &exit_code] {
     options->role = *parse_worker_type(*role);
-    exit_code = *speak == "vllm" ? run_vllm_engines(*options, *vllm, *stride, *duration_s)
-                                 : run_mocker(*options, *duration_s);
+    exit_code = *speak == "vllm"
+                    ? run_vllm_engines(*options, *vllm, *stride, *duration_s, *tokenizer_path)
+                    : run_mocker(*options, *duration_s);
   });
 }
 

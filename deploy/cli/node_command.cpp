@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "actors/node/router_node.hpp"
@@ -16,6 +19,7 @@
 #include "selection/config/selection_precedence.hpp"
 #include "selection/partition/partition_queue.hpp"
 #include "selection/policies/builtin_policies.hpp"
+#include "selection/tokenizer/prompt_tokenizer.hpp"
 
 namespace kvr::cli {
 namespace {
@@ -37,6 +41,8 @@ struct NodeCommandOptions {
   std::optional<std::uint16_t> epp_port;
   std::string epp_address = "127.0.0.1";
   std::string tokenizer_mode = "engine";
+  /// --tokenizer MODEL=PATH, repeatable.
+  std::vector<std::string> tokenizers;
   std::optional<double> queue_threshold;  // unset: the class `default` never queues
   std::uint64_t cluster_lease_ttl_ms = 3000;
 };
@@ -49,6 +55,46 @@ std::size_t max_scheduler_threads() {
 
 // Loads the policy YAML, applies flag/env precedence and resolves the policies; the error names
 // the key (file, flag or variable) at fault.
+// The native mode's tokenizers: the YAML's `tokenizers`, overridden by --tokenizer MODEL=PATH,
+// each loaded now so that a bad file stops startup naming the model. A model that names the
+// native mode explicitly needs one; a native default applies only to models with one.
+std::expected<std::shared_ptr<const front_door::NativeTokenizers>, std::string>
+load_native_tokenizers(const std::vector<std::string>& flags,
+                       const std::map<std::string, std::string, std::less<>>& from_yaml,
+                       const selection::TokenizerModes& modes) {
+  std::map<std::string, std::string, std::less<>> paths = from_yaml;
+  for (const std::string& flag : flags) {
+    const std::size_t equals = flag.find('=');
+    if (equals == 0 || equals == std::string::npos || equals + 1 == flag.size()) {
+      return std::unexpected(fmt::format("--tokenizer: '{}' is not MODEL=PATH", flag));
+    }
+    paths[flag.substr(0, equals)] = flag.substr(equals + 1);
+  }
+  for (const auto& [model, mode] : modes.per_model) {
+    if (mode == selection::TokenizerMode::native && !paths.contains(model)) {
+      return std::unexpected(fmt::format(
+          "models.{}.tokenizer_mode: native needs the model's tokenizer (--tokenizer {}=PATH or "
+          "tokenizers: in the router-policy YAML)",
+          model, model));
+    }
+  }
+  auto native = std::make_shared<front_door::NativeTokenizers>();
+  for (const auto& [model, path] : paths) {
+    auto loaded = tokenizer::PromptTokenizer::load(path);
+    if (!loaded) {
+      return std::unexpected(fmt::format("--tokenizer {}: {}", model, loaded.error().message));
+    }
+    spdlog::info("kvr node: model '{}' has kvr's tokenizer {} ({} ids{})", model, path,
+                 (*loaded)->tokenizer().vocab_size(),
+                 (*loaded)->has_chat_template() ? ", chat template" : ", no chat template");
+    native->emplace(model, std::move(*loaded));
+  }
+  if (!native->empty() && !modes.uses(selection::TokenizerMode::native)) {
+    spdlog::warn("kvr node: tokenizers are given but no model uses --tokenizer-mode native");
+  }
+  return native;
+}
+
 std::expected<plugins::RouterPlugins, std::string> resolve_policies(
     const NodeCommandOptions& options) {
   plugins::RouterPluginRegistry registry;
@@ -136,6 +182,13 @@ int run_node(NodeCommandOptions options) {
       selection::tokenizer_modes(*tokenizer_mode, plugins->models);
   if (options.node.http) options.node.http->tokenizer_modes = modes;
   if (options.node.epp) options.node.epp->tokenizer_modes = modes;
+  auto native = load_native_tokenizers(options.tokenizers, plugins->tokenizers, modes);
+  if (!native) {
+    spdlog::error("kvr node: {}", native.error());
+    return kUsageError;
+  }
+  if (options.node.http) options.node.http->native_tokenizers = *native;
+  if (options.node.epp) options.node.epp->native_tokenizers = *native;
   if (!plugins->policy_classes.empty() &&
       !queues_requests(classifiers::resolve_policy_classes(
           plugins->policy_classes,
@@ -364,10 +417,18 @@ void add_node_command(CLI::App& app, int& exit_code) {
                    "how the HTTP API and the endpoint picker get a prompt's routing key, for "
                    "models the router-policy YAML's `models` leave unset: engine (an engine of "
                    "the model renders the request into token ids: vLLM's /v1/*/render, else "
-                   "/tokenize) or estimate (no tokenizer: the prompt's text is hashed in byte "
-                   "blocks and matched against the router's own index of what it routed)")
+                   "/tokenize), estimate (no tokenizer: the prompt's text is hashed in byte "
+                   "blocks and matched against the router's own index of what it routed) or "
+                   "native (kvr's own tokenizer and chat template, --tokenizer, once they agree "
+                   "with an engine's rendering)")
       ->envname("KVR_TOKENIZER_MODE")
       ->capture_default_str()
+      ->group(http_group);
+  command
+      ->add_option("--tokenizer", options->tokenizers,
+                   "MODEL=PATH: the tokenizer of MODEL for the native mode, a folder with "
+                   "tokenizer.json and tokenizer_config.json (repeatable; overrides the "
+                   "router-policy YAML's `tokenizers`)")
       ->group(http_group);
   command
       ->add_option("--http-max-renders-in-flight", options->http.max_renders_in_flight,

@@ -23,6 +23,7 @@
 #include "deploy/simulation/engine.hpp"
 #include "deploy/worker/vllm_kv_frames.hpp"
 #include "discovery/block_hash.hpp"
+#include "selection/tokenizer/prompt_tokenizer.hpp"
 
 namespace kvr::mocker {
 namespace {
@@ -116,6 +117,9 @@ struct LoadSnapshot {
 struct RequestBody {
   nlohmann::json json;
   std::uint32_t lora = 0;
+  /// The body with its keys in the client's order, as a real tokenizer's chat template must see
+  /// them (parsed only when the engine has one).
+  nlohmann::ordered_json ordered;
 };
 
 // What a body asks of the engine besides its prompt.
@@ -716,6 +720,7 @@ struct VllmEngineServer::State {
     if (body.json.is_discarded() || !body.json.is_object()) {
       return std::unexpected(bad_request("the body is not a JSON object"));
     }
+    if (options.tokenizer) body.ordered = nlohmann::ordered_json::parse(http_request.body);
     const auto model = body.json.find("model");
     if (model == body.json.end() || model->is_null()) return body;
     if (!model->is_string()) return std::unexpected(bad_request("model must be a string"));
@@ -732,8 +737,17 @@ struct VllmEngineServer::State {
 
   // The prompts of a completions body, each as the engine's token ids: a text (tokenized, after
   // BOS unless add_special_tokens is false), a list of ids (as they are), or a list of either.
-  static std::expected<std::vector<std::vector<std::uint32_t>>, HttpError> read_prompts(
-      const nlohmann::json& body) {
+  // A text prompt's ids: the model's tokenizer when one is given, else the mock tokenizer.
+  std::expected<std::vector<std::uint32_t>, HttpError> encode_prompt_text(const std::string& text,
+                                                                          bool add_bos) const {
+    if (!options.tokenizer) return encode_text(text, add_bos);
+    auto ids = options.tokenizer->tokenizer().encode(text, add_bos);
+    if (!ids) return std::unexpected(bad_request(ids.error().message));
+    return std::move(*ids);
+  }
+
+  std::expected<std::vector<std::vector<std::uint32_t>>, HttpError> read_prompts(
+      const nlohmann::json& body) const {
     const auto add_bos = read_bool(body, "add_special_tokens", true);
     if (!add_bos) return std::unexpected(add_bos.error());
     const auto prompt = body.find("prompt");
@@ -741,7 +755,10 @@ struct VllmEngineServer::State {
       return std::unexpected(bad_request("prompt is required"));
     }
     auto one = [&](const nlohmann::json& entry) -> std::optional<std::vector<std::uint32_t>> {
-      if (entry.is_string()) return encode_text(entry.get_ref<const std::string&>(), *add_bos);
+      if (entry.is_string()) {
+        auto ids = encode_prompt_text(entry.get_ref<const std::string&>(), *add_bos);
+        return ids ? std::optional{std::move(*ids)} : std::nullopt;
+      }
       if (!entry.is_array()) return std::nullopt;
       std::vector<std::uint32_t> ids;
       ids.reserve(entry.size());
@@ -781,8 +798,19 @@ struct VllmEngineServer::State {
 
   // The chat template's token ids for a body's messages (add_generation_prompt defaults to true;
   // add_special_tokens, false by default as in vLLM's chat requests, puts a second BOS first).
-  static std::expected<std::vector<std::uint32_t>, HttpError> read_chat_prompt(
-      const nlohmann::json& body) {
+  std::expected<std::vector<std::uint32_t>, HttpError> read_chat_prompt(
+      const RequestBody& request) const {
+    const nlohmann::json& body = request.json;
+    if (options.tokenizer) {
+      auto chat = tokenizer::PromptTokenizer::chat_from_openai(request.ordered);
+      if (!chat) return std::unexpected(bad_request(chat.error().message));
+      auto rendered = options.tokenizer->encode_chat(*chat);
+      if (!rendered) return std::unexpected(bad_request(rendered.error().message));
+      if (rendered->ids.empty() || rendered->ids.size() > kMaxPromptTokens) {
+        return std::unexpected(bad_request("a prompt must have 1 to 4194304 tokens"));
+      }
+      return std::move(rendered->ids);
+    }
     const auto generation_prompt = read_bool(body, "add_generation_prompt", true);
     if (!generation_prompt) return std::unexpected(generation_prompt.error());
     const auto add_bos = read_bool(body, "add_special_tokens", false);
@@ -1068,7 +1096,7 @@ struct VllmEngineServer::State {
   void serve_chat(const httplib::Request& http_request, httplib::Response& response) {
     const auto body = read_body(http_request);
     if (!body) return send_error(response, body.error());
-    auto prompt = read_chat_prompt(body->json);
+    auto prompt = read_chat_prompt(*body);
     if (!prompt) return send_error(response, prompt.error());
     const auto generation = read_generation(body->json, true);
     if (!generation) return send_error(response, generation.error());
@@ -1113,7 +1141,7 @@ struct VllmEngineServer::State {
     ++render_calls.chat_render;
     const auto body = read_body(http_request);
     if (!body) return send_error(response, body.error());
-    const auto prompt = read_chat_prompt(body->json);
+    const auto prompt = read_chat_prompt(*body);
     if (!prompt) return send_error(response, prompt.error());
     const auto generation = read_generation(body->json, true);
     if (!generation) return send_error(response, generation.error());
@@ -1148,7 +1176,7 @@ struct VllmEngineServer::State {
     if (!body) return send_error(response, body.error());
     std::vector<std::uint32_t> ids;
     if (body->json.contains("messages")) {
-      auto prompt = read_chat_prompt(body->json);
+      auto prompt = read_chat_prompt(*body);
       if (!prompt) return send_error(response, prompt.error());
       ids = std::move(*prompt);
     } else {
@@ -1158,7 +1186,9 @@ struct VllmEngineServer::State {
       }
       const auto add_bos = read_bool(body->json, "add_special_tokens", true);
       if (!add_bos) return send_error(response, add_bos.error());
-      ids = encode_text(prompt->get_ref<const std::string&>(), *add_bos);
+      auto encoded = encode_prompt_text(prompt->get_ref<const std::string&>(), *add_bos);
+      if (!encoded) return send_error(response, encoded.error());
+      ids = std::move(*encoded);
     }
     const auto return_strs = read_bool(body->json, "return_token_strs", false);
     if (!return_strs) return send_error(response, return_strs.error());
@@ -1189,7 +1219,12 @@ struct VllmEngineServer::State {
       if (!token.is_number_unsigned() || token.get<std::uint64_t>() > UINT32_MAX) return refuse();
       ids.push_back(token.get<std::uint32_t>());
     }
-    response.set_content(nlohmann::json{{"prompt", decode_tokens(ids)}}.dump(), "application/json");
+    response.set_content(
+        nlohmann::json{{"prompt", options.tokenizer
+                                      ? options.tokenizer->tokenizer().decode(ids, false)
+                                      : decode_tokens(ids)}}
+            .dump(),
+        "application/json");
   }
 
   std::uint64_t max_model_len() const {

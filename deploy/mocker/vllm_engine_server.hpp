@@ -47,6 +47,10 @@
 
 #include "deploy/simulation/engine_config.hpp"
 
+namespace kvr::tokenizer {
+class PromptTokenizer;
+}  // namespace kvr::tokenizer
+
 namespace kvr::mocker {
 
 /// One vLLM-speaking engine.
@@ -72,6 +76,9 @@ struct VllmEngineOptions {
   /// LoRA adapters served besides `model` (vLLM's --lora-modules), by name; adapter i (0-based)
   /// has lora_id i + 1 in KV events.
   std::vector<std::string> lora_adapters;
+  /// A real model's tokenizer and chat template for prompts (render, tokenize, generation);
+  /// null: the mock tokenizer (deploy/mocker/mock_tokenizer.hpp).
+  std::shared_ptr<const tokenizer::PromptTokenizer> tokenizer;
   simulation::EngineConfig engine;
 };
 

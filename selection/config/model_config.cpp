@@ -5,6 +5,7 @@ namespace kvr::selection {
 std::optional<TokenizerMode> tokenizer_mode_from(std::string_view name) {
   if (name == "engine") return TokenizerMode::engine;
   if (name == "estimate") return TokenizerMode::estimate;
+  if (name == "native") return TokenizerMode::native;
   return std::nullopt;
 }
 
@@ -14,11 +15,13 @@ std::string_view as_str(TokenizerMode mode) {
       return "engine";
     case TokenizerMode::estimate:
       return "estimate";
+    case TokenizerMode::native:
+      return "native";
   }
   return "engine";
 }
 
-std::string_view tokenizer_mode_names() { return "engine, estimate"; }
+std::string_view tokenizer_mode_names() { return "engine, estimate, native"; }
 
 TokenizerModes tokenizer_modes(TokenizerMode default_mode,
                                const std::map<std::string, ModelConfig, std::less<>>& models) {

@@ -3,7 +3,7 @@
 //
 //   models:
 //     llama-3.1-8b:
-//       tokenizer_mode: estimate    # engine (the CLI's --tokenizer-mode is the default)
+//       tokenizer_mode: estimate    # engine, estimate or native (the default: --tokenizer-mode)
 #pragma once
 
 #include <cstdint>
@@ -22,9 +22,13 @@ enum class TokenizerMode : std::uint8_t {
   /// No tokenizer: the prompt's text is hashed in byte blocks, matched against the partition's
   /// own index of the text it routed (PromptKeys::text_blocks).
   estimate,
+  /// kvr's own tokenizer and chat templates (the model's tokenizer files, `tokenizers:` or
+  /// --tokenizer), once a check against an engine's rendering agrees; `engine` until then and
+  /// whenever it disagrees.
+  native,
 };
 
-/// "engine" or "estimate"; nullopt for another name.
+/// "engine", "estimate" or "native"; nullopt for another name.
 std::optional<TokenizerMode> tokenizer_mode_from(std::string_view name);
 std::string_view as_str(TokenizerMode mode);
 /// The names tokenizer_mode_from accepts, for error messages ("engine, estimate").

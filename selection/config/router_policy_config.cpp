@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <span>
 #include <sstream>
@@ -51,7 +52,8 @@ using classifiers::describe_yaml;
 using classifiers::PolicyClassConfig;
 
 constexpr std::string_view kTopLevelKeys[] = {"worker_selection", "request_classifier",
-                                              "policy_classes", "worker_health", "models"};
+                                              "policy_classes",   "worker_health",
+                                              "models",           "tokenizers"};
 constexpr std::string_view kModelKeys[] = {"tokenizer_mode"};
 constexpr std::string_view kWorkerSelectionKeys[] = {"aggregated", "prefill", "decode", "encode",
                                                      "instances"};
@@ -107,6 +109,7 @@ class Parser {
                     : entry.key == "request_classifier" ? parse_request_classifier(entry.value)
                     : entry.key == "worker_health"      ? parse_worker_health(entry.value)
                     : entry.key == "models"             ? parse_models(entry.value)
+                    : entry.key == "tokenizers"         ? parse_tokenizers(entry.value)
                                                         : parse_policy_classes(entry.value);
       if (!parsed) return parsed;
     }
@@ -420,6 +423,41 @@ class Parser {
       return fail(where, child_path(path, valid.error().key), valid.error().message);
     }
     config_.worker_health = health;
+    return {};
+  }
+
+  // `tokenizers`: a mapping from model names to tokenizer paths.
+  std::expected<void, std::string> parse_tokenizers(const YAML::Node& node) {
+    constexpr std::string_view path = "tokenizers";
+    if (node.IsNull()) return {};
+    if (!node.IsMap()) {
+      return fail(node, path,
+                  fmt::format("expected a mapping from model names to tokenizer paths, got {}",
+                              describe_yaml(node)));
+    }
+    for (auto entry = node.begin(); entry != node.end(); ++entry) {
+      const YAML::Node key = entry->first;
+      const YAML::Node value = entry->second;
+      if (!key.IsScalar() || key.Scalar().empty()) {
+        return fail(
+            key, path,
+            fmt::format("model names must be non-empty strings, got {}", describe_yaml(key)));
+      }
+      const std::string model_path = child_path(path, key.Scalar());
+      if (config_.tokenizers.contains(key.Scalar()))
+        return fail(key, model_path, "duplicate model");
+      if (!value.IsScalar() || value.Scalar().empty()) {
+        return fail(value, model_path,
+                    fmt::format("expected the path of a tokenizer (a folder with tokenizer.json, "
+                                "or the file), got {}",
+                                describe_yaml(value)));
+      }
+      std::filesystem::path tokenizer = value.Scalar();
+      if (tokenizer.is_relative() && !config_.source_name.empty()) {
+        tokenizer = std::filesystem::path{config_.source_name}.parent_path() / tokenizer;
+      }
+      config_.tokenizers.emplace(key.Scalar(), tokenizer.string());
+    }
     return {};
   }
 

@@ -25,6 +25,9 @@
 //     slow_start_window_ms: 0
 //   models:                         # per model (selection/config/model_config.hpp)
 //     llama-3.1-8b: {tokenizer_mode: estimate}
+//   tokenizers:                     # the native mode's tokenizer files, per model: a folder with
+//     qwen3-8b: /models/qwen3-8b    # tokenizer.json and tokenizer_config.json (relative paths
+//                                   # are from this file's folder)
 #pragma once
 
 #include <array>
@@ -87,6 +90,9 @@ struct RouterPolicyConfig {
   WorkerHealthConfig worker_health;
   /// `models`: per-model settings, by model name.
   std::map<std::string, ModelConfig, std::less<>> models;
+  /// `tokenizers`: the tokenizer files of models served in the `native` mode, by model name;
+  /// relative paths resolved against the file's folder.
+  std::map<std::string, std::string, std::less<>> tokenizers;
   /// The file path (or the name given to parse_router_policy_config), used in messages.
   std::string source_name;
 

@@ -180,7 +180,7 @@ struct EndpointPicker::State {
         directory(std::move(fleet)),
         metrics(std::move(registry)),
         renderer(options.tokenizer_modes, options.max_renders_in_flight, options.render_timeout,
-                 metrics) {}
+                 metrics, options.native_tokenizers) {}
 
   EndpointPickerOptions options;
   std::shared_ptr<RoutingGateway> gateway;

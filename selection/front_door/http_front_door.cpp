@@ -18,6 +18,9 @@
 #include <spdlog/spdlog.h>
 
 #include "messages/http_url.hpp"
+#include "messages/metrics/cache_mismatch_detector.hpp"
+#include "messages/metrics/node_metrics.hpp"
+#include "messages/metrics/rate_limited_log.hpp"
 #include "selection/front_door/openai_api.hpp"
 #include "selection/front_door/prompt_renderer.hpp"
 #include "selection/front_door/request_routing.hpp"
@@ -78,7 +81,7 @@ struct HttpFrontDoor::State {
         directory(std::move(fleet)),
         metrics(std::move(registry)),
         renderer(options.tokenizer_modes, options.max_renders_in_flight, options.render_timeout,
-                 metrics),
+                 metrics, options.native_tokenizers),
         io(static_cast<int>(options.threads)),
         acceptor(net::make_strand(io)) {}
 
@@ -97,6 +100,9 @@ struct HttpFrontDoor::State {
   metrics::ValueHandle in_flight_gauge = metrics->gauge(kInFlight);
   metrics::ValueHandle connections_gauge = metrics->gauge(kConnections);
   metrics::HistogramHandle added_latency = metrics->histogram(kAddedLatency);
+  // The hit-rate ladder's measured rungs: each answer's usage against the route's prediction.
+  metrics::CacheMismatchDetector cache_mismatch;
+  metrics::RateLimitedLog cache_log;
   std::uint16_t port = 0;
   // Gateway answers arrive on CAF's threads: they post to a connection's strand only while the
   // io_context lives.
@@ -408,7 +414,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // What the client has been sent of the answer.
     bool header_sent = false;
     bool streaming = false;
-    std::string answer;  // a non-streamed answer, gathered
+    std::string answer;       // a non-streamed answer, gathered
+    std::string stream_tail;  // a streamed answer's last bytes: its usage, when it has one
     unsigned answer_status = 200;
     std::string answer_type;
   };
@@ -701,6 +708,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (done) return finish_stream();
       return read_upstream_body();
     }
+    keep_stream_tail(flight, std::string_view{chunk_.get(), bytes});
     send_chunk(std::string(chunk_.get(), bytes), done);
   }
 
@@ -710,11 +718,35 @@ class Connection : public std::enable_shared_from_this<Connection> {
             {"x-kvr-cached-tokens", std::to_string(flight_->predicted_cached_tokens)}};
   }
 
+  // The usage event ends a stream (when the client asked for it): 4 KiB hold it whole.
+  static void keep_stream_tail(Flight& flight, std::string_view bytes) {
+    constexpr std::size_t kTail = 4096;
+    if (bytes.size() >= kTail) {
+      flight.stream_tail.assign(bytes.substr(bytes.size() - kTail));
+      return;
+    }
+    flight.stream_tail.append(bytes);
+    if (flight.stream_tail.size() > 2 * kTail)
+      flight.stream_tail.erase(0, flight.stream_tail.size() - kTail);
+  }
+
+  // Counts the answer's cache outcome (its usage against the route's prediction) in the node's
+  // hit-rate ladder; answers without usage are not counted.
+  void record_cache_outcome(const Flight& flight, std::string_view answer) {
+    const auto usage = answer_usage(answer);
+    if (!usage) return;
+    metrics::record_cache_outcome(
+        metrics::NodeMetrics{*server_.metrics}, server_.cache_mismatch, server_.cache_log,
+        server_.directory->target(flight.request.model).model, usage->prompt_tokens,
+        flight.predicted_cached_tokens, usage->cached_tokens);
+  }
+
   void finish_whole_answer() {
     Flight& flight = *flight_;
     const unsigned status = flight.answer_status;
     if (status == 200) {
       report(flight.booking_id, v1::LIFECYCLE_EVENT_COMPLETED);
+      record_cache_outcome(flight, flight.answer);
     } else {
       // The engine refused the request (4xx): its answer goes back as it is, nobody to blame.
       report(flight.booking_id, v1::LIFECYCLE_EVENT_ABORTED, v1::ABORT_CAUSE_UNSPECIFIED,
@@ -772,6 +804,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void finish_stream() {
     Flight& flight = *flight_;
     report(flight.booking_id, v1::LIFECYCLE_EVENT_COMPLETED);
+    record_cache_outcome(flight, flight.stream_tail);
     server_.count(flight.endpoint_path, 200);
     end_stream();
   }

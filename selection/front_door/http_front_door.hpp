@@ -23,6 +23,7 @@
 #include "messages/metrics/metrics_registry.hpp"
 #include "selection/config/model_config.hpp"
 #include "selection/front_door/fleet_directory.hpp"
+#include "selection/front_door/native_tokenizers.hpp"
 #include "selection/front_door/routing_gateway.hpp"
 
 namespace kvr::front_door {
@@ -43,6 +44,8 @@ struct FrontDoorOptions {
   std::string session_header = "x-session-id";
   /// How each model's prompts become routing keys (engine rendering, or text estimates).
   selection::TokenizerModes tokenizer_modes;
+  /// The `native` mode's tokenizers by model (null or missing: the model is served as `engine`).
+  std::shared_ptr<const NativeTokenizers> native_tokenizers;
   /// Render and tokenize calls in flight at once over all engines; beyond it a request is
   /// refused with 503.
   std::size_t max_renders_in_flight = 1024;

@@ -281,4 +281,45 @@ HttpError error_for_route(const v1::RouteError& error) {
   }
 }
 
+std::optional<AnswerUsage> answer_usage(std::string_view answer) {
+  const std::size_t key = answer.rfind("\"usage\"");
+  if (key == std::string_view::npos) return std::nullopt;
+  std::size_t at = answer.find_first_not_of(" \t\r\n:", key + 7);
+  if (at == std::string_view::npos || answer[at] != '{') return std::nullopt;
+  // The object's extent: braces outside strings.
+  const std::size_t begin = at;
+  int depth = 0;
+  bool in_string = false;
+  for (; at < answer.size(); ++at) {
+    const char c = answer[at];
+    if (in_string) {
+      if (c == '\\') {
+        ++at;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{') {
+      ++depth;
+    } else if (c == '}' && --depth == 0) {
+      break;
+    }
+  }
+  if (depth != 0 || at >= answer.size()) return std::nullopt;
+  const nlohmann::json usage =
+      nlohmann::json::parse(answer.substr(begin, at + 1 - begin), nullptr, false);
+  if (!usage.is_object() || !usage.contains("prompt_tokens") ||
+      !usage["prompt_tokens"].is_number_unsigned()) {
+    return std::nullopt;
+  }
+  AnswerUsage result{.prompt_tokens = usage["prompt_tokens"].get<std::uint64_t>()};
+  const auto details = usage.find("prompt_tokens_details");
+  if (details != usage.end() && details->is_object() && details->contains("cached_tokens") &&
+      (*details)["cached_tokens"].is_number_unsigned()) {
+    result.cached_tokens = (*details)["cached_tokens"].get<std::uint64_t>();
+  }
+  return result;
+}
+
 }  // namespace kvr::front_door

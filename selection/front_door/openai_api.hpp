@@ -78,4 +78,16 @@ std::expected<GenerationRequest, HttpError> parse_generation_request(
 /// 500; timeout or due time expired 504; worker failed 502.
 HttpError error_for_route(const v1::RouteError& error);
 
+/// The prompt's token counts an engine reports in `usage`.
+struct AnswerUsage {
+  std::uint64_t prompt_tokens = 0;
+  /// usage.prompt_tokens_details.cached_tokens; 0 when the engine leaves it out.
+  std::uint64_t cached_tokens = 0;
+};
+
+/// The last `usage` object of an OpenAI answer: a whole JSON answer, or the end of a streamed one
+/// (its final usage event, sent when the request asked for stream_options.include_usage);
+/// nullopt when there is none (or it is null).
+std::optional<AnswerUsage> answer_usage(std::string_view answer);
+
 }  // namespace kvr::front_door

@@ -1,6 +1,7 @@
 #include "selection/front_door/prompt_renderer.hpp"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "selection/front_door/engine_call.hpp"
 
@@ -10,6 +11,74 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr std::string_view kRenderCalls = "kvr_http_render_calls_total";
+constexpr std::string_view kParity = "kvr_tokenizer_parity";
+constexpr std::string_view kNativeRenders = "kvr_native_renders_total";
+// A parity check that could not finish (no engine answered) is tried again after this.
+constexpr std::chrono::seconds kParityRetry{10};
+
+// What the parity check asks an engine to render: special-token text, many scripts, whitespace
+// and code, a multi-turn chat with a system prompt, and a chat with tools and a tool call.
+struct Probe {
+  bool chat;
+  nlohmann::ordered_json body;
+};
+
+const std::vector<Probe>& parity_probes() {
+  static const std::vector<Probe> probes = [] {
+    using Ordered = nlohmann::ordered_json;
+    std::vector<Probe> list;
+    list.push_back({false, Ordered{{"prompt",
+                                    "Hello <|im_start|>user\n<s>[INST] </s><|endoftext|> "
+                                    "<｜begin▁of▁sentence｜> done."}}});
+    list.push_back(
+        {false,
+         Ordered{{"prompt",
+                  "Grüße, 世界！Привет, мир. مرحبا بالعالم नमस्ते 안녕하세요 "
+                  "こんにちは e\u0301 ﬁ ①２ 👩‍👩‍👧 👍🏽 🇫🇷"}}});
+    list.push_back({false, Ordered{{"prompt",
+                                    "def area(r):\n\treturn 3.14159 * r ** 2  # m²\r\n\n\n"
+                                    "    x = [1, 22, 333, 4444]   \n"}}});
+    list.push_back(
+        {true,
+         Ordered{{"messages",
+                  Ordered::array(
+                      {Ordered{{"role", "system"}, {"content", "You are a terse assistant."}},
+                       Ordered{{"role", "user"}, {"content", "What is 2+2?"}},
+                       Ordered{{"role", "assistant"}, {"content", "4."}},
+                       Ordered{{"role", "user"}, {"content", "And in Chinese? 用中文回答。"}}})},
+                 {"add_generation_prompt", true}}});
+    const Ordered tools = Ordered::array(
+        {Ordered{{"type", "function"},
+                 {"function",
+                  Ordered{{"name", "get_weather"},
+                          {"description", "The weather in a city."},
+                          {"parameters",
+                           Ordered{{"type", "object"},
+                                   {"properties", Ordered{{"city", Ordered{{"type", "string"}}}}},
+                                   {"required", Ordered::array({"city"})}}}}}}});
+    list.push_back(
+        {true,
+         Ordered{
+             {"messages",
+              Ordered::array(
+                  {Ordered{{"role", "user"}, {"content", "Weather in Paris?"}},
+                   Ordered{{"role", "assistant"},
+                           {"content", ""},
+                           {"tool_calls",
+                            Ordered::array({Ordered{
+                                {"id", "call12345"},
+                                {"type", "function"},
+                                {"function", Ordered{{"name", "get_weather"},
+                                                     {"arguments", "{\"city\": \"Paris\"}"}}}}})}},
+                   Ordered{{"role", "tool"},
+                           {"tool_call_id", "call12345"},
+                           {"content", "18 °C, clear"}}})},
+             {"tools", tools},
+             {"add_generation_prompt", true}}});
+    return list;
+  }();
+  return probes;
+}
 
 // vLLM's /tokenize body for the request: its messages (with the chat fields that change the
 // rendering) or its first prompt.
@@ -79,16 +148,34 @@ struct PromptRenderer::Attempt {
   ~Attempt() { owner->in_flight_.fetch_sub(1); }
 };
 
+struct PromptRenderer::ParityCheck {
+  std::string model;
+  std::shared_ptr<const tokenizer::PromptTokenizer> tokenizer;
+  std::string engine_url;
+  boost::asio::any_io_executor executor;
+  std::size_t next_probe = 0;
+  std::size_t compared = 0;
+};
+
 PromptRenderer::PromptRenderer(selection::TokenizerModes modes, std::size_t max_in_flight,
                                std::chrono::milliseconds timeout,
-                               std::shared_ptr<metrics::MetricsRegistry> metrics)
+                               std::shared_ptr<metrics::MetricsRegistry> metrics,
+                               std::shared_ptr<const NativeTokenizers> native)
     : modes_(std::move(modes)),
+      native_(std::move(native)),
       max_in_flight_(max_in_flight),
       timeout_(timeout),
       metrics_(std::move(metrics)) {
   metrics_->describe(std::string{kRenderCalls}, metrics::MetricType::Counter,
                      "Render and tokenize calls to engines, by endpoint and outcome (ok, "
                      "refused: the engine rejected the request, failed: no usable answer)");
+  metrics_->describe(std::string{kParity}, metrics::MetricType::Gauge,
+                     "1 when kvr's native tokenizer of the model agrees with an engine's "
+                     "rendering of the parity probes (the model is served natively), 0 when it "
+                     "disagrees (the model falls back to the engine mode)");
+  metrics_->describe(std::string{kNativeRenders}, metrics::MetricType::Counter,
+                     "Prompts made into token ids by kvr's native tokenizer, by model and "
+                     "outcome (ok, refused)");
 }
 
 bool PromptRenderer::lacks_render(const std::string& url) const {
@@ -119,6 +206,11 @@ void PromptRenderer::render(boost::asio::any_io_executor executor, GenerationReq
           std::unexpected(bad_request("prompt: an empty prompt cannot be routed", "prompt")));
     }
     return done(RoutingKey{.text = std::move(request.prompt_text)});
+  }
+  if (modes_.for_model(request.model) == selection::TokenizerMode::native &&
+      native_ready(request.model, engine_urls, executor)) {
+    const auto& tokenizer = native_->find(request.model)->second;
+    return done(render_natively(*tokenizer, request, body));
   }
   if (engine_urls.empty()) {
     return done(std::unexpected(HttpError{.status = 503,
@@ -201,6 +293,173 @@ void PromptRenderer::call(std::shared_ptr<Attempt> attempt, bool tokenize) {
         ++attempt->next;
         this->attempt(std::move(attempt));
       });
+}
+
+bool PromptRenderer::native_ready(const std::string& model,
+                                  const std::vector<std::string>& engine_urls,
+                                  const boost::asio::any_io_executor& executor) {
+  if (!native_) return false;
+  const auto tokenizer = native_->find(model);
+  if (tokenizer == native_->end()) return false;
+  std::shared_ptr<ParityCheck> check;
+  {
+    std::lock_guard lock{mutex_};
+    Parity& parity = parity_[model];
+    if (parity == Parity::agrees) return true;
+    if (parity != Parity::unchecked || engine_urls.empty()) return false;
+    if (const auto retry = parity_retry_after_.find(model);
+        retry != parity_retry_after_.end() && std::chrono::steady_clock::now() < retry->second) {
+      return false;
+    }
+    parity = Parity::checking;
+    check = std::make_shared<ParityCheck>();
+  }
+  check->model = model;
+  check->tokenizer = tokenizer->second;
+  check->engine_url = engine_urls[next_engine_.fetch_add(1) % engine_urls.size()];
+  check->executor = executor;
+  spdlog::info("tokenizer parity: checking kvr's tokenizer of model '{}' against {}", model,
+               check->engine_url);
+  check_next_probe(std::move(check));
+  return false;  // this request is served in the engine mode
+}
+
+RenderResult PromptRenderer::render_natively(const tokenizer::PromptTokenizer& tokenizer,
+                                             const GenerationRequest& request,
+                                             std::string_view body) const {
+  const auto refused = [&](const std::string& why) -> RenderResult {
+    metrics_->add(kNativeRenders, {{"model", request.model}, {"outcome", "refused"}});
+    return std::unexpected(bad_request("cannot tokenize the prompt: " + why));
+  };
+  std::expected<tokenizer::TokenIds, tokenizer::TokenizerError> ids;
+  if (request.endpoint == Endpoint::chat_completions) {
+    const auto parsed = nlohmann::ordered_json::parse(body, nullptr, false);
+    auto chat = tokenizer::PromptTokenizer::chat_from_openai(parsed);
+    if (!chat) return refused(chat.error().message);
+    auto rendered = tokenizer.encode_chat(*chat);
+    if (!rendered) return refused(rendered.error().message);
+    ids = std::move(rendered->ids);
+  } else {
+    const auto parsed = nlohmann::ordered_json::parse(body, nullptr, false);
+    const auto& prompt = parsed.contains("prompt") ? parsed["prompt"] : nlohmann::ordered_json{};
+    const auto& first = prompt.is_array() && !prompt.empty() ? prompt[0] : prompt;
+    if (!first.is_string()) return refused("prompt: a string is expected");
+    ids = tokenizer.encode_prompt(first.get<std::string>());
+    if (!ids) return refused(ids.error().message);
+  }
+  if (ids->empty()) return refused("the prompt has no tokens");
+  metrics_->add(kNativeRenders, {{"model", request.model}, {"outcome", "ok"}});
+  return RoutingKey{.tokens = std::move(*ids)};
+}
+
+void PromptRenderer::check_next_probe(std::shared_ptr<ParityCheck> check) {
+  const auto& probes = parity_probes();
+  // Probes the model's own template refuses (a strict role order, say) are skipped.
+  while (check->next_probe < probes.size()) {
+    const Probe& probe = probes[check->next_probe++];
+    std::expected<tokenizer::TokenIds, tokenizer::TokenizerError> local;
+    if (probe.chat) {
+      if (!check->tokenizer->has_chat_template()) continue;
+      auto chat = tokenizer::PromptTokenizer::chat_from_openai(probe.body);
+      if (!chat) continue;
+      auto rendered = check->tokenizer->encode_chat(*chat);
+      if (!rendered) continue;
+      local = std::move(rendered->ids);
+    } else {
+      local = check->tokenizer->encode_prompt(probe.body["prompt"].get<std::string>());
+      if (!local) continue;
+    }
+    nlohmann::ordered_json body = probe.body;
+    body["model"] = check->model;
+    const std::string client_body = body.dump();
+    const auto ask = std::make_shared<std::function<void(bool)>>();
+    *ask = [this, check, ask, probe_chat = probe.chat, client_body,
+            expected = std::move(*local)](bool tokenize) {
+      const std::string path = tokenize     ? "/tokenize"
+                               : probe_chat ? "/v1/chat/completions/render"
+                                            : "/v1/completions/render";
+      call_engine(
+          check->executor,
+          EngineCallRequest{.base_url = check->engine_url,
+                            .path = path,
+                            .body = tokenize ? tokenize_body(probe_chat, client_body) : client_body,
+                            .timeout = timeout_},
+          [this, check, ask, tokenize, path, expected](EngineAnswer answer) {
+            if (answer.failure.empty() && answer.status == 404 && !tokenize) return (*ask)(true);
+            if (answer.failure.empty() && answer.status >= 400 && answer.status < 500) {
+              *ask = nullptr;
+              return check_next_probe(check);  // the engine refuses this probe too
+            }
+            const auto ids = answer.failure.empty() && answer.status == 200
+                                 ? answer_ids(answer.body, tokenize)
+                                 : std::nullopt;
+            *ask = nullptr;
+            if (!ids) {
+              return finish_parity(
+                  check->model, Parity::unchecked,
+                  fmt::format("{}{} gave no token ids ({})", check->engine_url, path,
+                              answer.failure.empty() ? fmt::format("status {}", answer.status)
+                                                     : answer.failure));
+            }
+            if (*ids != expected) {
+              std::size_t at = 0;
+              while (at < ids->size() && at < expected.size() && (*ids)[at] == expected[at]) ++at;
+              const auto window = [&](const std::vector<std::uint32_t>& sequence) {
+                const std::size_t end = std::min(sequence.size(), at + 4);
+                return at < end ? check->tokenizer->tokenizer().decode(
+                                      std::span{sequence}.subspan(at, end - at), false)
+                                : std::string{"(end)"};
+              };
+              return finish_parity(
+                  check->model, Parity::differs,
+                  fmt::format("probe {} differs from {}{} at token {}: kvr \"{}\", engine \"{}\"",
+                              check->next_probe, check->engine_url, path, at, window(expected),
+                              window(*ids)));
+            }
+            ++check->compared;
+            check_next_probe(check);
+          });
+    };
+    (*ask)(false);
+    return;
+  }
+  if (check->compared == 0) {
+    return finish_parity(check->model, Parity::unchecked, "no probe could be compared");
+  }
+  finish_parity(check->model, Parity::agrees,
+                fmt::format("{} probes equal to {}'s", check->compared, check->engine_url));
+}
+
+void PromptRenderer::finish_parity(const std::string& model, Parity outcome,
+                                   const std::string& detail) {
+  {
+    std::lock_guard lock{mutex_};
+    parity_[model] = outcome;
+    if (outcome == Parity::unchecked) {
+      parity_retry_after_[model] = std::chrono::steady_clock::now() + kParityRetry;
+    }
+  }
+  switch (outcome) {
+    case Parity::agrees:
+      metrics_->set(kParity, {{"model", model}}, 1);
+      spdlog::info("tokenizer parity: model '{}' agrees ({}); its prompts are tokenized natively",
+                   model, detail);
+      break;
+    case Parity::differs:
+      metrics_->set(kParity, {{"model", model}}, 0);
+      spdlog::error(
+          "TOKENIZER MISMATCH: kvr's tokenizer of model '{}' does not match its engines: {}. The "
+          "model is served in the engine mode (its engines render every prompt); check that "
+          "--tokenizer/tokenizers: names this model's tokenizer files",
+          model, detail);
+      break;
+    default:
+      spdlog::warn(
+          "tokenizer parity: model '{}' could not be checked ({}); engine mode for now, "
+          "checked again in {} s",
+          model, detail, kParityRetry.count());
+      break;
+  }
 }
 
 }  // namespace kvr::front_door

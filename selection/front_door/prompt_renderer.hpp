@@ -3,7 +3,10 @@
 // the blocks the engine reports in its KV events. Asks one engine of the model, in turn: vLLM's
 // /v1/chat/completions/render or /v1/completions/render, and /tokenize where those are missing
 // (remembered per engine); a failed engine is replaced by another once. `estimate`: the prompt's
-// text, with no call. A completions prompt of token ids needs no call in either mode.
+// text, with no call. `native`: kvr's own tokenizer and chat template for the model, once a parity
+// check (a fixed probe set rendered by one engine of the model and compared id by id) agrees;
+// until then, and for good when it disagrees, the model is served as in `engine`.
+// A completions prompt of token ids needs no call in any mode.
 // Only included by the front door's .cpp files.
 #pragma once
 
@@ -12,6 +15,7 @@
 #include <cstdint>
 #include <expected>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -22,8 +26,10 @@
 
 #include "messages/metrics/metrics_registry.hpp"
 #include "selection/config/model_config.hpp"
+#include "selection/front_door/native_tokenizers.hpp"
 #include "selection/front_door/openai_api.hpp"
 #include "selection/front_door/request_routing.hpp"
+#include "selection/tokenizer/prompt_tokenizer.hpp"
 
 namespace kvr::front_door {
 
@@ -33,7 +39,8 @@ class PromptRenderer {
  public:
   PromptRenderer(selection::TokenizerModes modes, std::size_t max_in_flight,
                  std::chrono::milliseconds timeout,
-                 std::shared_ptr<metrics::MetricsRegistry> metrics);
+                 std::shared_ptr<metrics::MetricsRegistry> metrics,
+                 std::shared_ptr<const NativeTokenizers> native = nullptr);
 
   /// Whether requests must be parsed with their prompt's text (some model uses `estimate`).
   PromptTextUse text_use() const;
@@ -51,14 +58,27 @@ class PromptRenderer {
   std::uint64_t calls() const { return calls_.load(); }
 
   struct Attempt;
+  struct ParityCheck;
 
  private:
+  enum class Parity : std::uint8_t { unchecked, checking, agrees, differs };
+  /// Whether `model` is served natively now; starts its parity check on the first request.
+  bool native_ready(const std::string& model, const std::vector<std::string>& engine_urls,
+                    const boost::asio::any_io_executor& executor);
+  RenderResult render_natively(const tokenizer::PromptTokenizer& tokenizer,
+                               const GenerationRequest& request, std::string_view body) const;
+  void check_next_probe(std::shared_ptr<ParityCheck> check);
+  void finish_parity(const std::string& model, Parity outcome, const std::string& detail);
   void attempt(std::shared_ptr<Attempt> attempt);
   void call(std::shared_ptr<Attempt> attempt, bool tokenize);
   bool lacks_render(const std::string& url) const;
   void mark_lacks_render(const std::string& url);
 
   selection::TokenizerModes modes_;
+  std::shared_ptr<const NativeTokenizers> native_;
+  /// Per model in the native mode; a check that could not finish is retried after a pause.
+  std::map<std::string, Parity, std::less<>> parity_;
+  std::map<std::string, std::chrono::steady_clock::time_point, std::less<>> parity_retry_after_;
   std::size_t max_in_flight_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<metrics::MetricsRegistry> metrics_;

@@ -1,8 +1,15 @@
 #include "selection/tokenizer/regex.hpp"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <array>
+#include <cstring>
+#include <vector>
+
 #include <fmt/format.h>
 #include <pcre2.h>
+#include <utf8proc.h>
+
+#include "selection/tokenizer/utf8.hpp"
 
 namespace kvr::tokenizer {
 
@@ -50,6 +57,93 @@ pcre2_match_data* thread_match_data() {
   return data.data;
 }
 
+// Debian 12's PCRE2 carries older Unicode tables than utf8proc (14.0 against 15.0): characters
+// assigned since are \p{Cn} to PCRE2, and a pre-tokenizer regex would cut them otherwise than
+// HuggingFace's tokenizers do. Before matching, each such character is replaced by one PCRE2
+// knows with the same general category and UTF-8 length: the categories are what the
+// tokenizers' patterns ask for, and equal lengths keep every match offset valid in the original.
+class UnicodeGaps {
+ public:
+  static const UnicodeGaps& instance() {
+    static const UnicodeGaps gaps;
+    return gaps;
+  }
+
+  /// Whether `text` has a character PCRE2 does not know; then `patched` is `text` with each
+  /// replaced by its stand-in.
+  bool patch(std::string_view text, std::string& patched) const {
+    if (unknown_.empty()) return false;
+    bool found = false;
+    for (std::size_t at = 0; at < text.size();) {
+      if (static_cast<unsigned char>(text[at]) < 0x80) {
+        ++at;
+        continue;
+      }
+      const std::size_t start = at;
+      const std::uint32_t code_point = next_code_point(text, at);
+      if (code_point >= kCodePoints || !unknown_[code_point]) continue;
+      if (!found) {
+        patched.assign(text);
+        found = true;
+      }
+      std::string stand_in;
+      append_utf8(stand_in, stand_in_of(code_point, at - start));
+      if (stand_in.size() == at - start) patched.replace(start, at - start, stand_in);
+    }
+    return found;
+  }
+
+ private:
+  static constexpr std::uint32_t kCodePoints = 0x110000;
+
+  UnicodeGaps() {
+    char pcre_version[64] = {};
+    pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, pcre_version);
+    if (std::strcmp(pcre_version, utf8proc_unicode_version()) == 0) return;
+    int error_code = 0;
+    PCRE2_SIZE error_offset = 0;
+    const std::string_view pattern = R"(^\p{Cn}$)";
+    pcre2_code* unassigned =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                      PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr);
+    if (unassigned == nullptr) return;
+    pcre2_match_data* match = pcre2_match_data_create(1, nullptr);
+    std::vector<bool> unknown(kCodePoints, false);
+    bool any = false;
+    std::string encoded;
+    for (std::uint32_t code_point = 0x80; code_point < kCodePoints; ++code_point) {
+      if (code_point >= 0xD800 && code_point <= 0xDFFF) continue;
+      const auto category = utf8proc_category(static_cast<utf8proc_int32_t>(code_point));
+      if (category == UTF8PROC_CATEGORY_CN || category == UTF8PROC_CATEGORY_CO) continue;
+      encoded.clear();
+      append_utf8(encoded, code_point);
+      const bool pcre_unassigned =
+          pcre2_match(unassigned, reinterpret_cast<PCRE2_SPTR>(encoded.data()), encoded.size(), 0,
+                      0, match, nullptr) >= 0;
+      const std::size_t slot = static_cast<std::size_t>(category) * 5 + encoded.size();
+      if (pcre_unassigned) {
+        unknown[code_point] = true;
+        any = true;
+      } else if (slot < stand_ins_.size() && stand_ins_[slot] == 0) {
+        stand_ins_[slot] = code_point;
+      }
+    }
+    pcre2_match_data_free(match);
+    pcre2_code_free(unassigned);
+    if (any) unknown_ = std::move(unknown);
+  }
+
+  std::uint32_t stand_in_of(std::uint32_t code_point, std::size_t length) const {
+    const auto category = utf8proc_category(static_cast<utf8proc_int32_t>(code_point));
+    const std::size_t slot = static_cast<std::size_t>(category) * 5 + length;
+    return slot < stand_ins_.size() && stand_ins_[slot] != 0 ? stand_ins_[slot] : code_point;
+  }
+
+  std::vector<bool> unknown_;
+  // The first known character of each (general category, UTF-8 length).
+  std::array<std::uint32_t, 32 * 5> stand_ins_{};
+};
+
 }  // namespace
 
 std::expected<Regex, TokenizerError> Regex::compile(std::string_view pattern) {
@@ -75,6 +169,8 @@ void Regex::for_each_match(std::string_view text,
                            const std::function<void(std::size_t, std::size_t)>& on_match) const {
   pcre2_match_data* match_data = thread_match_data();
   pcre2_match_context* context = code_->jit ? thread_jit_context() : nullptr;
+  thread_local std::string patched;
+  if (UnicodeGaps::instance().patch(text, patched)) text = patched;
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   PCRE2_SIZE start = 0;
   while (start <= text.size()) {

@@ -7,6 +7,7 @@
 // the booking; a killed engine fails only its own streams, and a request routed to it is retried
 // on another engine.
 #include <csignal>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <set>
@@ -19,6 +20,7 @@
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/process_run.hpp"
+#include "tests/testing/tokenizer_data.hpp"
 #include "tests/testing/vllm_engines.hpp"
 
 namespace kvr {
@@ -234,6 +236,93 @@ TEST_F(FrontDoorTest, AnEstimateModeModelIsRoutedOnItsTextWithoutAskingAnEngine)
         << topic;
   }
   EXPECT_EQ(node_metric("kvr_http_render_calls_total"), 0);
+}
+
+// The bundled Qwen3 tokenizer (unpacked at configure), which both the node and the engines use
+// in the native-mode tests; empty when the tests run without it.
+std::string qwen3_tokenizer() {
+  const char* dir = kvr::testing::bundled_tokenizers_dir();
+  return dir == nullptr ? std::string{} : std::string{dir} + "/qwen3";
+}
+
+TEST_F(FrontDoorTest, TheNativeModeTokenizesInTheNodeOnceAnEngineAgrees) {
+  const std::string tokenizer = qwen3_tokenizer();
+  if (tokenizer.empty()) GTEST_SKIP() << "KVR_TOKENIZERS_DIR is not set";
+  start_node({"--tokenizer-mode", "native", "--tokenizer", "mock-model=" + tokenizer});
+  for (WorkerId worker : {kFirstWorker, kFirstWorker + 1}) {
+    auto pair = testing::start_engine_pair(
+        *kvr_,
+        {.worker = worker, .block_size = kBlockSize, .engine_args = {"--tokenizer", tokenizer}});
+    ASSERT_TRUE(pair) << pair.error();
+    pairs_.push_back(std::move(*pair));
+  }
+  wait_until_ready();
+  ASSERT_TRUE(wait_until([&] { return node_metric("kvr_workers") == 2; }, 10s));
+  // The first request starts the parity check (and is served in the engine mode meanwhile).
+  ASSERT_EQ(post("/v1/chat/completions", long_chat("warm-up").dump()).status, 200);
+  ASSERT_TRUE(wait_until(
+      [&] { return node_metric("kvr_tokenizer_parity{model=\"mock-model\"}") == 1; }, 20s))
+      << node_->log();
+  const double engine_renders = node_metric("kvr_http_render_calls_total");
+  const std::string body = long_chat("natively tokenized routers").dump();
+  const Answer first = post("/v1/chat/completions", body);
+  ASSERT_EQ(first.status, 200) << first.body;
+  Answer again;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        again = post("/v1/chat/completions", body);
+        return again.status == 200 && std::stoull(again.header("x-kvr-cached-tokens")) > 0;
+      },
+      10s))
+      << again.body;
+  EXPECT_EQ(again.header("x-kvr-worker-id"), first.header("x-kvr-worker-id"));
+  // The node's ids are the engine's: what it predicted cached is what the engine found.
+  EXPECT_EQ(std::stoull(again.header("x-kvr-cached-tokens")),
+            again.json()["usage"]["prompt_tokens_details"]["cached_tokens"].get<std::uint64_t>());
+  // The hit-rate ladder counts what the engines reported in usage.
+  EXPECT_GT(node_metric("kvr_engine_cached_tokens_total{model=\"mock-model\"}"), 0);
+  EXPECT_GT(node_metric("kvr_prompt_tokens_total{model=\"mock-model\"}"),
+            node_metric("kvr_engine_cached_tokens_total{model=\"mock-model\"}"));
+  // No engine rendered these prompts: the node tokenized them itself.
+  EXPECT_EQ(node_metric("kvr_http_render_calls_total"), engine_renders);
+  EXPECT_GE(node_metric("kvr_native_renders_total{model=\"mock-model\",outcome=\"ok\"}"), 2);
+  const Answer completion =
+      post("/v1/completions", Json{{"model", "mock-model"}, {"prompt", "Hello, world!"}}.dump());
+  EXPECT_EQ(completion.status, 200) << completion.body;
+}
+
+TEST_F(FrontDoorTest, ANativeTokenizerThatDisagreesWithTheEnginesFallsBackToTheEngineMode) {
+  const std::string tokenizer = qwen3_tokenizer();
+  if (tokenizer.empty()) GTEST_SKIP() << "KVR_TOKENIZERS_DIR is not set";
+  // The engines keep the mock tokenizer: their ids are not Qwen3's.
+  start_node({"--tokenizer-mode", "native", "--tokenizer", "mock-model=" + tokenizer});
+  start_pair(kFirstWorker);
+  start_pair(kFirstWorker + 1);
+  wait_until_ready();
+  ASSERT_TRUE(wait_until([&] { return node_metric("kvr_workers") == 2; }, 10s));
+  ASSERT_EQ(post("/v1/chat/completions", long_chat("warm-up").dump()).status, 200);
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return node_->log().find("TOKENIZER MISMATCH") != std::string::npos &&
+               testing::http_get(metrics_port_, "/metrics")
+                       .find("kvr_tokenizer_parity{model=\"mock-model\"} 0") != std::string::npos;
+      },
+      20s))
+      << node_->log();
+  // Served as in the engine mode: rendered by the engines, and the repeat hits the cache.
+  const std::string body = long_chat("engine-rendered routers").dump();
+  const double renders_before = node_metric("kvr_http_render_calls_total");
+  ASSERT_EQ(post("/v1/chat/completions", body).status, 200);
+  Answer again;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        again = post("/v1/chat/completions", body);
+        return again.status == 200 && std::stoull(again.header("x-kvr-cached-tokens")) > 0;
+      },
+      10s))
+      << again.body;
+  EXPECT_GT(node_metric("kvr_http_render_calls_total"), renders_before);
+  EXPECT_EQ(node_metric("kvr_native_renders_total"), 0);
 }
 
 TEST_F(FrontDoorTest, ALoraAdapterIsRoutedInItsBaseModelToTheEnginesThatServeIt) {

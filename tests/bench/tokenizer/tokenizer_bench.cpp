@@ -7,6 +7,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "selection/tokenizer/prompt_tokenizer.hpp"
 #include "selection/tokenizer/tokenizer.hpp"
 
 namespace kvr::tokenizer {
@@ -82,6 +83,54 @@ void BM_EncodeTwentyFirstTurn(benchmark::State& state) {
   state.SetLabel(cache ? "segment cache on" : "cold");
 }
 BENCHMARK(BM_EncodeTwentyFirstTurn)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+
+// Qwen3's chat template rendering a 20-turn conversation (a system prompt, then user and
+// assistant turns of about 700 bytes of prose each), parsed once.
+void BM_RenderChatTwentyTurns(benchmark::State& state) {
+  auto loaded = PromptTokenizer::load(std::string{KVR_TOKENIZERS_DIR} + "/qwen3");
+  if (!loaded) {
+    state.SkipWithError(loaded.error().message.c_str());
+    return;
+  }
+  const std::string prose =
+      read_file(std::string{KVR_SOURCE_DIR} + "/tests/data/tokenizers/bench/prose_en.txt");
+  nlohmann::ordered_json body{{"messages", nlohmann::ordered_json::array()}};
+  body["messages"].push_back({{"role", "system"}, {"content", "You are a careful assistant."}});
+  for (int turn = 0; turn < 20; ++turn) {
+    body["messages"].push_back(
+        {{"role", turn % 2 == 0 ? "user" : "assistant"},
+         {"content", prose.substr(static_cast<std::size_t>(turn) * 700, 700)}});
+  }
+  const auto chat = PromptTokenizer::chat_from_openai(body);
+  std::size_t bytes = 0;
+  for (auto _ : state) {
+    auto rendered = (*loaded)->encode_chat(*chat);
+    bytes = rendered->text.size();
+    benchmark::DoNotOptimize(rendered);
+  }
+  state.SetLabel("render + encode");
+  state.counters["rendered_bytes"] = static_cast<double>(bytes);
+}
+BENCHMARK(BM_RenderChatTwentyTurns)->Unit(benchmark::kMicrosecond);
+
+// The template alone, without encoding the text it renders.
+void BM_RenderChatTemplateOnly(benchmark::State& state) {
+  const std::string dir = std::string{KVR_TOKENIZERS_DIR} + "/qwen3/tokenizer_config.json";
+  std::ifstream in{dir};
+  const auto config = nlohmann::ordered_json::parse(in);
+  const auto templates = chat_template::ChatTemplateConfig::from_tokenizer_config(config);
+  const std::string prose =
+      read_file(std::string{KVR_SOURCE_DIR} + "/tests/data/tokenizers/bench/prose_en.txt");
+  chat_template::ChatRequest chat;
+  chat.messages.push_back({{"role", "system"}, {"content", "You are a careful assistant."}});
+  for (int turn = 0; turn < 20; ++turn) {
+    chat.messages.push_back({{"role", turn % 2 == 0 ? "user" : "assistant"},
+                             {"content", prose.substr(static_cast<std::size_t>(turn) * 700, 700)}});
+  }
+  chat.add_generation_prompt = true;
+  for (auto _ : state) benchmark::DoNotOptimize(templates->render_chat(chat));
+}
+BENCHMARK(BM_RenderChatTemplateOnly)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace kvr::tokenizer

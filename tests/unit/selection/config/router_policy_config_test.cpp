@@ -84,7 +84,7 @@ TEST(RouterPolicyConfigTest, AnEmptyDocumentIsAnEmptyConfiguration) {
 TEST(RouterPolicyConfigTest, RejectsAnUnknownTopLevelKey) {
   EXPECT_EQ(parse_error("worker_selection: {}\nworker_selections: {}\n"),
             "router.yaml:2: worker_selections: unknown key; allowed: worker_selection, "
-            "request_classifier, policy_classes, worker_health, models");
+            "request_classifier, policy_classes, worker_health, models, tokenizers");
 }
 
 TEST(RouterPolicyConfigTest, RejectsAnUnknownKeyUnderWorkerSelection) {
@@ -208,7 +208,7 @@ TEST(RouterPolicyConfigTest, RejectsADuplicateParameter) {
 TEST(RouterPolicyConfigTest, RejectsATopLevelList) {
   EXPECT_EQ(parse_error("- worker_selection\n"),
             "router.yaml:1: expected a mapping with the keys worker_selection, "
-            "request_classifier, policy_classes, worker_health, models, got a list");
+            "request_classifier, policy_classes, worker_health, models, tokenizers, got a list");
 }
 
 TEST(RouterPolicyConfigTest, RejectsADuplicateKey) {
@@ -270,9 +270,9 @@ TEST(RouterPolicyConfigTest, ParsesEachModelsTokenizerMode) {
 }
 
 TEST(RouterPolicyConfigTest, RejectsABadModelsSectionNamingTheKey) {
-  EXPECT_EQ(parse_error("models:\n  llama: {tokenizer_mode: native}\n"),
-            "router.yaml:2: models.llama.tokenizer_mode: 'native' is not a tokenizer mode; one "
-            "of: engine, estimate");
+  EXPECT_EQ(parse_error("models:\n  llama: {tokenizer_mode: turbo}\n"),
+            "router.yaml:2: models.llama.tokenizer_mode: 'turbo' is not a tokenizer mode; one "
+            "of: engine, estimate, native");
   EXPECT_EQ(parse_error("models:\n  llama: {tokenizer: estimate}\n"),
             "router.yaml:2: models.llama.tokenizer: unknown key; allowed: tokenizer_mode");
   EXPECT_EQ(parse_error("models:\n  llama: estimate\n"),
@@ -282,6 +282,26 @@ TEST(RouterPolicyConfigTest, RejectsABadModelsSectionNamingTheKey) {
             "router.yaml:3: models.llama: duplicate model");
   EXPECT_THAT(parse_error("models: [llama]\n"),
               HasSubstr("models: expected a mapping from model names to their settings"));
+}
+
+TEST(RouterPolicyConfigTest, ParsesTokenizersRelativeToTheFile) {
+  auto config = parse_router_policy_config(
+      "models:\n  qwen: {tokenizer_mode: native}\ntokenizers:\n  qwen: tokenizers/qwen3\n"
+      "  llama: /models/llama\n",
+      "/etc/kvr/router.yaml");
+  ASSERT_TRUE(config.has_value()) << config.error();
+  EXPECT_EQ(config->models.at("qwen").tokenizer_mode, TokenizerMode::native);
+  EXPECT_EQ(config->tokenizers.at("qwen"), "/etc/kvr/tokenizers/qwen3");
+  EXPECT_EQ(config->tokenizers.at("llama"), "/models/llama");
+}
+
+TEST(RouterPolicyConfigTest, RejectsABadTokenizersSectionNamingTheKey) {
+  EXPECT_THAT(parse_error("tokenizers: [qwen]\n"),
+              HasSubstr("tokenizers: expected a mapping from model names to tokenizer paths"));
+  EXPECT_THAT(parse_error("tokenizers:\n  qwen: [a, b]\n"),
+              HasSubstr("router.yaml:2: tokenizers.qwen: expected the path of a tokenizer"));
+  EXPECT_EQ(parse_error("tokenizers:\n  qwen: a\n  qwen: b\n"),
+            "router.yaml:3: tokenizers.qwen: duplicate model");
 }
 
 TEST(RouterPolicyConfigTest, ParsesPolicyClasses) {

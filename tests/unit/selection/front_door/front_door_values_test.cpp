@@ -203,6 +203,24 @@ TEST(OpenAiApiTest, EachRouteErrorHasItsStatus) {
   EXPECT_EQ(status_of(v1::ROUTE_ERROR_WORKER_FAILED), 502u);
 }
 
+TEST(OpenAiApiTest, AnswerUsageReadsTheLastUsageOfAWholeOrStreamedAnswer) {
+  const auto whole =
+      answer_usage(R"({"id":"x","choices":[{"text":"a \"usage\": {"}],"usage":{"prompt_tokens":40,)"
+                   R"("completion_tokens":2,"prompt_tokens_details":{"cached_tokens":32}}})");
+  ASSERT_TRUE(whole.has_value());
+  EXPECT_EQ(whole->prompt_tokens, 40u);
+  EXPECT_EQ(whole->cached_tokens, 32u);
+  // A stream's chunks say "usage": null until the final usage event.
+  const auto streamed = answer_usage(
+      "data: {\"choices\":[{\"delta\":{\"content\":\"}\"}}],\"usage\":null}\n\n"
+      "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7}}\n\ndata: [DONE]\n\n");
+  ASSERT_TRUE(streamed.has_value());
+  EXPECT_EQ(streamed->prompt_tokens, 7u);
+  EXPECT_EQ(streamed->cached_tokens, 0u);
+  EXPECT_FALSE(answer_usage("data: {\"usage\":null}\n\ndata: [DONE]\n\n").has_value());
+  EXPECT_FALSE(answer_usage(R"({"usage":{"prompt_tokens":3)").has_value());  // cut short
+}
+
 TEST(HttpUrlTest, AUrlSplitsIntoHostPortAndPath) {
   const auto plain = split_http_url("http://10.0.0.5:8000/");
   ASSERT_TRUE(plain);

@@ -11,12 +11,13 @@
 #include <nlohmann/json.hpp>
 
 #include "selection/tokenizer/tokenizer.hpp"
+#include "tests/testing/tokenizer_data.hpp"
 
 namespace kvr::tokenizer {
 namespace {
 
 std::filesystem::path tokenizers_dir() {
-  const char* dir = std::getenv("KVR_TOKENIZERS_DIR");
+  const char* dir = kvr::testing::bundled_tokenizers_dir();
   return dir != nullptr ? std::filesystem::path{dir} : std::filesystem::path{};
 }
 
@@ -47,13 +48,6 @@ std::string first_difference(const Tokenizer& tokenizer, const TokenIds& actual,
          around(expected) + "\"";
 }
 
-// Prompts whose ids differ for a known reason outside kvr: Debian 12's PCRE2 (10.42) carries
-// Unicode 14 property tables, so characters assigned in Unicode 15 (🫨 U+1FAE8, 🪭 U+1FAAD) are
-// \p{Cn} to it and \p{So} to the reference; only DeepSeek-V3's pre-tokenizer asks for \p{S}.
-bool known_unicode_version_deviation(const std::string& family, const std::string& prompt) {
-  return family == "deepseek-v3" && (prompt == "emoji_newer" || prompt == "long_mixed_corpus");
-}
-
 void expect_prompt_parity(const std::string& family, const Tokenizer& tokenizer) {
   const auto goldens = read_lines(goldens_dir() / (family + ".prompts.jsonl"));
   const auto corpus = read_lines(goldens_dir() / "../corpus/prompts.jsonl");
@@ -62,7 +56,6 @@ void expect_prompt_parity(const std::string& family, const Tokenizer& tokenizer)
   for (std::size_t index = 0; index < corpus.size(); ++index) {
     const std::string name = corpus[index]["name"].get<std::string>();
     ASSERT_EQ(goldens[index]["name"], name);
-    if (known_unicode_version_deviation(family, name)) continue;
     const std::string prompt = corpus[index]["prompt"].get<std::string>();
     const auto with_special = tokenizer.encode(prompt, true);
     const auto without_special = tokenizer.encode(prompt, false);

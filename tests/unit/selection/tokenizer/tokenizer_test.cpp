@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "selection/tokenizer/regex.hpp"
+
 namespace kvr::tokenizer {
 namespace {
 
@@ -228,6 +230,26 @@ TEST(TokenizerTest, SegmentCacheGivesTheSameIds) {
   const TokenIds expected = encode(without_cache, text);
   EXPECT_EQ(encode(with_cache, text), expected);
   EXPECT_EQ(encode(with_cache, text), expected);  // now from the cache
+}
+
+TEST(RegexTest, CharactersNewerThanPcre2sTablesKeepTheirCategory) {
+  // 🫨 (U+1FAE8, Unicode 15) is a symbol, and CJK Extension H's 𱍐 (U+31350) a letter, whatever
+  // Unicode version the installed PCRE2 was built with.
+  const auto symbols = Regex::compile(R"(\p{S}+)");
+  ASSERT_TRUE(symbols.has_value()) << symbols.error().message;
+  std::vector<std::pair<std::size_t, std::size_t>> matches;
+  symbols->for_each_match(
+      "a\xF0\x9F\xAB\xA8"
+      "b",
+      [&](std::size_t begin, std::size_t end) { matches.emplace_back(begin, end); });
+  EXPECT_THAT(matches, ElementsAre(std::pair<std::size_t, std::size_t>{1, 5}));
+  const auto letters = Regex::compile(R"(\p{L}+)");
+  ASSERT_TRUE(letters.has_value());
+  matches.clear();
+  letters->for_each_match("1\xF0\xB1\x8D\x90x2", [&](std::size_t begin, std::size_t end) {
+    matches.emplace_back(begin, end);
+  });
+  EXPECT_THAT(matches, ElementsAre(std::pair<std::size_t, std::size_t>{1, 6}));
 }
 
 TEST(IncrementalDecoderTest, HoldsBackIncompleteCharacters) {

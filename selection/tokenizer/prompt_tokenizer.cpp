@@ -1,0 +1,133 @@
+#include "selection/tokenizer/prompt_tokenizer.hpp"
+
+#include <fstream>
+#include <iterator>
+
+#include <fmt/format.h>
+
+namespace kvr::tokenizer {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// A message's content as string-format templates expect it: text parts joined with newlines.
+// Parts that are not text (images, audio) have no text to render and stop the conversion.
+std::expected<Json, TokenizerError> string_content(const Json& content, std::size_t index) {
+  if (!content.is_array()) return content;
+  std::string text;
+  bool first = true;
+  for (const Json& part : content) {
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        !part["text"].is_string()) {
+      return std::unexpected(TokenizerError{fmt::format(
+          "messages[{}].content: only text parts can be rendered by the native tokenizer", index)});
+    }
+    if (!first) text.push_back('\n');
+    text += part["text"].get<std::string>();
+    first = false;
+  }
+  return Json(text);
+}
+
+}  // namespace
+
+std::expected<std::shared_ptr<const PromptTokenizer>, TokenizerError> PromptTokenizer::load(
+    const std::filesystem::path& path, const TokenizerOptions& options) {
+  auto tokenizer = Tokenizer::load(path, options);
+  if (!tokenizer) return std::unexpected(tokenizer.error());
+  std::error_code error;
+  const std::filesystem::path folder =
+      std::filesystem::is_directory(path, error) ? path : path.parent_path();
+  const std::filesystem::path config_file = folder / "tokenizer_config.json";
+  chat_template::ChatTemplateConfig templates;
+  if (std::filesystem::exists(config_file, error)) {
+    std::ifstream in{config_file, std::ios::binary};
+    const std::string text{std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
+    const Json config = Json::parse(text, nullptr, false);
+    if (!config.is_object()) {
+      return std::unexpected(
+          TokenizerError{fmt::format("{}: not a JSON object", config_file.string())});
+    }
+    auto loaded = chat_template::ChatTemplateConfig::from_tokenizer_config(config);
+    if (!loaded) {
+      return std::unexpected(
+          TokenizerError{fmt::format("{}: chat template line {}: {}", config_file.string(),
+                                     loaded.error().line, loaded.error().message)});
+    }
+    templates = std::move(*loaded);
+  }
+  return std::shared_ptr<const PromptTokenizer>(
+      new PromptTokenizer(std::move(*tokenizer), std::move(templates)));
+}
+
+std::expected<TokenIds, TokenizerError> PromptTokenizer::encode_prompt(
+    std::string_view prompt) const {
+  return tokenizer_.encode(prompt, true);
+}
+
+std::expected<RenderedChat, TokenizerError> PromptTokenizer::encode_chat(
+    const chat_template::ChatRequest& chat) const {
+  auto text = chat_templates_.render_chat(chat);
+  if (!text) {
+    return std::unexpected(TokenizerError{
+        fmt::format("chat template (line {}): {}", text.error().line, text.error().message)});
+  }
+  auto ids = tokenizer_.encode(*text, false);
+  if (!ids) return std::unexpected(ids.error());
+  return RenderedChat{.text = std::move(*text), .ids = std::move(*ids)};
+}
+
+std::expected<chat_template::ChatRequest, TokenizerError> PromptTokenizer::chat_from_openai(
+    const Json& body) {
+  if (!body.is_object() || !body.contains("messages") || !body["messages"].is_array()) {
+    return std::unexpected(TokenizerError{"messages: an array of messages is required"});
+  }
+  chat_template::ChatRequest chat;
+  chat.messages = Json::array();
+  std::size_t index = 0;
+  for (const Json& message : body["messages"]) {
+    if (!message.is_object()) {
+      return std::unexpected(TokenizerError{fmt::format("messages[{}]: not an object", index)});
+    }
+    Json converted = message;
+    if (const auto content = converted.find("content"); content != converted.end()) {
+      auto text = string_content(*content, index);
+      if (!text) return std::unexpected(text.error());
+      *content = std::move(*text);
+    }
+    // Templates expect tool-call arguments as objects; OpenAI clients send JSON strings.
+    if (const auto calls = converted.find("tool_calls");
+        calls != converted.end() && calls->is_array()) {
+      for (Json& call : *calls) {
+        if (!call.is_object() || !call.contains("function")) continue;
+        Json& function = call["function"];
+        if (function.is_object() && function.contains("arguments") &&
+            function["arguments"].is_string()) {
+          Json parsed = Json::parse(function["arguments"].get<std::string>(), nullptr, false);
+          if (!parsed.is_discarded()) function["arguments"] = std::move(parsed);
+        }
+      }
+    }
+    chat.messages.push_back(std::move(converted));
+    ++index;
+  }
+  if (const auto tools = body.find("tools"); tools != body.end() && !tools->is_null()) {
+    if (!tools->is_array()) return std::unexpected(TokenizerError{"tools: must be an array"});
+    chat.tools = *tools;
+  }
+  if (const auto documents = body.find("documents");
+      documents != body.end() && !documents->is_null()) {
+    chat.documents = *documents;
+  }
+  chat.add_generation_prompt = body.value("add_generation_prompt", true);
+  if (const auto kwargs = body.find("chat_template_kwargs");
+      kwargs != body.end() && !kwargs->is_null()) {
+    if (!kwargs->is_object()) {
+      return std::unexpected(TokenizerError{"chat_template_kwargs: must be an object"});
+    }
+    chat.extra_kwargs = *kwargs;
+  }
+  return chat;
+}
+
+}  // namespace kvr::tokenizer

@@ -1,0 +1,60 @@
+// A model's tokenizer and chat templates together: what an engine does to an OpenAI request's
+// prompt before it runs, done in the router. Used by the front door's `native` mode,
+// `kvr tokenize` and `kvr mocker --tokenizer`.
+#pragma once
+
+#include <expected>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "selection/chat_template/chat_template.hpp"
+#include "selection/tokenizer/tokenizer.hpp"
+
+namespace kvr::tokenizer {
+
+/// A chat rendered by the model's template, and its ids.
+struct RenderedChat {
+  std::string text;
+  TokenIds ids;
+};
+
+/// A model's tokenizer.json and tokenizer_config.json (its chat templates and special tokens).
+class PromptTokenizer {
+ public:
+  /// Loads `path`: a folder holding tokenizer.json and, for chats, tokenizer_config.json, or a
+  /// tokenizer.json (completions prompts only). Errors name the file and what is wrong in it.
+  static std::expected<std::shared_ptr<const PromptTokenizer>, TokenizerError> load(
+      const std::filesystem::path& path, const TokenizerOptions& options = {});
+
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  bool has_chat_template() const { return chat_templates_.has_template(); }
+
+  /// A completions prompt's ids, with the post-processor's special tokens (as engines encode it).
+  std::expected<TokenIds, TokenizerError> encode_prompt(std::string_view prompt) const;
+
+  /// A chat rendered by the template, then encoded without added special tokens (the template
+  /// writes them), as vLLM and SGLang do.
+  std::expected<RenderedChat, TokenizerError> encode_chat(
+      const chat_template::ChatRequest& chat) const;
+
+  /// The chat of an OpenAI chat-completions body as an engine hands it to the template:
+  /// `add_generation_prompt` defaults to true, text-only content parts are joined with
+  /// newlines, tool-call arguments given as JSON strings become objects, and
+  /// `chat_template_kwargs` join the context. An error names the field at fault.
+  static std::expected<chat_template::ChatRequest, TokenizerError> chat_from_openai(
+      const nlohmann::ordered_json& body);
+
+ private:
+  PromptTokenizer(Tokenizer tokenizer, chat_template::ChatTemplateConfig chat_templates)
+      : tokenizer_(std::move(tokenizer)), chat_templates_(std::move(chat_templates)) {}
+
+  Tokenizer tokenizer_;
+  chat_template::ChatTemplateConfig chat_templates_;
+};
+
+}  // namespace kvr::tokenizer
