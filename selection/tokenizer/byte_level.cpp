@@ -3,21 +3,10 @@
 #include <array>
 #include <cstdint>
 
+#include "selection/tokenizer/utf8.hpp"
+
 namespace kvr::tokenizer {
 namespace {
-
-void append_utf8(std::string& out, std::uint32_t code_point) {
-  if (code_point < 0x80) {
-    out.push_back(static_cast<char>(code_point));
-  } else if (code_point < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (code_point >> 6)));
-    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xE0 | (code_point >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((code_point >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  }
-}
 
 // Printable Latin-1 bytes stand for themselves; the other 68 bytes are shifted to U+0100 and up,
 // in byte order, so that no byte maps to whitespace or a control character.

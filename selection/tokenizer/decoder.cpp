@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "selection/tokenizer/regex.hpp"
+#include "selection/tokenizer/replacement.hpp"
 #include "selection/tokenizer/utf8.hpp"
 
 namespace kvr::tokenizer {
@@ -25,35 +25,13 @@ class ByteLevel final : public Decoder {
 
 class Replace final : public Decoder {
  public:
-  Replace(std::string literal, std::optional<Regex> regex, std::string content)
-      : literal_(std::move(literal)), regex_(std::move(regex)), content_(std::move(content)) {}
+  explicit Replace(Replacement replacement) : replacement_(std::move(replacement)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
-    for (std::string& token : tokens) {
-      std::string replaced;
-      std::size_t copied = 0;
-      const auto replace = [&](std::size_t begin, std::size_t end) {
-        replaced.append(token, copied, begin - copied);
-        replaced.append(content_);
-        copied = end;
-      };
-      if (regex_) {
-        regex_->for_each_match(token, replace);
-      } else if (!literal_.empty()) {
-        for (std::size_t at = token.find(literal_); at != std::string::npos;
-             at = token.find(literal_, at + literal_.size())) {
-          replace(at, at + literal_.size());
-        }
-      }
-      if (copied == 0) continue;
-      replaced.append(token, copied);
-      token = std::move(replaced);
-    }
+    for (std::string& token : tokens) replacement_.apply(token);
   }
 
  private:
-  std::string literal_;
-  std::optional<Regex> regex_;
-  std::string content_;
+  Replacement replacement_;
 };
 
 // <0xNN> tokens become their bytes; a run of them that is not UTF-8 becomes one U+FFFD per byte.
@@ -206,20 +184,9 @@ std::expected<std::unique_ptr<Decoder>, TokenizerError> make_decoder(const nlohm
                                    spec.value("stop", std::size_t{0}));
   }
   if (type == "Replace") {
-    const auto& pattern = spec.contains("pattern") ? spec["pattern"] : nlohmann::json{};
-    std::optional<Regex> regex;
-    std::string literal;
-    if (pattern.contains("Regex")) {
-      auto compiled = Regex::compile(pattern["Regex"].get<std::string>());
-      if (!compiled) return std::unexpected(error("Replace: " + compiled.error().message));
-      regex = std::move(*compiled);
-    } else if (pattern.contains("String")) {
-      literal = pattern["String"].get<std::string>();
-    } else {
-      return std::unexpected(error("Replace: pattern needs String or Regex"));
-    }
-    return std::make_unique<Replace>(std::move(literal), std::move(regex),
-                                     spec.value("content", std::string{}));
+    auto replacement = Replacement::from_json(spec);
+    if (!replacement) return std::unexpected(error(replacement.error().message));
+    return std::make_unique<Replace>(std::move(*replacement));
   }
   if (type == "Metaspace") {
     const std::string scheme = spec.value("prepend_scheme", std::string{"always"});

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <utf8proc.h>
 
-#include "selection/tokenizer/regex.hpp"
+#include "selection/tokenizer/replacement.hpp"
 #include "selection/tokenizer/utf8.hpp"
 
 namespace kvr::tokenizer {
@@ -55,33 +55,11 @@ class Lowercase final : public Normalizer {
 
 class Replace final : public Normalizer {
  public:
-  Replace(std::string literal, std::optional<Regex> regex, std::string content)
-      : literal_(std::move(literal)), regex_(std::move(regex)), content_(std::move(content)) {}
-  void normalize(std::string& text) const override {
-    std::string replaced;
-    std::size_t copied = 0;
-    const auto replace = [&](std::size_t begin, std::size_t end) {
-      replaced.append(text, copied, begin - copied);
-      replaced.append(content_);
-      copied = end;
-    };
-    if (regex_) {
-      regex_->for_each_match(text, replace);
-    } else if (!literal_.empty()) {
-      for (std::size_t at = text.find(literal_); at != std::string::npos;
-           at = text.find(literal_, at + literal_.size())) {
-        replace(at, at + literal_.size());
-      }
-    }
-    if (copied == 0 && replaced.empty()) return;
-    replaced.append(text, copied);
-    text = std::move(replaced);
-  }
+  explicit Replace(Replacement replacement) : replacement_(std::move(replacement)) {}
+  void normalize(std::string& text) const override { replacement_.apply(text); }
 
  private:
-  std::string literal_;
-  std::optional<Regex> regex_;
-  std::string content_;
+  Replacement replacement_;
 };
 
 class Prepend final : public Normalizer {
@@ -164,22 +142,11 @@ std::expected<std::unique_ptr<Normalizer>, TokenizerError> make_normalizer(
     return std::make_unique<Strip>(spec.value("strip_left", true), spec.value("strip_right", true));
   }
   if (type == "Replace") {
-    const auto& pattern = spec.contains("pattern") ? spec["pattern"] : nlohmann::json{};
-    std::optional<Regex> regex;
-    std::string literal;
-    if (pattern.contains("Regex")) {
-      auto compiled = Regex::compile(pattern["Regex"].get<std::string>());
-      if (!compiled) {
-        return std::unexpected(TokenizerError{"normalizer Replace: " + compiled.error().message});
-      }
-      regex = std::move(*compiled);
-    } else if (pattern.contains("String")) {
-      literal = pattern["String"].get<std::string>();
-    } else {
-      return std::unexpected(TokenizerError{"normalizer Replace: pattern needs String or Regex"});
+    auto replacement = Replacement::from_json(spec);
+    if (!replacement) {
+      return std::unexpected(TokenizerError{"normalizer " + replacement.error().message});
     }
-    return std::make_unique<Replace>(std::move(literal), std::move(regex),
-                                     string_field(spec, "content"));
+    return std::make_unique<Replace>(std::move(*replacement));
   }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<Normalizer>> parts;
