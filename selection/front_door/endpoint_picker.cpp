@@ -258,9 +258,10 @@ struct EndpointPicker::State {
     }
   }
 
-  // The health service follows the directory.
+  // The health service follows the directory; so do the native tokenizers' parity checks.
   void watch_health() {
     report_health();
+    renderer.check_new_models(*directory, io.get_executor());
     health_timer.expires_after(options.health_interval);
     health_timer.async_wait([this](boost::system::error_code error) {
       if (!error && !stopping.load()) watch_health();

@@ -117,6 +117,8 @@ struct HttpFrontDoor::State {
   PromptRenderer renderer;
   net::io_context io;
   tcp::acceptor acceptor;
+  // Starts the native tokenizers' parity checks as models' first engines register.
+  net::steady_timer parity_timer{io};
   std::vector<std::thread> threads;
 
   template <class Handler>
@@ -126,6 +128,13 @@ struct HttpFrontDoor::State {
   }
 
   void accept();
+  void watch_parity() {
+    renderer.check_new_models(*directory, io.get_executor());
+    parity_timer.expires_after(std::chrono::seconds(1));
+    parity_timer.async_wait([this](beast::error_code error) {
+      if (!error && accepting.load()) watch_parity();
+    });
+  }
   void count(std::string_view endpoint, unsigned status) {
     metrics->add(kRequests,
                  {{"endpoint", std::string{endpoint}}, {"code", std::to_string(status)}});
@@ -1036,6 +1045,9 @@ std::expected<std::unique_ptr<HttpFrontDoor>, std::string> HttpFrontDoor::start(
   }
   state->port = state->acceptor.local_endpoint().port();
   state->accept();
+  if (opts.native_tokenizers && !opts.native_tokenizers->empty()) {
+    net::post(state->io, [raw = state.get()] { raw->watch_parity(); });
+  }
   for (std::size_t i = 0; i < opts.threads; ++i) {
     state->threads.emplace_back([raw = state.get()] { raw->io.run(); });
   }

@@ -295,6 +295,26 @@ void PromptRenderer::call(std::shared_ptr<Attempt> attempt, bool tokenize) {
       });
 }
 
+void PromptRenderer::check_new_models(const FleetDirectory& directory,
+                                      const boost::asio::any_io_executor& executor) {
+  if (!native_ || native_->empty()) return;
+  for (const auto& [model, tokenizer] : *native_) {
+    if (modes_.for_model(model) != selection::TokenizerMode::native) continue;
+    {
+      std::lock_guard lock{mutex_};
+      if (const auto parity = parity_.find(model);
+          parity != parity_.end() && parity->second != Parity::unchecked) {
+        continue;
+      }
+    }
+    std::vector<std::string> engine_urls;
+    for (const auto& worker : directory.target(model).workers) {
+      if (!worker.http_url.empty()) engine_urls.push_back(worker.http_url);
+    }
+    if (!engine_urls.empty()) native_ready(model, engine_urls, executor);
+  }
+}
+
 bool PromptRenderer::native_ready(const std::string& model,
                                   const std::vector<std::string>& engine_urls,
                                   const boost::asio::any_io_executor& executor) {

@@ -26,6 +26,7 @@
 
 #include "messages/metrics/metrics_registry.hpp"
 #include "selection/config/model_config.hpp"
+#include "selection/front_door/fleet_directory.hpp"
 #include "selection/front_door/native_tokenizers.hpp"
 #include "selection/front_door/openai_api.hpp"
 #include "selection/front_door/request_routing.hpp"
@@ -53,6 +54,12 @@ class PromptRenderer {
   void render(boost::asio::any_io_executor executor, GenerationRequest& request,
               std::string_view body, std::vector<std::string> engine_urls,
               std::function<void(RenderResult)> done);
+
+  /// Starts the parity check of every native-mode model of `directory` that has engines and was
+  /// not checked yet, so that it runs when a model's first engine registers; the front doors
+  /// call it every second on `executor`.
+  void check_new_models(const FleetDirectory& directory,
+                        const boost::asio::any_io_executor& executor);
 
   /// Calls made so far (render and tokenize), for tests and benchmarks.
   std::uint64_t calls() const { return calls_.load(); }

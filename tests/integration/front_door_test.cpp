@@ -258,8 +258,7 @@ TEST_F(FrontDoorTest, TheNativeModeTokenizesInTheNodeOnceAnEngineAgrees) {
   }
   wait_until_ready();
   ASSERT_TRUE(wait_until([&] { return node_metric("kvr_workers") == 2; }, 10s));
-  // The first request starts the parity check (and is served in the engine mode meanwhile).
-  ASSERT_EQ(post("/v1/chat/completions", long_chat("warm-up").dump()).status, 200);
+  // The parity check runs as the model's first engines register, before any request.
   ASSERT_TRUE(wait_until(
       [&] { return node_metric("kvr_tokenizer_parity{model=\"mock-model\"}") == 1; }, 20s))
       << node_->log();
@@ -300,7 +299,6 @@ TEST_F(FrontDoorTest, ANativeTokenizerThatDisagreesWithTheEnginesFallsBackToTheE
   start_pair(kFirstWorker + 1);
   wait_until_ready();
   ASSERT_TRUE(wait_until([&] { return node_metric("kvr_workers") == 2; }, 10s));
-  ASSERT_EQ(post("/v1/chat/completions", long_chat("warm-up").dump()).status, 200);
   ASSERT_TRUE(wait_until(
       [&] {
         return node_->log().find("TOKENIZER MISMATCH") != std::string::npos &&
