@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "deploy/cli/cli_options.hpp"
+#include "selection/front_door/openai_api.hpp"
 #include "selection/tokenizer/prompt_tokenizer.hpp"
 
 namespace kvr::cli {
@@ -56,16 +57,6 @@ std::expected<Encoded, std::string> encode_line(const PromptTokenizer& tokenizer
   return Encoded{.ids = std::move(rendered->ids), .rendered = std::move(rendered->text)};
 }
 
-std::optional<TokenIds> ids_of(const Json& ids) {
-  if (!ids.is_array()) return std::nullopt;
-  TokenIds out;
-  for (const Json& id : ids) {
-    if (!id.is_number_unsigned()) return std::nullopt;
-    out.push_back(id.get<tokenizer::TokenId>());
-  }
-  return out;
-}
-
 // An engine's rendering of the same input: vLLM's render endpoints, else /tokenize.
 class EngineRenderer {
  public:
@@ -105,12 +96,7 @@ class EngineRenderer {
                        "application/json");
       if (!answer) return std::unexpected("the engine did not answer");
       if (answer->status == 200) {
-        const Json parsed = Json::parse(answer->body, nullptr, false);
-        const Json& first = parsed.is_array() && !parsed.empty() ? parsed[0] : parsed;
-        if (auto ids =
-                first.is_object() ? ids_of(first.value("token_ids", Json())) : std::nullopt) {
-          return *ids;
-        }
+        if (auto ids = front_door::rendered_token_ids(answer->body, false)) return *ids;
         return std::unexpected("the render answer has no token_ids");
       }
       if (answer->status != 404) {
@@ -119,12 +105,10 @@ class EngineRenderer {
       }
       without_render_ = true;
     }
-    const auto answer = client_.Post("/tokenize", body.dump(), "application/json");
+    const auto answer = client_.Post(
+        "/tokenize", front_door::tokenize_request_body(chat, body.dump()), "application/json");
     if (!answer || answer->status != 200) return std::unexpected("/tokenize failed");
-    const Json parsed = Json::parse(answer->body, nullptr, false);
-    if (auto ids = parsed.is_object() ? ids_of(parsed.value("tokens", Json())) : std::nullopt) {
-      return *ids;
-    }
+    if (auto ids = front_door::rendered_token_ids(answer->body, true)) return *ids;
     return std::unexpected("the tokenize answer has no tokens");
   }
 

@@ -322,4 +322,45 @@ std::optional<AnswerUsage> answer_usage(std::string_view answer) {
   return result;
 }
 
+std::string tokenize_request_body(bool chat, const std::string& client_body) {
+  // Ordered: a chat template sees the keys (of tools, say) in the client's order.
+  using Ordered = nlohmann::ordered_json;
+  const Ordered request = Ordered::parse(client_body, nullptr, false);
+  Ordered body{{"model", request.value("model", Ordered())}};
+  if (chat) {
+    for (const char* field : {"messages", "add_generation_prompt", "continue_final_message",
+                              "chat_template", "chat_template_kwargs", "tools"}) {
+      if (const auto found = request.find(field); found != request.end()) body[field] = *found;
+    }
+  } else {
+    const Ordered& prompt = request["prompt"];
+    body["prompt"] = prompt.is_array() ? prompt[0] : prompt;
+  }
+  return body.dump();
+}
+
+namespace {
+
+// An array of 32-bit token ids, or nullopt.
+std::optional<std::vector<std::uint32_t>> read_ids(const Json& ids) {
+  if (!ids.is_array() || ids.empty()) return std::nullopt;
+  std::vector<std::uint32_t> tokens;
+  tokens.reserve(ids.size());
+  for (const Json& id : ids) {
+    if (!id.is_number_unsigned() || id.get<std::uint64_t>() > UINT32_MAX) return std::nullopt;
+    tokens.push_back(id.get<std::uint32_t>());
+  }
+  return tokens;
+}
+
+}  // namespace
+
+std::optional<std::vector<std::uint32_t>> rendered_token_ids(const std::string& body,
+                                                             bool tokenize) {
+  const Json parsed = Json::parse(body, nullptr, false);
+  if (tokenize) return parsed.is_object() ? read_ids(parsed.value("tokens", Json())) : std::nullopt;
+  const Json& first = parsed.is_array() && !parsed.empty() ? parsed[0] : parsed;
+  return first.is_object() ? read_ids(first.value("token_ids", Json())) : std::nullopt;
+}
+
 }  // namespace kvr::front_door

@@ -78,6 +78,15 @@ std::expected<GenerationRequest, HttpError> parse_generation_request(
 /// 500; timeout or due time expired 504; worker failed 502.
 HttpError error_for_route(const v1::RouteError& error);
 
+/// vLLM's /tokenize body for a client's request body: its model and messages (with the chat
+/// fields that change the rendering), or its first prompt; for engines without render endpoints.
+std::string tokenize_request_body(bool chat, const std::string& client_body);
+
+/// The token ids of an engine's render answer (an object for chat, an array for completions) or
+/// of its /tokenize answer; nullopt when it carries none.
+std::optional<std::vector<std::uint32_t>> rendered_token_ids(const std::string& body,
+                                                             bool tokenize);
+
 /// The prompt's token counts an engine reports in `usage`.
 struct AnswerUsage {
   std::uint64_t prompt_tokens = 0;

@@ -80,25 +80,6 @@ const std::vector<Probe>& parity_probes() {
   return probes;
 }
 
-// vLLM's /tokenize body for the request: its messages (with the chat fields that change the
-// rendering) or its first prompt.
-// Built only for engines without render endpoints, from the body parse_generation_request
-// checked already.
-std::string tokenize_body(bool chat, const std::string& client_body) {
-  const Json request = Json::parse(client_body, nullptr, false);
-  Json body{{"model", request.value("model", Json())}};
-  if (chat) {
-    for (const char* field : {"messages", "add_generation_prompt", "continue_final_message",
-                              "chat_template", "chat_template_kwargs", "tools"}) {
-      if (const auto found = request.find(field); found != request.end()) body[field] = *found;
-    }
-  } else {
-    const Json& prompt = request["prompt"];
-    body["prompt"] = prompt.is_array() ? prompt[0] : prompt;
-  }
-  return body.dump();
-}
-
 // An engine's error message from its error object, else its body.
 std::string engine_reason(const std::string& body) {
   const Json parsed = Json::parse(body, nullptr, false);
@@ -109,26 +90,6 @@ std::string engine_reason(const std::string& body) {
     }
   }
   return body.substr(0, 512);
-}
-
-std::optional<std::vector<std::uint32_t>> read_ids(const Json& ids) {
-  if (!ids.is_array() || ids.empty()) return std::nullopt;
-  std::vector<std::uint32_t> tokens;
-  tokens.reserve(ids.size());
-  for (const Json& id : ids) {
-    if (!id.is_number_unsigned() || id.get<std::uint64_t>() > UINT32_MAX) return std::nullopt;
-    tokens.push_back(id.get<std::uint32_t>());
-  }
-  return tokens;
-}
-
-// The token ids in a render answer (one object for chat, an array for completions) or a
-// tokenize answer.
-std::optional<std::vector<std::uint32_t>> answer_ids(const std::string& body, bool tokenize) {
-  const Json parsed = Json::parse(body, nullptr, false);
-  if (tokenize) return parsed.is_object() ? read_ids(parsed.value("tokens", Json())) : std::nullopt;
-  const Json& first = parsed.is_array() && !parsed.empty() ? parsed[0] : parsed;
-  return first.is_object() ? read_ids(first.value("token_ids", Json())) : std::nullopt;
 }
 
 }  // namespace
@@ -254,7 +215,7 @@ void PromptRenderer::call(std::shared_ptr<Attempt> attempt, bool tokenize) {
                            : attempt->chat ? "/v1/chat/completions/render"
                                            : "/v1/completions/render";
   if (tokenize && attempt->tokenize_body.empty()) {
-    attempt->tokenize_body = tokenize_body(attempt->chat, attempt->render_body);
+    attempt->tokenize_body = tokenize_request_body(attempt->chat, attempt->render_body);
   }
   EngineCallRequest engine_request{.base_url = url,
                                    .path = path,
@@ -280,7 +241,7 @@ void PromptRenderer::call(std::shared_ptr<Attempt> attempt, bool tokenize) {
               fmt::format("the engine refused the request: {}", engine_reason(answer.body)))));
         }
         if (answer.failure.empty() && answer.status == 200) {
-          if (auto ids = answer_ids(answer.body, tokenize)) {
+          if (auto ids = rendered_token_ids(answer.body, tokenize)) {
             count("ok");
             return attempt->done(RoutingKey{.tokens = std::move(*ids)});
           }
@@ -352,15 +313,15 @@ RenderResult PromptRenderer::render_natively(const tokenizer::PromptTokenizer& t
     return std::unexpected(bad_request("cannot tokenize the prompt: " + why));
   };
   std::expected<tokenizer::TokenIds, tokenizer::TokenizerError> ids;
+  // Ordered: the template sees the client's keys in the client's order.
+  const auto parsed = nlohmann::ordered_json::parse(body, nullptr, false);
   if (request.endpoint == Endpoint::chat_completions) {
-    const auto parsed = nlohmann::ordered_json::parse(body, nullptr, false);
     auto chat = tokenizer::PromptTokenizer::chat_from_openai(parsed);
     if (!chat) return refused(chat.error().message);
     auto rendered = tokenizer.encode_chat(*chat);
     if (!rendered) return refused(rendered.error().message);
     ids = std::move(rendered->ids);
   } else {
-    const auto parsed = nlohmann::ordered_json::parse(body, nullptr, false);
     const auto& prompt = parsed.contains("prompt") ? parsed["prompt"] : nlohmann::ordered_json{};
     const auto& first = prompt.is_array() && !prompt.empty() ? prompt[0] : prompt;
     if (!first.is_string()) return refused("prompt: a string is expected");
@@ -400,10 +361,11 @@ void PromptRenderer::check_next_probe(std::shared_ptr<ParityCheck> check) {
                                             : "/v1/completions/render";
       call_engine(
           check->executor,
-          EngineCallRequest{.base_url = check->engine_url,
-                            .path = path,
-                            .body = tokenize ? tokenize_body(probe_chat, client_body) : client_body,
-                            .timeout = timeout_},
+          EngineCallRequest{
+              .base_url = check->engine_url,
+              .path = path,
+              .body = tokenize ? tokenize_request_body(probe_chat, client_body) : client_body,
+              .timeout = timeout_},
           [this, check, ask, tokenize, path, expected](EngineAnswer answer) {
             if (answer.failure.empty() && answer.status == 404 && !tokenize) return (*ask)(true);
             if (answer.failure.empty() && answer.status >= 400 && answer.status < 500) {
@@ -411,7 +373,7 @@ void PromptRenderer::check_next_probe(std::shared_ptr<ParityCheck> check) {
               return check_next_probe(check);  // the engine refuses this probe too
             }
             const auto ids = answer.failure.empty() && answer.status == 200
-                                 ? answer_ids(answer.body, tokenize)
+                                 ? rendered_token_ids(answer.body, tokenize)
                                  : std::nullopt;
             *ask = nullptr;
             if (!ids) {

@@ -71,7 +71,6 @@ class AddedVocabulary {
   const AddedToken* find(TokenId id) const;
   /// The added token spelt `content`, if any.
   const AddedToken* find(std::string_view content) const;
-  const std::vector<AddedToken>& tokens() const { return tokens_; }
 
  private:
   std::vector<AddedToken> tokens_;

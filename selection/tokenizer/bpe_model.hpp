@@ -39,9 +39,6 @@ class BpeModel {
   /// One more than the largest id of the vocabulary.
   std::size_t id_bound() const { return token_of_id_.size(); }
 
-  /// Whether the vocabulary is spelt in raw bytes.
-  bool byte_level() const { return byte_level_; }
-
  private:
   struct Merge {
     std::uint32_t rank;

@@ -147,6 +147,8 @@ class UnicodeGaps {
 }  // namespace
 
 std::expected<Regex, TokenizerError> Regex::compile(std::string_view pattern) {
+  // Built once per process, here at load rather than on a request's first match.
+  (void)UnicodeGaps::instance();
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),

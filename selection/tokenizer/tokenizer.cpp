@@ -184,8 +184,7 @@ std::expected<Tokenizer, TokenizerError> Tokenizer::load(const std::filesystem::
     return std::unexpected(TokenizerError{fmt::format("{}: cannot be read", file.string())});
   }
   std::string config;
-  if (file != path || std::filesystem::exists(file.parent_path() / "tokenizer_config.json")) {
-    std::ifstream in{file.parent_path() / "tokenizer_config.json", std::ios::binary};
+  if (std::ifstream in{file.parent_path() / "tokenizer_config.json", std::ios::binary}) {
     config.assign(std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{});
   }
   auto tokenizer = from_json(std::string_view{text}, options, config);
@@ -336,14 +335,6 @@ std::string Tokenizer::decode(std::span<const TokenId> ids, bool skip_special_to
   std::string text;
   for (const std::string& spelling : spellings) text.append(spelling);
   return text;
-}
-
-std::optional<TokenId> Tokenizer::token_to_id(std::string_view token) const {
-  if (const AddedToken* added = parts_->added.find(token)) return added->id;
-  if (parts_->model->byte_level()) {
-    if (auto bytes = bytes_from_byte_level(token)) return parts_->model->id_of(*bytes);
-  }
-  return parts_->model->id_of(token);
 }
 
 bool Tokenizer::is_special(TokenId id) const {

@@ -55,9 +55,6 @@ class Tokenizer {
   /// that do not form UTF-8 (a character cut between ids) become U+FFFD.
   std::string decode(std::span<const TokenId> ids, bool skip_special_tokens) const;
 
-  /// The id of a vocabulary entry or added token as spelt in tokenizer.json.
-  std::optional<TokenId> token_to_id(std::string_view token) const;
-
   /// Whether `id` is a special added token.
   bool is_special(TokenId id) const;
 

@@ -140,6 +140,19 @@ class FrontDoorTest : public testing::KvrClusterTest {
     return Answer{result->status, result->headers, result->body};
   }
 
+  // Posts a chat until the node predicts cached tokens for it (the engine's KV events reached the
+  // node), for at most 10 s; the last answer.
+  Answer post_until_predicted_cached(const std::string& body) const {
+    Answer again;
+    wait_until(
+        [&] {
+          again = post("/v1/chat/completions", body);
+          return again.status == 200 && std::stoull(again.header("x-kvr-cached-tokens")) > 0;
+        },
+        10s);
+    return again;
+  }
+
   double node_metric(const std::string& name) const {
     return testing::metric(testing::http_get(metrics_port_, "/metrics"), name);
   }
@@ -188,14 +201,9 @@ TEST_F(FrontDoorTest, ARepeatedLongChatPromptLandsOnTheEngineThatCachesIt) {
   ASSERT_FALSE(worker.empty());
   EXPECT_FALSE(first.header("x-kvr-request-id").empty());
   // Once the engine's KV events reached the node, the same prompt goes back to it and hits.
-  Answer again;
-  ASSERT_TRUE(wait_until(
-      [&] {
-        again = post("/v1/chat/completions", body);
-        return again.status == 200 && std::stoull(again.header("x-kvr-cached-tokens")) > 0;
-      },
-      10s))
-      << again.body;
+  const Answer again = post_until_predicted_cached(body);
+  ASSERT_EQ(again.status, 200) << again.body;
+  ASSERT_GT(std::stoull(again.header("x-kvr-cached-tokens")), 0u) << again.body;
   EXPECT_EQ(again.header("x-kvr-worker-id"), worker);
   const std::uint64_t cached = again.json()["usage"]["prompt_tokens_details"]["cached_tokens"];
   EXPECT_GT(cached, 0u);
@@ -266,14 +274,9 @@ TEST_F(FrontDoorTest, TheNativeModeTokenizesInTheNodeOnceAnEngineAgrees) {
   const std::string body = long_chat("natively tokenized routers").dump();
   const Answer first = post("/v1/chat/completions", body);
   ASSERT_EQ(first.status, 200) << first.body;
-  Answer again;
-  ASSERT_TRUE(wait_until(
-      [&] {
-        again = post("/v1/chat/completions", body);
-        return again.status == 200 && std::stoull(again.header("x-kvr-cached-tokens")) > 0;
-      },
-      10s))
-      << again.body;
+  const Answer again = post_until_predicted_cached(body);
+  ASSERT_EQ(again.status, 200) << again.body;
+  ASSERT_GT(std::stoull(again.header("x-kvr-cached-tokens")), 0u) << again.body;
   EXPECT_EQ(again.header("x-kvr-worker-id"), first.header("x-kvr-worker-id"));
   // The node's ids are the engine's: what it predicted cached is what the engine found.
   EXPECT_EQ(std::stoull(again.header("x-kvr-cached-tokens")),
@@ -311,14 +314,9 @@ TEST_F(FrontDoorTest, ANativeTokenizerThatDisagreesWithTheEnginesFallsBackToTheE
   const std::string body = long_chat("engine-rendered routers").dump();
   const double renders_before = node_metric("kvr_http_render_calls_total");
   ASSERT_EQ(post("/v1/chat/completions", body).status, 200);
-  Answer again;
-  ASSERT_TRUE(wait_until(
-      [&] {
-        again = post("/v1/chat/completions", body);
-        return again.status == 200 && std::stoull(again.header("x-kvr-cached-tokens")) > 0;
-      },
-      10s))
-      << again.body;
+  const Answer again = post_until_predicted_cached(body);
+  ASSERT_EQ(again.status, 200) << again.body;
+  ASSERT_GT(std::stoull(again.header("x-kvr-cached-tokens")), 0u) << again.body;
   EXPECT_GT(node_metric("kvr_http_render_calls_total"), renders_before);
   EXPECT_EQ(node_metric("kvr_native_renders_total"), 0);
 }
@@ -351,14 +349,9 @@ TEST_F(FrontDoorTest, ALoraAdapterIsRoutedInItsBaseModelToTheEnginesThatServeIt)
   EXPECT_EQ(first.header("x-kvr-worker-id"), std::to_string(kFirstWorker));
   EXPECT_EQ(first.json()["model"], "sql-lora");
   // The adapter's blocks come back in its cache namespace: a repeat is predicted to hit, and does.
-  Answer again;
-  ASSERT_TRUE(wait_until(
-      [&] {
-        again = post("/v1/chat/completions", request.dump());
-        return again.status == 200 && std::stoull(again.header("x-kvr-cached-tokens")) > 0;
-      },
-      10s))
-      << again.body;
+  const Answer again = post_until_predicted_cached(request.dump());
+  ASSERT_EQ(again.status, 200) << again.body;
+  ASSERT_GT(std::stoull(again.header("x-kvr-cached-tokens")), 0u) << again.body;
   EXPECT_EQ(again.header("x-kvr-worker-id"), std::to_string(kFirstWorker));
   EXPECT_EQ(std::stoull(again.header("x-kvr-cached-tokens")),
             again.json()["usage"]["prompt_tokens_details"]["cached_tokens"].get<std::uint64_t>());
