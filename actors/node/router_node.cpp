@@ -131,6 +131,10 @@ std::expected<void, std::string> NodeOptions::validate() const {
           fmt::format("{}: between {} and {}", flag, node_cap ? 1 : 0, kMaxBookingCap));
     }
   }
+  if (hit_rate_workload_tokens > kMaxHitRateWorkloadTokens) {
+    return std::unexpected(
+        fmt::format("--hit-rate-workload-tokens: between 0 and {}", kMaxHitRateWorkloadTokens));
+  }
   if (tick_interval <= std::chrono::milliseconds(0)) return std::unexpected("tick interval: > 0");
   if (selector_timeout <= std::chrono::milliseconds(0)) {
     return std::unexpected("selector timeout: > 0");
@@ -381,6 +385,11 @@ struct RouterNode::Impl {
     selector.plugins = &plugins;
     selector.tick_interval = options.tick_interval;
     selector.affinity = options.session_affinity;
+    if (options.hit_rate_workload_tokens > 0) {
+      selector.hit_rate_ceilings =
+          metrics::HitRateCeilingsOptions{.workload_tokens = options.hit_rate_workload_tokens,
+                                          .resolution_tokens = metrics::kNodeResolutionTokens};
+    }
     selector.classifier = classifier;  // the selectors feed its fleet load
     selector.fenced = options.cluster.enabled;
     // A handover takes one step of the successor, a takeover the lease TTL and a step.

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "messages/clock.hpp"
+#include "messages/metrics/hit_rate_ceilings.hpp"
 #include "messages/metrics/metrics_registry.hpp"
 #include "messages/nats/nats_client.hpp"
 #include "selection/front_door/endpoint_picker.hpp"
@@ -50,6 +51,8 @@ inline constexpr std::uint64_t kDefaultMaxOpenBookings = 100'000;
 inline constexpr std::uint64_t kDefaultMaxBookedBlocks = 8'000'000;
 /// The largest cap accepted.
 inline constexpr std::uint64_t kMaxBookingCap = 1'000'000'000;
+/// The largest workload cache of the hit-rate ceilings (`--hit-rate-workload-tokens`).
+inline constexpr std::uint64_t kMaxHitRateWorkloadTokens = std::uint64_t{1} << 36;
 
 /// Everything a node is configured with (command line, environment, policy YAML).
 struct NodeOptions {
@@ -96,6 +99,9 @@ struct NodeOptions {
   std::optional<front_door::EndpointPickerOptions> epp;
   /// Session affinity (`--router-session-affinity-*`); off unless a TTL is set.
   SessionAffinityOptions session_affinity;
+  /// The hit-rate ceilings (`--hit-rate-workload-tokens`, docs/hit-rate.md): the size of each
+  /// partition's workload cache in tokens (at least its fleet's KV); 0: not measured.
+  std::uint64_t hit_rate_workload_tokens = metrics::kDefaultWorkloadTokens;
   /// Where the node's actors read the time (leases, deadlines, latencies); tests inject one.
   std::shared_ptr<const Clock> clock = Clock::steady();
 

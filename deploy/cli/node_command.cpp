@@ -285,6 +285,13 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(std::uint64_t{0}, actors::kMaxBookingCap));
   add_session_affinity_options(*command, options->session_affinity);
   command
+      ->add_option("--hit-rate-workload-tokens", options->node.hit_rate_workload_tokens,
+                   "the hit-rate ceilings in /metrics (docs/hit-rate.md): the tokens each "
+                   "partition's workload cache holds (at least its fleet's KV); 0: not measured")
+      ->envname("KVR_HIT_RATE_WORKLOAD_TOKENS")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{0}, actors::kMaxHitRateWorkloadTokens));
+  command
       ->add_option("--router-first-token-timeout-ms", options->first_token_timeout_ms,
                    "generate mode: a worker that sends no first chunk within this time has failed "
                    "the request (retried once elsewhere)")

@@ -1,15 +1,12 @@
 #include "deploy/simulation/mooncake_trace.hpp"
 
-#include <algorithm>
 #include <fstream>
-#include <list>
 #include <optional>
 
-#include <absl/container/flat_hash_map.h>
-#include <absl/container/flat_hash_set.h>
 #include <nlohmann/json.hpp>
 
 #include "discovery/block_hash.hpp"
+#include "messages/metrics/hit_rate_ceilings.hpp"
 
 namespace kvr::simulation {
 namespace {
@@ -132,77 +129,44 @@ std::vector<BlockHash> expand_to_block_hashes(const TraceRequest& request,
 
 namespace {
 
-// The hit rate of one cache over the requests in order: each request reuses the leading blocks
-// `cache.contains` finds (never its last token, which the engine always computes), then
-// `cache.take` stores the request's blocks.
-template <typename Cache>
-double prefix_hit_rate(const std::vector<TraceRequest>& requests,
-                       const std::vector<std::vector<BlockHash>>& block_hashes,
-                       std::uint32_t block_size, Cache& cache) {
+// The ceilings of the requests in order, exactly; `capacity_blocks` 0: the capacity-bound one is
+// 0.
+struct CeilingRates {
+  double workload = 0;
+  double capacity = 0;
+};
+CeilingRates exact_ceilings(const std::vector<TraceRequest>& requests,
+                            const std::vector<std::vector<BlockHash>>& block_hashes,
+                            std::uint32_t block_size, std::uint64_t capacity_blocks) {
+  metrics::HitRateCeilings ceilings;
   std::uint64_t prompt_tokens = 0;
-  std::uint64_t cached_tokens = 0;
+  std::uint64_t workload_tokens = 0;
+  std::uint64_t capacity_tokens = 0;
   for (std::size_t i = 0; i < requests.size(); ++i) {
-    const auto& hashes = block_hashes[i];
-    const std::size_t reusable =
-        std::min<std::size_t>(hashes.size(), (requests[i].input_length - 1) / block_size);
-    std::size_t matched = 0;
-    while (matched < reusable && cache.contains(hashes[matched])) ++matched;
-    cached_tokens += std::uint64_t{matched} * block_size;
+    const auto cached =
+        ceilings.record(block_hashes[i], requests[i].input_length, block_size, capacity_blocks);
     prompt_tokens += requests[i].input_length;
-    cache.take(hashes);
+    workload_tokens += cached.workload_tokens;
+    capacity_tokens += cached.capacity_tokens;
   }
-  return prompt_tokens == 0
-             ? 0
-             : static_cast<double>(cached_tokens) / static_cast<double>(prompt_tokens);
+  if (prompt_tokens == 0) return {};
+  const auto prompt = static_cast<double>(prompt_tokens);
+  return {static_cast<double>(workload_tokens) / prompt,
+          static_cast<double>(capacity_tokens) / prompt};
 }
-
-// Keeps every block.
-struct InfiniteCache {
-  absl::flat_hash_set<BlockHash> seen;
-  bool contains(BlockHash hash) const { return seen.contains(hash); }
-  void take(const std::vector<BlockHash>& hashes) { seen.insert(hashes.begin(), hashes.end()); }
-};
-
-// Keeps the `capacity` most recently used blocks. A request's blocks are touched last to first,
-// so that eviction takes a prompt's tail before its reusable head.
-struct LruCache {
-  std::uint64_t capacity = 0;
-  // Most recently used first; each cached hash's place in it.
-  std::list<BlockHash> recency;
-  absl::flat_hash_map<BlockHash, std::list<BlockHash>::iterator> cached;
-
-  bool contains(BlockHash hash) const { return cached.contains(hash); }
-  void take(const std::vector<BlockHash>& hashes) {
-    if (capacity == 0) return;
-    for (auto hash = hashes.rbegin(); hash != hashes.rend(); ++hash) {
-      if (const auto found = cached.find(*hash); found != cached.end()) {
-        recency.splice(recency.begin(), recency, found->second);
-        continue;
-      }
-      recency.push_front(*hash);
-      cached.emplace(*hash, recency.begin());
-      if (cached.size() > capacity) {
-        cached.erase(recency.back());
-        recency.pop_back();
-      }
-    }
-  }
-};
 
 }  // namespace
 
 double infinite_cache_hit_rate(const std::vector<TraceRequest>& requests,
                                const std::vector<std::vector<BlockHash>>& block_hashes,
                                std::uint32_t block_size) {
-  InfiniteCache cache;
-  return prefix_hit_rate(requests, block_hashes, block_size, cache);
+  return exact_ceilings(requests, block_hashes, block_size, 0).workload;
 }
 
 double capacity_bound_hit_rate(const std::vector<TraceRequest>& requests,
                                const std::vector<std::vector<BlockHash>>& block_hashes,
                                std::uint32_t block_size, std::uint64_t capacity_blocks) {
-  LruCache cache{.capacity = capacity_blocks};
-  return prefix_hit_rate(requests, block_hashes, block_size, cache);
+  return exact_ceilings(requests, block_hashes, block_size, capacity_blocks).capacity;
 }
 
 }  // namespace kvr::simulation

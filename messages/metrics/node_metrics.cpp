@@ -149,6 +149,17 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
     {N::kCachedTokensDifference, MetricType::Histogram,
      "Per request, engine-reported minus router-predicted cached prompt tokens, by model.",
      kCachedTokensDifferenceBuckets},
+    {N::kRoutedPromptTokens,
+     MetricType::Counter,
+     "Prompt tokens of every request routed with token ids, by model: the hit-rate ceilings' "
+     "denominator.",
+     {}},
+    {N::kCeilingCachedTokens,
+     MetricType::Counter,
+     "Prompt tokens of the same requests that one cache would have held, by model and ceiling: "
+     "workload (one cache of --hit-rate-workload-tokens or the fleet's KV, if larger) or "
+     "capacity (one LRU cache of the fleet's KV blocks).",
+     {}},
     {N::kSessionBindings, MetricType::Gauge, "Session-affinity bindings, by partition.", {}},
     {N::kSessionRebinds,
      MetricType::Counter,
@@ -284,6 +295,14 @@ ValueHandle NodeMetrics::worker_messages_refused(std::string_view partition,
                                                  std::string_view kind) const {
   return registry_->counter(kWorkerMessagesRefused,
                             {{"partition", std::string{partition}}, {"kind", std::string{kind}}});
+}
+ValueHandle NodeMetrics::routed_prompt_tokens(std::string_view model) const {
+  return counter(kRoutedPromptTokens, "model", model);
+}
+ValueHandle NodeMetrics::ceiling_cached_tokens(std::string_view model,
+                                               std::string_view ceiling) const {
+  return registry_->counter(kCeilingCachedTokens,
+                            {{"model", std::string{model}}, {"ceiling", std::string{ceiling}}});
 }
 ValueHandle NodeMetrics::index_blocks(std::string_view partition) const {
   return gauge(kIndexBlocks, "partition", partition);

@@ -92,6 +92,8 @@ class NodeMetrics {
   static constexpr std::string_view kPredictedCachedTokens = "kvr_predicted_cached_tokens_total";
   static constexpr std::string_view kEngineCachedTokens = "kvr_engine_cached_tokens_total";
   static constexpr std::string_view kCachedTokensDifference = "kvr_cached_tokens_difference";
+  static constexpr std::string_view kRoutedPromptTokens = "kvr_routed_prompt_tokens_total";
+  static constexpr std::string_view kCeilingCachedTokens = "kvr_ceiling_cached_tokens_total";
 
   /// Every family of a node, in the order /metrics help was written.
   static std::span<const NodeMetricFamily> families();
@@ -203,6 +205,10 @@ class NodeMetrics {
   void record_cache_outcome(std::string_view model, std::uint64_t prompt_tokens,
                             std::uint64_t predicted_cached_tokens,
                             std::uint64_t engine_cached_tokens) const;
+  /// Prompt tokens of every routed request with token ids: the ceilings' denominator.
+  ValueHandle routed_prompt_tokens(std::string_view model) const;
+  /// Their cached tokens under one ceiling, `workload` or `capacity`.
+  ValueHandle ceiling_cached_tokens(std::string_view model, std::string_view ceiling) const;
 
  private:
   ValueHandle counter(std::string_view name, std::string_view label = {},

@@ -29,6 +29,7 @@ PartitionRouter::PartitionRouter(PartitionRouterOptions options,
   if (queues_requests(options_.policy_classes)) {
     queue_.emplace(PartitionQueueOptions{options_.policy_classes, options_.queue_max_wait});
   }
+  if (options_.hit_rate_ceilings) ceilings_.emplace(*options_.hit_rate_ceilings);
 }
 
 // ---- requests -------------------------------------------------------------------------------
@@ -97,8 +98,32 @@ RouteReply PartitionRouter::select(RouteRequest& request, TimePoint now, Partiti
       reply.generate_subject = entry->registration.generate_subject;
       reply.http_url = entry->registration.http_url;
     }
+    record_ceilings(request, out);
   }
   return reply;
+}
+
+// Only token blocks: the `estimate` mode's text blocks are bytes, not tokens, and never meet the
+// engines' caches.
+void PartitionRouter::record_ceilings(const RouteRequest& request, PartitionEffects& out) {
+  const selection::SelectionRequest& selection = request.selection;
+  if (!ceilings_ || selection.prompt_keys != selection::PromptKeys::kv_blocks) return;
+  if (!fleet_kv_blocks_) {
+    std::uint64_t total = 0;
+    for (const auto& [id, entry] : selector_.partition_workers().catalog().entries()) {
+      total += entry.registration.total_kv_blocks * entry.registration.data_parallel_size;
+    }
+    fleet_kv_blocks_ = total;
+  }
+  const auto cached = ceilings_->record(selection.block_hashes, selection.prompt_tokens,
+                                        selector_.block_size(), *fleet_kv_blocks_);
+  out.events.emplace_back(partition_event::CeilingsRecorded{
+      selection.prompt_tokens, cached.workload_tokens, cached.capacity_tokens});
+}
+
+void PartitionRouter::note_fleet_changed(PartitionEffects& out) {
+  out.fleet_changed = true;
+  fleet_kv_blocks_.reset();
 }
 
 RouteReply PartitionRouter::failure(const RouteRequest& request, RouteFailure failure) const {
@@ -221,7 +246,7 @@ void PartitionRouter::register_worker(discovery::WorkerRegistration registration
   forget_dumps(id);
   out.events.emplace_back(
       partition_event::WorkerJoined{id, *change != discovery::RegistrationChange::added});
-  out.fleet_changed = true;
+  note_fleet_changed(out);
   // What the worker cached before this node knew of it (the node started, or took the partition
   // over, while the worker sat idle) reaches the index only through a dump, since no event gap
   // would ever show it: each rank's is asked for once, paced like a reconnect's resync.
@@ -252,7 +277,7 @@ void PartitionRouter::deregister(const discovery::WorkerLiveness& deregistration
   }
   out.events.emplace_back(partition_event::WorkerLeft{deregistration.worker_id, false});
   forget_dumps(deregistration.worker_id);
-  out.fleet_changed = true;
+  note_fleet_changed(out);
   out.removed.push_back(deregistration.worker_id);
   finish(out);
 }
@@ -381,7 +406,7 @@ void PartitionRouter::tick(TimePoint now, PartitionEffects& out) {
       out.events.emplace_back(partition_event::WorkerLeft{out.removed[i], true});
       forget_dumps(out.removed[i]);
     }
-    out.fleet_changed = true;
+    note_fleet_changed(out);
   }
   // Expired bookings free capacity; a removed worker's waiting requests get their answer.
   drain_queue(now, out);

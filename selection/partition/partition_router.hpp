@@ -36,6 +36,7 @@
 #include "messages/clock.hpp"
 #include "messages/ids.hpp"
 #include "messages/kv_event.hpp"
+#include "messages/metrics/hit_rate_ceilings.hpp"
 #include "selection/partition/partition_messages.hpp"
 #include "selection/partition/partition_queue.hpp"
 #include "selection/partition/route_request.hpp"
@@ -99,14 +100,22 @@ struct LinkRestored {
 struct SelectionTimed {
   double seconds;
 };
+/// A routed request's prompt and its cached tokens under the hit-rate ceilings.
+struct CeilingsRecorded {
+  std::uint64_t prompt_tokens;
+  std::uint64_t workload_cached_tokens;
+  std::uint64_t capacity_cached_tokens;
+};
 }  // namespace partition_event
 
-using PartitionEvent = std::variant<
-    partition_event::WorkerJoined, partition_event::WorkerLeft, partition_event::WorkerReturned,
-    partition_event::MessageRefused, partition_event::KvEventGap, partition_event::WorkerFailed,
-    partition_event::WorkerEjected, partition_event::EjectionCapped,
-    partition_event::SessionRebound, partition_event::QueueOutcome, partition_event::QueueWaited,
-    partition_event::LinkRestored, partition_event::SelectionTimed>;
+using PartitionEvent =
+    std::variant<partition_event::WorkerJoined, partition_event::WorkerLeft,
+                 partition_event::WorkerReturned, partition_event::MessageRefused,
+                 partition_event::KvEventGap, partition_event::WorkerFailed,
+                 partition_event::WorkerEjected, partition_event::EjectionCapped,
+                 partition_event::SessionRebound, partition_event::QueueOutcome,
+                 partition_event::QueueWaited, partition_event::LinkRestored,
+                 partition_event::SelectionTimed, partition_event::CeilingsRecorded>;
 
 /// What one input asks of the core's owner. Reused across inputs: clear() keeps the capacity.
 struct PartitionEffects {
@@ -174,6 +183,9 @@ struct PartitionRouterOptions {
   /// When set, each selection is timed with this clock (a SelectionTimed event); decisions
   /// never read it.
   std::shared_ptr<const Clock> stopwatch;
+  /// When set, each routed request's prompt is run through the hit-rate ceilings measured so (a
+  /// CeilingsRecorded event).
+  std::optional<metrics::HitRateCeilingsOptions> hit_rate_ceilings;
 };
 
 /// One partition's core (file comment).
@@ -235,6 +247,8 @@ class PartitionRouter {
   const SelectorState& state() const { return selector_; }
   SelectorState& state() { return selector_; }
   const SessionAffinity& affinity() const { return affinity_; }
+  /// The hit-rate ceilings of the requests routed here; null unless measured.
+  const metrics::HitRateCeilings* ceilings() const { return ceilings_ ? &*ceilings_ : nullptr; }
 
  private:
   struct AwaitingOwnership {
@@ -263,6 +277,8 @@ class PartitionRouter {
   void answer_overdue_awaiting(TimePoint now, PartitionEffects& out);
   /// Ends every input: the workers back from an ejection.
   void finish(PartitionEffects& out);
+  void record_ceilings(const RouteRequest& request, PartitionEffects& out);
+  void note_fleet_changed(PartitionEffects& out);
 
   PartitionRouterOptions options_;
   SelectorState selector_;
@@ -286,6 +302,10 @@ class PartitionRouter {
   TimePoint owned_until_{};
   /// Cluster mode: requests waiting for the partition's lease, oldest first.
   std::vector<AwaitingOwnership> awaiting_ownership_;
+  /// The hit-rate ceilings of the requests routed here, when measured.
+  std::optional<metrics::HitRateCeilings> ceilings_;
+  /// Every rank's KV blocks, summed when a ceiling next needs it after the fleet changed.
+  std::optional<std::uint64_t> fleet_kv_blocks_;
 };
 
 }  // namespace kvr

@@ -76,6 +76,11 @@ struct PartitionTelemetry::Writer {
   void operator()(const partition_event::SelectionTimed& e) const {
     telemetry.selection_latency_.observe(e.seconds);
   }
+  void operator()(const partition_event::CeilingsRecorded& e) const {
+    telemetry.routed_prompt_tokens_.add(static_cast<double>(e.prompt_tokens));
+    telemetry.workload_cached_tokens_.add(static_cast<double>(e.workload_cached_tokens));
+    telemetry.capacity_cached_tokens_.add(static_cast<double>(e.capacity_cached_tokens));
+  }
 };
 
 PartitionTelemetry::PartitionTelemetry(const PartitionRouter& router,
@@ -95,6 +100,12 @@ PartitionTelemetry::PartitionTelemetry(const PartitionRouter& router,
   for (std::size_t cause = 0; cause < kFailureCauses; ++cause) {
     worker_failures_[cause] =
         node.worker_failures(partition_, as_str(static_cast<FailureCause>(cause)));
+  }
+  if (router.ceilings() != nullptr) {
+    const std::string& model = router.options().options.partition.model;
+    routed_prompt_tokens_ = node.routed_prompt_tokens(model);
+    workload_cached_tokens_ = node.ceiling_cached_tokens(model, "workload");
+    capacity_cached_tokens_ = node.ceiling_cached_tokens(model, "capacity");
   }
   if (router.queues()) {
     for (const auto& policy_class : router.options().policy_classes) {

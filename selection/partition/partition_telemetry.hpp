@@ -47,6 +47,10 @@ class PartitionTelemetry {
   metrics::ValueHandle kv_dump_requests_;
   /// By FailureCause.
   std::array<metrics::ValueHandle, kFailureCauses> worker_failures_;
+  /// The hit-rate ceilings, when the partition measures them.
+  metrics::ValueHandle routed_prompt_tokens_;
+  metrics::ValueHandle workload_cached_tokens_;
+  metrics::ValueHandle capacity_cached_tokens_;
   /// Per policy class (in queue order), when the queue runs.
   std::vector<metrics::ValueHandle> queue_depth_;
 };

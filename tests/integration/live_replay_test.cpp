@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/testing/kvr_processes.hpp"
+#include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_server.hpp"
 
 namespace kvr {
@@ -44,7 +45,9 @@ class LiveReplayTest : public ::testing::Test {
   }
 
   void start_node(std::vector<std::string> extra = {}) {
-    node_ = kvr_->start_node({.block_size = 64, .extra = std::move(extra)});
+    metrics_port_ = testing::free_port();
+    node_ = kvr_->start_node(
+        {.block_size = 64, .metrics_port = metrics_port_, .extra = std::move(extra)});
     ASSERT_TRUE(node_);
   }
 
@@ -68,6 +71,7 @@ class LiveReplayTest : public ::testing::Test {
   std::optional<KvrProcesses> kvr_;
   std::optional<ChildProcess> mocker_;
   std::optional<ChildProcess> node_;
+  std::uint16_t metrics_port_ = 0;
 };
 
 TEST_F(LiveReplayTest, RoutesStreamsAndReportsEveryTraceRequest) {
@@ -101,6 +105,19 @@ TEST_F(LiveReplayTest, RoutesStreamsAndReportsEveryTraceRequest) {
   const auto& ladder = policy["hit_rate_ladder"];
   EXPECT_GT(ladder["predicted"].get<double>(), 0.0) << ladder.dump(2);
   EXPECT_EQ(ladder["delivered"], policy["hit_rate"]) << ladder.dump(2);
+
+  // The node measures both ceilings itself, over what it routed (the trace in arrival order, and
+  // the readiness probes); its workload cache is far larger than this trace's blocks.
+  const std::string metrics = testing::http_get(metrics_port_, "/metrics");
+  const std::string model = "{model=\"mock-model\"";
+  const double prompt = testing::metric(metrics, "kvr_routed_prompt_tokens_total" + model);
+  const double workload =
+      testing::metric(metrics, "kvr_ceiling_cached_tokens_total" + model + ",ceiling=\"workload\"");
+  const double capacity =
+      testing::metric(metrics, "kvr_ceiling_cached_tokens_total" + model + ",ceiling=\"capacity\"");
+  ASSERT_GT(prompt, 0.0) << metrics;
+  EXPECT_NEAR(workload / prompt, report["infinite_cache_hit_rate"].get<double>(), 0.02) << metrics;
+  EXPECT_NEAR(capacity / prompt, report["capacity_bound_hit_rate"].get<double>(), 0.02) << metrics;
 
   const auto& live = report["live"];
   std::size_t decisions = 0;

@@ -307,6 +307,49 @@ TEST_F(PartitionRouterTest, ShuttingDownAnswersEveryWaitingRequest) {
   }
 }
 
+TEST_F(PartitionRouterTest, RoutedTokenPromptsRunThroughTheHitRateCeilings) {
+  options_.hit_rate_ceilings = metrics::HitRateCeilingsOptions{};
+  make();
+  ASSERT_NE(router_->ceilings(), nullptr);
+  add_worker(1);
+  const auto ceilings_of = [this]() {
+    std::vector<partition_event::CeilingsRecorded> recorded;
+    for (const PartitionEvent& event : effects_.events) {
+      if (const auto* e = std::get_if<partition_event::CeilingsRecorded>(&event)) {
+        recorded.push_back(*e);
+      }
+    }
+    effects_.clear();
+    return recorded;
+  };
+
+  ASSERT_TRUE(route(request("a", 4)));
+  auto first = ceilings_of();
+  ASSERT_EQ(first.size(), 1U);
+  EXPECT_EQ(first[0].prompt_tokens, 4 * kBlockSize);
+  EXPECT_EQ(first[0].workload_cached_tokens, 0);
+  // The same prefix again: three blocks reusable (the last token is always computed), and the
+  // fleet's 1000 blocks hold them.
+  ASSERT_TRUE(route(request("b", 4, "a")));
+  auto again = ceilings_of();
+  ASSERT_EQ(again.size(), 1U);
+  EXPECT_EQ(again[0].workload_cached_tokens, 3 * kBlockSize);
+  EXPECT_EQ(again[0].capacity_cached_tokens, 3 * kBlockSize);
+
+  // A request that is refused reached no cache; a text prompt's blocks are bytes, not tokens.
+  ASSERT_TRUE(route(request("b", 4, "a")));
+  EXPECT_TRUE(ceilings_of().empty());
+  RouteRequest text = request("t", 0);
+  text.prompt_text = std::string(4 * kBlockSize * discovery::kTextBytesPerToken, 'x');
+  text.selection.prompt_tokens = discovery::estimated_prompt_tokens(text.prompt_text.size());
+  EXPECT_NE(worker_of(route(std::move(text))), 0U);
+  EXPECT_TRUE(ceilings_of().empty());
+
+  options_.hit_rate_ceilings.reset();
+  make();
+  EXPECT_EQ(router_->ceilings(), nullptr) << "off unless asked for";
+}
+
 TEST_F(PartitionRouterTest, KvUsageIsReportedWhenItMovesByAPercent) {
   options_.report_kv_usage = true;
   make();
