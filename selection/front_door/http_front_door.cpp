@@ -147,14 +147,28 @@ namespace {
 // Requests are served one after another (HTTP/1.1 keep-alive). While a generation request is in
 // flight, one read stays pending on the client's socket: its end is the client going away.
 
+// One attempt's engine connection. Each attempt has its own, held by the handlers of its
+// operations as well: a retry never reuses a stream whose aborted operations have not yet
+// completed (Beast asserts one pending read or write per stream), and a late completion never
+// touches a buffer or parser that is gone.
+struct Upstream {
+  explicit Upstream(const net::any_io_executor& executor) : stream(executor), resolver(executor) {}
+
+  beast::tcp_stream stream;
+  tcp::resolver resolver;
+  // Bounded: the answer's bytes pass through it into `chunk`.
+  beast::flat_buffer buffer{kChunkBytes};
+  std::optional<http::request<http::string_body>> request;
+  std::optional<http::response_parser<http::buffer_body>> parser;
+  /// The engine's answer is read through it; held only while a request is in flight, so that an
+  /// idle keep-alive connection costs a few hundred bytes.
+  std::unique_ptr<char[]> chunk;
+};
+
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(HttpFrontDoor::State& server, tcp::socket socket)
-      : server_(server),
-        stream_(std::move(socket)),
-        deadline_(stream_.get_executor()),
-        upstream_(stream_.get_executor()),
-        resolver_(stream_.get_executor()) {}
+      : server_(server), stream_(std::move(socket)), deadline_(stream_.get_executor()) {}
 
   ~Connection() {
     std::lock_guard lock{server_.connections_mutex};
@@ -603,23 +617,25 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                        flight.worker_url),
                            v1::ABORT_CAUSE_UNSPECIFIED);
     }
-    upstream_request_.emplace(http::verb::post, url->path + flight.endpoint_path, 11);
-    upstream_request_->set(http::field::host, url->host + ":" + url->port);
-    upstream_request_->set(http::field::content_type, "application/json");
-    upstream_request_->set(http::field::user_agent, "kvr");
-    upstream_request_->set("x-request-id", request_id_);
-    if (!flight.accept.empty()) upstream_request_->set(http::field::accept, flight.accept);
+    upstream_ = std::make_shared<Upstream>(stream_.get_executor());
+    auto& request = upstream_->request;
+    request.emplace(http::verb::post, url->path + flight.endpoint_path, 11);
+    request->set(http::field::host, url->host + ":" + url->port);
+    request->set(http::field::content_type, "application/json");
+    request->set(http::field::user_agent, "kvr");
+    request->set("x-request-id", request_id_);
+    if (!flight.accept.empty()) request->set(http::field::accept, flight.accept);
     if (!flight.authorization.empty()) {
-      upstream_request_->set(http::field::authorization, flight.authorization);
+      request->set(http::field::authorization, flight.authorization);
     }
     // Moved, not copied (prompts run to megabytes); a retry takes it back.
-    upstream_request_->body() = std::move(flight.body);
-    upstream_request_->prepare_payload();
+    request->body() = std::move(flight.body);
+    request->prepare_payload();
     arm_deadline(server_.options.first_byte_timeout, "first_byte");
     connect_engine(
-        upstream_, resolver_, url->host, url->port,
-        [self = shared_from_this(), epoch = epoch_](beast::error_code error,
-                                                    std::string_view what) {
+        upstream_->stream, upstream_->resolver, url->host, url->port,
+        [self = shared_from_this(), up = upstream_, epoch = epoch_](beast::error_code error,
+                                                                    std::string_view what) {
           if (epoch != self->epoch_) return;
           if (error) {
             return self->engine_failed(fmt::format("cannot {}: {}", what, error.message()));
@@ -630,27 +646,29 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void send_upstream() {
     const std::uint64_t epoch = epoch_;
-    http::async_write(upstream_, *upstream_request_,
-                      [self = shared_from_this(), epoch](beast::error_code error, std::size_t) {
-                        if (epoch != self->epoch_) return;
-                        if (error) return self->engine_failed("cannot send: " + error.message());
-                        self->server_.added_latency.observe(
-                            std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                          self->flight_->received)
-                                .count());
-                        self->read_upstream_header();
-                      });
+    http::async_write(
+        upstream_->stream, *upstream_->request,
+        [self = shared_from_this(), up = upstream_, epoch](beast::error_code error, std::size_t) {
+          if (epoch != self->epoch_) return;
+          if (error) return self->engine_failed("cannot send: " + error.message());
+          self->server_.added_latency.observe(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                            self->flight_->received)
+                  .count());
+          self->read_upstream_header();
+        });
   }
 
   void read_upstream_header() {
-    upstream_parser_.emplace();
+    auto& parser = upstream_->parser;
+    parser.emplace();
     // No limit here (a stream may run long; a gathered answer has its own). Not boost::none:
     // Beast 1.74 compares a Content-Length with an empty limit as exceeding it.
-    upstream_parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
+    parser->body_limit(std::numeric_limits<std::uint64_t>::max());
     const std::uint64_t epoch = epoch_;
     http::async_read_header(
-        upstream_, upstream_buffer_, *upstream_parser_,
-        [self = shared_from_this(), epoch](beast::error_code error, std::size_t) {
+        upstream_->stream, upstream_->buffer, *parser,
+        [self = shared_from_this(), up = upstream_, epoch](beast::error_code error, std::size_t) {
           if (epoch != self->epoch_) return;
           if (error) return self->engine_failed("no answer: " + error.message());
           self->on_upstream_header();
@@ -659,7 +677,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void on_upstream_header() {
     Flight& flight = *flight_;
-    const auto& header = upstream_parser_->get();
+    const auto& header = upstream_->parser->get();
     flight.answer_status = header.result_int();
     flight.answer_type = str(header[http::field::content_type]);
     if (flight.answer_status >= 500) {
@@ -671,17 +689,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void read_upstream_body() {
-    auto& body = upstream_parser_->get().body();
-    if (!chunk_) chunk_ = std::make_unique<char[]>(kChunkBytes);
-    body.data = chunk_.get();
+    Upstream& up = *upstream_;
+    auto& body = up.parser->get().body();
+    if (!up.chunk) up.chunk = std::make_unique<char[]>(kChunkBytes);
+    body.data = up.chunk.get();
     body.size = kChunkBytes;
     const std::uint64_t epoch = epoch_;
     http::async_read_some(
-        upstream_, upstream_buffer_, *upstream_parser_,
-        [self = shared_from_this(), epoch](beast::error_code error, std::size_t) {
+        up.stream, up.buffer, *up.parser,
+        [self = shared_from_this(), up = upstream_, epoch](beast::error_code error, std::size_t) {
           if (epoch != self->epoch_) return;
           if (error == http::error::need_buffer) error = {};
-          const std::size_t bytes = kChunkBytes - self->upstream_parser_->get().body().size;
+          const std::size_t bytes = kChunkBytes - up->parser->get().body().size;
           if (error) {
             return self->engine_failed(bytes > 0 || self->flight_->first_byte
                                            ? "the answer broke off: " + error.message()
@@ -694,12 +713,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void on_upstream_bytes(std::size_t bytes) {
     Flight& flight = *flight_;
-    const bool done = upstream_parser_->is_done();
+    Upstream& up = *upstream_;
+    const bool done = up.parser->is_done();
     if (bytes > 0 && !flight.first_byte) {
       flight.first_byte = true;
       report(flight.booking_id, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
       // No retry after the first byte: a long stream keeps neither its prompt nor its body.
-      upstream_request_.reset();
+      up.request.reset();
       flight.key = {};
     }
     if (bytes > 0 || !done) arm_deadline(server_.options.stall_timeout, "stall");
@@ -709,7 +729,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                          server_.options.max_response_bytes),
                              v1::ABORT_CAUSE_WORKER_FAILED);
       }
-      flight.answer.append(chunk_.get(), bytes);
+      flight.answer.append(up.chunk.get(), bytes);
       if (!done) return read_upstream_body();
       return finish_whole_answer();
     }
@@ -717,8 +737,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (done) return finish_stream();
       return read_upstream_body();
     }
-    keep_stream_tail(flight, std::string_view{chunk_.get(), bytes});
-    send_chunk(std::string(chunk_.get(), bytes), done);
+    keep_stream_tail(flight, std::string_view{up.chunk.get(), bytes});
+    send_chunk(std::string(up.chunk.get(), bytes), done);
   }
 
   std::vector<std::pair<std::string, std::string>> kvr_headers() const {
@@ -852,6 +872,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     server_.metrics->add(kEngineFailures, {{"phase", flight.first_byte ? "answer" : "first_byte"}});
     spdlog::warn("front door: request {}: worker {} ({}): {}", request_id_, flight.worker_id,
                  flight.worker_url, why);
+    // Kept for a retry until the first byte (its write is over or aborted).
+    if (upstream_ && upstream_->request) flight.body = std::move(upstream_->request->body());
     close_upstream();
     report(flight.booking_id, v1::LIFECYCLE_EVENT_ABORTED, cause, why);
     flight.booking_id.clear();
@@ -859,7 +881,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
         flight.attempt == 0 && !flight.first_byte && !flight.header_sent &&
         (cause == v1::ABORT_CAUSE_WORKER_FAILED || cause == v1::ABORT_CAUSE_FIRST_TOKEN_TIMEOUT);
     if (retryable) {
-      if (upstream_request_) flight.body = std::move(upstream_request_->body());
       server_.metrics->add(kRetries);
       flight.failed_workers.push_back(flight.worker_id);
       ++flight.attempt;
@@ -927,8 +948,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void end_flight() {
     if (!flight_) return;
     flight_.reset();
-    upstream_request_.reset();
-    chunk_.reset();
     ++epoch_;
     deadline_.cancel();
     close_upstream();
@@ -937,14 +956,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void close_upstream() {
-    resolver_.cancel();
-    if (upstream_.socket().is_open()) {
+    if (!upstream_) return;
+    upstream_->resolver.cancel();
+    if (upstream_->stream.socket().is_open()) {
       beast::error_code ignored;
-      upstream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-      upstream_.close();
+      upstream_->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+      upstream_->stream.close();
     }
-    upstream_buffer_.clear();
-    upstream_parser_.reset();
+    upstream_.reset();
   }
 
   void report(const std::string& booking_id, v1::LifecycleEvent event,
@@ -968,16 +987,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   /// Advanced whenever an attempt or flight ends: a late handler of an older one does nothing.
   std::uint64_t epoch_ = 0;
   std::optional<Flight> flight_;
-  // The engine connection of the attempt under way.
-  beast::tcp_stream upstream_;
-  tcp::resolver resolver_;
-  // Bounded: the answer's bytes pass through it into chunk_.
-  beast::flat_buffer upstream_buffer_{kChunkBytes};
-  std::optional<http::request<http::string_body>> upstream_request_;
-  std::optional<http::response_parser<http::buffer_body>> upstream_parser_;
-  /// The engine's answer is read through it; held only while a request is in flight, so that an
-  /// idle keep-alive connection costs a few hundred bytes.
-  std::unique_ptr<char[]> chunk_;
+  /// The engine connection of the attempt under way; none between attempts.
+  std::shared_ptr<Upstream> upstream_;
   std::optional<http::response<http::empty_body>> stream_header_;
   std::optional<http::response_serializer<http::empty_body>> stream_serializer_;
 };
