@@ -31,6 +31,7 @@
 #include "kvr/v1/routing.pb.h"
 #include "messages/clock.hpp"
 #include "selection/cluster/cluster_values.hpp"
+#include "selection/front_door/routing_gateway.hpp"
 #include "selection/partition/partition_messages.hpp"
 #include "selection/partition/route_request.hpp"
 #include "selection/wire/generate_messages.hpp"
@@ -132,6 +133,14 @@ struct DecisionCallback {
   std::function<void(v1::RouteDecision)> done;
 };
 
+/// A generate stream the front door starts through the gateway actor: the relay the gateway
+/// spawns for it is handed to `relay` (which may have been cancelled already).
+struct GenerateRelayStart {
+  v1::GenerateRequest request;
+  front_door::GenerateCallbacks callbacks;
+  std::function<void(caf::actor)> relay;
+};
+
 /// The selector's answer to a BookingUpdate.
 struct BookingUpdateReply {
   bool applied = false;
@@ -181,6 +190,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::GenerateEnvelope)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ChunkEnvelope)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ClassifierEvent)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::DecisionCallback)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::GenerateRelayStart)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::PartitionFleet)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ClusterView)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::RouteRequest)
@@ -402,7 +412,9 @@ using gateway_actor = caf::typed_actor<
     // route, and answer through the callback (always: an ingress failure becomes an error)
     caf::reacts_to<route_atom, RouteRequestMessage, DecisionCallback>,
     // a lifecycle report; a refused one is logged
-    caf::reacts_to<report_atom, LifecycleReportMessage>>;
+    caf::reacts_to<report_atom, LifecycleReportMessage>,
+    // a generate stream: spawns its relay, the actor client the answer streams to
+    caf::reacts_to<generate_atom, GenerateRelayStart>>;
 
 // ---- cluster mode -------------------------------------------------------------------------------
 

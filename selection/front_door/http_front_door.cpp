@@ -21,6 +21,7 @@
 #include "messages/metrics/cache_mismatch_detector.hpp"
 #include "messages/metrics/node_metrics.hpp"
 #include "messages/metrics/rate_limited_log.hpp"
+#include "selection/front_door/generated_answer.hpp"
 #include "selection/front_door/openai_api.hpp"
 #include "selection/front_door/prompt_renderer.hpp"
 #include "selection/front_door/request_routing.hpp"
@@ -441,7 +442,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::string stream_tail;  // a streamed answer's last bytes: its usage, when it has one
     unsigned answer_status = 200;
     std::string answer_type;
+    // A model whose workers registered no HTTP URL is served through the node's generate API:
+    // tokenized and answered with its tokenizer.
+    std::shared_ptr<const tokenizer::PromptTokenizer> tokenizer;
+    std::shared_ptr<GenerateStream> generation;
+    std::optional<GeneratedAnswer> generated;
+    // Server-Sent Events waiting for the client while a write is under way.
+    std::string events;
+    bool events_end = false;
   };
+
+  // The tokenizer the node loaded for `model` (the name the client used), as the renderer finds it.
+  std::shared_ptr<const tokenizer::PromptTokenizer> native_tokenizer(
+      const std::string& model) const {
+    const auto& tokenizers = server_.options.native_tokenizers;
+    if (!tokenizers) return nullptr;
+    const auto found = tokenizers->find(model);
+    return found == tokenizers->end() ? nullptr : found->second;
+  }
 
   void start_flight(Endpoint endpoint, http::request<http::string_body> request) {
     request_id_ = fmt::format("kvr-{}-{}", server_.id_prefix, server_.next_request.fetch_add(1));
@@ -471,16 +489,25 @@ class Connection : public std::enable_shared_from_this<Connection> {
     for (const auto& worker : target.workers) {
       if (!worker.http_url.empty()) engine_urls.push_back(worker.http_url);
     }
+    std::shared_ptr<const tokenizer::PromptTokenizer> tokenizer;
     if (engine_urls.empty()) {
-      return respond_error(
-          path, HttpError{.status = 503,
-                          .message = fmt::format(
-                              "no worker of `{}` registered an HTTP URL: its workers serve only "
-                              "kvr's NATS generate API (run the engines behind `kvr bridge`)",
-                              parsed->model),
-                          .code = "service_unavailable"});
+      tokenizer = native_tokenizer(parsed->model);
+      if (!tokenizer) {
+        return respond_error(
+            path,
+            HttpError{.status = 503,
+                      .message = fmt::format(
+                          "no worker of `{0}` registered an HTTP URL to forward to, and the node "
+                          "has no tokenizer for `{0}` to serve it through kvr's generate API "
+                          "(token ids in, token ids out): give the node one (--tokenizer "
+                          "{0}=DIR, or `tokenizers` in the router-policy YAML), or run the "
+                          "engines behind `kvr bridge`",
+                          parsed->model),
+                      .code = "service_unavailable"});
+      }
     }
     flight_.emplace();
+    flight_->tokenizer = std::move(tokenizer);
     flight_->endpoint = endpoint;
     flight_->endpoint_path = std::string{path};
     flight_->received = std::chrono::steady_clock::now();
@@ -532,6 +559,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void route() {
     Flight& flight = *flight_;
+    if (flight.tokenizer) return generate();
     // Only workers whose engines the node can forward to (for an adapter: that serve it).
     const ModelTarget target = server_.directory->target(flight.request.model);
     std::vector<WorkerId> eligible;
@@ -604,6 +632,120 @@ class Connection : public std::enable_shared_from_this<Connection> {
           {});
     }
     forward();
+  }
+
+  // ---- through the node's generate API
+  // ----------------------------------------------------------- The node routes, dispatches to the
+  // worker over NATS, retries a worker failure before the first token and ends the booking; the
+  // front door turns the chunks into OpenAI's answer.
+
+  // Output tokens when the request names none: OpenAI's default for completions; a chat, which
+  // OpenAI lets run to the end of the context, gets a bound.
+  static constexpr std::uint32_t kDefaultCompletionTokens = 16;
+  static constexpr std::uint32_t kDefaultChatTokens = 256;
+
+  void generate() {
+    Flight& flight = *flight_;
+    const ModelTarget target = server_.directory->target(flight.request.model);
+    std::vector<WorkerId> eligible;
+    for (const auto& worker : target.workers) {
+      if (worker.http_url.empty()) eligible.push_back(worker.worker_id);
+    }
+    if (eligible.empty() || flight.key.tokens.empty()) {
+      return fail_flight(HttpError{.status = 503,
+                                   .message = fmt::format("no live worker serves `{}` any more",
+                                                          flight.request.model),
+                                   .code = "service_unavailable"},
+                         {});
+    }
+    v1::GenerateRequest request;
+    *request.mutable_route() = make_route_request(request_id_, flight.request, flight.metadata,
+                                                  target, eligible, flight.key);
+    request.set_max_output_tokens(flight.request.max_tokens.value_or(
+        flight.endpoint == Endpoint::completions ? kDefaultCompletionTokens : kDefaultChatTokens));
+    *request.mutable_sampling() = flight.request.sampling;
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    flight.generated.emplace(flight.request, flight.tokenizer->tokenizer(), request_id_,
+                             flight.key.tokens.size(),
+                             std::chrono::duration_cast<std::chrono::seconds>(now).count());
+    flight.answer_type = "text/event-stream";
+    const std::uint64_t epoch = epoch_;
+    const std::weak_ptr<Connection> weak = weak_from_this();
+    flight.generation = server_.gateway->generate(
+        std::move(request),
+        GenerateCallbacks{
+            .decision =
+                [weak, epoch](v1::RouteDecision decision) {
+                  if (auto self = weak.lock()) {
+                    self->server_.post(self->stream_.get_executor(),
+                                       [self, epoch, decision = std::move(decision)]() mutable {
+                                         self->on_generate_decision(epoch, std::move(decision));
+                                       });
+                  }
+                },
+            .chunk =
+                [weak, epoch](v1::GenerateChunk chunk) {
+                  if (auto self = weak.lock()) {
+                    self->server_.post(self->stream_.get_executor(),
+                                       [self, epoch, chunk = std::move(chunk)]() mutable {
+                                         self->on_generate_chunk(epoch, std::move(chunk));
+                                       });
+                  }
+                }});
+  }
+
+  void on_generate_decision(std::uint64_t epoch, v1::RouteDecision decision) {
+    if (epoch != epoch_ || !flight_) return;
+    Flight& flight = *flight_;
+    if (decision.has_error()) {
+      flight.generation.reset();  // nothing to cancel: it ended with its decision
+      return fail_flight(error_for_route(decision.error()), {});
+    }
+    const v1::RouteSuccess& success = decision.success();
+    flight.worker_id = success.worker_id();
+    std::uint32_t block_size = 0;
+    for (const auto& worker : server_.directory->target(flight.request.model).workers) {
+      if (worker.worker_id == success.worker_id()) block_size = worker.block_size;
+    }
+    flight.predicted_cached_tokens = std::uint64_t{success.device_overlap_blocks()} * block_size;
+    server_.added_latency.observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - flight.received).count());
+  }
+
+  void on_generate_chunk(std::uint64_t epoch, v1::GenerateChunk chunk) {
+    if (epoch != epoch_ || !flight_) return;
+    Flight& flight = *flight_;
+    GeneratedAnswer& answer = *flight.generated;
+    // A retry moved the request to another worker: the answer's worker is the chunk's.
+    if (chunk.worker_id() != 0) flight.worker_id = chunk.worker_id();
+    if (auto failure = answer.failure(chunk)) {
+      flight.generation.reset();  // the node ended it
+      return fail_flight(*failure, {});
+    }
+    std::string events = answer.take(chunk);
+    if (!flight.request.stream) {
+      if (!answer.finished()) return;
+      flight.generation.reset();
+      std::string whole = answer.whole();
+      auto headers = kvr_headers();
+      const std::string endpoint = flight.endpoint_path;
+      end_flight();
+      return respond(endpoint, 200, std::move(whole), "application/json", std::move(headers));
+    }
+    if (answer.finished()) flight.generation.reset();
+    flight.events += events;
+    flight.events_end = answer.finished();
+    write_events();
+  }
+
+  // Writes the events gathered while the last write was under way, in one chunk.
+  void write_events() {
+    Flight& flight = *flight_;
+    if (writing_ || flight.events.empty()) return;
+    const bool last = flight.events_end;
+    std::string events = std::move(flight.events);
+    flight.events.clear();
+    send_chunk(std::move(events), last, [this] { write_events(); });
   }
 
   // ---- forwarding to the engine ----------------------------------------------------------------
@@ -738,7 +880,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return read_upstream_body();
     }
     keep_stream_tail(flight, std::string_view{up.chunk.get(), bytes});
-    send_chunk(std::string(up.chunk.get(), bytes), done);
+    send_chunk(std::string(up.chunk.get(), bytes), done, [this] { read_upstream_body(); });
   }
 
   std::vector<std::pair<std::string, std::string>> kvr_headers() const {
@@ -790,17 +932,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   // Streams `bytes` to the client (its response header first), then reads on or ends.
-  void send_chunk(std::string bytes, bool last) {
+  // `then` runs after the write, unless it was the last or the client went away.
+  void send_chunk(std::string bytes, bool last, std::function<void()> then) {
     Flight& flight = *flight_;
     auto pending = std::make_shared<std::string>(std::move(bytes));
     const std::uint64_t epoch = epoch_;
-    auto after = [self = shared_from_this(), epoch, pending, last](beast::error_code error,
-                                                                   std::size_t) {
+    auto after = [self = shared_from_this(), epoch, pending, last, then = std::move(then)](
+                     beast::error_code error, std::size_t) {
       self->writing_ = false;
       if (epoch != self->epoch_ || !self->flight_) return;
       if (error) return self->client_gone();
       if (last) return self->finish_stream();
-      self->read_upstream_body();
+      then();
     };
     writing_ = true;
     if (!flight.header_sent) {
@@ -947,6 +1090,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void end_flight() {
     if (!flight_) return;
+    // Ended before its answer did (the client went away, a write failed, the node stops).
+    if (flight_->generation && !(flight_->generated && flight_->generated->finished())) {
+      flight_->generation->cancel();
+    }
     flight_.reset();
     ++epoch_;
     deadline_.cancel();

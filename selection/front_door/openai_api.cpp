@@ -1,5 +1,7 @@
 #include "selection/front_door/openai_api.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include <fmt/format.h>
@@ -162,6 +164,94 @@ std::string_view path_of(Endpoint endpoint) {
   return endpoint == Endpoint::chat_completions ? "/v1/chat/completions" : "/v1/completions";
 }
 
+namespace {
+
+// Reads `key` into `sampling` when it is a sampling parameter (anything else is left to the
+// engine); the error names a parameter of the wrong type.
+std::expected<void, HttpError> read_sampling_parameter(std::string_view key, ondemand::value& value,
+                                                       v1::SamplingParams& sampling) {
+  const auto wrong = [key](std::string_view what) {
+    const std::string name{key};
+    return std::unexpected(bad_request(fmt::format("{}: {} is required", name, what), name));
+  };
+  const auto number = [&](auto set) -> std::expected<void, HttpError> {
+    double read = 0;
+    if (value.get_double().get(read) || !std::isfinite(read)) return wrong("a number");
+    set(read);
+    return {};
+  };
+  const auto integer = [&](auto set) -> std::expected<void, HttpError> {
+    std::int64_t read = 0;
+    if (value.get_int64().get(read)) return wrong("an integer");
+    set(read);
+    return {};
+  };
+  const auto boolean = [&](auto set) -> std::expected<void, HttpError> {
+    bool read = false;
+    if (value.get_bool().get(read)) return wrong("a boolean");
+    set(read);
+    return {};
+  };
+  const auto to_float = [](double x) { return static_cast<float>(x); };
+  if (key == "temperature") {
+    return number([&](double x) { sampling.set_temperature(to_float(x)); });
+  }
+  if (key == "top_p") return number([&](double x) { sampling.set_top_p(to_float(x)); });
+  if (key == "min_p") return number([&](double x) { sampling.set_min_p(to_float(x)); });
+  if (key == "presence_penalty") {
+    return number([&](double x) { sampling.set_presence_penalty(to_float(x)); });
+  }
+  if (key == "frequency_penalty") {
+    return number([&](double x) { sampling.set_frequency_penalty(to_float(x)); });
+  }
+  if (key == "repetition_penalty") {
+    return number([&](double x) { sampling.set_repetition_penalty(to_float(x)); });
+  }
+  if (key == "top_k") {
+    return integer([&](std::int64_t x) {
+      sampling.set_top_k(static_cast<std::int32_t>(std::clamp<std::int64_t>(x, -1, INT32_MAX)));
+    });
+  }
+  if (key == "seed") return integer([&](std::int64_t x) { sampling.set_seed(x); });
+  if (key == "min_tokens") {
+    return integer([&](std::int64_t x) {
+      sampling.set_min_tokens(
+          static_cast<std::uint32_t>(std::clamp<std::int64_t>(x, 0, UINT32_MAX)));
+    });
+  }
+  if (key == "ignore_eos") return boolean([&](bool x) { sampling.set_ignore_eos(x); });
+  if (key == "skip_special_tokens") {
+    return boolean([&](bool x) { sampling.set_skip_special_tokens(x); });
+  }
+  if (key == "stop") {
+    std::string_view one;
+    if (!value.get_string().get(one)) {
+      sampling.add_stop(std::string{one});
+      return {};
+    }
+    ondemand::array stops;
+    if (value.get_array().get(stops)) return wrong("a string or an array of strings");
+    for (auto stop : stops) {
+      if (stop.get_string().get(one)) return wrong("a string or an array of strings");
+      sampling.add_stop(std::string{one});
+    }
+    return {};
+  }
+  if (key == "stop_token_ids") {
+    ondemand::array ids;
+    if (value.get_array().get(ids)) return wrong("an array of token ids");
+    for (auto id : ids) {
+      std::uint64_t token = 0;
+      if (id.get_uint64().get(token) || token > UINT32_MAX) return wrong("an array of token ids");
+      sampling.add_stop_token_ids(static_cast<std::uint32_t>(token));
+    }
+    return {};
+  }
+  return {};
+}
+
+}  // namespace
+
 std::expected<GenerationRequest, HttpError> parse_generation_request(Endpoint endpoint,
                                                                      std::string_view body,
                                                                      PromptTextUse text_use) {
@@ -231,6 +321,19 @@ std::expected<GenerationRequest, HttpError> parse_generation_request(Endpoint en
         return std::unexpected(
             bad_request("stream_options: an object is required", "stream_options"));
       }
+      for (auto option : options) {
+        std::string_view name;
+        ondemand::value setting;
+        if (option.unescaped_key().get(name) || option.value().get(setting)) {
+          return std::unexpected(bad_request("the body is not valid JSON"));
+        }
+        if (name == "include_usage" && setting.get_bool().get(request.include_usage)) {
+          return std::unexpected(
+              bad_request("stream_options.include_usage: a boolean is required", "stream_options"));
+        }
+      }
+    } else if (auto sampled = read_sampling_parameter(key, value, request.sampling); !sampled) {
+      return std::unexpected(sampled.error());
     }
   }
   if (!has_model) {

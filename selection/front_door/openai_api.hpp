@@ -60,6 +60,12 @@ struct GenerationRequest {
   /// token ids: each chat message as "<role>: <text parts>\n" (a part without text as its JSON),
   /// or the completions prompt (the first, for a batch of prompts).
   std::string prompt_text;
+  /// stream_options.include_usage: a streamed answer ends with a usage event.
+  bool include_usage = false;
+  /// The sampling parameters the body names (temperature, top_p, top_k, min_p, seed, stop,
+  /// stop_token_ids, presence/frequency/repetition_penalty, ignore_eos, min_tokens,
+  /// skip_special_tokens), for workers served through kvr's generate API.
+  v1::SamplingParams sampling;
 };
 
 /// Whether parse_generation_request keeps the prompt's text.

@@ -161,6 +161,13 @@ void PromptRenderer::render(boost::asio::any_io_executor executor, GenerationReq
   if (!request.prompt_token_ids.empty()) {
     return done(RoutingKey{.tokens = std::move(request.prompt_token_ids)});
   }
+  // Workers without an engine to ask take kvr's token ids over its generate API: the model's
+  // tokenizer is the only one, so there is no parity to check.
+  if (engine_urls.empty() && native_) {
+    if (const auto found = native_->find(request.model); found != native_->end()) {
+      return done(render_natively(*found->second, request, body));
+    }
+  }
   if (modes_.for_model(request.model) == selection::TokenizerMode::estimate) {
     if (request.prompt_text.empty()) {
       return done(

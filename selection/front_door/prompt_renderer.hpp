@@ -6,7 +6,8 @@
 // text, with no call. `native`: kvr's own tokenizer and chat template for the model, once a parity
 // check (a fixed probe set rendered by one engine of the model and compared id by id) agrees;
 // until then, and for good when it disagrees, the model is served as in `engine`.
-// A completions prompt of token ids needs no call in any mode.
+// A completions prompt of token ids needs no call in any mode. A model without engines (its
+// workers registered no HTTP URL) is tokenized by its native tokenizer, whatever its mode.
 // Only included by the front door's .cpp files.
 #pragma once
 

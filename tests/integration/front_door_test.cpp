@@ -5,7 +5,8 @@
 // streamed); a repeated long prompt lands on the engine that caches it; every error is an OpenAI
 // error object with its status; a client that goes away cancels the engine's request and releases
 // the booking; a killed engine fails only its own streams, and a request routed to it is retried
-// on another engine.
+// on another engine. Workers without an HTTP URL (`kvr mocker`) are served through the node's
+// generate API with the model's tokenizer, or refused with a reason.
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
@@ -91,6 +92,7 @@ class FrontDoorTest : public testing::KvrClusterTest {
   void TearDown() override {
     if (HasFailure()) {
       if (node_) std::cerr << "---- node log\n" << node_->log();
+      if (mocker_) std::cerr << "---- mocker log\n" << mocker_->log();
       std::cerr << testing::engine_pair_logs(pairs_);
     }
   }
@@ -153,6 +155,22 @@ class FrontDoorTest : public testing::KvrClusterTest {
     return again;
   }
 
+  // A node with `tokenizer` for mock-model, and two `kvr mocker` workers (no HTTP URL).
+  void start_node_with_mockers(const std::string& tokenizer) {
+    start_node({"--tokenizer", "mock-model=" + tokenizer});
+    mocker_ = kvr_->start_mocker({.workers = 2,
+                                  .worker_id_base = kFirstWorker,
+                                  .block_size = kBlockSize,
+                                  .time_scale = "20"});
+    ASSERT_TRUE(mocker_);
+    wait_until_ready();
+    ASSERT_TRUE(wait_until([&] { return node_metric("kvr_workers") == 2; }, 10s));
+  }
+
+  // OpenAI's Node.js client lists the models, streams a chat and a completion, and finds a
+  // repeated long prompt cached (tests/clients/openai/front_door_client.mjs).
+  void run_official_client();
+
   double node_metric(const std::string& name) const {
     return testing::metric(testing::http_get(metrics_port_, "/metrics"), name);
   }
@@ -163,6 +181,7 @@ class FrontDoorTest : public testing::KvrClusterTest {
 
   std::vector<std::unique_ptr<EnginePair>> pairs_;
   std::optional<testing::ChildProcess> node_;
+  std::optional<testing::ChildProcess> mocker_;
   std::uint16_t metrics_port_ = 0;
   std::uint16_t http_port_ = 0;
 };
@@ -291,6 +310,83 @@ TEST_F(FrontDoorTest, TheNativeModeTokenizesInTheNodeOnceAnEngineAgrees) {
   const Answer completion =
       post("/v1/completions", Json{{"model", "mock-model"}, {"prompt", "Hello, world!"}}.dump());
   EXPECT_EQ(completion.status, 200) << completion.body;
+}
+
+// `kvr mocker` workers register no HTTP URL: the node tokenizes with the model's tokenizer, serves
+// through its generate API over NATS, and decodes the chunks into OpenAI's answer.
+TEST_F(FrontDoorTest, WorkersWithoutAnHttpUrlAreServedThroughTheGenerateApi) {
+  const std::string tokenizer = qwen3_tokenizer();
+  if (tokenizer.empty()) GTEST_SKIP() << "KVR_TOKENIZERS_DIR is not set";
+  start_node_with_mockers(tokenizer);
+  if (HasFatalFailure()) return;
+
+  const std::string body = long_chat("generated answers").dump();
+  const Answer first = post("/v1/chat/completions", body);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const Json answer = first.json();
+  EXPECT_EQ(answer["object"], "chat.completion");
+  EXPECT_EQ(answer["model"], "mock-model");
+  EXPECT_EQ(answer["choices"][0]["message"]["role"], "assistant");
+  EXPECT_TRUE(answer["choices"][0]["message"]["content"].is_string());
+  EXPECT_EQ(answer["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(answer["usage"]["completion_tokens"], 4);
+  EXPECT_GT(answer["usage"]["prompt_tokens"].get<int>(), 300);  // the long system prompt
+  EXPECT_FALSE(first.header("x-kvr-worker-id").empty());
+  // The same prompt again reaches the worker that caches it, and the worker says so.
+  const Answer again = post_until_predicted_cached(body);
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(again.header("x-kvr-worker-id"), first.header("x-kvr-worker-id"));
+  EXPECT_GT(again.json()["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0)
+      << again.body;
+
+  // A streamed completion: text events, the finish reason, usage, [DONE].
+  const Answer streamed =
+      post("/v1/completions", Json{{"model", "mock-model"},
+                                   {"prompt", "Once upon a time"},
+                                   {"max_tokens", 6},
+                                   {"stream", true},
+                                   {"stream_options", {{"include_usage", true}}}}
+                                  .dump());
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  EXPECT_EQ(streamed.header("Content-Type"), "text/event-stream");
+  const auto events = sse_data(streamed.body);
+  ASSERT_GE(events.size(), 3u) << streamed.body;
+  EXPECT_EQ(events.back(), "[DONE]");
+  const Json usage = Json::parse(events[events.size() - 2]);
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 6) << streamed.body;
+  const Json last = Json::parse(events[events.size() - 3]);
+  EXPECT_EQ(last["object"], "text_completion");
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+
+  // A client that goes away mid-stream cancels the generation and its booking ends.
+  {
+    auto http = client();
+    httplib::Request request = long_streamed_completion();
+    std::atomic<bool> first_event{false};
+    request.content_receiver = [&](const char*, std::size_t, std::uint64_t, std::uint64_t) {
+      first_event = true;
+      return false;  // httplib closes the connection
+    };
+    (void)http.send(request);
+    ASSERT_TRUE(first_event.load());
+  }
+  EXPECT_TRUE(wait_until([&] { return node_metric("kvr_generate_in_flight") == 0; }, 5s));
+  EXPECT_TRUE(wait_until([&] { return node_metric("kvr_bookings_open") == 0; }, 5s));
+  EXPECT_EQ(node_metric("kvr_http_clients_gone_total"), 1);
+}
+
+TEST_F(FrontDoorTest, WorkersWithoutAnHttpUrlNeedATokenizerAndSaySo) {
+  start_node();
+  auto mocker = kvr_->start_mocker({.workers = 1, .block_size = kBlockSize});
+  ASSERT_TRUE(mocker);
+  wait_until_ready();
+  const Answer refused = post("/v1/completions", R"({"model":"mock-model","prompt":[1,2,3]})");
+  EXPECT_EQ(refused.status, 503) << refused.body;
+  const Json error = refused.json()["error"];
+  EXPECT_EQ(error["code"], "service_unavailable");
+  EXPECT_NE(error["message"].get<std::string>().find("--tokenizer mock-model=DIR"),
+            std::string::npos)
+      << refused.body;
 }
 
 TEST_F(FrontDoorTest, ANativeTokenizerThatDisagreesWithTheEnginesFallsBackToTheEngineMode) {
@@ -628,6 +724,18 @@ TEST_F(FrontDoorTest, TheOfficialOpenAiClientListsStreamsAndHitsTheCache) {
   start_pair(kFirstWorker);
   start_pair(kFirstWorker + 1);
   wait_until_ready();
+  run_official_client();
+}
+
+TEST_F(FrontDoorTest, TheOfficialOpenAiClientIsServedByWorkersWithoutAnHttpUrl) {
+  const std::string tokenizer = qwen3_tokenizer();
+  if (tokenizer.empty()) GTEST_SKIP() << "KVR_TOKENIZERS_DIR is not set";
+  start_node_with_mockers(tokenizer);
+  if (HasFatalFailure()) return;
+  run_official_client();
+}
+
+void FrontDoorTest::run_official_client() {
   const std::filesystem::path client_dir = KVR_OPENAI_CLIENT_DIR;
   ASSERT_TRUE(std::filesystem::exists(client_dir / "node_modules" / "openai"))
       << "run `npm ci --prefix " << client_dir.string() << "` (deploy/test.sh does)";

@@ -131,12 +131,48 @@ TEST(OpenAiApiTest, EachMalformedFieldIsA400NamingIt) {
   EXPECT_EQ(param_of(completions, R"({"model":"m","prompt":"x","user":5})"), "user");
   EXPECT_EQ(param_of(completions, R"({"model":"m","prompt":"x","stream_options":true})"),
             "stream_options");
+  EXPECT_EQ(
+      param_of(completions, R"({"model":"m","prompt":"x","stream_options":{"include_usage":1}})"),
+      "stream_options");
+  EXPECT_EQ(param_of(completions, R"({"model":"m","prompt":"x","temperature":"hot"})"),
+            "temperature");
+  EXPECT_EQ(param_of(completions, R"({"model":"m","prompt":"x","seed":1.5})"), "seed");
+  EXPECT_EQ(param_of(completions, R"({"model":"m","prompt":"x","stop":[1]})"), "stop");
+  EXPECT_EQ(param_of(completions, R"({"model":"m","prompt":"x","stop_token_ids":[-1]})"),
+            "stop_token_ids");
+  EXPECT_EQ(param_of(completions, R"({"model":"m","prompt":"x","ignore_eos":"yes"})"),
+            "ignore_eos");
   // Every prompt form OpenAI allows is accepted.
   for (const char* prompt : {R"("x")", R"(["a","b"])", "[1,2,3]", "[[1,2],[3]]"}) {
     EXPECT_TRUE(parse_generation_request(completions,
                                          std::string{R"({"model":"m","prompt":)"} + prompt + "}"))
         << prompt;
   }
+}
+
+TEST(OpenAiApiTest, UsageAndSamplingParametersAreKeptForTheGenerateApi) {
+  const auto request = parse_generation_request(
+      Endpoint::completions,
+      R"({"model":"m","prompt":"x","stream":true,"stream_options":{"include_usage":true},)"
+      R"("temperature":0.5,"top_p":0.9,"top_k":40,"seed":7,"stop":"END","stop_token_ids":[2],)"
+      R"("ignore_eos":true,"min_tokens":3,"skip_special_tokens":false,"logit_bias":{}})");
+  ASSERT_TRUE(request) << request.error().message;
+  EXPECT_TRUE(request->include_usage);
+  const v1::SamplingParams& sampling = request->sampling;
+  EXPECT_FLOAT_EQ(sampling.temperature(), 0.5F);
+  EXPECT_FLOAT_EQ(sampling.top_p(), 0.9F);
+  EXPECT_EQ(sampling.top_k(), 40);
+  EXPECT_EQ(sampling.seed(), 7);
+  ASSERT_EQ(sampling.stop_size(), 1);
+  EXPECT_EQ(sampling.stop(0), "END");
+  ASSERT_EQ(sampling.stop_token_ids_size(), 1);
+  EXPECT_EQ(sampling.stop_token_ids(0), 2U);
+  EXPECT_TRUE(sampling.ignore_eos());
+  EXPECT_EQ(sampling.min_tokens(), 3U);
+  EXPECT_FALSE(sampling.skip_special_tokens());
+  // What the body does not name stays the engine's default.
+  EXPECT_FALSE(sampling.has_min_p());
+  EXPECT_FALSE(sampling.has_presence_penalty());
 }
 
 TEST(OpenAiApiTest, ThePromptsTextIsKeptOnlyWhenAskedFor) {
