@@ -5,6 +5,7 @@
 #include "deploy/bridge/engine_bridge.hpp"
 #include "deploy/cli/cli_options.hpp"
 #include "deploy/cli/stop_signals.hpp"
+#include "discovery/catalog/worker_registration.hpp"
 #include "messages/worker_role.hpp"
 
 namespace kvr::cli {
@@ -74,7 +75,7 @@ void add_bridge_command(CLI::App& app, int& exit_code) {
                    "tokens per KV block (0: from the engine's metrics)")
       ->capture_default_str()
       ->envname("KVR_BRIDGE_BLOCK_SIZE")
-      ->check(CLI::Range(std::uint32_t{0}, std::uint32_t{1} << 16));
+      ->check(CLI::Range(std::uint32_t{0}, discovery::kMaxBlockSize));
   command
       ->add_option("--num-gpu-blocks", options->num_gpu_blocks,
                    "KV capacity per rank in blocks (0: from the engine's metrics)")

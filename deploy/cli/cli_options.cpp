@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "discovery/catalog/worker_registration.hpp"
 #include "messages/subjects.hpp"
 
 namespace kvr::cli {
@@ -75,7 +76,7 @@ void add_engine_options(CLI::App& app, simulation::EngineConfig& config) {
   app.add_option("--block-size", config.block_size, "tokens per KV block")
       ->group(group)
       ->capture_default_str()
-      ->check(CLI::Range(1U, 4096U));
+      ->check(CLI::Range(1U, discovery::kMaxBlockSize));
   app.add_option("--num-gpu-blocks", config.num_gpu_blocks, "KV blocks per data-parallel rank")
       ->group(group)
       ->capture_default_str()

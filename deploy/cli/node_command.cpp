@@ -15,6 +15,7 @@
 #include "actors/node/router_node.hpp"
 #include "deploy/cli/cli_options.hpp"
 #include "deploy/cli/stop_signals.hpp"
+#include "discovery/catalog/worker_registration.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/config/selection_precedence.hpp"
 #include "selection/partition/partition_queue.hpp"
@@ -248,7 +249,7 @@ void add_node_command(CLI::App& app, int& exit_code) {
                    "tokens per KV block, checked against every worker (workers with another size "
                    "are refused); unset: each model's partition takes its first worker's size")
       ->envname("KVR_BLOCK_SIZE")
-      ->check(CLI::Range(1U, 4096U));
+      ->check(CLI::Range(1U, discovery::kMaxBlockSize));
   command
       ->add_option("--router-booking-ttl-secs", options->booking_ttl_secs,
                    "an unreported booking is released after this many seconds")

@@ -66,6 +66,10 @@ std::expected<WorkerRegistration, RegistrationError> validate_registration(
   }
   if (registration.routing_group.empty()) registration.routing_group = "default";
   if (registration.block_size == 0) return bad("block_size", "must be positive");
+  if (registration.block_size > limits.max_block_size) {
+    return bad("block_size", std::to_string(registration.block_size) + " is more than " +
+                                 std::to_string(limits.max_block_size) + " tokens");
+  }
   if (limits.required_block_size != 0 && registration.block_size != limits.required_block_size) {
     return bad("block_size", std::to_string(registration.block_size) +
                                  " differs from the router's " +

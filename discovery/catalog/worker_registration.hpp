@@ -38,8 +38,13 @@ struct WorkerRegistration {
 };
 
 /// What the router accepts in a registration.
+/// The largest KV block a worker may announce, in tokens (engines use 16 to 512): a block size
+/// of 10^9 would make every prompt one partial block that nothing can match.
+inline constexpr std::uint32_t kMaxBlockSize = 4096;
+
 struct RegistrationLimits {
-  std::uint32_t required_block_size = 0;  ///< the router's block size; 0 accepts any
+  std::uint32_t required_block_size = 0;  ///< the router's block size; 0 accepts any in range
+  std::uint32_t max_block_size = kMaxBlockSize;
   std::uint64_t max_kv_blocks_per_rank = std::uint64_t{1} << 26;
   std::uint32_t max_data_parallel_size = 1024;
   std::size_t max_taints = 64;

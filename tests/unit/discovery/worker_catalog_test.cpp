@@ -81,6 +81,17 @@ TEST(WorkerRegistrationTest, NamesTheBadField) {
   const auto error = registration_from_proto(wire_registration(), strict).error();
   EXPECT_EQ(error.field, "block_size");
   EXPECT_EQ(error.message(), "block_size: 16 differs from the router's 32");
+  for (const std::uint32_t absurd : {4097U, 1'000'000'000U, 4'294'967'295U}) {
+    wire = wire_registration();
+    wire.set_block_size(absurd);
+    const auto refused = registration_from_proto(wire, {});
+    ASSERT_FALSE(refused) << absurd;
+    EXPECT_EQ(refused.error().message(),
+              "block_size: " + std::to_string(absurd) + " is more than 4096 tokens");
+  }
+  wire = wire_registration();
+  wire.set_block_size(4096);
+  EXPECT_TRUE(registration_from_proto(wire, {})) << "the largest size is accepted";
   wire = wire_registration();
   wire.set_liveness_ttl_ms(5);
   EXPECT_EQ(registration_from_proto(wire, {}).error().field, "liveness_ttl_ms");
