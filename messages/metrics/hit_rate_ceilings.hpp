@@ -25,10 +25,10 @@
 
 namespace kvr::metrics {
 
-/// How a node runs the ceilings by default: a workload cache of 2^25 tokens
-/// (`kvr node --hit-rate-workload-tokens`), one block tracked per 128 tokens: 262,144 tracked
-/// blocks of about 60 bytes once the traffic has filled it, 16 MB per partition.
-inline constexpr std::uint64_t kDefaultWorkloadTokens = std::uint64_t{1} << 25;
+/// How a node runs the ceilings by default: a workload cache of 2^24 tokens
+/// (`kvr node --hit-rate-workload-tokens`), one run tracked per 128 tokens: 131,072 tracked
+/// runs of about 100 bytes once the traffic has filled it: 14 MB per partition.
+inline constexpr std::uint64_t kDefaultWorkloadTokens = std::uint64_t{1} << 24;
 inline constexpr std::uint32_t kNodeResolutionTokens = 128;
 
 /// A set of block hashes in recency order that evicts the least recently used. Each hash stands
@@ -110,7 +110,7 @@ class HitRateCeilings {
   Cached record(std::span<const BlockHash> block_hashes, std::uint64_t prompt_tokens,
                 std::uint32_t block_size, std::uint64_t capacity_blocks);
 
-  /// The blocks both caches track (what their memory grows with, about 60 bytes each).
+  /// The runs both caches track (what their memory grows with, about 100 bytes each).
   std::size_t tracked_blocks() const { return workload_.size() + capacity_.size(); }
 
  private:
