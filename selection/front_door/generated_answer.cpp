@@ -63,14 +63,10 @@ std::string GeneratedAnswer::take(const v1::GenerateChunk& chunk) {
   if (finished()) {
     events += event({}, finish_reason_->c_str());
     if (include_usage_) {
-      const Json usage_event{
-          {"id", id_},
-          {"object",
-           endpoint_ == Endpoint::chat_completions ? "chat.completion.chunk" : "text_completion"},
-          {"created", created_},
-          {"model", model_},
-          {"choices", Json::array()},
-          {"usage", usage()}};
+      Json usage_event = envelope(
+          endpoint_ == Endpoint::chat_completions ? "chat.completion.chunk" : "text_completion",
+          Json::array());
+      usage_event["usage"] = usage();
       events += "data: " + usage_event.dump() + "\n\n";
     }
     events += "data: [DONE]\n\n";
@@ -78,38 +74,34 @@ std::string GeneratedAnswer::take(const v1::GenerateChunk& chunk) {
   return events;
 }
 
+// The fields every answer and event shares around its choices.
+Json GeneratedAnswer::envelope(const char* object, Json choices) const {
+  return Json{{"id", id_},
+              {"object", object},
+              {"created", created_},
+              {"model", model_},
+              {"choices", std::move(choices)}};
+}
+
 // One streamed event: the chat's first (the assistant's role), a piece of text, or the last (its
 // finish reason).
 std::string GeneratedAnswer::event(std::string_view text, const char* finish_reason) const {
-  const Json reason = finish_reason == nullptr ? Json(nullptr) : Json(finish_reason);
-  Json choice;
-  Json data;
-  if (endpoint_ == Endpoint::chat_completions) {
+  Json choice{{"index", 0},
+              {"logprobs", nullptr},
+              {"finish_reason", finish_reason == nullptr ? Json(nullptr) : Json(finish_reason)}};
+  const bool chat = endpoint_ == Endpoint::chat_completions;
+  if (chat) {
     Json delta = Json::object();
     if (finish_reason == nullptr) {
       if (text.empty()) delta["role"] = "assistant";
       delta["content"] = std::string{text};
     }
-    choice = Json{{"index", 0},
-                  {"delta", std::move(delta)},
-                  {"logprobs", nullptr},
-                  {"finish_reason", reason}};
-    data = Json{{"id", id_},
-                {"object", "chat.completion.chunk"},
-                {"created", created_},
-                {"model", model_},
-                {"choices", Json::array({std::move(choice)})}};
+    choice["delta"] = std::move(delta);
   } else {
-    choice = Json{{"index", 0},
-                  {"text", std::string{text}},
-                  {"logprobs", nullptr},
-                  {"finish_reason", reason}};
-    data = Json{{"id", id_},
-                {"object", "text_completion"},
-                {"created", created_},
-                {"model", model_},
-                {"choices", Json::array({std::move(choice)})}};
+    choice["text"] = std::string{text};
   }
+  const Json data = envelope(chat ? "chat.completion.chunk" : "text_completion",
+                             Json::array({std::move(choice)}));
   // Invalid UTF-8 cannot come out of the decoder (it repairs as U+FFFD), but a dump must not
   // throw whatever the worker sent.
   return "data: " + data.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
@@ -123,24 +115,18 @@ Json GeneratedAnswer::usage() const {
 }
 
 std::string GeneratedAnswer::whole() const {
-  const Json reason = finish_reason_ ? Json(*finish_reason_) : Json(nullptr);
-  Json choice;
-  const char* object = "text_completion";
-  if (endpoint_ == Endpoint::chat_completions) {
-    object = "chat.completion";
-    choice = Json{{"index", 0},
-                  {"message", {{"role", "assistant"}, {"content", text_}}},
-                  {"logprobs", nullptr},
-                  {"finish_reason", reason}};
+  Json choice{{"index", 0},
+              {"logprobs", nullptr},
+              {"finish_reason", finish_reason_ ? Json(*finish_reason_) : Json(nullptr)}};
+  const bool chat = endpoint_ == Endpoint::chat_completions;
+  if (chat) {
+    choice["message"] = Json{{"role", "assistant"}, {"content", text_}};
   } else {
-    choice = Json{{"index", 0}, {"text", text_}, {"logprobs", nullptr}, {"finish_reason", reason}};
+    choice["text"] = text_;
   }
-  const Json answer{{"id", id_},
-                    {"object", object},
-                    {"created", created_},
-                    {"model", model_},
-                    {"choices", Json::array({std::move(choice)})},
-                    {"usage", usage()}};
+  Json answer =
+      envelope(chat ? "chat.completion" : "text_completion", Json::array({std::move(choice)}));
+  answer["usage"] = usage();
   return answer.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 

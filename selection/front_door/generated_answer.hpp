@@ -37,6 +37,7 @@ class GeneratedAnswer {
   std::string whole() const;
 
  private:
+  nlohmann::json envelope(const char* object, nlohmann::json choices) const;
   std::string event(std::string_view text, const char* finish_reason) const;
   nlohmann::json usage() const;
 

@@ -452,13 +452,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
     bool events_end = false;
   };
 
-  // The tokenizer the node loaded for `model` (the name the client used), as the renderer finds it.
-  std::shared_ptr<const tokenizer::PromptTokenizer> native_tokenizer(
-      const std::string& model) const {
-    const auto& tokenizers = server_.options.native_tokenizers;
-    if (!tokenizers) return nullptr;
-    const auto found = tokenizers->find(model);
-    return found == tokenizers->end() ? nullptr : found->second;
+  // A callback, on any thread, that hands its value to `handle` on this connection's strand
+  // while the connection lives (a value for an older flight is then ignored by `epoch`).
+  template <typename Value>
+  std::function<void(Value)> on_strand(void (Connection::*handle)(std::uint64_t, Value)) {
+    return [weak = weak_from_this(), epoch = epoch_, handle](Value value) {
+      if (auto self = weak.lock()) {
+        self->server_.post(self->stream_.get_executor(),
+                           [self, epoch, handle, value = std::move(value)]() mutable {
+                             ((*self).*handle)(epoch, std::move(value));
+                           });
+      }
+    };
   }
 
   void start_flight(Endpoint endpoint, http::request<http::string_body> request) {
@@ -491,7 +496,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     std::shared_ptr<const tokenizer::PromptTokenizer> tokenizer;
     if (engine_urls.empty()) {
-      tokenizer = native_tokenizer(parsed->model);
+      tokenizer = server_.renderer.native_tokenizer(parsed->model);
       if (!tokenizer) {
         return respond_error(
             path,
@@ -669,29 +674,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
                              flight.key.tokens.size(),
                              std::chrono::duration_cast<std::chrono::seconds>(now).count());
     flight.answer_type = "text/event-stream";
-    const std::uint64_t epoch = epoch_;
-    const std::weak_ptr<Connection> weak = weak_from_this();
     flight.generation = server_.gateway->generate(
         std::move(request),
-        GenerateCallbacks{
-            .decision =
-                [weak, epoch](v1::RouteDecision decision) {
-                  if (auto self = weak.lock()) {
-                    self->server_.post(self->stream_.get_executor(),
-                                       [self, epoch, decision = std::move(decision)]() mutable {
-                                         self->on_generate_decision(epoch, std::move(decision));
-                                       });
-                  }
-                },
-            .chunk =
-                [weak, epoch](v1::GenerateChunk chunk) {
-                  if (auto self = weak.lock()) {
-                    self->server_.post(self->stream_.get_executor(),
-                                       [self, epoch, chunk = std::move(chunk)]() mutable {
-                                         self->on_generate_chunk(epoch, std::move(chunk));
-                                       });
-                  }
-                }});
+        GenerateCallbacks{.decision = on_strand(&Connection::on_generate_decision),
+                          .chunk = on_strand(&Connection::on_generate_chunk)});
   }
 
   void on_generate_decision(std::uint64_t epoch, v1::RouteDecision decision) {

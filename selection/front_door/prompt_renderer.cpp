@@ -154,6 +154,13 @@ PromptTextUse PromptRenderer::text_use() const {
                                                          : PromptTextUse::skip;
 }
 
+std::shared_ptr<const tokenizer::PromptTokenizer> PromptRenderer::native_tokenizer(
+    std::string_view model) const {
+  if (!native_) return nullptr;
+  const auto found = native_->find(model);
+  return found == native_->end() ? nullptr : found->second;
+}
+
 void PromptRenderer::render(boost::asio::any_io_executor executor, GenerationRequest& request,
                             std::string_view body, std::vector<std::string> engine_urls,
                             std::function<void(RenderResult)> done) {
@@ -163,9 +170,9 @@ void PromptRenderer::render(boost::asio::any_io_executor executor, GenerationReq
   }
   // Workers without an engine to ask take kvr's token ids over its generate API: the model's
   // tokenizer is the only one, so there is no parity to check.
-  if (engine_urls.empty() && native_) {
-    if (const auto found = native_->find(request.model); found != native_->end()) {
-      return done(render_natively(*found->second, request, body));
+  if (engine_urls.empty()) {
+    if (const auto tokenizer = native_tokenizer(request.model)) {
+      return done(render_natively(*tokenizer, request, body));
     }
   }
   if (modes_.for_model(request.model) == selection::TokenizerMode::estimate) {
@@ -177,8 +184,7 @@ void PromptRenderer::render(boost::asio::any_io_executor executor, GenerationReq
   }
   if (modes_.for_model(request.model) == selection::TokenizerMode::native &&
       native_ready(request.model, engine_urls, executor)) {
-    const auto& tokenizer = native_->find(request.model)->second;
-    return done(render_natively(*tokenizer, request, body));
+    return done(render_natively(*native_tokenizer(request.model), request, body));
   }
   if (engine_urls.empty()) {
     return done(std::unexpected(HttpError{.status = 503,

@@ -62,6 +62,9 @@ class PromptRenderer {
   void check_new_models(const FleetDirectory& directory,
                         const boost::asio::any_io_executor& executor);
 
+  /// The tokenizer the node loaded for `model` (the name the client used); null when none.
+  std::shared_ptr<const tokenizer::PromptTokenizer> native_tokenizer(std::string_view model) const;
+
   /// Calls made so far (render and tokenize), for tests and benchmarks.
   std::uint64_t calls() const { return calls_.load(); }
 
