@@ -4,6 +4,7 @@
 
 #include <caf/io/middleman.hpp>
 #include <caf/io/middleman_actor.hpp>
+#include <caf/openssl/manager.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -59,8 +60,12 @@ void with_peer(Self self, const cluster::ForwardDecision& target,
   }
   peer.connecting = true;
   const std::string host = peer.address.substr(0, colon);
-  self->request(self->system().middleman().actor_handle(), state.config.connect_timeout,
-                caf::connect_atom::value, host, port)
+  // Through CAF's OpenSSL module when the node loaded it: peers then accept only TLS.
+  auto& system = self->system();
+  const caf::io::middleman_actor connector = system.has_openssl_manager()
+                                                 ? system.openssl_manager().actor_handle()
+                                                 : system.middleman().actor_handle();
+  self->request(connector, state.config.connect_timeout, caf::connect_atom::value, host, port)
       .then(
           [self, node_id](const caf::node_id&, caf::strong_actor_ptr& handle,
                           const std::set<std::string>&) {

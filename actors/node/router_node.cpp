@@ -8,7 +8,10 @@
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/event_based_actor.hpp>
+#include <caf/function_view.hpp>
 #include <caf/io/middleman.hpp>
+#include <caf/openssl/manager.hpp>
+#include <caf/openssl/publish.hpp>
 #include <caf/send.hpp>
 #include <caf/spawn_options.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -24,6 +27,7 @@
 #include "actors/front_door/gateway_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/lifecycle/lifecycle_actor.hpp"
+#include "actors/node/peer_tls.hpp"
 #include "actors/reservation/reservation_actor.hpp"
 #include "messages/metrics/metrics_http.hpp"
 #include "messages/metrics/node_metrics.hpp"
@@ -109,6 +113,34 @@ BridgeSinks make_bridge_sinks(const discovery_actor& discovery, const RequestEnt
 
 }  // namespace
 
+std::expected<void, std::string> NodeOptions::validate_peer_ports() const {
+  if (actor_port == 0 && !cluster.enabled) return {};
+  if (actor_port != 0 && actor_address.empty()) return std::unexpected("--actor-address: empty");
+  if (peers.plaintext) {
+    if (!peers.tls.empty()) {
+      return std::unexpected(
+          "--plaintext-peers: not with --peer-tls-cert, --peer-tls-key, --peer-tls-ca");
+    }
+    if (actor_port != 0 && !is_loopback_address(actor_address)) {
+      return std::unexpected(fmt::format(
+          "--plaintext-peers: only on loopback addresses; --actor-address is {}", actor_address));
+    }
+    if (cluster.enabled && !is_loopback_address(cluster.address)) {
+      return std::unexpected(
+          fmt::format("--plaintext-peers: only on loopback addresses; --cluster-address is {}",
+                      cluster.address));
+    }
+    return {};
+  }
+  if (peers.tls.empty()) {
+    return std::unexpected(fmt::format(
+        "{}: the peer ports need --peer-tls-cert, --peer-tls-key and --peer-tls-ca (mutual TLS, "
+        "docs/security.md), or --plaintext-peers on a loopback address",
+        actor_port != 0 ? "--actor-port" : "--cluster"));
+  }
+  return check_peer_tls(peers.tls);
+}
+
 std::expected<void, std::string> NodeOptions::validate() const {
   if (ns.empty()) return std::unexpected("--namespace: empty");
   // A block size of 0 is learnt per partition from its workers; the rest is checked as given.
@@ -163,6 +195,7 @@ std::expected<void, std::string> NodeOptions::validate() const {
     }
     if (cluster.address.empty()) return std::unexpected("--cluster-address: empty");
   }
+  if (auto peers_ok = validate_peer_ports(); !peers_ok) return std::unexpected(peers_ok.error());
   if (auto affinity = session_affinity.validate(); !affinity) {
     return std::unexpected(affinity.error());
   }
@@ -310,8 +343,8 @@ struct RouterNode::Impl {
   // cluster actor's steps.
   std::expected<void, std::string> start_cluster() {
     if (!cluster_link) return {};
-    auto published = system->middleman().publish(peer_ingress, options.cluster.port,
-                                                 options.cluster.address.c_str(), true);
+    auto published =
+        publish_on_peer_port(peer_ingress, options.cluster.port, options.cluster.address, true);
     if (!published) {
       return std::unexpected(fmt::format("cluster: cannot publish on {}:{}: {}",
                                          options.cluster.address, options.cluster.port,
@@ -340,6 +373,9 @@ struct RouterNode::Impl {
       // request timeout towards a dead node by itself).
       config.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(200)});
       config.set("middleman.connection-timeout", caf::timespan{std::chrono::seconds(1)});
+    }
+    if ((options.actor_port != 0 || options.cluster.enabled) && !options.peers.plaintext) {
+      load_peer_tls(config, options.peers.tls);
     }
     config.add_message_types<caf::id_block::kvr_actors>();
     system = std::make_unique<caf::actor_system>(config);
@@ -454,14 +490,33 @@ struct RouterNode::Impl {
     if (cluster_link) peer_ingress = make(local_entry());
   }
 
+  // The peer ports speak TLS through CAF's OpenSSL module when it is loaded (start_actor_system).
+  caf::expected<std::uint16_t> publish_on_peer_port(const ingress_actor& whom, std::uint16_t port,
+                                                    const std::string& address,
+                                                    bool reuse = false) {
+    if (system->has_openssl_manager()) {
+      return caf::openssl::publish(whom, port, address.c_str(), reuse);
+    }
+    return system->middleman().publish(whom, port, address.c_str(), reuse);
+  }
+
+  void unpublish_peer_port(const ingress_actor& whom, std::uint16_t port) {
+    if (system->has_openssl_manager()) {
+      // Asked directly: caf/openssl/unpublish.hpp sends a message its actor does not accept.
+      auto unpublish = caf::make_function_view(system->openssl_manager().actor_handle());
+      (void)unpublish(caf::unpublish_atom::value, whom.address(), port);
+    } else {
+      (void)system->middleman().unpublish(whom, port);
+    }
+  }
+
   // Publishes the ingress actor through CAF's middleman, when asked (--actor-port).
   std::expected<void, std::string> publish_ingress() {
     if (options.actor_port == 0) return {};
-    auto published =
-        system->middleman().publish(ingress, options.actor_port, options.bind_host.c_str());
+    auto published = publish_on_peer_port(ingress, options.actor_port, options.actor_address);
     if (!published) {
       return std::unexpected(fmt::format("cannot publish the ingress actor on {}:{}: {}",
-                                         options.bind_host, options.actor_port,
+                                         options.actor_address, options.actor_port,
                                          system->render(published.error())));
     }
     actor_port = *published;
@@ -590,7 +645,7 @@ struct RouterNode::Impl {
     // it their requests while it drained.
     if (cluster_link) return in_flight();
     if (system && actor_port != 0) {
-      (void)system->middleman().unpublish(ingress, actor_port);
+      unpublish_peer_port(ingress, actor_port);
       actor_port = 0;
     }
     if (bridge) bridge->stop_intake();
@@ -612,7 +667,7 @@ struct RouterNode::Impl {
     if (bridge) bridge->stop();
     http.reset();
     if (system) {
-      if (actor_port != 0) (void)system->middleman().unpublish(ingress, actor_port);
+      if (actor_port != 0) unpublish_peer_port(ingress, actor_port);
       // The cluster actor first: it hands its leases back, so the others take over at once.
       if (cluster) caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
       if (forwarder) caf::anon_send_exit(forwarder, caf::exit_reason::user_shutdown);

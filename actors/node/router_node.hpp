@@ -18,6 +18,7 @@
 #include "messages/metrics/hit_rate_ceilings.hpp"
 #include "messages/metrics/metrics_registry.hpp"
 #include "messages/nats/nats_client.hpp"
+#include "messages/peer_tls.hpp"
 #include "selection/front_door/endpoint_picker.hpp"
 #include "selection/front_door/http_front_door.hpp"
 #include "selection/partition/booking_caps.hpp"
@@ -33,7 +34,8 @@ struct ClusterNodeOptions {
   bool enabled = false;
   /// Stable across restarts (placement hashes it); empty: "<hostname>-<pid>".
   std::string node_id;
-  /// The middleman binds here (it has no authentication: a private address).
+  /// The middleman binds here; peers forward requests to it (PeerPortOptions says how they
+  /// authenticate).
   std::string address = "127.0.0.1";
   /// 0: any free port (the member record carries the one bound).
   std::uint16_t port = 0;
@@ -42,6 +44,17 @@ struct ClusterNodeOptions {
   /// A lease not renewed for this long ages out; renewals every third of it, and a node stops
   /// serving a partition two thirds of it after its last successful renewal.
   std::chrono::milliseconds lease_ttl{3000};
+};
+
+/// How the peer ports (the actor port and the cluster port, both CAF's middleman) admit a peer
+/// (docs/security.md). Either mutual TLS, where every peer presents a certificate the CA signed
+/// and a connection fails its handshake before a byte of it is read as a message, or plaintext by
+/// explicit choice and only on loopback addresses: CAF reads a message's length from the first
+/// bytes of a plaintext connection and allocates it, so an open plaintext port trusts every local
+/// process.
+struct PeerPortOptions {
+  PeerTlsFiles tls;
+  bool plaintext = false;
 };
 
 /// Default caps on what unreported bookings may hold (`--router-max-open-bookings`,
@@ -70,9 +83,13 @@ struct NodeOptions {
   BookingCaps partition_caps;
   /// Loopback port of /metrics and /healthz; 0: no HTTP endpoint.
   std::uint16_t metrics_port = 0;
-  /// Loopback port the ingress actor is published on; 0: not published.
+  /// Port the ingress actor is published on (a peer port); 0: not published.
   std::uint16_t actor_port = 0;
-  /// Address the HTTP endpoint and the published actor bind to.
+  /// Address the ingress actor is published on.
+  std::string actor_address = "127.0.0.1";
+  /// TLS or plaintext on the actor port and the cluster port.
+  PeerPortOptions peers;
+  /// Address the metrics endpoint binds to.
   std::string bind_host = "127.0.0.1";
   /// CAF scheduler threads; 0: the number of cores.
   std::size_t scheduler_threads = 0;
@@ -107,6 +124,8 @@ struct NodeOptions {
 
   /// Checks ranges; the error names the option.
   std::expected<void, std::string> validate() const;
+  /// TLS credentials that load and match, or plaintext on loopback addresses only.
+  std::expected<void, std::string> validate_peer_ports() const;
 };
 
 /// A running node; stops (unsubscribes, ends its actors, closes NATS) when destroyed.

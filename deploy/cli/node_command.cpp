@@ -344,8 +344,8 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->group(cluster_group);
   command
       ->add_option("--cluster-address", options->node.cluster.address,
-                   "the private address the cluster's CAF middleman binds to (it has no "
-                   "authentication)")
+                   "the address the cluster's CAF middleman binds to (peers forward requests "
+                   "to it; see --peer-tls-cert)")
       ->envname("KVR_CLUSTER_ADDRESS")
       ->capture_default_str()
       ->group(cluster_group);
@@ -380,9 +380,39 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(1, 65'535));
   command
       ->add_option("--actor-port", options->actor_port,
-                   "publish the ingress actor on 127.0.0.1:P for CAF clients; unset: not published")
+                   "publish the ingress actor on --actor-address:P for CAF clients (see "
+                   "--peer-tls-cert); unset: not published")
       ->envname("KVR_ACTOR_PORT")
       ->check(CLI::Range(1, 65'535));
+  command
+      ->add_option("--actor-address", options->node.actor_address,
+                   "the address the ingress actor is published on")
+      ->envname("KVR_ACTOR_ADDRESS")
+      ->capture_default_str();
+  // The actor port and the cluster port are both CAF's middleman: one identity for both.
+  const std::string peer_group = "Peer ports (--actor-port, --cluster; docs/security.md)";
+  command
+      ->add_option("--peer-tls-cert", options->node.peers.tls.certificate,
+                   "PEM certificate (chain) this node presents on the peer ports; mutual TLS: "
+                   "peers must present one --peer-tls-ca signed")
+      ->envname("KVR_PEER_TLS_CERT")
+      ->group(peer_group);
+  command
+      ->add_option("--peer-tls-key", options->node.peers.tls.key,
+                   "the certificate's PEM private key, unencrypted")
+      ->envname("KVR_PEER_TLS_KEY")
+      ->group(peer_group);
+  command
+      ->add_option("--peer-tls-ca", options->node.peers.tls.ca,
+                   "PEM certificate of the CA that signs every peer's certificate")
+      ->envname("KVR_PEER_TLS_CA")
+      ->group(peer_group);
+  command
+      ->add_flag("--plaintext-peers", options->node.peers.plaintext,
+                 "serve the peer ports without TLS, trusting every process that can reach them; "
+                 "only on loopback addresses")
+      ->envname("KVR_PLAINTEXT_PEERS")
+      ->group(peer_group);
   const std::string http_group = "OpenAI-compatible HTTP API";
   command
       ->add_option("--http-port", options->http_port,

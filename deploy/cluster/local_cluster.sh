@@ -194,7 +194,8 @@ done
 echo "mocker fleet: $models models (model-0 ... model-$((models - 1))), $workers_per_model workers each"
 
 for n in 0 1 2; do
-  "$kvr" node --nats "$nats_url" --namespace "$ns" --cluster --node-id "node-$n" \
+  # One machine: the cluster ports stay on 127.0.0.1, where plaintext is allowed.
+  "$kvr" node --nats "$nats_url" --namespace "$ns" --cluster --node-id "node-$n" --plaintext-peers \
     --metrics-port "${ports[n]}" --cluster-lease-ttl-ms "$lease_ttl_ms" \
     >"$logs/node-$n.log" 2>&1 &
   started "$!" "node-$n"

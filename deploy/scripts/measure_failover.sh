@@ -27,7 +27,7 @@ done
 declare -A node_pid node_port
 for n in 1 2 3; do
   node_port[$n]=$((port + 10 + n))
-  "$kvr" node --nats "$nats" --namespace failover --cluster --node-id "n$n" \
+  "$kvr" node --nats "$nats" --namespace failover --cluster --node-id "n$n" --plaintext-peers \
     --metrics-port "${node_port[$n]}" >"$work/node$n.log" 2>&1 &
   node_pid[$n]=$!
   pids+=($!)

@@ -365,16 +365,6 @@ TEST_F(NodeTest, BadMessagesOnEverySubjectAreCountedAndDropped) {
 namespace kvr {
 namespace {
 
-// Resident memory of a process in KiB, from /proc (0 when unreadable).
-std::uint64_t resident_kib(pid_t pid) {
-  std::ifstream status{"/proc/" + std::to_string(pid) + "/status"};
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6));
-  }
-  return 0;
-}
-
 TEST_F(NodeTest, AFloodOfBadMessagesLeavesMemoryBoundedAndServing) {
   // Under AddressSanitizer freed memory waits in a quarantine (256 MiB by default) and would read
   // as growth; the node started below gets a small one.
@@ -412,12 +402,12 @@ TEST_F(NodeTest, AFloodOfBadMessagesLeavesMemoryBoundedAndServing) {
   constexpr int kRounds = 3000;
   flood(kRounds, 0);
   ASSERT_TRUE(wait_until([&] { return bad_total() >= 2 * kRounds; }, 30s)) << bad_total();
-  const std::uint64_t settled = resident_kib(node_->pid());
+  const std::uint64_t settled = testing::resident_kib(node_->pid());
   ASSERT_GT(settled, 0U);
   const double before = bad_total();
   flood(kRounds, kRounds);
   ASSERT_TRUE(wait_until([&] { return bad_total() >= before + 2 * kRounds; }, 30s)) << bad_total();
-  const std::uint64_t after = resident_kib(node_->pid());
+  const std::uint64_t after = testing::resident_kib(node_->pid());
   // Three thousand more rejected messages of each kind may not grow the node by more than a
   // few MiB (allocator noise), far below what keeping any of them would cost.
   EXPECT_LT(after, settled + 8 * 1024) << "RSS " << settled << " KiB -> " << after << " KiB";

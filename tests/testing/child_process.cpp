@@ -138,4 +138,13 @@ TemporaryDirectory::~TemporaryDirectory() {
   std::filesystem::remove_all(path_, ignored);
 }
 
+std::uint64_t resident_kib(pid_t pid) {
+  std::ifstream status{"/proc/" + std::to_string(pid) + "/status"};
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.starts_with("VmRSS:")) return std::stoull(line.substr(6));
+  }
+  return 0;
+}
+
 }  // namespace kvr::testing

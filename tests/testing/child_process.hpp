@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -45,6 +46,9 @@ class ChildProcess {
   std::filesystem::path log_file_;
   std::optional<int> exit_status_;
 };
+
+/// Resident memory of a process in KiB (VmRSS of /proc/<pid>/status); 0 when unreadable.
+std::uint64_t resident_kib(pid_t pid);
 
 /// A fresh temporary directory, removed with the handle.
 class TemporaryDirectory {

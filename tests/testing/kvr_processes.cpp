@@ -1,5 +1,6 @@
 #include "tests/testing/kvr_processes.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <numeric>
@@ -67,6 +68,12 @@ std::optional<ChildProcess> KvrProcesses::start_node(const NodeOptions& options,
   add(arguments, "--metrics-port", options.metrics_port);
   add(arguments, "--actor-port", options.actor_port);
   add(arguments, "--nats-reconnect-wait-ms", options.nats_reconnect_wait_ms);
+  const auto given = [&](std::string_view flag) {
+    return std::ranges::find(options.extra, flag) != options.extra.end();
+  };
+  if ((options.actor_port || given("--cluster")) && !given("--peer-tls-cert")) {
+    arguments.emplace_back("--plaintext-peers");
+  }
   arguments.insert(arguments.end(), options.extra.begin(), options.extra.end());
   return start({"node"}, arguments, log_name);
 }

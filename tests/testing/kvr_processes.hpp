@@ -29,7 +29,8 @@ struct MockerOptions {
   std::vector<std::string> extra;  ///< appended as given
 };
 
-/// The options of one `kvr node`; an unset one keeps the node's default.
+/// The options of one `kvr node`; an unset one keeps the node's default. Its peer ports (the
+/// actor port, --cluster) serve plaintext on loopback unless `extra` gives --peer-tls-cert.
 struct NodeOptions {
   std::optional<std::uint32_t> block_size;
   std::optional<std::uint16_t> metrics_port;

@@ -86,6 +86,7 @@ NodeEnvironment::NodeEnvironment() {
   options.router.block_size = kBlockSize;
   options.booking_ttl = 1s;
   options.actor_port = testing::free_port();
+  options.peers.plaintext = true;  // loopback only
   for (int n = 0; n < std::max(1, nodes); ++n) {
     if (nodes > 0) {
       options.cluster.enabled = true;

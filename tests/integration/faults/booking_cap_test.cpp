@@ -40,15 +40,8 @@ constexpr int kBookingTtlSecs = 30;
 constexpr double kBytesPerBooking = 1024;
 constexpr double kBytesPerBlock = 48;
 
-// The resident set of a process, in bytes (VmRSS of /proc/<pid>/status).
-double resident_bytes(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.starts_with("VmRSS:")) return std::stod(line.substr(6)) * 1024;
-  }
-  return 0;
-}
+// The resident set of a process, in bytes.
+double resident_bytes(pid_t pid) { return static_cast<double>(testing::resident_kib(pid)) * 1024; }
 
 class BookingCapTest : public testing::KvrClusterTest {
  protected:
