@@ -163,6 +163,12 @@ std::expected<void, std::string> NodeOptions::validate() const {
           fmt::format("{}: between {} and {}", flag, node_cap ? 1 : 0, kMaxBookingCap));
     }
   }
+  if (max_workers_per_partition < 1 || max_workers_per_partition > 1'000'000) {
+    return std::unexpected("--router-max-workers-per-partition: between 1 and 1000000");
+  }
+  if (max_rank_entries < 1 || max_rank_entries > 100'000'000) {
+    return std::unexpected("--router-max-rank-entries: between 1 and 100000000");
+  }
   if (hit_rate_workload_tokens > kMaxHitRateWorkloadTokens) {
     return std::unexpected(
         fmt::format("--hit-rate-workload-tokens: between 0 and {}", kMaxHitRateWorkloadTokens));
@@ -426,6 +432,8 @@ struct RouterNode::Impl {
           metrics::HitRateCeilingsOptions{.workload_tokens = options.hit_rate_workload_tokens,
                                           .resolution_tokens = metrics::kNodeResolutionTokens};
     }
+    selector.max_workers = options.max_workers_per_partition;
+    selector.rank_budget = std::make_shared<RankBudget>(options.max_rank_entries);
     selector.classifier = classifier;  // the selectors feed its fleet load
     selector.fenced = options.cluster.enabled;
     // A handover takes one step of the successor, a takeover the lease TTL and a step.

@@ -64,6 +64,12 @@ inline constexpr std::uint64_t kDefaultMaxOpenBookings = 100'000;
 inline constexpr std::uint64_t kDefaultMaxBookedBlocks = 8'000'000;
 /// The largest cap accepted.
 inline constexpr std::uint64_t kMaxBookingCap = 1'000'000'000;
+/// Default bounds on what registrations may make a node hold (`--router-max-workers-per-partition`,
+/// `--router-max-rank-entries`): a worker registers up to 1,024 data-parallel ranks, each costing
+/// its partition about 0.6 KB (docs/reliability.md), so 16,384 rank entries bound a node's fleet
+/// state near 11 MB while covering fleets of thousands of engines.
+inline constexpr std::size_t kDefaultMaxWorkersPerPartition = 4096;
+inline constexpr std::uint64_t kDefaultMaxRankEntries = 16'384;
 /// The largest workload cache of the hit-rate ceilings (`--hit-rate-workload-tokens`).
 inline constexpr std::uint64_t kMaxHitRateWorkloadTokens = std::uint64_t{1} << 36;
 
@@ -81,6 +87,10 @@ struct NodeOptions {
   BookingCaps node_caps{kDefaultMaxOpenBookings, kDefaultMaxBookedBlocks};
   /// The same caps per partition (`--router-partition-max-*`); 0: only the node's apply.
   BookingCaps partition_caps;
+  /// Registrations beyond these are refused, counted and logged: new workers of a partition, and
+  /// data-parallel rank entries over all of the node's partitions.
+  std::size_t max_workers_per_partition = kDefaultMaxWorkersPerPartition;
+  std::uint64_t max_rank_entries = kDefaultMaxRankEntries;
   /// Loopback port of /metrics and /healthz; 0: no HTTP endpoint.
   std::uint16_t metrics_port = 0;
   /// Port the ingress actor is published on (a peer port); 0: not published.

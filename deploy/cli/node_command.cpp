@@ -284,6 +284,19 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->envname("KVR_ROUTER_PARTITION_MAX_BOOKED_BLOCKS")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{0}, actors::kMaxBookingCap));
+  command
+      ->add_option("--router-max-workers-per-partition", options->node.max_workers_per_partition,
+                   "workers a partition admits; a registration of one more is refused")
+      ->envname("KVR_ROUTER_MAX_WORKERS_PER_PARTITION")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1'000'000}));
+  command
+      ->add_option("--router-max-rank-entries", options->node.max_rank_entries,
+                   "data-parallel ranks of registered workers over all of the node's partitions "
+                   "(under 1 KB each); a registration beyond them is refused")
+      ->envname("KVR_ROUTER_MAX_RANK_ENTRIES")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{100'000'000}));
   add_session_affinity_options(*command, options->session_affinity);
   command
       ->add_option("--hit-rate-workload-tokens", options->node.hit_rate_workload_tokens,

@@ -32,6 +32,44 @@ PartitionRouter::PartitionRouter(PartitionRouterOptions options,
   if (options_.hit_rate_ceilings) ceilings_.emplace(*options_.hit_rate_ceilings);
 }
 
+PartitionRouter::~PartitionRouter() {
+  if (options_.rank_budget) options_.rank_budget->give_back(ranks_held_);
+}
+
+std::optional<std::string> PartitionRouter::take_ranks(
+    const discovery::WorkerRegistration& registration) {
+  const auto& catalog = selector_.partition_workers().catalog();
+  const discovery::CatalogEntry* known = catalog.find(registration.worker_id);
+  if (known == nullptr && options_.max_workers != 0 && catalog.size() >= options_.max_workers) {
+    return fmt::format(
+        "the partition holds {} workers, its cap (--router-max-workers-per-partition)",
+        catalog.size());
+  }
+  const std::uint64_t before = known != nullptr ? known->registration.data_parallel_size : 0;
+  const std::uint64_t after = registration.data_parallel_size;
+  if (after <= before || !options_.rank_budget) return std::nullopt;
+  if (!options_.rank_budget->try_take(after - before)) {
+    return fmt::format(
+        "data_parallel_size: {} more ranks would exceed the node's {} rank entries "
+        "(--router-max-rank-entries)",
+        after - before, options_.rank_budget->limit());
+  }
+  ranks_held_ += after - before;
+  return std::nullopt;
+}
+
+void PartitionRouter::settle_ranks() {
+  if (!options_.rank_budget) return;
+  std::uint64_t held = 0;
+  for (const auto& [id, entry] : selector_.partition_workers().catalog().entries()) {
+    held += entry.registration.data_parallel_size;
+  }
+  if (held < ranks_held_) {
+    options_.rank_budget->give_back(ranks_held_ - held);
+    ranks_held_ = held;
+  }
+}
+
 // ---- requests -------------------------------------------------------------------------------
 
 std::optional<RouteReply> PartitionRouter::route(RouteRequest& request, RouteTicket ticket,
@@ -237,7 +275,10 @@ void PartitionRouter::apply_health(const WorkerHealthReport& report, TimePoint n
 void PartitionRouter::register_worker(discovery::WorkerRegistration registration, TimePoint now,
                                       PartitionEffects& out) {
   const WorkerId id = registration.worker_id;
+  if (auto over = take_ranks(registration)) return refuse("registration", std::move(*over), out);
   auto change = selector_.register_worker(std::move(registration), now);
+  // A refused registration, or one with fewer ranks than before, gives ranks back.
+  settle_ranks();
   if (!change) return refuse("registration", change.error().message(), out);
   if (*change == discovery::RegistrationChange::refreshed) {
     heard_from(id, now, out);
@@ -276,6 +317,7 @@ void PartitionRouter::deregister(const discovery::WorkerLiveness& deregistration
     return refuse("deregistration", std::string{discovery::as_str(removed.error())}, out);
   }
   out.events.emplace_back(partition_event::WorkerLeft{deregistration.worker_id, false});
+  settle_ranks();
   forget_dumps(deregistration.worker_id);
   note_fleet_changed(out);
   out.removed.push_back(deregistration.worker_id);
@@ -402,6 +444,7 @@ void PartitionRouter::tick(TimePoint now, PartitionEffects& out) {
   selector_.expire(now, out.removed);
   affinity_.expire(now);
   if (out.removed.size() > first_removed) {
+    settle_ranks();
     for (std::size_t i = first_removed; i < out.removed.size(); ++i) {
       out.events.emplace_back(partition_event::WorkerLeft{out.removed[i], true});
       forget_dumps(out.removed[i]);

@@ -39,6 +39,7 @@
 #include "messages/metrics/hit_rate_ceilings.hpp"
 #include "selection/partition/partition_messages.hpp"
 #include "selection/partition/partition_queue.hpp"
+#include "selection/partition/rank_budget.hpp"
 #include "selection/partition/route_request.hpp"
 #include "selection/partition/route_result.hpp"
 #include "selection/partition/selector_state.hpp"
@@ -186,6 +187,11 @@ struct PartitionRouterOptions {
   /// When set, each routed request's prompt is run through the hit-rate ceilings measured so (a
   /// CeilingsRecorded event).
   std::optional<metrics::HitRateCeilingsOptions> hit_rate_ceilings;
+  /// A registration of a new worker beyond this many is refused; 0: no cap.
+  std::size_t max_workers = 0;
+  /// The node's rank entries, shared by its partitions: a registration whose data-parallel
+  /// ranks it cannot hold is refused. Null: no cap.
+  std::shared_ptr<RankBudget> rank_budget;
 };
 
 /// One partition's core (file comment).
@@ -193,6 +199,10 @@ class PartitionRouter {
  public:
   /// `plugins` must outlive the core.
   PartitionRouter(PartitionRouterOptions options, const plugins::RouterPlugins& plugins);
+  /// Gives its workers' ranks back to the node's budget.
+  ~PartitionRouter();
+  PartitionRouter(const PartitionRouter&) = delete;
+  PartitionRouter& operator=(const PartitionRouter&) = delete;
 
   // ---- requests ---------------------------------------------------------------------------
   /// Routes `request` (through the queue and session affinity), booking its worker. Returns the
@@ -269,6 +279,11 @@ class PartitionRouter {
                       PartitionEffects& out);
   void apply_health(const WorkerHealthReport& report, TimePoint now, PartitionEffects& out);
   void refuse(std::string_view kind, std::string reason, PartitionEffects& out);
+  /// Why `registration` would exceed the partition's worker cap or the node's rank budget (its
+  /// ranks are then taken from the budget); empty when it fits.
+  std::optional<std::string> take_ranks(const discovery::WorkerRegistration& registration);
+  /// Gives back to the budget what the catalog no longer holds (workers that left or shrank).
+  void settle_ranks();
   void request_dump(WorkerWithDpRank worker, TimePoint now, PartitionEffects& out);
   void forget_dumps(WorkerId id);
   void send_resync_dumps(TimePoint now, PartitionEffects& out);
@@ -306,6 +321,8 @@ class PartitionRouter {
   std::optional<metrics::HitRateCeilings> ceilings_;
   /// Every rank's KV blocks, summed when a ceiling next needs it after the fleet changed.
   std::optional<std::uint64_t> fleet_kv_blocks_;
+  /// Ranks of this partition's workers taken from options_.rank_budget.
+  std::uint64_t ranks_held_ = 0;
 };
 
 }  // namespace kvr

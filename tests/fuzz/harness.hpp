@@ -37,6 +37,7 @@ void load_metrics(Input input);         ///< kvr.v1.LoadMetrics
 void kv_event_batch(Input input);       ///< kvr.v1.KvEventBatch and KvDumpReply
 void router_policy_yaml(Input input);   ///< the router-policy YAML, parsed and resolved
 void engine_kv_events(Input input);     ///< an engine's msgpack KVEventBatch (kvr bridge)
+void peer_port_handshake(Input input);  ///< a stranger's bytes on the actor or cluster port
 
 }  // namespace kvr::fuzz
 

@@ -2,6 +2,9 @@
 // worker, raw NATS clients on loopback): a registration announcing a subject nobody can serve or
 // the routers' own is refused and logged, an explicit liveness_ttl_ms of 0 is refused while an
 // absent one means the default, and two clients may use the same request id.
+#include <iostream>
+
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "kvr/v1/routing.pb.h"
@@ -30,6 +33,11 @@ class ProtocolHolesTest : public testing::KvrClusterTest {
   void SetUp() override {
     KvrClusterTest::SetUp();
     if (HasFatalFailure()) return;
+    // Under AddressSanitizer freed memory waits in a quarantine (256 MiB by default) and would read
+    // as the node's growth.
+    const char* asan = std::getenv("ASAN_OPTIONS");
+    const std::string options = asan != nullptr && *asan != '\0' ? std::string{asan} + ":" : "";
+    setenv("ASAN_OPTIONS", (options + "quarantine_size_mb=1").c_str(), 1);
     auto mocker = kvr_->start_mocker(
         {.workers = 1, .worker_id_base = 1, .block_size = kBlockSize, .liveness_ttl_ms = 10'000});
     ASSERT_TRUE(mocker);
@@ -150,6 +158,48 @@ TEST_F(ProtocolHolesTest, TwoClientsMayUseTheSameRequestId) {
   EXPECT_NE(again.error().message().find("already routed"), std::string::npos)
       << again.error().message();
   EXPECT_EQ(again.request_id(), "shared-id");
+}
+
+// 1,000 registrations of about 60 bytes, each claiming 1,024 data-parallel ranks (a million rank
+// entries, which took a node to gigabytes before it had caps): the node admits what its
+// --router-max-rank-entries (16,384 by default) holds, refuses the rest, counted, and keeps
+// serving its worker; its memory grows by tens of MB, not gigabytes.
+TEST_F(ProtocolHolesTest, ThousandsOfRankClaimsAreRefusedBeyondTheNodesRankEntries) {
+  constexpr int kRegistrations = 1000;
+  constexpr std::uint32_t kRanks = 1024;
+  const std::uint64_t before = testing::resident_kib(node_->pid());
+  ASSERT_GT(before, 0U);
+  for (int n = 0; n < kRegistrations; ++n) {
+    auto wire =
+        registration(static_cast<WorkerId>(10'000 + n), fmt::format("rank-flood-{}", n % 4));
+    wire.set_data_parallel_size(kRanks);
+    ASSERT_TRUE(client_->publish(subjects::worker_register(kNamespace), wire.SerializeAsString()));
+  }
+  ASSERT_TRUE(client_->flush(10s));
+  const auto over_models = [&](const std::string& series) {
+    const std::string text = http_get(metrics_port_, "/metrics");
+    double sum = 0;
+    for (int m = 0; m < 4; ++m) sum += metric(text, fmt::format(fmt::runtime(series), m));
+    return sum;
+  };
+  const auto admitted = [&] {
+    return over_models("kvr_workers{{partition=\"rank-flood-{}/default\"}}");
+  };
+  const auto refused = [&] {
+    return over_models(
+        "kvr_worker_messages_refused_total{{partition=\"rank-flood-{}/default\","
+        "kind=\"registration\"}}");
+  };
+  // The default 16,384 rank entries hold 16 such workers, less the mocker's one rank.
+  EXPECT_TRUE(wait_until([&] { return admitted() + refused() >= kRegistrations; }, 60s))
+      << admitted() << " admitted, " << refused() << " refused";
+  EXPECT_EQ(admitted(), 15);
+  EXPECT_EQ(refused(), kRegistrations - 15);
+  EXPECT_TRUE(route(*client_, "mock-model", "served-after-the-flood").has_success());
+  const std::uint64_t after = testing::resident_kib(node_->pid());
+  std::cout << fmt::format("{} registrations x {} ranks: {} admitted; node RSS {} -> {} KiB\n",
+                           kRegistrations, kRanks, admitted(), before, after);
+  EXPECT_LT(after, before + 100 * 1024);
 }
 
 }  // namespace

@@ -294,6 +294,55 @@ TEST_F(PartitionRouterTest, ADeregisteredWorkerIsRemovedAndReportedOnce) {
   EXPECT_EQ(count<partition_event::MessageRefused>(effects_), 1U);
 }
 
+// The node's rank budget is shared by partitions: a registration it cannot hold is refused, and
+// ranks come back when a worker shrinks, deregisters, expires or its partition goes away.
+TEST_F(PartitionRouterTest, RegistrationsAreBoundedByWorkersAndTheNodesRankEntries) {
+  auto budget = std::make_shared<RankBudget>(10);
+  options_.rank_budget = budget;
+  options_.max_workers = 3;
+  make();
+  const auto register_with = [&](WorkerId id, std::uint32_t ranks, std::chrono::milliseconds ttl) {
+    auto registration = worker(id, ttl);
+    registration.data_parallel_size = ranks;
+    effects_.clear();
+    router_->register_worker(registration, kStart, effects_);
+    return count<partition_event::MessageRefused>(effects_) == 0;
+  };
+  EXPECT_TRUE(register_with(1, 4, 10s));
+  EXPECT_TRUE(register_with(2, 4, 1s));
+  EXPECT_EQ(budget->held(), 8U);
+  // A registration the catalog refuses takes nothing.
+  auto wrong_block = worker(5);
+  wrong_block.block_size = kBlockSize * 2;
+  router_->register_worker(wrong_block, kStart, effects_);
+  EXPECT_EQ(count<partition_event::MessageRefused>(effects_), 1U);
+  EXPECT_EQ(budget->held(), 8U);
+  // Three more ranks than the budget holds: refused, naming the cap, nothing taken.
+  EXPECT_FALSE(register_with(3, 3, 10s));
+  const auto* refused = std::get_if<partition_event::MessageRefused>(&effects_.events.front());
+  ASSERT_NE(refused, nullptr);
+  EXPECT_NE(refused->reason.find("--router-max-rank-entries"), std::string::npos)
+      << refused->reason;
+  EXPECT_EQ(budget->held(), 8U);
+  // A worker registering again with fewer ranks gives the rest back.
+  EXPECT_TRUE(register_with(1, 1, 10s));
+  EXPECT_EQ(budget->held(), 5U);
+  EXPECT_TRUE(register_with(3, 3, 10s));
+  EXPECT_EQ(budget->held(), 8U);
+  // A fourth worker exceeds the partition's cap of three, whatever its ranks.
+  EXPECT_FALSE(register_with(4, 1, 10s));
+  refused = std::get_if<partition_event::MessageRefused>(&effects_.events.front());
+  ASSERT_NE(refused, nullptr);
+  EXPECT_NE(refused->reason.find("--router-max-workers-per-partition"), std::string::npos);
+  // Expiry and deregistration give ranks back; so does the partition going away.
+  router_->tick(kStart + 2s, effects_);
+  EXPECT_EQ(budget->held(), 4U);
+  router_->deregister({1, 1}, kStart + 2s, effects_);
+  EXPECT_EQ(budget->held(), 3U);
+  router_.reset();
+  EXPECT_EQ(budget->held(), 0U);
+}
+
 TEST_F(PartitionRouterTest, ShuttingDownAnswersEveryWaitingRequest) {
   options_.fenced = true;
   make();
