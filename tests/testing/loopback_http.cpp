@@ -1,5 +1,8 @@
 #include "tests/testing/loopback_http.hpp"
 
+#include <algorithm>
+#include <fstream>
+#include <random>
 #include <sstream>
 
 #include <arpa/inet.h>
@@ -10,16 +13,42 @@
 
 namespace kvr::testing {
 
-std::uint16_t free_port() {
+namespace {
+
+// The first port of the kernel's ephemeral range (outgoing connections and bind(0) take theirs
+// from it).
+std::uint16_t first_ephemeral_port() {
+  std::ifstream range{"/proc/sys/net/ipv4/ip_local_port_range"};
+  unsigned first = 32768;
+  range >> first;
+  return static_cast<std::uint16_t>(std::clamp(first, 11'000U, 65'535U));
+}
+
+bool can_bind(std::uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  address.sin_port = htons(port);
+  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
   ::close(fd);
-  return ntohs(address.sin_port);
+  return bound;
+}
+
+}  // namespace
+
+std::uint16_t free_port() {
+  // Below the ephemeral range: a port the kernel handed out for bind(0) was often taken again by
+  // another test's outgoing connection before the process meant to listen on it started. Chosen
+  // at random, so that tests running side by side rarely pick the same one.
+  static const std::uint16_t end = first_ephemeral_port();
+  thread_local std::mt19937 random{std::random_device{}()};
+  std::uniform_int_distribution<unsigned> pick{10'000, static_cast<unsigned>(end) - 1};
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const auto port = static_cast<std::uint16_t>(pick(random));
+    if (can_bind(port)) return port;
+  }
+  return 0;
 }
 
 std::string http_get(std::uint16_t port, const std::string& path) {

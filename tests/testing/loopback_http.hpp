@@ -7,7 +7,8 @@
 
 namespace kvr::testing {
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, below the kernel's ephemeral range (0 when
+/// none was found).
 std::uint16_t free_port();
 
 /// The raw HTTP/1.0 response of GET `path` on 127.0.0.1:`port` (empty when nothing answers).
