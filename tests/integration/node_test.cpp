@@ -366,11 +366,8 @@ namespace kvr {
 namespace {
 
 TEST_F(NodeTest, AFloodOfBadMessagesLeavesMemoryBoundedAndServing) {
-  // Under AddressSanitizer freed memory waits in a quarantine (256 MiB by default) and would read
-  // as growth; the node started below gets a small one.
-  const char* asan = std::getenv("ASAN_OPTIONS");
-  const std::string options = asan != nullptr && *asan != '\0' ? std::string{asan} + ":" : "";
-  setenv("ASAN_OPTIONS", (options + "quarantine_size_mb=1").c_str(), 1);
+  // Freed memory in ASan's quarantine would read as the node's growth.
+  testing::use_small_asan_quarantine_in_children();
   start_cluster();
   const auto bad_total = [&] { return metric(metrics_text(), "kvr_bad_messages_total"); };
   // A first round grows the node to its working size (buffers, log rate limiter, metrics).

@@ -93,10 +93,8 @@ class PeerPortsTest : public testing::KvrClusterTest {
   void SetUp() override {
     KvrClusterTest::SetUp();
     if (HasFatalFailure()) return;
-    // Under AddressSanitizer freed memory waits in a quarantine and would read as growth.
-    const char* asan = std::getenv("ASAN_OPTIONS");
-    const std::string options = asan != nullptr && *asan != '\0' ? std::string{asan} + ":" : "";
-    setenv("ASAN_OPTIONS", (options + "quarantine_size_mb=1").c_str(), 1);
+    // Freed memory in ASan's quarantine would read as the node's growth.
+    testing::use_small_asan_quarantine_in_children();
     for (int m = 0; m < kModels; ++m) {
       auto mocker = kvr_->start_mocker({.workers = 1,
                                         .worker_id_base = static_cast<WorkerId>(100 + 10 * m),

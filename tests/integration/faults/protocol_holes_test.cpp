@@ -33,11 +33,8 @@ class ProtocolHolesTest : public testing::KvrClusterTest {
   void SetUp() override {
     KvrClusterTest::SetUp();
     if (HasFatalFailure()) return;
-    // Under AddressSanitizer freed memory waits in a quarantine (256 MiB by default) and would read
-    // as the node's growth.
-    const char* asan = std::getenv("ASAN_OPTIONS");
-    const std::string options = asan != nullptr && *asan != '\0' ? std::string{asan} + ":" : "";
-    setenv("ASAN_OPTIONS", (options + "quarantine_size_mb=1").c_str(), 1);
+    // Freed memory in ASan's quarantine would read as the node's growth.
+    testing::use_small_asan_quarantine_in_children();
     auto mocker = kvr_->start_mocker(
         {.workers = 1, .worker_id_base = 1, .block_size = kBlockSize, .liveness_ttl_ms = 10'000});
     ASSERT_TRUE(mocker);
