@@ -25,6 +25,7 @@ struct ReplayLiveCommandOptions {
   std::optional<std::uint32_t> block_size;
   double timeout_s = 60;
   double ready_timeout_s = 15;
+  int route_retry_after_ms = 150;
   // Non-empty: through an OpenAI-compatible HTTP API instead of NATS.
   std::vector<std::string> openai_urls;
   replay::OpenAiApi openai_api = replay::OpenAiApi::chat;
@@ -105,6 +106,7 @@ int run_live_replay(const ReplayLiveCommandOptions& options) {
   live_options.block_size = options.block_size.value_or(0);
   live_options.request_timeout = seconds_to_ms(options.timeout_s);
   live_options.ready_timeout = seconds_to_ms(options.ready_timeout_s);
+  live_options.route_retry.retry_after = std::chrono::milliseconds(options.route_retry_after_ms);
   ProgressBar progress{{"live"}, trace->size(), !options.output.quiet};
   live_options.on_progress = [&progress](std::size_t done) { progress.update(0, done); };
   auto live = replay::LiveReplay::connect(live_options);
@@ -190,6 +192,17 @@ void add_replay_live_command(CLI::App& app, int& exit_code) {
                    "route a probe request")
       ->capture_default_str()
       ->check(finite_range(0.1, 3'600.0));
+  command
+      ->add_option("--route-retry-after-ms", options->route_retry_after_ms,
+                   "ask for a route again, with a fresh id, when no decision came this long "
+                   "after the last ask (a hung node keeps its share of the queue group)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 600'000));
+  command
+      ->add_option("--route-attempts", live.route_retry.max_attempts,
+                   "most route asks per request (1: never ask again)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
   command->add_flag("--send-tokens", live.send_tokens,
                     "send the synthesized prompt tokens (the router hashes them) instead of block "
                     "hashes");

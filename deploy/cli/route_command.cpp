@@ -10,6 +10,7 @@
 #include "kvr/v1/routing.pb.h"
 #include "messages/error.hpp"
 #include "messages/nats/nats_client.hpp"
+#include "messages/nats/route_client.hpp"
 #include "messages/subjects.hpp"
 
 namespace kvr::cli {
@@ -27,6 +28,8 @@ struct RouteCommandOptions {
   std::string cache_namespace;
   std::string tenant;
   int timeout_ms = 5000;
+  int retry_after_ms = 150;
+  int attempts = 7;
 };
 
 v1::WorkerRole wire_role(std::string_view role) {
@@ -90,16 +93,23 @@ int run_route(const RouteCommandOptions& options) {
     std::cerr << "kvr route: " << client.error() << '\n';
     return kNoDecision;
   }
-  auto reply = (*client)->request(subjects::router_route(options.ns), request.SerializeAsString(),
-                                  std::chrono::milliseconds(options.timeout_ms));
-  if (!reply) {
-    std::cerr << "kvr route: no decision: " << reply.error() << '\n';
+  auto router = nats::RouteClient::open(**client, subjects::router_route(options.ns),
+                                        subjects::router_report(options.ns));
+  if (!router) {
+    std::cerr << "kvr route: " << router.error() << '\n';
     return kNoDecision;
   }
-  v1::RouteDecision decision;
-  if (!decision.ParseFromString(reply->data)) {
-    std::cerr << "kvr route: the reply is not a RouteDecision\n";
+  auto routed =
+      router->route(request, {.retry_after = std::chrono::milliseconds(options.retry_after_ms),
+                              .max_attempts = options.attempts,
+                              .timeout = std::chrono::milliseconds(options.timeout_ms)});
+  if (!routed) {
+    std::cerr << "kvr route: no decision: " << routed.error() << '\n';
     return kNoDecision;
+  }
+  const v1::RouteDecision& decision = routed->decision;
+  if (routed->attempts > 1) {
+    std::cerr << fmt::format("kvr route: answered after {} asks\n", routed->attempts);
   }
   std::cout << print_decision(decision) << '\n';
   if (decision.has_success()) return kRouted;
@@ -121,8 +131,11 @@ void add_route_command(CLI::App& app, int& exit_code) {
       "  2 usage or configuration error (a bad option)\n"
       "  3 rejected by admission: ROUTE_ERROR_OVERLOADED (a full queue or a booking cap),\n"
       "    _RATE_LIMITED, _DUE_TIME_EXPIRED or _REJECTED (the request classifier)\n"
-      "  4 no decision: no connection to NATS, no node answered (no responders, or none\n"
-      "    within --timeout-ms), or the reply is not a RouteDecision\n"
+      "  4 no decision: no connection to NATS, or no node answered (no responders, or none\n"
+      "    within --timeout-ms)\n"
+      "A request with no decision after --retry-after-ms is asked again with a fresh id (a hung\n"
+      "node keeps its share of the queue group), up to --attempts asks; the first decision wins\n"
+      "and a later one is released.\n"
       "A decision, error or not, is printed on stdout.");
   auto options = std::make_shared<RouteCommandOptions>();
   add_nats_options(*command, options->nats);
@@ -151,6 +164,14 @@ void add_route_command(CLI::App& app, int& exit_code) {
   command->add_option("--timeout-ms", options->timeout_ms, "how long to wait for the decision")
       ->capture_default_str()
       ->check(CLI::Range(1, 600'000));
+  command
+      ->add_option("--retry-after-ms", options->retry_after_ms,
+                   "ask again (fresh id) when no decision came this long after the last ask")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 600'000));
+  command->add_option("--attempts", options->attempts, "most asks in all (1: never ask again)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
   command->callback([options, &exit_code] {
     if (options->tokens.empty() && options->text.empty()) {
       std::cerr << "kvr route: give the prompt with --tokens or --text\n";

@@ -44,6 +44,9 @@ enum class Phase : std::uint8_t { Waiting, Routing, Streaming, Done };
 struct LiveRequest {
   Phase phase = Phase::Waiting;
   Clock::time_point sent;
+  // Route asks sent, and those not yet answered (docs/protocol.md: a client asks again).
+  int route_asks = 0;
+  int route_asks_unanswered = 0;
   std::string booking_id;
   std::string generate_subject;
   WorkerWithDpRank worker;
@@ -114,10 +117,24 @@ struct LiveReplay::State {
   std::size_t ended = 0;
   // Set when the connection closed for good: nothing can be sent or received any more.
   bool connection_closed = false;
-  std::size_t acks_pending = 0;
+  // Lifecycle reports not acknowledged yet, by the number their ack subject carries: a report
+  // that reached a hung node is sent again, as route requests are asked again.
+  struct PendingReport {
+    std::string payload;
+    int sends = 0;
+  };
+  std::map<std::uint64_t, PendingReport> pending_reports;
+  std::uint64_t next_report = 0;
+  std::priority_queue<std::pair<Clock::time_point, std::uint64_t>,
+                      std::vector<std::pair<Clock::time_point, std::uint64_t>>, std::greater<>>
+      report_resends;
   std::priority_queue<std::pair<Clock::time_point, std::size_t>,
                       std::vector<std::pair<Clock::time_point, std::size_t>>, std::greater<>>
       deadlines;
+  // When a request still routing asks again.
+  std::priority_queue<std::pair<Clock::time_point, std::size_t>,
+                      std::vector<std::pair<Clock::time_point, std::size_t>>, std::greater<>>
+      next_asks;
 
   std::string request_id(std::size_t index) const {
     return fmt::format("live-{}-{}", run_id, index);
@@ -167,20 +184,36 @@ struct LiveReplay::State {
   }
 
   // `cause`: for an abort, who is to blame (the router's passive health counts the worker's).
-  void report(std::size_t index, const std::string& booking_id, v1::LifecycleEvent event,
-              std::string_view error = {}, v1::AbortCause cause = v1::ABORT_CAUSE_UNSPECIFIED) {
+  void report(const std::string& booking_id, v1::LifecycleEvent event, std::string_view error = {},
+              v1::AbortCause cause = v1::ABORT_CAUSE_UNSPECIFIED) {
     v1::LifecycleReport report;
     report.set_booking_id(booking_id);
     report.set_event(event);
     report.set_error(std::string{error});
     report.set_abort_cause(cause);
-    if (client
-            ->publish_request(subjects::router_report(options.ns),
-                              reply_subject(InboxKind::Ack, index), report.SerializeAsString())
-            .has_value()) {
-      ++acks_pending;
-    } else {
-      ++result.reports_unacknowledged;
+    const std::uint64_t number = next_report++;
+    PendingReport& pending = pending_reports[number];
+    pending.payload = report.SerializeAsString();
+    send_report(number, pending, Clock::now());
+  }
+
+  void send_report(std::uint64_t number, PendingReport& pending, Clock::time_point now) {
+    ++pending.sends;
+    if (pending.sends < options.route_retry.max_attempts) {
+      report_resends.emplace(now + options.route_retry.retry_after, number);
+    }
+    (void)client->publish_request(subjects::router_report(options.ns),
+                                  reply_subject(InboxKind::Ack, number), pending.payload);
+  }
+
+  void resend_reports(Clock::time_point now) {
+    while (!report_resends.empty() && report_resends.top().first <= now) {
+      const std::uint64_t number = report_resends.top().second;
+      report_resends.pop();
+      auto pending = pending_reports.find(number);
+      if (pending != pending_reports.end() && !connection_closed) {
+        send_report(number, pending->second, now);
+      }
     }
   }
 
@@ -192,7 +225,7 @@ struct LiveReplay::State {
       cancel.set_request_id(request_id(index));
       (void)client->publish(request.generate_subject + ".cancel", cancel.SerializeAsString());
     }
-    report(index, request.booking_id, v1::LIFECYCLE_EVENT_ABORTED, why, cause);
+    report(request.booking_id, v1::LIFECYCLE_EVENT_ABORTED, why, cause);
   }
 
   void dispatch(std::size_t index, Clock::time_point now) {
@@ -205,10 +238,28 @@ struct LiveReplay::State {
       return fail(index, "the NATS connection closed");
     }
     deadlines.emplace(now + options.request_timeout, index);
-    auto sent = client->publish_request(subjects::router_route(options.ns),
-                                        reply_subject(InboxKind::Route, index),
-                                        route_request(index).SerializeAsString());
-    if (!sent) {
+    ask_route(index, now);
+  }
+
+  // Sends route ask number live[index].route_asks, with a fresh id after the first; every ask
+  // replies to the request's one route inbox, where the first final decision wins and a later
+  // success is released.
+  void ask_route(std::size_t index, Clock::time_point now) {
+    LiveRequest& request = live[index];
+    v1::RouteRequest route = route_request(index);
+    route.set_request_id(nats::attempt_request_id(route.request_id(), request.route_asks));
+    if (request.route_asks > 0) ++result.route_asks_repeated;
+    ++request.route_asks;
+    if (request.route_asks < options.route_retry.max_attempts) {
+      next_asks.emplace(now + options.route_retry.retry_after, index);
+    }
+    auto sent =
+        client->publish_request(subjects::router_route(options.ns),
+                                reply_subject(InboxKind::Route, index), route.SerializeAsString());
+    if (sent) {
+      ++request.route_asks_unanswered;
+    } else if (request.route_asks_unanswered == 0 &&
+               request.route_asks >= options.route_retry.max_attempts) {
       ++result.route_errors;
       fail(index, "cannot send the route request");
     }
@@ -221,10 +272,21 @@ struct LiveReplay::State {
     if (request.phase != Phase::Routing) {
       // A decision that came after the request timed out: release its booking at once.
       if (parsed && decision.has_success()) {
-        report(index, decision.success().booking_id(), v1::LIFECYCLE_EVENT_ABORTED,
-               "client timed out", v1::ABORT_CAUSE_CLIENT_CANCELLED);
+        report(decision.success().booking_id(), v1::LIFECYCLE_EVENT_ABORTED, "client timed out",
+               v1::ABORT_CAUSE_CLIENT_CANCELLED);
       }
       return;
+    }
+    --request.route_asks_unanswered;
+    const bool asks_exhausted = request.route_asks >= options.route_retry.max_attempts;
+    if (!parsed || message.data.empty() || nats::asks_for_retry(decision)) {
+      // No responders (NATS's empty status message), garbage, or a partition that moved: the
+      // request is answered by a later ask, unless none is left.
+      if (!asks_exhausted && parsed && !message.data.empty()) {
+        ask_route(index, message.received);
+        return;
+      }
+      if (!asks_exhausted || request.route_asks_unanswered > 0) return;
     }
     route_rtts.push_back(ms_between(request.sent, message.received));
     if (!parsed) {
@@ -259,7 +321,7 @@ struct LiveReplay::State {
     policies.insert(success.policy());
     if (request.generate_subject.empty()) {
       ++result.worker_errors;
-      report(index, request.booking_id, v1::LIFECYCLE_EVENT_ABORTED, "no generate subject",
+      report(request.booking_id, v1::LIFECYCLE_EVENT_ABORTED, "no generate subject",
              v1::ABORT_CAUSE_WORKER_FAILED);
       return fail(index, "route: the decision names no generate subject");
     }
@@ -273,7 +335,7 @@ struct LiveReplay::State {
                                  generate.SerializeAsString())) {
       ++result.worker_errors;
       // The client's own connection failed, not the worker.
-      report(index, request.booking_id, v1::LIFECYCLE_EVENT_ABORTED, "dispatch failed",
+      report(request.booking_id, v1::LIFECYCLE_EVENT_ABORTED, "dispatch failed",
              v1::ABORT_CAUSE_CLIENT_CANCELLED);
       return fail(index, "generate: cannot dispatch to the worker");
     }
@@ -296,7 +358,7 @@ struct LiveReplay::State {
                                      ? std::string{"no worker subscribed to the generate subject"}
                                  : chunk.has_error() ? chunk.error().message()
                                                      : chunk.finish_reason();
-      report(index, request.booking_id, v1::LIFECYCLE_EVENT_ABORTED, reason,
+      report(request.booking_id, v1::LIFECYCLE_EVENT_ABORTED, reason,
              v1::ABORT_CAUSE_WORKER_FAILED);
       return fail(index, fmt::format("worker: {}", reason));
     }
@@ -305,11 +367,11 @@ struct LiveReplay::State {
       request.first_token_seen = true;
       request.first_token_ms = now_ms;
       request.cached_prompt_tokens = chunk.cached_prompt_tokens();
-      report(index, request.booking_id, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
+      report(request.booking_id, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
     }
     request.output_tokens += static_cast<std::uint64_t>(chunk.token_ids_size());
     if (!chunk.finished()) return;
-    report(index, request.booking_id, v1::LIFECYCLE_EVENT_COMPLETED);
+    report(request.booking_id, v1::LIFECYCLE_EVENT_COMPLETED);
     const simulation::TraceRequest& trace = (*requests)[index];
     simulation::RequestStats stats;
     stats.id = index;
@@ -327,10 +389,19 @@ struct LiveReplay::State {
     end(index);
   }
 
-  void on_ack(const Incoming& message) {
-    if (acks_pending > 0) --acks_pending;
+  void on_ack(std::uint64_t number, const Incoming& message) {
+    // NATS's "no responders": the report is sent again at its time.
+    if (message.data.empty()) return;
+    // The first answer counts; a resent report's second one finds nothing pending.
+    auto pending = pending_reports.find(number);
+    if (pending == pending_reports.end()) return;
+    const bool resent = pending->second.sends > 1;
+    pending_reports.erase(pending);
     v1::LifecycleAck ack;
-    if (!ack.ParseFromString(message.data) || !ack.accepted()) ++result.reports_refused;
+    // A resent report may be answered for a copy that came second (an unknown booking by then).
+    if (!ack.ParseFromString(message.data) || (!ack.accepted() && !resent)) {
+      ++result.reports_refused;
+    }
   }
 
   void handle(const Incoming& message) {
@@ -339,27 +410,26 @@ struct LiveReplay::State {
     if (message.subject.size() < inbox.size() + 4) return;
     const std::string_view rest = std::string_view{message.subject}.substr(inbox.size() + 1);
     if (rest.size() < 3 || rest[1] != '.') return;
-    std::size_t index = 0;
+    std::size_t index = 0;  // a report's number for an ack
     const auto [end_of_number, parse_error] =
         std::from_chars(rest.data() + 2, rest.data() + rest.size(), index);
-    if (parse_error != std::errc{} || end_of_number != rest.data() + rest.size() ||
-        index >= live.size()) {
-      return;
-    }
+    if (parse_error != std::errc{} || end_of_number != rest.data() + rest.size()) return;
+    if (static_cast<InboxKind>(rest[0]) == InboxKind::Ack) return on_ack(index, message);
+    if (index >= live.size()) return;
     switch (static_cast<InboxKind>(rest[0])) {
       case InboxKind::Route:
         return on_route_reply(index, message);
       case InboxKind::Stream:
         return on_chunk(index, message);
       case InboxKind::Ack:
-        return on_ack(message);
+        return;
     }
   }
 
   // The client gave up reconnecting: every request in flight fails now instead of at its timeout.
   void on_connection_closed() {
     connection_closed = true;
-    acks_pending = 0;
+    pending_reports.clear();
     for (std::size_t index = 0; index < live.size(); ++index) {
       if (live[index].phase == Phase::Routing || live[index].phase == Phase::Streaming) {
         ++result.route_errors;
@@ -369,6 +439,11 @@ struct LiveReplay::State {
   }
 
   void expire(Clock::time_point now) {
+    while (!next_asks.empty() && next_asks.top().first <= now) {
+      const std::size_t index = next_asks.top().second;
+      next_asks.pop();
+      if (live[index].phase == Phase::Routing && !connection_closed) ask_route(index, now);
+    }
     while (!deadlines.empty() && deadlines.top().first <= now) {
       const std::size_t index = deadlines.top().second;
       deadlines.pop();
@@ -421,8 +496,10 @@ struct LiveReplay::State {
     policies.clear();
     in_flight = 0;
     ended = 0;
-    acks_pending = 0;
+    pending_reports.clear();
+    report_resends = {};
     deadlines = {};
+    next_asks = {};
     first_timestamp_ms = trace.empty() ? 0 : static_cast<double>(trace.front().timestamp_ms);
     run_id = random_run_id();
     start = Clock::now();
@@ -446,6 +523,7 @@ struct LiveReplay::State {
       for (const Incoming& message : batch) handle(message);
       batch.clear();
       expire(Clock::now());
+      resend_reports(Clock::now());
       if (ended == trace.size()) break;
       std::optional<Clock::time_point> wake;
       if (next < trace.size() && connection_closed) {
@@ -453,18 +531,26 @@ struct LiveReplay::State {
       } else if (next < trace.size() && in_flight < options.concurrency) {
         wake = due(next);
       }
-      if (!deadlines.empty()) {
-        wake = wake ? std::min(*wake, deadlines.top().first) : deadlines.top().first;
+      for (const auto* timers : {&deadlines, &next_asks}) {
+        if (!timers->empty()) {
+          wake = wake ? std::min(*wake, timers->top().first) : timers->top().first;
+        }
+      }
+      if (!report_resends.empty()) {
+        wake = wake ? std::min(*wake, report_resends.top().first) : report_resends.top().first;
       }
       batch = wait(wake);
     }
     // The router acknowledges the last reports; bounded, so a silent router cannot hang the run.
     const Clock::time_point grace_end = Clock::now() + options.ack_grace;
     for (const Incoming& message : batch) handle(message);
-    while (acks_pending > 0 && Clock::now() < grace_end) {
-      for (const Incoming& message : wait(grace_end)) handle(message);
+    while (!pending_reports.empty() && Clock::now() < grace_end) {
+      const Clock::time_point wake =
+          report_resends.empty() ? grace_end : std::min(grace_end, report_resends.top().first);
+      for (const Incoming& message : wait(wake)) handle(message);
+      resend_reports(Clock::now());
     }
-    result.reports_unacknowledged += acks_pending;
+    result.reports_unacknowledged += pending_reports.size();
 
     std::ranges::sort(outcomes, {}, &simulation::ReplayRequestOutcome::trace_index);
     std::string label = "live";
@@ -675,12 +761,12 @@ std::string format_live_summary(const LiveReplayResult& result) {
   if (result.decisions_per_worker.size() < result.workers || least == SIZE_MAX) least = 0;
   text += fmt::format(
       "live: decisions per worker over {} workers: min {} mean {:.1f} max {}; timed out {}, "
-      "route errors {}, worker errors {}, arrivals held by --concurrency {}; lifecycle reports "
-      "refused {}, unacknowledged {}\n",
+      "route errors {}, route asks repeated {}, worker errors {}, arrivals held by --concurrency "
+      "{}; lifecycle reports refused {}, unacknowledged {}\n",
       result.workers, least,
       result.workers == 0 ? 0.0 : static_cast<double>(total) / static_cast<double>(result.workers),
-      most, result.timed_out, result.route_errors, result.worker_errors, result.delayed_by_cap,
-      result.reports_refused, result.reports_unacknowledged);
+      most, result.timed_out, result.route_errors, result.route_asks_repeated, result.worker_errors,
+      result.delayed_by_cap, result.reports_refused, result.reports_unacknowledged);
   text += fmt::format("live: rejected by admission: {}", result.rejected_by_admission);
   if (!result.rejected_by_code.empty()) {
     std::vector<std::string> codes;
@@ -708,6 +794,7 @@ std::string live_report_json(const simulation::ReplayReport& report,
                                 {"rejected_by_admission", result.rejected_by_admission},
                                 {"rejected_by_admission_codes", result.rejected_by_code},
                                 {"reports_unacknowledged", result.reports_unacknowledged},
+                                {"route_asks_repeated", result.route_asks_repeated},
                                 {"route_errors", result.route_errors},
                                 {"route_ms", latency_json(result.route_ms)},
                                 {"timed_out", result.timed_out},

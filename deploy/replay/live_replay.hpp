@@ -19,6 +19,7 @@
 #include "deploy/simulation/mooncake_trace.hpp"
 #include "deploy/simulation/replay_report.hpp"
 #include "messages/nats/nats_client.hpp"
+#include "messages/nats/route_client.hpp"
 
 namespace kvr::replay {
 
@@ -36,6 +37,9 @@ struct LiveReplayOptions {
   /// A request not finished this long after it was sent is abandoned (cancelled at its worker,
   /// reported aborted to the router) and counted as failed.
   std::chrono::milliseconds request_timeout{60'000};
+  /// When a route request is asked again (docs/protocol.md): its retry_after and max_attempts
+  /// (the request_timeout bounds the whole request).
+  nats::RouteRetryPolicy route_retry;
   /// Tokens per KV block for the requests' block hashes; 0: the workers' registrations say.
   std::uint32_t block_size = 0;
   /// Send the synthesized prompt tokens instead of precomputed block hashes (the router hashes
@@ -80,6 +84,8 @@ struct LiveReplayResult {
   simulation::LatencySummary route_ms;
   std::size_t timed_out = 0;     ///< requests abandoned at their timeout
   std::size_t route_errors = 0;  ///< explicit error decisions, or no router answering
+  /// Route requests asked again with a fresh id (no decision in time, or the partition moved).
+  std::size_t route_asks_repeated = 0;
   /// Requests the router's admission control refused (an answered outcome of their own: neither
   /// route errors nor failed requests; the report's `failed` leaves them out).
   std::size_t rejected_by_admission = 0;
