@@ -40,10 +40,13 @@ ingress_actor::behavior_type ingress_behavior(ingress_actor::pointer self,
   return {
       [self, serve_route](route_atom,
                           RouteRequestMessage& message) -> caf::result<RouteDecisionMessage> {
-        // An actor client's request ids are its own: scoped to the sending actor.
+        // An actor client's request ids are its own: scoped to the sending actor, marked local
+        // when it runs in this process (its bookings are the node's own to end).
         const auto& sender = self->current_sender();
-        return serve_route(message.value,
-                           sender ? "actor:" + caf::to_string(sender) : std::string{}, false);
+        if (!sender) return serve_route(message.value, std::string{}, false);
+        std::string client{sender->node() == self->node() ? kLocalActorScope : kRemoteActorScope};
+        client += caf::to_string(sender);
+        return serve_route(message.value, client, false);
       },
       [serve_route](route_atom, RouteRequestMessage& message,
                     std::string& client) -> caf::result<RouteDecisionMessage> {

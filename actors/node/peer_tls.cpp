@@ -1,5 +1,8 @@
 #include "actors/node/peer_tls.hpp"
 
+#include <atomic>
+#include <cstdint>
+
 #include <caf/io/middleman.hpp>
 #include <caf/openssl/manager.hpp>
 #include <dlfcn.h>
@@ -23,6 +26,9 @@ Function libssl(const char* name) {
   return reinterpret_cast<Function>(dlsym(RTLD_NEXT, name));
 }
 
+// Handshakes a peer port refused: CAF closes such a connection without a word to the node.
+std::atomic<std::uint64_t> refused_handshakes{0};
+
 }  // namespace
 
 extern "C" {
@@ -30,7 +36,16 @@ extern "C" {
 int SSL_accept(SSL* ssl) {
   static const auto real = libssl<int (*)(SSL*)>("SSL_accept");
   ERR_clear_error();
-  return real(ssl);
+  const int result = real(ssl);
+  if (result <= 0) {
+    // Not yet done (waiting for the peer's bytes) is no refusal; anything else ends the
+    // connection: garbage, a plaintext client, a certificate of another CA, a hang-up.
+    const int error = SSL_get_error(ssl, result);
+    if (error != SSL_ERROR_WANT_READ && error != SSL_ERROR_WANT_WRITE) {
+      refused_handshakes.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  return result;
 }
 
 int SSL_connect(SSL* ssl) {
@@ -54,6 +69,10 @@ int SSL_write(SSL* ssl, const void* buffer, int size) {
 }  // extern "C"
 
 namespace kvr::actors {
+
+std::uint64_t refused_peer_handshakes() {
+  return refused_handshakes.load(std::memory_order_relaxed);
+}
 
 void load_peer_tls(caf::actor_system_config& config, const PeerTlsFiles& files) {
   config.load<caf::openssl::manager>();

@@ -154,10 +154,12 @@ std::expected<void, std::string> NodeOptions::validate() const {
       {"--router-max-open-bookings", node_caps.max_bookings},
       {"--router-max-booked-blocks", node_caps.max_blocks},
       {"--router-partition-max-open-bookings", partition_caps.max_bookings},
-      {"--router-partition-max-booked-blocks", partition_caps.max_blocks}};
+      {"--router-partition-max-booked-blocks", partition_caps.max_blocks},
+      {"--router-max-open-bookings-per-client", client_caps.max_bookings},
+      {"--router-max-booked-blocks-per-client", client_caps.max_blocks}};
   for (const auto& [flag, value] : caps) {
-    // A node always has its caps; a partition's are optional (0).
-    const bool node_cap = !flag.starts_with("--router-partition");
+    // A node always has its caps; a partition's and a client's are optional (0).
+    const bool node_cap = !flag.starts_with("--router-partition") && !flag.ends_with("-per-client");
     if ((node_cap && value == 0) || value > kMaxBookingCap) {
       return std::unexpected(
           fmt::format("{}: between {} and {}", flag, node_cap ? 1 : 0, kMaxBookingCap));
@@ -380,9 +382,7 @@ struct RouterNode::Impl {
       config.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(200)});
       config.set("middleman.connection-timeout", caf::timespan{std::chrono::seconds(1)});
     }
-    if ((options.actor_port != 0 || options.cluster.enabled) && !options.peers.plaintext) {
-      load_peer_tls(config, options.peers.tls);
-    }
+    if (peer_tls_loaded()) load_peer_tls(config, options.peers.tls);
     config.add_message_types<caf::id_block::kvr_actors>();
     system = std::make_unique<caf::actor_system>(config);
   }
@@ -411,12 +411,15 @@ struct RouterNode::Impl {
     selector.options.health = plugins.worker_health;
     selector.options.partition_caps = options.partition_caps;
     selector.options.node_totals = std::make_shared<NodeBookingTotals>(options.node_caps);
+    if (options.client_caps.max_bookings != 0 || options.client_caps.max_blocks != 0) {
+      selector.options.client_totals = std::make_shared<ClientBookingTotals>(options.client_caps);
+    }
     {
       const metrics::NodeMetrics metrics{*registry};
-      std::array<metrics::ValueHandle, 4> refusals;
-      for (const auto kind :
-           {BookingCapKind::node_bookings, BookingCapKind::node_blocks,
-            BookingCapKind::partition_bookings, BookingCapKind::partition_blocks}) {
+      std::array<metrics::ValueHandle, kBookingCapKinds> refusals;
+      for (const auto kind : {BookingCapKind::node_bookings, BookingCapKind::node_blocks,
+                              BookingCapKind::partition_bookings, BookingCapKind::partition_blocks,
+                              BookingCapKind::client_bookings, BookingCapKind::client_blocks}) {
         refusals[static_cast<std::size_t>(kind)] =
             metrics.booking_cap_refusals(cap_scope(kind), cap_resource(kind));
       }
@@ -564,6 +567,11 @@ struct RouterNode::Impl {
     return {};
   }
 
+  // The peer ports serve mutual TLS.
+  bool peer_tls_loaded() const {
+    return (options.actor_port != 0 || options.cluster.enabled) && !options.peers.plaintext;
+  }
+
   // Serves /metrics and /healthz, when asked (--metrics-port).
   std::expected<void, std::string> start_metrics_endpoint() {
     if (options.metrics_port == 0) return {};
@@ -575,8 +583,10 @@ struct RouterNode::Impl {
           if (!connection) return "stopping";
           return connection->connected() ? std::string{} : "NATS disconnected";
         },
-        [weak_bridge] {
+        [weak_bridge, tls = peer_tls_loaded(),
+         refused = metrics::NodeMetrics{*registry}.peer_handshakes_refused()] {
           if (auto connection = weak_bridge.lock()) connection->refresh_drop_counts();
+          if (tls) refused.set(static_cast<double>(refused_peer_handshakes()));
         });
     if (!started) return std::unexpected(started.error());
     http = std::move(*started);
@@ -612,10 +622,14 @@ struct RouterNode::Impl {
     const auto cap = [](std::uint64_t value) {
       return value == 0 ? std::string{"node's"} : std::to_string(value);
     };
-    return fmt::format("{} bookings / {} blocks per node, {} / {} per partition",
-                       options.node_caps.max_bookings, options.node_caps.max_blocks,
-                       cap(options.partition_caps.max_bookings),
-                       cap(options.partition_caps.max_blocks));
+    const auto client_cap = [](std::uint64_t value) {
+      return value == 0 ? std::string{"none"} : std::to_string(value);
+    };
+    return fmt::format(
+        "{} bookings / {} blocks per node, {} / {} per partition, {} / {} per client",
+        options.node_caps.max_bookings, options.node_caps.max_blocks,
+        cap(options.partition_caps.max_bookings), cap(options.partition_caps.max_blocks),
+        client_cap(options.client_caps.max_bookings), client_cap(options.client_caps.max_blocks));
   }
 
   void log_summary() const {

@@ -62,6 +62,12 @@ struct PeerPortOptions {
 /// block (docs/protocol.md), so the defaults bound the bookings to a few hundred MB.
 inline constexpr std::uint64_t kDefaultMaxOpenBookings = 100'000;
 inline constexpr std::uint64_t kDefaultMaxBookedBlocks = 8'000'000;
+/// Default caps per client (`--router-max-open-bookings-per-client`,
+/// `--router-max-booked-blocks-per-client`): half of the node's, so that one client that routes and
+/// never reports leaves the other half to the rest, while a deployment with a single client (one
+/// gateway) still has half the node before it raises them.
+inline constexpr std::uint64_t kDefaultMaxOpenBookingsPerClient = 50'000;
+inline constexpr std::uint64_t kDefaultMaxBookedBlocksPerClient = 4'000'000;
 /// The largest cap accepted.
 inline constexpr std::uint64_t kMaxBookingCap = 1'000'000'000;
 /// Default bounds on what registrations may make a node hold (`--router-max-workers-per-partition`,
@@ -87,6 +93,10 @@ struct NodeOptions {
   BookingCaps node_caps{kDefaultMaxOpenBookings, kDefaultMaxBookedBlocks};
   /// The same caps per partition (`--router-partition-max-*`); 0: only the node's apply.
   BookingCaps partition_caps;
+  /// The same caps per client over all partitions (`--router-max-*-per-client`; 0: none): a
+  /// NATS connection or a remote actor client; the node's own front door and endpoint picker
+  /// are not capped per client (their bookings end with their streams).
+  BookingCaps client_caps{kDefaultMaxOpenBookingsPerClient, kDefaultMaxBookedBlocksPerClient};
   /// Registrations beyond these are refused, counted and logged: new workers of a partition, and
   /// data-parallel rank entries over all of the node's partitions.
   std::size_t max_workers_per_partition = kDefaultMaxWorkersPerPartition;

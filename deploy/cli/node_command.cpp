@@ -285,6 +285,20 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{0}, actors::kMaxBookingCap));
   command
+      ->add_option("--router-max-open-bookings-per-client", options->node.client_caps.max_bookings,
+                   "open bookings of one client (a NATS connection, a remote actor) over all "
+                   "partitions, so that a client that never reports cannot starve the others; "
+                   "0: no per-client cap")
+      ->envname("KVR_ROUTER_MAX_OPEN_BOOKINGS_PER_CLIENT")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{0}, actors::kMaxBookingCap));
+  command
+      ->add_option("--router-max-booked-blocks-per-client", options->node.client_caps.max_blocks,
+                   "prompt KV blocks over one client's open bookings; 0: no per-client cap")
+      ->envname("KVR_ROUTER_MAX_BOOKED_BLOCKS_PER_CLIENT")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{0}, actors::kMaxBookingCap));
+  command
       ->add_option("--router-max-workers-per-partition", options->node.max_workers_per_partition,
                    "workers a partition admits; a registration of one more is refused")
       ->envname("KVR_ROUTER_MAX_WORKERS_PER_PARTITION")

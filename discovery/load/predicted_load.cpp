@@ -112,9 +112,10 @@ std::expected<void, LoadError> PredictedLoad::book(BookingRequest request) {
       static_cast<std::int64_t>(request.uncached_prefill_tokens);
   booked_prompt_blocks_ += blocks.size();
   const auto expiry = expiries_.emplace(request.expires_at, request.request_id);
-  bookings_.emplace(std::move(request.request_id),
-                    BookingState{request.worker, std::move(request.prompt_blocks),
-                                 request.uncached_prefill_tokens, false, expiry});
+  bookings_.emplace(
+      std::move(request.request_id),
+      BookingState{request.worker, std::move(request.prompt_blocks),
+                   request.uncached_prefill_tokens, false, expiry, std::move(request.client)});
   return {};
 }
 
@@ -174,6 +175,7 @@ void PredictedLoad::release_booking(
     }
   }
   booked_prompt_blocks_ -= blocks.size();
+  if (booking_end_ && !state.client.empty()) booking_end_(state.client, blocks.size());
   expiries_.erase(state.expiry);
   bookings_.erase(booking);
   shrink_ledger_when_sparse();

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <expected>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -54,7 +55,12 @@ struct BookingRequest {
   std::vector<BlockHash> prompt_blocks;              ///< chained hashes of the prompt's full blocks
   std::uint64_t uncached_prefill_tokens = 0;         ///< prompt tokens the rank must compute
   std::chrono::steady_clock::time_point expires_at;  ///< released then if nothing else did
+  /// The client whose per-client caps the booking counts against; empty: none.
+  std::string client;
 };
+
+/// Told of each ended booking that named a client: (client, its prompt blocks).
+using BookingEndObserver = std::function<void(std::string_view client, std::uint64_t blocks)>;
 
 /// How a booking ended.
 enum class BookingEnd : std::uint8_t { completed, cancelled, failed };
@@ -140,6 +146,10 @@ class PredictedLoad {
   /// The request ended: releases what it still holds.
   std::expected<void, LoadError> release(std::string_view request_id, BookingEnd end);
 
+  /// Tells `observer` of every booking with a client that ends from now on, however it ends
+  /// (release, expiry, its worker's removal); not of those still open when the load is destroyed.
+  void on_booking_end(BookingEndObserver observer) { booking_end_ = std::move(observer); }
+
   /// Releases bookings whose expiry is at or before `now`, the earliest first and at most
   /// `limit` of them; returns how many.
   std::size_t expire(std::chrono::steady_clock::time_point now,
@@ -199,6 +209,7 @@ class PredictedLoad {
     std::uint64_t prefill_tokens = 0;
     bool prefill_released = false;
     std::multimap<std::chrono::steady_clock::time_point, std::string>::iterator expiry;
+    std::string client;
   };
 
   void release_booking(absl::flat_hash_map<std::string, BookingState>::iterator booking);
@@ -230,6 +241,7 @@ class PredictedLoad {
   std::vector<RankSlot> free_slots_;
   RankSlot slot_count_ = 0;
   std::uint64_t booked_prompt_blocks_ = 0;
+  BookingEndObserver booking_end_;
 };
 
 }  // namespace kvr::discovery

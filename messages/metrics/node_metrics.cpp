@@ -102,6 +102,11 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
      {}},
     {N::kDiscoveryRequests, MetricType::Counter, "Requests to every worker to register again.", {}},
     {N::kNatsReconnects, MetricType::Counter, "Successful NATS reconnects.", {}},
+    {N::kPeerHandshakesRefused,
+     MetricType::Counter,
+     "TLS handshakes the actor and cluster ports refused: garbage, a plaintext peer, a "
+     "certificate of another CA, a connection closed mid-handshake.",
+     {}},
     {N::kNatsConnected, MetricType::Gauge, "1 while connected to NATS.", {}},
     {N::kNatsDropped,
      MetricType::Counter,
@@ -221,7 +226,7 @@ void NodeMetrics::describe(MetricsRegistry& registry) {
   NodeMetrics metrics{registry};
   metrics.route_bookings_open().set(0);
   metrics.nats_reconnects().add(0);
-  for (const std::string_view scope : {"node", "partition"}) {
+  for (const std::string_view scope : {"node", "partition", "client"}) {
     for (const std::string_view cap : {"bookings", "blocks"}) {
       metrics.booking_cap_refusals(scope, cap).add(0);
     }
@@ -360,6 +365,7 @@ ValueHandle NodeMetrics::bad_messages(std::string_view subject) const {
   return counter(kBadMessages, "subject", subject);
 }
 ValueHandle NodeMetrics::nats_reconnects() const { return counter(kNatsReconnects); }
+ValueHandle NodeMetrics::peer_handshakes_refused() const { return counter(kPeerHandshakesRefused); }
 ValueHandle NodeMetrics::nats_connected() const { return gauge(kNatsConnected); }
 ValueHandle NodeMetrics::nats_dropped(std::string_view subject) const {
   return counter(kNatsDropped, "subject", subject);

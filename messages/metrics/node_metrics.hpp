@@ -75,6 +75,7 @@ class NodeMetrics {
   static constexpr std::string_view kDiscoveryRequests = "kvr_discovery_requests_total";
   static constexpr std::string_view kBadMessages = "kvr_bad_messages_total";
   static constexpr std::string_view kNatsReconnects = "kvr_nats_reconnects_total";
+  static constexpr std::string_view kPeerHandshakesRefused = "kvr_peer_handshakes_refused_total";
   static constexpr std::string_view kNatsConnected = "kvr_nats_connected";
   static constexpr std::string_view kNatsDropped = "kvr_nats_dropped_messages_total";
   // Generate mode.
@@ -124,8 +125,8 @@ class NodeMetrics {
   ValueHandle bookings_open(std::string_view partition) const;
   /// Prompt blocks over a partition's open bookings (what the booked-blocks caps count).
   ValueHandle booked_blocks(std::string_view partition) const;
-  /// Routes refused by a cap on open bookings, by `scope` (node, partition) and `cap` (bookings,
-  /// blocks).
+  /// Routes refused by a cap on open bookings, by `scope` (node, partition, client) and `cap`
+  /// (bookings, blocks).
   ValueHandle booking_cap_refusals(std::string_view scope, std::string_view cap) const;
   ValueHandle workers(std::string_view partition) const;
   ValueHandle workers_expired(std::string_view partition) const;
@@ -179,6 +180,8 @@ class NodeMetrics {
   /// Network messages dropped, by subscribed subject.
   ValueHandle bad_messages(std::string_view subject) const;
   ValueHandle nats_reconnects() const;
+  /// TLS handshakes the actor and cluster ports refused (garbage, plaintext, a foreign CA).
+  ValueHandle peer_handshakes_refused() const;
   ValueHandle nats_connected() const;
   /// Messages the NATS client dropped for a subscription that fell behind (slow consumer), by
   /// subscribed subject; refreshed on every scrape.

@@ -88,6 +88,21 @@ inline std::string_view request_scope(const RouteRequest& request) {
   return std::string_view{request.selection.request_id}.substr(request.client_id_size + 1);
 }
 
+/// How a client's scope starts, by the way it reached the node: over NATS (followed by its reply
+/// prefix), as a remote actor, or as an actor of the node's own process (the front door, the
+/// endpoint picker, a program that embeds the node). The prefixes keep one kind from posing as
+/// another (a NATS reply subject may start with anything).
+inline constexpr std::string_view kNatsScope = "nats:";
+inline constexpr std::string_view kRemoteActorScope = "actor:";
+inline constexpr std::string_view kLocalActorScope = "local:";
+
+/// The client whose per-client booking caps the request counts against: its scope, or empty for
+/// an unscoped request and for the node's own actors, whose bookings the node itself ends.
+inline std::string_view capped_client(const RouteRequest& request) {
+  const std::string_view scope = request_scope(request);
+  return scope.starts_with(kLocalActorScope) ? std::string_view{} : scope;
+}
+
 /// A NATS client's identity, from the reply subject of its request: the subject up to its last
 /// token ("_INBOX.<connection>." for a client's request(), which adds one token per request), or
 /// the whole subject when it has fewer than three tokens; empty without a reply subject.

@@ -50,8 +50,16 @@ SelectorState::SelectorState(SelectorOptions options, const plugins::RouterPlugi
           }(),
           options_.index),
       node_share_(options_.node_totals),
+      client_share_(std::make_unique<ClientBookingShare>(options_.client_totals)),
       block_size_(options_.router.block_size),
-      health_(options_.health) {}
+      health_(options_.health) {
+  if (options_.client_totals) {
+    workers_.load().on_booking_end(
+        [share = client_share_.get()](std::string_view client, std::uint64_t blocks) {
+          share->remove(client, blocks);
+        });
+  }
+}
 
 std::expected<discovery::RegistrationChange, discovery::RegistrationError>
 SelectorState::register_worker(discovery::WorkerRegistration registration, TimePoint now) {
@@ -355,13 +363,14 @@ std::expected<void, RouteFailure> SelectorState::prepare(RouteRequest& request, 
                      fmt::format("request id '{}' is already routed and not yet released",
                                  selection.request_id)});
   }
-  if (auto refused = over_cap(selection.block_hashes.size())) {
+  if (auto refused = over_cap(selection.block_hashes.size(), capped_client(request))) {
     return std::unexpected(std::move(*refused));
   }
   return {};
 }
 
-std::optional<RouteFailure> SelectorState::over_cap(std::uint64_t blocks) const {
+std::optional<RouteFailure> SelectorState::over_cap(std::uint64_t blocks,
+                                                    std::string_view client) const {
   const discovery::PredictedLoad& load = workers_.load();
   const BookingCaps& partition = options_.partition_caps;
   std::optional<BookingCapKind> kind;
@@ -383,11 +392,20 @@ std::optional<RouteFailure> SelectorState::over_cap(std::uint64_t blocks) const 
     check(BookingCapKind::node_blocks, node->blocks.load(std::memory_order_relaxed), blocks,
           node->caps.max_blocks);
   }
+  // Checked last, after the locks-free caps: a client's totals take a short lock.
+  if (const ClientBookingTotals* clients = client_share_->totals();
+      clients != nullptr && !client.empty() && !kind &&
+      (clients->caps.max_bookings != 0 || clients->caps.max_blocks != 0)) {
+    const ClientHeld mine = clients->held(client);
+    check(BookingCapKind::client_bookings, mine.bookings, 1, clients->caps.max_bookings);
+    check(BookingCapKind::client_blocks, mine.blocks, blocks, clients->caps.max_blocks);
+  }
   if (!kind) return std::nullopt;
   if (options_.on_cap_refusal) options_.on_cap_refusal(*kind);
-  const bool node_cap = cap_scope(*kind) == "node";
-  const std::string where = node_cap
-                                ? std::string{"the node"}
+  const std::string_view scope = cap_scope(*kind);
+  const std::string where = scope == "node" ? std::string{"the node"}
+                            : scope == "client"
+                                ? std::string{"this client, over the node"}
                                 : fmt::format("partition '{}' group '{}'", options_.partition.model,
                                               options_.partition.routing_group);
   if (cap_resource(*kind) == "bookings") {
@@ -395,13 +413,13 @@ std::optional<RouteFailure> SelectorState::over_cap(std::uint64_t blocks) const 
         Error::overloaded,
         fmt::format("{} open-booking cap reached: {} bookings open, at most {} ({}); retry after "
                     "reporting or releasing bookings",
-                    node_cap ? "node" : "partition", held, cap, where)};
+                    scope, held, cap, where)};
   }
   return RouteFailure{
       Error::overloaded,
       fmt::format("{} booked-blocks cap reached: {} blocks booked, a request of {} would pass "
                   "the cap of {} ({}); retry after reporting or releasing bookings",
-                  node_cap ? "node" : "partition", held, blocks, cap, where)};
+                  scope, held, blocks, cap, where)};
 }
 
 std::expected<RouteOutcome, RouteFailure> SelectorState::route(RouteRequest& request,
@@ -566,8 +584,16 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::book(const RouteRequest
       .prompt_blocks = {input.block_hashes.begin(), input.block_hashes.end()},
       .uncached_prefill_tokens = outcome.uncached_prefill_tokens,
       .expires_at = outcome.booking_expires_at,
+      .client =
+          client_share_->totals() != nullptr ? std::string{capped_client(request)} : std::string{},
   });
   sync_node_share();
+  if (booked) {
+    if (const std::string_view client = capped_client(request);
+        !client.empty() && client_share_->totals() != nullptr) {
+      client_share_->add(client, input.block_hashes.size());
+    }
+  }
   if (!booked) {
     return std::unexpected(RouteFailure{
         booked.error() == discovery::LoadError::duplicate_booking ? Error::invalid_request

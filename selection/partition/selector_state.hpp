@@ -46,6 +46,9 @@ struct SelectorOptions {
   BookingCaps partition_caps;
   /// The node's totals and caps, shared by its selectors; null: no node-wide cap.
   std::shared_ptr<NodeBookingTotals> node_totals;
+  /// Each client's totals over the node and the per-client caps, shared by the node's
+  /// selectors; null: no per-client cap.
+  std::shared_ptr<ClientBookingTotals> client_totals;
   /// Told each refusal by a cap (a metric); may be empty.
   BookingCapRefusalSink on_cap_refusal;
 };
@@ -174,8 +177,9 @@ class SelectorState final : public selection::WorkerSignalSource {
                                                  TimePoint now);
   /// `failure`, with the workers refused for their block size named when it found no worker.
   RouteFailure explain(RouteFailure failure) const;
-  /// The refusal when one more booking of `blocks` prompt blocks would pass a cap (counted).
-  std::optional<RouteFailure> over_cap(std::uint64_t blocks) const;
+  /// The refusal when one more booking of `blocks` prompt blocks for `client` (empty: none)
+  /// would pass a cap (counted).
+  std::optional<RouteFailure> over_cap(std::uint64_t blocks, std::string_view client) const;
   /// Brings the node totals up to this partition's bookings (after any change to them).
   void sync_node_share() {
     const discovery::PredictedLoad& load = workers_.load();
@@ -204,6 +208,9 @@ class SelectorState final : public selection::WorkerSignalSource {
   discovery::PartitionWorkers workers_;
   // This partition's part of the node totals; given back when the state goes.
   NodeBookingShare node_share_;
+  // Each client's part of the per-client totals; at a fixed address, since the load ledger tells
+  // it of ended bookings.
+  std::unique_ptr<ClientBookingShare> client_share_;
   std::uint32_t block_size_ = 0;
   absl::flat_hash_map<WorkerId, RefusedWorker> refused_;
   std::array<std::optional<plugins::worker_selection::WorkerSelectionPolicy>, 4> policies_;

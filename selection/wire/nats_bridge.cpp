@@ -96,7 +96,9 @@ void NatsBridge::on_route(const BadMessageCounter& bad, nats::NatsMessage messag
     return;
   }
   // Request ids are unique per client: the reply prefix names the client's connection.
-  scope_request_id(*request, nats_client_of(message.reply));
+  std::string client{kNatsScope};
+  client += nats_client_of(message.reply);
+  scope_request_id(*request, client);
   sinks_.route(std::move(*request), std::move(message.reply), received);
 }
 

@@ -111,9 +111,17 @@ class BookingCapTest : public testing::KvrClusterTest {
 
   // The caps the node starts with, besides the node-wide block cap (in the environment).
   virtual std::vector<std::string> cap_flags() const {
-    return {"--router-max-open-bookings",           std::to_string(kNodeBookings),
-            "--router-partition-max-open-bookings", std::to_string(kPartitionBookings),
-            "--router-partition-max-booked-blocks", std::to_string(kPartitionBlocks)};
+    // Without per-client caps: this fixture's rogue meets the partition's and the node's.
+    return {"--router-max-open-bookings",
+            std::to_string(kNodeBookings),
+            "--router-partition-max-open-bookings",
+            std::to_string(kPartitionBookings),
+            "--router-partition-max-booked-blocks",
+            std::to_string(kPartitionBlocks),
+            "--router-max-open-bookings-per-client",
+            "0",
+            "--router-max-booked-blocks-per-client",
+            "0"};
   }
 
   // Routes a prompt of `blocks` distinct blocks; remembers the booking of a success.
@@ -256,6 +264,70 @@ TEST_F(BookingCapTest, ARogueClientIsStoppedAtItsCapsWhileOthersAreServed) {
       << after_expiry.DebugString();
   // And the memory the expired bookings held is reused, not added to.
   EXPECT_LT(resident_bytes(node_->pid()), resident_at_cap + 32e6);
+  EXPECT_TRUE(node_->running());
+}
+
+// Fair caps: a rogue client that never reports, on the same partition as an honest one, stops at
+// its own caps (10 long prompts by blocks, then 60 bookings in all) while the node and the
+// partition have room, and the honest client is served every request meanwhile.
+class ClientCapTest : public BookingCapTest {
+ protected:
+  std::vector<std::string> cap_flags() const override {
+    return {"--router-max-open-bookings",
+            std::to_string(kNodeBookings),
+            "--router-max-open-bookings-per-client",
+            std::to_string(kClientBookings),
+            "--router-max-booked-blocks-per-client",
+            std::to_string(kClientBlocks)};
+  }
+  static constexpr std::uint64_t kClientBookings = 60;
+  static constexpr std::uint64_t kClientBlocks = 10 * kLongPromptBlocks + 100;
+};
+
+TEST_F(ClientCapTest, ARogueClientAtItsCapsLeavesTheNodeToAnHonestOne) {
+  // Long prompts: the rogue's block cap stops it after ten (the node's would take 35).
+  const auto [long_served, long_refusal] =
+      route_until_refused(*rogue_, "rogue-model", "long-", kLongPromptBlocks, 20);
+  expect_overloaded(long_refusal, "client booked-blocks cap reached");
+  EXPECT_EQ(node_metric("kvr_booked_blocks{partition=\"rogue-model/default\"}"),
+            static_cast<double>(10 * kLongPromptBlocks));
+  // Short prompts: its booking cap stops it at 60 open bookings in all (the node's is 150).
+  const auto [short_served, short_refusal] =
+      route_until_refused(*rogue_, "rogue-model", "short-", 1, kClientBookings);
+  expect_overloaded(short_refusal, "client open-booking cap reached");
+  EXPECT_EQ(node_metric("kvr_bookings_open{partition=\"rogue-model/default\"}"),
+            static_cast<double>(kClientBookings));
+
+  // The honest client, same partition: 60 requests open at once (its own cap's worth), then 100
+  // one at a time, each reported: every one served.
+  std::size_t served = 0;
+  std::vector<std::string> open;
+  for (std::size_t i = 0; i < kClientBookings; ++i) {
+    const std::string id = "honest-open-" + std::to_string(i);
+    const auto decision = route(*other_, "rogue-model", id, 4);
+    EXPECT_TRUE(decision.has_success()) << decision.DebugString();
+    if (decision.has_success()) {
+      ++served;
+      open.push_back(id);
+    }
+  }
+  for (const std::string& id : open) report_completed(*other_, id);
+  for (std::size_t i = 0; i < 100; ++i) {
+    const std::string id = "honest-" + std::to_string(i);
+    const auto decision = route(*other_, "rogue-model", id, 4);
+    EXPECT_TRUE(decision.has_success()) << decision.DebugString();
+    if (!decision.has_success()) continue;
+    ++served;
+    report_completed(*other_, id);
+  }
+  EXPECT_EQ(served, kClientBookings + 100);
+  std::cout << "rogue client held " << kClientBookings << " bookings (" << 10 * kLongPromptBlocks
+            << " blocks) at its caps; honest client served " << served << " of "
+            << kClientBookings + 100 << "\n";
+
+  EXPECT_GE(node_metric("kvr_booking_cap_refusals_total{scope=\"client\",cap=\"blocks\"}"), 1);
+  EXPECT_GE(node_metric("kvr_booking_cap_refusals_total{scope=\"client\",cap=\"bookings\"}"), 1);
+  EXPECT_EQ(node_metric("kvr_booking_cap_refusals_total{scope=\"node\""), 0);
   EXPECT_TRUE(node_->running());
 }
 

@@ -150,6 +150,12 @@ class PeerPortsTest : public testing::KvrClusterTest {
     }
   }
 
+  double refused_handshakes(int node) {
+    return testing::metric(
+        testing::http_get(metrics_ports_[static_cast<std::size_t>(node)], "/metrics"),
+        "kvr_peer_handshakes_refused_total");
+  }
+
   double owner_metric(int node, int model_index) {
     return testing::metric(
         testing::http_get(metrics_ports_[static_cast<std::size_t>(node)], "/metrics"),
@@ -253,6 +259,8 @@ TEST_F(PeerPortsTest, AnotherCasCertificateAndPlaintextAreRefused) {
         plaintext->system->middleman().remote_actor<actors::ingress_actor>("127.0.0.1", port);
     EXPECT_FALSE(also_refused) << "plaintext on port " << port;
   }
+  // Each refusal is counted: two ports, two strangers each.
+  EXPECT_TRUE(wait_until([&] { return refused_handshakes(0) >= 4; }, 20s)) << refused_handshakes(0);
   for (auto& node : nodes_) EXPECT_TRUE(node.running());
 }
 
@@ -297,6 +305,11 @@ TEST_F(PeerPortsTest, GarbageOnBothPortsCostsUnder10MbAndTheNodeServes) {
       "KiB\n",
       kRounds, payloads.size(), held.size(), before, after);
   EXPECT_LT(after, before + 10 * 1024) << "RSS grew by more than 10 MB";
+  // Every connection closed after its garbage is a refused handshake, counted.
+  const double closed = 2.0 * kRounds * static_cast<double>(payloads.size());
+  EXPECT_TRUE(wait_until([&] { return refused_handshakes(0) >= closed; }, 20s))
+      << refused_handshakes(0) << " of " << closed;
+  std::cout << fmt::format("node-a counted {} refused handshakes\n", refused_handshakes(0));
   for (auto& node : nodes_) EXPECT_TRUE(node.running());
 }
 

@@ -1,7 +1,7 @@
-// Caps on open bookings: per partition and per node (shared by the node's selectors), on bookings
-// and on booked prompt blocks. A route beyond a cap is refused as overloaded before selection,
-// naming the cap; released, expired and removed bookings give their share back, and so does a
-// selector that goes away.
+// Caps on open bookings: per partition, per node and per client (both shared by the node's
+// selectors), on bookings and on booked prompt blocks. A route beyond a cap is refused as
+// overloaded before selection, naming the cap; released, expired and removed bookings give their
+// share back, and so does a selector that goes away.
 #include <gtest/gtest.h>
 
 #include "discovery/block_hash.hpp"
@@ -43,13 +43,15 @@ class BookingCapsTest : public ::testing::Test {
   // given, the node totals shared with the other partitions.
   std::unique_ptr<SelectorState> partition(std::string model, WorkerId worker,
                                            BookingCaps partition_caps,
-                                           std::shared_ptr<NodeBookingTotals> node = nullptr) {
+                                           std::shared_ptr<NodeBookingTotals> node = nullptr,
+                                           std::shared_ptr<ClientBookingTotals> clients = nullptr) {
     SelectorOptions options;
     options.partition.model = model;
     options.router.block_size = kBlockSize;
     options.booking_ttl = kBookingTtl;
     options.partition_caps = partition_caps;
     options.node_totals = std::move(node);
+    options.client_totals = std::move(clients);
     options.on_cap_refusal = [this](BookingCapKind kind) { refusals_.push_back(kind); };
     auto state = std::make_unique<SelectorState>(std::move(options), *plugins_);
     auto added = state->register_worker(
@@ -59,12 +61,15 @@ class BookingCapsTest : public ::testing::Test {
     return state;
   }
 
+  // `client`: the scope the request arrives in (as the NATS bridge or the ingress sets it).
   static std::expected<RouteOutcome, RouteFailure> route(SelectorState& state,
                                                          const std::string& request_id,
                                                          std::size_t block_count,
-                                                         TimePoint now = kStart) {
+                                                         TimePoint now = kStart,
+                                                         std::string_view client = {}) {
     RouteRequest input;
     input.selection.request_id = request_id;
+    scope_request_id(input, client);
     input.selection.prompt_tokens = block_count * kBlockSize;
     input.selection.block_hashes = blocks(block_count, std::hash<std::string>{}(request_id) % 997);
     return state.route(input, now);
@@ -199,6 +204,88 @@ TEST_F(BookingCapsTest, NoCapsMeansNoRefusal) {
   for (int i = 0; i < 50; ++i) ASSERT_TRUE(route(*state, "r" + std::to_string(i), 8));
   EXPECT_TRUE(refusals_.empty());
   EXPECT_EQ(state->partition_workers().load().booked_prompt_blocks(), 400U);
+}
+
+// ---- per client -------------------------------------------------------------------------------
+
+constexpr std::string_view kRogue = "nats:_INBOX.rogue.";
+constexpr std::string_view kHonest = "nats:_INBOX.honest.";
+
+// A client at its booking cap is refused in every partition while another is served; its releases,
+// in any partition, give its share back.
+TEST_F(BookingCapsTest, AClientAtItsBookingCapIsRefusedWhileAnotherIsServed) {
+  auto clients = std::make_shared<ClientBookingTotals>(BookingCaps{.max_bookings = 2});
+  auto llama = partition("llama", 1, {}, nullptr, clients);
+  auto mistral = partition("mistral", 2, {}, nullptr, clients);
+  ASSERT_TRUE(route(*llama, "a", 2, kStart, kRogue));
+  ASSERT_TRUE(route(*mistral, "b", 2, kStart, kRogue));
+  expect_refused(route(*llama, "c", 2, kStart, kRogue), BookingCapKind::client_bookings,
+                 "client open-booking cap reached: 2 bookings open, at most 2 (this client");
+  expect_refused(route(*mistral, "c", 2, kStart, kRogue), BookingCapKind::client_bookings,
+                 "client open-booking cap");
+  // Another client, the same ids: served in both partitions.
+  ASSERT_TRUE(route(*llama, "a", 2, kStart, kHonest));
+  ASSERT_TRUE(route(*mistral, "c", 2, kStart, kHonest));
+  EXPECT_EQ(clients->held(kRogue).bookings, 2U);
+  EXPECT_EQ(clients->held(kHonest).bookings, 2U);
+  // The rogue's release in one partition lets it book in the other.
+  ASSERT_TRUE(llama->release("a@" + std::string{kRogue}, discovery::BookingEnd::completed));
+  EXPECT_EQ(clients->held(kRogue).bookings, 1U);
+  EXPECT_TRUE(route(*mistral, "c", 2, kStart, kRogue));
+}
+
+TEST_F(BookingCapsTest, AClientsBlockCapCountsItsPromptBlocksOverEveryPartition) {
+  auto clients = std::make_shared<ClientBookingTotals>(BookingCaps{.max_blocks = 10});
+  auto llama = partition("llama", 1, {}, nullptr, clients);
+  auto mistral = partition("mistral", 2, {}, nullptr, clients);
+  ASSERT_TRUE(route(*llama, "a", 6, kStart, kRogue));
+  expect_refused(route(*mistral, "b", 5, kStart, kRogue), BookingCapKind::client_blocks,
+                 "client booked-blocks cap reached: 6 blocks booked, a request of 5 would pass "
+                 "the cap of 10");
+  ASSERT_TRUE(route(*mistral, "b", 4, kStart, kRogue));
+  EXPECT_EQ(clients->held(kRogue).blocks, 10U);
+  EXPECT_TRUE(route(*mistral, "c", 10, kStart, kHonest));
+}
+
+// Expiry, a removed worker and a retired partition give a client's share back; the entry of a
+// client that holds nothing is gone.
+TEST_F(BookingCapsTest, EveryWayABookingEndsGivesTheClientsShareBack) {
+  auto clients = std::make_shared<ClientBookingTotals>(BookingCaps{.max_bookings = 10});
+  auto llama = partition("llama", 1, {}, nullptr, clients);
+  auto mistral = partition("mistral", 2, {}, nullptr, clients);
+  ASSERT_TRUE(route(*llama, "a", 3, kStart, kRogue));
+  ASSERT_TRUE(route(*llama, "b", 3, kStart + 1s, kRogue));
+  ASSERT_TRUE(route(*mistral, "c", 3, kStart, kRogue));
+  ASSERT_TRUE(route(*mistral, "d", 3, kStart, kHonest));
+  EXPECT_EQ(clients->held(kRogue).bookings, 3U);
+  EXPECT_EQ(llama->expire_bookings(kStart + kBookingTtl, 10), 1U);
+  EXPECT_EQ(clients->held(kRogue).bookings, 2U);
+  EXPECT_EQ(clients->held(kRogue).blocks, 6U);
+  ASSERT_TRUE(llama->deregister(1, 1));
+  EXPECT_EQ(clients->held(kRogue).bookings, 1U);
+  mistral.reset();
+  EXPECT_EQ(clients->held(kRogue).bookings, 0U);
+  EXPECT_EQ(clients->held(kHonest).bookings, 0U);
+  EXPECT_EQ(clients->clients(), 0U);
+}
+
+// The node's own actors (the front door, the endpoint picker) and unscoped requests (generate
+// mode) end their bookings themselves: no per-client cap applies to them.
+TEST_F(BookingCapsTest, TheNodesOwnActorsAndUnscopedRequestsAreNotCappedPerClient) {
+  auto clients = std::make_shared<ClientBookingTotals>(BookingCaps{.max_bookings = 1});
+  auto llama = partition("llama", 1, {}, nullptr, clients);
+  const std::string local = std::string{kLocalActorScope} + "42@node";
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(route(*llama, "gateway-" + std::to_string(i), 2, kStart, local));
+    ASSERT_TRUE(route(*llama, "generate-" + std::to_string(i), 2, kStart));
+  }
+  EXPECT_EQ(clients->clients(), 0U);
+  EXPECT_TRUE(refusals_.empty());
+  // A remote actor client is capped.
+  const std::string remote = std::string{kRemoteActorScope} + "42@elsewhere";
+  ASSERT_TRUE(route(*llama, "x", 2, kStart, remote));
+  expect_refused(route(*llama, "y", 2, kStart, remote), BookingCapKind::client_bookings,
+                 "client open-booking cap");
 }
 
 }  // namespace
