@@ -17,6 +17,7 @@
 #include "deploy/cli/replay_live_command.hpp"
 #include "deploy/cli/route_command.hpp"
 #include "deploy/cli/tokenize_command.hpp"
+#include "kvr/version.hpp"
 #include "messages/metrics/rate_limited_log.hpp"
 
 namespace {
@@ -40,7 +41,7 @@ int main(int argc, char** argv) {
   google::protobuf::SetLogHandler(&log_protobuf);
   CLI::App app{"kvr: a KV-cache-aware request router for LLM inference fleets"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "kvr 0.1.0");
+  app.set_version_flag("--version", "kvr " KVR_VERSION_STRING);
   int exit_code = 0;
   kvr::cli::add_bridge_command(app, exit_code);
   kvr::cli::add_cluster_command(app, exit_code);

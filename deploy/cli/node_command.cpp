@@ -20,6 +20,7 @@
 #include "selection/config/selection_precedence.hpp"
 #include "selection/partition/partition_queue.hpp"
 #include "selection/policies/builtin_policies.hpp"
+#include "selection/sdk/plugin_loader.hpp"
 #include "selection/tokenizer/prompt_tokenizer.hpp"
 
 namespace kvr::cli {
@@ -28,6 +29,7 @@ namespace {
 struct NodeCommandOptions {
   actors::NodeOptions node;
   std::string router_policy_config;
+  std::vector<std::string> plugin_paths;     // --plugin, loaded before the YAML's `plugins`
   std::array<std::string, 4> role_policies;  // empty: not given on the command line
   double booking_ttl_secs = 120;
   SessionAffinityFlags session_affinity;
@@ -107,6 +109,17 @@ std::expected<plugins::RouterPlugins, std::string> resolve_policies(
     auto loaded = selection::load_router_policy_config(options.router_policy_config);
     if (!loaded) return std::unexpected("--router-policy-config: " + loaded.error());
     config = std::move(*loaded);
+  }
+  // Before the YAML's types are resolved: they may name a plugin's.
+  if (auto loaded = plugins::load_plugins(options.plugin_paths, registry); !loaded) {
+    return std::unexpected("--plugin: " + loaded.error());
+  }
+  if (auto loaded = plugins::load_plugins(config.plugins, registry); !loaded) {
+    return std::unexpected("--router-policy-config: plugins: " + loaded.error());
+  }
+  for (const std::vector<std::string>* paths :
+       {&options.plugin_paths, static_cast<const std::vector<std::string>*>(&config.plugins)}) {
+    for (const std::string& path : *paths) spdlog::info("kvr node: loaded plugin {}", path);
   }
   selection::SelectionOverrides overrides;
   for (WorkerType role : kAllWorkerTypes) {
@@ -230,6 +243,12 @@ void add_node_command(CLI::App& app, int& exit_code) {
   options->node.nats.name = "kvr-node";
   options->node.nats.max_reconnects = -1;
   add_namespace_option(*command, options->node.ns);
+  command
+      ->add_option("--plugin", options->plugin_paths,
+                   "a plugin library (built against the kvr SDK with KVR_PLUGIN_CATALOG) whose "
+                   "policies and classifiers the router-policy YAML may name; repeatable")
+      ->envname("KVR_PLUGINS")
+      ->delimiter(',');
   command
       ->add_option("--router-policy-config", options->router_policy_config,
                    "router-policy YAML: worker_selection per role, policy instances, classifier")

@@ -13,6 +13,7 @@
 #include "deploy/replay/trace_replay.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
+#include "selection/sdk/plugin_loader.hpp"
 
 namespace kvr::cli {
 namespace {
@@ -23,6 +24,8 @@ struct ReplayCommandOptions {
   ReplayOutputOptions output;
   std::string policies = "kv-cost,round-robin,random,least-loaded";
   std::string router_policy_config;
+  /// --plugin, loaded before the YAML's `plugins`.
+  std::vector<std::string> plugin_paths;
   /// `name:weight,...`; empty: no tenants.
   std::string tenants;
   /// Replay only this tenant's requests; empty: all.
@@ -62,6 +65,15 @@ int run_replay(const ReplayCommandOptions& options) {
       return kUsageError;
     }
     base_config = std::move(*loaded);
+  }
+  // Before --policies is resolved: it may name a plugin's types.
+  if (auto loaded = plugins::load_plugins(options.plugin_paths, registry); !loaded) {
+    std::cerr << kCommand << ": --plugin: " << loaded.error() << '\n';
+    return kUsageError;
+  }
+  if (auto loaded = plugins::load_plugins(base_config.plugins, registry); !loaded) {
+    std::cerr << kCommand << ": --router-policy-config: plugins: " << loaded.error() << '\n';
+    return kUsageError;
   }
   // Replay runs the request classifier and the policy-class queue, so nothing is left unapplied.
   const std::vector<std::string> names = split_names(options.policies);
@@ -172,6 +184,11 @@ void add_replay_command(CLI::App& app, int& exit_code) {
                    "comma-separated policy types or router-policy instances, run side by side")
       ->capture_default_str()
       ->check(non_empty());
+  command
+      ->add_option("--plugin", options->plugin_paths,
+                   "a plugin library (built against the kvr SDK with KVR_PLUGIN_CATALOG) whose "
+                   "types --policies may name; repeatable")
+      ->delimiter(',');
   command
       ->add_option("--router-policy-config", options->router_policy_config,
                    "router-policy YAML whose instances --policies may name")

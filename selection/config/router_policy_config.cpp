@@ -51,9 +51,9 @@ class DocumentCounter : public YAML::EventHandler {
 using classifiers::describe_yaml;
 using classifiers::PolicyClassConfig;
 
-constexpr std::string_view kTopLevelKeys[] = {"worker_selection", "request_classifier",
-                                              "policy_classes",   "worker_health",
-                                              "models",           "tokenizers"};
+constexpr std::string_view kTopLevelKeys[] = {
+    "worker_selection", "request_classifier", "policy_classes", "worker_health",
+    "models",           "tokenizers",         "plugins"};
 constexpr std::string_view kModelKeys[] = {"tokenizer_mode"};
 constexpr std::string_view kWorkerSelectionKeys[] = {"aggregated", "prefill", "decode", "encode",
                                                      "instances"};
@@ -110,6 +110,7 @@ class Parser {
                     : entry.key == "worker_health"      ? parse_worker_health(entry.value)
                     : entry.key == "models"             ? parse_models(entry.value)
                     : entry.key == "tokenizers"         ? parse_tokenizers(entry.value)
+                    : entry.key == "plugins"            ? parse_plugins(entry.value)
                                                         : parse_policy_classes(entry.value);
       if (!parsed) return parsed;
     }
@@ -457,6 +458,31 @@ class Parser {
         tokenizer = std::filesystem::path{config_.source_name}.parent_path() / tokenizer;
       }
       config_.tokenizers.emplace(key.Scalar(), tokenizer.string());
+    }
+    return {};
+  }
+
+  // `plugins`: a list of plugin library paths, loaded in order before the types are resolved.
+  std::expected<void, std::string> parse_plugins(const YAML::Node& node) {
+    constexpr std::string_view path = "plugins";
+    if (node.IsNull()) return {};
+    if (!node.IsSequence()) {
+      return fail(
+          node, path,
+          fmt::format("expected a list of plugin library paths, got {}", describe_yaml(node)));
+    }
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      const YAML::Node value = node[i];
+      if (!value.IsScalar() || value.Scalar().empty()) {
+        return fail(
+            value, fmt::format("{}[{}]", path, i),
+            fmt::format("expected the path of a plugin library, got {}", describe_yaml(value)));
+      }
+      std::filesystem::path library = value.Scalar();
+      if (library.is_relative() && !config_.source_name.empty()) {
+        library = std::filesystem::path{config_.source_name}.parent_path() / library;
+      }
+      config_.plugins.push_back(library.string());
     }
     return {};
   }

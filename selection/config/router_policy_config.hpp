@@ -93,6 +93,9 @@ struct RouterPolicyConfig {
   /// `tokenizers`: the tokenizer files of models served in the `native` mode, by model name;
   /// relative paths resolved against the file's folder.
   std::map<std::string, std::string, std::less<>> tokenizers;
+  /// `plugins`: plugin libraries (<kvr/plugin.hpp>) to load before the types are resolved, in
+  /// order; relative paths resolved against the file's folder.
+  std::vector<std::string> plugins;
   /// The file path (or the name given to parse_router_policy_config), used in messages.
   std::string source_name;
 

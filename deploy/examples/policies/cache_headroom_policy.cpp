@@ -1,4 +1,4 @@
-#include "deploy/examples/policies/cache_headroom_policy.hpp"
+#include "cache_headroom_policy.hpp"
 
 #include <algorithm>
 #include <cmath>

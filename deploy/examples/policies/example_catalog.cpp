@@ -1,8 +1,8 @@
-#include "deploy/examples/policies/example_catalog.hpp"
+#include "example_catalog.hpp"
 
 #include <string>
 
-#include "deploy/examples/policies/cache_headroom_policy.hpp"
+#include "cache_headroom_policy.hpp"
 
 namespace kvr::examples {
 

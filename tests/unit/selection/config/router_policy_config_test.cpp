@@ -84,7 +84,7 @@ TEST(RouterPolicyConfigTest, AnEmptyDocumentIsAnEmptyConfiguration) {
 TEST(RouterPolicyConfigTest, RejectsAnUnknownTopLevelKey) {
   EXPECT_EQ(parse_error("worker_selection: {}\nworker_selections: {}\n"),
             "router.yaml:2: worker_selections: unknown key; allowed: worker_selection, "
-            "request_classifier, policy_classes, worker_health, models, tokenizers");
+            "request_classifier, policy_classes, worker_health, models, tokenizers, plugins");
 }
 
 TEST(RouterPolicyConfigTest, RejectsAnUnknownKeyUnderWorkerSelection) {
@@ -208,7 +208,8 @@ TEST(RouterPolicyConfigTest, RejectsADuplicateParameter) {
 TEST(RouterPolicyConfigTest, RejectsATopLevelList) {
   EXPECT_EQ(parse_error("- worker_selection\n"),
             "router.yaml:1: expected a mapping with the keys worker_selection, "
-            "request_classifier, policy_classes, worker_health, models, tokenizers, got a list");
+            "request_classifier, policy_classes, worker_health, models, tokenizers, plugins, got a "
+            "list");
 }
 
 TEST(RouterPolicyConfigTest, RejectsADuplicateKey) {
@@ -293,6 +294,23 @@ TEST(RouterPolicyConfigTest, ParsesTokenizersRelativeToTheFile) {
   EXPECT_EQ(config->models.at("qwen").tokenizer_mode, TokenizerMode::native);
   EXPECT_EQ(config->tokenizers.at("qwen"), "/etc/kvr/tokenizers/qwen3");
   EXPECT_EQ(config->tokenizers.at("llama"), "/models/llama");
+}
+
+TEST(RouterPolicyConfigTest, ListsPluginsInOrderRelativeToTheFile) {
+  auto config = parse_router_policy_config("plugins: [lib/libmine.so, /opt/kvr/libtheirs.so]\n",
+                                           "/etc/kvr/router.yaml");
+  ASSERT_TRUE(config.has_value()) << config.error();
+  EXPECT_EQ(config->plugins,
+            (std::vector<std::string>{"/etc/kvr/lib/libmine.so", "/opt/kvr/libtheirs.so"}));
+}
+
+TEST(RouterPolicyConfigTest, RejectsABadPluginsListNamingTheEntry) {
+  EXPECT_THAT(parse_error("plugins: libmine.so\n"),
+              HasSubstr("plugins: expected a list of plugin library paths, got"));
+  EXPECT_THAT(parse_error("plugins: [libmine.so, {path: x}]\n"),
+              HasSubstr("plugins[1]: expected the path of a plugin library, got"));
+  EXPECT_THAT(parse_error("plugins: [\"\"]\n"),
+              HasSubstr("plugins[0]: expected the path of a plugin library"));
 }
 
 TEST(RouterPolicyConfigTest, RejectsABadTokenizersSectionNamingTheKey) {

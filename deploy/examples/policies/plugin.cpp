@@ -1,0 +1,7 @@
+// Makes the example catalog a plugin: `kvr node --plugin libkvr_example_policies.so` registers
+// `cache-headroom` before the router-policy YAML is resolved.
+#include <kvr/plugin.hpp>
+
+#include "example_catalog.hpp"
+
+KVR_PLUGIN_CATALOG(kvr::examples::register_example_catalog)

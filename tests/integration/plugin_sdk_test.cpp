@@ -1,0 +1,256 @@
+// The extension door end to end, as a user outside the project walks it: `cmake --install` the SDK
+// into a fresh prefix; check that each public header compiles on its own and names no CAF, NATS or
+// protobuf type; build deploy/examples (an out-of-tree plugin project) against that prefix alone;
+// run `kvr node --plugin` with a router-policy YAML naming the plugin's type and route through it
+// with `kvr route`; compare it with a built-in in `kvr replay --plugin`. And every plugin kvr must
+// refuse stops startup with exit 2, naming the plugin and the cause.
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kvr/version.hpp"
+#include "tests/testing/kvr_cluster_test.hpp"
+#include "tests/testing/loopback_http.hpp"
+
+namespace kvr {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+using testing::ChildProcess;
+using testing::read_file;
+
+constexpr std::string_view kNamespace = "plugins";
+
+// Runs a program to its end; its exit code (nullopt: it did not end in time).
+std::optional<int> run(const std::vector<std::string>& argv, const fs::path& log,
+                       std::chrono::milliseconds timeout = 300s) {
+  auto process = ChildProcess::start(argv, log);
+  if (!process) return std::nullopt;
+  return process->wait(timeout);
+}
+
+// The SDK installed once for the suite, and the plugin projects built against it.
+class PluginSdkTest : public testing::KvrClusterTest {
+ protected:
+  PluginSdkTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+
+  static void SetUpTestSuite() {
+    sdk_ = std::make_unique<testing::TemporaryDirectory>();
+    const fs::path root = sdk_->path();
+    const fs::path log = root / "sdk.log";
+    ASSERT_EQ(run({"cmake", "--install", KVR_BUILD_DIR, "--prefix", (root / "prefix").string(),
+                   "--component", "sdk"},
+                  log),
+              0)
+        << read_file(log);
+    // Against the prefix alone: nothing of the source tree is on the path but the project.
+    for (const auto& [project, build] :
+         {std::pair{fs::path{KVR_SOURCE_DIR} / "deploy/examples", root / "examples"},
+          std::pair{fs::path{KVR_SOURCE_DIR} / "tests/data/plugins", root / "refused"}}) {
+      ASSERT_EQ(run({"cmake", "-S", project.string(), "-B", build.string(),
+                     "-DCMAKE_PREFIX_PATH=" + (root / "prefix").string(),
+                     "-DCMAKE_CXX_COMPILER=" KVR_CXX_COMPILER, "-DCMAKE_BUILD_TYPE=Release"},
+                    log),
+                0)
+          << read_file(log);
+      ASSERT_EQ(run({"cmake", "--build", build.string()}, log), 0) << read_file(log);
+    }
+  }
+  static void TearDownTestSuite() { sdk_.reset(); }
+
+  static fs::path prefix() { return sdk_->path() / "prefix"; }
+  static std::string example_plugin() {
+    return (sdk_->path() / "examples" / "libkvr_example_policies.so").string();
+  }
+  static std::string refused_plugin(std::string_view name) {
+    return (sdk_->path() / "refused" / ("lib" + std::string{name} + ".so")).string();
+  }
+
+  // `kvr replay` of a few requests with these extra arguments: (exit code, its output).
+  std::pair<std::optional<int>, std::string> replay(std::vector<std::string> arguments) {
+    std::vector<std::string> argv{KVR_BINARY, "replay", "--limit", "40", "--workers", "4"};
+    argv.insert(argv.end(), arguments.begin(), arguments.end());
+    const fs::path log = directory_.path() / "replay.log";
+    fs::remove(log);
+    const auto status = run(argv, log, 120s);
+    return {status, read_file(log)};
+  }
+
+  static std::unique_ptr<testing::TemporaryDirectory> sdk_;
+};
+
+std::unique_ptr<testing::TemporaryDirectory> PluginSdkTest::sdk_;
+
+TEST_F(PluginSdkTest, EveryPublicHeaderCompilesAloneAndNamesNoCafNatsOrProtobuf) {
+  const fs::path include = prefix() / "include";
+  std::vector<fs::path> headers;
+  for (const auto& entry : fs::recursive_directory_iterator(include / "kvr")) {
+    if (entry.path().extension() == ".hpp") headers.push_back(entry.path());
+  }
+  ASSERT_GE(headers.size(), 10U);
+  for (const fs::path& header : headers) {
+    const std::string text = read_file(header);
+    for (const std::string_view internal : {"caf/", "nats", "google/protobuf", ".pb.h"}) {
+      EXPECT_EQ(text.find("#include <" + std::string{internal}), std::string::npos)
+          << header << " includes " << internal;
+      EXPECT_EQ(text.find("#include \"" + std::string{internal}), std::string::npos)
+          << header << " includes " << internal;
+    }
+    const fs::path unit = directory_.path() / (header.stem().string() + "_alone.cpp");
+    std::ofstream{unit} << "#include \"" << fs::relative(header, include / "kvr").string()
+                        << "\"\n";
+    const fs::path log = directory_.path() / "header.log";
+    EXPECT_EQ(run({KVR_CXX_COMPILER, "-std=c++23", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
+                   "-I" + include.string(), "-I" + (include / "kvr").string(), unit.string()},
+                  log, 120s),
+              0)
+        << header << " does not compile alone:\n"
+        << read_file(log);
+  }
+}
+
+TEST_F(PluginSdkTest, ANodeRoutesWithAPolicyLoadedFromAPluginAndReplayComparesIt) {
+  auto mocker = kvr_->start_mocker({.workers = 2, .block_size = 16});
+  ASSERT_TRUE(mocker);
+  const fs::path yaml = directory_.path() / "policy.yaml";
+  std::ofstream{yaml} << "worker_selection:\n"
+                         "  aggregated: headroom\n"
+                         "  instances:\n"
+                         "    - name: headroom\n"
+                         "      type: cache-headroom\n"
+                         "      parameters: {max_active_requests: 8, queue_weight: 1.0}\n";
+  const std::uint16_t metrics_port = testing::free_port();
+  auto node = kvr_->start_node(
+      {.metrics_port = metrics_port,
+       .extra = {"--plugin", example_plugin(), "--router-policy-config", yaml.string()}});
+  ASSERT_TRUE(node);
+  ASSERT_TRUE(testing::wait_until_healthy(metrics_port, 30s)) << node->log();
+  EXPECT_NE(node->log().find("loaded plugin " + example_plugin()), std::string::npos);
+  EXPECT_NE(node->log().find("selected by 'headroom' (type cache-headroom"), std::string::npos)
+      << node->log();
+
+  std::string routed;
+  ASSERT_TRUE(testing::wait_until(
+      [&] {
+        auto route = kvr_->start({"route"}, {"--text", "a policy from a plugin"}, "route.log");
+        if (!route || route->wait(30s) != 0) return false;
+        routed = route->log();
+        return true;
+      },
+      30s))
+      << routed;
+  EXPECT_NE(routed.find("policy headroom"), std::string::npos) << routed;
+
+  // The same type side by side with a built-in in `kvr replay`.
+  const auto [status, output] =
+      replay({"--plugin", example_plugin(), "--policies", "cache-headroom,kv-cost", "--quiet"});
+  ASSERT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("cache-headroom"), std::string::npos) << output;
+  EXPECT_NE(output.find("kv-cost"), std::string::npos) << output;
+
+  // Named in the YAML's `plugins` list instead, relative to the YAML's folder.
+  fs::copy_file(example_plugin(), directory_.path() / "example.so");
+  const fs::path listing = directory_.path() / "listing.yaml";
+  std::ofstream{listing} << "plugins: [example.so]\n";
+  const auto [listed, listed_output] = replay(
+      {"--router-policy-config", listing.string(), "--policies", "cache-headroom", "--quiet"});
+  EXPECT_EQ(listed, 0) << listed_output;
+}
+
+TEST_F(PluginSdkTest, APluginKvrCannotUseStopsStartupNamingItAndTheCause) {
+  const std::string missing = (directory_.path() / "missing.so").string();
+  const std::string not_elf = (directory_.path() / "text.so").string();
+  std::ofstream{not_elf} << "not a shared library\n";
+  const struct {
+    std::vector<std::string> plugins;
+    std::string named;
+    std::string cause;
+  } cases[] = {
+      {{missing}, missing, "no such file"},
+      {{not_elf}, not_elf, "cannot load"},
+      {{refused_plugin("not_a_plugin")},
+       refused_plugin("not_a_plugin"),
+       "not a kvr plugin: it exports no kvr_plugin_abi_stamp"},
+      {{refused_plugin("wrong_abi")},
+       refused_plugin("wrong_abi"),
+       "built for another ABI: plugin API version 2, this kvr speaks 1"},
+      {{refused_plugin("throwing_catalog")},
+       refused_plugin("throwing_catalog"),
+       "its registration threw: the catalog could not read its model file"},
+      {{example_plugin(), example_plugin()}, example_plugin(), "its registration was refused"},
+  };
+  for (const auto& bad : cases) {
+    std::vector<std::string> arguments{"--policies", "kv-cost"};
+    for (const std::string& plugin : bad.plugins) {
+      arguments.push_back("--plugin");
+      arguments.push_back(plugin);
+    }
+    const auto [status, output] = replay(arguments);
+    EXPECT_EQ(status, 2) << output;
+    EXPECT_NE(output.find("plugin " + bad.named + ": " + bad.cause), std::string::npos) << output;
+  }
+  // The node the same way.
+  auto node = kvr_->start_node({.extra = {"--plugin", refused_plugin("wrong_abi")}});
+  ASSERT_TRUE(node);
+  EXPECT_EQ(node->wait(30s), 2) << node->log();
+  EXPECT_NE(node->log().find("--plugin: plugin " + refused_plugin("wrong_abi") +
+                             ": built for another ABI"),
+            std::string::npos)
+      << node->log();
+}
+
+// `cpack -G DEB` of this build, unpacked into a clean root: the binary finds every library it
+// needs, runs, and the package carries the SDK and the node's unit and declares its dependencies.
+TEST_F(PluginSdkTest, TheDebianPackageCarriesTheBinaryTheSdkAndTheUnitWithEveryLibraryFound) {
+  const fs::path packages = directory_.path() / "packages";
+  const fs::path log = directory_.path() / "cpack.log";
+  ASSERT_EQ(run({"cpack", "-G", "DEB", "--config", KVR_BUILD_DIR "/CPackConfig.cmake", "-B",
+                 packages.string()},
+                log, 600s),
+            0)
+      << read_file(log);
+  const fs::path deb = packages / ("kvr_" KVR_VERSION_STRING "_amd64.deb");
+  ASSERT_TRUE(fs::exists(deb)) << read_file(log);
+
+  const fs::path fields = directory_.path() / "fields.log";
+  ASSERT_EQ(run({"dpkg-deb", "-f", deb.string(), "Package", "Version", "Architecture", "Depends"},
+                fields),
+            0);
+  const std::string control = read_file(fields);
+  EXPECT_NE(control.find("Package: kvr"), std::string::npos) << control;
+  EXPECT_NE(control.find("Version: " KVR_VERSION_STRING), std::string::npos) << control;
+  EXPECT_NE(control.find("Architecture: amd64"), std::string::npos) << control;
+  for (const std::string_view library : {"libyaml-cpp", "libprotobuf", "libnats"}) {
+    EXPECT_NE(control.find(library), std::string::npos) << "Depends names no " << library << "\n"
+                                                        << control;
+  }
+
+  const fs::path listing = directory_.path() / "contents.log";
+  ASSERT_EQ(run({"dpkg-deb", "-c", deb.string()}, listing), 0);
+  const std::string contents = read_file(listing);
+  for (const std::string_view path :
+       {"./usr/bin/kvr", "./usr/include/kvr/plugin.hpp",
+        "./usr/include/kvr/selection/worker_selection.hpp", "./usr/lib/cmake/kvr/kvrConfig.cmake",
+        "./usr/lib/systemd/system/kvr-node.service", "./usr/share/doc/kvr/kvr-node.env"}) {
+    EXPECT_NE(contents.find(path), std::string::npos) << path << " is not in the package";
+  }
+
+  const fs::path root = directory_.path() / "root";
+  ASSERT_EQ(run({"dpkg", "-x", deb.string(), root.string()}, log), 0) << read_file(log);
+  const fs::path libraries = directory_.path() / "ldd.log";
+  ASSERT_EQ(run({"ldd", (root / "usr/bin/kvr").string()}, libraries), 0) << read_file(libraries);
+  EXPECT_EQ(read_file(libraries).find("not found"), std::string::npos) << read_file(libraries);
+  const fs::path version = directory_.path() / "version.log";
+  ASSERT_EQ(run({(root / "usr/bin/kvr").string(), "--version"}, version), 0);
+  EXPECT_NE(read_file(version).find("kvr " KVR_VERSION_STRING), std::string::npos)
+      << read_file(version);
+  const std::string unit = read_file(root / "usr/lib/systemd/system/kvr-node.service");
+  EXPECT_NE(unit.find("ExecStart=/usr/bin/kvr node --cluster"), std::string::npos) << unit;
+}
+
+}  // namespace
+}  // namespace kvr
