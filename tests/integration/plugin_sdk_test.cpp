@@ -181,6 +181,10 @@ TEST_F(PluginSdkTest, APluginKvrCannotUseStopsStartupNamingItAndTheCause) {
       {{refused_plugin("throwing_catalog")},
        refused_plugin("throwing_catalog"),
        "its registration threw: the catalog could not read its model file"},
+      {{refused_plugin("missing_symbol")},
+       refused_plugin("missing_symbol"),
+       "cannot load: " + refused_plugin("missing_symbol") +
+           ": undefined symbol: kvr_function_this_kvr_lacks"},
       {{example_plugin(), example_plugin()}, example_plugin(), "its registration was refused"},
   };
   for (const auto& bad : cases) {
