@@ -101,6 +101,13 @@ void reject(Self self, Waiting& waiting, const AdmissionRejected& rejection) {
                "error");
 }
 
+// As the reference specifies, classifiers decide aggregated and decode admission only: a prefill or
+// an encode request is a hop of a request that was admitted already (or is never classified), so
+// it goes straight on.
+bool runs_admission(WorkerType worker_type) {
+  return worker_type == WorkerType::Aggregated || worker_type == WorkerType::Decode;
+}
+
 void hand_on(Self self, Waiting& waiting, const rc::ClassifyRequest& admitted) {
   auto& config = self->state.config;
   if (auto* route = std::get_if<AdmittingRoute>(&waiting)) {
@@ -232,6 +239,10 @@ classifier_actor::behavior_type classifier_behavior(Self self, ClassifierActorCo
   });
   return {
       [self](route_atom, RouteEnvelope& envelope) -> caf::result<RouteDecisionMessage> {
+        if (!runs_admission(envelope.request.worker_type)) {
+          return self->make_response_promise<RouteDecisionMessage>().delegate(
+              self->state.config.reservation, route_atom::value, std::move(envelope));
+        }
         auto promise = self->make_response_promise<RouteDecisionMessage>();
         const std::string model = envelope.request.partition.model;
         const std::string request_id = envelope.request.id();
@@ -240,6 +251,10 @@ classifier_actor::behavior_type classifier_behavior(Self self, ClassifierActorCo
         return promise;
       },
       [self](generate_atom, GenerateEnvelope& envelope) -> caf::result<RouteDecisionMessage> {
+        if (!runs_admission(envelope.request.route.worker_type)) {
+          return self->make_response_promise<RouteDecisionMessage>().delegate(
+              self->state.config.lifecycle, generate_atom::value, std::move(envelope));
+        }
         auto promise = self->make_response_promise<RouteDecisionMessage>();
         const std::string model = envelope.request.route.partition.model;
         const std::string request_id = envelope.request.route.id();

@@ -1245,6 +1245,32 @@ TEST_F(ClassifierActorsTest, ARejectedRouteRequestGetsAnExplicitErrorWithTheReas
   EXPECT_TRUE(publisher_->published_on("gen.11").empty());
 }
 
+// Classifiers decide aggregated and decode admission only: prefill and encode requests pass the
+// classifier actor untouched, and it is told none of their lifecycle events.
+TEST_F(ClassifierActorsTest, PrefillAndEncodeRequestsSkipTheClassifier) {
+  for (const auto& [id, role] :
+       {std::pair{WorkerId{21}, WorkerType::Prefill}, std::pair{WorkerId{22}, WorkerType::Encode},
+        std::pair{WorkerId{23}, WorkerType::Decode}}) {
+    discovery::WorkerRegistration worker = registration(id);
+    worker.role = role;
+    send(discovery_, worker_up_atom::value, worker);
+  }
+  start([] { return std::make_unique<RejectingClassifier>(); });
+  for (const auto role : {WorkerType::Prefill, WorkerType::Encode}) {
+    RouteRequest hop = request(std::string{as_str(role)});
+    hop.worker_type = role;
+    const v1::RouteDecision decision = route_via(classifier_, hop);
+    ASSERT_TRUE(decision.has_success()) << as_str(role) << ": " << decision.error().message();
+  }
+  // Decode (and aggregated) admission runs the classifier, which refuses.
+  RouteRequest decode = request("decode");
+  decode.worker_type = WorkerType::Decode;
+  const v1::RouteDecision refused = route_via(classifier_, decode);
+  ASSERT_TRUE(refused.has_error());
+  EXPECT_EQ(refused.error().message(), "the fleet is full");
+  EXPECT_TRUE(events_->snapshot().empty());
+}
+
 TEST_F(ClassifierActorsTest, MaxInFlightOneAnswersTheSecondRouteOnlyAfterTheFirstCompletes) {
   register_workers({11, 12});
   start([] { return max_in_flight(1); });
