@@ -100,4 +100,10 @@ class RouterPluginRegistry {
       request_classifiers_;
 };
 
+/// The reference's names for the registry and its error, kept so that a catalog ported from it
+/// compiles unchanged. (Its worker-only `register` method cannot be named in C++, where `register`
+/// is a keyword: such a catalog calls register_worker_selection.)
+using WorkerSelectionPolicyRegistry = RouterPluginRegistry;
+using WorkerSelectionPolicyRegistryError = RegistryError;
+
 }  // namespace kvr::plugins

@@ -272,5 +272,30 @@ TEST_F(PluginRegistryTest, AClassifierProviderErrorNamesTheSection) {
             "non-negative 32-bit integer, got '-3'");
 }
 
+// A catalog written with the reference's names: its signature is a PluginCatalog's, and what it
+// registers resolves.
+std::expected<void, WorkerSelectionPolicyRegistryError> register_ported_catalog(
+    WorkerSelectionPolicyRegistry& registry) {
+  return registry.register_worker_selection("ported",
+                                            stand_in_policy(std::make_shared<ProviderRuns>()));
+}
+
+TEST(PluginRegistryCompatibilityTest, ACatalogWrittenWithTheReferencesNamesRegistersAndResolves) {
+  RouterPluginRegistry registry;
+  ASSERT_TRUE(register_ported_catalog(registry));
+  EXPECT_EQ(registry.worker_selection_types(), (std::vector<std::string>{"ported"}));
+  const auto again = register_ported_catalog(registry);
+  ASSERT_FALSE(again);
+  EXPECT_THAT(std::string{again.error().message()}, HasSubstr("ported"));
+  // The roles the config leaves unset take the built-in default, stood in for here.
+  ASSERT_TRUE(registry.register_worker_selection(
+      "kv-cost", stand_in_policy(std::make_shared<ProviderRuns>())));
+  selection::RouterPolicyConfig config;
+  config.worker_selection[0] = "ported";
+  const auto resolved = registry.resolve_plugins(config);
+  ASSERT_TRUE(resolved) << resolved.error().message();
+  EXPECT_EQ(resolved->worker_selection[0].type, "ported");
+}
+
 }  // namespace
 }  // namespace kvr::plugins
