@@ -5,7 +5,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <utility>
 #include <vector>
 
@@ -16,27 +15,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One ask's answer: a decision, or nullopt for NATS's "no responders" (an empty status message)
-// and anything that is not a RouteDecision.
-struct Arrival {
-  int attempt = 0;
-  std::optional<v1::RouteDecision> decision;
-};
-
-// Parses "<call>.<attempt>", the part of a reply subject after the inbox and its dot.
-std::optional<std::pair<std::uint64_t, int>> parse_reply_tail(std::string_view tail) {
+// Parses the call id of a reply subject's tail after the inbox: "<call>.<ask>".
+std::optional<std::uint64_t> call_of(std::string_view tail) {
   const std::size_t dot = tail.find('.');
   if (dot == std::string_view::npos) return std::nullopt;
   std::uint64_t call = 0;
-  int attempt = 0;
-  const auto [call_end, call_error] = std::from_chars(tail.data(), tail.data() + dot, call);
-  const auto [attempt_end, attempt_error] =
-      std::from_chars(tail.data() + dot + 1, tail.data() + tail.size(), attempt);
-  if (call_error != std::errc{} || call_end != tail.data() + dot || attempt_error != std::errc{} ||
-      attempt_end != tail.data() + tail.size()) {
-    return std::nullopt;
-  }
-  return std::pair{call, attempt};
+  const auto [end, error] = std::from_chars(tail.data(), tail.data() + dot, call);
+  if (error != std::errc{} || end != tail.data() + dot) return std::nullopt;
+  return call;
 }
 
 }  // namespace
@@ -62,8 +48,9 @@ struct RouteClient::State {
   std::mutex mutex;
   std::condition_variable arrived;
   std::uint64_t next_call = 0;
-  // The calls route() still waits on, and what came for each.
-  std::map<std::uint64_t, std::vector<Arrival>> waiting;
+  // The calls route() still waits on, and what came for each: a decision, or nullopt for NATS's
+  // "no responders" (an empty status message) and anything that is not a RouteDecision.
+  std::map<std::uint64_t, std::vector<std::optional<v1::RouteDecision>>> waiting;
 
   // Releases a booking nobody will use; one way, so that a delivery thread never waits.
   void release(const v1::RouteDecision& decision) const {
@@ -78,28 +65,27 @@ struct RouteClient::State {
 
   void on_reply(NatsMessage message) {
     if (message.subject.size() <= inbox.size() + 1) return;
-    const auto ids = parse_reply_tail(std::string_view{message.subject}.substr(inbox.size() + 1));
-    if (!ids) return;
-    Arrival arrival{.attempt = ids->second, .decision = std::nullopt};
+    const auto call_id = call_of(std::string_view{message.subject}.substr(inbox.size() + 1));
+    if (!call_id) return;
+    std::optional<v1::RouteDecision> arrival;
     if (!message.data.empty()) {
       v1::RouteDecision decision;
-      if (decision.ParseFromString(message.data)) arrival.decision = std::move(decision);
+      if (decision.ParseFromString(message.data)) arrival = std::move(decision);
     }
     {
       std::lock_guard lock{mutex};
-      if (auto call = waiting.find(ids->first); call != waiting.end()) {
+      if (auto call = waiting.find(*call_id); call != waiting.end()) {
         call->second.push_back(std::move(arrival));
         arrived.notify_all();
         return;
       }
     }
     // The call ended with another ask's decision (or its timeout): this one is not used.
-    if (arrival.decision) release(*arrival.decision);
+    if (arrival) release(*arrival);
   }
 };
 
-RouteClient::RouteClient(NatsClient& client, std::shared_ptr<State> state)
-    : client_(&client), state_(std::move(state)) {}
+RouteClient::RouteClient(std::shared_ptr<State> state) : state_(std::move(state)) {}
 RouteClient::RouteClient(RouteClient&&) noexcept = default;
 RouteClient& RouteClient::operator=(RouteClient&&) noexcept = default;
 
@@ -125,7 +111,7 @@ std::expected<RouteClient, std::string> RouteClient::open(NatsClient& client,
   if (auto flushed = client.flush(std::chrono::milliseconds{2000}); !flushed) {
     return std::unexpected("the server did not confirm the decisions' inbox: " + flushed.error());
   }
-  return RouteClient{client, std::move(state)};
+  return RouteClient{std::move(state)};
 }
 
 std::expected<RoutedDecision, std::string> RouteClient::route(const v1::RouteRequest& request,
@@ -136,7 +122,7 @@ std::expected<RoutedDecision, std::string> RouteClient::route(const v1::RouteReq
   {
     std::lock_guard lock{state.mutex};
     call = ++state.next_call;
-    state.waiting.emplace(call, std::vector<Arrival>{});
+    state.waiting.emplace(call, std::vector<std::optional<v1::RouteDecision>>{});
   }
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + policy.timeout;
@@ -148,9 +134,9 @@ std::expected<RoutedDecision, std::string> RouteClient::route(const v1::RouteReq
   v1::RouteRequest ask = request;
   const auto send = [&] {
     ask.set_request_id(attempt_request_id(request.request_id(), sent));
-    auto published = client_->publish_request(state.route_subject,
-                                              fmt::format("{}.{}.{}", state.inbox, call, sent),
-                                              ask.SerializeAsString());
+    auto published = state.client->publish_request(state.route_subject,
+                                                   fmt::format("{}.{}.{}", state.inbox, call, sent),
+                                                   ask.SerializeAsString());
     ++sent;
     if (published) {
       ++unanswered;
@@ -162,30 +148,30 @@ std::expected<RoutedDecision, std::string> RouteClient::route(const v1::RouteReq
 
   send();
   std::optional<v1::RouteDecision> answer;
-  std::vector<Arrival> extra;
+  std::vector<v1::RouteDecision> extra;
   {
     std::unique_lock lock{state.mutex};
-    std::vector<Arrival>& arrivals = state.waiting.at(call);
+    auto& arrivals = state.waiting.at(call);
     while (!answer) {
       const Clock::time_point wake =
           sent < max_attempts ? std::min(next_ask(), deadline) : deadline;
       state.arrived.wait_until(lock, wake, [&] { return !arrivals.empty(); });
-      std::vector<Arrival> batch = std::exchange(arrivals, {});
+      auto batch = std::exchange(arrivals, {});
       bool ask_now = false;
-      for (Arrival& arrival : batch) {
+      for (auto& arrival : batch) {
         if (answer) {
-          extra.push_back(std::move(arrival));
+          if (arrival) extra.push_back(std::move(*arrival));
           continue;
         }
         --unanswered;
-        if (!arrival.decision) {
+        if (!arrival) {
           ++no_responders;
-        } else if (asks_for_retry(*arrival.decision)) {
+        } else if (asks_for_retry(*arrival)) {
           // Another node, or the partition's new owner, answers: no reason to wait.
-          retry_answer = std::move(arrival.decision);
+          retry_answer = std::move(arrival);
           ask_now = true;
         } else {
-          answer = std::move(arrival.decision);
+          answer = std::move(arrival);
         }
       }
       if (answer) break;
@@ -203,9 +189,7 @@ std::expected<RoutedDecision, std::string> RouteClient::route(const v1::RouteReq
     // From here on a late answer is the subscription's to release.
     state.waiting.erase(call);
   }
-  for (const Arrival& arrival : extra) {
-    if (arrival.decision) state.release(*arrival.decision);
-  }
+  for (const v1::RouteDecision& decision : extra) state.release(decision);
   if (!answer && retry_answer) answer = std::move(retry_answer);
   if (!answer) {
     if (!send_error.empty() && unanswered <= 0 && no_responders == 0) {

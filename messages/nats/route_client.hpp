@@ -65,8 +65,7 @@ class RouteClient {
 
  private:
   struct State;
-  RouteClient(NatsClient& client, std::shared_ptr<State> state);
-  NatsClient* client_;
+  explicit RouteClient(std::shared_ptr<State> state);
   std::shared_ptr<State> state_;
 };
 

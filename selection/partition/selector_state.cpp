@@ -578,22 +578,19 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::book(const RouteRequest
       discovery::uncached_prefill_tokens(input.prompt_tokens, cached_blocks, block_size_);
   outcome.booking_expires_at = now + options_.booking_ttl;
 
+  // Empty: no per-client cap applies (none configured, or one of the node's own actors).
+  const std::string_view client =
+      client_share_->totals() != nullptr ? capped_client(request) : std::string_view{};
   auto booked = workers_.load().book(discovery::BookingRequest{
       .request_id = input.request_id,
       .worker = outcome.worker,
       .prompt_blocks = {input.block_hashes.begin(), input.block_hashes.end()},
       .uncached_prefill_tokens = outcome.uncached_prefill_tokens,
       .expires_at = outcome.booking_expires_at,
-      .client =
-          client_share_->totals() != nullptr ? std::string{capped_client(request)} : std::string{},
+      .client = std::string{client},
   });
   sync_node_share();
-  if (booked) {
-    if (const std::string_view client = capped_client(request);
-        !client.empty() && client_share_->totals() != nullptr) {
-      client_share_->add(client, input.block_hashes.size());
-    }
-  }
+  if (booked && !client.empty()) client_share_->add(client, input.block_hashes.size());
   if (!booked) {
     return std::unexpected(RouteFailure{
         booked.error() == discovery::LoadError::duplicate_booking ? Error::invalid_request
