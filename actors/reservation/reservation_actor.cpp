@@ -217,15 +217,20 @@ void count_report(Self self, LifecycleEventKind event, bool accepted) {
   self->state.reports[static_cast<std::size_t>(event)][accepted ? 1 : 0].add();
 }
 
-// Publishes (when asked over NATS) and returns an ack; counts the report.
-void deliver_ack(Self self, const ReportEnvelope& envelope, AckPromise& promise, bool accepted,
+// Publishes (when asked over NATS) and returns an ack.
+void acknowledge(Self self, const ReportEnvelope& envelope, AckPromise& promise, bool accepted,
                  std::string_view message) {
-  count_report(self, envelope.report.event, accepted);
   auto ack = encode_lifecycle_ack(accepted, message);
   if (!envelope.reply_subject.empty()) {
     publish_answer(self, envelope.reply_subject, ack.SerializeAsString());
   }
   promise.deliver(LifecycleAckMessage{std::move(ack)});
+}
+
+void deliver_ack(Self self, const ReportEnvelope& envelope, AckPromise& promise, bool accepted,
+                 std::string_view message) {
+  count_report(self, envelope.report.event, accepted);
+  acknowledge(self, envelope, promise, accepted, message);
 }
 
 // What a report says about its worker's health: a first token or completion is a success; an
@@ -256,13 +261,17 @@ AckPromise handle_report(Self self, ReportEnvelope& envelope) {
   auto booking = first_token ? state.ledger->first_token(report.booking_id)
                              : state.ledger->close(report.booking_id);
   publish_open_bookings(self);
+  if (!booking && booking.error() == BookingError::unknown_booking) {
+    deliver_ack(self, envelope, promise, false,
+                fmt::format("booking '{}': {}", report.booking_id, as_str(booking.error())));
+    return promise;
+  }
   if (!booking) {
-    // A first token whose completion overtook it: nothing is left to do, and nothing is wrong.
-    const bool overtaken = booking.error() == BookingError::already_ended;
-    deliver_ack(self, envelope, promise, overtaken,
-                overtaken
-                    ? fmt::format("booking '{}' already ended", report.booking_id)
-                    : fmt::format("booking '{}': {}", report.booking_id, as_str(booking.error())));
+    // A report the booking already took (a client asking again, docs/protocol.md), or a first
+    // token its completion overtook: nothing is left to do, and nothing is wrong.
+    state.reports_after_end[static_cast<std::size_t>(report.event)].add();
+    acknowledge(self, envelope, promise, true,
+                fmt::format("booking '{}': {}", report.booking_id, as_str(booking.error())));
     return promise;
   }
   namespace rc = plugins::request_classifier;
@@ -359,6 +368,8 @@ reservation_actor::behavior_type reservation_behavior(Self self, ReservationActo
       self->state.reports[static_cast<std::size_t>(event)][accepted ? 1 : 0] =
           metrics.lifecycle_reports(as_str(event), accepted);
     }
+    self->state.reports_after_end[static_cast<std::size_t>(event)] =
+        metrics.lifecycle_reports_after_end(as_str(event));
   }
   publish_open_bookings(self);
   self->send(self->state.config.discovery, watch_atom::value, selector_subscriber_actor{self});

@@ -395,13 +395,11 @@ struct LiveReplay::State {
     // The first answer counts; a resent report's second one finds nothing pending.
     auto pending = pending_reports.find(number);
     if (pending == pending_reports.end()) return;
-    const bool resent = pending->second.sends > 1;
     pending_reports.erase(pending);
+    // Reports are idempotent: whichever copy of a resent report is answered first, a refusal
+    // means the booking expired or was never issued.
     v1::LifecycleAck ack;
-    // A resent report may be answered for a copy that came second (an unknown booking by then).
-    if (!ack.ParseFromString(message.data) || (!ack.accepted() && !resent)) {
-      ++result.reports_refused;
-    }
+    if (!ack.ParseFromString(message.data) || !ack.accepted()) ++result.reports_refused;
   }
 
   void handle(const Incoming& message) {

@@ -62,6 +62,11 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
      MetricType::Counter,
      "Lifecycle reports, by event and whether a booking accepted them.",
      {}},
+    {N::kLifecycleReportsAfterEnd,
+     MetricType::Counter,
+     "Lifecycle reports acknowledged without effect, by event: a report sent again, or a first "
+     "token its booking's completion overtook.",
+     {}},
     {N::kBadMessages,
      MetricType::Counter,
      "Network messages dropped as malformed or absurd, by subscribed subject.",
@@ -259,6 +264,10 @@ ValueHandle NodeMetrics::bookings_rolled_back() const { return counter(kBookings
 ValueHandle NodeMetrics::lifecycle_reports(std::string_view event, bool accepted) const {
   return registry_->counter(kLifecycleReports, {{"event", std::string{event}},
                                                 {"accepted", accepted ? "true" : "false"}});
+}
+
+ValueHandle NodeMetrics::lifecycle_reports_after_end(std::string_view event) const {
+  return counter(kLifecycleReportsAfterEnd, "event", event);
 }
 
 HistogramHandle NodeMetrics::selection_latency() const {

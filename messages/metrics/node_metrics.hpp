@@ -38,6 +38,8 @@ class NodeMetrics {
   static constexpr std::string_view kRouteBookingsExpired = "kvr_route_bookings_expired_total";
   static constexpr std::string_view kBookingsRolledBack = "kvr_bookings_rolled_back_total";
   static constexpr std::string_view kLifecycleReports = "kvr_lifecycle_reports_total";
+  static constexpr std::string_view kLifecycleReportsAfterEnd =
+      "kvr_lifecycle_reports_after_end_total";
   // Partitions (the selectors).
   static constexpr std::string_view kSelectionLatency = "kvr_selection_latency_seconds";
   static constexpr std::string_view kBookingsOpen = "kvr_bookings_open";
@@ -119,6 +121,8 @@ class NodeMetrics {
   ValueHandle bookings_rolled_back() const;
   /// Lifecycle reports by event ("first_token", ...) and whether a booking accepted them.
   ValueHandle lifecycle_reports(std::string_view event, bool accepted) const;
+  /// Reports acknowledged without effect: their booking had taken them already, by event.
+  ValueHandle lifecycle_reports_after_end(std::string_view event) const;
 
   // ---- partitions (label `partition`: "model/routing group") ------------------------------------
   HistogramHandle selection_latency() const;

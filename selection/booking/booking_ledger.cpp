@@ -67,10 +67,7 @@ const Booking* BookingLedger::find(std::string_view booking_id) const {
 std::expected<Booking, BookingError> BookingLedger::first_token(std::string_view booking_id) {
   const auto counter = counter_of(booking_id);
   const auto it = find_exact(bookings_, counter, booking_id);
-  if (it == bookings_.end()) {
-    return std::unexpected(counter && ended_.contains(*counter) ? BookingError::already_ended
-                                                                : BookingError::unknown_booking);
-  }
+  if (it == bookings_.end()) return std::unexpected(not_open(counter));
   Booking* booking = &it->second;
   if (booking->first_token_reported) return std::unexpected(BookingError::first_token_repeated);
   booking->first_token_reported = true;
@@ -78,8 +75,9 @@ std::expected<Booking, BookingError> BookingLedger::first_token(std::string_view
 }
 
 std::expected<Booking, BookingError> BookingLedger::close(std::string_view booking_id) {
-  const auto it = find_exact(bookings_, counter_of(booking_id), booking_id);
-  if (it == bookings_.end()) return std::unexpected(BookingError::unknown_booking);
+  const auto counter = counter_of(booking_id);
+  const auto it = find_exact(bookings_, counter, booking_id);
+  if (it == bookings_.end()) return std::unexpected(not_open(counter));
   Booking booking = std::move(it->second);
   ended_order_.push_back(it->first);
   ended_.insert(it->first);
@@ -105,6 +103,11 @@ std::vector<Booking> BookingLedger::expire(std::chrono::steady_clock::time_point
     bookings_.erase(it);
   }
   return expired;
+}
+
+BookingError BookingLedger::not_open(std::optional<std::uint64_t> counter) const {
+  return counter && ended_.contains(*counter) ? BookingError::already_ended
+                                              : BookingError::unknown_booking;
 }
 
 void BookingLedger::compact_expiries() {

@@ -35,9 +35,9 @@ struct Booking {
 
 /// Why a report could not be applied to a booking.
 enum class BookingError : std::uint8_t {
-  unknown_booking,       ///< never issued, already ended, or expired
+  unknown_booking,       ///< never issued, expired, or ended too long ago to be remembered
   first_token_repeated,  ///< the first token of this booking was already reported
-  already_ended,         ///< a first token for a booking its completion or abort ended just before
+  already_ended,         ///< one of the last kRecentlyEnded bookings a completion or abort ended
 };
 
 /// "unknown_booking", "first_token_repeated" or "already_ended".
@@ -60,7 +60,9 @@ class BookingLedger {
   std::expected<Booking, BookingError> first_token(std::string_view booking_id);
 
   /// Ends the booking (completed, aborted, or rolled back) and returns it; the caller releases
-  /// it at its selector. Fails when the booking is unknown, so one is never released twice.
+  /// it at its selector. Fails when the booking is not open, so one is never released twice:
+  /// with already_ended for one of the last kRecentlyEnded bookings close() ended (a client that
+  /// sent its report again, docs/protocol.md), else unknown_booking.
   std::expected<Booking, BookingError> close(std::string_view booking_id);
 
   /// Ends the bookings whose expiry is at or before `now`, the earliest first and at most `limit`
@@ -73,13 +75,15 @@ class BookingLedger {
 
   std::size_t size() const { return bookings_.size(); }
 
-  /// How many ended bookings first_token() still recognises.
+  /// How many ended bookings first_token() and close() still recognise.
   static constexpr std::size_t kRecentlyEnded = 8192;
 
  private:
   // Bookings are keyed by their counter: an id is "<prefix>-<counter>", so a lookup parses the
   // counter back instead of hashing and comparing strings.
   std::optional<std::uint64_t> counter_of(std::string_view booking_id) const;
+  // Why the booking with this counter is not open: ended recently, or unknown.
+  BookingError not_open(std::optional<std::uint64_t> counter) const;
   // Drops heap entries of bookings that already ended once they outnumber the open bookings.
   void compact_expiries();
 

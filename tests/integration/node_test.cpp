@@ -203,7 +203,12 @@ TEST_F(NodeTest, ReportsReleaseBookingsAndUnreportedBookingsExpire) {
   EXPECT_EQ(bookings(), 0);
   ack = report(booking, v1::LIFECYCLE_EVENT_COMPLETED);
   ASSERT_TRUE(ack);
-  EXPECT_FALSE(ack->accepted());  // released exactly once
+  // Released exactly once: a repeat (a client's resend) is acknowledged and changes nothing.
+  EXPECT_TRUE(ack->accepted()) << ack->message();
+  EXPECT_NE(ack->message().find("already_ended"), std::string::npos) << ack->message();
+  EXPECT_EQ(bookings(), 0);
+  EXPECT_EQ(metric(metrics_text(), R"(kvr_lifecycle_reports_after_end_total{event="completed")"),
+            1);
 
   // A report published without a reply subject (nobody waits for an ack) releases too.
   const std::string accepted_completions =
@@ -222,7 +227,8 @@ TEST_F(NodeTest, ReportsReleaseBookingsAndUnreportedBookingsExpire) {
       [&] { return metric(metrics_text(), accepted_completions) == completions_before + 1; }, 5s));
   ack = report(decision->success().booking_id(), v1::LIFECYCLE_EVENT_COMPLETED);
   ASSERT_TRUE(ack);
-  EXPECT_FALSE(ack->accepted());  // its booking ended with the first report
+  EXPECT_NE(ack->message().find("already_ended"), std::string::npos)
+      << "its booking ended with the first report: " << ack->message();
 
   // Never reported: released by expiry.
   const double expired_before = metric(metrics_text(), "kvr_route_bookings_expired_total");
@@ -235,7 +241,7 @@ TEST_F(NodeTest, ReportsReleaseBookingsAndUnreportedBookingsExpire) {
       5s));
   ack = report(decision->success().booking_id(), v1::LIFECYCLE_EVENT_COMPLETED);
   ASSERT_TRUE(ack);
-  EXPECT_FALSE(ack->accepted());
+  EXPECT_FALSE(ack->accepted()) << "an expired booking refuses its report";
 }
 
 TEST_F(NodeTest, AKilledWorkerLeavesRoutingWithinItsTtl) {

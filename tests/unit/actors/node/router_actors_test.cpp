@@ -424,6 +424,8 @@ TEST_F(RouterActorsTest, RouteModeCountsAnErrorUnderItsShortCode) {
   EXPECT_EQ(metrics_->total("kvr_route_errors_total"), 1);
 }
 
+// Reports are idempotent (a client sends one again when its ack is late): a repeat is
+// acknowledged and counted apart, and changes nothing; a booking never issued is refused.
 TEST_F(RouterActorsTest, RouteBooksAndCompletionReleasesExactlyOnce) {
   register_workers({11, 12});
   const auto decision = route(request("r1"));
@@ -434,12 +436,29 @@ TEST_F(RouterActorsTest, RouteBooksAndCompletionReleasesExactlyOnce) {
   EXPECT_EQ(bookings(), 1);
   const std::string booking = decision.success().booking_id();
   EXPECT_TRUE(report(booking, LifecycleEventKind::FirstToken).accepted());
-  EXPECT_FALSE(report(booking, LifecycleEventKind::FirstToken).accepted());
+  const auto repeated_first_token = report(booking, LifecycleEventKind::FirstToken);
+  EXPECT_TRUE(repeated_first_token.accepted());
+  EXPECT_EQ(repeated_first_token.message(),
+            fmt::format("booking '{}': first_token_repeated", booking));
   EXPECT_EQ(bookings(), 1);
   EXPECT_TRUE(report(booking, LifecycleEventKind::Completed).accepted());
   EXPECT_EQ(bookings(), 0);
-  EXPECT_FALSE(report(booking, LifecycleEventKind::Completed).accepted());
+  const auto repeated_completion = report(booking, LifecycleEventKind::Completed);
+  EXPECT_TRUE(repeated_completion.accepted());
+  EXPECT_EQ(repeated_completion.message(), fmt::format("booking '{}': already_ended", booking));
+  EXPECT_EQ(bookings(), 0);
   EXPECT_FALSE(report("no-such-booking", LifecycleEventKind::Aborted).accepted());
+
+  auto count = [&](const char* event, const char* accepted) {
+    return metrics_->value("kvr_lifecycle_reports_total",
+                           {{"event", event}, {"accepted", accepted}});
+  };
+  EXPECT_EQ(count("first_token", "true"), 1);
+  EXPECT_EQ(count("completed", "true"), 1);
+  EXPECT_EQ(count("aborted", "false"), 1);
+  EXPECT_EQ(metrics_->value("kvr_lifecycle_reports_after_end_total", {{"event", "first_token"}}),
+            1);
+  EXPECT_EQ(metrics_->value("kvr_lifecycle_reports_after_end_total", {{"event", "completed"}}), 1);
 }
 
 TEST_F(RouterActorsTest, APickIsInPredictedLoadBeforeTheNextSelection) {

@@ -29,7 +29,8 @@ TEST(BookingLedgerTest, CloseReturnsTheBookingExactlyOnce) {
   EXPECT_EQ(closed->request_id, "r1");
   EXPECT_EQ(closed->worker, (WorkerWithDpRank{7, 1}));
   EXPECT_EQ(closed->partition.model, "m");
-  EXPECT_EQ(ledger.close(id).error(), BookingError::unknown_booking);
+  EXPECT_EQ(ledger.close(id).error(), BookingError::already_ended);
+  EXPECT_EQ(ledger.close("n-999").error(), BookingError::unknown_booking);
   EXPECT_EQ(ledger.size(), 0U);
 }
 
@@ -56,6 +57,7 @@ TEST(BookingLedgerTest, AFirstTokenAfterItsCompletionFindsTheBookingEnded) {
     ASSERT_TRUE(ledger.close(ledger.open(kPartition, "r", {1, 0}, kStart + 10s)));
   }
   EXPECT_EQ(ledger.first_token(first).error(), BookingError::unknown_booking) << "forgotten by now";
+  EXPECT_EQ(ledger.close(first).error(), BookingError::unknown_booking) << "forgotten by now";
 }
 
 TEST(BookingLedgerTest, ExpireEndsOnlyDueBookingsAndNeverAClosedOne) {
