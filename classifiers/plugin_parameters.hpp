@@ -2,6 +2,7 @@
 // reader a plugin's provider uses on it (BasicParameterReader, exposed as `ParameterReader` by both
 // plugin APIs). It lives in classifiers/ because that is the lowest folder that both the
 // worker-selection API (selection/) and the request-classifier API (classifiers/) may include.
+// The contract: docs/plugin-api.md.
 #pragma once
 
 #include <concepts>

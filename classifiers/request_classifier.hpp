@@ -1,7 +1,7 @@
-// The public request-classifier plugin API (docs/policies.md): admission before worker selection.
-// A classifier looks at each request and answers with a pollable AdmissionFuture (admit now,
-// reject, or decide later); the classifier actor polls it without ever blocking a thread. A
-// plugin includes this header and selection/plugin_registry.hpp only.
+// The public request-classifier plugin API: admission before worker selection. A classifier looks
+// at each request and answers with a pollable AdmissionFuture (admit now, reject, or decide later);
+// the classifier actor polls it without ever blocking a thread. A plugin includes
+// <kvr/plugin.hpp>, which includes this header. The contract: docs/plugin-api.md.
 #pragma once
 
 #include <chrono>

@@ -1,5 +1,6 @@
 // Identifier and small value types shared by every kvr library and by the wire contract.
 // The plugin API (selection/worker_selection.hpp) re-exports the ones a plugin sees.
+// The contract: docs/plugin-api.md.
 #pragma once
 
 #include <compare>

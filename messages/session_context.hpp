@@ -1,5 +1,6 @@
 // Session metadata a routed request may carry (plugin API SessionContext and InputTrigger). Shared
 // by the worker-selection and request-classifier plugin APIs, which re-export it.
+// The contract: docs/plugin-api.md.
 #pragma once
 
 #include <optional>

@@ -1,6 +1,7 @@
-// The router plugin registry (docs/policies.md): worker-selection policies and request classifiers
+// The router plugin registry: worker-selection policies and request classifiers
 // registered by type name, then resolved once at startup against the router-policy YAML.
 // Built-ins and catalogs register from one function each; afterwards the registry is read-only.
+// The contract: docs/plugin-api.md.
 #pragma once
 
 #include <array>

@@ -1,5 +1,6 @@
 // The router's own settings that every worker-selection factory receives (plugin API RouterConfig).
 // Filled from the command line and environment by the node, and by replay from its flags.
+// The contract: docs/plugin-api.md.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
-// The public worker-selection plugin API (docs/policies.md): the types a custom filter, scorer or
-// picker is written against, and the host-side policy that composes them. A plugin includes this
-// header and selection/plugin_registry.hpp only.
+// The public worker-selection plugin API: the types a custom filter, scorer or picker is written
+// against, and the host-side policy that composes them. A plugin includes <kvr/plugin.hpp>, which
+// includes this header. The contract: docs/plugin-api.md.
 #pragma once
 
 #include <chrono>

@@ -1,6 +1,7 @@
 // The settings of one policy class of the admission queue (`policy_classes:` in the router-policy
 // YAML) and the rule that decides whether a worker is too busy for a class. Read by the
 // router-policy loader (selection/config/) and by the partition's policy-class queue.
+// Installed with the plugin SDK; the contract: docs/plugin-api.md.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
 // Per-model settings of the router-policy YAML's `models` section: how the front doors (the
 // OpenAI HTTP API and the endpoint picker) get a prompt's routing key for each model.
+// Installed with the plugin SDK; the contract: docs/plugin-api.md.
 //
 //   models:
 //     llama-3.1-8b:

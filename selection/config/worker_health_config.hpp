@@ -1,6 +1,7 @@
 // Passive worker health of a partition (the router-policy YAML's `worker_health` section):
 // outlier detection, which takes a worker that keeps failing requests out of routing for a
 // growing back-off, and slow start, which ramps a newly joined worker's share of the traffic.
+// Installed with the plugin SDK; the contract: docs/plugin-api.md.
 //
 //   worker_health:
 //     consecutive_failures: 3        # failures in a row that eject a worker; 0: never eject

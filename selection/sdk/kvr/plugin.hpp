@@ -1,4 +1,4 @@
-// The one header a kvr plugin includes: the whole public plugin API (docs/policies.md) and the
+// The one header a kvr plugin includes: the whole public plugin API (docs/plugin-api.md) and the
 // macro that exports a catalog from a shared library, so that `kvr node --plugin PATH` (and
 // `kvr replay --plugin PATH`, or `plugins:` in the router-policy YAML) registers its types
 // before the router-policy YAML is resolved.
