@@ -1,5 +1,6 @@
 #include "actors/classifier/classifier_actor.hpp"
 
+#include <set>
 #include <vector>
 
 #include <caf/actor_cast.hpp>
@@ -7,6 +8,7 @@
 #include <caf/send.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "messages/metrics/node_metrics.hpp"
 #include "selection/lifecycle/request_lifecycle.hpp"
@@ -42,18 +44,50 @@ ClassifierActorState::Model& model_for(Self self, const std::string& model) {
     }
   }
   const rc::RequestClassifierContext context{block_size, workers};
+  // A plugin's fault fails its model's requests, never this actor.
+  std::unique_ptr<rc::RequestClassifier> classifier;
+  std::string failure;
+  try {
+    classifier = self->state.config.factory(context);
+    if (!classifier) failure = "returned no classifier";
+  } catch (const std::exception& error) {
+    failure = fmt::format("threw: {}", error.what());
+  } catch (...) {
+    failure = "threw a non-standard exception";
+  }
+  if (!failure.empty()) {
+    node_metrics(self).classifier_faults(model, "build").add();
+    failure = fmt::format("the request classifier of model '{}' could not be built: its factory {}",
+                          model, failure);
+    spdlog::error("kvr node: {}", failure);
+    return models.emplace(model, ClassifierActorState::Model{nullptr, std::move(failure), {}})
+        .first->second;
+  }
   // A Waker only enqueues a wake message (it may fire inside the classifier or on any thread);
   // the address is weak, so a late Waker finds no actor instead of keeping it alive.
   const caf::actor_addr address = self->address();
   auto admission = std::make_unique<AdmissionState>(
-      self->state.config.factory(context),
+      std::move(classifier),
       [address] {
         if (auto strong = caf::actor_cast<caf::strong_actor_ptr>(address)) {
           caf::anon_send(caf::actor_cast<classifier_actor>(strong), wake_atom::value);
         }
       },
       self->state.config.max_wait);
-  return models.emplace(model, ClassifierActorState::Model{std::move(admission), {}}).first->second;
+  // Counted every time, logged once per model and hook: a classifier that throws on every
+  // event would otherwise flood the log.
+  admission->on_fault([metrics = node_metrics(self), model, logged = std::set<std::string>{}](
+                          std::string_view stage, std::string_view what) mutable {
+    metrics.classifier_faults(model, stage).add();
+    if (logged.emplace(stage).second) {
+      spdlog::error(
+          "kvr node: the request classifier of model '{}' threw from {} (counted in "
+          "kvr_classifier_faults_total, logged once): {}",
+          model, stage == "event" ? "on_event" : "on_fleet_load", what);
+    }
+  });
+  return models.emplace(model, ClassifierActorState::Model{std::move(admission), {}, {}})
+      .first->second;
 }
 
 // Refuses a generate request with its decision and the final chunk of its stream, as the
@@ -156,6 +190,7 @@ void arm_timer(Self self) {
   auto& state = self->state;
   std::optional<rc::TimePoint> next;
   for (const auto& [name, model] : state.models) {
+    if (!model.admission) continue;
     if (const auto deadline = model.admission->next_deadline();
         deadline && (!next || *deadline < *next)) {
       next = deadline;
@@ -172,6 +207,7 @@ void arm_timer(Self self) {
 
 // Polls what is due in one model and settles the decisions.
 void drive(Self self, ClassifierActorState::Model& model) {
+  if (!model.admission) return;
   const auto now = self->state.config.clock->now();
   const auto deadline = model.admission->next_deadline();
   if (!model.admission->has_woken() && !(deadline && *deadline <= now)) return;
@@ -183,6 +219,11 @@ template <class WaitingKind>
 void admit(Self self, const std::string& model_name, std::string request_id,
            const RouteRequest& request, WaitingKind waiting) {
   auto& model = model_for(self, model_name);
+  if (!model.admission) {
+    Waiting refused{std::move(waiting)};
+    reject(self, refused, AdmissionRejected{Error::policy_failed, model.failure});
+    return;
+  }
   auto [it, inserted] = model.waiting.try_emplace(request_id, std::move(waiting));
   if (!inserted) {
     Waiting duplicate{std::move(waiting)};
@@ -239,7 +280,8 @@ classifier_actor::behavior_type classifier_behavior(Self self, ClassifierActorCo
   });
   return {
       [self](route_atom, RouteEnvelope& envelope) -> caf::result<RouteDecisionMessage> {
-        if (!runs_admission(envelope.request.worker_type)) {
+        // A query-only probe holds nothing, so admission has nothing to account.
+        if (!runs_admission(envelope.request.worker_type) || envelope.request.query_only) {
           return self->make_response_promise<RouteDecisionMessage>().delegate(
               self->state.config.reservation, route_atom::value, std::move(envelope));
         }
@@ -281,7 +323,7 @@ classifier_actor::behavior_type classifier_behavior(Self self, ClassifierActorCo
       },
       [self](classify_atom, ClassifierEvent& event) {
         auto it = self->state.models.find(event.model);
-        if (it == self->state.models.end()) return;
+        if (it == self->state.models.end() || !it->second.admission) return;
         it->second.admission->on_event(event.event);
         // Wakers fired by the event are polled in this turn; their wake message finds nothing.
         drive(self, it->second);
@@ -299,6 +341,7 @@ classifier_actor::behavior_type classifier_behavior(Self self, ClassifierActorCo
         }
         if (fleet_total == 0) return;
         auto& model = model_for(self, model_name);
+        if (!model.admission) return;
         model.admission->on_fleet_load(rc::FleetLoad{
             .kv_usage = static_cast<double>(fleet_used) / static_cast<double>(fleet_total),
             .at = self->state.config.clock->now()});

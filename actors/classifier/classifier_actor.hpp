@@ -93,7 +93,10 @@ struct ClassifierActorState {
   using Waiting = std::variant<WaitingRoute, WaitingGenerate>;
 
   struct Model {
+    /// Null when the classifier could not be built: `failure` says why, and every request of the
+    /// model is refused with it.
     std::unique_ptr<AdmissionState> admission;
+    std::string failure;
     std::unordered_map<std::string, Waiting> waiting;
   };
   std::unordered_map<std::string, Model> models;

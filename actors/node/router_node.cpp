@@ -426,6 +426,16 @@ struct RouterNode::Impl {
       selector.options.on_cap_refusal = [refusals](BookingCapKind kind) {
         refusals[static_cast<std::size_t>(kind)].add();
       };
+      selector.options.on_policy_build_failure =
+          [metrics](const plugins::worker_selection::RoutingPartition& partition,
+                    WorkerType worker_type, const std::string& reason) {
+            metrics
+                .policy_build_failures(
+                    fmt::format("{}/{}", partition.model, partition.routing_group),
+                    as_str(worker_type))
+                .add();
+            spdlog::error("kvr node: {}", reason);
+          };
     }
     selector.plugins = &plugins;
     selector.tick_interval = options.tick_interval;

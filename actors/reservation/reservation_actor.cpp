@@ -94,7 +94,11 @@ bool deliver_decision(Self self, const RouteEnvelope& envelope, DecisionPromise&
     state.route_latency.observe(elapsed.count());
   }
   if (delivered && decision.has_success()) {
-    decisions_counter(self, decision.success().worker_id()).add();
+    if (envelope.request.query_only) {
+      state.route_queries.add();
+    } else {
+      decisions_counter(self, decision.success().worker_id()).add();
+    }
   }
   promise.deliver(RouteDecisionMessage{std::move(decision)});
   return delivered;
@@ -106,7 +110,8 @@ void deliver_error(Self self, const RouteEnvelope& envelope, DecisionPromise& pr
   node_metrics(self).route_errors(code).add();
   deliver_decision(self, envelope, promise,
                    encode_route_error(envelope.request.client_id(), code, message));
-  // An admitted request that found no worker ends here.
+  // An admitted request that found no worker ends here (a query-only one was never admitted).
+  if (envelope.request.query_only) return;
   tell_classifier(self, envelope.request.partition.model, [&] {
     return plugins::request_classifier::Aborted{envelope.request.id(), std::nullopt,
                                                 std::string{message}};
@@ -148,6 +153,16 @@ void answer_route(Self self, ReservationActorState::PendingRoute& pending, Selec
     return;
   }
   const RouteOutcome& outcome = *reply.result;
+  if (request.query_only) {
+    // Nothing was booked: the answer names no booking, and nobody reports on it.
+    deliver_decision(
+        self, pending.envelope, pending.promise,
+        encode_route_success(request.client_id(), outcome,
+                             RouteSuccessInfo{.policy = std::move(reply.policy),
+                                              .generate_subject = std::move(reply.generate_subject),
+                                              .http_url = std::move(reply.http_url)}));
+    return;
+  }
   // Booked by the selector; recorded here before the answer leaves.
   std::string booking_id = state.ledger->open(request.partition, request.id(), outcome.worker,
                                               outcome.booking_expires_at);
@@ -362,6 +377,7 @@ reservation_actor::behavior_type reservation_behavior(Self self, ReservationActo
   self->state.route_latency = metrics.route_latency();
   self->state.route_bookings_open = metrics.route_bookings_open();
   self->state.route_bookings_expired = metrics.route_bookings_expired();
+  self->state.route_queries = metrics.route_queries();
   for (const auto event : {LifecycleEventKind::FirstToken, LifecycleEventKind::Completed,
                            LifecycleEventKind::Aborted}) {
     for (const bool accepted : {false, true}) {

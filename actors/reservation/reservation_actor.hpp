@@ -103,6 +103,8 @@ struct ReservationActorState {
   metrics::ValueHandle route_bookings_expired;
   /// kvr_lifecycle_reports_total by event (LifecycleEventKind) and accepted (0: false, 1: true).
   std::array<std::array<metrics::ValueHandle, 2>, 3> reports;
+  /// Query-only route requests answered with a decision.
+  metrics::ValueHandle route_queries;
   /// kvr_lifecycle_reports_after_end_total by event.
   std::array<metrics::ValueHandle, 3> reports_after_end;
   absl::flat_hash_map<WorkerId, metrics::ValueHandle> decisions_by_worker;

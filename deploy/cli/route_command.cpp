@@ -30,6 +30,7 @@ struct RouteCommandOptions {
   int timeout_ms = 5000;
   int retry_after_ms = 150;
   int attempts = 7;
+  bool query_only = false;
 };
 
 v1::WorkerRole wire_role(std::string_view role) {
@@ -61,13 +62,21 @@ std::string print_decision(const v1::RouteDecision& decision) {
                        decision.error().message());
   }
   const auto& success = decision.success();
+  std::string costs;
+  for (const v1::ScorerCost& cost : success.costs()) {
+    costs +=
+        fmt::format("{}{} {}", costs.empty() ? "\n  costs: " : ", ", cost.scorer(), cost.cost());
+  }
+  const std::string booking =
+      success.booking_id().empty()
+          ? std::string{"no booking (query only)"}
+          : fmt::format("booking {} (ttl {} ms)", success.booking_id(), success.booking_ttl_ms());
   return fmt::format(
       "request {}: worker {} rank {}\n  overlap blocks: device {} host {} disk {}\n"
-      "  booking {} (ttl {} ms)\n  policy {} total cost {}\n  generate subject {}{}",
+      "  {}\n  policy {} total cost {}{}\n  generate subject {}{}",
       decision.request_id(), success.worker_id(), success.dp_rank(),
       success.device_overlap_blocks(), success.host_overlap_blocks(), success.disk_overlap_blocks(),
-      success.booking_id(), success.booking_ttl_ms(), success.policy(), success.total_cost(),
-      success.generate_subject(),
+      booking, success.policy(), success.total_cost(), costs, success.generate_subject(),
       success.worker_http_url().empty() ? "" : "\n  http url " + success.worker_http_url());
 }
 
@@ -81,6 +90,7 @@ int run_route(const RouteCommandOptions& options) {
   request.set_worker_role(wire_role(options.role));
   request.set_cache_namespace(options.cache_namespace);
   request.set_tenant(options.tenant);
+  request.set_query_only(options.query_only);
   auto* tokens = request.mutable_tokens();
   if (!options.text.empty()) {
     // The stated rule for --text: each UTF-8 byte of the text is one token id (0..255).
@@ -172,6 +182,9 @@ void add_route_command(CLI::App& app, int& exit_code) {
   command->add_option("--attempts", options->attempts, "most asks in all (1: never ask again)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));
+  command->add_flag("--query-only", options->query_only,
+                    "only ask which worker the request would get, with its overlap and costs: "
+                    "nothing is booked and admission does not run");
   command->callback([options, &exit_code] {
     if (options->tokens.empty() && options->text.empty()) {
       std::cerr << "kvr route: give the prompt with --tokens or --text\n";

@@ -228,9 +228,22 @@ class PolicyRun {
     for (std::size_t w = 0; w < options_.workers; ++w) {
       workers.emplace_back(WorkerWithDpRank{w + 1, 0}, options_.engine.num_gpu_blocks);
     }
-    auto classifier = plugins_.request_classifier->factory(
-        rc::RequestClassifierContext{options_.engine.block_size, workers});
-    KVR_CHECK(classifier != nullptr);
+    // As in a node, a classifier that cannot be built fails every request it would classify.
+    std::unique_ptr<rc::RequestClassifier> classifier;
+    try {
+      classifier = plugins_.request_classifier->factory(
+          rc::RequestClassifierContext{options_.engine.block_size, workers});
+      if (!classifier) admission_failure_ = "returned no classifier";
+    } catch (const std::exception& error) {
+      admission_failure_ = fmt::format("threw: {}", error.what());
+    } catch (...) {
+      admission_failure_ = "threw a non-standard exception";
+    }
+    if (!admission_failure_.empty()) {
+      admission_failure_ = fmt::format("the request classifier could not be built: its factory {}",
+                                       admission_failure_);
+      return;
+    }
     // Wakers only mark their request; settle() polls it in the same step, as the classifier
     // actor does in the same turn.
     admission_ = std::make_unique<AdmissionState>(
@@ -256,7 +269,9 @@ class PolicyRun {
       last_tick_ms_ = now;
       router_.tick(logical_time(now), effects_);
     }
-    if (admission_) {
+    if (!admission_failure_.empty()) {
+      fail(request.id(), admission_failure_);
+    } else if (admission_) {
       const auto at = logical_time(now);
       auto outcome = admission_->admit(request.id(), classify_request(request, at), at);
       if (outcome) {
@@ -530,6 +545,8 @@ class PolicyRun {
   std::map<std::string, std::size_t> failures_;
   std::vector<std::pair<std::uint32_t, Error>> rejections_;
 
+  // Why the configured classifier could not be built (start_admission()); empty: it was.
+  std::string admission_failure_;
   // Admission, when configured (start_admission()); null: every request goes straight to its
   // partition.
   std::unique_ptr<AdmissionState> admission_;

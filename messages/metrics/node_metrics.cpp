@@ -28,6 +28,10 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
      MetricType::Counter,
      "Successful route decisions delivered, by chosen worker.",
      {}},
+    {N::kRouteQueries,
+     MetricType::Counter,
+     "Query-only route requests answered with a decision; nothing was booked.",
+     {}},
     {N::kRouteErrors,
      MetricType::Counter,
      "Route requests answered with an error, by error code.",
@@ -40,6 +44,17 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
     {N::kBookedBlocks,
      MetricType::Gauge,
      "Prompt blocks over the open bookings, by partition (the booked-blocks caps count them).",
+     {}},
+    {N::kPolicyBuildFailures,
+     MetricType::Counter,
+     "Worker-selection policies whose factory threw or returned an unusable policy, by partition "
+     "and role; the role's requests fail with ROUTE_ERROR_POLICY_FAILED.",
+     {}},
+    {N::kClassifierFaults,
+     MetricType::Counter,
+     "Faults of a model's request classifier, by model and stage: build (the factory threw or "
+     "returned none; the model's requests fail with ROUTE_ERROR_POLICY_FAILED), event or "
+     "fleet_load (the hook threw; the event is lost).",
      {}},
     {N::kBookingCapRefusals,
      MetricType::Counter,
@@ -258,6 +273,7 @@ ValueHandle NodeMetrics::route_errors(Error code) const {
   return counter(kRouteErrors, "code", as_str(code));
 }
 HistogramHandle NodeMetrics::route_latency() const { return registry_->histogram(kRouteLatency); }
+ValueHandle NodeMetrics::route_queries() const { return counter(kRouteQueries); }
 ValueHandle NodeMetrics::route_bookings_open() const { return gauge(kRouteBookingsOpen); }
 ValueHandle NodeMetrics::route_bookings_expired() const { return counter(kRouteBookingsExpired); }
 ValueHandle NodeMetrics::bookings_rolled_back() const { return counter(kBookingsRolledBack); }
@@ -282,6 +298,15 @@ ValueHandle NodeMetrics::booked_blocks(std::string_view partition) const {
 ValueHandle NodeMetrics::booking_cap_refusals(std::string_view scope, std::string_view cap) const {
   return registry_->counter(kBookingCapRefusals,
                             {{"scope", std::string{scope}}, {"cap", std::string{cap}}});
+}
+ValueHandle NodeMetrics::policy_build_failures(std::string_view partition,
+                                               std::string_view role) const {
+  return registry_->counter(kPolicyBuildFailures,
+                            {{"partition", std::string{partition}}, {"role", std::string{role}}});
+}
+ValueHandle NodeMetrics::classifier_faults(std::string_view model, std::string_view stage) const {
+  return registry_->counter(kClassifierFaults,
+                            {{"model", std::string{model}}, {"stage", std::string{stage}}});
 }
 ValueHandle NodeMetrics::workers(std::string_view partition) const {
   return gauge(kWorkers, "partition", partition);

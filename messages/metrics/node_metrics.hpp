@@ -32,6 +32,7 @@ class NodeMetrics {
   // Route mode.
   static constexpr std::string_view kRouteRequests = "kvr_route_requests_total";
   static constexpr std::string_view kRouteDecisions = "kvr_route_decisions_total";
+  static constexpr std::string_view kRouteQueries = "kvr_route_queries_total";
   static constexpr std::string_view kRouteErrors = "kvr_route_errors_total";
   static constexpr std::string_view kRouteLatency = "kvr_route_latency_seconds";
   static constexpr std::string_view kRouteBookingsOpen = "kvr_route_bookings_open";
@@ -45,6 +46,8 @@ class NodeMetrics {
   static constexpr std::string_view kBookingsOpen = "kvr_bookings_open";
   static constexpr std::string_view kBookedBlocks = "kvr_booked_blocks";
   static constexpr std::string_view kBookingCapRefusals = "kvr_booking_cap_refusals_total";
+  static constexpr std::string_view kPolicyBuildFailures = "kvr_policy_build_failures_total";
+  static constexpr std::string_view kClassifierFaults = "kvr_classifier_faults_total";
   static constexpr std::string_view kWorkers = "kvr_workers";
   static constexpr std::string_view kWorkersExpired = "kvr_workers_expired_total";
   static constexpr std::string_view kWorkerExpiriesSuppressed =
@@ -113,6 +116,8 @@ class NodeMetrics {
   ValueHandle route_requests(std::string_view ingress) const;
   /// Successful decisions delivered, by chosen worker.
   ValueHandle route_decisions(WorkerId worker) const;
+  /// Query-only route requests answered with a decision (nothing booked).
+  ValueHandle route_queries() const;
   /// Requests answered with an error, labelled with the error's as_str() ("no_workers").
   ValueHandle route_errors(Error code) const;
   HistogramHandle route_latency() const;
@@ -132,6 +137,11 @@ class NodeMetrics {
   /// Routes refused by a cap on open bookings, by `scope` (node, partition, client) and `cap`
   /// (bookings, blocks).
   ValueHandle booking_cap_refusals(std::string_view scope, std::string_view cap) const;
+  /// Worker-selection policies whose factory failed, by partition and role (aggregated, ...).
+  ValueHandle policy_build_failures(std::string_view partition, std::string_view role) const;
+  /// Faults of a model's request classifier, by `stage`: build (its factory threw or returned
+  /// nothing), event (on_event threw), fleet_load (on_fleet_load threw).
+  ValueHandle classifier_faults(std::string_view model, std::string_view stage) const;
   ValueHandle workers(std::string_view partition) const;
   ValueHandle workers_expired(std::string_view partition) const;
   /// Workers' liveness that ran out while the node's own NATS connection was down and were held

@@ -54,7 +54,8 @@ struct RouteClient::State {
 
   // Releases a booking nobody will use; one way, so that a delivery thread never waits.
   void release(const v1::RouteDecision& decision) const {
-    if (!decision.has_success()) return;
+    // A query-only decision books nothing.
+    if (!decision.has_success() || decision.success().booking_id().empty()) return;
     v1::LifecycleReport report;
     report.set_booking_id(decision.success().booking_id());
     report.set_event(v1::LIFECYCLE_EVENT_ABORTED);

@@ -239,10 +239,11 @@ void AdmissionState::on_event(const rc::ClassifyEvent& event) {
 }
 
 void AdmissionState::forward(const rc::ClassifyEvent& event) {
-  // The plugin must not throw; if it does, the event is lost, not the node.
+  // The plugin must not throw; if it does, the event is lost (and counted), not the node.
   try {
     classifier_->on_event(event);
   } catch (...) {
+    fault("event", std::current_exception());
   }
 }
 
@@ -250,6 +251,18 @@ void AdmissionState::on_fleet_load(const rc::FleetLoad& load) {
   try {
     classifier_->on_fleet_load(load);
   } catch (...) {
+    fault("fleet_load", std::current_exception());
+  }
+}
+
+void AdmissionState::fault(std::string_view stage, std::exception_ptr error) const {
+  if (!on_fault_) return;
+  try {
+    std::rethrow_exception(std::move(error));
+  } catch (const std::exception& thrown) {
+    on_fault_(stage, thrown.what());
+  } catch (...) {
+    on_fault_(stage, "a non-standard exception");
   }
 }
 

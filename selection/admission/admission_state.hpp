@@ -26,6 +26,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -122,6 +123,10 @@ class AdmissionState {
   /// A lifecycle event of an admitted request (file comment).
   void on_event(const plugins::request_classifier::ClassifyEvent& event);
   void on_fleet_load(const plugins::request_classifier::FleetLoad& load);
+  /// Told each exception on_event ("event") or on_fleet_load ("fleet_load") of the classifier
+  /// let escape, with its message: the event is lost, and the owner counts and logs it.
+  using FaultSink = std::function<void(std::string_view stage, std::string_view what)>;
+  void on_fault(FaultSink sink) { on_fault_ = std::move(sink); }
 
   /// When poll_due() must run next for time reasons: the earliest wake time, due time or wait
   /// limit; empty: none.
@@ -166,6 +171,8 @@ class AdmissionState {
       std::variant<plugins::request_classifier::ClassifyRequest, AdmissionRejected> result);
   void forget_timers(std::uint64_t sequence, const Pending& pending);
   void forward(const plugins::request_classifier::ClassifyEvent& event);
+  void fault(std::string_view stage, std::exception_ptr error) const;
+  FaultSink on_fault_;
 
   std::unique_ptr<plugins::request_classifier::RequestClassifier> classifier_;
   std::shared_ptr<WokenQueue> woken_;

@@ -83,8 +83,9 @@ std::optional<RouteReply> PartitionRouter::route(RouteRequest& request, RouteTic
     return std::nullopt;
   }
   if (selector_.expire_bookings(now, kBookingExpiriesPerRoute) > 0) drain_queue(now, out);
-  std::optional<RouteReply> reply =
-      queue_ ? offer_to_queue(request, ticket, now, out) : select(request, now, out);
+  std::optional<RouteReply> reply = queue_ && !request.query_only
+                                        ? offer_to_queue(request, ticket, now, out)
+                                        : select(request, now, out);
   finish(out);
   return reply;
 }
@@ -136,7 +137,7 @@ RouteReply PartitionRouter::select(RouteRequest& request, TimePoint now, Partiti
       reply.generate_subject = entry->registration.generate_subject;
       reply.http_url = entry->registration.http_url;
     }
-    record_ceilings(request, out);
+    if (!request.query_only) record_ceilings(request, out);
   }
   return reply;
 }

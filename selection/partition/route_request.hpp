@@ -42,6 +42,9 @@ struct RouteRequest {
   /// scoped to its client, "<client's id>@<client>" (scope_request_id), and answers with the
   /// client's id, the first client_id_size bytes. 0: the id is not scoped (the client's own).
   std::uint32_t client_id_size = 0;
+  /// A probe: the decision the request would get, with its overlap and costs, and nothing held
+  /// (no booking, no session binding, no admission, no queue, no hit-rate ceiling).
+  bool query_only = false;
 
   /// The id the node keys the request by (bookings, queue, classifier).
   const std::string& id() const { return selection.request_id; }

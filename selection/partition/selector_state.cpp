@@ -59,6 +59,7 @@ SelectorState::SelectorState(SelectorOptions options, const plugins::RouterPlugi
           share->remove(client, blocks);
         });
   }
+  if (block_size_ != 0) build_policies();
 }
 
 std::expected<discovery::RegistrationChange, discovery::RegistrationError>
@@ -93,7 +94,10 @@ SelectorState::register_worker(discovery::WorkerRegistration registration, TimeP
     sync_node_share();  // a restarted worker's bookings are gone
     rows_dirty_ = true;
     refused_.erase(worker_id);
-    if (block_size_ == 0) block_size_ = announced;
+    if (block_size_ == 0) {
+      block_size_ = announced;
+      if (policies_block_size_ != block_size_) build_policies();
+    }
     if (*change != discovery::RegistrationChange::refreshed) {
       // A new process: its history is dropped, and it may get slow start.
       (void)health_.joined(worker_id, now);
@@ -104,10 +108,8 @@ SelectorState::register_worker(discovery::WorkerRegistration registration, TimeP
 
 void SelectorState::forget_block_size_when_empty() {
   if (options_.router.block_size != 0 || block_size_ == 0 || workers_.catalog().size() != 0) return;
-  // The next fleet may use another block size; policies are rebuilt for it on first use.
+  // The next fleet may use another block size: the policies are rebuilt only if it does.
   block_size_ = 0;
-  for (auto& policy : policies_) policy.reset();
-  for (auto& names : scorer_names_) names.reset();
 }
 
 RouteFailure SelectorState::explain(RouteFailure failure) const {
@@ -172,19 +174,45 @@ void SelectorState::expire(TimePoint now, std::vector<WorkerId>& removed_workers
   }
 }
 
-plugins::worker_selection::WorkerSelectionPolicy& SelectorState::policy(WorkerType worker_type) {
-  auto& policy = policies_[static_cast<std::size_t>(worker_type)];
-  if (!policy) {
-    // The factory runs once per partition and role, so policy state stays partition-local.
-    plugins::worker_selection::RouterConfig router = options_.router;
-    router.block_size = block_size_;
-    policy.emplace(
-        plugins_->selection_for(worker_type).factory(router, worker_type, options_.partition));
-    const auto names = selection::scorer_names(*policy);
-    scorer_names_[static_cast<std::size_t>(worker_type)] =
+void SelectorState::build_policies() {
+  policies_block_size_ = block_size_;
+  plugins::worker_selection::RouterConfig router = options_.router;
+  router.block_size = block_size_;
+  for (const WorkerType worker_type :
+       {WorkerType::Aggregated, WorkerType::Prefill, WorkerType::Decode, WorkerType::Encode}) {
+    const auto role = static_cast<std::size_t>(worker_type);
+    policies_[role].reset();
+    scorer_names_[role].reset();
+    policy_failures_[role].clear();
+    std::string failure;
+    // A plugin's fault fails its partition's requests, never the selector.
+    try {
+      policies_[role].emplace(
+          plugins_->selection_for(worker_type).factory(router, worker_type, options_.partition));
+      if (policies_[role]->worker_type() != worker_type) {
+        failure = fmt::format("returned a policy for {} requests",
+                              as_str(policies_[role]->worker_type()));
+      }
+    } catch (const std::exception& error) {
+      failure = fmt::format("threw: {}", error.what());
+    } catch (...) {
+      failure = "threw a non-standard exception";
+    }
+    if (!failure.empty()) {
+      policies_[role].reset();
+      policy_failures_[role] = fmt::format(
+          "policy '{}' for {} requests of model '{}' group '{}' could not be built: its factory {}",
+          policy_name(worker_type), as_str(worker_type), options_.partition.model,
+          options_.partition.routing_group, failure);
+      if (options_.on_policy_build_failure) {
+        options_.on_policy_build_failure(options_.partition, worker_type, policy_failures_[role]);
+      }
+      continue;
+    }
+    const auto names = selection::scorer_names(*policies_[role]);
+    scorer_names_[role] =
         std::make_shared<const std::vector<std::string>>(names.begin(), names.end());
   }
-  return *policy;
 }
 
 const std::string& SelectorState::policy_name(WorkerType worker_type) const {
@@ -426,13 +454,20 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::route(RouteRequest& req
                                                                TimePoint now) {
   if (auto valid = prepare(request, now); !valid) return std::unexpected(std::move(valid.error()));
   return_ejected(now);
+  if (const auto& pin = request.selection.pinned_worker) {
+    if (pin->dp_rank) return route_to(request, {pin->worker_id, *pin->dp_rank}, now);
+    return route_to(request, pinned_rank(request, pin->worker_id), now);
+  }
+  const auto role = static_cast<std::size_t>(request.worker_type);
+  if (!policies_[role])
+    return std::unexpected(RouteFailure{Error::policy_failed, policy_failures_[role]});
   ++route_counter_;
   in_route_ = true;
   // Usually false: only while a worker that joined a warm partition is in its slow start.
-  const bool ramping = health_.ramping(now);
+  const bool ramping = !request.query_only && health_.ramping(now);
   if (ramping) hide_ramping(request.worker_type, now);
-  auto selected = selection::select_worker(policy(request.worker_type), request.selection,
-                                           options_.partition, *this);
+  auto selected =
+      selection::select_worker(*policies_[role], request.selection, options_.partition, *this);
   if (ramping && !hidden_rows_.empty()) {
     unhide_ramping(request.worker_type);
     const bool none_left = !selected && (selected.error().kind() == Kind::NoEligibleWorkers ||
@@ -443,8 +478,8 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::route(RouteRequest& req
         health_.refund(
             rows_[static_cast<std::size_t>(request.worker_type)].descriptors[row].worker.worker_id);
       }
-      selected = selection::select_worker(policy(request.worker_type), request.selection,
-                                          options_.partition, *this);
+      selected =
+          selection::select_worker(*policies_[role], request.selection, options_.partition, *this);
     }
     hidden_rows_.clear();
   }
@@ -472,6 +507,33 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::route(RouteRequest& req
   outcome.scorer_names = scorer_names_[static_cast<std::size_t>(request.worker_type)];
   outcome.eligible_workers = selected->eligible_workers;
   return book(request, std::move(outcome), now);
+}
+
+WorkerWithDpRank SelectorState::pinned_rank(const RouteRequest& request, WorkerId worker) {
+  const auto descriptors = workers(request.worker_type);
+  const discovery::MatchResult& matches = matches_for(request.selection);
+  const std::vector<discovery::SlotId>& slots =
+      rows_[static_cast<std::size_t>(request.worker_type)].slots_for(request.selection.prompt_keys);
+  // Rank 0 when none can take it: route_to then says why.
+  WorkerWithDpRank best{worker, 0};
+  std::optional<std::uint64_t> best_cached;
+  for (std::size_t row = 0; row < descriptors.size(); ++row) {
+    const selection::WorkerDescriptor& descriptor = descriptors[row];
+    if (descriptor.worker.worker_id != worker ||
+        selection::violated_restriction(request.selection, descriptor.worker, descriptor.available,
+                                        descriptor.taints)) {
+      continue;
+    }
+    std::uint64_t cached = 0;
+    if (const discovery::WorkerMatch* match = matches.find(slots[row])) {
+      cached = std::uint64_t{match->device_blocks} + match->host_blocks + match->disk_blocks;
+    }
+    if (!best_cached || cached > *best_cached) {
+      best = descriptor.worker;
+      best_cached = cached;
+    }
+  }
+  return best;
 }
 
 void SelectorState::eligible_prefill_loads(const RouteRequest& request,
@@ -576,6 +638,7 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::book(const RouteRequest
                                       outcome.host_overlap_blocks + outcome.disk_overlap_blocks;
   outcome.uncached_prefill_tokens =
       discovery::uncached_prefill_tokens(input.prompt_tokens, cached_blocks, block_size_);
+  if (request.query_only) return outcome;
   outcome.booking_expires_at = now + options_.booking_ttl;
 
   // Empty: no per-client cap applies (none configured, or one of the node's own actors).

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <expected>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,12 +52,22 @@ struct SelectorOptions {
   std::shared_ptr<ClientBookingTotals> client_totals;
   /// Told each refusal by a cap (a metric); may be empty.
   BookingCapRefusalSink on_cap_refusal;
+  /// Told each role whose policy could not be built, with the reason (a metric and the log);
+  /// may be empty.
+  std::function<void(const plugins::worker_selection::RoutingPartition&, WorkerType,
+                     const std::string& reason)>
+      on_policy_build_failure;
 };
 
 /// One partition's routing state.
 class SelectorState final : public selection::WorkerSignalSource {
  public:
-  /// `plugins` must outlive the state; the policy factories run on first use of each role.
+  /// `plugins` must outlive the state. Each role's policy factory runs once, when the partition's
+  /// block size is known (here when configured, else at the first registration), and again only
+  /// when a later fleet brings another block size: a policy's state outlives its workers. A
+  /// factory that throws, or returns a policy without a picker or for another role, fails that
+  /// role's requests with Error::policy_failed naming the reason (on_policy_build_failure).
+
   SelectorState(SelectorOptions options, const plugins::RouterPlugins& plugins);
 
   // ---- worker state, fed by the discovery path ----------------------------------------------
@@ -95,14 +106,18 @@ class SelectorState final : public selection::WorkerSignalSource {
   /// already sees this one (no herding on stale metrics).
   /// Token ids (or the prompt's text) are hashed into the request's block hashes at the
   /// partition's block size, and the request is stamped with `now`.
+  /// A pinned request takes the exact-target path (route_to): no filter, scorer or picker runs;
+  /// a pin that names no rank goes to the worker's rank that holds most of the prompt.
+  /// A query-only request is selected the same way and nothing is booked; a worker in slow start
+  /// is offered as if its ramp were over, since a query takes none of its share.
   std::expected<RouteOutcome, RouteFailure> route(RouteRequest& request, TimePoint now);
   /// Books the request on exactly `worker` without running the policy (hard session affinity, a
-  /// pinned dispatch). The worker must serve the request's worker type in this partition and pass
-  /// the request's hard restrictions: availability, pin, allow-list, exclusions and required
-  /// taints; busy thresholds do not apply (the caller asked for this worker). Fails with
-  /// Error::no_workers, naming the reason, when `worker` cannot take the request, and as route()
-  /// does for an invalid request. The outcome reports `worker`'s overlap, no costs and one
-  /// eligible worker.
+  /// pinned dispatch), or only answers for a query-only request. The worker must serve the
+  /// request's worker type in this partition and pass the request's hard restrictions:
+  /// availability, pin, allow-list, exclusions and required taints; busy thresholds do not apply
+  /// (the caller asked for this worker). Fails with Error::no_workers, naming the reason, when
+  /// `worker` cannot take the request, and as route() does for an invalid request. The outcome
+  /// reports `worker`'s overlap, no costs and one eligible worker.
   std::expected<RouteOutcome, RouteFailure> route_to(RouteRequest& request, WorkerWithDpRank worker,
                                                      TimePoint now);
   /// The request produced its first token: its prefill tokens are released.
@@ -147,7 +162,10 @@ class SelectorState final : public selection::WorkerSignalSource {
   /// 0 while no worker has registered (and again once the last one has left).
   std::uint32_t block_size() const { return block_size_; }
   /// The policy serving a worker type (created on first use).
-  plugins::worker_selection::WorkerSelectionPolicy& policy(WorkerType worker_type);
+  // Runs every role's factory at the current block size.
+  void build_policies();
+  // The rank of a pinned `worker` that may take `request` and holds most of its prompt.
+  WorkerWithDpRank pinned_rank(const RouteRequest& request, WorkerId worker);
   /// The instance name chosen for a worker type.
   const std::string& policy_name(WorkerType worker_type) const;
 
@@ -172,7 +190,8 @@ class SelectorState final : public selection::WorkerSignalSource {
   /// Why `worker` cannot take `request` on its own (empty: it can).
   std::optional<std::string> unroutable_reason(const RouteRequest& request,
                                                WorkerWithDpRank worker) const;
-  /// Completes `outcome` (uncached tokens, booking) and books the request on outcome.worker.
+  /// Completes `outcome` (uncached tokens, booking) and books the request on outcome.worker
+  /// (a query-only request: completes it only).
   std::expected<RouteOutcome, RouteFailure> book(const RouteRequest& request, RouteOutcome outcome,
                                                  TimePoint now);
   /// `failure`, with the workers refused for their block size named when it found no worker.
@@ -215,6 +234,10 @@ class SelectorState final : public selection::WorkerSignalSource {
   absl::flat_hash_map<WorkerId, RefusedWorker> refused_;
   std::array<std::optional<plugins::worker_selection::WorkerSelectionPolicy>, 4> policies_;
   std::array<std::shared_ptr<const std::vector<std::string>>, 4> scorer_names_;
+  // Why a role's policy could not be built; empty where it was.
+  std::array<std::string, 4> policy_failures_;
+  // The block size the policies were built at (0: not built yet).
+  std::uint32_t policies_block_size_ = 0;
   mutable std::array<RoleRows, 4> rows_;
   mutable bool rows_dirty_ = true;
   WorkerHealth health_;

@@ -321,7 +321,7 @@ std::expected<AffinityRouteOutcome, RouteFailure> route_with_session_affinity(
   AffinityRouting routing = AffinityRouting::none;
   std::optional<std::expected<RouteOutcome, RouteFailure>> routed;
   if (request.selection.pinned_worker) {
-    // An explicit pin is the caller's decision for this request; the policy honours it.
+    // An explicit pin is the caller's decision for this request: its exact-target path.
     routed = selector.route(request, now);
   } else if (affinity.mode() == SessionAffinityMode::hard) {
     if (const auto target = affinity.hard_target(*session, now)) {
@@ -331,7 +331,7 @@ std::expected<AffinityRouteOutcome, RouteFailure> route_with_session_affinity(
         routing = AffinityRouting::bound_dispatch;
       } else if (direct.error().code != Error::no_workers) {
         return std::unexpected(std::move(direct.error()));  // the request itself is at fault
-      } else if (affinity.invalidate(session->session_id(), *target)) {
+      } else if (!request.query_only && affinity.invalidate(session->session_id(), *target)) {
         routing = AffinityRouting::rebound_after_drop;
       }
     }
@@ -344,7 +344,7 @@ std::expected<AffinityRouteOutcome, RouteFailure> route_with_session_affinity(
     routed = selector.route(request, now);
   }
   if (!*routed) return std::unexpected(std::move(routed->error()));
-  (void)affinity.propose(request.id(), *session, (*routed)->worker, now);
+  if (!request.query_only) (void)affinity.propose(request.id(), *session, (*routed)->worker, now);
   return AffinityRouteOutcome{std::move(**routed), routing};
 }
 

@@ -10,6 +10,7 @@ std::expected<GenerateRequestData, RouteFailure> decode_generate_request(
     return std::unexpected(RouteFailure{Error::invalid_request, std::move(message)});
   };
   if (!wire.has_route()) return invalid("route: missing");
+  if (wire.route().query_only()) return invalid("route.query_only: a generate request is served");
   if (stream_to == StreamTo::subject) {
     if (wire.stream_subject().empty()) return invalid("stream_subject: empty");
     // Subjects are bounded like ids, with room for an inbox prefix.

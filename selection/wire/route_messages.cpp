@@ -50,6 +50,7 @@ v1::RouteRequest encode_route_request(const RouteRequest& data) {
   wire.set_routing_group(data.partition.routing_group);
   wire.set_worker_role(to_wire(data.worker_type));
   wire.set_tenant(data.tenant);
+  wire.set_query_only(data.query_only);
   if (!data.prompt_token_ids.empty()) {
     wire.mutable_tokens()->mutable_ids()->Add(data.prompt_token_ids.begin(),
                                               data.prompt_token_ids.end());
@@ -223,6 +224,7 @@ std::expected<RouteRequest, RouteFailure> decode_route_request(const v1::RouteRe
   }
   // Map order is unspecified on the wire; sorted, the same request always selects the same way.
   std::ranges::sort(request.preferred_taints, {}, &selection::PreferredTaint::taint);
+  data.query_only = wire.query_only();
   return data;
 }
 

@@ -1,7 +1,7 @@
 // The commands a new user types first, each with its defaults: `kvr mocker --nats URL`,
 // `kvr node --nats URL`, then `kvr route --nats URL --text hello` is answered by a worker. The
 // mocker's default block size (64) is not the node's business: a partition learns it from its
-// first worker.
+// first worker. `kvr route --query-only` answers the same question without booking.
 #include <gtest/gtest.h>
 
 #include "tests/testing/nats_server.hpp"
@@ -45,6 +45,15 @@ TEST(CliDefaultsTest, MockerNodeAndRouteWithTheirDefaultsRouteToAWorker) {
                                               << node->log() << "\n---- mocker log\n"
                                               << mocker->log();
   EXPECT_NE(route.output.find(": worker "), std::string::npos) << route.output;
+
+  // `--query-only` asks what the request would get, with its overlap and costs, and books nothing.
+  const ProcessRun query =
+      run_process({KVR_BINARY, "route", "--nats", server->url(), "--text", "hello", "--query-only"},
+                  directory.path() / "query.log", 30s);
+  ASSERT_EQ(query.exit_code, 0) << query.output;
+  EXPECT_NE(query.output.find(": worker "), std::string::npos) << query.output;
+  EXPECT_NE(query.output.find("no booking (query only)"), std::string::npos) << query.output;
+  EXPECT_NE(query.output.find("costs: "), std::string::npos) << query.output;
 }
 
 }  // namespace

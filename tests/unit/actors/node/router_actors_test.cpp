@@ -1290,6 +1290,90 @@ TEST_F(ClassifierActorsTest, PrefillAndEncodeRequestsSkipTheClassifier) {
   EXPECT_TRUE(events_->snapshot().empty());
 }
 
+// A query-only request is answered with the decision a route would get and holds nothing: the
+// classifier is not asked (nor told of it), no booking opens, and it counts as a query, not a
+// decision.
+TEST_F(ClassifierActorsTest, AQueryOnlyRequestSkipsAdmissionAndBooksNothing) {
+  register_workers({11});
+  start([] { return std::make_unique<RejectingClassifier>(); });
+  RouteRequest query = request("probe");
+  query.query_only = true;
+  const v1::RouteDecision decision = route_via(classifier_, query);
+  ASSERT_TRUE(decision.has_success()) << decision.error().message();
+  EXPECT_EQ(decision.request_id(), "probe");
+  EXPECT_EQ(decision.success().worker_id(), 11U);
+  EXPECT_TRUE(decision.success().booking_id().empty());
+  EXPECT_EQ(decision.success().booking_ttl_ms(), 0U);
+  EXPECT_FALSE(decision.success().costs().empty());
+  EXPECT_EQ(bookings(), 0);
+  EXPECT_EQ(metrics_->value("kvr_route_queries_total"), 1);
+  EXPECT_EQ(metrics_->total("kvr_route_decisions_total"), 0);
+  EXPECT_TRUE(events_->snapshot().empty());
+
+  // The same request without the flag meets the classifier, which refuses it.
+  const v1::RouteDecision refused = route_via(classifier_, request("probe"));
+  ASSERT_TRUE(refused.has_error());
+  EXPECT_EQ(refused.error().message(), "the fleet is full");
+}
+
+// A classifier factory that returns nothing fails its model's requests with an explicit
+// POLICY_FAILED naming the cause, counted once (it is not retried per request); the classifier
+// actor keeps serving.
+TEST_F(ClassifierActorsTest, AClassifierFactoryReturningNothingRefusesItsModelsRequests) {
+  register_workers({11});
+  start({}, [](ClassifierActorConfig& settings) {
+    settings.factory =
+        [](const rc::RequestClassifierContext&) -> std::unique_ptr<rc::RequestClassifier> {
+      return nullptr;
+    };
+  });
+  for (const char* id : {"r1", "r2"}) {
+    const v1::RouteDecision decision = route_via(classifier_, request(id));
+    ASSERT_TRUE(decision.has_error()) << id;
+    EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_POLICY_FAILED);
+    EXPECT_NE(decision.error().message().find("returned no classifier"), std::string::npos)
+        << decision.error().message();
+  }
+  EXPECT_EQ(metrics_->value("kvr_classifier_faults_total", {{"model", "m"}, {"stage", "build"}}),
+            1);
+  EXPECT_EQ(bookings(), 0);
+}
+
+TEST_F(ClassifierActorsTest, AClassifierFactoryThatThrowsRefusesItsModelsRequests) {
+  register_workers({11});
+  start({}, [](ClassifierActorConfig& settings) {
+    settings.factory =
+        [](const rc::RequestClassifierContext&) -> std::unique_ptr<rc::RequestClassifier> {
+      throw std::runtime_error("no admission budget configured");
+    };
+  });
+  const v1::RouteDecision decision = route_via(classifier_, request("r1"));
+  ASSERT_TRUE(decision.has_error());
+  EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_POLICY_FAILED);
+  EXPECT_NE(decision.error().message().find("no admission budget configured"), std::string::npos)
+      << decision.error().message();
+  EXPECT_EQ(metrics_->value("kvr_classifier_faults_total", {{"model", "m"}, {"stage", "build"}}),
+            1);
+}
+
+// A classifier whose on_event throws loses that event, counted; requests are still served.
+TEST_F(ClassifierActorsTest, AnEventHookThatThrowsIsCountedAndServingGoesOn) {
+  struct ThrowingOnEvents final : rc::RequestClassifier {
+    void on_event(const rc::ClassifyEvent&) override {
+      throw std::runtime_error("bad bookkeeping");
+    }
+  };
+  register_workers({11});
+  start([] { return std::make_unique<ThrowingOnEvents>(); });
+  for (const char* id : {"r1", "r2"}) {
+    const v1::RouteDecision decision = route_via(classifier_, request(id));
+    ASSERT_TRUE(decision.has_success()) << decision.error().message();
+  }
+  // Each admitted request's Sent event reached the hook, which threw.
+  EXPECT_EQ(metrics_->value("kvr_classifier_faults_total", {{"model", "m"}, {"stage", "event"}}),
+            2);
+}
+
 TEST_F(ClassifierActorsTest, MaxInFlightOneAnswersTheSecondRouteOnlyAfterTheFirstCompletes) {
   register_workers({11, 12});
   start([] { return max_in_flight(1); });

@@ -656,5 +656,295 @@ TEST_F(SelectorStateTest, TextBlocksLeaveWithTheirWorker) {
   EXPECT_FALSE(state.partition_workers().text_index().slot_of({1, 0}));
 }
 
+// ---- query-only and exact targets ---------------------------------------------------------
+
+// A policy whose every component counts its calls: which paths run the policy, and how often.
+struct ComponentCalls {
+  int filter = 0;
+  int scorer = 0;
+  int picker = 0;
+  int total() const { return filter + scorer + picker; }
+};
+
+std::expected<void, plugins::RegistryError> register_counting_policy(
+    plugins::RouterPluginRegistry& registry, std::shared_ptr<ComponentCalls> calls) {
+  using namespace plugins::worker_selection;
+  struct Filter final : WorkerFilter {
+    std::shared_ptr<ComponentCalls> calls;
+    PolicyResult<bool> keep(const WorkerSelectionContext&, const WorkerCandidate&) override {
+      ++calls->filter;
+      return true;
+    }
+  };
+  struct Scorer final : WorkerScorer {
+    std::shared_ptr<ComponentCalls> calls;
+    WorkerInputs required_worker_inputs() const override { return WorkerInputs::PREFERRED_TAINT; }
+    PolicyResult<double> score(const WorkerSelectionContext&, const WorkerCandidate&) override {
+      ++calls->scorer;
+      return 1.0;
+    }
+  };
+  struct Picker final : WorkerPicker {
+    std::shared_ptr<ComponentCalls> calls;
+    PolicyResult<std::size_t> pick(const WorkerSelectionContext&, const WorkerInputView&) override {
+      ++calls->picker;
+      return std::size_t{0};
+    }
+  };
+  return registry.register_worker_selection(
+      "counting",
+      [calls](const WorkerSelectionPolicyParameters&)
+          -> std::expected<WorkerSelectionPolicyFactory, WorkerSelectionPolicyProviderError> {
+        return
+            [calls](const RouterConfig& config, WorkerType worker_type, const RoutingPartition&) {
+              std::vector<std::unique_ptr<WorkerFilter>> filters;
+              filters.push_back(std::make_unique<Filter>());
+              static_cast<Filter&>(*filters.back()).calls = calls;
+              std::vector<std::unique_ptr<WorkerScorer>> scorers;
+              scorers.push_back(std::make_unique<Scorer>());
+              static_cast<Scorer&>(*scorers.back()).calls = calls;
+              auto picker = std::make_unique<Picker>();
+              picker->calls = calls;
+              return WorkerSelectionPolicy(config, worker_type, std::move(filters),
+                                           std::move(scorers), std::move(picker));
+            };
+      });
+}
+
+// A query gets the decision a request would get, overlap and costs included, and holds nothing:
+// the next query and the real route that follows see the same fleet.
+TEST_F(SelectorStateTest, AQueryOnlyRequestIsAnsweredAsARouteAndBooksNothing) {
+  auto& state = make_state();
+  add_workers({1, 2});
+  const auto blocks = prompt_blocks(6, 4);
+  ASSERT_TRUE(state.apply_kv_events(stored(2, 1, blocks)));
+  for (int i = 0; i < 3; ++i) {
+    RouteRequest query;
+    query.selection.request_id = "probe";
+    query.selection.prompt_tokens = blocks.size() * kBlockSize + 3;
+    query.selection.block_hashes = blocks;
+    query.query_only = true;
+    const auto answered = state.route(query, kStart);
+    ASSERT_TRUE(answered) << answered.error().message;
+    EXPECT_EQ(answered->worker, (WorkerWithDpRank{2, 0}));
+    EXPECT_EQ(answered->device_overlap_blocks, 6U);
+    EXPECT_EQ(answered->uncached_prefill_tokens, 3U);
+    EXPECT_FALSE(answered->scorer_costs.empty());
+    EXPECT_EQ(answered->booking_expires_at, TimePoint{});
+  }
+  for (const WorkerId id : {1, 2}) {
+    EXPECT_EQ(state.partition_workers().load().rank_load({id, 0})->open_bookings, 0U);
+  }
+  // The same id routes for real afterwards: no booking of it was left open.
+  const auto routed = route("probe", blocks, 3);
+  ASSERT_TRUE(routed) << routed.error().message;
+  EXPECT_EQ(routed->worker, (WorkerWithDpRank{2, 0}));
+  EXPECT_EQ(state.partition_workers().load().rank_load({2, 0})->open_bookings, 1U);
+}
+
+// A pin is the caller's exact target: the policy's filter, scorer and picker never run (nor is
+// the preferred-taint signal its scorer declared computed), and the pinned worker is booked even
+// where the policy would have gone elsewhere.
+TEST_F(SelectorStateTest, APinnedRequestTakesTheExactTargetPathWithoutThePolicy) {
+  auto calls = std::make_shared<ComponentCalls>();
+  ASSERT_TRUE(register_counting_policy(registry_, calls));
+  auto& state = make_state("counting");
+  add_workers({1, 2, 3});
+  const auto blocks = prompt_blocks(4, 2);
+  ASSERT_TRUE(state.apply_kv_events(stored(3, 1, blocks)));
+
+  ASSERT_TRUE(route("free", blocks));
+  EXPECT_EQ(calls->picker, 1) << "an unpinned request runs the policy";
+  const int before = calls->total();
+
+  RouteRequest pinned;
+  pinned.selection.request_id = "pinned";
+  pinned.selection.prompt_tokens = blocks.size() * kBlockSize;
+  pinned.selection.block_hashes = blocks;
+  pinned.selection.preferred_taints = {{"gpu-a", 0.5}};
+  pinned.selection.pinned_worker =
+      plugins::worker_selection::WorkerAffinityTarget{.worker_id = 3, .dp_rank = 0};
+  const auto routed = state.route(pinned, kStart);
+  ASSERT_TRUE(routed) << routed.error().message;
+  EXPECT_EQ(routed->worker, (WorkerWithDpRank{3, 0}));
+  EXPECT_EQ(routed->device_overlap_blocks, 4U);
+  EXPECT_TRUE(routed->scorer_costs.empty());
+  EXPECT_EQ(calls->total(), before) << "no component ran for the pinned request";
+  EXPECT_EQ(state.partition_workers().load().rank_load({3, 0})->open_bookings, 1U);
+
+  // A pin on a worker the request may not use fails naming why, still without the policy.
+  RouteRequest excluded = pinned;
+  excluded.selection.request_id = "excluded";
+  excluded.selection.excluded_workers = {3};
+  const auto refused = state.route(excluded, kStart);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, Error::no_workers);
+  EXPECT_EQ(calls->total(), before);
+}
+
+// A pin that names no rank targets every rank of its worker: the rank holding most of the prompt
+// is booked.
+TEST_F(SelectorStateTest, APinWithoutARankGoesToTheWorkersRankHoldingMostOfThePrompt) {
+  auto& state = make_state();
+  auto worker = registration(5);
+  worker.data_parallel_size = 3;
+  ASSERT_TRUE(state.register_worker(worker, kStart));
+  const auto blocks = prompt_blocks(6, 8);
+  KvEventBatch on_rank_2 = stored(5, 1, {blocks.begin(), blocks.begin() + 4});
+  on_rank_2.worker.dp_rank = 2;
+  KvEventBatch on_rank_1 = stored(5, 1, {blocks.begin(), blocks.begin() + 1});
+  on_rank_1.worker.dp_rank = 1;
+  ASSERT_TRUE(state.apply_kv_events(on_rank_2));
+  ASSERT_TRUE(state.apply_kv_events(on_rank_1));
+  RouteRequest pinned;
+  pinned.selection.request_id = "any-rank";
+  pinned.selection.prompt_tokens = blocks.size() * kBlockSize;
+  pinned.selection.block_hashes = blocks;
+  pinned.selection.pinned_worker = plugins::worker_selection::WorkerAffinityTarget{.worker_id = 5};
+  const auto routed = state.route(pinned, kStart);
+  ASSERT_TRUE(routed) << routed.error().message;
+  EXPECT_EQ(routed->worker, (WorkerWithDpRank{5, 2}));
+  EXPECT_EQ(routed->device_overlap_blocks, 4U);
+}
+
+// ---- policy factories ----------------------------------------------------------------------
+
+// Registers `type`, whose factory counts its calls and builds what `make` returns.
+void register_factory(plugins::RouterPluginRegistry& registry, std::string type,
+                      std::shared_ptr<int> calls,
+                      std::function<plugins::worker_selection::WorkerSelectionPolicy(
+                          const plugins::worker_selection::RouterConfig&, WorkerType)>
+                          make) {
+  using namespace plugins::worker_selection;
+  ASSERT_TRUE(registry.register_worker_selection(
+      std::move(type),
+      [calls, make](const WorkerSelectionPolicyParameters&)
+          -> std::expected<WorkerSelectionPolicyFactory, WorkerSelectionPolicyProviderError> {
+        return [calls, make](const RouterConfig& config, WorkerType worker_type,
+                             const RoutingPartition&) {
+          ++*calls;
+          return make(config, worker_type);
+        };
+      }));
+}
+
+plugins::worker_selection::WorkerSelectionPolicy round_robin_like(
+    const plugins::worker_selection::RouterConfig& config, WorkerType worker_type) {
+  using namespace plugins::worker_selection;
+  struct First final : WorkerPicker {
+    PolicyResult<std::size_t> pick(const WorkerSelectionContext&, const WorkerInputView&) override {
+      return std::size_t{0};
+    }
+  };
+  return WorkerSelectionPolicy(config, worker_type, {}, std::make_unique<First>());
+}
+
+struct BuildFailure {
+  std::string partition;
+  WorkerType role;
+  std::string reason;
+};
+
+// A role's factory runs once, when the partition learns its block size, not on a request; the
+// policies survive the partition emptying and filling again, and are rebuilt only for a fleet
+// of another block size.
+TEST_F(SelectorStateTest, PoliciesAreBuiltWhenThePartitionLearnsItsBlockSizeAndOutliveItsWorkers) {
+  auto calls = std::make_shared<int>(0);
+  register_factory(registry_, "counted", calls, round_robin_like);
+  auto& state = make_state("counted", /*block_size=*/0);
+  EXPECT_EQ(*calls, 0) << "no block size yet: nothing to build with";
+  add_workers({1});
+  EXPECT_EQ(*calls, 1) << "built at the first registration (the other roles use the built-in)";
+  ASSERT_TRUE(route("r1", prompt_blocks(2, 1)));
+  ASSERT_TRUE(route("r2", prompt_blocks(2, 2)));
+  EXPECT_EQ(*calls, 1) << "requests never run a factory";
+
+  ASSERT_TRUE(state.deregister(1, 1));
+  add_workers({2});
+  EXPECT_EQ(*calls, 1) << "the same block size keeps the policies";
+  ASSERT_TRUE(state.deregister(2, 1));
+  auto bigger = registration(3);
+  bigger.block_size = 2 * kBlockSize;
+  ASSERT_TRUE(state.register_worker(bigger, kStart));
+  EXPECT_EQ(*calls, 2) << "another block size is another configuration";
+}
+
+TEST_F(SelectorStateTest, APolicyWithAConfiguredBlockSizeIsBuiltWithThePartition) {
+  auto calls = std::make_shared<int>(0);
+  register_factory(registry_, "counted", calls, round_robin_like);
+  make_state("counted");
+  EXPECT_EQ(*calls, 1);
+}
+
+// A factory that throws, or returns a policy without a picker or for another role, fails that
+// role's requests with policy_failed naming the policy and the cause, and is reported once; the
+// partition's other roles route.
+TEST_F(SelectorStateTest, AFactoryThatFailsFailsItsRolesRequestsNamingTheCause) {
+  using plugins::worker_selection::WorkerSelectionPolicy;
+  auto calls = std::make_shared<int>(0);
+  register_factory(registry_, "fragile", calls,
+                   [](const plugins::worker_selection::RouterConfig& config,
+                      WorkerType worker_type) -> WorkerSelectionPolicy {
+                     if (worker_type == WorkerType::Prefill) {
+                       throw std::runtime_error("no GPU budget for prefill");
+                     }
+                     if (worker_type == WorkerType::Decode) {
+                       return WorkerSelectionPolicy(config, worker_type, {}, nullptr);
+                     }
+                     if (worker_type == WorkerType::Encode) {
+                       return round_robin_like(config, WorkerType::Aggregated);
+                     }
+                     return round_robin_like(config, worker_type);
+                   });
+  selection::RouterPolicyConfig config;
+  for (auto& role : config.worker_selection) role = "fragile";
+  auto plugins = registry_.resolve_plugins(config);
+  ASSERT_TRUE(plugins) << plugins.error().message();
+  plugins_ = std::make_unique<plugins::RouterPlugins>(std::move(*plugins));
+  std::vector<BuildFailure> failures;
+  SelectorOptions options;
+  options.partition.model = std::string{kModel};
+  options.router.block_size = kBlockSize;
+  options.on_policy_build_failure =
+      [&](const plugins::worker_selection::RoutingPartition& partition, WorkerType role,
+          const std::string& reason) {
+        failures.push_back({partition.model, role, reason});
+      };
+  SelectorState state{std::move(options), *plugins_};
+  ASSERT_EQ(failures.size(), 3U);
+  EXPECT_EQ(failures[0].role, WorkerType::Prefill);
+  EXPECT_NE(failures[0].reason.find("threw: no GPU budget for prefill"), std::string::npos)
+      << failures[0].reason;
+  EXPECT_NE(failures[0].reason.find("'fragile'"), std::string::npos) << failures[0].reason;
+  EXPECT_EQ(failures[1].role, WorkerType::Decode);
+  EXPECT_NE(failures[1].reason.find("picker"), std::string::npos) << failures[1].reason;
+  EXPECT_EQ(failures[2].role, WorkerType::Encode);
+  EXPECT_NE(failures[2].reason.find("for aggregated requests"), std::string::npos)
+      << failures[2].reason;
+
+  for (const WorkerType role :
+       {WorkerType::Aggregated, WorkerType::Prefill, WorkerType::Decode, WorkerType::Encode}) {
+    auto worker = registration(10 + static_cast<WorkerId>(role));
+    worker.role = role;
+    ASSERT_TRUE(state.register_worker(worker, kStart));
+    RouteRequest request;
+    request.worker_type = role;
+    request.selection.request_id = fmt::format("r-{}", as_str(role));
+    request.selection.prompt_tokens = 2 * kBlockSize;
+    request.selection.block_hashes = prompt_blocks(2, 3);
+    const auto routed = state.route(request, kStart);
+    if (role == WorkerType::Aggregated) {
+      EXPECT_TRUE(routed) << routed.error().message;
+      continue;
+    }
+    ASSERT_FALSE(routed) << as_str(role);
+    EXPECT_EQ(routed.error().code, Error::policy_failed);
+    EXPECT_NE(routed.error().message.find("could not be built"), std::string::npos)
+        << routed.error().message;
+  }
+  EXPECT_EQ(*calls, 4);
+  EXPECT_EQ(failures.size(), 3U) << "reported once, not per request";
+}
+
 }  // namespace
 }  // namespace kvr

@@ -43,6 +43,12 @@ TEST(GenerateMessagesTest, RefusesMissingStreamSubjectOutputTokensAndBadRoutes) 
   EXPECT_NE(empty_prompt.error().message.find("tokens"), std::string::npos);
   wire.clear_route();
   EXPECT_FALSE(decode_generate_request(wire));
+  // A query-only probe books nothing, so there is nothing to generate on.
+  wire = generate_request(40, 8);
+  wire.mutable_route()->set_query_only(true);
+  auto query = decode_generate_request(wire);
+  ASSERT_FALSE(query);
+  EXPECT_NE(query.error().message.find("query_only"), std::string::npos);
 }
 
 TEST(GenerateMessagesTest, AnActorStreamNeedsNoStreamSubject) {

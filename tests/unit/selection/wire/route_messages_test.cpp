@@ -144,6 +144,7 @@ TEST(RouteRequestTest, EncodingADecodedRequestGivesItBackWhole) {
   wire.add_required_taints("gpu");
   (*wire.mutable_preferred_taints())["fast"] = 0.5;
   (*wire.mutable_preferred_taints())["cheap"] = 0.25;
+  wire.set_query_only(true);
   const auto decoded = decode_route_request(wire);
   ASSERT_TRUE(decoded) << decoded.error().message;
   const v1::RouteRequest encoded = encode_route_request(*decoded);
@@ -173,6 +174,7 @@ TEST(RouteRequestTest, EncodingADecodedRequestGivesItBackWhole) {
   EXPECT_EQ(again->selection.required_taints, std::vector<std::string>{"gpu"});
   ASSERT_EQ(again->selection.preferred_taints.size(), 2U);
   EXPECT_EQ(again->selection.preferred_taints[0].taint, "cheap");
+  EXPECT_TRUE(again->query_only);
 
   // A block-hash prompt keeps its hashes and prompt length.
   v1::RouteRequest hashed;
