@@ -288,7 +288,8 @@ using ClassifyEvent = std::variant<Sent, Responding, Completed, Aborted>;
 
 /// How full the model's fleet is, as the host last observed it.
 struct FleetLoad {
-  /// Used over total KV cache blocks across the model's workers, in [0, 1].
+  /// Used over total KV cache blocks across the model's workers that registered a capacity, in
+  /// [0, 1]. Workers without one are left out; while none has one, the host reports no load.
   double kv_usage = 0.0;
   /// When the host observed it, on the classifier actor's clock.
   TimePoint at{};
@@ -313,16 +314,17 @@ class RequestClassifier {
 /// One (worker, rank) of the model's fleet, as a classifier's factory sees it.
 class ClassifierWorker {
  public:
-  ClassifierWorker(WorkerWithDpRank worker, std::uint64_t total_kv_blocks)
+  ClassifierWorker(WorkerWithDpRank worker, std::optional<std::uint64_t> total_kv_blocks)
       : worker_(worker), total_kv_blocks_(total_kv_blocks) {}
 
   WorkerWithDpRank worker() const { return worker_; }
-  /// The KV cache capacity the worker registered, in blocks.
-  std::uint64_t total_kv_blocks() const { return total_kv_blocks_; }
+  /// The KV cache capacity the worker registered, in blocks; nullopt when it registered none
+  /// (its engine did not say). The host's FleetLoad leaves such workers out.
+  std::optional<std::uint64_t> total_kv_blocks() const { return total_kv_blocks_; }
 
  private:
   WorkerWithDpRank worker_;
-  std::uint64_t total_kv_blocks_;
+  std::optional<std::uint64_t> total_kv_blocks_;
 };
 
 /// What a classifier's factory receives: the model's block size and fleet at creation time.

@@ -39,13 +39,17 @@ void PartitionWorkers::expire(std::chrono::steady_clock::time_point now,
 }
 
 void PartitionWorkers::add_ranks(const WorkerRegistration& registration) {
+  // The index bounds what a rank may hold by its capacity; a rank that announced none is bounded
+  // as the largest capacity a registration may announce, so it costs no more than such a one.
+  const std::uint64_t index_capacity =
+      registration.total_kv_blocks.value_or(catalog_.limits().max_kv_blocks_per_rank);
   for (DpRank rank = 0; rank < registration.data_parallel_size; ++rank) {
     const WorkerWithDpRank worker{registration.worker_id, rank};
-    // Validation guarantees a positive capacity and a fresh (worker, rank) after drop_worker.
-    (void)index_.add_worker(worker, {registration.total_kv_blocks, registration.incarnation,
-                                     !registration.publishes_kv_events});
-    (void)text_index_.add_worker(
-        worker, {registration.total_kv_blocks, registration.incarnation, /*approximate=*/true});
+    // Validation guarantees a positive bound and drop_worker a fresh (worker, rank).
+    (void)index_.add_worker(
+        worker, {index_capacity, registration.incarnation, !registration.publishes_kv_events});
+    (void)text_index_.add_worker(worker,
+                                 {index_capacity, registration.incarnation, /*approximate=*/true});
     (void)load_.add_rank(worker, registration.total_kv_blocks);
   }
 }

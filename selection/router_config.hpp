@@ -32,7 +32,8 @@ struct RouterConfig {
   std::optional<std::uint64_t> seed;
 
   // Busy thresholds of the host's eligibility step; a busy worker is not a candidate.
-  /// A (worker, rank) whose KV usage fraction (bookings included) exceeds this is busy.
+  /// A (worker, rank) whose KV usage fraction (bookings included) exceeds this is busy; one
+  /// that registered no capacity has no usage and is never busy by KV.
   std::optional<double> busy_kv_usage_threshold;
   /// A (worker, rank) with more active prefill tokens (bookings included) than this is busy.
   std::optional<std::uint64_t> busy_prefill_tokens_threshold;

@@ -41,7 +41,8 @@ struct WorkerDescriptor {
   std::span<const std::string> taints;
   /// False while the worker is unhealthy, draining or not yet ready.
   bool available = true;
-  /// Fraction of KV blocks in use, bookings included; empty without a load observation.
+  /// Fraction of KV blocks in use, bookings included; empty without a load observation or
+  /// without a registered capacity (never busy by KV then).
   std::optional<double> kv_usage;
   /// Prompt tokens waiting for prefill, bookings included.
   std::uint64_t active_prefill_tokens = 0;

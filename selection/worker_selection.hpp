@@ -129,6 +129,8 @@ class WorkerLoadInput {
   std::size_t active_prefill_tokens() const { return active_prefill_tokens_; }
   /// Projected decode footprint in blocks, including this request's new blocks.
   double decode_cost_blocks() const { return decode_cost_blocks_; }
+  /// The worker's registered KV capacity per rank, in blocks; nullopt when its engine did not
+  /// say (the host then treats it as never full by KV).
   std::optional<std::uint64_t> total_kv_blocks() const {
     return has_total_kv_blocks_ ? std::optional<std::uint64_t>{total_kv_blocks_} : std::nullopt;
   }

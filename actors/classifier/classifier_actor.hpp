@@ -21,7 +21,8 @@
 //   classify(ClassifierEvent)        — a lifecycle event of an admitted request (Sent, Responding,
 //                                      Completed, Aborted) from the reservation or lifecycle actor;
 //   targets(reservation, lifecycle)  — from the node, first: where admitted requests go;
-//   kv_usage(model, group, used, total) — a selector's partition KV blocks after a load report: the
+//   kv_usage(model, group, used, total) — a selector's partition KV blocks after a load report
+//                                      (of its ranks with a registered capacity; none without): the
 //                                      model's fleet load (used over total blocks summed across
 //                                      its partitions, i.e. weighted by their totals) goes to its
 //                                      classifier's on_fleet_load (the model's state is created

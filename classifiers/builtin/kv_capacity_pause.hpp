@@ -10,7 +10,9 @@
 //     metadata counts as new.
 //   - A deferred request registers both wake-ups: a Waker fired when a report ends the pause, and
 //     wake_at at the forced-resume time.
-// Without a fleet-load report nothing is paused. classify() decides at
+// Without a fleet-load report nothing is paused. The host's fleet load counts only the workers
+// that registered a KV capacity (a worker without one is never full by KV); a fleet in which none
+// did sends no report, so this classifier never pauses it. classify() decides at
 // ClassifyRequest::arrived_at(), a deferred poll at PollContext::now().
 //
 // Written against the public API (classifiers/request_classifier.hpp) only, as an example.

@@ -85,7 +85,7 @@ struct WorkerPrefillLoad {
   /// The worker's max batched tokens per step; 0 when unknown (no fraction threshold applies).
   std::uint64_t max_batched_tokens = 0;
   /// The fraction of its KV blocks in use, bookings included; empty without a load observation
-  /// (no KV threshold applies).
+  /// or a registered capacity (no KV threshold applies).
   std::optional<double> kv_usage;
 };
 

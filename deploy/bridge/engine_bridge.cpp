@@ -130,7 +130,8 @@ struct RetiredTotals {
 struct EngineFacts {
   std::string model;
   std::uint32_t block_size = 0;
-  std::uint64_t num_gpu_blocks = 0;
+  // KV capacity per rank; nullopt: neither the engine nor --num-gpu-blocks says.
+  std::optional<std::uint64_t> num_gpu_blocks;
   // process_start_time_seconds, when the engine publishes it.
   std::optional<double> start_time;
   // Sorted.
@@ -206,6 +207,8 @@ struct EngineBridge::State {
   std::uint64_t other_group_events = 0;
   std::uint64_t unknown_events = 0;
   bool logged_waiting = false;
+  // Whether the bridge said that its worker registers without a KV capacity (once per run).
+  bool logged_no_capacity = false;
   // Whether the current incarnation was started by a restart seen between health probes, and the
   // ranks whose own restart signal has been seen since: a later signal of another rank belongs to
   // the same restart (only that rank is cleared), a second one of a seen rank is a new restart.
@@ -235,7 +238,14 @@ struct EngineBridge::State {
     return std::move(result->body);
   }
 
-  // Asks the engine what it serves; nullopt (logged) while it cannot say.
+  // Why the engine's metrics gave no KV cache configuration, for the warnings.
+  std::string_view no_config_reason() const {
+    return options.engine == EngineKind::vllm ? "vllm:cache_config_info does not give it"
+                                              : "SGLang does not publish it";
+  }
+
+  // Asks the engine what it serves; nullopt (logged) while it cannot say. The block size is
+  // required (routers hash prompts in blocks of it); the KV capacity is not.
   std::optional<EngineFacts> discover_engine() {
     EngineFacts engine;
     const auto models = get("/v1/models");
@@ -263,18 +273,23 @@ struct EngineBridge::State {
       return std::nullopt;
     }
     engine.block_size = options.block_size;
-    engine.num_gpu_blocks = options.num_gpu_blocks;
+    if (options.num_gpu_blocks != 0) engine.num_gpu_blocks = options.num_gpu_blocks;
     if (const auto metrics = get("/metrics")) {
       const auto samples = parse_prometheus_text(*metrics);
       const auto config = engine_cache_config(samples);
       if (engine.block_size == 0) engine.block_size = config.block_size.value_or(0);
-      if (engine.num_gpu_blocks == 0) engine.num_gpu_blocks = config.num_gpu_blocks.value_or(0);
+      if (!engine.num_gpu_blocks && config.num_gpu_blocks.value_or(0) != 0) {
+        engine.num_gpu_blocks = config.num_gpu_blocks;
+      }
       engine.start_time = engine_start_time(samples);
     }
-    if (engine.block_size == 0 || engine.num_gpu_blocks == 0) {
-      spdlog::warn(
-          "kvr bridge: the engine reports no block size or KV capacity; pass --block-size and "
-          "--num-gpu-blocks");
+    if (engine.block_size == 0) {
+      // Asked again at every health probe: said once per log window, not at each.
+      log.warn("no-block-size",
+               fmt::format("kvr bridge: the engine at {} reports no KV block size ({}); pass "
+                           "--block-size. Not registering until then: routers cannot hash "
+                           "prompts without it",
+                           options.engine_url, no_config_reason()));
       return std::nullopt;
     }
     return engine;
@@ -360,7 +375,18 @@ struct EngineBridge::State {
         "kvr bridge: worker {} registered for {} engine at {} (model '{}', block size {}, {} KV "
         "blocks per rank, {} ranks)",
         worker_id, as_str(options.engine), options.engine_url, facts->model, facts->block_size,
-        facts->num_gpu_blocks, options.data_parallel_size);
+        facts->num_gpu_blocks ? std::to_string(*facts->num_gpu_blocks) : "unknown",
+        options.data_parallel_size);
+    if (!facts->num_gpu_blocks && !logged_no_capacity) {
+      logged_no_capacity = true;
+      spdlog::warn(
+          "kvr bridge: the engine reports no KV capacity ({}) and --num-gpu-blocks is not given: "
+          "worker {} is registered without one. Routers then never count it as full by KV (a "
+          "policy class's kv_busy_threshold) and leave it out of the fleet's KV usage "
+          "(kv-capacity-pause) and KV total (the hit-rate capacity ceiling); its load reports "
+          "carry no KV blocks used. Pass --num-gpu-blocks to have them",
+          no_config_reason(), worker_id);
+    }
   }
 
   void retire_counters() {
@@ -556,12 +582,14 @@ struct EngineBridge::State {
     }
     std::vector<discovery::ConfirmedLoad> reports;
     for (const auto& rank : engine_load(samples, options.engine, options.data_parallel_size)) {
+      // The engine's usage is a fraction: without a capacity it makes no block count, and 0 is
+      // sent (routers read no KV usage of a worker without a capacity anyway).
       const double usage = rank.kv_usage.value_or(0.0);
-      reports.push_back(
-          discovery::ConfirmedLoad{.active_requests = rank.running + rank.waiting,
-                                   .waiting_requests = rank.waiting,
-                                   .kv_blocks_used = static_cast<std::uint64_t>(
-                                       usage * static_cast<double>(facts->num_gpu_blocks) + 0.5)});
+      const double capacity = static_cast<double>(facts->num_gpu_blocks.value_or(0));
+      reports.push_back(discovery::ConfirmedLoad{
+          .active_requests = rank.running + rank.waiting,
+          .waiting_requests = rank.waiting,
+          .kv_blocks_used = static_cast<std::uint64_t>(usage * capacity + 0.5)});
     }
     publisher->publish_load(instance(), reports);
     ++stats.load_reports;

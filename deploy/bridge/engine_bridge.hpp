@@ -47,9 +47,11 @@ struct BridgeOptions {
   std::string topic;
   /// Served model name; empty: the first model the engine lists on /v1/models.
   std::string model;
-  /// Tokens per KV block; 0: from the engine's metrics (vllm:cache_config_info).
+  /// Tokens per KV block; 0: from the engine's metrics (vllm:cache_config_info). Required: the
+  /// bridge does not register while neither says.
   std::uint32_t block_size = 0;
-  /// KV capacity per rank in blocks; 0: from the engine's metrics.
+  /// KV capacity per rank in blocks; 0: from the engine's metrics. When neither says, the worker
+  /// registers without a capacity (docs/protocol.md).
   std::uint64_t num_gpu_blocks = 0;
   std::uint32_t data_parallel_size = 1;
   /// 0 picks a random id.

@@ -10,9 +10,11 @@
 //   kv_blocks_used        vllm:kv_cache_usage_perc (or the      sglang:token_usage
 //                         older vllm:gpu_cache_usage_perc)
 //                         × the rank's KV capacity in blocks, both usages being fractions in
-//                         [0, 1] that count evictable cached blocks as free, as kvr does.
+//                         [0, 1] that count evictable cached blocks as free, as kvr does
+//                         (0 without a capacity).
 //   block size, capacity  vllm:cache_config_info labels         (flags only)
-//                         block_size, num_gpu_blocks
+//                         block_size, num_gpu_blocks; the block size is required (from the flag
+//                         if not), the capacity optional.
 //   engine restart        process_start_time_seconds changes    the same
 #pragma once
 

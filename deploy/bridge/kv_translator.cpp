@@ -5,6 +5,7 @@
 #include <span>
 
 #include "discovery/block_hash.hpp"
+#include "discovery/catalog/worker_registration.hpp"
 
 namespace kvr::bridge {
 namespace {
@@ -39,7 +40,9 @@ std::expected<void, std::string> TranslatorOptions::validate() const {
   if (data_parallel_size == 0 || data_parallel_size > 64) {
     return std::unexpected("data-parallel size must be in [1, 64]");
   }
-  if (capacity_blocks == 0) return std::unexpected("KV capacity must be positive");
+  if (capacity_blocks && *capacity_blocks == 0) {
+    return std::unexpected("KV capacity must be positive when given");
+  }
   return {};
 }
 
@@ -58,8 +61,10 @@ void KvTranslator::reset_picture() {
   for (std::uint32_t rank = 0; rank < options_.data_parallel_size; ++rank) {
     // Registration cannot fail: the slots are new and the capacity was validated.
     (void)picture_.add_worker(
-        slot(rank), discovery::RankIndexOptions{.capacity_blocks = options_.capacity_blocks,
-                                                .incarnation = options_.incarnation});
+        slot(rank),
+        discovery::RankIndexOptions{
+            .capacity_blocks = options_.capacity_blocks.value_or(discovery::kMaxKvBlocksPerRank),
+            .incarnation = options_.incarnation});
   }
 }
 

@@ -32,7 +32,9 @@ struct TranslatorOptions {
   Incarnation incarnation = 0;
   std::uint32_t block_size = 16;  ///< must equal the engine's (and the router's) block size
   std::uint32_t data_parallel_size = 1;
-  std::uint64_t capacity_blocks = 0;  ///< KV capacity per rank, as registered
+  /// KV capacity per rank, as registered; nullopt: not known (the picture of a rank is then
+  /// bounded as the router bounds such a rank, by discovery::kMaxKvBlocksPerRank).
+  std::optional<std::uint64_t> capacity_blocks;
 
   /// Checks ranges; the error names the field.
   std::expected<void, std::string> validate() const;

@@ -72,13 +72,13 @@ void add_bridge_command(CLI::App& app, int& exit_code) {
       ->envname("KVR_BRIDGE_MODEL");
   command
       ->add_option("--block-size", options->block_size,
-                   "tokens per KV block (0: from the engine's metrics)")
+                   "tokens per KV block (0: from the engine's metrics; required from one)")
       ->capture_default_str()
       ->envname("KVR_BRIDGE_BLOCK_SIZE")
       ->check(CLI::Range(std::uint32_t{0}, discovery::kMaxBlockSize));
   command
       ->add_option("--num-gpu-blocks", options->num_gpu_blocks,
-                   "KV capacity per rank in blocks (0: from the engine's metrics)")
+                   "KV capacity per rank in blocks (0: from the engine's metrics, else none)")
       ->capture_default_str()
       ->envname("KVR_BRIDGE_NUM_GPU_BLOCKS")
       ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1} << 32));

@@ -624,6 +624,7 @@ std::expected<std::unique_ptr<LiveReplay>, std::string> LiveReplay::connect(
           }
           std::lock_guard lock{fleet.mutex};
           fleet.block_sizes[registration.worker_id()] = registration.block_size();
+          // 0 when the worker registered no capacity: it adds none to the capacity ceiling.
           fleet.kv_blocks[registration.worker_id()] =
               registration.total_kv_blocks() *
               std::max<std::uint64_t>(1, registration.data_parallel_size());

@@ -66,7 +66,7 @@ void WorkerPublisher::publish_registration(const WorkerInstance& worker,
   registration.set_role(to_wire(description.role));
   registration.set_routing_group(description.routing_group);
   registration.set_block_size(description.block_size);
-  registration.set_total_kv_blocks(description.total_kv_blocks);
+  registration.set_total_kv_blocks(description.total_kv_blocks.value_or(0));
   registration.set_data_parallel_size(description.data_parallel_size);
   for (const auto& taint : description.taints) registration.add_taints(taint);
   registration.set_max_num_batched_tokens(description.max_num_batched_tokens);

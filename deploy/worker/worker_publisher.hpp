@@ -40,8 +40,8 @@ struct WorkerDescription {
   std::string routing_group = "default";
   /// Tokens per KV block.
   std::uint32_t block_size = 0;
-  /// KV capacity per data-parallel rank, in blocks.
-  std::uint64_t total_kv_blocks = 0;
+  /// KV capacity per data-parallel rank, in blocks; nullopt: not known (sent as 0).
+  std::optional<std::uint64_t> total_kv_blocks;
   std::uint32_t data_parallel_size = 1;
   std::vector<std::string> taints;
   /// The engine's token budget per step and concurrency per rank; 0: not known (not sent).

@@ -75,10 +75,15 @@ std::expected<WorkerRegistration, RegistrationError> validate_registration(
                                  " differs from the router's " +
                                  std::to_string(limits.required_block_size));
   }
-  if (registration.total_kv_blocks == 0) return bad("total_kv_blocks", "must be positive");
-  if (registration.total_kv_blocks > limits.max_kv_blocks_per_rank) {
-    return bad("total_kv_blocks",
-               "more than " + std::to_string(limits.max_kv_blocks_per_rank) + " per rank");
+  // No capacity is allowed (engines that do not publish theirs); one that is given is checked.
+  if (const auto& blocks = registration.total_kv_blocks) {
+    if (*blocks == 0) {
+      return bad("total_kv_blocks", "0 is no capacity; leave it unset when unknown");
+    }
+    if (*blocks > limits.max_kv_blocks_per_rank) {
+      return bad("total_kv_blocks",
+                 "more than " + std::to_string(limits.max_kv_blocks_per_rank) + " per rank");
+    }
   }
   if (registration.data_parallel_size == 0) return bad("data_parallel_size", "must be positive");
   if (registration.data_parallel_size > limits.max_data_parallel_size) {
@@ -125,7 +130,8 @@ std::expected<WorkerRegistration, RegistrationError> registration_from_proto(
   registration.role = *role;
   registration.routing_group = wire.routing_group();
   registration.block_size = wire.block_size();
-  registration.total_kv_blocks = wire.total_kv_blocks();
+  // 0 (or absent) on the wire: the engine did not say.
+  if (wire.total_kv_blocks() != 0) registration.total_kv_blocks = wire.total_kv_blocks();
   registration.data_parallel_size = wire.data_parallel_size() == 0 ? 1 : wire.data_parallel_size();
   registration.taints.assign(wire.taints().begin(), wire.taints().end());
   registration.max_num_batched_tokens = wire.max_num_batched_tokens();

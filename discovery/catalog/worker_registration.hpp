@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <expected>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,8 +21,9 @@ struct WorkerRegistration {
   std::string model;
   WorkerType role = WorkerType::Aggregated;
   std::string routing_group = "default";
-  std::uint32_t block_size = 0;          ///< tokens per KV block
-  std::uint64_t total_kv_blocks = 0;     ///< KV capacity of each data-parallel rank
+  std::uint32_t block_size = 0;  ///< tokens per KV block
+  /// KV capacity of each data-parallel rank; nullopt: the engine did not say (the wire's 0).
+  std::optional<std::uint64_t> total_kv_blocks;
   std::uint32_t data_parallel_size = 1;  ///< ranks 0 .. data_parallel_size - 1
   std::vector<std::string> taints;
   std::uint32_t max_num_batched_tokens = 0;
@@ -41,11 +43,14 @@ struct WorkerRegistration {
 /// The largest KV block a worker may announce, in tokens (engines use 16 to 512): a block size
 /// of 10^9 would make every prompt one partial block that nothing can match.
 inline constexpr std::uint32_t kMaxBlockSize = 4096;
+/// The largest KV capacity a rank may announce, in blocks; also what bounds the KV picture of a
+/// rank that announces none.
+inline constexpr std::uint64_t kMaxKvBlocksPerRank = std::uint64_t{1} << 26;
 
 struct RegistrationLimits {
   std::uint32_t required_block_size = 0;  ///< the router's block size; 0 accepts any in range
   std::uint32_t max_block_size = kMaxBlockSize;
-  std::uint64_t max_kv_blocks_per_rank = std::uint64_t{1} << 26;
+  std::uint64_t max_kv_blocks_per_rank = kMaxKvBlocksPerRank;
   std::uint32_t max_data_parallel_size = 1024;
   std::size_t max_taints = 64;
   std::size_t max_lora_adapters = 1024;
@@ -71,7 +76,7 @@ std::expected<WorkerRegistration, RegistrationError> validate_registration(
     WorkerRegistration registration, const RegistrationLimits& limits);
 
 /// Converts and validates a wire registration (data_parallel_size 0 reads as 1, an empty
-/// routing group as "default").
+/// routing group as "default", total_kv_blocks 0 as no capacity).
 std::expected<WorkerRegistration, RegistrationError> registration_from_proto(
     const v1::WorkerRegistration& wire, const RegistrationLimits& limits);
 

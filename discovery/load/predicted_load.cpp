@@ -44,8 +44,8 @@ std::string_view as_str(LoadError error) {
 
 PredictedLoad::PredictedLoad() = default;
 
-std::expected<void, LoadError> PredictedLoad::add_rank(WorkerWithDpRank worker,
-                                                       std::uint64_t total_kv_blocks) {
+std::expected<void, LoadError> PredictedLoad::add_rank(
+    WorkerWithDpRank worker, std::optional<std::uint64_t> total_kv_blocks) {
   if (ranks_.contains(worker)) return std::unexpected(LoadError::duplicate_rank);
   RankState& state = ranks_[worker];
   if (!free_slots_.empty()) {

@@ -68,7 +68,8 @@ enum class BookingEnd : std::uint8_t { completed, cancelled, failed };
 /// What one rank carries now, confirmed and booked.
 struct RankLoadView {
   std::optional<ConfirmedLoad> confirmed;  ///< none until the rank reports metrics
-  std::uint64_t total_kv_blocks = 0;
+  /// The rank's registered KV capacity; nullopt: its engine did not say (no KV usage then).
+  std::optional<std::uint64_t> total_kv_blocks;
   std::uint32_t open_bookings = 0;
   std::uint64_t booked_prefill_tokens = 0;  ///< uncached prefill tokens before first token
   std::uint64_t booked_blocks = 0;          ///< distinct prompt blocks of open bookings
@@ -92,7 +93,7 @@ struct LoadProjection {
   std::uint64_t active_prefill_tokens = 0;  ///< confirmed + booked since + the candidate's uncached
   std::uint64_t decode_cost_blocks = 0;     ///< confirmed decode + booked since + the new blocks
   std::uint64_t new_blocks = 0;             ///< candidate blocks not already active on the rank
-  std::uint64_t total_kv_blocks = 0;
+  std::optional<std::uint64_t> total_kv_blocks;  ///< nullopt: the rank registered no capacity
 
   friend bool operator==(const LoadProjection&, const LoadProjection&) = default;
 };
@@ -128,8 +129,9 @@ class PredictedLoad {
  public:
   PredictedLoad();
 
-  /// Starts tracking a rank with no load.
-  std::expected<void, LoadError> add_rank(WorkerWithDpRank worker, std::uint64_t total_kv_blocks);
+  /// Starts tracking a rank with no load; `total_kv_blocks` nullopt: its capacity is not known.
+  std::expected<void, LoadError> add_rank(WorkerWithDpRank worker,
+                                          std::optional<std::uint64_t> total_kv_blocks);
 
   /// Stops tracking every rank of a worker, releasing its bookings; returns how many.
   std::size_t remove_worker(WorkerId worker_id);

@@ -148,9 +148,12 @@ void PartitionRouter::record_ceilings(const RouteRequest& request, PartitionEffe
   const selection::SelectionRequest& selection = request.selection;
   if (!ceilings_ || selection.prompt_keys != selection::PromptKeys::kv_blocks) return;
   if (!fleet_kv_blocks_) {
+    // A worker that registered no capacity adds none: the capacity ceiling is that of the KV
+    // memory the fleet announced (0 when no worker did).
     std::uint64_t total = 0;
     for (const auto& [id, entry] : selector_.partition_workers().catalog().entries()) {
-      total += entry.registration.total_kv_blocks * entry.registration.data_parallel_size;
+      total +=
+          entry.registration.total_kv_blocks.value_or(0) * entry.registration.data_parallel_size;
     }
     fleet_kv_blocks_ = total;
   }
@@ -413,7 +416,8 @@ void PartitionRouter::heard_from(WorkerId id, TimePoint now, PartitionEffects& o
 // The partition's KV blocks, used over total across its ranks, when the usage moved by at least
 // 0.01 since it was last reported. Used blocks are the confirmed ones of the last report plus the
 // bookings' change since, as the busy signals count them (a rank without a report or booking
-// counts its total only). The classifier weighs partitions by their totals.
+// counts its total only). A rank without a capacity is left out of both: its usage is unknown.
+// Nothing is reported while no rank has one. The classifier weighs partitions by their totals.
 void PartitionRouter::report_kv_usage(PartitionEffects& out) {
   if (!options_.report_kv_usage) return;
   const discovery::PartitionWorkers& workers = selector_.partition_workers();
@@ -422,13 +426,14 @@ void PartitionRouter::report_kv_usage(PartitionEffects& out) {
   for (const auto& [id, entry] : workers.catalog().entries()) {
     for (DpRank rank = 0; rank < entry.registration.data_parallel_size; ++rank) {
       const auto view = workers.load().rank_load({id, rank});
-      if (!view) continue;
-      total += view->total_kv_blocks;
+      if (!view || !view->total_kv_blocks) continue;
+      const std::uint64_t capacity = *view->total_kv_blocks;
+      total += capacity;
       const std::int64_t rank_used =
           static_cast<std::int64_t>(view->confirmed ? view->confirmed->kv_blocks_used : 0) +
           view->blocks_since_report;
       used += std::min<std::uint64_t>(rank_used < 0 ? 0 : static_cast<std::uint64_t>(rank_used),
-                                      view->total_kv_blocks);
+                                      capacity);
     }
   }
   if (total == 0) return;

@@ -319,7 +319,8 @@ class PartitionRouter {
   std::vector<AwaitingOwnership> awaiting_ownership_;
   /// The hit-rate ceilings of the requests routed here, when measured.
   std::optional<metrics::HitRateCeilings> ceilings_;
-  /// Every rank's KV blocks, summed when a ceiling next needs it after the fleet changed.
+  /// Every rank's registered KV blocks (none for a rank without a capacity), summed when a
+  /// ceiling next needs it after the fleet changed.
   std::optional<std::uint64_t> fleet_kv_blocks_;
   /// Ranks of this partition's workers taken from options_.rank_budget.
   std::uint64_t ranks_held_ = 0;

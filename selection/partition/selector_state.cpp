@@ -21,6 +21,17 @@ std::uint64_t plus_change(std::uint64_t reported, std::int64_t change) {
   return total < 0 ? 0 : static_cast<std::uint64_t>(total);
 }
 
+// A rank's KV usage: the report's blocks plus the bookings' change since, over its capacity.
+// None until it reports or carries a booking, and none without a capacity: a worker whose engine
+// did not say is never busy by KV.
+std::optional<double> kv_usage_of(const discovery::RankLoadView& view) {
+  if (!view.total_kv_blocks || *view.total_kv_blocks == 0) return std::nullopt;
+  if (!view.confirmed && view.open_bookings == 0) return std::nullopt;
+  const std::uint64_t reported = view.confirmed ? view.confirmed->kv_blocks_used : 0;
+  return static_cast<double>(plus_change(reported, view.blocks_since_report)) /
+         static_cast<double>(*view.total_kv_blocks);
+}
+
 Error to_error(Kind kind) {
   switch (kind) {
     case Kind::NoEndpoints:
@@ -224,7 +235,6 @@ void SelectorState::rebuild_rows() const {
     rows.descriptors.clear();
     rows.slots.clear();
     rows.text_slots.clear();
-    rows.total_kv_blocks.clear();
     rows.max_batched_tokens.clear();
   }
   // Sorted by id so that the host sees a stable order whatever the hash map's iteration order.
@@ -248,7 +258,6 @@ void SelectorState::rebuild_rows() const {
                                       .available = !health_.is_ejected(registration.worker_id)});
       rows.slots.push_back(*slot);
       rows.text_slots.push_back(*text_slot);
-      rows.total_kv_blocks.push_back(registration.total_kv_blocks);
       rows.max_batched_tokens.push_back(registration.max_num_batched_tokens);
     }
   }
@@ -264,13 +273,7 @@ void SelectorState::refresh_busy_signals(RoleRows& rows) const {
     const discovery::ConfirmedLoad confirmed = view->confirmed.value_or(discovery::ConfirmedLoad{});
     descriptor.active_prefill_tokens =
         plus_change(confirmed.active_prefill_tokens, view->prefill_tokens_since_report);
-    if ((view->confirmed || view->open_bookings > 0) && rows.total_kv_blocks[row] > 0) {
-      descriptor.kv_usage =
-          static_cast<double>(plus_change(confirmed.kv_blocks_used, view->blocks_since_report)) /
-          static_cast<double>(rows.total_kv_blocks[row]);
-    } else {
-      descriptor.kv_usage.reset();
-    }
+    descriptor.kv_usage = kv_usage_of(*view);
   }
 }
 
@@ -553,12 +556,8 @@ void SelectorState::eligible_prefill_loads(const RouteRequest& request,
           view->confirmed.value_or(discovery::ConfirmedLoad{});
       load.active_prefill_tokens =
           plus_change(confirmed.active_prefill_tokens, view->prefill_tokens_since_report);
-      // As the busy signals count it: the report's blocks and the bookings' change since.
-      if ((view->confirmed || view->open_bookings > 0) && rows.total_kv_blocks[row] > 0) {
-        load.kv_usage =
-            static_cast<double>(plus_change(confirmed.kv_blocks_used, view->blocks_since_report)) /
-            static_cast<double>(rows.total_kv_blocks[row]);
-      }
+      // As the busy signals count it (none without a capacity: never busy by KV).
+      load.kv_usage = kv_usage_of(*view);
     }
     out.push_back(load);
   }

@@ -175,7 +175,6 @@ class SelectorState final : public selection::WorkerSignalSource {
     std::vector<selection::WorkerDescriptor> descriptors;
     std::vector<discovery::SlotId> slots;       // in the KV index
     std::vector<discovery::SlotId> text_slots;  // in the text index
-    std::vector<std::uint64_t> total_kv_blocks;
     std::vector<std::uint64_t> max_batched_tokens;
 
     const std::vector<discovery::SlotId>& slots_for(selection::PromptKeys keys) const;

@@ -18,7 +18,10 @@ void worker_registration(Input input) {
   KVR_FUZZ_CHECK(!registration->routing_group.empty());
   KVR_FUZZ_CHECK(registration->model.size() <= bounds.max_string_length);
   KVR_FUZZ_CHECK(registration->block_size > 0);
-  KVR_FUZZ_CHECK(registration->total_kv_blocks <= bounds.max_kv_blocks_per_rank);
+  // No capacity (the wire's 0) is allowed; a capacity is positive and within the bound.
+  KVR_FUZZ_CHECK(!registration->total_kv_blocks ||
+                 (*registration->total_kv_blocks > 0 &&
+                  *registration->total_kv_blocks <= bounds.max_kv_blocks_per_rank));
   KVR_FUZZ_CHECK(registration->data_parallel_size >= 1 &&
                  registration->data_parallel_size <= bounds.max_data_parallel_size);
   KVR_FUZZ_CHECK(registration->taints.size() <= bounds.max_taints);

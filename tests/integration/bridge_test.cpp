@@ -3,7 +3,9 @@
 // ZMQ PUB socket sending msgpack KV event batches in vLLM's three-frame messages. With a real
 // nats-server and `kvr node`: the bridges register with what the engines report, publish their
 // load, forward KV events translated to kvr's hashes so the node routes a prompt to the engine
-// holding it, and leave routing when their engine stops answering /health.
+// holding it, and leave routing when their engine stops answering /health. An engine that does
+// not publish vllm:cache_config_info is registered without a KV capacity (with --block-size), and
+// without a block size the bridge says why, rate-limited, and does not register.
 #include <atomic>
 #include <thread>
 
@@ -38,31 +40,37 @@ constexpr std::uint32_t kBlockSize = 16;
 
 using worker::encode_sequence;
 
-// One engine stand-in: HTTP on a free port and a ZMQ PUB socket, both on loopback.
+// One engine stand-in: HTTP on a free port and a ZMQ PUB socket, both on loopback. Without
+// `cache_config` its /metrics has no vllm:cache_config_info (neither block size nor capacity).
 class StandInEngine {
  public:
-  explicit StandInEngine(zmq::context_t& context) : pub_(context, zmq::socket_type::pub) {
+  explicit StandInEngine(zmq::context_t& context, bool cache_config = true)
+      : pub_(context, zmq::socket_type::pub) {
     pub_.set(zmq::sockopt::linger, 0);
     pub_.bind("tcp://127.0.0.1:*");
     kv_endpoint_ = pub_.get(zmq::sockopt::last_endpoint);
     server_.Get("/health", [this](const httplib::Request&, httplib::Response& response) {
       response.status = healthy_.load() ? 200 : 503;
     });
-    server_.Get("/v1/models", [](const httplib::Request&, httplib::Response& response) {
+    server_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {
+      ++models_requests_;
       response.set_content(
           R"({"object":"list","data":[{"id":"mock-model","object":"model","max_model_len":4096}]})",
           "application/json");
     });
-    server_.Get("/metrics", [](const httplib::Request&, httplib::Response& response) {
-      response.set_content(
+    server_.Get("/metrics", [cache_config](const httplib::Request&, httplib::Response& response) {
+      std::string text =
           "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
           "# TYPE vllm:num_requests_running gauge\n"
           "vllm:num_requests_running{engine=\"0\",model_name=\"mock-model\"} 2.0\n"
           "vllm:num_requests_waiting{engine=\"0\",model_name=\"mock-model\"} 3.0\n"
-          "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"mock-model\"} 0.25\n"
-          "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",engine=\"0\","
-          "num_gpu_blocks=\"512\",prefix_caching_hash_algo=\"sha256\"} 1.0\n",
-          "text/plain; version=0.0.4");
+          "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"mock-model\"} 0.25\n";
+      if (cache_config) {
+        text +=
+            "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",engine=\"0\","
+            "num_gpu_blocks=\"512\",prefix_caching_hash_algo=\"sha256\"} 1.0\n";
+      }
+      response.set_content(text, "text/plain; version=0.0.4");
     });
     // OpenAI's completions streaming as vLLM writes it: one event per token (its id in token_ids,
     // with return_token_ids), the finish reason on the last, a usage-only event, then [DONE].
@@ -126,6 +134,8 @@ class StandInEngine {
   const std::string& kv_endpoint() const { return kv_endpoint_; }
   void set_healthy(bool healthy) { healthy_ = healthy; }
   int completions() const { return completions_.load(); }
+  // /v1/models answers: the bridge asks at each attempt to register.
+  int models_requests() const { return models_requests_.load(); }
 
   // Publishes, as vLLM's array-encoded batch, that the engine stored every full block of
   // `tokens` as one chain, with engine hashes of its own (not kvr's).
@@ -179,6 +189,7 @@ class StandInEngine {
   std::uint16_t http_port_ = 0;
   std::atomic<bool> healthy_{true};
   std::atomic<int> completions_{0};
+  std::atomic<int> models_requests_{0};
   std::thread thread_;
 };
 
@@ -194,7 +205,8 @@ class BridgeTest : public testing::KvrClusterTest {
   }
 
   void start_bridge(const StandInEngine& engine, WorkerId id,
-                    std::optional<std::uint16_t> metrics_port = std::nullopt) {
+                    std::optional<std::uint16_t> metrics_port = std::nullopt,
+                    const std::vector<std::string>& extra = {}) {
     std::vector<std::string> args = {"--engine",
                                      "vllm",
                                      "--engine-url",
@@ -213,6 +225,7 @@ class BridgeTest : public testing::KvrClusterTest {
       args.push_back("--metrics-port");
       args.push_back(std::to_string(*metrics_port));
     }
+    args.insert(args.end(), extra.begin(), extra.end());
     auto bridge = kvr_->start({"bridge"}, args, "bridge-" + std::to_string(id) + ".log");
     ASSERT_TRUE(bridge);
     bridges_.push_back(std::move(*bridge));
@@ -226,6 +239,25 @@ class BridgeTest : public testing::KvrClusterTest {
   }
 
   std::string next_id() { return "req-" + std::to_string(++request_counter_); }
+
+  // The first registration of `worker` the recorder has seen.
+  static std::optional<v1::WorkerRegistration> registration_of(
+      const testing::NatsRecorder& registrations, WorkerId worker) {
+    for (const auto& message : registrations.messages()) {
+      v1::WorkerRegistration registration;
+      if (registration.ParseFromString(message.data) && registration.worker_id() == worker) {
+        return registration;
+      }
+    }
+    return std::nullopt;
+  }
+
+  // How often `text` occurs in `log`.
+  static std::size_t occurrences(const std::string& log, std::string_view text) {
+    std::size_t count = 0;
+    for (auto at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++count;
+    return count;
+  }
 
   std::optional<v1::RouteDecision> route(const std::vector<std::uint32_t>& tokens) {
     v1::RouteRequest request;
@@ -409,6 +441,84 @@ TEST_F(BridgeTest, GenerateStreamsThroughTheBridgeFromTheEnginesCompletions) {
   EXPECT_TRUE(chunks[4].finished());
   EXPECT_EQ(chunks[4].finish_reason(), "length");
   EXPECT_EQ(engine.completions(), 1);
+}
+
+// A vLLM stand-in that publishes no vllm:cache_config_info, with --block-size but no
+// --num-gpu-blocks: the bridge registers the worker without a capacity, says once what that
+// disables, reports the load it knows, forwards KV events, and the node routes to it.
+TEST_F(BridgeTest, AnEngineWithoutCacheConfigRegistersWithoutCapacityAndIsRouted) {
+  StandInEngine engine{context_, /*cache_config=*/false};
+  testing::NatsRecorder registrations;
+  ASSERT_TRUE(registrations.listen(*client_, subjects::worker_register(kNamespace)));
+  testing::NatsRecorder loads;
+  ASSERT_TRUE(loads.listen(*client_, subjects::worker_load(kNamespace)));
+  start_bridge(engine, kFirstWorker, std::nullopt, {"--block-size", std::to_string(kBlockSize)});
+
+  std::optional<v1::WorkerRegistration> registration;
+  ASSERT_TRUE(wait_until(
+      [&] { return (registration = registration_of(registrations, kFirstWorker)).has_value(); },
+      10s))
+      << bridges_.back().log();
+  EXPECT_EQ(registration->block_size(), kBlockSize);
+  EXPECT_EQ(registration->total_kv_blocks(), 0U) << "0: the engine did not say";
+  // Load as far as the engine's gauges go: requests, and no KV blocks without a capacity.
+  v1::LoadMetrics load;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        for (const auto& message : loads.messages()) {
+          if (load.ParseFromString(message.data) && load.worker_id() == kFirstWorker) return true;
+        }
+        return false;
+      },
+      10s));
+  ASSERT_EQ(load.ranks_size(), 1);
+  EXPECT_EQ(load.ranks(0).active_requests(), 5U);
+  EXPECT_EQ(load.ranks(0).kv_blocks_used(), 0U);
+
+  start_node();
+  ASSERT_TRUE(testing::wait_until_routable(
+      *client_, kNamespace, kFirstWorker, [&] { return next_id(); }, 20s))
+      << node_->log();
+  // KV events are forwarded as for any worker: the node routes the stored prompt by its overlap.
+  const auto tokens = prompt(128, 80'000);
+  std::optional<v1::RouteDecision> decision;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        engine.publish_stored(0, tokens);
+        decision = route(tokens);
+        return decision && decision->has_success() &&
+               decision->success().device_overlap_blocks() == 8;
+      },
+      15s))
+      << node_->log();
+  EXPECT_EQ(decision->success().worker_id(), kFirstWorker);
+  EXPECT_EQ(decision->success().worker_http_url(), engine.url());
+
+  const std::string log = bridges_.back().log();
+  EXPECT_EQ(occurrences(log, "is registered without one"), 1U) << log;
+  EXPECT_NE(log.find("unknown KV blocks per rank"), std::string::npos) << log;
+  EXPECT_EQ(log.find("reports no KV block size"), std::string::npos) << log;
+}
+
+// Without a block size (no vllm:cache_config_info, no --block-size) routers cannot hash prompts:
+// the bridge does not register, and says why once per 5 s, not at every probe (every 50 ms).
+TEST_F(BridgeTest, WithoutABlockSizeTheBridgeDoesNotRegisterAndSaysWhyRateLimited) {
+  StandInEngine engine{context_, /*cache_config=*/false};
+  testing::NatsRecorder registrations;
+  ASSERT_TRUE(registrations.listen(*client_, subjects::worker_register(kNamespace)));
+  const auto started = std::chrono::steady_clock::now();
+  start_bridge(engine, kFirstWorker);
+  ASSERT_TRUE(wait_until([&] { return engine.models_requests() >= 20; }, 20s));
+  ASSERT_TRUE(wait_until(
+      [&] { return occurrences(bridges_.back().log(), "reports no KV block size") >= 1; }, 10s))
+      << bridges_.back().log();
+  const auto elapsed = std::chrono::steady_clock::now() - started;
+  const std::string log = bridges_.back().log();
+  // At most one line per 5 s window since the start, however many probes asked.
+  const auto windows = static_cast<std::size_t>(elapsed / 5s) + 1;
+  EXPECT_LE(occurrences(log, "reports no KV block size"), windows) << log;
+  EXPECT_NE(log.find("pass --block-size"), std::string::npos) << log;
+  EXPECT_FALSE(registration_of(registrations, kFirstWorker)) << "registered without a block size";
 }
 
 }  // namespace

@@ -107,7 +107,7 @@ v1::WorkerRegistration to_wire(const discovery::WorkerRegistration& registration
   wire.set_role(v1::WORKER_ROLE_AGGREGATED);
   wire.set_routing_group(registration.routing_group);
   wire.set_block_size(registration.block_size);
-  wire.set_total_kv_blocks(registration.total_kv_blocks);
+  wire.set_total_kv_blocks(registration.total_kv_blocks.value_or(0));
   wire.set_data_parallel_size(1);
   wire.set_max_num_batched_tokens(registration.max_num_batched_tokens);
   wire.set_max_num_seqs(registration.max_num_seqs);

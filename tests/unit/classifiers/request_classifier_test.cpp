@@ -160,6 +160,16 @@ TEST(RequestClassifierContextTest, ExposesBlockSizeAndWorkers) {
   EXPECT_EQ(context.workers()[1].total_kv_blocks(), 1200U);
 }
 
+TEST(RequestClassifierContextTest, AWorkerWithoutCapacityHasNoTotalKvBlocks) {
+  const std::vector<ClassifierWorker> workers{{WorkerWithDpRank{1, 0}, 1000},
+                                              {WorkerWithDpRank{2, 0}, std::nullopt}};
+  const RequestClassifierContext context{16, workers};
+  ASSERT_EQ(context.workers().size(), 2U);
+  EXPECT_EQ(context.workers()[0].total_kv_blocks(), 1000U);
+  EXPECT_EQ(context.workers()[1].worker(), (WorkerWithDpRank{2, 0}));
+  EXPECT_EQ(context.workers()[1].total_kv_blocks(), std::nullopt);
+}
+
 TEST(RequestClassifierParametersTest, ReadsStrictlyWithTheClassifierErrorType) {
   auto source =
       classifiers::ParameterSource::from_text("{max_in_flight: 32, burst: 4}", "parameters");

@@ -172,6 +172,25 @@ TEST_F(PredictedLoadTest, ProjectionAddsTheCandidatesNewBlocksAndPrefill) {
   EXPECT_EQ(uncached_prefill_tokens(500, 3, 256), 0U);
 }
 
+TEST_F(PredictedLoadTest, ARankWithoutCapacityProjectsItsLoadWithNoTotal) {
+  constexpr WorkerWithDpRank kUnknown{6, 0};
+  ASSERT_TRUE(load_.add_rank(kUnknown, std::nullopt));
+  ASSERT_TRUE(load_.update_confirmed(kUnknown, ConfirmedLoad{2, 0, 30, 100, 0}));
+  ASSERT_TRUE(load_.book(booking("a", kUnknown, prompt(4, 1), 64)));
+  EXPECT_EQ(load_.rank_load(kUnknown)->total_kv_blocks, std::nullopt);
+  ProjectionScratch scratch;
+  load_.prepare(prompt(6, 1), scratch);
+  const auto projected = load_.project(kUnknown, {6, 32}, scratch).value();
+  // Everything but the capacity is projected as for any rank.
+  EXPECT_TRUE(projected.is_available);
+  EXPECT_EQ(projected.active_requests, 3U);
+  EXPECT_EQ(projected.active_prefill_tokens, 100U + 64U + 32U);
+  EXPECT_EQ(projected.new_blocks, 2U);
+  EXPECT_EQ(projected.decode_cost_blocks, 30U + 4U + 2U);
+  EXPECT_EQ(projected.total_kv_blocks, std::nullopt);
+  EXPECT_EQ(load_.project(kRank0, {6, 32}, scratch)->total_kv_blocks, 1000U);
+}
+
 TEST_F(PredictedLoadTest, RemovingAWorkerReleasesItsBookings) {
   ASSERT_TRUE(load_.book(booking("a", kRank0, prompt(4, 1), 64)));
   ASSERT_TRUE(load_.book(booking("b", kRank1, prompt(4, 2), 64)));

@@ -73,9 +73,6 @@ TEST(WorkerRegistrationTest, NamesTheBadField) {
   wire = wire_registration();
   wire.set_worker_id(0);
   EXPECT_EQ(registration_from_proto(wire, {}).error().field, "worker_id");
-  wire = wire_registration();
-  wire.set_total_kv_blocks(0);
-  EXPECT_EQ(registration_from_proto(wire, {}).error().field, "total_kv_blocks");
   RegistrationLimits strict;
   strict.required_block_size = 32;
   const auto error = registration_from_proto(wire_registration(), strict).error();
@@ -107,6 +104,41 @@ TEST(WorkerRegistrationTest, NamesTheBadField) {
   wire = wire_registration();
   wire.add_lora_adapters(wire.model());
   EXPECT_EQ(registration_from_proto(wire, {}).error().field, "lora_adapters");
+}
+
+TEST(WorkerRegistrationTest, ZeroOrAbsentTotalKvBlocksIsAWorkerWithoutCapacity) {
+  auto wire = wire_registration();
+  wire.set_total_kv_blocks(0);
+  const auto zero = registration_from_proto(wire, {});
+  ASSERT_TRUE(zero) << zero.error().message();
+  EXPECT_EQ(zero->total_kv_blocks, std::nullopt);
+  wire.clear_total_kv_blocks();
+  const auto absent = registration_from_proto(wire, {});
+  ASSERT_TRUE(absent) << absent.error().message();
+  EXPECT_EQ(absent->total_kv_blocks, std::nullopt);
+  EXPECT_EQ(registration_from_proto(wire_registration(), {})->total_kv_blocks, 500U);
+  // The plain form says "unknown" with nullopt; an explicit 0 there is a caller's mistake.
+  auto plain = registration();
+  plain.total_kv_blocks.reset();
+  EXPECT_TRUE(validate_registration(plain, {}));
+  plain.total_kv_blocks = 0;
+  EXPECT_EQ(validate_registration(plain, {}).error().field, "total_kv_blocks");
+}
+
+TEST(WorkerRegistrationTest, ACapacityAboveTheLimitIsStillRefused) {
+  auto wire = wire_registration();
+  wire.set_total_kv_blocks(kMaxKvBlocksPerRank);
+  EXPECT_TRUE(registration_from_proto(wire, {})) << "the largest capacity is accepted";
+  wire.set_total_kv_blocks(kMaxKvBlocksPerRank + 1);
+  const auto refused = registration_from_proto(wire, {});
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().message(), "total_kv_blocks: more than 67108864 per rank");
+  RegistrationLimits small;
+  small.max_kv_blocks_per_rank = 100;
+  wire.set_total_kv_blocks(101);
+  EXPECT_EQ(registration_from_proto(wire, small).error().field, "total_kv_blocks");
+  wire.set_total_kv_blocks(0);
+  EXPECT_TRUE(registration_from_proto(wire, small)) << "no capacity is within any limit";
 }
 
 TEST(WorkerRegistrationTest, CarriesTheLoraAdapters) {
@@ -338,6 +370,29 @@ TEST_F(DiscoveryStateTest, HeldLivenessKeepsTheIndexWhileBookingsStillExpire) {
   state_.expire(kStart + milliseconds(62'000), removed);
   EXPECT_EQ(removed, std::vector<WorkerId>{7});
   EXPECT_EQ(matches(), 0U);
+}
+
+// A rank without a capacity is indexed and tracked like any other; the index bounds what it may
+// hold as it bounds a rank of the largest capacity a registration may announce.
+TEST(PartitionWorkersTest, AWorkerWithoutCapacityIsIndexedUpToTheLargestCapacity) {
+  RegistrationLimits limits;
+  limits.max_kv_blocks_per_rank = 8;
+  PartitionWorkers state{limits, IndexerConfig{.capacity_margin = 0, .capacity_slack_blocks = 0}};
+  auto worker = registration();
+  worker.total_kv_blocks.reset();
+  ASSERT_TRUE(state.register_worker(worker, kStart));
+  EXPECT_EQ(state.index().rank_count(), 2U);
+  EXPECT_EQ(state.load().rank_load({7, 1})->total_kv_blocks, std::nullopt);
+  std::vector<BlockHash> chain;
+  std::optional<BlockHash> parent;
+  for (std::uint64_t i = 0; i < 9; ++i) {
+    parent = BlockHasher::chain(parent, i);
+    chain.push_back(*parent);
+  }
+  const std::vector<BlockHash> fits(chain.begin(), chain.begin() + 8);
+  EXPECT_TRUE(state.index().apply_event({7, 0}, KvStoredEvent{std::nullopt, fits, {}}));
+  EXPECT_EQ(state.index().apply_event({7, 1}, KvStoredEvent{std::nullopt, chain, {}}).error(),
+            IndexError::chain_too_long);
 }
 
 TEST_F(DiscoveryStateTest, DeregistrationCascades) {

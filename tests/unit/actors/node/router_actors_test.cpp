@@ -1558,6 +1558,70 @@ TEST_F(ClassifierActorsTest, LoadReportsPauseAndResumeNewSessionsWithKvCapacityP
   EXPECT_LT(events_->loads_snapshot().back(), 0.3);
 }
 
+// A worker that registered no KV capacity is left out of the fleet's usage: kv-capacity-pause
+// pauses on the usage of the workers with one, whatever the other reports.
+TEST_F(ClassifierActorsTest, KvCapacityPauseLeavesAWorkerWithoutCapacityOutOfTheFleetsUsage) {
+  start(
+      [] {
+        return std::make_unique<classifiers::builtin::KvCapacityPauseClassifier>(
+            classifiers::builtin::KvCapacityPauseParameters{.pause_above = 0.5,
+                                                            .resume_below = 0.3});
+      },
+      {}, true);
+  register_workers({11});  // 100 KV blocks
+  discovery::WorkerRegistration unknown = registration(12);
+  unknown.total_kv_blocks.reset();
+  send(discovery_, worker_up_atom::value, unknown);
+  ASSERT_EQ(metrics_->value("kvr_workers", {{"partition", "m/default"}}), 2);
+  const auto report = [&](WorkerId worker, std::uint64_t used) {
+    send(discovery_, load_atom::value,
+         WorkerLoadReport{worker, 1, {{0, discovery::ConfirmedLoad{.kv_blocks_used = used}}}});
+  };
+  const auto turn = [](std::string id, std::string session) {
+    RouteRequest route = request(std::move(id));
+    route.selection.session = SessionContext{std::move(session), std::nullopt, false, std::nullopt};
+    return route;
+  };
+  report(12, 100'000);  // nothing a capacity of its own could hold: read as no usage at all
+  report(11, 40);
+  ASSERT_FALSE(events_->loads_snapshot().empty());
+  EXPECT_NEAR(events_->loads_snapshot().back(), 0.4, 1e-9) << "40 of worker 11's 100 blocks";
+  ASSERT_TRUE(route_via(classifier_, turn("s1", "first")).has_success());
+  report(11, 60);
+  EXPECT_NEAR(events_->loads_snapshot().back(), 0.6, 0.011);  // 60 (+ s1's booking) of 100
+  Answers& waiting = new_answers();
+  auto client = own(system_.spawn(decision_recorder, &waiting));
+  caf::send_as(client, classifier_, route_atom::value,
+               RouteEnvelope{turn("new1", "new"), {}, clock_->now()});
+  EXPECT_TRUE(waiting.decisions.empty()) << "a new session was admitted above pause_above";
+}
+
+// With no worker that registered a capacity there is no fleet usage: kv-capacity-pause never
+// pauses, however full the workers say they are.
+TEST_F(ClassifierActorsTest, KvCapacityPauseNeverPausesAFleetWithoutCapacities) {
+  start(
+      [] {
+        return std::make_unique<classifiers::builtin::KvCapacityPauseClassifier>(
+            classifiers::builtin::KvCapacityPauseParameters{.pause_above = 0.5,
+                                                            .resume_below = 0.3});
+      },
+      {}, true);
+  discovery::WorkerRegistration unknown = registration(12);
+  unknown.total_kv_blocks.reset();
+  send(discovery_, worker_up_atom::value, unknown);
+  ASSERT_EQ(metrics_->value("kvr_workers", {{"partition", "m/default"}}), 1);
+  send(discovery_, load_atom::value,
+       WorkerLoadReport{12, 1, {{0, discovery::ConfirmedLoad{.kv_blocks_used = 100'000}}}});
+  EXPECT_TRUE(events_->loads_snapshot().empty()) << "a fleet load without a capacity";
+  for (int i = 0; i < 3; ++i) {
+    RouteRequest route = request("new" + std::to_string(i));
+    route.selection.session =
+        SessionContext{"session" + std::to_string(i), std::nullopt, false, std::nullopt};
+    const v1::RouteDecision decision = route_via(classifier_, std::move(route));
+    EXPECT_TRUE(decision.has_success()) << decision.error().message();
+  }
+}
+
 // The selectors describe their partitions to the classifier actor: a model's classifier is created
 // at its first request with the block size and the worker ranks its selectors know by then.
 TEST_F(ClassifierActorsTest, AModelsClassifierIsCreatedWithTheFleetItsSelectorsDescribed) {

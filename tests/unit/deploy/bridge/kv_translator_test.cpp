@@ -277,6 +277,27 @@ TEST(KvTranslatorTest, RejectsInvalidOptions) {
   EXPECT_FALSE(
       KvTranslator::create({.worker_id = 1, .data_parallel_size = 0, .capacity_blocks = 1}));
   EXPECT_FALSE(KvTranslator::create({.worker_id = 1, .capacity_blocks = 0}));
+  EXPECT_TRUE(KvTranslator::create({.worker_id = 1})) << "no capacity: the engine did not say";
+}
+
+// Without a capacity a rank's picture is bounded as the router bounds such a rank (by the largest
+// capacity a registration may announce), not by a capacity the engine never gave.
+TEST(KvTranslatorTest, WithoutACapacityAChainLongerThanAnyGivenOneIsForwarded) {
+  const std::uint32_t blocks = 2000;
+  const auto long_chain = [&] {
+    std::vector<EngineBlockHash> hashes(blocks);
+    std::iota(hashes.begin(), hashes.end(), EngineBlockHash{1});
+    return batch_of({stored(std::move(hashes), std::nullopt, tokens(0, blocks * kBlockSize))});
+  };
+  KvTranslator bounded = make_translator(1, 1000);
+  EXPECT_FALSE(bounded.translate(0, long_chain()));
+  EXPECT_EQ(bounded.stats().refused_events, 1U);
+
+  auto unknown = KvTranslator::create(TranslatorOptions{
+      .worker_id = kWorker, .incarnation = kIncarnation, .block_size = kBlockSize});
+  ASSERT_TRUE(unknown) << unknown.error();
+  ASSERT_TRUE(unknown->translate(0, long_chain()));
+  EXPECT_EQ(unknown->blocks_held(0, StorageTier::Device), blocks);
 }
 
 TEST(SequenceTrackerTest, ClassifiesNextStaleAndGaps) {

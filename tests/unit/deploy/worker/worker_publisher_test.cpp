@@ -92,6 +92,16 @@ TEST_F(WorkerPublisherTest, RegistersWithTheDescriptionAndTheWorkersOwnSubjects)
   EXPECT_EQ(registration.http_url(), "http://10.0.0.7:8000");
 }
 
+TEST_F(WorkerPublisherTest, AWorkerWithoutCapacityRegistersZeroTotalKvBlocks) {
+  const WorkerDescription description{.model = "m", .block_size = 16};
+  const auto registration =
+      first_on<v1::WorkerRegistration>(subjects::worker_register(kNamespace), [&] {
+        publisher_->publish_registration({7, 0x51}, description);
+      });
+  EXPECT_EQ(registration.worker_id(), 7U);
+  EXPECT_EQ(registration.total_kv_blocks(), 0U) << "0 on the wire: the engine did not say";
+}
+
 TEST_F(WorkerPublisherTest, HeartbeatsAndDeregistrationsCarryTheIncarnation) {
   const auto heartbeat = first_on<v1::WorkerHeartbeat>(subjects::worker_heartbeat(kNamespace), [&] {
     publisher_->publish_heartbeat({7, 3});

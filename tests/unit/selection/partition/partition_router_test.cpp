@@ -63,10 +63,32 @@ class PartitionRouterTest : public ::testing::Test {
     return registration;
   }
 
-  void add_worker(WorkerId id, TimePoint now = kStart) {
-    router_->register_worker(worker(id), now, effects_);
+  void add_worker(WorkerId id, TimePoint now = kStart) { add(worker(id), now); }
+
+  // A worker whose engine did not say its KV capacity.
+  void add_worker_without_capacity(WorkerId id, TimePoint now = kStart) {
+    auto registration = worker(id);
+    registration.total_kv_blocks.reset();
+    add(std::move(registration), now);
+  }
+
+  void add(discovery::WorkerRegistration registration, TimePoint now) {
+    const WorkerId id = registration.worker_id;
+    router_->register_worker(std::move(registration), now, effects_);
     router_->update_load({id, 1, {{0, discovery::ConfirmedLoad{}}}}, now, effects_);
     effects_.clear();
+  }
+
+  // The CeilingsRecorded events of the effects, which are cleared.
+  std::vector<partition_event::CeilingsRecorded> ceilings_recorded() {
+    std::vector<partition_event::CeilingsRecorded> recorded;
+    for (const PartitionEvent& event : effects_.events) {
+      if (const auto* e = std::get_if<partition_event::CeilingsRecorded>(&event)) {
+        recorded.push_back(*e);
+      }
+    }
+    effects_.clear();
+    return recorded;
   }
 
   // A request of `blocks` full blocks of its own (no shared prefix unless `prefix` is given).
@@ -361,16 +383,7 @@ TEST_F(PartitionRouterTest, RoutedTokenPromptsRunThroughTheHitRateCeilings) {
   make();
   ASSERT_NE(router_->ceilings(), nullptr);
   add_worker(1);
-  const auto ceilings_of = [this]() {
-    std::vector<partition_event::CeilingsRecorded> recorded;
-    for (const PartitionEvent& event : effects_.events) {
-      if (const auto* e = std::get_if<partition_event::CeilingsRecorded>(&event)) {
-        recorded.push_back(*e);
-      }
-    }
-    effects_.clear();
-    return recorded;
-  };
+  const auto ceilings_of = [this] { return ceilings_recorded(); };
 
   ASSERT_TRUE(route(request("a", 4)));
   auto first = ceilings_of();
@@ -413,6 +426,71 @@ TEST_F(PartitionRouterTest, KvUsageIsReportedWhenItMovesByAPercent) {
   load.kv_blocks_used = 105;
   router_->update_load({1, 1, {{0, load}}}, kStart, effects_);
   EXPECT_FALSE(effects_.kv_usage) << "moved by less than 0.01";
+}
+
+// A worker without a capacity adds no KV blocks to the capacity ceiling's cache: with only such
+// workers it holds nothing, while the workload ceiling still sees the reuse.
+TEST_F(PartitionRouterTest, TheCapacityCeilingCountsOnlyTheCapacitiesWorkersRegistered) {
+  options_.hit_rate_ceilings = metrics::HitRateCeilingsOptions{};
+  make();
+  add_worker_without_capacity(1);
+  ASSERT_TRUE(route(request("a", 4)));
+  ASSERT_EQ(ceilings_recorded().size(), 1U);
+  ASSERT_TRUE(route(request("b", 4, "a")));
+  auto again = ceilings_recorded();
+  ASSERT_EQ(again.size(), 1U);
+  EXPECT_EQ(again[0].workload_cached_tokens, 3 * kBlockSize);
+  EXPECT_EQ(again[0].capacity_cached_tokens, 0U);
+
+  // A worker with a capacity joins: its 1000 blocks make the capacity cache.
+  router_->register_worker(worker(2), kStart, effects_);
+  effects_.clear();
+  ASSERT_TRUE(route(request("c", 4)));
+  ASSERT_EQ(ceilings_recorded().size(), 1U);
+  ASSERT_TRUE(route(request("d", 4, "c")));
+  auto known = ceilings_recorded();
+  ASSERT_EQ(known.size(), 1U);
+  EXPECT_EQ(known[0].capacity_cached_tokens, 3 * kBlockSize);
+}
+
+// The fleet's KV usage, which request classifiers (kv-capacity-pause) read, is that of the ranks
+// with a capacity: a rank without one is left out of used and total alike.
+TEST_F(PartitionRouterTest, KvUsageLeavesOutRanksWithoutACapacity) {
+  options_.report_kv_usage = true;
+  make();
+  add_worker(1);
+  add_worker_without_capacity(2);
+  discovery::ConfirmedLoad full;
+  full.kv_blocks_used = 5000;
+  router_->update_load({2, 1, {{0, full}}}, kStart, effects_);
+  EXPECT_FALSE(effects_.kv_usage) << "worker 2's report moved nothing";
+  discovery::ConfirmedLoad load;
+  load.kv_blocks_used = 300;
+  router_->update_load({1, 1, {{0, load}}}, kStart, effects_);
+  ASSERT_TRUE(effects_.kv_usage);
+  EXPECT_EQ(effects_.kv_usage->used, 300U);
+  EXPECT_EQ(effects_.kv_usage->total, 1000U);
+}
+
+TEST_F(PartitionRouterTest, NoKvUsageIsReportedWhileNoWorkerHasACapacity) {
+  options_.report_kv_usage = true;
+  make();
+  router_->register_worker(
+      [&] {
+        auto registration = worker(1);
+        registration.total_kv_blocks.reset();
+        return registration;
+      }(),
+      kStart, effects_);
+  discovery::ConfirmedLoad load;
+  load.kv_blocks_used = 900;
+  router_->update_load({1, 1, {{0, load}}}, kStart, effects_);
+  EXPECT_FALSE(effects_.kv_usage);
+  // The classifier's fleet lists the worker, with no capacity.
+  const PartitionFleet fleet = router_->fleet();
+  ASSERT_EQ(fleet.workers.size(), 1U);
+  EXPECT_EQ(fleet.workers[0].worker(), (WorkerWithDpRank{1, 0}));
+  EXPECT_EQ(fleet.workers[0].total_kv_blocks(), std::nullopt);
 }
 
 }  // namespace

@@ -304,6 +304,66 @@ TEST_F(SelectorStateTest, BusyKvUsageThresholdCountsBookingsSinceTheReport) {
   EXPECT_TRUE(route("r3", prompt_blocks(1, 3)));
 }
 
+// A worker that registered no capacity has no KV usage: neither the host's busy threshold nor a
+// policy class's kv_busy_threshold ever counts it as full, whatever its report says.
+TEST_F(SelectorStateTest, BusyKvUsageThresholdNeverMarksAWorkerWithoutCapacityBusy) {
+  auto plugins = registry_.resolve_plugins(selection::RouterPolicyConfig{});
+  ASSERT_TRUE(plugins);
+  plugins_ = std::make_unique<plugins::RouterPlugins>(std::move(*plugins));
+  SelectorOptions options;
+  options.partition.model = std::string{kModel};
+  options.router.block_size = kBlockSize;
+  options.router.busy_kv_usage_threshold = 0.5;
+  state_ = std::make_unique<SelectorState>(std::move(options), *plugins_);
+  add_workers({1});  // 1000 blocks
+  auto unknown = registration(2);
+  unknown.total_kv_blocks.reset();
+  ASSERT_TRUE(state_->register_worker(unknown, kStart));
+  ASSERT_TRUE(state_->update_load({1, 0}, discovery::ConfirmedLoad{.kv_blocks_used = 900}));
+  ASSERT_TRUE(state_->update_load({2, 0}, discovery::ConfirmedLoad{.kv_blocks_used = 900}));
+
+  const auto descriptors = state_->workers(WorkerType::Aggregated);
+  ASSERT_EQ(descriptors.size(), 2U);
+  EXPECT_DOUBLE_EQ(descriptors[0].kv_usage.value(), 0.9);
+  EXPECT_FALSE(descriptors[1].kv_usage.has_value());
+  RouteRequest queued;
+  queued.selection.request_id = "q";
+  std::vector<classifiers::WorkerPrefillLoad> loads;
+  state_->eligible_prefill_loads(queued, loads);
+  ASSERT_EQ(loads.size(), 2U);
+  EXPECT_DOUBLE_EQ(loads[0].kv_usage.value(), 0.9);
+  EXPECT_FALSE(loads[1].kv_usage.has_value());
+  // The worker with a capacity is busy; the one without takes every request.
+  for (int i = 0; i < 3; ++i) {
+    const auto routed = route("r" + std::to_string(i), prompt_blocks(60, 10 + i));
+    ASSERT_TRUE(routed) << routed.error().message;
+    EXPECT_EQ(routed->worker, (WorkerWithDpRank{2, 0}));
+  }
+}
+
+// What selection policies read of a worker without a capacity: its load, and no total.
+TEST_F(SelectorStateTest, PoliciesSeeNoTotalKvBlocksForAWorkerWithoutCapacity) {
+  auto& state = make_state();
+  add_workers({1});
+  auto unknown = registration(2);
+  unknown.total_kv_blocks.reset();
+  ASSERT_TRUE(state.register_worker(unknown, kStart));
+  ASSERT_TRUE(state.update_load({2, 0}, discovery::ConfirmedLoad{.active_requests = 3}));
+  ASSERT_EQ(state.workers(WorkerType::Aggregated).size(), 2U);
+
+  selection::SelectionRequest request;
+  request.prompt_tokens = 4 * kBlockSize;
+  request.block_hashes = prompt_blocks(4, 1);
+  const std::vector<std::uint32_t> rows{0, 1};
+  std::vector<selection::WorkerLoadInput> loads(rows.size());
+  state.compute_signals(request, WorkerType::Aggregated, rows, {}, loads);
+  ASSERT_TRUE(loads[0].is_available());
+  EXPECT_EQ(loads[0].total_kv_blocks(), 1000U);
+  ASSERT_TRUE(loads[1].is_available());
+  EXPECT_EQ(loads[1].active_requests(), 3U);
+  EXPECT_EQ(loads[1].total_kv_blocks(), std::nullopt);
+}
+
 TEST_F(SelectorStateTest, FirstTokenAndReleaseReleaseTheBookingExactlyOnce) {
   auto& state = make_state();
   add_workers({1});
