@@ -3,13 +3,19 @@
 #include <string>
 
 #include "cache_headroom_policy.hpp"
+#include "tool_turn_policy.hpp"
 
 namespace kvr::examples {
 
 std::expected<void, plugins::RegistryError> register_example_catalog(
     plugins::RouterPluginRegistry& registry) {
-  return registry.register_worker_selection(std::string{kCacheHeadroomPolicyType},
-                                            cache_headroom_provider);
+  if (auto registered = registry.register_worker_selection(std::string{kCacheHeadroomPolicyType},
+                                                           cache_headroom_provider);
+      !registered) {
+    return registered;
+  }
+  return registry.register_worker_selection(std::string{kToolTurnLocalPolicyType},
+                                            tool_turn_local_provider);
 }
 
 }  // namespace kvr::examples
