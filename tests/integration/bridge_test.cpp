@@ -252,6 +252,16 @@ class BridgeTest : public testing::KvrClusterTest {
     return std::nullopt;
   }
 
+  // The first load report of `worker` among `loads`.
+  static std::optional<v1::LoadMetrics> load_of(const testing::NatsRecorder& loads,
+                                                WorkerId worker) {
+    for (const auto& message : loads.messages()) {
+      v1::LoadMetrics load;
+      if (load.ParseFromString(message.data) && load.worker_id() == worker) return load;
+    }
+    return std::nullopt;
+  }
+
   // How often `text` occurs in `log`.
   static std::size_t occurrences(const std::string& log, std::string_view text) {
     std::size_t count = 0;
@@ -309,19 +319,12 @@ TEST_F(BridgeTest, RegistersPublishesLoadAndRoutesToTheEngineHoldingThePrefix) {
   EXPECT_EQ(registration.dump_subject(), subjects::worker_dump(kNamespace, kFirstWorker + 1));
 
   // Load from vLLM's gauges: running 2 + waiting 3, 25 % of 512 blocks in use.
-  v1::LoadMetrics load;
-  ASSERT_TRUE(wait_until(
-      [&] {
-        for (const auto& message : loads.messages()) {
-          if (load.ParseFromString(message.data) && load.worker_id() == kFirstWorker) return true;
-        }
-        return false;
-      },
-      10s));
-  ASSERT_EQ(load.ranks_size(), 1);
-  EXPECT_EQ(load.ranks(0).active_requests(), 5U);
-  EXPECT_EQ(load.ranks(0).waiting_requests(), 3U);
-  EXPECT_EQ(load.ranks(0).kv_blocks_used(), 128U);
+  std::optional<v1::LoadMetrics> load;
+  ASSERT_TRUE(wait_until([&] { return (load = load_of(loads, kFirstWorker)).has_value(); }, 10s));
+  ASSERT_EQ(load->ranks_size(), 1);
+  EXPECT_EQ(load->ranks(0).active_requests(), 5U);
+  EXPECT_EQ(load->ranks(0).waiting_requests(), 3U);
+  EXPECT_EQ(load->ranks(0).kv_blocks_used(), 128U);
 
   start_node();
   ASSERT_TRUE(testing::wait_until_routable(
@@ -462,18 +465,11 @@ TEST_F(BridgeTest, AnEngineWithoutCacheConfigRegistersWithoutCapacityAndIsRouted
   EXPECT_EQ(registration->block_size(), kBlockSize);
   EXPECT_EQ(registration->total_kv_blocks(), 0U) << "0: the engine did not say";
   // Load as far as the engine's gauges go: requests, and no KV blocks without a capacity.
-  v1::LoadMetrics load;
-  ASSERT_TRUE(wait_until(
-      [&] {
-        for (const auto& message : loads.messages()) {
-          if (load.ParseFromString(message.data) && load.worker_id() == kFirstWorker) return true;
-        }
-        return false;
-      },
-      10s));
-  ASSERT_EQ(load.ranks_size(), 1);
-  EXPECT_EQ(load.ranks(0).active_requests(), 5U);
-  EXPECT_EQ(load.ranks(0).kv_blocks_used(), 0U);
+  std::optional<v1::LoadMetrics> load;
+  ASSERT_TRUE(wait_until([&] { return (load = load_of(loads, kFirstWorker)).has_value(); }, 10s));
+  ASSERT_EQ(load->ranks_size(), 1);
+  EXPECT_EQ(load->ranks(0).active_requests(), 5U);
+  EXPECT_EQ(load->ranks(0).kv_blocks_used(), 0U);
 
   start_node();
   ASSERT_TRUE(testing::wait_until_routable(

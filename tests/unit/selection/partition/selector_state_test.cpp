@@ -3,6 +3,7 @@
 // deregistration and liveness expiry, request validation, and the overlap a route reports.
 #include "selection/partition/selector_state.hpp"
 
+#include <functional>
 #include <map>
 #include <numeric>
 #include <set>
@@ -59,8 +60,10 @@ class SelectorStateTest : public ::testing::Test {
     ASSERT_TRUE(registered) << registered.error().message();
   }
 
-  // A selector whose aggregated workers use `policy` (a built-in type; empty: the default).
-  SelectorState& make_state(std::string policy = {}, std::uint32_t block_size = kBlockSize) {
+  // A selector whose aggregated workers use `policy` (a built-in type; empty: the default), its
+  // options changed by `adjust`.
+  SelectorState& make_state(std::string policy = {}, std::uint32_t block_size = kBlockSize,
+                            const std::function<void(SelectorOptions&)>& adjust = {}) {
     selection::RouterPolicyConfig config;
     if (!policy.empty()) {
       config.worker_selection[static_cast<std::size_t>(WorkerType::Aggregated)] = policy;
@@ -73,6 +76,7 @@ class SelectorStateTest : public ::testing::Test {
     options.router.block_size = block_size;
     options.router.seed = 42;
     options.booking_ttl = 30s;
+    if (adjust) adjust(options);
     state_ = std::make_unique<SelectorState>(std::move(options), *plugins_);
     return *state_;
   }
@@ -282,14 +286,8 @@ TEST_F(SelectorStateTest, BusyPrefillThresholdDoesNotCountAReportedBookingTwice)
 }
 
 TEST_F(SelectorStateTest, BusyKvUsageThresholdCountsBookingsSinceTheReport) {
-  auto plugins = registry_.resolve_plugins(selection::RouterPolicyConfig{});
-  ASSERT_TRUE(plugins);
-  plugins_ = std::make_unique<plugins::RouterPlugins>(std::move(*plugins));
-  SelectorOptions options;
-  options.partition.model = std::string{kModel};
-  options.router.block_size = kBlockSize;
-  options.router.busy_kv_usage_threshold = 0.5;
-  state_ = std::make_unique<SelectorState>(std::move(options), *plugins_);
+  make_state({}, kBlockSize,
+             [](SelectorOptions& options) { options.router.busy_kv_usage_threshold = 0.5; });
   add_workers({1});  // 1000 blocks
   ASSERT_TRUE(state_->update_load({1, 0}, discovery::ConfirmedLoad{.kv_blocks_used = 450}));
   ASSERT_TRUE(route("r1", prompt_blocks(60, 1)));
@@ -307,14 +305,8 @@ TEST_F(SelectorStateTest, BusyKvUsageThresholdCountsBookingsSinceTheReport) {
 // A worker that registered no capacity has no KV usage: neither the host's busy threshold nor a
 // policy class's kv_busy_threshold ever counts it as full, whatever its report says.
 TEST_F(SelectorStateTest, BusyKvUsageThresholdNeverMarksAWorkerWithoutCapacityBusy) {
-  auto plugins = registry_.resolve_plugins(selection::RouterPolicyConfig{});
-  ASSERT_TRUE(plugins);
-  plugins_ = std::make_unique<plugins::RouterPlugins>(std::move(*plugins));
-  SelectorOptions options;
-  options.partition.model = std::string{kModel};
-  options.router.block_size = kBlockSize;
-  options.router.busy_kv_usage_threshold = 0.5;
-  state_ = std::make_unique<SelectorState>(std::move(options), *plugins_);
+  make_state({}, kBlockSize,
+             [](SelectorOptions& options) { options.router.busy_kv_usage_threshold = 0.5; });
   add_workers({1});  // 1000 blocks
   auto unknown = registration(2);
   unknown.total_kv_blocks.reset();
