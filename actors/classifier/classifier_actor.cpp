@@ -44,21 +44,11 @@ ClassifierActorState::Model& model_for(Self self, const std::string& model) {
     }
   }
   const rc::RequestClassifierContext context{block_size, workers};
-  // A plugin's fault fails its model's requests, never this actor.
-  std::unique_ptr<rc::RequestClassifier> classifier;
-  std::string failure;
-  try {
-    classifier = self->state.config.factory(context);
-    if (!classifier) failure = "returned no classifier";
-  } catch (const std::exception& error) {
-    failure = fmt::format("threw: {}", error.what());
-  } catch (...) {
-    failure = "threw a non-standard exception";
-  }
-  if (!failure.empty()) {
+  auto classifier = build_classifier(self->state.config.factory, context);
+  if (!classifier) {
     node_metrics(self).classifier_faults(model, "build").add();
-    failure = fmt::format("the request classifier of model '{}' could not be built: its factory {}",
-                          model, failure);
+    std::string failure = fmt::format("the request classifier of model '{}' could not be built: {}",
+                                      model, classifier.error());
     spdlog::error("kvr node: {}", failure);
     return models.emplace(model, ClassifierActorState::Model{nullptr, std::move(failure), {}})
         .first->second;
@@ -67,7 +57,7 @@ ClassifierActorState::Model& model_for(Self self, const std::string& model) {
   // the address is weak, so a late Waker finds no actor instead of keeping it alive.
   const caf::actor_addr address = self->address();
   auto admission = std::make_unique<AdmissionState>(
-      std::move(classifier),
+      std::move(*classifier),
       [address] {
         if (auto strong = caf::actor_cast<caf::strong_actor_ptr>(address)) {
           caf::anon_send(caf::actor_cast<classifier_actor>(strong), wake_atom::value);

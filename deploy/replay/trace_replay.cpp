@@ -229,25 +229,17 @@ class PolicyRun {
       workers.emplace_back(WorkerWithDpRank{w + 1, 0}, options_.engine.num_gpu_blocks);
     }
     // As in a node, a classifier that cannot be built fails every request it would classify.
-    std::unique_ptr<rc::RequestClassifier> classifier;
-    try {
-      classifier = plugins_.request_classifier->factory(
-          rc::RequestClassifierContext{options_.engine.block_size, workers});
-      if (!classifier) admission_failure_ = "returned no classifier";
-    } catch (const std::exception& error) {
-      admission_failure_ = fmt::format("threw: {}", error.what());
-    } catch (...) {
-      admission_failure_ = "threw a non-standard exception";
-    }
-    if (!admission_failure_.empty()) {
-      admission_failure_ = fmt::format("the request classifier could not be built: its factory {}",
-                                       admission_failure_);
+    auto classifier =
+        build_classifier(plugins_.request_classifier->factory,
+                         rc::RequestClassifierContext{options_.engine.block_size, workers});
+    if (!classifier) {
+      admission_failure_ = "the request classifier could not be built: " + classifier.error();
       return;
     }
     // Wakers only mark their request; settle() polls it in the same step, as the classifier
     // actor does in the same turn.
     admission_ = std::make_unique<AdmissionState>(
-        std::move(classifier), [] {},
+        std::move(*classifier), [] {},
         std::chrono::duration_cast<AdmissionState::Duration>(options_.admission_max_wait));
   }
 

@@ -36,6 +36,19 @@ rc::ClassifyRequest classify_request(const RouteRequest& request, rc::TimePoint 
   return rc::ClassifyRequest{std::move(arrival)};
 }
 
+std::expected<std::unique_ptr<rc::RequestClassifier>, std::string> build_classifier(
+    const rc::RequestClassifierFactory& factory, const rc::RequestClassifierContext& context) {
+  try {
+    auto classifier = factory(context);
+    if (!classifier) return std::unexpected(std::string{"its factory returned no classifier"});
+    return classifier;
+  } catch (const std::exception& error) {
+    return std::unexpected(fmt::format("its factory threw: {}", error.what()));
+  } catch (...) {
+    return std::unexpected(std::string{"its factory threw a non-standard exception"});
+  }
+}
+
 void apply_admission(RouteRequest& request, const rc::ClassifyRequest& admitted) {
   if (const auto target = admitted.worker_selection_target()) {
     request.selection.affinity_target =

@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <expected>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -83,6 +84,13 @@ plugins::request_classifier::ClassifyRequest classify_request(
 /// keeps them for its retry, which routes the same RouteRequest again.
 void apply_admission(RouteRequest& request,
                      const plugins::request_classifier::ClassifyRequest& admitted);
+
+/// Runs a classifier factory, as the node and replay do once per model: the classifier, or why
+/// it cannot be built ("its factory threw: ...", "its factory returned no classifier"). A plugin's
+/// fault fails its model's requests, never its caller.
+std::expected<std::unique_ptr<plugins::request_classifier::RequestClassifier>, std::string>
+build_classifier(const plugins::request_classifier::RequestClassifierFactory& factory,
+                 const plugins::request_classifier::RequestClassifierContext& context);
 
 /// What cancel() found.
 enum class AdmissionCancel : std::uint8_t {
