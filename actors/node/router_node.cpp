@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -27,6 +28,7 @@
 #include "actors/front_door/gateway_actor.hpp"
 #include "actors/ingress/ingress_actor.hpp"
 #include "actors/lifecycle/lifecycle_actor.hpp"
+#include "actors/node/peer_frames.hpp"
 #include "actors/node/peer_tls.hpp"
 #include "actors/reservation/reservation_actor.hpp"
 #include "messages/metrics/metrics_http.hpp"
@@ -116,6 +118,12 @@ BridgeSinks make_bridge_sinks(const discovery_actor& discovery, const RequestEnt
 std::expected<void, std::string> NodeOptions::validate_peer_ports() const {
   if (actor_port == 0 && !cluster.enabled) return {};
   if (actor_port != 0 && actor_address.empty()) return std::unexpected("--actor-address: empty");
+  if (peers.frames.message_bytes < PeerFrameLimits::kMinMessageBytes ||
+      peers.frames.message_bytes > std::numeric_limits<std::uint32_t>::max()) {
+    return std::unexpected(
+        fmt::format("--peer-max-message-bytes: {} is outside [{}, {}]", peers.frames.message_bytes,
+                    PeerFrameLimits::kMinMessageBytes, std::numeric_limits<std::uint32_t>::max()));
+  }
   if (peers.plaintext) {
     if (!peers.tls.empty()) {
       return std::unexpected(
@@ -375,7 +383,7 @@ struct RouterNode::Impl {
     // the node (about 180 → 80 µs, tests/bench/node) and stops idle workers from burning timer
     // wake-ups.
     config.set("work-stealing.moderate-poll-attempts", 0);
-    config.load<caf::io::middleman>();
+    load_bounded_middleman(config);
     if (options.cluster.enabled) {
       // A hung peer (SIGSTOP) is detected within a second instead of never (CAF 0.17 has no
       // request timeout towards a dead node by itself).
@@ -385,6 +393,7 @@ struct RouterNode::Impl {
     if (peer_tls_loaded()) load_peer_tls(config, options.peers.tls);
     config.add_message_types<caf::id_block::kvr_actors>();
     system = std::make_unique<caf::actor_system>(config);
+    set_peer_frame_limits(*system, options.peers.frames);
   }
 
   /// The queue's classes: the configured ones and `default` with the node's threshold.
@@ -593,10 +602,14 @@ struct RouterNode::Impl {
           if (!connection) return "stopping";
           return connection->connected() ? std::string{} : "NATS disconnected";
         },
-        [weak_bridge, tls = peer_tls_loaded(),
-         refused = metrics::NodeMetrics{*registry}.peer_handshakes_refused()] {
+        [weak_bridge, tls = peer_tls_loaded(), frame_counts = peer_frame_counter(*system),
+         refused_handshakes = metrics::NodeMetrics{*registry}.peer_handshakes_refused(),
+         refused_frames = metrics::NodeMetrics{*registry}.peer_frames_refused()] {
           if (auto connection = weak_bridge.lock()) connection->refresh_drop_counts();
-          if (tls) refused.set(static_cast<double>(refused_peer_handshakes()));
+          const PeerFrameCounts plaintext = frame_counts();
+          refused_handshakes.set(static_cast<double>(plaintext.handshakes_refused +
+                                                     (tls ? refused_peer_handshakes() : 0)));
+          refused_frames.set(static_cast<double>(plaintext.frames_refused));
         });
     if (!started) return std::unexpected(started.error());
     http = std::move(*started);

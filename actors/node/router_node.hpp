@@ -49,12 +49,14 @@ struct ClusterNodeOptions {
 /// How the peer ports (the actor port and the cluster port, both CAF's middleman) admit a peer
 /// (docs/security.md). Either mutual TLS, where every peer presents a certificate the CA signed
 /// and a connection fails its handshake before a byte of it is read as a message, or plaintext by
-/// explicit choice and only on loopback addresses: CAF reads a message's length from the first
-/// bytes of a plaintext connection and allocates it, so an open plaintext port trusts every local
-/// process.
+/// explicit choice and only on loopback addresses, where every local process is trusted and each
+/// frame is bounded (actors/node/peer_frames.hpp).
 struct PeerPortOptions {
   PeerTlsFiles tls;
   bool plaintext = false;
+  /// What a plaintext peer may send in one frame (`--peer-max-message-bytes`); a larger frame
+  /// closes its connection before it is allocated.
+  PeerFrameLimits frames;
 };
 
 /// Default caps on what unreported bookings may hold (`--router-max-open-bookings`,

@@ -459,6 +459,13 @@ void add_node_command(CLI::App& app, int& exit_code) {
                  "only on loopback addresses")
       ->envname("KVR_PLAINTEXT_PEERS")
       ->group(peer_group);
+  command
+      ->add_option("--peer-max-message-bytes", options->node.peers.frames.message_bytes,
+                   "the largest message a plaintext peer may send; a larger one closes its "
+                   "connection before it is read (until its handshake, 64 KiB)")
+      ->envname("KVR_PEER_MAX_MESSAGE_BYTES")
+      ->capture_default_str()
+      ->group(peer_group);
   const std::string http_group = "OpenAI-compatible HTTP API";
   command
       ->add_option("--http-port", options->http_port,

@@ -124,8 +124,13 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
     {N::kNatsReconnects, MetricType::Counter, "Successful NATS reconnects.", {}},
     {N::kPeerHandshakesRefused,
      MetricType::Counter,
-     "TLS handshakes the actor and cluster ports refused: garbage, a plaintext peer, a "
-     "certificate of another CA, a connection closed mid-handshake.",
+     "Handshakes the actor and cluster ports refused: garbage, a plaintext peer on a TLS port, "
+     "a certificate of another CA, a frame over the limit, a connection closed mid-handshake.",
+     {}},
+    {N::kPeerFramesRefused,
+     MetricType::Counter,
+     "Frames over their limit on a plaintext peer port (64 KiB until the handshake, then "
+     "--peer-max-message-bytes); each closed its connection before it was allocated.",
      {}},
     {N::kNatsConnected, MetricType::Gauge, "1 while connected to NATS.", {}},
     {N::kNatsDropped,
@@ -400,6 +405,7 @@ ValueHandle NodeMetrics::bad_messages(std::string_view subject) const {
 }
 ValueHandle NodeMetrics::nats_reconnects() const { return counter(kNatsReconnects); }
 ValueHandle NodeMetrics::peer_handshakes_refused() const { return counter(kPeerHandshakesRefused); }
+ValueHandle NodeMetrics::peer_frames_refused() const { return counter(kPeerFramesRefused); }
 ValueHandle NodeMetrics::nats_connected() const { return gauge(kNatsConnected); }
 ValueHandle NodeMetrics::nats_dropped(std::string_view subject) const {
   return counter(kNatsDropped, "subject", subject);

@@ -81,6 +81,7 @@ class NodeMetrics {
   static constexpr std::string_view kBadMessages = "kvr_bad_messages_total";
   static constexpr std::string_view kNatsReconnects = "kvr_nats_reconnects_total";
   static constexpr std::string_view kPeerHandshakesRefused = "kvr_peer_handshakes_refused_total";
+  static constexpr std::string_view kPeerFramesRefused = "kvr_peer_frames_refused_total";
   static constexpr std::string_view kNatsConnected = "kvr_nats_connected";
   static constexpr std::string_view kNatsDropped = "kvr_nats_dropped_messages_total";
   // Generate mode.
@@ -196,6 +197,7 @@ class NodeMetrics {
   ValueHandle nats_reconnects() const;
   /// TLS handshakes the actor and cluster ports refused (garbage, plaintext, a foreign CA).
   ValueHandle peer_handshakes_refused() const;
+  ValueHandle peer_frames_refused() const;
   ValueHandle nats_connected() const;
   /// Messages the NATS client dropped for a subscription that fell behind (slow consumer), by
   /// subscribed subject; refreshed on every scrape.
