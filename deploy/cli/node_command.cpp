@@ -126,11 +126,10 @@ std::expected<plugins::RouterPlugins, std::string> resolve_policies(
     const std::string& value = options.role_policies[static_cast<std::size_t>(role)];
     if (!value.empty()) overrides.cli[static_cast<std::size_t>(role)] = value;
   }
-  if (auto applied =
-          selection::apply_selection_precedence(config, overrides, selection::process_environment);
-      !applied) {
-    return std::unexpected(applied.error());
-  }
+  auto applied =
+      selection::apply_selection_precedence(config, overrides, selection::process_environment);
+  if (!applied) return std::unexpected(applied.error());
+  for (const std::string& notice : *applied) spdlog::warn("kvr node: {}", notice);
   auto plugins = registry.resolve_plugins(config);
   if (!plugins) return std::unexpected(std::string{plugins.error().message()});
   for (WorkerType role : kAllWorkerTypes) {
@@ -256,12 +255,16 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->check(CLI::ExistingFile);
   for (WorkerType role : kAllWorkerTypes) {
     const std::string flag{selection::role_selection_flag(role)};
-    command->add_option(
-        flag, options->role_policies[static_cast<std::size_t>(role)],
-        fmt::format("policy instance or type for {} workers ('default': the built-in kv-cost); "
-                    "overrides {}, {} and the YAML",
-                    as_str(role), selection::role_selection_env_var(role),
-                    selection::kGlobalSelectionEnvVar));
+    const std::string description =
+        selection::role_has_own_selection_override(role)
+            ? fmt::format(
+                  "policy instance or type for {} workers ('default': the built-in "
+                  "kv-cost); overrides {}, {} and the YAML",
+                  as_str(role), selection::role_selection_env_var(role),
+                  selection::kGlobalSelectionEnvVar)
+            : fmt::format("deprecated: {} workers take {} or worker_selection.{} of the YAML",
+                          as_str(role), selection::kGlobalSelectionEnvVar, as_str(role));
+    command->add_option(flag, options->role_policies[static_cast<std::size_t>(role)], description);
   }
   command
       ->add_option("--block-size", options->block_size,

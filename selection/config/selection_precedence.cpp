@@ -34,15 +34,25 @@ std::string_view role_selection_flag(WorkerType role) {
   return "--router-unknown-policy";
 }
 
+bool role_has_own_selection_override(WorkerType role) {
+  return role == WorkerType::Prefill || role == WorkerType::Decode;
+}
+
 std::optional<std::string> process_environment(std::string_view name) {
   const char* value = std::getenv(std::string{name}.c_str());
   if (value == nullptr) return std::nullopt;
   return std::string{value};
 }
 
-std::expected<void, std::string> apply_selection_precedence(RouterPolicyConfig& config,
-                                                            const SelectionOverrides& overrides,
-                                                            const EnvironmentLookup& environment) {
+std::expected<SelectionDeprecations, std::string> apply_selection_precedence(
+    RouterPolicyConfig& config, const SelectionOverrides& overrides,
+    const EnvironmentLookup& environment) {
+  SelectionDeprecations deprecations;
+  auto deprecated = [&deprecations](WorkerType role, std::string_view alias) {
+    deprecations.push_back(fmt::format(
+        "{} is deprecated: {} workers take {} or worker_selection.{} of the router-policy YAML",
+        alias, as_str(role), kGlobalSelectionEnvVar, as_str(role)));
+  };
   auto non_empty_env = [&environment](std::string_view name) -> std::optional<std::string> {
     auto value = environment(name);
     if (value && value->empty()) return std::nullopt;
@@ -63,9 +73,11 @@ std::expected<void, std::string> apply_selection_precedence(RouterPolicyConfig& 
       }
       value = *flag;
       source = SelectionSource::CommandLine;
+      if (!role_has_own_selection_override(role)) deprecated(role, role_selection_flag(role));
     } else if (auto role_env = non_empty_env(role_selection_env_var(role))) {
       value = std::move(*role_env);
       source = SelectionSource::RoleEnv;
+      if (!role_has_own_selection_override(role)) deprecated(role, role_selection_env_var(role));
     } else if (global) {
       value = *global;
       source = SelectionSource::GlobalEnv;
@@ -75,7 +87,7 @@ std::expected<void, std::string> apply_selection_precedence(RouterPolicyConfig& 
       source = SelectionSource::BuiltIn;
     }
   }
-  return {};
+  return deprecations;
 }
 
 std::string selection_origin(const RouterPolicyConfig& config, WorkerType role) {

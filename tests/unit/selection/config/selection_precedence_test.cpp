@@ -3,6 +3,7 @@
 #include <map>
 #include <string>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 namespace kvr::selection {
@@ -90,6 +91,46 @@ TEST(SelectionPrecedenceTest, TheFlagBeatsTheRoleVariable) {
                   .has_value());
   EXPECT_EQ(config.selection_for(WorkerType::Prefill), "from-flag");
   EXPECT_EQ(config.source_for(WorkerType::Prefill), SelectionSource::CommandLine);
+}
+
+TEST(SelectionPrecedenceTest, OnlyPrefillAndDecodeHaveAFlagAndVariableOfTheirOwn) {
+  EXPECT_TRUE(role_has_own_selection_override(WorkerType::Prefill));
+  EXPECT_TRUE(role_has_own_selection_override(WorkerType::Decode));
+  EXPECT_FALSE(role_has_own_selection_override(WorkerType::Aggregated));
+  EXPECT_FALSE(role_has_own_selection_override(WorkerType::Encode));
+  auto config = yaml_config(kPrefillYaml);
+  FakeEnvironment environment;
+  environment.set("KVR_ROUTER_PREFILL_POLICY", "p").set("KVR_ROUTER_DECODE_POLICY", "d");
+  auto notices = apply_selection_precedence(config, {}, environment.lookup());
+  ASSERT_TRUE(notices);
+  EXPECT_TRUE(notices->empty()) << "prefill's and decode's own spellings are not deprecated";
+}
+
+TEST(SelectionPrecedenceTest, AggregatedAndEncodeAliasesStillApplyAndAreEachNoticedOnce) {
+  auto config = yaml_config("worker_selection: {aggregated: from-yaml, encode: from-yaml}");
+  FakeEnvironment environment;
+  environment.set("KVR_ROUTER_WORKER_SELECTION_POLICY", "from-global")
+      .set("KVR_ROUTER_ENCODE_POLICY", "from-alias-env");
+  auto notices = apply_selection_precedence(config, cli(WorkerType::Aggregated, "from-alias-flag"),
+                                            environment.lookup());
+  ASSERT_TRUE(notices);
+  // The aliases keep their old rank, above the global variable and the YAML.
+  EXPECT_EQ(config.selection_for(WorkerType::Aggregated), "from-alias-flag");
+  EXPECT_EQ(config.selection_for(WorkerType::Encode), "from-alias-env");
+  ASSERT_EQ(notices->size(), 2U);
+  EXPECT_THAT((*notices)[0], ::testing::AllOf(::testing::HasSubstr("--router-aggregated-policy is "
+                                                                   "deprecated"),
+                                              ::testing::HasSubstr("worker_selection.aggregated")));
+  EXPECT_THAT((*notices)[1],
+              ::testing::AllOf(::testing::HasSubstr("KVR_ROUTER_ENCODE_POLICY is deprecated"),
+                               ::testing::HasSubstr("KVR_ROUTER_WORKER_SELECTION_POLICY")));
+  // Without them, the two roles take the global variable, then the YAML.
+  auto plain = yaml_config("worker_selection: {aggregated: from-yaml}");
+  FakeEnvironment global;
+  global.set("KVR_ROUTER_WORKER_SELECTION_POLICY", "from-global");
+  ASSERT_TRUE(apply_selection_precedence(plain, {}, global.lookup()));
+  EXPECT_EQ(plain.selection_for(WorkerType::Aggregated), "from-global");
+  EXPECT_EQ(plain.source_for(WorkerType::Encode), SelectionSource::GlobalEnv);
 }
 
 TEST(SelectionPrecedenceTest, DefaultFromTheFlagBeatsYaml) {
