@@ -1,17 +1,25 @@
 // Selection with the built-in default policy (kv-cost) over fleets of 2 to 10,000 workers, at
-// temperature 0 and 0.7: time per selection and heap allocations per warm selection.
+// temperature 0 and 0.7: time per selection and heap allocations per warm selection. And the
+// example catalog's cache-headroom policy compiled in versus loaded from a plugin built from the
+// same sources (BM_ExamplePolicySelection): what loading a policy at run time costs.
 //
 // Fleet: prompt 2,048 tokens at block size 16; worker i holds (i mod 32)·64 cached tokens,
 // 16·i active prefill tokens, i mod 127 decode blocks and i mod 17 active requests.
 #include <atomic>
 #include <cstdlib>
 #include <new>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include <benchmark/benchmark.h>
 
+#include "policies/cache_headroom_policy.hpp"
+#include "policies/example_catalog.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/plugin_registry.hpp"
 #include "selection/policies/builtin_policies.hpp"
+#include "selection/sdk/plugin_loader.hpp"
 #include "tests/testing/fake_worker_signals.hpp"
 
 namespace {
@@ -55,28 +63,12 @@ testing::FakeWorkerSignals make_fleet(std::size_t workers) {
   return testing::FakeWorkerSignals{std::move(fleet)};
 }
 
-void BM_DefaultPolicySelection(benchmark::State& state) {
-  const auto workers = static_cast<std::size_t>(state.range(0));
-  const double temperature = static_cast<double>(state.range(1)) / 10.0;
-
-  plugins::RouterPluginRegistry registry;
-  if (!selection::register_builtin_policies(registry)) {
-    state.SkipWithError("cannot register the built-in policies");
-    return;
-  }
-  auto plugins = registry.resolve_plugins(selection::RouterPolicyConfig{});
-  if (!plugins) {
-    state.SkipWithError(std::string{plugins.error().message()}.c_str());
-    return;
-  }
-  plugins::worker_selection::RouterConfig config;
-  config.block_size = kBlockSize;
-  config.temperature = temperature;
-  config.seed = 42;
-  const plugins::worker_selection::RoutingPartition partition{.model = "bench"};
-  auto policy = plugins->selection_for(WorkerType::Aggregated)
-                    .factory(config, WorkerType::Aggregated, partition);
-
+// Warm selections of `policy` over `workers` workers, timed; allocations and time per worker as
+// counters.
+void run_selections(benchmark::State& state,
+                    plugins::worker_selection::WorkerSelectionPolicy& policy,
+                    const plugins::worker_selection::RoutingPartition& partition,
+                    std::size_t workers) {
   auto signals = make_fleet(workers);
   std::vector<BlockHash> hashes(kPromptTokens / kBlockSize);
   for (std::size_t i = 0; i < hashes.size(); ++i) hashes[i] = i + 1;
@@ -98,12 +90,83 @@ void BM_DefaultPolicySelection(benchmark::State& state) {
   state.counters["ns_per_worker"] =
       benchmark::Counter(static_cast<double>(workers) * static_cast<double>(selections),
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+// The aggregated policy `config` selects from `registry`, built for the benchmark's partition.
+std::optional<plugins::worker_selection::WorkerSelectionPolicy> build_policy(
+    benchmark::State& state, plugins::RouterPluginRegistry& registry,
+    const selection::RouterPolicyConfig& policies,
+    const plugins::worker_selection::RouterConfig& config,
+    const plugins::worker_selection::RoutingPartition& partition) {
+  auto plugins = registry.resolve_plugins(policies);
+  if (!plugins) {
+    state.SkipWithError(std::string{plugins.error().message()}.c_str());
+    return std::nullopt;
+  }
+  return plugins->selection_for(WorkerType::Aggregated)
+      .factory(config, WorkerType::Aggregated, partition);
+}
+
+void BM_DefaultPolicySelection(benchmark::State& state) {
+  const auto workers = static_cast<std::size_t>(state.range(0));
+  const double temperature = static_cast<double>(state.range(1)) / 10.0;
+
+  plugins::RouterPluginRegistry registry;
+  if (!selection::register_builtin_policies(registry)) {
+    state.SkipWithError("cannot register the built-in policies");
+    return;
+  }
+  plugins::worker_selection::RouterConfig config;
+  config.block_size = kBlockSize;
+  config.temperature = temperature;
+  config.seed = 42;
+  const plugins::worker_selection::RoutingPartition partition{.model = "bench"};
+  auto policy = build_policy(state, registry, selection::RouterPolicyConfig{}, config, partition);
+  if (!policy) return;
+  run_selections(state, *policy, partition, workers);
   state.SetLabel("T=" + std::to_string(temperature).substr(0, 3));
+}
+
+// cache-headroom, registered by the compiled-in catalog (plugin 0) or by the plugin (plugin 1).
+void BM_ExamplePolicySelection(benchmark::State& state) {
+  const auto workers = static_cast<std::size_t>(state.range(0));
+  const bool from_plugin = state.range(1) == 1;
+
+  plugins::RouterPluginRegistry registry;
+  if (!selection::register_builtin_policies(registry)) {  // the other roles' default
+    state.SkipWithError("cannot register the built-in policies");
+    return;
+  }
+  if (from_plugin) {
+    const std::vector<std::string> paths{KVR_BENCH_EXAMPLE_PLUGIN};
+    if (auto loaded = plugins::load_plugins(paths, registry); !loaded) {
+      state.SkipWithError(loaded.error().c_str());
+      return;
+    }
+  } else if (auto registered = examples::register_example_catalog(registry); !registered) {
+    state.SkipWithError(std::string{registered.error().message()}.c_str());
+    return;
+  }
+  selection::RouterPolicyConfig policies;
+  policies.worker_selection[static_cast<std::size_t>(WorkerType::Aggregated)] =
+      std::string{examples::kCacheHeadroomPolicyType};
+  plugins::worker_selection::RouterConfig config;
+  config.block_size = kBlockSize;
+  const plugins::worker_selection::RoutingPartition partition{.model = "bench"};
+  auto policy = build_policy(state, registry, policies, config, partition);
+  if (!policy) return;
+  run_selections(state, *policy, partition, workers);
+  state.SetLabel(from_plugin ? "plugin" : "compiled-in");
 }
 
 BENCHMARK(BM_DefaultPolicySelection)
     ->ArgNames({"workers", "temperature_x10"})
     ->ArgsProduct({{2, 32, 1024, 10000}, {0, 7}})
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK(BM_ExamplePolicySelection)
+    ->ArgNames({"workers", "plugin"})
+    ->ArgsProduct({{32, 1024}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
