@@ -377,6 +377,8 @@ using classifier_actor = caf::typed_actor<
     caf::reacts_to<cancel_atom, std::string>,
     // a lifecycle event of an admitted request (reservation and lifecycle actors)
     caf::reacts_to<classify_atom, ClassifierEvent>,
+    // an admitted request's context grew: model, request id, tokens (prompt plus generated)
+    caf::reacts_to<classify_atom, std::string, std::string, std::uint64_t>,
     // internal: a wake time passed or a Waker fired
     caf::reacts_to<wake_atom>,
     // a selector's partition KV blocks after a load report: model, routing group, used, total

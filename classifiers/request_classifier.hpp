@@ -98,13 +98,37 @@ class ClassifyRequest {
   /// The worker the caller pinned the request to, if any.
   std::optional<WorkerWithDpRank> pinned_worker() const { return arrival_.pinned_worker; }
 
-  /// Offers worker selection a soft target (WorkerSelectionContext::affinity_target()).
-  void set_worker_selection_target(WorkerWithDpRank worker) { worker_selection_target_ = worker; }
-  void clear_worker_selection_target() { worker_selection_target_.reset(); }
+  /// A soft target for worker selection: one rank of a worker, or every rank (no dp_rank).
+  struct WorkerSelectionTarget {
+    WorkerId worker_id = 0;
+    std::optional<DpRank> dp_rank;
+
+    friend bool operator==(const WorkerSelectionTarget&, const WorkerSelectionTarget&) = default;
+  };
+
+  /// Offers worker selection one rank of a worker as a soft target
+  /// (WorkerSelectionContext::affinity_target()), in place of the session's soft binding.
+  void set_worker_selection_target(WorkerWithDpRank worker) {
+    worker_selection_target_ = WorkerSelectionTarget{worker.worker_id, worker.dp_rank};
+    target_cleared_ = false;
+  }
+  /// Offers worker selection every rank of `worker_id` as a soft target.
+  void set_worker_selection_target(WorkerId worker_id) {
+    worker_selection_target_ = WorkerSelectionTarget{worker_id, std::nullopt};
+    target_cleared_ = false;
+  }
+  /// Routes the request without a soft target: neither one set here nor the session's soft
+  /// binding (a hard binding and a pin still apply).
+  void clear_worker_selection_target() {
+    worker_selection_target_.reset();
+    target_cleared_ = true;
+  }
   /// Host side: the target set by the classifier, if any.
-  std::optional<WorkerWithDpRank> worker_selection_target() const {
+  std::optional<WorkerSelectionTarget> worker_selection_target() const {
     return worker_selection_target_;
   }
+  /// Host side: true when the classifier cleared the target last (no soft target at all).
+  bool worker_selection_target_cleared() const { return target_cleared_; }
 
   /// Host side: the progress object the host raises as the request proceeds.
   const std::shared_ptr<RequestProgress>& shared_progress() const { return progress_; }
@@ -115,7 +139,8 @@ class ClassifyRequest {
   std::string policy_class_ = "default";
   std::optional<TimePoint> due_at_;
   std::uint64_t scheduling_cost_tokens_;
-  std::optional<WorkerWithDpRank> worker_selection_target_;
+  std::optional<WorkerSelectionTarget> worker_selection_target_;
+  bool target_cleared_ = false;
 };
 
 /// Why a classifier refused a request; the caller receives the message.
@@ -327,20 +352,29 @@ class ClassifierWorker {
   std::optional<std::uint64_t> total_kv_blocks_;
 };
 
-/// What a classifier's factory receives: the model's block size and fleet at creation time.
-/// Valid only during the factory call; copy what the classifier needs.
+/// The model as discovery describes it: its block size and fleet. A classifier's factory receives
+/// it; the host keeps it up to date (workers joining and leaving, the block size learnt from the
+/// first registration) and alive as long as the classifier, which may keep a reference and read it
+/// in any later call. The host changes it only between calls into the classifier.
 class RequestClassifierContext {
  public:
   RequestClassifierContext(std::uint32_t block_size, std::span<const ClassifierWorker> workers)
-      : block_size_(block_size), workers_(workers) {}
+      : block_size_(block_size), workers_(workers.begin(), workers.end()) {}
 
-  /// Tokens per KV block.
+  /// Tokens per KV block; 0 until the model's first worker registered.
   std::size_t block_size() const { return block_size_; }
+  /// Every (worker, rank) of the model, as discovery last described them.
   std::span<const ClassifierWorker> workers() const { return workers_; }
+
+  /// Host side: the model's fleet changed.
+  void update(std::uint32_t block_size, std::vector<ClassifierWorker> workers) {
+    block_size_ = block_size;
+    workers_ = std::move(workers);
+  }
 
  private:
   std::uint32_t block_size_;
-  std::span<const ClassifierWorker> workers_;
+  std::vector<ClassifierWorker> workers_;
 };
 
 /// A startup diagnostic shown to the operator (bad parameters ...).

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -146,6 +147,22 @@ class WorkerLoadInput {
   bool available_ = false;
 };
 
+/// Thrown by an accessor of a signal group the component did not declare (cache() or load() of a
+/// WorkerCandidate or WorkerInputView): the host fails that selection with an error naming the
+/// component and the group, and the node goes on.
+class UndeclaredSignalGroup : public std::logic_error {
+ public:
+  explicit UndeclaredSignalGroup(const char* group)
+      : std::logic_error(std::string{"read the "} + group +
+                         " signal group, which it did not declare in required_worker_inputs()") {}
+};
+
+namespace detail {
+[[noreturn]] inline void undeclared_signal_group(const char* group) {
+  throw UndeclaredSignalGroup{group};
+}
+}  // namespace detail
+
 /// One candidate row, restricted to the signal groups its component declared.
 class WorkerCandidate {
  public:
@@ -160,10 +177,20 @@ class WorkerCandidate {
         preferred_taint_multiplier_(preferred_taint_multiplier.value_or(0.0)) {}
 
   WorkerWithDpRank worker() const { return {worker_id_, dp_rank_}; }
-  /// nullptr unless the component requested CACHE.
-  const WorkerCacheInput* cache() const { return cache_; }
-  /// nullptr unless the component requested LOAD.
-  const WorkerLoadInput* load() const { return load_; }
+  /// The row's cache signals, never null; throws UndeclaredSignalGroup unless the component
+  /// declared CACHE.
+  const WorkerCacheInput* cache() const {
+    if (cache_ == nullptr) [[unlikely]]
+      detail::undeclared_signal_group("CACHE");
+    return cache_;
+  }
+  /// The row's load signals, never null; throws UndeclaredSignalGroup unless the component
+  /// declared LOAD.
+  const WorkerLoadInput* load() const {
+    if (load_ == nullptr) [[unlikely]]
+      detail::undeclared_signal_group("LOAD");
+    return load_;
+  }
   /// exp(−tanh(Σ weights of the request's preferred taints the worker carries)), in (0.46, 1];
   /// empty unless the component requested PREFERRED_TAINT.
   std::optional<double> preferred_taint_multiplier() const {
@@ -221,10 +248,20 @@ class WorkerInputView {
       : candidates_(candidates), cache_(cache), load_(load) {}
 
   std::span<const ScoredWorkerCandidate> candidates() const { return candidates_; }
-  /// Present only when the picker requested CACHE.
-  std::optional<std::span<const WorkerCacheInput>> cache() const { return cache_; }
-  /// Present only when the picker requested LOAD.
-  std::optional<std::span<const WorkerLoadInput>> load() const { return load_; }
+  /// The rows' cache signals, always present (the optional keeps the reference API's shape);
+  /// throws UndeclaredSignalGroup unless the picker declared CACHE.
+  std::optional<std::span<const WorkerCacheInput>> cache() const {
+    if (!cache_) [[unlikely]]
+      detail::undeclared_signal_group("CACHE");
+    return cache_;
+  }
+  /// The rows' load signals, always present; throws UndeclaredSignalGroup unless the picker
+  /// declared LOAD.
+  std::optional<std::span<const WorkerLoadInput>> load() const {
+    if (!load_) [[unlikely]]
+      detail::undeclared_signal_group("LOAD");
+    return load_;
+  }
 
  private:
   std::span<const ScoredWorkerCandidate> candidates_;

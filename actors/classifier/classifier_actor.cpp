@@ -27,14 +27,9 @@ metrics::NodeMetrics node_metrics(Self self) {
   return metrics::NodeMetrics{*self->state.config.metrics};
 }
 
-// The model's admission state, created at its first request. The factory sees block size 0 and
-// no workers (file comment of classifier_actor.hpp).
-ClassifierActorState::Model& model_for(Self self, const std::string& model) {
-  auto& models = self->state.models;
-  auto it = models.find(model);
-  if (it != models.end()) return it->second;
-  // The fleet the model's selectors described so far (the context is the classifier's view of
-  // it at creation; later changes reach it as fleet load).
+// Brings `context` to the fleet the model's selectors described so far: the block size of its
+// first partition that knows one, and the ranks of every partition.
+void describe_fleet(Self self, const std::string& model, rc::RequestClassifierContext& context) {
   std::uint32_t block_size = 0;
   std::vector<rc::ClassifierWorker> workers;
   if (const auto fleet = self->state.fleets.find(model); fleet != self->state.fleets.end()) {
@@ -43,14 +38,26 @@ ClassifierActorState::Model& model_for(Self self, const std::string& model) {
       workers.insert(workers.end(), partition.workers.begin(), partition.workers.end());
     }
   }
-  const rc::RequestClassifierContext context{block_size, workers};
-  auto classifier = build_classifier(self->state.config.factory, context);
+  context.update(block_size, std::move(workers));
+}
+
+// The model's admission state, created at its first request with a context that follows the
+// model's fleet from then on (file comment of classifier_actor.hpp).
+ClassifierActorState::Model& model_for(Self self, const std::string& model) {
+  auto& models = self->state.models;
+  auto it = models.find(model);
+  if (it != models.end()) return it->second;
+  auto context =
+      std::make_unique<rc::RequestClassifierContext>(0, std::span<const rc::ClassifierWorker>{});
+  describe_fleet(self, model, *context);
+  auto classifier = build_classifier(self->state.config.factory, *context);
   if (!classifier) {
     node_metrics(self).classifier_faults(model, "build").add();
     std::string failure = fmt::format("the request classifier of model '{}' could not be built: {}",
                                       model, classifier.error());
     spdlog::error("kvr node: {}", failure);
-    return models.emplace(model, ClassifierActorState::Model{nullptr, std::move(failure), {}})
+    return models
+        .emplace(model, ClassifierActorState::Model{nullptr, nullptr, std::move(failure), {}})
         .first->second;
   }
   // A Waker only enqueues a wake message (it may fire inside the classifier or on any thread);
@@ -76,7 +83,8 @@ ClassifierActorState::Model& model_for(Self self, const std::string& model) {
           model, stage == "event" ? "on_event" : "on_fleet_load", what);
     }
   });
-  return models.emplace(model, ClassifierActorState::Model{std::move(admission), {}, {}})
+  return models
+      .emplace(model, ClassifierActorState::Model{std::move(context), std::move(admission), {}, {}})
       .first->second;
 }
 
@@ -339,9 +347,21 @@ classifier_actor::behavior_type classifier_behavior(Self self, ClassifierActorCo
         arm_timer(self);
       },
       [self](fleet_atom, PartitionFleet& fleet) {
-        auto& partitions = self->state.fleets[fleet.model];
+        const std::string model = fleet.model;
+        auto& partitions = self->state.fleets[model];
         std::string group = fleet.routing_group;
         partitions.insert_or_assign(std::move(group), std::move(fleet));
+        if (const auto it = self->state.models.find(model);
+            it != self->state.models.end() && it->second.context) {
+          describe_fleet(self, model, *it->second.context);
+        }
+      },
+      [self](classify_atom, const std::string& model, const std::string& request_id,
+             std::uint64_t context_tokens) {
+        if (const auto it = self->state.models.find(model);
+            it != self->state.models.end() && it->second.admission) {
+          it->second.admission->observe_progress(request_id, context_tokens);
+        }
       },
       [self](targets_atom, reservation_actor& reservation, lifecycle_actor& lifecycle) {
         self->state.config.reservation = std::move(reservation);

@@ -32,10 +32,14 @@
 //   wake                             — internal: one delayed_send at the earliest wake time, due
 //                                      time or wait limit (re-armed when an earlier one appears),
 //                                      and one message per batch of fired Wakers.
-//   fleet(PartitionFleet)            — a selector's partition after a worker joined or left.
+//   fleet(PartitionFleet)            — a selector's partition after a worker joined or left;
+//                                      updates the model's classifier context.
+//   classify(model, id, tokens)      — an admitted request's context grew (lifecycle actor's
+//                                      chunks, reservation actor's reports): its progress.
 // Undecided requests are re-polled only on a wake-up, never on a timer tick. A model's classifier
-// is created at its first request (or load report) with the fleet its selectors described by then:
-// the block size of its first partition that has one, and every worker rank of its partitions.
+// is created at its first request (or load report) with a context that describes the fleet its
+// selectors described by then (the block size of its first partition that has one, and every
+// worker rank of its partitions) and follows their later descriptions.
 // Spawned by the router node only when a classifier is configured; otherwise the node wires the
 // bridge and the ingress straight to the reservation and lifecycle actors, so pass-through costs
 // nothing. It must never block or throw.
@@ -94,6 +98,9 @@ struct ClassifierActorState {
   using Waiting = std::variant<WaitingRoute, WaitingGenerate>;
 
   struct Model {
+    /// The model as discovery describes it, kept up to date and alive as long as the classifier
+    /// (declared first: destroyed after it).
+    std::unique_ptr<plugins::request_classifier::RequestClassifierContext> context;
     /// Null when the classifier could not be built: `failure` says why, and every request of the
     /// model is refused with it.
     std::unique_ptr<AdmissionState> admission;

@@ -199,6 +199,10 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
                  std::move(health));
   }
   if (config.classifier) {
+    if (step.context_tokens) {
+      self->send(config.classifier, classify_atom::value, flight->request.route.partition.model,
+                 flight->lifecycle.request_id(), *step.context_tokens);
+    }
     for (auto& event : step.classifier_events) {
       self->send(config.classifier, classify_atom::value,
                  ClassifierEvent{flight->request.route.partition.model, std::move(event)});

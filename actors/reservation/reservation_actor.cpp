@@ -291,12 +291,16 @@ AckPromise handle_report(Self self, ReportEnvelope& envelope) {
   }
   namespace rc = plugins::request_classifier;
   if (first_token) {
+    if (report.context_tokens && state.config.classifier) {
+      self->send(state.config.classifier, classify_atom::value, booking->partition.model,
+                 booking->request_id, *report.context_tokens);
+    }
     tell_classifier(self, booking->partition.model, [&] {
       return rc::Responding{booking->request_id, booking->worker};
     });
   } else if (report.event == LifecycleEventKind::Completed) {
     tell_classifier(self, booking->partition.model, [&] {
-      return rc::Completed{booking->request_id, booking->worker, std::nullopt};
+      return rc::Completed{booking->request_id, booking->worker, report.context_tokens};
     });
   } else {
     tell_classifier(self, booking->partition.model, [&] {

@@ -229,9 +229,10 @@ class PolicyRun {
       workers.emplace_back(WorkerWithDpRank{w + 1, 0}, options_.engine.num_gpu_blocks);
     }
     // As in a node, a classifier that cannot be built fails every request it would classify.
-    auto classifier =
-        build_classifier(plugins_.request_classifier->factory,
-                         rc::RequestClassifierContext{options_.engine.block_size, workers});
+    // The replay's fleet never changes, and its context lives as long as the classifier.
+    classifier_context_ =
+        std::make_unique<rc::RequestClassifierContext>(options_.engine.block_size, workers);
+    auto classifier = build_classifier(plugins_.request_classifier->factory, *classifier_context_);
     if (!classifier) {
       admission_failure_ = "the request classifier could not be built: " + classifier.error();
       return;
@@ -541,6 +542,7 @@ class PolicyRun {
   std::string admission_failure_;
   // Admission, when configured (start_admission()); null: every request goes straight to its
   // partition.
+  std::unique_ptr<plugins::request_classifier::RequestClassifierContext> classifier_context_;
   std::unique_ptr<AdmissionState> admission_;
   // Requests whose admission future is pending, by trace index.
   std::unordered_map<std::uint32_t, RouteRequest> deferred_;

@@ -53,6 +53,9 @@ void apply_admission(RouteRequest& request, const rc::ClassifyRequest& admitted)
   if (const auto target = admitted.worker_selection_target()) {
     request.selection.affinity_target =
         plugins::worker_selection::WorkerAffinityTarget{target->worker_id, target->dp_rank};
+  } else if (admitted.worker_selection_target_cleared()) {
+    request.selection.affinity_target.reset();
+    request.without_soft_target = true;
   }
   request.policy_class = std::string{admitted.policy_class()};
   request.due_at = admitted.due_at();
@@ -177,8 +180,8 @@ AdmissionOutcome AdmissionState::finish(
   Pending& entry = node.mapped();
   forget_timers(sequence, entry);
   pending_ids_.erase(entry.request_id);
-  if (std::holds_alternative<rc::ClassifyRequest>(result)) {
-    admitted_.emplace(entry.request_id, Admitted{});
+  if (const auto* admitted = std::get_if<rc::ClassifyRequest>(&result)) {
+    admitted_.emplace(entry.request_id, Admitted{std::nullopt, admitted->shared_progress()});
   }
   return AdmissionOutcome{std::move(entry.request_id), std::move(result)};
 }
@@ -245,10 +248,21 @@ void AdmissionState::on_event(const rc::ClassifyEvent& event) {
   if (const auto* responding = std::get_if<rc::Responding>(&event)) {
     it->second.worker = responding->worker;
   }
+  if (const auto* completed = std::get_if<rc::Completed>(&event)) {
+    if (completed->context_tokens && it->second.progress) {
+      it->second.progress->observe_context_tokens(*completed->context_tokens);
+    }
+  }
   if (std::holds_alternative<rc::Completed>(event) || std::holds_alternative<rc::Aborted>(event)) {
     admitted_.erase(it);
   }
   forward(event);
+}
+
+void AdmissionState::observe_progress(const std::string& request_id, std::uint64_t context_tokens) {
+  const auto it = admitted_.find(request_id);
+  if (it == admitted_.end() || !it->second.progress) return;
+  it->second.progress->observe_context_tokens(context_tokens);
 }
 
 void AdmissionState::forward(const rc::ClassifyEvent& event) {

@@ -22,6 +22,9 @@
 //     request that is not admitted here (never, or no longer) are dropped.
 //   - cancel() drops a pending future (which silences its Wakers) or, for an admitted request,
 //     tells the classifier Aborted.
+//   - An admitted request's progress (ClassifyRequest::progress(), shared by every copy of it and
+//     by its retries) is raised by observe_progress() as its context grows, and by a Completed
+//     event's context_tokens before the classifier sees the event.
 #pragma once
 
 #include <chrono>
@@ -130,6 +133,9 @@ class AdmissionState {
   AdmissionCancel cancel(const std::string& request_id, std::string_view reason);
   /// A lifecycle event of an admitted request (file comment).
   void on_event(const plugins::request_classifier::ClassifyEvent& event);
+  /// An admitted request now holds `context_tokens` tokens of context (prompt plus generated):
+  /// raises its progress; a request not admitted here is ignored.
+  void observe_progress(const std::string& request_id, std::uint64_t context_tokens);
   void on_fleet_load(const plugins::request_classifier::FleetLoad& load);
   /// Told each exception on_event ("event") or on_fleet_load ("fleet_load") of the classifier
   /// let escape, with its message: the event is lost, and the owner counts and logs it.
@@ -159,6 +165,7 @@ class AdmissionState {
   };
   struct Admitted {
     std::optional<WorkerWithDpRank> worker;
+    std::shared_ptr<plugins::request_classifier::RequestProgress> progress;
   };
   /// Wake-ups recorded by Wakers (any thread), drained by poll_due().
   struct WokenQueue {

@@ -30,8 +30,8 @@ std::string_view as_str(RequestState state) {
 
 bool LifecycleStep::empty() const {
   return !cancel_at_worker && !first_token && !commit_affinity && !release && !abandon_affinity &&
-         !finish_affinity && classifier_events.empty() && !forward_chunk && !end_stream &&
-         !dispatch && !reroute;
+         !finish_affinity && !context_tokens && classifier_events.empty() && !forward_chunk &&
+         !end_stream && !dispatch && !reroute;
 }
 
 RequestLifecycle::RequestLifecycle(std::string request_id, std::size_t prompt_tokens,
@@ -136,6 +136,7 @@ LifecycleResult RequestLifecycle::on_chunk(const StreamChunk& chunk) {
   ++next_index_;
   output_tokens_ += chunk.tokens;
   LifecycleStep step;
+  if (chunk.tokens > 0) step.context_tokens = prompt_tokens_ + output_tokens_;
   if (state_ == RequestState::Sent) {
     state_ = RequestState::Responding;
     step.first_token = true;

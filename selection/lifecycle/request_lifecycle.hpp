@@ -85,6 +85,9 @@ struct LifecycleStep {
   bool abandon_affinity = false;
   /// SessionAffinity::finish(request_id): the request ended after its first token.
   bool finish_affinity = false;
+  /// The request's context grew to this many tokens (prompt plus generated): its classifier's
+  /// RequestProgress, raised before classifier_events.
+  std::optional<std::uint64_t> context_tokens;
   /// RequestClassifier::on_event, in order.
   std::vector<plugins::request_classifier::ClassifyEvent> classifier_events;
   /// Relay the chunk just received to the client.

@@ -38,6 +38,9 @@ struct RouteRequest {
   std::string policy_class = "default";
   std::optional<std::chrono::steady_clock::time_point> due_at;
   std::optional<std::uint64_t> scheduling_cost_tokens;
+  /// The classifier cleared the request's soft target: the session's soft binding is not offered
+  /// to worker selection either.
+  bool without_soft_target = false;
   /// Request ids are unique per client, not across clients: the node keys a request by its id
   /// scoped to its client, "<client's id>@<client>" (scope_request_id), and answers with the
   /// client's id, the first client_id_size bytes. 0: the id is not scoped (the client's own).

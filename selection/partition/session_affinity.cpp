@@ -337,7 +337,7 @@ std::expected<AffinityRouteOutcome, RouteFailure> route_with_session_affinity(
     }
     if (!routed) routed = selector.route(request, now);
   } else {
-    if (!request.selection.affinity_target) {
+    if (!request.selection.affinity_target && !request.without_soft_target) {
       request.selection.affinity_target = affinity.affinity_target(*session, now);
       if (request.selection.affinity_target) routing = AffinityRouting::target_offered;
     }

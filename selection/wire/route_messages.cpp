@@ -291,6 +291,7 @@ std::expected<LifecycleReportData, std::string> decode_lifecycle_report(
           fmt::format("event: unknown or unspecified value {}", static_cast<int>(wire.event())));
   }
   data.error = wire.error().substr(0, limits.max_id_length * 4);
+  if (wire.has_context_tokens()) data.context_tokens = wire.context_tokens();
   switch (wire.abort_cause()) {
     case v1::ABORT_CAUSE_CLIENT_CANCELLED:
       data.abort_cause = AbortCause::client_cancelled;

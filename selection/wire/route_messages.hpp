@@ -78,6 +78,8 @@ struct LifecycleReportData {
   std::string error;  ///< reason, for Aborted
   /// For Aborted; an unknown wire value reads as unspecified (blames nobody).
   AbortCause abort_cause = AbortCause::unspecified;
+  /// The request's context (prompt plus generated tokens) when the client said it.
+  std::optional<std::uint64_t> context_tokens;
 };
 
 /// The wire value of an abort cause.

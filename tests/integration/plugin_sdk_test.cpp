@@ -2,16 +2,21 @@
 // into a fresh prefix; check that each public header compiles on its own and names no CAF, NATS or
 // protobuf type; build deploy/examples (an out-of-tree plugin project) against that prefix alone;
 // run `kvr node --plugin` with a router-policy YAML naming the plugin's type and route through it
-// with `kvr route`; compare it with a built-in in `kvr replay --plugin`. And every plugin kvr must
-// refuse stops startup with exit 2, naming the plugin and the cause.
+// with `kvr route`; compare it with a built-in in `kvr replay --plugin`. Every plugin kvr must
+// refuse stops startup with exit 2, naming the plugin and the cause. And a plugin whose components
+// throw, return NaN or a row past the last, or read a group they did not declare fails only the
+// selections it spoils, under a steady route stream.
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "kvr/version.hpp"
+#include "messages/nats/route_client.hpp"
+#include "messages/subjects.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 
@@ -50,7 +55,7 @@ class PluginSdkTest : public testing::KvrClusterTest {
     // Against the prefix alone: nothing of the source tree is on the path but the project.
     for (const auto& [project, build] :
          {std::pair{fs::path{KVR_SOURCE_DIR} / "deploy/examples", root / "examples"},
-          std::pair{fs::path{KVR_SOURCE_DIR} / "tests/data/plugins", root / "refused"}}) {
+          std::pair{fs::path{KVR_SOURCE_DIR} / "tests/data/plugins", root / "test-plugins"}}) {
       ASSERT_EQ(run({"cmake", "-S", project.string(), "-B", build.string(),
                      "-DCMAKE_PREFIX_PATH=" + (root / "prefix").string(),
                      "-DCMAKE_CXX_COMPILER=" KVR_CXX_COMPILER, "-DCMAKE_BUILD_TYPE=Release"},
@@ -66,8 +71,8 @@ class PluginSdkTest : public testing::KvrClusterTest {
   static std::string example_plugin() {
     return (sdk_->path() / "examples" / "libkvr_example_policies.so").string();
   }
-  static std::string refused_plugin(std::string_view name) {
-    return (sdk_->path() / "refused" / ("lib" + std::string{name} + ".so")).string();
+  static std::string test_plugin(std::string_view name) {
+    return (sdk_->path() / "test-plugins" / ("lib" + std::string{name} + ".so")).string();
   }
 
   // `kvr replay` of a few requests with these extra arguments: (exit code, its output).
@@ -172,18 +177,18 @@ TEST_F(PluginSdkTest, APluginKvrCannotUseStopsStartupNamingItAndTheCause) {
   } cases[] = {
       {{missing}, missing, "no such file"},
       {{not_elf}, not_elf, "cannot load"},
-      {{refused_plugin("not_a_plugin")},
-       refused_plugin("not_a_plugin"),
+      {{test_plugin("not_a_plugin")},
+       test_plugin("not_a_plugin"),
        "not a kvr plugin: it exports no kvr_plugin_abi_stamp"},
-      {{refused_plugin("wrong_abi")},
-       refused_plugin("wrong_abi"),
+      {{test_plugin("wrong_abi")},
+       test_plugin("wrong_abi"),
        "built for another ABI: plugin API version 2, this kvr speaks 1"},
-      {{refused_plugin("throwing_catalog")},
-       refused_plugin("throwing_catalog"),
+      {{test_plugin("throwing_catalog")},
+       test_plugin("throwing_catalog"),
        "its registration threw: the catalog could not read its model file"},
-      {{refused_plugin("missing_symbol")},
-       refused_plugin("missing_symbol"),
-       "cannot load: " + refused_plugin("missing_symbol") +
+      {{test_plugin("missing_symbol")},
+       test_plugin("missing_symbol"),
+       "cannot load: " + test_plugin("missing_symbol") +
            ": undefined symbol: kvr_function_this_kvr_lacks"},
       {{example_plugin(), example_plugin()}, example_plugin(), "its registration was refused"},
   };
@@ -198,10 +203,10 @@ TEST_F(PluginSdkTest, APluginKvrCannotUseStopsStartupNamingItAndTheCause) {
     EXPECT_NE(output.find("plugin " + bad.named + ": " + bad.cause), std::string::npos) << output;
   }
   // The node the same way.
-  auto node = kvr_->start_node({.extra = {"--plugin", refused_plugin("wrong_abi")}});
+  auto node = kvr_->start_node({.extra = {"--plugin", test_plugin("wrong_abi")}});
   ASSERT_TRUE(node);
   EXPECT_EQ(node->wait(30s), 2) << node->log();
-  EXPECT_NE(node->log().find("--plugin: plugin " + refused_plugin("wrong_abi") +
+  EXPECT_NE(node->log().find("--plugin: plugin " + test_plugin("wrong_abi") +
                              ": built for another ABI"),
             std::string::npos)
       << node->log();
@@ -209,6 +214,64 @@ TEST_F(PluginSdkTest, APluginKvrCannotUseStopsStartupNamingItAndTheCause) {
 
 // `cpack -G DEB` of this build, unpacked into a clean root: the binary finds every library it
 // needs, runs, and the package carries the SDK and the node's unit and declares its dependencies.
+TEST_F(PluginSdkTest, APluginsFaultsFailOnlyTheSelectionsTheySpoilUnderARouteStream) {
+  auto mocker = kvr_->start_mocker({.workers = 2, .block_size = 16});
+  ASSERT_TRUE(mocker);
+  const fs::path yaml = directory_.path() / "misbehaving.yaml";
+  std::ofstream{yaml} << "worker_selection: {aggregated: misbehaving}\n";
+  const std::uint16_t metrics_port = testing::free_port();
+  auto node = kvr_->start_node(
+      {.metrics_port = metrics_port,
+       .extra = {"--plugin", test_plugin("misbehaving"), "--router-policy-config", yaml.string()}});
+  ASSERT_TRUE(node);
+  ASSERT_TRUE(testing::wait_until_healthy(metrics_port, 30s)) << node->log();
+  auto router = nats::RouteClient::open(*client_, subjects::router_route(kNamespace),
+                                        subjects::router_report(kNamespace));
+  ASSERT_TRUE(router) << router.error();
+  // Both workers registered: a request whose prompt spoils nothing is served.
+  ASSERT_TRUE(testing::wait_until(
+      [&] {
+        return testing::metric(testing::http_get(metrics_port, "/metrics"),
+                               "kvr_workers{partition=\"mock-model/default\"}") == 2;
+      },
+      30s));
+
+  // A steady stream: the prompt's length picks the fault (misbehaving.cpp), one in six serves.
+  constexpr int kRequests = 120;
+  int served = 0;
+  int failed = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    const std::size_t length = 96 + static_cast<std::size_t>(i);
+    v1::RouteRequest request;
+    request.set_request_id(fmt::format("stream-{}", i));
+    request.set_model("mock-model");
+    for (std::uint32_t token : testing::prompt(length, static_cast<std::uint32_t>(1000 + i))) {
+      request.mutable_tokens()->add_ids(token);
+    }
+    auto routed = router->route(request, {.max_attempts = 1});
+    ASSERT_TRUE(routed) << "request " << i << ": " << routed.error() << "\n" << node->log();
+    const v1::RouteDecision& decision = routed->decision;
+    if (length % 6 == 0) {
+      ASSERT_TRUE(decision.has_success()) << "request " << i << ": " << decision.error().message();
+      ++served;
+      v1::LifecycleReport report;
+      report.set_booking_id(decision.success().booking_id());
+      report.set_event(v1::LIFECYCLE_EVENT_COMPLETED);
+      client_->publish(subjects::router_report(kNamespace), report.SerializeAsString());
+    } else {
+      ASSERT_TRUE(decision.has_error()) << "request " << i << " was served";
+      EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_POLICY_FAILED)
+          << decision.error().message();
+      ++failed;
+    }
+  }
+  EXPECT_EQ(served, kRequests / 6);
+  // Each fault is counted, and its message names the component.
+  const std::string metrics = testing::http_get(metrics_port, "/metrics");
+  EXPECT_EQ(testing::metric(metrics, "kvr_route_errors_total{code=\"policy_failed\"}"), failed);
+  EXPECT_TRUE(node->running());
+}
+
 TEST_F(PluginSdkTest, TheDebianPackageCarriesTheBinaryTheSdkAndTheUnitWithEveryLibraryFound) {
   const fs::path packages = directory_.path() / "packages";
   const fs::path log = directory_.path() / "cpack.log";

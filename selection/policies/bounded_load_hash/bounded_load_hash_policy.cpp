@@ -98,8 +98,7 @@ void BoundedLoadHashPicker::rebuild(std::span<const ScoredWorkerCandidate> candi
 
 PolicyResult<std::size_t> BoundedLoadHashPicker::pick(const WorkerSelectionContext& context,
                                                       const WorkerInputView& view) {
-  auto load = load_group(view);
-  if (!load) return std::unexpected(load.error());
+  const auto load = view.load();  // throws unless the picker declared LOAD
   const auto candidates = view.candidates();
   if (candidates.empty()) {
     return std::unexpected(WorkerSelectionPolicyError::failed("no candidates to pick from"));

@@ -20,20 +20,4 @@ std::size_t least_loaded_row(std::span<const WorkerLoadInput> loads, PolicyRng& 
       [loads](std::size_t a, std::size_t b) { return compare_load(loads[a], loads[b]); }, rng);
 }
 
-PolicyResult<std::span<const WorkerLoadInput>> load_group(const WorkerInputView& view) {
-  if (!view.load()) {
-    return std::unexpected(WorkerSelectionPolicyError::failed(
-        "the picker received no load group; it must declare WorkerInputs::LOAD"));
-  }
-  return *view.load();
-}
-
-PolicyResult<std::span<const WorkerCacheInput>> cache_group(const WorkerInputView& view) {
-  if (!view.cache()) {
-    return std::unexpected(WorkerSelectionPolicyError::failed(
-        "the picker received no cache group; it must declare WorkerInputs::CACHE"));
-  }
-  return *view.cache();
-}
-
 }  // namespace kvr::selection::policies

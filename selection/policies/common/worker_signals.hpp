@@ -35,12 +35,6 @@ std::weak_ordering compare_load(const WorkerLoadInput& a, const WorkerLoadInput&
 /// The least-loaded row by compare_load, ties broken uniformly at random. `loads` is non-empty.
 std::size_t least_loaded_row(std::span<const WorkerLoadInput> loads, PolicyRng& rng);
 
-/// The view's load group; fails when the picker did not receive it (it must declare LOAD).
-PolicyResult<std::span<const WorkerLoadInput>> load_group(const WorkerInputView& view);
-
-/// The view's cache group; fails when the picker did not receive it (it must declare CACHE).
-PolicyResult<std::span<const WorkerCacheInput>> cache_group(const WorkerInputView& view);
-
 /// Device + host + disk overlap blocks: how much of the prompt the worker holds on any tier.
 inline double total_overlap_blocks(const WorkerCacheInput& cache) {
   return cache.device_overlap_blocks() + cache.host_overlap_blocks() + cache.disk_overlap_blocks();

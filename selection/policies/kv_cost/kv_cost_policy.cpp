@@ -36,15 +36,13 @@ constexpr std::array<RealParameter, 6> kRealParameters{{
 template <class ToBlocks>
 inline double kv_cost(const KvCostWeights& weights, double request_blocks, ToBlocks to_blocks,
                       const WorkerCandidate& candidate) {
-  double credit = 0.0;
-  if (const WorkerCacheInput* cache = candidate.cache(); cache != nullptr) {
-    credit = weights.device_overlap_credit * cache->device_overlap_blocks() +
-             weights.host_overlap_credit * cache->host_overlap_blocks() +
-             weights.disk_overlap_credit * cache->disk_overlap_blocks();
-  }
+  const WorkerCacheInput& cache = *candidate.cache();
+  const double credit = weights.device_overlap_credit * cache.device_overlap_blocks() +
+                        weights.host_overlap_credit * cache.host_overlap_blocks() +
+                        weights.disk_overlap_credit * cache.disk_overlap_blocks();
   double prefill_blocks = std::max(0.0, request_blocks - credit);
   double other_load = 0.0;
-  if (const WorkerLoadInput* load = candidate.load(); load != nullptr && load->is_available()) {
+  if (const WorkerLoadInput* load = candidate.load(); load->is_available()) {
     prefill_blocks += to_blocks(static_cast<double>(load->active_prefill_tokens()));
     other_load = load->decode_cost_blocks() +
                  weights.active_request_weight * static_cast<double>(load->active_requests());

@@ -8,8 +8,7 @@ namespace kvr::selection::policies {
 
 PolicyResult<std::size_t> PowerOfTwoPicker::pick(const WorkerSelectionContext& /*context*/,
                                                  const WorkerInputView& view) {
-  auto loads = load_group(view);
-  if (!loads) return std::unexpected(loads.error());
+  const auto loads = view.load();  // throws unless the picker declared LOAD
   const std::size_t count = loads->size();
   if (count == 0) {
     return std::unexpected(WorkerSelectionPolicyError::failed("no candidates to pick from"));

@@ -29,8 +29,7 @@ ProviderResult<void> SoftAffinityLoadGuardParameters::validate() const {
 
 PolicyResult<std::size_t> SoftAffinityLoadGuardPicker::pick(const WorkerSelectionContext& context,
                                                             const WorkerInputView& view) {
-  auto load = load_group(view);
-  if (!load) return std::unexpected(load.error());
+  const auto load = view.load();  // throws unless the picker declared LOAD
   const auto candidates = view.candidates();
   if (candidates.empty()) {
     return std::unexpected(WorkerSelectionPolicyError::failed("no candidates to pick from"));

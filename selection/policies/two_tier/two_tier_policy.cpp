@@ -60,10 +60,8 @@ TwoTierDecision decide_two_tier(const TwoTierParameters& parameters, std::size_t
 
 PolicyResult<std::size_t> TwoTierPicker::pick(const WorkerSelectionContext& context,
                                               const WorkerInputView& view) {
-  auto cache = cache_group(view);
-  if (!cache) return std::unexpected(cache.error());
-  auto load = load_group(view);
-  if (!load) return std::unexpected(load.error());
+  const auto cache = view.cache();  // throws unless the picker declared CACHE
+  const auto load = view.load();    // throws unless the picker declared LOAD
   if (load->empty()) {
     return std::unexpected(WorkerSelectionPolicyError::failed("no candidates to pick from"));
   }

@@ -40,9 +40,14 @@ TEST(ClassifyRequestTest, KeepsWhatTheClassifierSets) {
   EXPECT_EQ(req.policy_class(), "interactive");
   EXPECT_EQ(req.due_at(), TimePoint{} + 2s);
   EXPECT_EQ(req.scheduling_cost_tokens(), 40U);
-  EXPECT_EQ(req.worker_selection_target(), (WorkerWithDpRank{7, 1}));
+  using Target = ClassifyRequest::WorkerSelectionTarget;
+  EXPECT_EQ(req.worker_selection_target(), (Target{7, 1}));
+  EXPECT_FALSE(req.worker_selection_target_cleared());
+  req.set_worker_selection_target(WorkerId{9});
+  EXPECT_EQ(req.worker_selection_target(), (Target{9, std::nullopt})) << "every rank of worker 9";
   req.clear_worker_selection_target();
   EXPECT_EQ(req.worker_selection_target(), std::nullopt);
+  EXPECT_TRUE(req.worker_selection_target_cleared()) << "the session's soft binding goes too";
 }
 
 TEST(ClassifyRequestTest, ExposesSessionAndPin) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <stdexcept>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "tests/testing/fake_worker_signals.hpp"
@@ -16,6 +17,7 @@ namespace kvr::selection {
 namespace {
 
 using plugins::worker_selection::ScoredWorkerCandidate;
+using plugins::worker_selection::UndeclaredSignalGroup;
 using plugins::worker_selection::WorkerInputView;
 using plugins::worker_selection::WorkerSelectionContext;
 using testing::FakeWorker;
@@ -52,6 +54,17 @@ class FunctionFilter final : public WorkerFilter {
   std::function<PolicyResult<bool>(const WorkerCandidate&)> fn_;
 };
 
+// True when `read` returns a signal group; false when the group was not declared.
+template <class Read>
+bool readable(Read read) {
+  try {
+    (void)read();
+    return true;
+  } catch (const UndeclaredSignalGroup&) {
+    return false;
+  }
+}
+
 // Picks the lowest cost (first on ties), or a fixed row when one is set.
 class LowestCostPicker final : public WorkerPicker {
  public:
@@ -61,8 +74,8 @@ class LowestCostPicker final : public WorkerPicker {
   WorkerInputs required_worker_inputs() const override { return inputs_; }
   PolicyResult<std::size_t> pick(const WorkerSelectionContext&,
                                  const WorkerInputView& view) override {
-    last_view_had_cache = view.cache().has_value();
-    last_view_had_load = view.load().has_value();
+    last_view_had_cache = readable([&] { return view.cache(); });
+    last_view_had_load = readable([&] { return view.load(); });
     last_candidate_count = view.candidates().size();
     if (fixed_row_) return *fixed_row_;
     std::size_t best = 0;
@@ -455,21 +468,21 @@ TEST_F(SelectionHostTest, EachComponentSeesOnlyItsOwnGroups) {
   std::vector<std::unique_ptr<WorkerFilter>> filters;
   filters.push_back(std::make_unique<FunctionFilter>(
       WorkerInputs::PREFERRED_TAINT, [&](const WorkerCandidate& c) {
-        filter_saw_load = c.load() != nullptr;
+        filter_saw_load = readable([&] { return c.load(); });
         filter_saw_taint = c.preferred_taint_multiplier().has_value();
         return PolicyResult<bool>{true};
       }));
   auto picker = std::make_unique<LowestCostPicker>(WorkerInputs::CACHE);
   auto* picker_view = picker.get();
-  WorkerSelectionPolicy policy{
-      config_, WorkerType::Aggregated, std::move(filters),
-      scorers_of(std::make_unique<FunctionScorer>(WorkerInputs::LOAD,
-                                                  [&](const WorkerCandidate& c) {
-                                                    scorer_saw_cache = c.cache() != nullptr;
-                                                    scorer_saw_load = c.load() != nullptr;
-                                                    return PolicyResult<double>{0.0};
-                                                  })),
-      std::move(picker)};
+  WorkerSelectionPolicy policy{config_, WorkerType::Aggregated, std::move(filters),
+                               scorers_of(std::make_unique<FunctionScorer>(
+                                   WorkerInputs::LOAD,
+                                   [&](const WorkerCandidate& c) {
+                                     scorer_saw_cache = readable([&] { return c.cache(); });
+                                     scorer_saw_load = readable([&] { return c.load(); });
+                                     return PolicyResult<double>{0.0};
+                                   })),
+                               std::move(picker)};
   ASSERT_TRUE(select(policy));
   EXPECT_FALSE(filter_saw_load);
   EXPECT_TRUE(filter_saw_taint);
@@ -477,6 +490,51 @@ TEST_F(SelectionHostTest, EachComponentSeesOnlyItsOwnGroups) {
   EXPECT_TRUE(scorer_saw_load);
   EXPECT_TRUE(picker_view->last_view_had_cache);
   EXPECT_FALSE(picker_view->last_view_had_load);
+}
+
+// A picker that reads the load group whether or not it declared it.
+class LoadReadingPicker final : public WorkerPicker {
+ public:
+  WorkerInputs required_worker_inputs() const override { return WorkerInputs::CACHE; }
+  PolicyResult<std::size_t> pick(const WorkerSelectionContext&,
+                                 const WorkerInputView& view) override {
+    return (*view.load())[0].active_requests() > 0 ? 0 : 1;
+  }
+};
+
+TEST_F(SelectionHostTest, ReadingAnUndeclaredGroupFailsTheSelectionNamingComponentAndGroup) {
+  signals_.set_workers({worker(1), worker(2)});
+  WorkerSelectionPolicy scorer_reads_cache{
+      config_,
+      WorkerType::Aggregated,
+      {},
+      scorers_of(std::make_unique<FunctionScorer>(WorkerInputs::LOAD,
+                                                  [](const WorkerCandidate& c) {
+                                                    return PolicyResult<double>{
+                                                        c.cache()->device_overlap_blocks()};
+                                                  })),
+      std::make_unique<LowestCostPicker>()};
+  auto failed = select(scorer_reads_cache);
+  ASSERT_FALSE(failed);
+  EXPECT_THAT(
+      std::string{failed.error().message()},
+      ::testing::AllOf(::testing::HasSubstr("scorer 0"), ::testing::HasSubstr("FunctionScorer"),
+                       ::testing::HasSubstr("CACHE signal group")));
+
+  WorkerSelectionPolicy picker_reads_load{
+      config_, WorkerType::Aggregated, {}, {}, std::make_unique<LoadReadingPicker>()};
+  failed = select(picker_reads_load);
+  ASSERT_FALSE(failed);
+  EXPECT_THAT(std::string{failed.error().message()},
+              ::testing::AllOf(::testing::HasSubstr("LoadReadingPicker"),
+                               ::testing::HasSubstr("LOAD signal group")));
+  // The host is unharmed: a policy that declares what it reads is served on the same signals.
+  WorkerSelectionPolicy declared{config_,
+                                 WorkerType::Aggregated,
+                                 {},
+                                 {},
+                                 std::make_unique<LowestCostPicker>(WorkerInputs::LOAD)};
+  EXPECT_TRUE(select(declared));
 }
 
 TEST_F(SelectionHostTest, LoadWithoutObservationIsUnavailableNotIdle) {
@@ -563,7 +621,7 @@ TEST_F(SelectionHostTest, RowsStayAlignedThroughFiltersScorersAndThePicker) {
   }));
   scorers.push_back(std::make_unique<FunctionScorer>(
       WorkerInputs::PREFERRED_TAINT, [&](const WorkerCandidate& c) {
-        EXPECT_EQ(c.load(), nullptr);
+        EXPECT_THROW((void)c.load(), UndeclaredSignalGroup);
         EXPECT_EQ(c.preferred_taint_multiplier(), multiplier_of(c.worker().worker_id));
         return PolicyResult<double>{*c.preferred_taint_multiplier()};
       }));

@@ -35,6 +35,7 @@
 #include "messages/metrics/node_metrics.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/policies/builtin_policies.hpp"
+#include "selection/policies/soft_affinity_load_guard/soft_affinity_load_guard_policy.hpp"
 #include "tests/unit/actors/coordinated_actors.hpp"
 
 namespace kvr::actors {
@@ -338,11 +339,14 @@ class RouterActorsTest : public ::testing::Test {
 
   v1::LifecycleAck report_via(const report_entry_actor& entry, const std::string& booking,
                               LifecycleEventKind event, std::string reason = {},
-                              AbortCause cause = AbortCause::unspecified) {
+                              AbortCause cause = AbortCause::unspecified,
+                              std::optional<std::uint64_t> context_tokens = std::nullopt) {
     const std::size_t before = answers_.acks.size();
-    system_.spawn(report_client, entry,
-                  ReportEnvelope{LifecycleReportData{booking, event, std::move(reason), cause}, {}},
-                  &answers_);
+    system_.spawn(
+        report_client, entry,
+        ReportEnvelope{
+            LifecycleReportData{booking, event, std::move(reason), cause, context_tokens}, {}},
+        &answers_);
     scheduler_.run();
     if (answers_.acks.size() != before + 1) {
       ADD_FAILURE() << "the report got no ack";
@@ -1096,6 +1100,8 @@ namespace rc = plugins::request_classifier;
 struct ClassifierEventLog {
   mutable std::mutex mutex;
   std::vector<std::string> events;
+  /// "<event> <request id> <context tokens>": each event with its request's progress then.
+  std::vector<std::string> progress;
   /// The fleet loads the classifier was told, in order.
   std::vector<double> loads;
 
@@ -1117,6 +1123,8 @@ class RecordingClassifier final : public rc::RequestClassifier {
                       std::shared_ptr<ClassifierEventLog> log)
       : inner_(std::move(inner)), log_(std::move(log)) {}
   rc::AdmissionFuture classify(rc::ClassifyRequest request) override {
+    // A copy shares the request's progress, as a classifier that tracks its requests keeps them.
+    if (const auto id = request.request_id()) kept_.insert_or_assign(std::string{*id}, request);
     return inner_->classify(std::move(request));
   }
   void on_event(const rc::ClassifyEvent& event) override {
@@ -1135,6 +1143,10 @@ class RecordingClassifier final : public rc::RequestClassifier {
           }
           std::lock_guard lock{log_->mutex};
           log_->events.push_back(fmt::format("{} {} {}", kind, e.request_id, worker));
+          if (const auto kept = kept_.find(e.request_id); kept != kept_.end()) {
+            log_->progress.push_back(fmt::format("{} {} {}", kind, e.request_id,
+                                                 kept->second.progress().context_tokens()));
+          }
         },
         event);
     inner_->on_event(event);
@@ -1150,6 +1162,7 @@ class RecordingClassifier final : public rc::RequestClassifier {
  private:
   std::unique_ptr<rc::RequestClassifier> inner_;
   std::shared_ptr<ClassifierEventLog> log_;
+  std::map<std::string, rc::ClassifyRequest> kept_;
 };
 
 // Rejects every request as overloaded, naming why.
@@ -1157,6 +1170,18 @@ class RejectingClassifier final : public rc::RequestClassifier {
  public:
   rc::AdmissionFuture classify(rc::ClassifyRequest) override {
     return rc::AdmissionFuture::rejected(rc::ClassifierError::overloaded("the fleet is full"));
+  }
+};
+
+// Names a worker for each request, every rank of it: the worker id after the request id's last
+// '-' ("r3-12" → worker 12).
+class TargetingClassifier final : public rc::RequestClassifier {
+ public:
+  rc::AdmissionFuture classify(rc::ClassifyRequest request) override {
+    const std::string_view id = request.request_id().value_or("");
+    request.set_worker_selection_target(
+        static_cast<WorkerId>(std::stoull(std::string{id.substr(id.rfind('-') + 1)})));
+    return rc::AdmissionFuture::ready(std::move(request));
   }
 };
 
@@ -1392,14 +1417,15 @@ TEST_F(ClassifierActorsTest, MaxInFlightOneAnswersTheSecondRouteOnlyAfterTheFirs
   EXPECT_TRUE(publisher_->published_on("reply.r2").empty());
   EXPECT_EQ(bookings(), 1);
 
+  // The client's reports say the request's context: 9 tokens at its first, 40 at its end.
   EXPECT_TRUE(report_via(admitted_reservation_, first.success().booking_id(),
-                         LifecycleEventKind::FirstToken)
+                         LifecycleEventKind::FirstToken, {}, AbortCause::unspecified, 9)
                   .accepted());
   EXPECT_EQ(events_->snapshot().size(), 2U);
   EXPECT_TRUE(publisher_->published_on("reply.r2").empty());  // nor does the first token
-  EXPECT_TRUE(
-      report_via(admitted_reservation_, first.success().booking_id(), LifecycleEventKind::Completed)
-          .accepted());
+  EXPECT_TRUE(report_via(admitted_reservation_, first.success().booking_id(),
+                         LifecycleEventKind::Completed, {}, AbortCause::unspecified, 40)
+                  .accepted());
   const v1::RouteDecision second = decision_on("reply.r2");
   ASSERT_TRUE(second.has_success()) << second.error().message();
   EXPECT_EQ(second.request_id(), "r2");
@@ -1409,6 +1435,9 @@ TEST_F(ClassifierActorsTest, MaxInFlightOneAnswersTheSecondRouteOnlyAfterTheFirs
                                       fmt::format("responding r1 {}", worker),
                                       fmt::format("completed r1 {}", worker),
                                       fmt::format("sent r2 {}", second.success().worker_id())}));
+  std::lock_guard lock{events_->mutex};
+  EXPECT_EQ(events_->progress, (std::vector<std::string>{"sent r1 8", "responding r1 9",
+                                                         "completed r1 40", "sent r2 8"}));
 }
 
 TEST_F(ClassifierActorsTest, GenerateWithARetryTellsTheClassifierTwoSentsInOrder) {
@@ -1440,6 +1469,11 @@ TEST_F(ClassifierActorsTest, GenerateWithARetryTellsTheClassifierTwoSentsInOrder
                                      fmt::format("completed g1 {}", second),
                                  }));
   EXPECT_EQ(publisher_->published_on("client.stream").size(), 2U);
+  // The request's progress, shared by its retry: its 8 prompt tokens, then one per chunk, raised
+  // before the classifier hears of the chunk.
+  std::lock_guard lock{events_->mutex};
+  EXPECT_EQ(events_->progress, (std::vector<std::string>{"sent g1 8", "sent g1 8",
+                                                         "responding g1 9", "completed g1 10"}));
 }
 
 TEST_F(ClassifierActorsTest, CancellingADeferredGenerateEndsItsStreamAndFreesNothing) {
@@ -1622,18 +1656,47 @@ TEST_F(ClassifierActorsTest, KvCapacityPauseNeverPausesAFleetWithoutCapacities) 
   }
 }
 
+// Through the node's actors, a classifier's target reaches the partition's policy as the
+// selection's affinity_target: soft-affinity-load-guard serves each request on the worker its
+// classifier named, which kv-cost alone would not.
+TEST_F(ClassifierActorsTest, APolicyReceivesTheTargetItsClassifierSet) {
+  selection::RouterPolicyConfig config;
+  config.worker_selection[static_cast<std::size_t>(WorkerType::Aggregated)] =
+      std::string{selection::policies::kSoftAffinityLoadGuardPolicyType};
+  plugins::RouterPluginRegistry registry;
+  ASSERT_TRUE(selection::register_builtin_policies(registry));
+  auto resolved = registry.resolve_plugins(config);
+  ASSERT_TRUE(resolved) << resolved.error().message();
+  plugins_ = std::move(*resolved);  // before the first registration creates the selector
+  register_workers({11, 12});
+  start([] { return std::make_unique<TargetingClassifier>(); });
+  for (int i = 0; i < 6; ++i) {
+    const WorkerId target = i % 3 == 0 ? 11 : 12;
+    const v1::RouteDecision decision =
+        route_via(classifier_, request(fmt::format("r{}-{}", i, target)));
+    ASSERT_TRUE(decision.has_success()) << decision.error().message();
+    EXPECT_EQ(decision.success().worker_id(), target) << "request " << i;
+    EXPECT_TRUE(report_via(admitted_reservation_, decision.success().booking_id(),
+                           LifecycleEventKind::Completed)
+                    .accepted());
+  }
+}
+
 // The selectors describe their partitions to the classifier actor: a model's classifier is created
-// at its first request with the block size and the worker ranks its selectors know by then.
-TEST_F(ClassifierActorsTest, AModelsClassifierIsCreatedWithTheFleetItsSelectorsDescribed) {
+// at its first request with the block size and the worker ranks its selectors know by then, and
+// the context it may keep follows the fleet afterwards.
+TEST_F(ClassifierActorsTest, AModelsClassifierContextFollowsTheFleetItsSelectorsDescribe) {
   auto contexts = std::make_shared<std::vector<std::pair<std::size_t, std::size_t>>>();
+  auto kept = std::make_shared<const rc::RequestClassifierContext*>(nullptr);
   start([] { return max_in_flight(8); },
-        [contexts](ClassifierActorConfig& settings) {
-          settings.factory =
-              [contexts, inner = settings.factory](const rc::RequestClassifierContext& context) {
-                // (block size, workers)
-                contexts->emplace_back(context.block_size(), context.workers().size());
-                return inner(context);
-              };
+        [contexts, kept](ClassifierActorConfig& settings) {
+          settings.factory = [contexts, kept, inner = settings.factory](
+                                 const rc::RequestClassifierContext& context) {
+            // (block size, workers)
+            contexts->emplace_back(context.block_size(), context.workers().size());
+            *kept = &context;
+            return inner(context);
+          };
         },
         /*feed_fleet_load=*/true);
   register_workers({11, 12});
@@ -1641,6 +1704,15 @@ TEST_F(ClassifierActorsTest, AModelsClassifierIsCreatedWithTheFleetItsSelectorsD
   ASSERT_TRUE(decision.has_success()) << decision.error().message();
   ASSERT_EQ(contexts->size(), 1U);
   EXPECT_EQ((*contexts)[0], (std::pair<std::size_t, std::size_t>{4, 2}));
+  const rc::RequestClassifierContext& context = **kept;
+  send(discovery_, worker_up_atom::value, registration(13));
+  EXPECT_EQ(context.workers().size(), 3U) << "a worker joined";
+  send(discovery_, worker_down_atom::value, WorkerLiveness{11, 1});
+  ASSERT_EQ(context.workers().size(), 2U) << "a worker left";
+  EXPECT_NE(context.workers()[0].worker().worker_id, 11U);
+  EXPECT_NE(context.workers()[1].worker().worker_id, 11U);
+  EXPECT_EQ(context.block_size(), 4U);
+  EXPECT_EQ(contexts->size(), 1U) << "the classifier is not built again";
 }
 
 // Actor clients through an ingress wired to the classifier, as the node wires it: a client that

@@ -91,7 +91,8 @@ TEST_F(AdmissionStateTest, ReadyAdmitsAtOnceWithTheClassifiersOverrides) {
   EXPECT_EQ(outcome->request_id, "r1");
   EXPECT_EQ(outcome->request().policy_class(), "short");
   EXPECT_EQ(outcome->request().scheduling_cost_tokens(), 7U);
-  EXPECT_EQ(outcome->request().worker_selection_target(), kOtherWorker);
+  EXPECT_EQ(outcome->request().worker_selection_target(),
+            (ClassifyRequest::WorkerSelectionTarget{kOtherWorker.worker_id, kOtherWorker.dp_rank}));
   EXPECT_EQ(state_->pending(), 0U);
   EXPECT_EQ(state_->admitted(), 1U);
 }
@@ -404,6 +405,18 @@ TEST(AdmissionRouteRequestTest, TheClassifierSeesTheRequestAndItsDecisionsAreCar
   EXPECT_EQ(route.scheduling_cost_tokens, 42U);
   EXPECT_EQ(route.selection.affinity_target, (plugins::worker_selection::WorkerAffinityTarget{
                                                  kOtherWorker.worker_id, kOtherWorker.dp_rank}));
+  EXPECT_FALSE(route.without_soft_target);
+
+  // Every rank of a worker.
+  seen.set_worker_selection_target(WorkerId{9});
+  apply_admission(route, seen);
+  EXPECT_EQ(route.selection.affinity_target,
+            (plugins::worker_selection::WorkerAffinityTarget{9, std::nullopt}));
+  // Cleared: no target, and the session's soft binding is not offered either.
+  seen.clear_worker_selection_target();
+  apply_admission(route, seen);
+  EXPECT_EQ(route.selection.affinity_target, std::nullopt);
+  EXPECT_TRUE(route.without_soft_target);
 }
 
 }  // namespace

@@ -676,6 +676,15 @@ TEST_F(SessionAffinityRoutingTest, SoftModeOffersTheBindingButAClassifierTargetW
   const auto third = route_with_session_affinity(*state_, *affinity_, classified, kStart);
   ASSERT_TRUE(third) << third.error().message;
   EXPECT_EQ(third->routing, AffinityRouting::none) << "the classifier's target is kept";
+  complete("r3");
+
+  // A classifier that cleared the target: the session's binding is not offered either.
+  auto cleared = input("r4", &s);
+  cleared.without_soft_target = true;
+  const auto fourth = route_with_session_affinity(*state_, *affinity_, cleared, kStart);
+  ASSERT_TRUE(fourth) << fourth.error().message;
+  EXPECT_EQ(fourth->routing, AffinityRouting::none);
+  EXPECT_EQ(cleared.selection.affinity_target, std::nullopt) << "no soft target reached selection";
 }
 
 // The reference's soft-pinning walkthrough, end to end through the selector: request 1 of a
