@@ -48,6 +48,10 @@ using testing::wait_until;
 constexpr std::string_view kNamespace = "peers";
 constexpr int kModels = 4;
 constexpr int kNodes = 2;
+// Garbage tests: rounds of every payload on its own connection, and connections held open, per
+// peer port.
+constexpr int kGarbageRounds = 50;
+constexpr int kHeldOpenPerPort = 50;
 
 std::string tls_file(const std::string& name) {
   return std::string{KVR_SOURCE_DIR} + "/tests/data/tls/" + name;
@@ -145,6 +149,16 @@ class PeerPortsFixture : public testing::KvrClusterTest {
     if (HasFailure()) {
       for (auto& node : nodes_) std::cerr << "---- node log\n" << node.log();
     }
+  }
+
+  // Garbage on node 0's actor port and cluster port (send_garbage); the connections held open.
+  std::vector<int> send_garbage_to_both_ports(const std::vector<std::string>& payloads) {
+    std::vector<int> held;
+    for (const std::uint16_t port : {actor_port_, cluster_ports_[0]}) {
+      std::vector<int> open = send_garbage(port, payloads, kGarbageRounds, kHeldOpenPerPort);
+      held.insert(held.end(), open.begin(), open.end());
+    }
+    return held;
   }
 
   double node_metric(int node, const std::string& name) {
@@ -320,13 +334,7 @@ TEST_F(PeerPortsTest, GarbageOnBothPortsCostsUnder10MbAndTheNodeServes) {
   ASSERT_GT(before, 0U);
 
   const std::vector<std::string> payloads = garbage_payloads();
-  constexpr int kRounds = 50;
-  constexpr int kHeldOpen = 50;
-  std::vector<int> held;
-  for (const std::uint16_t port : {actor_port_, cluster_ports_[0]}) {
-    std::vector<int> open = send_garbage(port, payloads, kRounds, kHeldOpen);
-    held.insert(held.end(), open.begin(), open.end());
-  }
+  const std::vector<int> held = send_garbage_to_both_ports(payloads);
   // Still serving, over the actor port and (for node-b's partitions) the cluster port.
   EXPECT_TRUE(every_model_routes(system, *ingress, 1));
   const std::uint64_t after = testing::resident_kib(nodes_[0].pid());
@@ -334,10 +342,10 @@ TEST_F(PeerPortsTest, GarbageOnBothPortsCostsUnder10MbAndTheNodeServes) {
   std::cout << fmt::format(
       "garbage: {} connections x {} payloads on 2 ports, {} held open; node-a RSS {} KiB -> {} "
       "KiB\n",
-      kRounds, payloads.size(), held.size(), before, after);
+      kGarbageRounds, payloads.size(), held.size(), before, after);
   EXPECT_LT(after, before + 10 * 1024) << "RSS grew by more than 10 MB";
   // Every connection closed after its garbage is a refused handshake, counted.
-  const double closed = 2.0 * kRounds * static_cast<double>(payloads.size());
+  const double closed = 2.0 * kGarbageRounds * static_cast<double>(payloads.size());
   EXPECT_TRUE(wait_until([&] { return refused_handshakes(0) >= closed; }, 20s))
       << refused_handshakes(0) << " of " << closed;
   std::cout << fmt::format("node-a counted {} refused handshakes\n", refused_handshakes(0));
@@ -385,16 +393,10 @@ TEST_F(PlaintextPeerPortsTest, GarbageIsRefusedBeforeItsClaimedLengthIsAllocated
   const std::uint64_t before = testing::resident_kib(nodes_[0].pid());
   ASSERT_GT(before, 0U);
   const std::vector<std::string> payloads = garbage_payloads();
-  constexpr int kRounds = 50;
-  constexpr int kHeldOpen = 50;
-  std::vector<int> held;
-  for (const std::uint16_t port : {actor_port_, cluster_ports_[0]}) {
-    std::vector<int> open = send_garbage(port, payloads, kRounds, kHeldOpen);
-    held.insert(held.end(), open.begin(), open.end());
-  }
+  const std::vector<int> held = send_garbage_to_both_ports(payloads);
   // The two headers claim 4 GB and 200 KB before any handshake: each is refused. Counted here on
   // the connections held open; a closed one may be reset before the node reads its bytes.
-  const double claims = 2.0 * 2.0 * (kHeldOpen / static_cast<double>(payloads.size()));
+  const double claims = 2.0 * 2.0 * (kHeldOpenPerPort / static_cast<double>(payloads.size()));
   EXPECT_TRUE(wait_until([&] { return refused_frames() >= claims; }, 20s))
       << refused_frames() << " of " << claims;
   EXPECT_TRUE(every_model_routes(*client_->system, ingress_, 1));
@@ -403,9 +405,9 @@ TEST_F(PlaintextPeerPortsTest, GarbageIsRefusedBeforeItsClaimedLengthIsAllocated
   std::cout << fmt::format(
       "plaintext garbage: {} connections x {} payloads on 2 ports, {} held open; RSS {} KiB -> {} "
       "KiB; {} frames refused\n",
-      kRounds, payloads.size(), held.size(), before, after, refused_frames());
+      kGarbageRounds, payloads.size(), held.size(), before, after, refused_frames());
   EXPECT_LT(after, before + 10 * 1024) << "RSS grew by more than 10 MB";
-  const double closed = 2.0 * kRounds * static_cast<double>(payloads.size());
+  const double closed = 2.0 * kGarbageRounds * static_cast<double>(payloads.size());
   EXPECT_TRUE(wait_until([&] { return refused_handshakes(0) >= closed; }, 20s))
       << refused_handshakes(0) << " of " << closed;
   EXPECT_TRUE(nodes_[0].running());
