@@ -27,6 +27,7 @@
 #include <caf/typed_actor.hpp>
 
 #include "actors/caf_error.hpp"
+#include "actors/client/ingress_protocol.hpp"
 #include "classifiers/request_classifier.hpp"
 #include "kvr/v1/routing.pb.h"
 #include "messages/clock.hpp"
@@ -148,36 +149,7 @@ struct BookingUpdateReply {
 };
 
 // ---- messages of actor clients (cross nodes: registered, serialised as protobuf bytes) -------
-
-/// A protobuf message carried through CAF as its serialised bytes.
-template <class Proto>
-struct ProtoMessage {
-  Proto value;
-};
-
-/// RouteRequest → RouteDecision, LifecycleReport → LifecycleAck, GenerateRequest → RouteDecision
-/// plus a GenerateChunk stream, GenerateCancel (messages/kvr/v1/routing.proto).
-using RouteRequestMessage = ProtoMessage<v1::RouteRequest>;
-using RouteDecisionMessage = ProtoMessage<v1::RouteDecision>;
-using LifecycleReportMessage = ProtoMessage<v1::LifecycleReport>;
-using LifecycleAckMessage = ProtoMessage<v1::LifecycleAck>;
-using GenerateRequestMessage = ProtoMessage<v1::GenerateRequest>;
-using GenerateChunkMessage = ProtoMessage<v1::GenerateChunk>;
-using GenerateCancelMessage = ProtoMessage<v1::GenerateCancel>;
-
-template <class Inspector, class Proto>
-typename Inspector::result_type inspect(Inspector& f, ProtoMessage<Proto>& x) {
-  std::string bytes;
-  return f(caf::meta::type_name("kvr::actors::ProtoMessage"),
-           caf::meta::save_callback([&]() -> caf::error {
-             if (!x.value.SerializeToString(&bytes)) return caf::make_error(Error::bad_message);
-             return caf::none;
-           }),
-           bytes, caf::meta::load_callback([&]() -> caf::error {
-             if (!x.value.ParseFromString(bytes)) return caf::make_error(Error::bad_message);
-             return caf::none;
-           }));
-}
+// ProtoMessage and its aliases: actors/client/ingress_protocol.hpp.
 
 }  // namespace kvr::actors
 
@@ -200,24 +172,15 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::discovery::WorkerRegistration)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::KvEventBatch)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::KvDump)
 
-// Atoms (at most 10 characters in CAF 0.17) and the types actor clients exchange with a node.
-// One meaning per atom, whichever actor handles it: a worker's `load` report is not the
-// classifier's `kv_usage`; the selector's `tick`, the reservation's booking `expire` and the
-// cluster actor's `step` are three timers; `nats_link` (the connection went down or up) is not
-// `reregister` (ask the workers to register again); the selector's `fence` (owned until) is not
-// the cluster actor's `ownership` view; the cluster's `partition` (one seen) is not the discovery
-// actor's `handover` (stop serving these); `watch` subscribes an actor to what its handle's type
-// receives (removals or `selector` announcements).
-CAF_BEGIN_TYPE_ID_BLOCK(kvr_actors, caf::first_custom_type_id)
-CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::RouteRequestMessage))
-CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::RouteDecisionMessage))
-CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::LifecycleReportMessage))
-CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::LifecycleAckMessage))
-CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::GenerateRequestMessage))
-CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::GenerateChunkMessage))
-CAF_ADD_TYPE_ID(kvr_actors, (kvr::actors::GenerateCancelMessage))
-CAF_ADD_ATOM(kvr_actors, kvr::actors, route_atom, "route")
-CAF_ADD_ATOM(kvr_actors, kvr::actors, report_atom, "report")
+// The node's internal atoms (at most 10 characters in CAF 0.17); the types and atoms actor clients
+// exchange with a node are in actors/client/ingress_protocol.hpp. One meaning per atom, whichever
+// actor handles it: a worker's `load` report is not the classifier's `kv_usage`; the selector's
+// `tick`, the reservation's booking `expire` and the cluster actor's `step` are three timers;
+// `nats_link` (the connection went down or up) is not `reregister` (ask the workers to register
+// again); the selector's `fence` (owned until) is not the cluster actor's `ownership` view; the
+// cluster's `partition` (one seen) is not the discovery actor's `handover` (stop serving these);
+// `watch` subscribes an actor to what its handle's type receives (removals or `selector`
+// announcements).
 CAF_ADD_ATOM(kvr_actors, kvr::actors, worker_up_atom, "worker_up")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, heartbeat_atom, "heartbeat")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, worker_down_atom, "worker_dn")
@@ -233,9 +196,6 @@ CAF_ADD_ATOM(kvr_actors, kvr::actors, nats_link_atom, "nats_link")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, kv_usage_atom, "kv_usage")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, fleet_atom, "fleet")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, removed_atom, "removed")
-CAF_ADD_ATOM(kvr_actors, kvr::actors, generate_atom, "generate")
-CAF_ADD_ATOM(kvr_actors, kvr::actors, cancel_atom, "cancel")
-CAF_ADD_ATOM(kvr_actors, kvr::actors, chunk_atom, "chunk")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, deadline_atom, "deadline")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, stall_atom, "stall")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, watch_atom, "watch")
@@ -249,7 +209,6 @@ CAF_ADD_ATOM(kvr_actors, kvr::actors, fence_atom, "fence")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, partition_atom, "partition")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, handover_atom, "handover")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, ready_atom, "ready")
-CAF_END_TYPE_ID_BLOCK(kvr_actors)
 
 namespace kvr::actors {
 
@@ -339,10 +298,7 @@ using reservation_actor = caf::typed_actor<
     // internal: write the NATS answers of the burst
     caf::reacts_to<flush_atom>>;
 
-/// An actor client's generate stream: the chunks of its response, the last with `finished` set.
-using stream_client_actor = caf::typed_actor<
-    // one chunk of the response
-    caf::reacts_to<chunk_atom, GenerateChunkMessage>>;
+/// stream_client_actor, an actor client's generate stream: actors/client/ingress_protocol.hpp.
 
 /// The lifecycle actor (actors/lifecycle/lifecycle_actor.hpp).
 using lifecycle_actor = caf::typed_actor<
@@ -390,23 +346,7 @@ using classifier_actor = caf::typed_actor<
 
 // ---- the published actor ------------------------------------------------------------------------
 
-/// The published ingress actor, the request API for actor clients (local or remote):
-///  - route: a RouteRequest → its RouteDecision (success with a booking, or an explicit error);
-///  - report: a LifecycleReport against a booking → LifecycleAck;
-///  - generate: a GenerateRequest (its stream_subject is ignored) → the first RouteDecision, and
-///    the response streamed to the requesting actor as (chunk_atom, GenerateChunkMessage)
-///    messages, the last with `finished` set; the node retries a worker failure before the first
-///    token as over NATS. A client that terminates cancels its requests;
-///  - cancel: a GenerateCancel for a request the client started here.
-/// A remote client registers caf::id_block::kvr_actors with its actor_system_config and
-/// connects with middleman().remote_actor<ingress_actor>(host, port).
-using ingress_actor = caf::typed_actor<
-    caf::replies_to<route_atom, RouteRequestMessage>::with<RouteDecisionMessage>,
-    // A route request another node forwards, with its client's scope (scope_request_id).
-    caf::replies_to<route_atom, RouteRequestMessage, std::string>::with<RouteDecisionMessage>,
-    caf::replies_to<report_atom, LifecycleReportMessage>::with<LifecycleAckMessage>,
-    caf::replies_to<generate_atom, GenerateRequestMessage>::with<RouteDecisionMessage>,
-    caf::reacts_to<cancel_atom, GenerateCancelMessage>>;
+/// ingress_actor, the published request API for actor clients: actors/client/ingress_protocol.hpp.
 
 /// The front door's gateway actor (actors/front_door/gateway_actor.hpp): the HTTP server's
 /// route requests and lifecycle reports, sent on to the node's ingress actor.

@@ -2,7 +2,10 @@
 #   runtime  the kvr binary
 #   sdk      the public plugin API headers under include/kvr/ (each compiles on its own, std only:
 #            no CAF, NATS or protobuf type), <kvr/plugin.hpp> and <kvr/version.hpp>, and the CMake
-#            package (find_package(kvr CONFIG), target kvr::plugin_sdk)
+#            package (find_package(kvr CONFIG), target kvr::plugin_sdk); and for actor clients,
+#            <kvr/actors/client/ingress_protocol.hpp>, kvr's protobuf messages (headers under
+#            include/kvr/kvr/v1/, generated sources under share/kvr/protocol/) and the package's
+#            actor_client component (target kvr::actor_client, with CAF and protobuf)
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -28,7 +31,22 @@ install(FILES "${PROJECT_SOURCE_DIR}/selection/sdk/kvr/plugin.hpp"
               "${PROJECT_BINARY_DIR}/sdk/kvr/version.hpp"
   DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/kvr" COMPONENT sdk)
 
+install(FILES "${PROJECT_SOURCE_DIR}/actors/client/ingress_protocol.hpp"
+  DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/kvr/actors/client" COMPONENT sdk)
+foreach(proto worker routing)
+  install(FILES "${PROJECT_BINARY_DIR}/messages/generated/kvr/v1/${proto}.pb.h"
+    DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/kvr/kvr/v1" COMPONENT sdk)
+  install(FILES "${PROJECT_BINARY_DIR}/messages/generated/kvr/v1/${proto}.pb.cc"
+    DESTINATION "${CMAKE_INSTALL_DATADIR}/kvr/protocol/kvr/v1" COMPONENT sdk)
+endforeach()
+
 install(TARGETS kvr_plugin_sdk EXPORT kvrTargets COMPONENT sdk)
+# A separate export: a plugin's find_package(kvr) needs neither CAF nor protobuf.
+install(TARGETS kvr_actor_client EXPORT kvrActorClientTargets COMPONENT sdk)
+install(EXPORT kvrActorClientTargets NAMESPACE kvr::
+  DESTINATION "${CMAKE_INSTALL_LIBDIR}/cmake/kvr" COMPONENT sdk)
+install(FILES "${PROJECT_SOURCE_DIR}/cmake/FindCAF.cmake"
+  DESTINATION "${CMAKE_INSTALL_LIBDIR}/cmake/kvr" COMPONENT sdk)
 install(EXPORT kvrTargets NAMESPACE kvr::
   DESTINATION "${CMAKE_INSTALL_LIBDIR}/cmake/kvr" COMPONENT sdk)
 configure_package_config_file("${PROJECT_SOURCE_DIR}/cmake/kvrConfig.cmake.in"
@@ -63,6 +81,7 @@ set(CPACK_STRIP_FILES ON)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION net)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
-# nats-server is what a node talks to; a fleet usually runs it elsewhere.
-set(CPACK_DEBIAN_PACKAGE_SUGGESTS "nats-server")
+# nats-server is what a node talks to (a fleet usually runs it elsewhere); CAF and protobuf are
+# what an actor client built against the SDK compiles with.
+set(CPACK_DEBIAN_PACKAGE_SUGGESTS "nats-server, libcaf-dev, libprotobuf-dev")
 include(CPack)

@@ -1,6 +1,7 @@
 // Every router-policy YAML the documentation shows loads as written: each ```yaml block of
 // README.md and docs/*.md, and each deploy/examples/*.yaml file, goes through the real loader,
 // the selection precedence and the plugin registry (built-in policies plus the example catalog).
+// And the actor client docs/actor-client.md shows in full is the one the test suite builds.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -118,6 +119,15 @@ TEST(DocsYamlTest, EveryDocumentedRouterPolicyYamlLoads) {
           << "with the built-in policies only: " << builtin.error().message();
     }
   }
+}
+
+TEST(DocsCodeTest, TheActorClientOfTheDocsIsTheOneTheSuiteBuilds) {
+  const std::string doc = read_file(fs::path{KVR_SOURCE_DIR} / "docs/actor-client.md");
+  const std::string source =
+      read_file(fs::path{KVR_SOURCE_DIR} / "deploy/examples/actor_client/actor_client.cpp");
+  ASSERT_FALSE(source.empty());
+  EXPECT_NE(doc.find("```cpp\n" + source + "```\n"), std::string::npos)
+      << "docs/actor-client.md no longer shows deploy/examples/actor_client/actor_client.cpp";
 }
 
 }  // namespace
