@@ -42,10 +42,11 @@ inline double kv_cost(const KvCostWeights& weights, double request_blocks, ToBlo
                         weights.disk_overlap_credit * cache.disk_overlap_blocks();
   double prefill_blocks = std::max(0.0, request_blocks - credit);
   double other_load = 0.0;
-  if (const WorkerLoadInput* load = candidate.load(); load->is_available()) {
-    prefill_blocks += to_blocks(static_cast<double>(load->active_prefill_tokens()));
-    other_load = load->decode_cost_blocks() +
-                 weights.active_request_weight * static_cast<double>(load->active_requests());
+  const WorkerLoadInput& load = *candidate.load();
+  if (load.is_available()) {
+    prefill_blocks += to_blocks(static_cast<double>(load.active_prefill_tokens()));
+    other_load = load.decode_cost_blocks() +
+                 weights.active_request_weight * static_cast<double>(load.active_requests());
   }
   return (weights.prefill_load_scale * prefill_blocks + other_load) *
          candidate.preferred_taint_multiplier().value_or(1.0);

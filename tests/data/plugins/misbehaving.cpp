@@ -15,7 +15,14 @@ namespace {
 
 using namespace kvr::plugins::worker_selection;
 
-enum class Fault { none, scorer_throws, scorer_nan, picker_out_of_range, undeclared_group, filter_throws };
+enum class Fault {
+  none,
+  scorer_throws,
+  scorer_nan,
+  picker_out_of_range,
+  undeclared_group,
+  filter_throws
+};
 
 Fault fault_of(const WorkerSelectionContext& context) {
   return static_cast<Fault>(context.prompt_tokens() % 6);
