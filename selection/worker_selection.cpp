@@ -10,15 +10,11 @@ WorkerSelectionContext::WorkerSelectionContext(const selection::SelectionRequest
                                                std::uint32_t block_size, WorkerType worker_type,
                                                const RoutingPartition& partition)
     : request_(&request),
+      prompt_tokens_(request.prompt_tokens),
+      request_blocks_(block_size == 0 ? 0 : (request.prompt_tokens + block_size - 1) / block_size),
       block_size_(block_size),
       worker_type_(worker_type),
       partition_(&partition) {}
-
-std::size_t WorkerSelectionContext::prompt_tokens() const { return request_->prompt_tokens; }
-
-std::size_t WorkerSelectionContext::request_blocks() const {
-  return block_size_ == 0 ? 0 : (request_->prompt_tokens + block_size_ - 1) / block_size_;
-}
 
 std::span<const std::uint64_t> WorkerSelectionContext::block_hashes() const {
   return request_->block_hashes;

@@ -275,9 +275,11 @@ class WorkerSelectionContext {
   WorkerSelectionContext(const selection::SelectionRequest& request, std::uint32_t block_size,
                          WorkerType worker_type, const RoutingPartition& partition);
 
-  std::size_t prompt_tokens() const;
+  // Inline and precomputed: scorers read these once per candidate, and a plugin would otherwise
+  // pay a call through its PLT each time.
+  std::size_t prompt_tokens() const { return prompt_tokens_; }
   /// prompt_tokens rounded up to whole blocks.
-  std::size_t request_blocks() const;
+  std::size_t request_blocks() const { return request_blocks_; }
   std::size_t block_size() const { return block_size_; }
   /// The request's chained block hashes (full blocks only).
   std::span<const std::uint64_t> block_hashes() const;
@@ -297,6 +299,8 @@ class WorkerSelectionContext {
 
  private:
   const selection::SelectionRequest* request_;
+  std::size_t prompt_tokens_;
+  std::size_t request_blocks_;
   std::uint32_t block_size_;
   WorkerType worker_type_;
   const RoutingPartition* partition_;
