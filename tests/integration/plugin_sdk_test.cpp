@@ -8,6 +8,10 @@
 // selections it spoils, under a steady route stream.
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -36,6 +40,94 @@ std::optional<int> run(const std::vector<std::string>& argv, const fs::path& log
   auto process = ChildProcess::start(argv, log);
   if (!process) return std::nullopt;
   return process->wait(timeout);
+}
+
+// Output of a program run to its end, or nullopt when it failed.
+std::optional<std::string> output_of(const std::vector<std::string>& argv, const fs::path& log) {
+  fs::remove(log);
+  if (run(argv, log, 30s) != 0) return std::nullopt;
+  return read_file(log);
+}
+
+// Package names of a Depends-style field ("a (>= 1), b | c"), version constraints and
+// architecture qualifiers dropped; every alternative is listed.
+std::vector<std::string> package_names(std::string_view field) {
+  std::vector<std::string> names;
+  std::string name;
+  bool in_version = false;
+  auto flush = [&] {
+    if (auto colon = name.find(':'); colon != std::string::npos) name.resize(colon);
+    if (!name.empty()) names.push_back(name);
+    name.clear();
+  };
+  for (const char c : field) {
+    if (c == '(') in_version = true;
+    if (in_version) {
+      in_version = c != ')';
+      continue;
+    }
+    if (c == ',' || c == '|' || c == ' ' || c == '\n') {
+      flush();
+    } else {
+      name.push_back(c);
+    }
+  }
+  flush();
+  return names;
+}
+
+// The installed packages apt would bring in for `depends`: the field's packages and, through
+// their Depends and Pre-Depends, everything they need; a virtual name brings in the installed
+// packages that provide it.
+std::set<std::string> dependency_closure(std::string_view depends, const fs::path& log) {
+  std::map<std::string, std::vector<std::string>> needs;      // package -> its dependencies
+  std::map<std::string, std::vector<std::string>> providers;  // virtual name -> packages
+  const auto installed = output_of(
+      {"dpkg-query", "-W", "-f", "${Package}\t${Provides}\t${Depends}, ${Pre-Depends}\n"}, log);
+  if (!installed) return {};
+  std::istringstream rows{*installed};
+  for (std::string row; std::getline(rows, row);) {
+    const auto first_tab = row.find('\t');
+    const auto second_tab = row.find('\t', first_tab + 1);
+    if (second_tab == std::string::npos) continue;
+    const std::string package = row.substr(0, first_tab);
+    for (auto& name : package_names(row.substr(first_tab + 1, second_tab - first_tab - 1))) {
+      providers[name].push_back(package);
+    }
+    needs[package] = package_names(row.substr(second_tab + 1));
+  }
+  std::set<std::string> closure;
+  std::vector<std::string> pending = package_names(depends);
+  while (!pending.empty()) {
+    std::string name = std::move(pending.back());
+    pending.pop_back();
+    if (closure.contains(name)) continue;
+    if (auto package = needs.find(name); package != needs.end()) {
+      closure.insert(name);
+      pending.insert(pending.end(), package->second.begin(), package->second.end());
+    }
+    if (auto provided = providers.find(name); provided != providers.end()) {
+      pending.insert(pending.end(), provided->second.begin(), provided->second.end());
+    }
+  }
+  return closure;
+}
+
+// The package owning a library file ldd resolved (merged /usr: a /lib path may be listed under
+// /usr/lib), or nullopt.
+std::optional<std::string> owning_package(const fs::path& library, const fs::path& log) {
+  std::vector<std::string> candidates{library.string()};
+  if (library.string().starts_with("/lib")) candidates.push_back("/usr" + library.string());
+  std::error_code ignored;
+  candidates.push_back(fs::canonical(library, ignored).string());
+  for (const auto& candidate : candidates) {
+    if (candidate.empty()) continue;
+    if (auto owner = output_of({"dpkg-query", "-S", candidate}, log)) {
+      const auto colon = owner->find(':');  // "libc6:amd64: /lib/..." or "libc6: /lib/..."
+      return owner->substr(0, colon);
+    }
+  }
+  return std::nullopt;
 }
 
 // The SDK installed once for the suite, and the plugin projects built against it.
@@ -307,7 +399,8 @@ TEST_F(PluginSdkTest, AnActorClientBuiltAgainstTheSdkRoutesReportsAndStreams) {
       << metrics;
 }
 
-TEST_F(PluginSdkTest, TheDebianPackageCarriesTheBinaryTheSdkAndTheUnitWithEveryLibraryFound) {
+TEST_F(PluginSdkTest,
+       TheDebianPackageCarriesTheBinaryTheSdkAndTheUnitAndDependsOnEveryLibraryItLoads) {
   const fs::path packages = directory_.path() / "packages";
   const fs::path log = directory_.path() / "cpack.log";
   ASSERT_EQ(run({"cpack", "-G", "DEB", "--config", KVR_BUILD_DIR "/CPackConfig.cmake", "-B",
@@ -348,7 +441,29 @@ TEST_F(PluginSdkTest, TheDebianPackageCarriesTheBinaryTheSdkAndTheUnitWithEveryL
   ASSERT_EQ(run({"dpkg", "-x", deb.string(), root.string()}, log), 0) << read_file(log);
   const fs::path libraries = directory_.path() / "ldd.log";
   ASSERT_EQ(run({"ldd", (root / "usr/bin/kvr").string()}, libraries), 0) << read_file(libraries);
-  EXPECT_EQ(read_file(libraries).find("not found"), std::string::npos) << read_file(libraries);
+  const std::string resolved = read_file(libraries);
+  EXPECT_EQ(resolved.find("not found"), std::string::npos) << resolved;
+  // No fresh root can be made here, so the package's Depends are checked instead: every library
+  // the binary loads must belong to a package that installing the Depends brings in.
+  const std::string depends = control.substr(control.find("Depends:") + 8);
+  const std::set<std::string> installed_with_kvr =
+      dependency_closure(depends, directory_.path() / "dpkg-query.log");
+  std::size_t checked = 0;
+  std::istringstream lines{resolved};
+  for (std::string line; std::getline(lines, line);) {
+    // "\tlibx.so.1 => /lib/.../libx.so.1 (0x...)" or "\t/lib64/ld-linux-x86-64.so.2 (0x...)"
+    const auto arrow = line.find("=> ");
+    const auto start = arrow != std::string::npos ? arrow + 3 : line.find('/');
+    if (start == std::string::npos) continue;  // the vDSO
+    const fs::path library = line.substr(start, line.find(" (", start) - start);
+    const auto owner = owning_package(library, directory_.path() / "dpkg-query.log");
+    ASSERT_TRUE(owner.has_value()) << library << " belongs to no package";
+    EXPECT_TRUE(installed_with_kvr.contains(*owner))
+        << library << " comes from " << *owner << ", which the package's Depends do not bring in:\n"
+        << control;
+    ++checked;
+  }
+  EXPECT_GE(checked, 10u) << resolved;
   const fs::path version = directory_.path() / "version.log";
   ASSERT_EQ(run({(root / "usr/bin/kvr").string(), "--version"}, version), 0);
   EXPECT_NE(read_file(version).find("kvr " KVR_VERSION_STRING), std::string::npos)
