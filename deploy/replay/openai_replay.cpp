@@ -2,6 +2,8 @@
 
 #include <array>
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <deque>
 #include <limits>
 #include <memory>
@@ -84,8 +86,24 @@ class Call : public std::enable_shared_from_this<Call> {
   std::string worker_;
   // The node's predicted cached tokens (x-kvr-cached-tokens); none from an engine reached directly.
   std::optional<std::uint64_t> predicted_cached_;
+  // The engine's own time to its first byte (the node's Server-Timing "engine"), in ms.
+  std::optional<double> engine_first_byte_ms_;
   bool done_ = false;
 };
+
+// A metric's duration in a Server-Timing header ("kvr;dur=0.4, engine;dur=12.3"), in ms.
+std::optional<double> server_timing_ms(beast::string_view header, std::string_view metric) {
+  const std::string value{header.data(), header.size()};
+  const std::string key = std::string{metric} + ";dur=";
+  for (std::size_t at = value.find(key); at != std::string::npos; at = value.find(key, at + 1)) {
+    if (at != 0 && value[at - 1] != ' ' && value[at - 1] != ',') continue;
+    const char* start = value.c_str() + at + key.size();
+    char* end = nullptr;
+    const double ms = std::strtod(start, &end);
+    if (end != start && std::isfinite(ms)) return ms;
+  }
+  return std::nullopt;
+}
 
 class Replay {
  public:
@@ -105,6 +123,9 @@ class Replay {
     result_.report = simulation::make_policy_report("openai", trace_.size(), outcomes_,
                                                     std::max<std::size_t>(1, workers_.size()));
     result_.report.failed -= std::min(result_.report.failed, result_.rejected_by_admission);
+    if (!front_door_added_ms_.empty()) {
+      result_.report.front_door_added_ms = simulation::summarize(std::move(front_door_added_ms_));
+    }
     for (const auto& [why, count] : failures_) result_.report.failures.emplace_back(why, count);
     result_.outcomes = std::move(outcomes_);
     return std::move(result_);
@@ -116,7 +137,7 @@ class Replay {
   void completed(std::size_t index, Clock::time_point arrival, Clock::time_point first_token,
                  Clock::time_point last_token, double max_gap_ms, std::uint64_t output_tokens,
                  std::uint64_t cached_tokens, std::optional<std::uint64_t> predicted_cached_tokens,
-                 const std::string& worker) {
+                 std::optional<double> engine_first_byte_ms, const std::string& worker) {
     simulation::RequestStats stats;
     stats.id = index;
     stats.arrival_ms = ms_between(start_, arrival);
@@ -126,6 +147,8 @@ class Replay {
     stats.cached_prompt_tokens = cached_tokens;
     stats.output_tokens = output_tokens;
     stats.max_inter_token_ms = max_gap_ms;
+    if (engine_first_byte_ms)
+      front_door_added_ms_.push_back(stats.ttft_ms() - *engine_first_byte_ms);
     const auto [slot, inserted] = workers_.emplace(worker, workers_.size() + 1);
     ++result_.requests_per_worker[worker];
     outcomes_.push_back(
@@ -220,6 +243,7 @@ class Replay {
   std::vector<simulation::ReplayRequestOutcome> outcomes_;
   std::map<std::string, std::size_t> workers_;
   std::map<std::string, std::size_t> failures_;
+  std::vector<double> front_door_added_ms_;
 };
 
 net::any_io_executor Call::executor_of(Replay& replay) { return replay.io().get_executor(); }
@@ -251,6 +275,8 @@ void Call::start(Clock::time_point arrival) {
                 }
                 self->parser_.emplace();
                 self->parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
+                // A fresh buffer reads 512 bytes at a time; a stream's events come in bursts.
+                self->buffer_.reserve(16 * 1024);
                 http::async_read_header(self->stream_, self->buffer_, *self->parser_,
                                         [self](beast::error_code read_error, std::size_t) {
                                           if (read_error) {
@@ -299,6 +325,7 @@ void Call::on_bytes(std::string_view bytes) {
         end_of_number == predicted.data() + predicted.size()) {
       predicted_cached_ = tokens;
     }
+    engine_first_byte_ms_ = server_timing_ms(parser_->get()["server-timing"], "engine");
   }
   std::size_t end = 0;
   while ((end = pending_.find("\n\n")) != std::string::npos) {
@@ -355,7 +382,7 @@ void Call::finish() {
   if (!first_token_) return replay_.failed(index_, "the stream carried no token", 0, false, true);
   replay_.completed(index_, arrival_, *first_token_, last_token_, max_gap_ms_,
                     completion_tokens_ != 0 ? completion_tokens_ : output_events_, cached_tokens_,
-                    predicted_cached_, worker_);
+                    predicted_cached_, engine_first_byte_ms_, worker_);
 }
 
 void Call::fail(std::string why, bool timeout) {
@@ -405,6 +432,12 @@ std::string format_openai_summary(const OpenAiReplayResult& result) {
       "errors {}, arrivals held by --concurrency {}; rejected by admission (429): {}\n",
       result.requests_per_worker.size(), least, most, result.timed_out, result.stream_errors,
       result.delayed_by_cap, result.rejected_by_admission);
+  if (const auto& added = result.report.front_door_added_ms) {
+    text += fmt::format(
+        "openai: time to first token the front door added (the client's less the engine's own, "
+        "from Server-Timing): p50 {:.3f} ms, p90 {:.3f} ms, p99 {:.3f} ms\n",
+        added->p50, added->p90, added->p99);
+  }
   if (!result.errors_by_status.empty()) {
     std::vector<std::string> statuses;
     for (const auto& [status, count] : result.errors_by_status) {

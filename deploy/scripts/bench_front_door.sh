@@ -6,6 +6,8 @@
 # at the trace's arrivals (6x) and closed-loop at 64 and 512 concurrent streams; the CPU the node and the engines spent per request; then 2,000
 # streams held open through the node at once (slow engines), with the node's memory per stream.
 # Usage: deploy/scripts/bench_front_door.sh [KVR_BINARY] (default build/release/deploy/cli/kvr).
+# KVR_BENCH_NODE_CPUS=1 gives the node CPU 1 and everything else (engines, bridges, nats-server, the
+# client) the other CPUs, as a node on its own host would be; unset, all share every CPU.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -14,6 +16,17 @@ engines=${KVR_BENCH_ENGINES:-4}
 requests=${KVR_BENCH_REQUESTS:-2000}
 open_requests=${KVR_BENCH_OPEN_REQUESTS:-600}
 held_streams=${KVR_BENCH_HELD_STREAMS:-2000}
+node_cpus=${KVR_BENCH_NODE_CPUS:-}
+on_node_cpus=()
+on_other_cpus=()
+if [[ -n $node_cpus ]]; then
+  others=$(python3 -c 'import os, sys
+mine = {int(c) for c in sys.argv[1].split(",")}
+print(",".join(str(c) for c in sorted(os.sched_getaffinity(0) - mine)))' "$node_cpus")
+  [[ -n $others ]] || { echo "KVR_BENCH_NODE_CPUS leaves no CPU for the rest" >&2; exit 2; }
+  on_node_cpus=(taskset -c "$node_cpus")
+  on_other_cpus=(taskset -c "$others")
+fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvr-bench-front-door.XXXXXX")
 pids=()
 stop_all() {
@@ -58,11 +71,11 @@ metric() {
 start_fleet() {
   local time_scale=$1 i base nats_port
   nats_port=$(free_port)
-  nats-server -a 127.0.0.1 -p "$nats_port" >"$work/nats.log" 2>&1 &
+  "${on_other_cpus[@]}" nats-server -a 127.0.0.1 -p "$nats_port" >"$work/nats.log" 2>&1 &
   pids+=("$!")
   nats="nats://127.0.0.1:$nats_port"
   base=$(free_base $((3 * engines)))
-  "$kvr" mocker --speak vllm --workers "$engines" --time-scale "$time_scale" --http-threads 1000 \
+  "${on_other_cpus[@]}" "$kvr" mocker --speak vllm --workers "$engines" --time-scale "$time_scale" --http-threads 1000 \
     --http-port "$base" --kv-events-port $((base + 1)) --kv-events-replay-port 0 --port-stride 3 \
     >"$work/engines.log" 2>&1 &
   engines_pid=$!
@@ -74,14 +87,14 @@ start_fleet() {
       kill -0 "$engines_pid" 2>/dev/null || { cat "$work/engines.log" >&2; exit 1; }
       sleep 0.1
     done
-    "$kvr" bridge --engine vllm --engine-url "http://127.0.0.1:$http" \
+    "${on_other_cpus[@]}" "$kvr" bridge --engine vllm --engine-url "http://127.0.0.1:$http" \
       --kv-events "tcp://127.0.0.1:$((http + 1))" --nats "$nats" >"$work/bridge_$i.log" 2>&1 &
     pids+=("$!")
     engine_urls+=(--openai-url "http://127.0.0.1:$http/v1")
   done
   metrics_port=$(free_port)
   http_port=$(free_port)
-  "$kvr" node --nats "$nats" --http-port "$http_port" --metrics-port "$metrics_port" \
+  "${on_node_cpus[@]}" "$kvr" node --nats "$nats" --http-port "$http_port" --metrics-port "$metrics_port" \
     --http-max-connections 100000 >"$work/node.log" 2>&1 &
   node_pid=$!
   pids+=("$node_pid")
@@ -105,7 +118,7 @@ run() {
   node_before=$(cpu_ms "$node_pid")
   engines_before=$(cpu_ms "$engines_pid")
   # A failed request fails the replay (exit 1), not the table: its row shows the completed count.
-  "$kvr" replay-live "${urls[@]}" --openai-api completions "${load[@]}" --timeout 120 --quiet \
+  "${on_other_cpus[@]}" "$kvr" replay-live "${urls[@]}" --openai-api completions "${load[@]}" --timeout 120 --quiet \
     --json "$json" >/dev/null || true
   python3 - "$json" "$target" "$concurrency" \
     "$(awk -v a="$(cpu_ms "$node_pid")" -v b="$node_before" 'BEGIN {print a - b}')" \
@@ -114,8 +127,10 @@ import json, sys
 path, target, concurrency, node_ms, engines_ms = sys.argv[1:]
 policy = json.load(open(path))["policies"][0]
 done = policy["completed"]
+added = policy.get("front_door_added_ms")
+added = f"{added['p50']:>9.3f} {added['p99']:>9.3f}" if added else f"{'-':>9} {'-':>9}"
 print(f"{target:>7} {concurrency:>5} {done:>6}/{policy['requests']} {done / policy['makespan_s']:>9.0f} "
-      f"{policy['ttft_ms']['p50']:>9.3f} {policy['ttft_ms']['p99']:>9.3f} "
+      f"{policy['ttft_ms']['p50']:>9.3f} {policy['ttft_ms']['p99']:>9.3f} {added} "
       f"{float(node_ms) / done:>10.3f} {float(engines_ms) / done:>12.3f}")
 EOF
 }
@@ -123,28 +138,32 @@ EOF
 echo "kvr front door: $engines engines (time scale 1e6), $requests requests of the bundled trace"
 echo "(completions with token-id prompts, streamed) per row, side by side in one run"
 start_fleet 1e6
-printf '%7s %5s %13s %9s %9s %9s %10s %12s\n' target conc completed "req/s" "ttft p50" "ttft p99" \
-  "node ms/req" "engines ms/req"
+printf '%7s %5s %13s %9s %9s %9s %9s %9s %10s %12s\n' target conc completed "req/s" "ttft p50" \
+  "ttft p99" "added p50" "added p99" "node ms/req" "engines ms/req"
 for concurrency in ${KVR_BENCH_LOADS:-open 64 512}; do
   for target in direct node; do run "$target" "$concurrency"; done
 done
-echo "(ttft in ms of wall-clock time at the client; ms/req = CPU time of the process per request)"
+echo "(ttft in ms of wall-clock time at the client; added: each request's ttft less the engine's own"
+echo " time to its first byte, from the node's Server-Timing header; ms/req = CPU time per request)"
 # The node's own view: from a request's body to its forwarding (routing included), over every run.
 curl -s "127.0.0.1:$metrics_port/metrics" | python3 -c '
 import sys
-buckets = [(float(line.split("le=\"")[1].split("\"")[0].replace("+Inf", "inf")), float(line.split()[-1]))
-           for line in sys.stdin if line.startswith("kvr_http_added_latency_seconds_bucket")]
-total = buckets[-1][1]
-quantile = lambda q: next(le for le, count in buckets if count >= q * total)
-print(f"node: body to forwarded, {int(total)} requests: p50 <= {quantile(0.5) * 1000:g} ms, "
-      f"p99 <= {quantile(0.99) * 1000:g} ms (histogram bucket bounds)")'
+lines = sys.stdin.readlines()
+for metric, what in (("kvr_http_added_latency_seconds", "body to forwarded"),
+                     ("kvr_http_engine_first_byte_seconds", "forwarded to the engine first byte")):
+    buckets = [(float(line.split("le=\"")[1].split("\"")[0].replace("+Inf", "inf")), float(line.split()[-1]))
+               for line in lines if line.startswith(metric + "_bucket")]
+    total = buckets[-1][1]
+    quantile = lambda q: next(le for le, count in buckets if count >= q * total)
+    print(f"node: {what}, {int(total)} requests: p50 <= {quantile(0.5) * 1000:g} ms, "
+          f"p99 <= {quantile(0.99) * 1000:g} ms (histogram bucket bounds)")'
 stop_all
 
 echo
 echo "$held_streams streams held open through the node at once (engines at time scale 0.05)"
 start_fleet 0.05
 idle_kb=$(rss_kb "$node_pid")
-"$kvr" replay-live --openai-url "http://127.0.0.1:$http_port/v1" --openai-api completions \
+"${on_other_cpus[@]}" "$kvr" replay-live --openai-url "http://127.0.0.1:$http_port/v1" --openai-api completions \
   --limit "$held_streams" --speedup 1e6 --concurrency "$held_streams" --timeout 300 --quiet \
   >/dev/null 2>&1 &
 replay_pid=$!

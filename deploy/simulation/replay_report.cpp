@@ -249,6 +249,9 @@ std::string to_json(const ReplayReport& report) {
     entry["e2e_ms"] = latency_json(policy.e2e_ms);
     entry["failed"] = policy.failed;
     entry["failures"] = counts_json(policy.failures);
+    if (policy.front_door_added_ms) {
+      entry["front_door_added_ms"] = latency_json(*policy.front_door_added_ms);
+    }
     entry["hit_rate"] = rounded(policy.hit_rate);
     entry["hit_rate_ladder"] = ladder_json(policy);
     entry["itl_ms"] = latency_json(policy.itl_ms);

@@ -65,6 +65,9 @@ struct PolicyReport {
   /// Requests admission (the request classifier) or the policy-class queue refused, by error code
   /// (e.g. rate_limited, overloaded, timeout): answered outcomes, counted apart from failures.
   NamedCounts rejected;
+  /// What a front door added to each request's time to first token: the client's TTFT less the
+  /// engine's own (the node's Server-Timing); only from a replay through `kvr node --http-port`.
+  std::optional<LatencySummary> front_door_added_ms;
   /// Prompt tokens served from cache / prompt tokens.
   double hit_rate = 0;
   /// The ladder's measured rungs over the completed requests: prompt tokens, the router's

@@ -60,6 +60,7 @@ class EngineCall : public std::enable_shared_from_this<EngineCall> {
   }
 
   void read() {
+    buffer_.reserve(16 * 1024);  // a fresh buffer reads 512 bytes at a time; answers run to 100 KB
     parser_.emplace();
     parser_->body_limit(request_.max_answer_bytes);
     http::async_read(stream_, buffer_, *parser_,

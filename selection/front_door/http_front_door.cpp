@@ -43,12 +43,15 @@ constexpr std::string_view kEngineFailures = "kvr_http_engine_failures_total";
 constexpr std::string_view kRetries = "kvr_http_retries_total";
 constexpr std::string_view kClientsGone = "kvr_http_clients_gone_total";
 constexpr std::string_view kAddedLatency = "kvr_http_added_latency_seconds";
+constexpr std::string_view kEngineFirstByte = "kvr_http_engine_first_byte_seconds";
 
 constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
 // Bytes a client may send while its answer streams (a pipelined next request) before the node
 // stops reading it.
 constexpr std::size_t kMaxPipelinedBytes = 64 * 1024;
 constexpr std::size_t kChunkBytes = 16 * 1024;
+// Beast's largest single read (http::read's read_size limit).
+constexpr std::uint64_t kMaxReadBytes = 64 * 1024;
 
 std::string str(beast::string_view view) { return {view.data(), view.size()}; }
 
@@ -101,6 +104,7 @@ struct HttpFrontDoor::State {
   metrics::ValueHandle in_flight_gauge = metrics->gauge(kInFlight);
   metrics::ValueHandle connections_gauge = metrics->gauge(kConnections);
   metrics::HistogramHandle added_latency = metrics->histogram(kAddedLatency);
+  metrics::HistogramHandle engine_first_byte = metrics->histogram(kEngineFirstByte);
   // The hit-rate ladder's measured rungs: each answer's usage against the route's prediction.
   metrics::CacheMismatchDetector cache_mismatch;
   metrics::RateLimitedLog cache_log;
@@ -239,6 +243,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void read_body() {
+    // A fresh buffer reads 512 bytes at a time: an 80 KB prompt would take 160 reads.
+    if (const auto length = parser_->content_length(); length && *length > buffer_.size()) {
+      buffer_.reserve(std::min<std::uint64_t>(*length, kMaxReadBytes));
+    }
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code error, std::size_t) {
                        if (error) return self->read_failed(error);
@@ -427,6 +435,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     RequestMetadata metadata;
     RoutingKey key;
     std::chrono::steady_clock::time_point received;
+    std::chrono::steady_clock::time_point forwarded;  // the attempt's request written to its engine
     // The attempt under way: its booking and worker.
     std::uint32_t attempt = 0;
     std::vector<std::uint64_t> failed_workers;
@@ -435,6 +444,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::string worker_url;
     std::uint64_t predicted_cached_tokens = 0;
     bool first_byte = false;
+    // When the engine last sent a byte: the stall watch compares against it instead of being
+    // re-armed for every token.
+    std::chrono::steady_clock::time_point last_byte;
+    std::chrono::steady_clock::time_point engine_first_byte;
     // What the client has been sent of the answer.
     bool header_sent = false;
     bool streaming = false;
@@ -729,9 +742,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     Flight& flight = *flight_;
     if (writing_ || flight.events.empty()) return;
     const bool last = flight.events_end;
-    std::string events = std::move(flight.events);
+    auto events = std::make_shared<std::string>(std::move(flight.events));
     flight.events.clear();
-    send_chunk(std::move(events), last, [this] { write_events(); });
+    const net::const_buffer bytes = net::buffer(*events);
+    send_chunk(bytes, std::move(events), last, &Connection::write_events);
   }
 
   // ---- forwarding to the engine ----------------------------------------------------------------
@@ -759,7 +773,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // Moved, not copied (prompts run to megabytes); a retry takes it back.
     request->body() = std::move(flight.body);
     request->prepare_payload();
-    arm_deadline(server_.options.first_byte_timeout, "first_byte");
+    arm_first_byte_deadline();
     connect_engine(
         upstream_->stream, upstream_->resolver, url->host, url->port,
         [self = shared_from_this(), up = upstream_, epoch = epoch_](beast::error_code error,
@@ -779,9 +793,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
         [self = shared_from_this(), up = upstream_, epoch](beast::error_code error, std::size_t) {
           if (epoch != self->epoch_) return;
           if (error) return self->engine_failed("cannot send: " + error.message());
+          self->flight_->forwarded = std::chrono::steady_clock::now();
           self->server_.added_latency.observe(
-              std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                            self->flight_->received)
+              std::chrono::duration<double>(self->flight_->forwarded - self->flight_->received)
                   .count());
           self->read_upstream_header();
         });
@@ -816,26 +830,69 @@ class Connection : public std::enable_shared_from_this<Connection> {
     read_upstream_body();
   }
 
+  // Relays the engine's answer: decodes whatever is already read, reads from the engine only when
+  // nothing is left to decode, so that one client write carries every event one read brought.
   void read_upstream_body() {
     Upstream& up = *upstream_;
-    auto& body = up.parser->get().body();
-    if (!up.chunk) up.chunk = std::make_unique<char[]>(kChunkBytes);
-    body.data = up.chunk.get();
-    body.size = kChunkBytes;
+    if (!up.chunk) {
+      up.chunk = std::make_unique<char[]>(kChunkBytes);
+      up.buffer.reserve(kChunkBytes);  // one read takes every event waiting in the socket
+    }
+    const auto decoded = decode_upstream();
+    if (!decoded) return;
+    if (*decoded > 0 || up.parser->is_done()) return on_upstream_bytes(*decoded);
+    read_engine_bytes();
+  }
+
+  // The answer's body bytes decoded from what is buffered into `chunk`; nullopt when the answer
+  // is not valid HTTP (the attempt has failed then).
+  std::optional<std::size_t> decode_upstream() {
+    Upstream& up = *upstream_;
+    auto& parser = *up.parser;
+    std::size_t decoded = 0;
+    while (!parser.is_done() && up.buffer.size() > 0 && decoded < kChunkBytes) {
+      auto& body = parser.get().body();
+      body.data = up.chunk.get() + decoded;
+      body.size = kChunkBytes - decoded;
+      beast::error_code error;
+      const std::size_t used = parser.put(up.buffer.data(), error);
+      up.buffer.consume(used);
+      decoded = kChunkBytes - body.size;
+      if (error == http::error::need_more || error == http::error::need_buffer) break;
+      if (error) {
+        engine_failed("the answer is not valid HTTP: " + error.message(),
+                      v1::ABORT_CAUSE_WORKER_FAILED);
+        return std::nullopt;
+      }
+      if (used == 0) break;
+    }
+    return decoded;
+  }
+
+  void read_engine_bytes() {
+    Upstream& up = *upstream_;
+    const std::size_t room = beast::read_size(up.buffer, kChunkBytes);
+    if (room == 0) {
+      return engine_failed(
+          fmt::format("the answer's framing needs more than {} bytes", kChunkBytes),
+          v1::ABORT_CAUSE_WORKER_FAILED);
+    }
     const std::uint64_t epoch = epoch_;
-    http::async_read_some(
-        up.stream, up.buffer, *up.parser,
-        [self = shared_from_this(), up = upstream_, epoch](beast::error_code error, std::size_t) {
+    up.stream.async_read_some(
+        up.buffer.prepare(room),
+        [self = shared_from_this(), up = upstream_, epoch](beast::error_code error, std::size_t n) {
           if (epoch != self->epoch_) return;
-          if (error == http::error::need_buffer) error = {};
-          const std::size_t bytes = kChunkBytes - up->parser->get().body().size;
+          up->buffer.commit(n);
+          if (error == net::error::eof && up->parser->need_eof()) {
+            up->parser->put_eof(error);  // an answer delimited by the connection's end
+          }
           if (error) {
-            return self->engine_failed(bytes > 0 || self->flight_->first_byte
+            return self->engine_failed(self->flight_->first_byte
                                            ? "the answer broke off: " + error.message()
                                            : "no answer: " + error.message(),
                                        v1::ABORT_CAUSE_WORKER_FAILED);
           }
-          self->on_upstream_bytes(bytes);
+          self->read_upstream_body();
         });
   }
 
@@ -843,14 +900,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
     Flight& flight = *flight_;
     Upstream& up = *upstream_;
     const bool done = up.parser->is_done();
-    if (bytes > 0 && !flight.first_byte) {
-      flight.first_byte = true;
-      report(flight.booking_id, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
-      // No retry after the first byte: a long stream keeps neither its prompt nor its body.
-      up.request.reset();
-      flight.key = {};
+    if (bytes > 0) {
+      flight.last_byte = std::chrono::steady_clock::now();
+      if (!flight.first_byte) {
+        flight.first_byte = true;
+        flight.engine_first_byte = flight.last_byte;
+        server_.engine_first_byte.observe(
+            std::chrono::duration<double>(flight.last_byte - flight.forwarded).count());
+        report(flight.booking_id, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
+        // No retry after the first byte: a long stream keeps neither its prompt nor its body.
+        up.request.reset();
+        flight.key = {};
+        watch_for_stall();
+      }
     }
-    if (bytes > 0 || !done) arm_deadline(server_.options.stall_timeout, "stall");
     if (!flight.streaming) {
       if (flight.answer.size() + bytes > server_.options.max_response_bytes) {
         return engine_failed(fmt::format("the engine's answer is larger than {} bytes",
@@ -861,18 +924,29 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (!done) return read_upstream_body();
       return finish_whole_answer();
     }
-    if (bytes == 0) {
-      if (done) return finish_stream();
-      return read_upstream_body();
-    }
+    if (bytes == 0) return finish_stream();  // done: nothing decoded means nothing is left
     keep_stream_tail(flight, std::string_view{up.chunk.get(), bytes});
-    send_chunk(std::string(up.chunk.get(), bytes), done, [this] { read_upstream_body(); });
+    // Written straight from `chunk`, which nothing refills before the write completes.
+    send_chunk(net::buffer(up.chunk.get(), bytes), upstream_, done,
+               &Connection::read_upstream_body);
   }
 
   std::vector<std::pair<std::string, std::string>> kvr_headers() const {
-    return {{"x-kvr-request-id", request_id_},
-            {"x-kvr-worker-id", std::to_string(flight_->worker_id)},
-            {"x-kvr-cached-tokens", std::to_string(flight_->predicted_cached_tokens)}};
+    const Flight& flight = *flight_;
+    std::vector<std::pair<std::string, std::string>> headers{
+        {"x-kvr-request-id", request_id_},
+        {"x-kvr-worker-id", std::to_string(flight.worker_id)},
+        {"x-kvr-cached-tokens", std::to_string(flight.predicted_cached_tokens)}};
+    if (flight.first_byte) {
+      // W3C Server-Timing, in ms: the node's part before forwarding and the engine's to its first
+      // byte, so that a client can tell what the front door added to its time to first token.
+      using Ms = std::chrono::duration<double, std::milli>;
+      headers.emplace_back("server-timing",
+                           fmt::format("kvr;dur={:.3f}, engine;dur={:.3f}",
+                                       Ms(flight.forwarded - flight.received).count(),
+                                       Ms(flight.engine_first_byte - flight.forwarded).count()));
+    }
+    return headers;
   }
 
   // The usage event ends a stream (when the client asked for it): 4 KiB hold it whole.
@@ -917,19 +991,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
     respond(endpoint, status, std::move(answer), std::move(type), std::move(headers));
   }
 
-  // Streams `bytes` to the client (its response header first), then reads on or ends.
-  // `then` runs after the write, unless it was the last or the client went away.
-  void send_chunk(std::string bytes, bool last, std::function<void()> then) {
+  // Streams `bytes` (kept alive by `holder`) to the client, its response header first; then
+  // `then` runs, unless it was the last chunk or the client went away.
+  template <class Holder>
+  void send_chunk(net::const_buffer bytes, Holder holder, bool last, void (Connection::*then)()) {
     Flight& flight = *flight_;
-    auto pending = std::make_shared<std::string>(std::move(bytes));
     const std::uint64_t epoch = epoch_;
-    auto after = [self = shared_from_this(), epoch, pending, last, then = std::move(then)](
+    auto after = [self = shared_from_this(), epoch, holder = std::move(holder), last, then](
                      beast::error_code error, std::size_t) {
       self->writing_ = false;
       if (epoch != self->epoch_ || !self->flight_) return;
       if (error) return self->client_gone();
       if (last) return self->finish_stream();
-      then();
+      ((*self).*then)();
     };
     writing_ = true;
     if (!flight.header_sent) {
@@ -943,20 +1017,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
       stream_header_->chunked(true);
       stream_serializer_.emplace(*stream_header_);
       http::async_write_header(stream_, *stream_serializer_,
-                               [self = shared_from_this(), epoch, pending, after](
+                               [self = shared_from_this(), epoch, bytes, after = std::move(after)](
                                    beast::error_code error, std::size_t) mutable {
                                  if (epoch != self->epoch_ || !self->flight_) return;
                                  if (error) {
                                    self->writing_ = false;
                                    return self->client_gone();
                                  }
-                                 net::async_write(self->stream_,
-                                                  http::make_chunk(net::buffer(*pending)),
+                                 net::async_write(self->stream_, http::make_chunk(bytes),
                                                   std::move(after));
                                });
       return;
     }
-    net::async_write(stream_, http::make_chunk(net::buffer(*pending)), std::move(after));
+    net::async_write(stream_, http::make_chunk(bytes), std::move(after));
   }
 
   void finish_stream() {
@@ -1023,19 +1096,30 @@ class Connection : public std::enable_shared_from_this<Connection> {
                 {});
   }
 
-  void arm_deadline(std::chrono::milliseconds after, const char* kind) {
-    deadline_.expires_after(after);
-    const std::uint64_t epoch = epoch_;
-    const bool first_byte = std::string_view{kind} == "first_byte";
+  // Armed once an answer's first byte came: it wakes when the stall timeout would have passed
+  // since the last byte, and sleeps on while bytes keep coming.
+  void watch_for_stall() {
+    const auto timeout = server_.options.stall_timeout;
+    deadline_.expires_at(flight_->last_byte + timeout);
     deadline_.async_wait(
-        [self = shared_from_this(), epoch, after, first_byte](beast::error_code error) {
+        [self = shared_from_this(), epoch = epoch_, timeout](beast::error_code error) {
           if (error || epoch != self->epoch_ || !self->flight_) return;
-          if (first_byte) {
-            return self->engine_failed(fmt::format("no first byte within {} ms", after.count()),
-                                       v1::ABORT_CAUSE_FIRST_TOKEN_TIMEOUT);
+          if (std::chrono::steady_clock::now() - self->flight_->last_byte < timeout) {
+            return self->watch_for_stall();
           }
-          self->engine_failed(fmt::format("the answer stalled for {} ms", after.count()),
+          self->engine_failed(fmt::format("the answer stalled for {} ms", timeout.count()),
                               v1::ABORT_CAUSE_STREAM_TIMEOUT);
+        });
+  }
+
+  void arm_first_byte_deadline() {
+    const auto timeout = server_.options.first_byte_timeout;
+    deadline_.expires_after(timeout);
+    deadline_.async_wait(
+        [self = shared_from_this(), epoch = epoch_, timeout](beast::error_code error) {
+          if (error || epoch != self->epoch_ || !self->flight_) return;
+          self->engine_failed(fmt::format("no first byte within {} ms", timeout.count()),
+                              v1::ABORT_CAUSE_FIRST_TOKEN_TIMEOUT);
         });
   }
 
@@ -1171,6 +1255,10 @@ std::expected<std::unique_ptr<HttpFrontDoor>, std::string> HttpFrontDoor::start(
       "Time from a request's body to its forwarding to the engine (render and "
       "route included)",
       {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1});
+  metrics->describe(std::string{kEngineFirstByte}, metrics::MetricType::Histogram,
+                    "Time from a request's forwarding to the engine's first answer byte (the "
+                    "engine's time to first token, as the node sees it)",
+                    {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10});
   auto state = std::make_shared<State>(std::move(options), std::move(gateway), std::move(directory),
                                        std::move(metrics));
   const FrontDoorOptions& opts = state->options;

@@ -7,10 +7,13 @@
 // the booking; a killed engine fails only its own streams, and a request routed to it is retried
 // on another engine. Workers without an HTTP URL (`kvr mocker`) are served through the node's
 // generate API with the model's tokenizer, or refused with a reason.
+#include <atomic>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -715,6 +718,79 @@ TEST_F(FrontDoorTest, AKilledEngineFailsOnlyItsOwnStreams) {
     if (pair.get() != &killed) pair->engine->signal(SIGKILL);
   }
   for (auto& stream : streams) stream->thread.join();
+}
+
+TEST_F(FrontDoorTest, AStreamIsCutOnlyWhenItsEngineStallsNotWhenItIsSlowAndSteady) {
+  constexpr auto kStallTimeout = 400ms;
+  start_node({"--router-stream-stall-timeout-ms", std::to_string(kStallTimeout.count())});
+  start_pair(kFirstWorker, "1");
+  wait_until_ready();
+  ASSERT_TRUE(wait_until([&] { return node_metric("kvr_workers") == 1; }, 10s));
+
+  // Slow and steady: the answer takes longer than the stall timeout, but no gap does.
+  const auto started = std::chrono::steady_clock::now();
+  const Answer steady = post("/v1/completions", Json{{"model", "mock-model"},
+                                                     {"prompt", testing::prompt(64, 1000)},
+                                                     {"max_tokens", 200},
+                                                     {"stream", true}}
+                                                    .dump());
+  const auto took = std::chrono::steady_clock::now() - started;
+  ASSERT_GT(took, 2 * kStallTimeout) << "the engine was too fast for the check to mean anything";
+  ASSERT_EQ(steady.status, 200) << steady.body;
+  const auto steady_events = sse_data(steady.body);
+  ASSERT_GE(steady_events.size(), 2u);
+  EXPECT_FALSE(Json::parse(steady_events[steady_events.size() - 2]).contains("error"))
+      << steady.body;
+  // Server-Timing tells the node's part and the engine's to its first byte apart.
+  const std::string timing = steady.header("server-timing");
+  double node_ms = -1;
+  double engine_ms = -1;
+  ASSERT_EQ(std::sscanf(timing.c_str(), "kvr;dur=%lf, engine;dur=%lf", &node_ms, &engine_ms), 2)
+      << timing;
+  EXPECT_GE(node_ms, 0);
+  EXPECT_GT(engine_ms, 0);
+  const double took_ms = std::chrono::duration<double, std::milli>(took).count();
+  EXPECT_LT(node_ms + engine_ms, took_ms);
+
+  // A hung engine (stopped, its connection open): the stream ends with an error event.
+  std::atomic<bool> headers{false};
+  std::string body;
+  std::mutex mutex;
+  std::thread client{[&] {
+    httplib::Client http{"127.0.0.1", http_port_};
+    http.set_read_timeout(30s);
+    httplib::Request request;
+    request.method = "POST";
+    request.path = "/v1/completions";
+    request.body = Json{
+        {"model", "mock-model"},
+        {"prompt", testing::prompt(64, 2000)},
+        {"max_tokens", 3000},
+        {"stream",
+         true}}.dump();
+    request.set_header("Content-Type", "application/json");
+    request.response_handler = [&](const httplib::Response&) { return headers = true; };
+    request.content_receiver = [&](const char* data, std::size_t size, std::uint64_t,
+                                   std::uint64_t) {
+      std::lock_guard lock{mutex};
+      body.append(data, size);
+      return true;
+    };
+    (void)http.send(request);
+  }};
+  ASSERT_TRUE(wait_until([&] { return headers.load(); }, 10s));
+  EnginePair& engine = *pairs_.front();
+  engine.engine->signal(SIGSTOP);
+  client.join();
+  engine.engine->signal(SIGCONT);
+  const auto events = sse_data(body);
+  ASSERT_GE(events.size(), 2u) << body;
+  EXPECT_EQ(events.back(), "[DONE]");
+  const Json error = Json::parse(events[events.size() - 2]);
+  ASSERT_TRUE(error.contains("error")) << body;
+  EXPECT_NE(error["error"]["message"].get<std::string>().find("stalled"), std::string::npos)
+      << body;
+  EXPECT_TRUE(wait_until([&] { return node_metric("kvr_route_bookings_open") == 0; }, 5s));
 }
 
 // The official OpenAI Node.js client (tests/clients/openai, installed by deploy/test.sh), as an
