@@ -6,12 +6,14 @@
 # at the trace's arrivals (6x) and closed-loop at 64 and 512 concurrent streams; the CPU the node and the engines spent per request; then 2,000
 # streams held open through the node at once (slow engines), with the node's memory per stream.
 # Usage: deploy/scripts/bench_front_door.sh [KVR_BINARY] (default build/release/deploy/cli/kvr).
+# KVR_BENCH_NODE_BINARY runs the node from another kvr build (the engines, bridges and client stay).
 # KVR_BENCH_NODE_CPUS=1 gives the node CPU 1 and everything else (engines, bridges, nats-server, the
 # client) the other CPUs, as a node on its own host would be; unset, all share every CPU.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 kvr=${1:-"$root/build/release/deploy/cli/kvr"}
+node_kvr=${KVR_BENCH_NODE_BINARY:-$kvr}
 engines=${KVR_BENCH_ENGINES:-4}
 requests=${KVR_BENCH_REQUESTS:-2000}
 open_requests=${KVR_BENCH_OPEN_REQUESTS:-600}
@@ -94,7 +96,7 @@ start_fleet() {
   done
   metrics_port=$(free_port)
   http_port=$(free_port)
-  "${on_node_cpus[@]}" "$kvr" node --nats "$nats" --http-port "$http_port" --metrics-port "$metrics_port" \
+  "${on_node_cpus[@]}" "$node_kvr" node --nats "$nats" --http-port "$http_port" --metrics-port "$metrics_port" \
     --http-max-connections 100000 >"$work/node.log" 2>&1 &
   node_pid=$!
   pids+=("$node_pid")
@@ -150,6 +152,7 @@ curl -s "127.0.0.1:$metrics_port/metrics" | python3 -c '
 import sys
 lines = sys.stdin.readlines()
 for metric, what in (("kvr_http_added_latency_seconds", "body to forwarded"),
+                     ("kvr_route_latency_seconds", "route request to decision"),
                      ("kvr_http_engine_first_byte_seconds", "forwarded to the engine first byte")):
     buckets = [(float(line.split("le=\"")[1].split("\"")[0].replace("+Inf", "inf")), float(line.split()[-1]))
                for line in lines if line.startswith(metric + "_bucket")]
