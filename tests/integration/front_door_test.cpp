@@ -65,6 +65,58 @@ std::vector<std::string> sse_data(const std::string& body) {
   return events;
 }
 
+// A streamed completion read on a thread of its own: the answer's worker and body as they come.
+class BackgroundStream {
+ public:
+  BackgroundStream(std::uint16_t port, const Json& request)
+      : thread_{[this, port, body = request.dump()] {
+          httplib::Client http{"127.0.0.1", port};
+          http.set_read_timeout(30s);
+          httplib::Request post;
+          post.method = "POST";
+          post.path = "/v1/completions";
+          post.body = body;
+          post.set_header("Content-Type", "application/json");
+          post.response_handler = [this](const httplib::Response& response) {
+            std::lock_guard lock{mutex_};
+            worker_ = response.get_header_value("x-kvr-worker-id");
+            headers_ = true;
+            return true;
+          };
+          post.content_receiver = [this](const char* data, std::size_t size, std::uint64_t,
+                                         std::uint64_t) {
+            std::lock_guard lock{mutex_};
+            body_.append(data, size);
+            return true;
+          };
+          (void)http.send(post);
+          done_ = true;
+        }} {}
+  ~BackgroundStream() { join(); }
+
+  bool headers() const { return headers_; }
+  bool done() const { return done_; }
+  void join() {
+    if (thread_.joinable()) thread_.join();
+  }
+  std::string worker() const {
+    std::lock_guard lock{mutex_};
+    return worker_;
+  }
+  std::string body() const {
+    std::lock_guard lock{mutex_};
+    return body_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::string worker_;
+  std::string body_;
+  std::atomic<bool> headers_{false};
+  std::atomic<bool> done_{false};
+  std::thread thread_;  // last: it starts once the rest exists
+};
+
 // A long system prompt: its blocks are what a repeated request finds cached.
 Json long_chat(const std::string& topic, std::string_view extra = {}) {
   std::string system;
@@ -638,72 +690,34 @@ TEST_F(FrontDoorTest, AKilledEngineFailsOnlyItsOwnStreams) {
   wait_until_ready();
   ASSERT_TRUE(wait_until([&] { return node_metric("kvr_workers") == 2; }, 10s));
   // Streams until each engine serves at least one (kv-cost spreads a busy fleet's load).
-  struct Stream {
-    std::thread thread;
-    std::mutex mutex;
-    std::string body;
-    std::string worker;
-    std::atomic<bool> headers{false};
-    std::atomic<bool> done{false};
-  };
-  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<std::unique_ptr<BackgroundStream>> streams;
   std::set<std::string> workers;
   for (int i = 0; i < 8 && workers.size() < 2; ++i) {
-    auto stream = std::make_unique<Stream>();
-    Stream* raw = stream.get();
-    const std::uint16_t port = http_port_;
-    stream->thread = std::thread{[raw, port, i] {
-      httplib::Client http{"127.0.0.1", port};
-      http.set_read_timeout(30s);
-      httplib::Request request;
-      request.method = "POST";
-      request.path = "/v1/completions";
-      request.body = Json{
-          {"model", "mock-model"},
-          {"prompt", testing::prompt(64, 1000 * (i + 1))},
-          {"max_tokens", i % 2 == 0 ? 3000 : 3001},
-          {"stream",
-           true}}.dump();
-      request.set_header("Content-Type", "application/json");
-      request.response_handler = [raw](const httplib::Response& response) {
-        std::lock_guard lock{raw->mutex};
-        raw->worker = response.get_header_value("x-kvr-worker-id");
-        raw->headers = true;
-        return true;
-      };
-      request.content_receiver = [raw](const char* data, std::size_t size, std::uint64_t,
-                                       std::uint64_t) {
-        std::lock_guard lock{raw->mutex};
-        raw->body.append(data, size);
-        return true;
-      };
-      (void)http.send(request);
-      raw->done = true;
-    }};
-    ASSERT_TRUE(wait_until([&] { return raw->headers.load(); }, 10s));
-    {
-      std::lock_guard lock{raw->mutex};
-      workers.insert(raw->worker);
-    }
-    streams.push_back(std::move(stream));
+    streams.push_back(std::make_unique<BackgroundStream>(
+        http_port_, Json{{"model", "mock-model"},
+                         {"prompt", testing::prompt(64, 1000 * (i + 1))},
+                         {"max_tokens", i % 2 == 0 ? 3000 : 3001},
+                         {"stream", true}}));
+    ASSERT_TRUE(wait_until([&] { return streams.back()->headers(); }, 10s));
+    workers.insert(streams.back()->worker());
   }
   ASSERT_EQ(workers.size(), 2u);
   EnginePair& killed = *pairs_.front();
   killed.engine->signal(SIGKILL);
   const std::string killed_id = std::to_string(killed.worker);
   for (auto& stream : streams) {
-    if (stream->worker != killed_id) continue;
-    ASSERT_TRUE(wait_until([&] { return stream->done.load(); }, 10s));
-    std::lock_guard lock{stream->mutex};
-    const auto events = sse_data(stream->body);
+    if (stream->worker() != killed_id) continue;
+    ASSERT_TRUE(wait_until([&] { return stream->done(); }, 10s));
+    const std::string body = stream->body();
+    const auto events = sse_data(body);
     ASSERT_GE(events.size(), 2u);
     EXPECT_EQ(events.back(), "[DONE]");
-    EXPECT_TRUE(Json::parse(events[events.size() - 2]).contains("error")) << stream->body;
+    EXPECT_TRUE(Json::parse(events[events.size() - 2]).contains("error")) << body;
   }
   // The other engine's streams go on.
   for (auto& stream : streams) {
-    if (stream->worker == killed_id) continue;
-    EXPECT_FALSE(stream->done.load());
+    if (stream->worker() == killed_id) continue;
+    EXPECT_FALSE(stream->done());
   }
   // A request the node still sends to the dead engine is retried on the other.
   for (int i = 0; i < 3; ++i) {
@@ -717,7 +731,7 @@ TEST_F(FrontDoorTest, AKilledEngineFailsOnlyItsOwnStreams) {
   for (auto& pair : pairs_) {
     if (pair.get() != &killed) pair->engine->signal(SIGKILL);
   }
-  for (auto& stream : streams) stream->thread.join();
+  for (auto& stream : streams) stream->join();
 }
 
 TEST_F(FrontDoorTest, AStreamIsCutOnlyWhenItsEngineStallsNotWhenItIsSlowAndSteady) {
@@ -753,36 +767,16 @@ TEST_F(FrontDoorTest, AStreamIsCutOnlyWhenItsEngineStallsNotWhenItIsSlowAndStead
   EXPECT_LT(node_ms + engine_ms, took_ms);
 
   // A hung engine (stopped, its connection open): the stream ends with an error event.
-  std::atomic<bool> headers{false};
-  std::string body;
-  std::mutex mutex;
-  std::thread client{[&] {
-    httplib::Client http{"127.0.0.1", http_port_};
-    http.set_read_timeout(30s);
-    httplib::Request request;
-    request.method = "POST";
-    request.path = "/v1/completions";
-    request.body = Json{
-        {"model", "mock-model"},
-        {"prompt", testing::prompt(64, 2000)},
-        {"max_tokens", 3000},
-        {"stream",
-         true}}.dump();
-    request.set_header("Content-Type", "application/json");
-    request.response_handler = [&](const httplib::Response&) { return headers = true; };
-    request.content_receiver = [&](const char* data, std::size_t size, std::uint64_t,
-                                   std::uint64_t) {
-      std::lock_guard lock{mutex};
-      body.append(data, size);
-      return true;
-    };
-    (void)http.send(request);
-  }};
-  ASSERT_TRUE(wait_until([&] { return headers.load(); }, 10s));
+  BackgroundStream hung{http_port_, Json{{"model", "mock-model"},
+                                         {"prompt", testing::prompt(64, 2000)},
+                                         {"max_tokens", 3000},
+                                         {"stream", true}}};
+  ASSERT_TRUE(wait_until([&] { return hung.headers(); }, 10s));
   EnginePair& engine = *pairs_.front();
   engine.engine->signal(SIGSTOP);
-  client.join();
+  hung.join();
   engine.engine->signal(SIGCONT);
+  const std::string body = hung.body();
   const auto events = sse_data(body);
   ASSERT_GE(events.size(), 2u) << body;
   EXPECT_EQ(events.back(), "[DONE]");
