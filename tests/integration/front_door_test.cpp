@@ -191,6 +191,7 @@ class FrontDoorTest : public testing::KvrClusterTest {
 
   Answer post(const std::string& path, const std::string& body,
               const httplib::Headers& headers = {}) const {
+    indexed_before_last_post_ = node_metric("kvr_index_blocks");
     auto http = client();
     const auto result = http.Post(path, headers, body, "application/json");
     if (!result) return {};
@@ -200,6 +201,10 @@ class FrontDoorTest : public testing::KvrClusterTest {
   // Posts a chat until the node predicts cached tokens for it (the engine's KV events reached the
   // node), for at most 10 s; the last answer.
   Answer post_until_predicted_cached(const std::string& body) const {
+    // Not before the last answer's blocks reach the index: a repeat sent earlier could be routed
+    // to another worker, which would then cache the prompt too.
+    const double indexed_before = indexed_before_last_post_;
+    wait_until([&] { return node_metric("kvr_index_blocks") > indexed_before; }, 10s);
     Answer again;
     wait_until(
         [&] {
@@ -235,6 +240,8 @@ class FrontDoorTest : public testing::KvrClusterTest {
   }
 
   std::vector<std::unique_ptr<EnginePair>> pairs_;
+  // The node's KV index size when the last post began (post_until_predicted_cached waits past it).
+  mutable double indexed_before_last_post_ = 0;
   std::optional<testing::ChildProcess> node_;
   std::optional<testing::ChildProcess> mocker_;
   std::uint16_t metrics_port_ = 0;
