@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # README command one: installs what is missing, builds kvr (Release), then replays the bundled
 # Mooncake conversation trace (12,031 requests) on simulated workers, comparing the built-in
-# kv-cost policy with round-robin, random and least-loaded; then starts a real local cluster
+# kv-cost policy with predicted-ttft (which learns the engines' rates online), round-robin, random
+# and least-loaded; then starts a real local cluster
 # (nats-server, one kvr node, a kvr mocker fleet) and routes a slice of the trace through it live;
 # then routes the same slice through `kvr bridge`s in front of vLLM-speaking engines (`kvr mocker
 # --speak vllm`: vLLM's HTTP API, Prometheus metrics and ZMQ KV events), once over NATS and once
@@ -22,7 +23,7 @@ cmake --build "$build_dir" --target kvr -j "$jobs"
 kvr="$build_dir/deploy/cli/kvr"
 mkdir -p "$out_dir"
 
-policies=kv-cost,round-robin,random,least-loaded
+policies=kv-cost,predicted-ttft,round-robin,random,least-loaded
 
 echo
 echo "== 1. 16 simulated workers, the trace's real arrival rate =="

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <exception>
+#include <iterator>
 #include <limits>
 #include <optional>
+#include <stdexcept>
 #include <typeinfo>
 
 #include <cxxabi.h>
@@ -14,9 +16,14 @@
 namespace kvr::selection {
 namespace {
 
+using plugins::worker_selection::LearntValue;
+using plugins::worker_selection::RoutedRequest;
+using plugins::worker_selection::RoutedRequestEnd;
 using plugins::worker_selection::ScoredWorkerCandidate;
+using plugins::worker_selection::TtftCalibration;
 using plugins::worker_selection::WorkerInputView;
 using plugins::worker_selection::WorkerSelectionContext;
+using plugins::worker_selection::WorkerSelectionObserver;
 using Kind = WorkerSelectionPolicyError::Kind;
 
 // Readable component names for error messages and per-scorer cost reports.
@@ -75,12 +82,17 @@ double preferred_taint_multiplier(std::span<const PreferredTaint> preferred,
 SelectionHost::SelectionHost(const RouterConfig& config, WorkerType worker_type,
                              std::vector<std::unique_ptr<WorkerFilter>> filters,
                              std::vector<std::unique_ptr<WorkerScorer>> scorers,
-                             std::unique_ptr<WorkerPicker> picker)
+                             std::unique_ptr<WorkerPicker> picker,
+                             std::vector<std::shared_ptr<WorkerSelectionObserver>> observers)
     : config_(config),
       worker_type_(worker_type),
       filters_(std::move(filters)),
       scorers_(std::move(scorers)),
-      picker_(std::move(picker)) {
+      picker_(std::move(picker)),
+      observers_(std::move(observers)) {
+  for (const auto& observer : observers_) {
+    if (!observer) throw std::invalid_argument("WorkerSelectionPolicy got a null observer");
+  }
   // A policy without a picker or with null components cannot be used: fail at construction,
   // which happens at startup inside the factory, never on the data path.
   if (!picker_) throw std::invalid_argument("WorkerSelectionPolicy needs a picker");
@@ -457,6 +469,55 @@ std::span<const std::string> scorer_names(const WorkerSelectionPolicy& policy) {
 
 WorkerInputs declared_inputs(const WorkerSelectionPolicy& policy) {
   return SelectionHost::of(policy).declared_inputs();
+}
+
+void SelectionHost::notify_routed(const RoutedRequest& request) {
+  for (const auto& observer : observers_) {
+    try {
+      observer->on_routed(request);
+    } catch (...) {
+      ++observer_failures_;
+    }
+  }
+}
+
+std::optional<TtftCalibration> SelectionHost::notify_first_token(
+    std::string_view request_id, std::chrono::steady_clock::time_point at) {
+  std::optional<TtftCalibration> calibration;
+  for (const auto& observer : observers_) {
+    try {
+      auto told = observer->on_first_token(request_id, at);
+      if (!calibration) calibration = told;
+    } catch (...) {
+      ++observer_failures_;
+    }
+  }
+  return calibration;
+}
+
+void SelectionHost::notify_ended(std::string_view request_id, RoutedRequestEnd end,
+                                 std::chrono::steady_clock::time_point at) {
+  for (const auto& observer : observers_) {
+    try {
+      observer->on_ended(request_id, end, at);
+    } catch (...) {
+      ++observer_failures_;
+    }
+  }
+}
+
+std::vector<LearntValue> SelectionHost::learnt_values() const {
+  std::vector<LearntValue> values;
+  for (const auto& observer : observers_) {
+    try {
+      auto learnt = observer->learnt_values();
+      values.insert(values.end(), std::make_move_iterator(learnt.begin()),
+                    std::make_move_iterator(learnt.end()));
+    } catch (...) {
+      ++observer_failures_;
+    }
+  }
+  return values;
 }
 
 }  // namespace kvr::selection

@@ -102,7 +102,9 @@ class SelectionHost {
   SelectionHost(const RouterConfig& config, WorkerType worker_type,
                 std::vector<std::unique_ptr<WorkerFilter>> filters,
                 std::vector<std::unique_ptr<WorkerScorer>> scorers,
-                std::unique_ptr<WorkerPicker> picker);
+                std::unique_ptr<WorkerPicker> picker,
+                std::vector<std::shared_ptr<plugins::worker_selection::WorkerSelectionObserver>>
+                    observers = {});
 
   static SelectionHost& of(WorkerSelectionPolicy& policy) { return *policy.host_; }
   static const SelectionHost& of(const WorkerSelectionPolicy& policy) { return *policy.host_; }
@@ -113,6 +115,19 @@ class SelectionHost {
 
   WorkerType worker_type() const { return worker_type_; }
   std::span<const std::string> scorer_names() const { return scorer_names_; }
+
+  // ---- observers (WorkerSelectionObserver); each call catches what an observer throws ------
+  bool has_observers() const { return !observers_.empty(); }
+  void notify_routed(const plugins::worker_selection::RoutedRequest& request);
+  /// The first calibration an observer returned.
+  std::optional<plugins::worker_selection::TtftCalibration> notify_first_token(
+      std::string_view request_id, std::chrono::steady_clock::time_point at);
+  void notify_ended(std::string_view request_id, plugins::worker_selection::RoutedRequestEnd end,
+                    std::chrono::steady_clock::time_point at);
+  /// Every observer's learnt values, in observer order.
+  std::vector<plugins::worker_selection::LearntValue> learnt_values() const;
+  /// Calls into observers that threw (each was caught).
+  std::uint64_t observer_failures() const { return observer_failures_; }
   WorkerInputs declared_inputs() const { return declared_inputs_; }
 
  private:
@@ -161,6 +176,8 @@ class SelectionHost {
   std::vector<std::unique_ptr<WorkerFilter>> filters_;
   std::vector<std::unique_ptr<WorkerScorer>> scorers_;
   std::unique_ptr<WorkerPicker> picker_;
+  std::vector<std::shared_ptr<plugins::worker_selection::WorkerSelectionObserver>> observers_;
+  mutable std::uint64_t observer_failures_ = 0;
   std::vector<std::string> filter_names_;
   std::vector<std::string> scorer_names_;
   std::string picker_name_;

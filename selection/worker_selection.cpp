@@ -62,8 +62,17 @@ WorkerSelectionPolicy::WorkerSelectionPolicy(const RouterConfig& config, WorkerT
                                              std::vector<std::unique_ptr<WorkerFilter>> filters,
                                              std::vector<std::unique_ptr<WorkerScorer>> scorers,
                                              std::unique_ptr<WorkerPicker> picker)
+    : WorkerSelectionPolicy(config, worker_type, std::move(filters), std::move(scorers),
+                            std::move(picker), {}) {}
+
+WorkerSelectionPolicy::WorkerSelectionPolicy(
+    const RouterConfig& config, WorkerType worker_type,
+    std::vector<std::unique_ptr<WorkerFilter>> filters,
+    std::vector<std::unique_ptr<WorkerScorer>> scorers, std::unique_ptr<WorkerPicker> picker,
+    std::vector<std::shared_ptr<WorkerSelectionObserver>> observers)
     : host_(std::make_unique<selection::SelectionHost>(config, worker_type, std::move(filters),
-                                                       std::move(scorers), std::move(picker))) {}
+                                                       std::move(scorers), std::move(picker),
+                                                       std::move(observers))) {}
 
 WorkerSelectionPolicy::WorkerSelectionPolicy(WorkerSelectionPolicy&&) noexcept = default;
 WorkerSelectionPolicy& WorkerSelectionPolicy::operator=(WorkerSelectionPolicy&&) noexcept = default;

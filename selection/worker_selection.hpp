@@ -372,6 +372,63 @@ class WorkerPicker {
   virtual PolicyResult<std::size_t> pick(const WorkerSelectionContext&, const WorkerInputView&) = 0;
 };
 
+/// How a routed request ended, as observers are told.
+enum class RoutedRequestEnd : std::uint8_t { Completed, Cancelled, Failed };
+
+/// A request the policy's partition has just booked on a worker, as observers see it.
+struct RoutedRequest {
+  std::string_view request_id;
+  WorkerWithDpRank worker;
+  std::size_t prompt_tokens = 0;
+  std::size_t block_size = 0;
+  /// The chosen worker's signals as this selection computed them; empty when the policy did not
+  /// run (a pin or a hard session binding booked the worker directly) or no component declared
+  /// the group.
+  std::optional<WorkerCacheInput> cache;
+  std::optional<WorkerLoadInput> load;
+  /// When it was booked: logical time in replay, the steady clock in a node.
+  std::chrono::steady_clock::time_point routed_at;
+};
+
+/// An observer's prediction of a request's time to first token beside the time observed, shown
+/// in the node's metrics and the replay report so that a user sees whether the model fits.
+struct TtftCalibration {
+  WorkerWithDpRank worker;
+  double predicted_seconds = 0;
+  double observed_seconds = 0;
+};
+
+/// One number an observer has learnt (a rate, a per-worker factor), for metrics and reports.
+struct LearntValue {
+  std::string name;                ///< snake_case with its unit, e.g. "prefill_ms_per_1k_tokens"
+  std::optional<WorkerId> worker;  ///< empty: the value holds for the whole partition
+  double value = 0;
+};
+
+/// Learns from what the router sees of the requests a policy routed: each booking, its first
+/// token and its end, with their times (the same in a node and in `kvr replay`). A policy that
+/// adapts online hands one to WorkerSelectionPolicy beside its components and shares state with
+/// them. Called on the policy's owner thread, never during a selection; must not block; an
+/// exception is caught and counted, and the node goes on.
+class WorkerSelectionObserver {
+ public:
+  virtual ~WorkerSelectionObserver() = default;
+  /// Right after the booking of a request this policy's partition routed for its role.
+  virtual void on_routed(const RoutedRequest& /*request*/) {}
+  /// A routed request's first token arrived at `at`; returns the observer's prediction for it
+  /// when it made one.
+  virtual std::optional<TtftCalibration> on_first_token(
+      std::string_view /*request_id*/, std::chrono::steady_clock::time_point /*at*/) {
+    return std::nullopt;
+  }
+  /// A routed request ended (its booking was released) at `at`. Requests of other roles and
+  /// requests never routed through on_routed() may be reported too: ignore unknown ids.
+  virtual void on_ended(std::string_view /*request_id*/, RoutedRequestEnd /*end*/,
+                        std::chrono::steady_clock::time_point /*at*/) {}
+  /// What the observer has learnt so far.
+  virtual std::vector<LearntValue> learnt_values() const { return {}; }
+};
+
 /// Host-side composition of filters, scorers and a picker, created per partition and role by a
 /// factory. Move-only; owned by one selector, so it is never used from two threads at once.
 class WorkerSelectionPolicy {
@@ -383,6 +440,12 @@ class WorkerSelectionPolicy {
                         std::vector<std::unique_ptr<WorkerFilter>> filters,
                         std::vector<std::unique_ptr<WorkerScorer>> scorers,
                         std::unique_ptr<WorkerPicker> picker);
+  /// With observers told of every request the policy's partition routes for its role.
+  WorkerSelectionPolicy(const RouterConfig& config, WorkerType worker_type,
+                        std::vector<std::unique_ptr<WorkerFilter>> filters,
+                        std::vector<std::unique_ptr<WorkerScorer>> scorers,
+                        std::unique_ptr<WorkerPicker> picker,
+                        std::vector<std::shared_ptr<WorkerSelectionObserver>> observers);
   WorkerSelectionPolicy(WorkerSelectionPolicy&&) noexcept;
   WorkerSelectionPolicy& operator=(WorkerSelectionPolicy&&) noexcept;
   WorkerSelectionPolicy(const WorkerSelectionPolicy&) = delete;

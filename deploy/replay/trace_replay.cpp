@@ -179,6 +179,31 @@ class PolicyRun {
 
   /// Engine time summed over every worker, in ms.
   double busy_ms() const { return busy_ms_; }
+  /// The policy's (predicted, observed) times to first token, when it predicts them.
+  const std::vector<std::pair<double, double>>& ttft_predictions() const {
+    return ttft_predictions_;
+  }
+  /// What the policy learnt by the end: partition-wide values by name, and the range of its
+  /// per-worker factors.
+  std::vector<std::pair<std::string, double>> learnt_values() const {
+    std::vector<std::pair<std::string, double>> learnt;
+    std::optional<std::pair<double, double>> factors;
+    for (const auto& [role, value] : router_.state().learnt_values()) {
+      if (!value.worker) {
+        learnt.emplace_back(value.name, value.value);
+      } else if (!factors) {
+        factors.emplace(value.value, value.value);
+      } else {
+        factors->first = std::min(factors->first, value.value);
+        factors->second = std::max(factors->second, value.value);
+      }
+    }
+    if (factors) {
+      learnt.emplace_back("worker_factor_min", factors->first);
+      learnt.emplace_back("worker_factor_max", factors->second);
+    }
+    return learnt;
+  }
   /// Requests the router could not place, by message.
   const std::map<std::string, std::size_t>& failures() const { return failures_; }
   /// Requests admission or the queue refused: (trace index, error code), in the order refused.
@@ -353,7 +378,15 @@ class PolicyRun {
   }
 
   void change_booking(const BookingChange& change, double now) {
+    const std::size_t earlier_events = effects_.events.size();
     (void)router_.change_booking(change, logical_time(now), effects_);
+    for (std::size_t i = earlier_events; i < effects_.events.size(); ++i) {
+      if (const auto* predicted =
+              std::get_if<partition_event::TtftPredicted>(&effects_.events[i])) {
+        ttft_predictions_.emplace_back(1000 * predicted->predicted_seconds,
+                                       1000 * predicted->observed_seconds);
+      }
+    }
   }
 
   // Carries out the core's effects: answers to requests that waited, the fleet's KV usage for
@@ -518,6 +551,7 @@ class PolicyRun {
   const TenantAssignment& tenants_;
   const plugins::RouterPlugins& plugins_;
   PartitionRouter router_;
+  std::vector<std::pair<double, double>> ttft_predictions_;
   PartitionEffects effects_;
   std::vector<Engine> engines_;
   std::vector<bool> stepping_;
@@ -623,6 +657,10 @@ simulation::PolicyReport TraceReplay::run(
   // make_policy_report counts every request without an outcome as failed; refusals are not.
   report.failed -= std::min(report.failed, run.rejections().size());
   if (!tenants_.empty()) report.tenants = tenant_reports(outcomes, run.rejections());
+  if (!run.ttft_predictions().empty()) {
+    report.ttft_calibration =
+        simulation::make_calibration_report(run.ttft_predictions(), run.learnt_values());
+  }
   if (outcomes_out != nullptr) *outcomes_out = outcomes;
   if (report.makespan_s > 0) {
     report.utilization =

@@ -186,6 +186,31 @@ PolicyReport make_policy_report(std::string policy, std::size_t requests,
   return report;
 }
 
+TtftCalibrationReport make_calibration_report(
+    const std::vector<std::pair<double, double>>& predicted_observed_ms,
+    std::vector<std::pair<std::string, double>> learnt) {
+  TtftCalibrationReport report;
+  report.predictions = predicted_observed_ms.size();
+  report.learnt = std::move(learnt);
+  if (predicted_observed_ms.empty()) return report;
+  std::vector<double> relative;
+  std::vector<double> absolute;
+  relative.reserve(predicted_observed_ms.size());
+  absolute.reserve(predicted_observed_ms.size());
+  for (const auto& [predicted, observed] : predicted_observed_ms) {
+    report.mean_predicted_ms += predicted;
+    report.mean_observed_ms += observed;
+    absolute.push_back(std::abs(predicted - observed));
+    relative.push_back(absolute.back() / std::max(observed, 1e-3));
+  }
+  const auto count = static_cast<double>(predicted_observed_ms.size());
+  report.mean_predicted_ms /= count;
+  report.mean_observed_ms /= count;
+  report.median_relative_error = summarize(std::move(relative)).p50;
+  report.median_absolute_error_ms = summarize(std::move(absolute)).p50;
+  return report;
+}
+
 std::string format_table(const ReplayReport& report) {
   std::string table = fmt::format(
       "trace {}: {} requests, {} workers, speedup {}, block size {}; infinite-cache hit rate "
@@ -211,6 +236,20 @@ std::string format_table(const ReplayReport& report) {
       "tokens; imbal = max/mean tokens served per worker; busy = share of time workers ran "
       "steps)\n";
   table += format_hit_rate_ladder(report);
+  for (const PolicyReport& policy : report.policies) {
+    if (!policy.ttft_calibration) continue;
+    const TtftCalibrationReport& calibration = *policy.ttft_calibration;
+    std::string learnt;
+    for (const auto& [name, value] : calibration.learnt) {
+      learnt += fmt::format("{}{} {:.3g}", learnt.empty() ? "" : ", ", name, value);
+    }
+    table += fmt::format(
+        "{} calibration: {} predictions, mean predicted {:.1f} ms vs observed {:.1f} ms, median "
+        "error {:.1f} ms ({:.0f}%); learnt: {}\n",
+        policy.policy, calibration.predictions, calibration.mean_predicted_ms,
+        calibration.mean_observed_ms, calibration.median_absolute_error_ms,
+        100 * calibration.median_relative_error, learnt);
+  }
   // Only runs with admission or tenants have these, so other tables stay as they were.
   const bool any_rejected = std::ranges::any_of(
       report.policies, [](const PolicyReport& policy) { return !policy.rejected.empty(); });
@@ -273,6 +312,19 @@ std::string to_json(const ReplayReport& report) {
       tenants.push_back(std::move(tenant_entry));
     }
     entry["tenants"] = std::move(tenants);
+    if (policy.ttft_calibration) {
+      const TtftCalibrationReport& calibration = *policy.ttft_calibration;
+      nlohmann::ordered_json learnt = nlohmann::ordered_json::object();
+      for (const auto& [name, value] : calibration.learnt) learnt[name] = rounded(value);
+      nlohmann::ordered_json calibration_json;
+      calibration_json["learnt"] = std::move(learnt);
+      calibration_json["mean_observed_ms"] = rounded(calibration.mean_observed_ms);
+      calibration_json["mean_predicted_ms"] = rounded(calibration.mean_predicted_ms);
+      calibration_json["median_absolute_error_ms"] = rounded(calibration.median_absolute_error_ms);
+      calibration_json["median_relative_error"] = rounded(calibration.median_relative_error);
+      calibration_json["predictions"] = calibration.predictions;
+      entry["ttft_calibration"] = std::move(calibration_json);
+    }
     entry["ttft_ms"] = latency_json(policy.ttft_ms);
     entry["utilization"] = rounded(policy.utilization);
     policies.push_back(std::move(entry));

@@ -55,6 +55,25 @@ struct TenantReport {
   NamedCounts rejected;
 };
 
+/// A learning policy's predictions of time to first token beside the times observed, and what it
+/// learnt by the end of the run.
+struct TtftCalibrationReport {
+  std::size_t predictions = 0;
+  double mean_predicted_ms = 0;
+  double mean_observed_ms = 0;
+  /// Median of |predicted − observed| / observed over the predictions.
+  double median_relative_error = 0;
+  /// Median of |predicted − observed|.
+  double median_absolute_error_ms = 0;
+  /// The policy's partition-wide learnt values by name, and its per-worker factors' range.
+  std::vector<std::pair<std::string, double>> learnt;
+};
+
+/// Summarises (predicted, observed) pairs in milliseconds; `learnt` is copied as given.
+TtftCalibrationReport make_calibration_report(
+    const std::vector<std::pair<double, double>>& predicted_observed_ms,
+    std::vector<std::pair<std::string, double>> learnt);
+
 /// The result of one policy over one trace.
 struct PolicyReport {
   std::string policy;
@@ -91,6 +110,8 @@ struct PolicyReport {
   double utilization = 0;
   /// Selection failures by message, for diagnosis.
   std::vector<std::pair<std::string, std::size_t>> failures;
+  /// Only for a policy that predicts time to first token (predicted-ttft).
+  std::optional<TtftCalibrationReport> ttft_calibration;
   /// Per tenant, in the order the tenants were named; empty when the replay names none.
   std::vector<TenantReport> tenants;
   /// Wall-clock seconds the replay of this policy took (not part of the JSON: it varies).

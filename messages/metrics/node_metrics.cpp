@@ -19,6 +19,10 @@ constexpr auto kLatencyBuckets = std::to_array<double>(
 constexpr auto kQueueWaitBuckets =
     std::to_array<double>({0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
 
+// Times to first token, from a cached short prompt (milliseconds) to a long queue (seconds).
+constexpr auto kTtftBuckets =
+    std::to_array<double>({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
+
 constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
     {N::kRouteRequests,
      MetricType::Counter,
@@ -207,6 +211,16 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
      MetricType::Counter,
      "Requests that left or were refused by the queue, by partition, class and outcome.",
      {}},
+    {N::kPolicyPredictedTtft, MetricType::Histogram,
+     "Time to first token a learning policy predicted for the requests it routed, by partition.",
+     kTtftBuckets},
+    {N::kPolicyObservedTtft, MetricType::Histogram,
+     "Time to first token observed for the same requests, by partition.", kTtftBuckets},
+    {N::kPolicyLearntValue,
+     MetricType::Gauge,
+     "A value a learning policy has learnt online (a rate, a per-worker factor), by partition, "
+     "role, name and worker (empty: the whole partition).",
+     {}},
     {N::kQueueWait, MetricType::Histogram,
      "Time a dispatched request waited in its queue, by policy class.", kQueueWaitBuckets},
     {N::kClusterOwnedPartitions,
@@ -293,6 +307,19 @@ ValueHandle NodeMetrics::lifecycle_reports_after_end(std::string_view event) con
 
 HistogramHandle NodeMetrics::selection_latency() const {
   return registry_->histogram(kSelectionLatency);
+}
+HistogramHandle NodeMetrics::policy_predicted_ttft(std::string_view partition) const {
+  return registry_->histogram(kPolicyPredictedTtft, {{"partition", std::string{partition}}});
+}
+HistogramHandle NodeMetrics::policy_observed_ttft(std::string_view partition) const {
+  return registry_->histogram(kPolicyObservedTtft, {{"partition", std::string{partition}}});
+}
+ValueHandle NodeMetrics::policy_learnt_value(std::string_view partition, std::string_view role,
+                                             std::string_view name, std::string_view worker) const {
+  return registry_->gauge(kPolicyLearntValue, {{"partition", std::string{partition}},
+                                               {"role", std::string{role}},
+                                               {"name", std::string{name}},
+                                               {"worker", std::string{worker}}});
 }
 ValueHandle NodeMetrics::bookings_open(std::string_view partition) const {
   return gauge(kBookingsOpen, "partition", partition);

@@ -67,6 +67,10 @@ class NodeMetrics {
   static constexpr std::string_view kQueueDepth = "kvr_queue_depth";
   static constexpr std::string_view kQueueOutcomes = "kvr_queue_outcomes_total";
   static constexpr std::string_view kQueueWait = "kvr_queue_wait_seconds";
+  // A learning policy's calibration (its observers).
+  static constexpr std::string_view kPolicyPredictedTtft = "kvr_policy_predicted_ttft_seconds";
+  static constexpr std::string_view kPolicyObservedTtft = "kvr_policy_observed_ttft_seconds";
+  static constexpr std::string_view kPolicyLearntValue = "kvr_policy_learnt_value";
   // Cluster mode.
   static constexpr std::string_view kClusterOwnedPartitions = "kvr_cluster_owned_partitions";
   static constexpr std::string_view kClusterMembers = "kvr_cluster_members";
@@ -132,6 +136,13 @@ class NodeMetrics {
 
   // ---- partitions (label `partition`: "model/routing group") ------------------------------------
   HistogramHandle selection_latency() const;
+  /// A learning policy's predicted time to first token of each request it predicted, and the
+  /// time observed for the same requests, side by side.
+  HistogramHandle policy_predicted_ttft(std::string_view partition) const;
+  HistogramHandle policy_observed_ttft(std::string_view partition) const;
+  /// One value a policy's observer learnt, by role, name and worker ("" for the partition).
+  ValueHandle policy_learnt_value(std::string_view partition, std::string_view role,
+                                  std::string_view name, std::string_view worker) const;
   ValueHandle bookings_open(std::string_view partition) const;
   /// Prompt blocks over a partition's open bookings (what the booked-blocks caps count).
   ValueHandle booked_blocks(std::string_view partition) const;

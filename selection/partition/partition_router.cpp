@@ -93,8 +93,13 @@ std::optional<RouteReply> PartitionRouter::route(RouteRequest& request, RouteTic
 std::expected<void, std::string> PartitionRouter::change_booking(const BookingChange& change,
                                                                  TimePoint now,
                                                                  PartitionEffects& out) {
-  auto changed = change.release ? selector_.release(change.request_id, change.end)
-                                : selector_.first_token(change.request_id);
+  std::optional<plugins::worker_selection::TtftCalibration> calibration;
+  auto changed = change.release ? selector_.release(change.request_id, change.end, now)
+                                : selector_.first_token(change.request_id, now, &calibration);
+  if (calibration) {
+    out.events.emplace_back(partition_event::TtftPredicted{
+        calibration->worker, calibration->predicted_seconds, calibration->observed_seconds});
+  }
   // Even when the booking is gone (its worker left), the proposal must end.
   apply_affinity(change.request_id, change.affinity, now, out);
   if (change.health) apply_health(*change.health, now, out);

@@ -101,6 +101,12 @@ struct LinkRestored {
 struct SelectionTimed {
   double seconds;
 };
+/// A policy's observer predicted a request's time to first token, and it arrived.
+struct TtftPredicted {
+  WorkerWithDpRank worker;
+  double predicted_seconds;
+  double observed_seconds;
+};
 /// A routed request's prompt and its cached tokens under the hit-rate ceilings.
 struct CeilingsRecorded {
   std::uint64_t prompt_tokens;
@@ -109,14 +115,13 @@ struct CeilingsRecorded {
 };
 }  // namespace partition_event
 
-using PartitionEvent =
-    std::variant<partition_event::WorkerJoined, partition_event::WorkerLeft,
-                 partition_event::WorkerReturned, partition_event::MessageRefused,
-                 partition_event::KvEventGap, partition_event::WorkerFailed,
-                 partition_event::WorkerEjected, partition_event::EjectionCapped,
-                 partition_event::SessionRebound, partition_event::QueueOutcome,
-                 partition_event::QueueWaited, partition_event::LinkRestored,
-                 partition_event::SelectionTimed, partition_event::CeilingsRecorded>;
+using PartitionEvent = std::variant<
+    partition_event::WorkerJoined, partition_event::WorkerLeft, partition_event::WorkerReturned,
+    partition_event::MessageRefused, partition_event::KvEventGap, partition_event::WorkerFailed,
+    partition_event::WorkerEjected, partition_event::EjectionCapped,
+    partition_event::SessionRebound, partition_event::QueueOutcome, partition_event::QueueWaited,
+    partition_event::LinkRestored, partition_event::SelectionTimed,
+    partition_event::CeilingsRecorded, partition_event::TtftPredicted>;
 
 /// What one input asks of the core's owner. Reused across inputs: clear() keeps the capacity.
 struct PartitionEffects {

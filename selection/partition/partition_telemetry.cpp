@@ -76,6 +76,10 @@ struct PartitionTelemetry::Writer {
   void operator()(const partition_event::SelectionTimed& e) const {
     telemetry.selection_latency_.observe(e.seconds);
   }
+  void operator()(const partition_event::TtftPredicted& e) const {
+    telemetry.predicted_ttft_.observe(e.predicted_seconds);
+    telemetry.observed_ttft_.observe(e.observed_seconds);
+  }
   void operator()(const partition_event::CeilingsRecorded& e) const {
     telemetry.routed_prompt_tokens_.add(static_cast<double>(e.prompt_tokens));
     telemetry.workload_cached_tokens_.add(static_cast<double>(e.workload_cached_tokens));
@@ -94,6 +98,8 @@ PartitionTelemetry::PartitionTelemetry(const PartitionRouter& router,
   index_blocks_ = node.index_blocks(partition_);
   if (router.affinity().enabled()) session_bindings_ = node.session_bindings(partition_);
   selection_latency_ = node.selection_latency();
+  predicted_ttft_ = node.policy_predicted_ttft(partition_);
+  observed_ttft_ = node.policy_observed_ttft(partition_);
   worker_ejections_ = node.worker_ejections(partition_);
   workers_ejected_ = node.workers_ejected(partition_);
   kv_dump_requests_ = node.kv_dump_requests(partition_);
@@ -135,6 +141,16 @@ void PartitionTelemetry::write_gauges(const PartitionRouter& router) const {
   const auto depths = router.queue_depths();
   for (std::size_t i = 0; i < depths.size() && i < queue_depth_.size(); ++i) {
     queue_depth_[i].set(static_cast<double>(depths[i].requests));
+  }
+}
+
+void PartitionTelemetry::write_learnt_values(const PartitionRouter& router) const {
+  const auto values = router.state().learnt_values();
+  if (values.empty()) return;
+  const metrics::NodeMetrics node{*registry_};
+  for (const auto& [role, value] : values) {
+    const std::string worker = value.worker ? std::to_string(*value.worker) : std::string{};
+    node.policy_learnt_value(partition_, as_str(role), value.name, worker).set(value.value);
   }
 }
 

@@ -27,6 +27,9 @@ class PartitionTelemetry {
   void record(const PartitionEffects& effects) const;
   /// Sets the partition's gauges from the core's current state.
   void write_gauges(const PartitionRouter& router) const;
+  /// The policies' learnt values as gauges (only policies with observers have any); builds a
+  /// series per value, so the owner calls it on its tick, not per request.
+  void write_learnt_values(const PartitionRouter& router) const;
   /// Cluster mode: a retired partition holds nothing here any more.
   void zero_gauges() const;
 
@@ -42,6 +45,8 @@ class PartitionTelemetry {
   metrics::ValueHandle index_blocks_;
   metrics::ValueHandle session_bindings_;
   metrics::HistogramHandle selection_latency_;
+  metrics::HistogramHandle predicted_ttft_;
+  metrics::HistogramHandle observed_ttft_;
   metrics::ValueHandle worker_ejections_;
   metrics::ValueHandle workers_ejected_;
   metrics::ValueHandle kv_dump_requests_;

@@ -509,7 +509,7 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::route(RouteRequest& req
   outcome.scorer_costs = selected->scorer_costs;
   outcome.scorer_names = scorer_names_[static_cast<std::size_t>(request.worker_type)];
   outcome.eligible_workers = selected->eligible_workers;
-  return book(request, std::move(outcome), now);
+  return book(request, std::move(outcome), now, &*selected);
 }
 
 WorkerWithDpRank SelectorState::pinned_rank(const RouteRequest& request, WorkerId worker) {
@@ -630,8 +630,9 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::route_to(RouteRequest& 
 }
 #pragma GCC diagnostic pop
 
-std::expected<RouteOutcome, RouteFailure> SelectorState::book(const RouteRequest& request,
-                                                              RouteOutcome outcome, TimePoint now) {
+std::expected<RouteOutcome, RouteFailure> SelectorState::book(
+    const RouteRequest& request, RouteOutcome outcome, TimePoint now,
+    const selection::SelectionResult* selected) {
   const selection::SelectionRequest& input = request.selection;
   const std::uint64_t cached_blocks = std::uint64_t{outcome.device_overlap_blocks} +
                                       outcome.host_overlap_blocks + outcome.disk_overlap_blocks;
@@ -667,6 +668,23 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::book(const RouteRequest
   } else if (const auto* entry = workers_.catalog().find(outcome.worker.worker_id);
              entry != nullptr && !entry->registration.publishes_kv_events) {
     (void)workers_.index().record_routing(outcome.worker, input.block_hashes, now);
+  }
+  if (auto& policy = policies_[static_cast<std::size_t>(request.worker_type)]) {
+    selection::SelectionHost& host = selection::SelectionHost::of(*policy);
+    if (host.has_observers()) {
+      plugins::worker_selection::RoutedRequest routed{
+          .request_id = input.request_id,
+          .worker = outcome.worker,
+          .prompt_tokens = input.prompt_tokens,
+          .block_size = block_size_,
+          .routed_at = now,
+      };
+      if (selected != nullptr) {
+        routed.cache = selected->cache;
+        routed.load = selected->load;
+      }
+      host.notify_routed(routed);
+    }
   }
   return outcome;
 }
@@ -725,15 +743,51 @@ void SelectorState::unhide_ramping(WorkerType worker_type) {
   for (const std::uint32_t row : hidden_rows_) rows.descriptors[row].available = true;
 }
 
-std::expected<void, discovery::LoadError> SelectorState::first_token(std::string_view request_id) {
-  return workers_.load().first_token(request_id);
+std::expected<void, discovery::LoadError> SelectorState::first_token(
+    std::string_view request_id, TimePoint now,
+    std::optional<plugins::worker_selection::TtftCalibration>* calibration) {
+  auto reported = workers_.load().first_token(request_id);
+  if (!reported) return reported;
+  for (auto& policy : policies_) {
+    if (!policy) continue;
+    selection::SelectionHost& host = selection::SelectionHost::of(*policy);
+    if (!host.has_observers()) continue;
+    auto told = host.notify_first_token(request_id, now);
+    if (calibration != nullptr && told) *calibration = told;
+  }
+  return reported;
 }
 
 std::expected<void, discovery::LoadError> SelectorState::release(std::string_view request_id,
-                                                                 discovery::BookingEnd end) {
+                                                                 discovery::BookingEnd end,
+                                                                 TimePoint now) {
   auto released = workers_.load().release(request_id, end);
-  if (released) sync_node_share();
+  if (!released) return released;
+  sync_node_share();
+  using plugins::worker_selection::RoutedRequestEnd;
+  const RoutedRequestEnd ended =
+      end == discovery::BookingEnd::completed   ? RoutedRequestEnd::Completed
+      : end == discovery::BookingEnd::cancelled ? RoutedRequestEnd::Cancelled
+                                                : RoutedRequestEnd::Failed;
+  for (auto& policy : policies_) {
+    if (!policy) continue;
+    selection::SelectionHost& host = selection::SelectionHost::of(*policy);
+    if (host.has_observers()) host.notify_ended(request_id, ended, now);
+  }
   return released;
+}
+
+std::vector<std::pair<WorkerType, plugins::worker_selection::LearntValue>>
+SelectorState::learnt_values() const {
+  std::vector<std::pair<WorkerType, plugins::worker_selection::LearntValue>> values;
+  for (const auto& policy : policies_) {
+    if (!policy) continue;
+    const selection::SelectionHost& host = selection::SelectionHost::of(*policy);
+    if (!host.has_observers()) continue;
+    for (auto& value : host.learnt_values())
+      values.emplace_back(host.worker_type(), std::move(value));
+  }
+  return values;
 }
 
 }  // namespace kvr

@@ -120,11 +120,19 @@ class SelectorState final : public selection::WorkerSignalSource {
   /// reports `worker`'s overlap, no costs and one eligible worker.
   std::expected<RouteOutcome, RouteFailure> route_to(RouteRequest& request, WorkerWithDpRank worker,
                                                      TimePoint now);
-  /// The request produced its first token: its prefill tokens are released.
-  std::expected<void, discovery::LoadError> first_token(std::string_view request_id);
-  /// The request ended (completed, cancelled or failed): its booking is released.
+  /// The request produced its first token at `now`: its prefill tokens are released and the
+  /// policies' observers are told; `calibration`, when given, receives an observer's prediction
+  /// for the request.
+  std::expected<void, discovery::LoadError> first_token(
+      std::string_view request_id, TimePoint now = {},
+      std::optional<plugins::worker_selection::TtftCalibration>* calibration = nullptr);
+  /// The request ended (completed, cancelled or failed) at `now`: its booking is released and the
+  /// policies' observers are told.
   std::expected<void, discovery::LoadError> release(std::string_view request_id,
-                                                    discovery::BookingEnd end);
+                                                    discovery::BookingEnd end, TimePoint now = {});
+  /// What the observers of each role's policy have learnt (empty for a policy without any), by
+  /// worker type.
+  std::vector<std::pair<WorkerType, plugins::worker_selection::LearntValue>> learnt_values() const;
 
   // ---- passive health (selection/partition/worker_health.hpp) -----------------------------------
   /// A success or failure reported against a worker of this partition; an ejection takes its
@@ -191,8 +199,10 @@ class SelectorState final : public selection::WorkerSignalSource {
                                                WorkerWithDpRank worker) const;
   /// Completes `outcome` (uncached tokens, booking) and books the request on outcome.worker
   /// (a query-only request: completes it only).
-  std::expected<RouteOutcome, RouteFailure> book(const RouteRequest& request, RouteOutcome outcome,
-                                                 TimePoint now);
+  /// `selected` is the policy's selection, when one ran: its signals go to the observers.
+  std::expected<RouteOutcome, RouteFailure> book(
+      const RouteRequest& request, RouteOutcome outcome, TimePoint now,
+      const selection::SelectionResult* selected = nullptr);
   /// `failure`, with the workers refused for their block size named when it found no worker.
   RouteFailure explain(RouteFailure failure) const;
   /// The refusal when one more booking of `blocks` prompt blocks for `client` (empty: none)

@@ -8,6 +8,7 @@
 #include "selection/policies/kv_cost/kv_cost_policy.hpp"
 #include "selection/policies/least_loaded/least_loaded_policy.hpp"
 #include "selection/policies/power_of_two/power_of_two_policy.hpp"
+#include "selection/policies/predicted_ttft/predicted_ttft_policy.hpp"
 #include "selection/policies/random/random_policy.hpp"
 #include "selection/policies/round_robin/round_robin_policy.hpp"
 #include "selection/policies/soft_affinity_load_guard/soft_affinity_load_guard_policy.hpp"
@@ -22,7 +23,7 @@ struct BuiltinPolicy {
       const policies::WorkerSelectionPolicyParameters&);
 };
 
-constexpr std::array<BuiltinPolicy, 8> kBuiltinPolicies{{
+constexpr std::array<BuiltinPolicy, 9> kBuiltinPolicies{{
     {policies::kKvCostPolicyType, &policies::kv_cost_policy_provider},
     {policies::kLeastLoadedPolicyType, &policies::least_loaded_policy_provider},
     {policies::kRoundRobinPolicyType, &policies::round_robin_policy_provider},
@@ -32,6 +33,7 @@ constexpr std::array<BuiltinPolicy, 8> kBuiltinPolicies{{
     {policies::kSoftAffinityLoadGuardPolicyType,
      &policies::soft_affinity_load_guard_policy_provider},
     {policies::kBoundedLoadHashPolicyType, &policies::bounded_load_hash_policy_provider},
+    {policies::kPredictedTtftPolicyType, &policies::predicted_ttft_policy_provider},
 }};
 
 constexpr std::array<std::string_view, kBuiltinPolicies.size()> kBuiltinPolicyTypes = [] {

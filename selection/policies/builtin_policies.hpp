@@ -15,9 +15,9 @@ namespace kvr::selection {
 std::span<const std::string_view> builtin_policy_types();
 
 /// Registers kv-cost, least-loaded, round-robin, random, power-of-two, two-tier,
-/// soft-affinity-load-guard and bounded-load-hash, then the built-in request classifiers
-/// (register_builtin_classifiers, selection/classifiers_registration.hpp); fails when a name is
-/// already registered.
+/// soft-affinity-load-guard, bounded-load-hash and predicted-ttft, then the built-in request
+/// classifiers (register_builtin_classifiers, selection/classifiers_registration.hpp); fails when a
+/// name is already registered.
 std::expected<void, plugins::RegistryError> register_builtin_policies(
     plugins::RouterPluginRegistry& registry);
 

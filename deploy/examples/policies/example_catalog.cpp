@@ -3,6 +3,8 @@
 #include <string>
 
 #include "cache_headroom_policy.hpp"
+#include "lmetric_policy.hpp"
+#include "sticky_until_saturated_policy.hpp"
 #include "tool_turn_policy.hpp"
 
 namespace kvr::examples {
@@ -14,8 +16,18 @@ std::expected<void, plugins::RegistryError> register_example_catalog(
       !registered) {
     return registered;
   }
-  return registry.register_worker_selection(std::string{kToolTurnLocalPolicyType},
-                                            tool_turn_local_provider);
+  if (auto registered = registry.register_worker_selection(std::string{kToolTurnLocalPolicyType},
+                                                           tool_turn_local_provider);
+      !registered) {
+    return registered;
+  }
+  if (auto registered =
+          registry.register_worker_selection(std::string{kLMetricPolicyType}, lmetric_provider);
+      !registered) {
+    return registered;
+  }
+  return registry.register_worker_selection(std::string{kStickyUntilSaturatedPolicyType},
+                                            sticky_until_saturated_provider);
 }
 
 }  // namespace kvr::examples

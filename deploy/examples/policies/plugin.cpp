@@ -1,5 +1,6 @@
 // Makes the example catalog a plugin: `kvr node --plugin libkvr_example_policies.so` registers
-// `cache-headroom` before the router-policy YAML is resolved.
+// its types (`cache-headroom`, `tool-turn-local`, `lmetric`, `sticky-until-saturated`) before the
+// router-policy YAML is resolved.
 #include <kvr/plugin.hpp>
 
 #include "example_catalog.hpp"

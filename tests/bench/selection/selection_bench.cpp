@@ -1,11 +1,13 @@
 // Selection with the built-in default policy (kv-cost) over fleets of 2 to 10,000 workers, at
-// temperature 0 and 0.7: time per selection and heap allocations per warm selection. And the
+// temperature 0 and 0.7: time per selection and heap allocations per warm selection; kv-cost
+// against predicted-ttft at 32 and 1,024 workers (BM_BuiltinPolicySelection). And the
 // example catalog's cache-headroom policy compiled in versus loaded from a plugin built from the
 // same sources (BM_ExamplePolicySelection): what loading a policy at run time costs.
 //
 // Fleet: prompt 2,048 tokens at block size 16; worker i holds (i mod 32)·64 cached tokens,
 // 16·i active prefill tokens, i mod 127 decode blocks and i mod 17 active requests.
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <new>
 #include <optional>
@@ -20,6 +22,7 @@
 #include "selection/plugin_registry.hpp"
 #include "selection/policies/builtin_policies.hpp"
 #include "selection/sdk/plugin_loader.hpp"
+#include "selection/selection_host.hpp"
 #include "tests/testing/fake_worker_signals.hpp"
 
 namespace {
@@ -127,6 +130,43 @@ void BM_DefaultPolicySelection(benchmark::State& state) {
   state.SetLabel("T=" + std::to_string(temperature).substr(0, 3));
 }
 
+// One built-in policy by type name (0: kv-cost, 1: predicted-ttft) over the same fleet, side by
+// side. predicted-ttft is measured as it runs after learning: one first token observed on every
+// worker first, so that each carries its own factor.
+void BM_BuiltinPolicySelection(benchmark::State& state) {
+  const auto workers = static_cast<std::size_t>(state.range(0));
+  const std::string type = state.range(1) == 0 ? "kv-cost" : "predicted-ttft";
+
+  plugins::RouterPluginRegistry registry;
+  if (!selection::register_builtin_policies(registry)) {
+    state.SkipWithError("cannot register the built-in policies");
+    return;
+  }
+  selection::RouterPolicyConfig policies;
+  policies.worker_selection[static_cast<std::size_t>(WorkerType::Aggregated)] = type;
+  plugins::worker_selection::RouterConfig config;
+  config.block_size = kBlockSize;
+  const plugins::worker_selection::RoutingPartition partition{.model = "bench"};
+  auto policy = build_policy(state, registry, policies, config, partition);
+  if (!policy) return;
+  selection::SelectionHost& host = selection::SelectionHost::of(*policy);
+  const std::chrono::steady_clock::time_point start{};
+  for (std::size_t i = 0; i < workers; ++i) {
+    const std::string id = "warm-" + std::to_string(i);
+    host.notify_routed({.request_id = id,
+                        .worker = {static_cast<WorkerId>(i + 1), 0},
+                        .prompt_tokens = kPromptTokens,
+                        .block_size = kBlockSize,
+                        .cache = selection::WorkerCacheInput{},
+                        .load = selection::WorkerLoadInput{selection::WorkerLoadInput::Values{
+                            .active_prefill_tokens = 16 * i}},
+                        .routed_at = start});
+    (void)host.notify_first_token(id, start + std::chrono::milliseconds{40 + i % 50});
+  }
+  run_selections(state, *policy, partition, workers);
+  state.SetLabel(type);
+}
+
 // cache-headroom, registered by the compiled-in catalog (plugin 0) or by the plugin (plugin 1).
 void BM_ExamplePolicySelection(benchmark::State& state) {
   const auto workers = static_cast<std::size_t>(state.range(0));
@@ -162,6 +202,11 @@ void BM_ExamplePolicySelection(benchmark::State& state) {
 BENCHMARK(BM_DefaultPolicySelection)
     ->ArgNames({"workers", "temperature_x10"})
     ->ArgsProduct({{2, 32, 1024, 10000}, {0, 7}})
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK(BM_BuiltinPolicySelection)
+    ->ArgNames({"workers", "policy"})
+    ->ArgsProduct({{32, 1024}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 
 BENCHMARK(BM_ExamplePolicySelection)

@@ -2,11 +2,15 @@
 // bounds, lazy and restricted signal groups, and exception containment.
 #include "selection/selection_host.hpp"
 
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <map>
 #include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -694,6 +698,66 @@ TEST_F(SelectionHostTest, ContextCarriesTheRequest) {
   EXPECT_EQ(seen_hashes, 4U);
   ASSERT_TRUE(seen_target);
   EXPECT_EQ(seen_target->worker_id, 1U);
+}
+
+// Counts what it is told; throws from every call when `fail` is set.
+class CountingObserver final : public plugins::worker_selection::WorkerSelectionObserver {
+ public:
+  void on_routed(const plugins::worker_selection::RoutedRequest& request) override {
+    if (fail) throw std::runtime_error("observer broke");
+    routed.emplace_back(request.request_id);
+  }
+  std::optional<plugins::worker_selection::TtftCalibration> on_first_token(
+      std::string_view request_id, std::chrono::steady_clock::time_point) override {
+    if (fail) throw std::runtime_error("observer broke");
+    first_tokens.emplace_back(request_id);
+    return plugins::worker_selection::TtftCalibration{
+        .worker = {1, 0}, .predicted_seconds = 0.5, .observed_seconds = 0.25};
+  }
+  std::vector<plugins::worker_selection::LearntValue> learnt_values() const override {
+    if (fail) throw std::runtime_error("observer broke");
+    return {{.name = "rate", .value = 2}};
+  }
+  bool fail = false;
+  std::vector<std::string> routed;
+  std::vector<std::string> first_tokens;
+};
+
+TEST_F(SelectionHostTest, ObserversAreToldInOrderAndTheirExceptionsAreCaughtAndCounted) {
+  auto counting = std::make_shared<CountingObserver>();
+  auto broken = std::make_shared<CountingObserver>();
+  broken->fail = true;
+  WorkerSelectionPolicy policy{config_,
+                               WorkerType::Aggregated,
+                               {},
+                               scorers_of(id_scorer()),
+                               std::make_unique<LowestCostPicker>(),
+                               {broken, counting}};
+  SelectionHost& host = SelectionHost::of(policy);
+  ASSERT_TRUE(host.has_observers());
+  host.notify_routed({.request_id = "a", .worker = {1, 0}});
+  const auto calibration = host.notify_first_token("a", {});
+  host.notify_ended("a", plugins::worker_selection::RoutedRequestEnd::Completed, {});
+  const auto values = host.learnt_values();
+
+  EXPECT_EQ(counting->routed, std::vector<std::string>{"a"});
+  EXPECT_EQ(counting->first_tokens, std::vector<std::string>{"a"});
+  ASSERT_TRUE(calibration) << "the working observer's prediction, though the first one threw";
+  EXPECT_DOUBLE_EQ(calibration->predicted_seconds, 0.5);
+  ASSERT_EQ(values.size(), 1U);
+  EXPECT_EQ(values[0].name, "rate");
+  // on_routed, on_first_token and learnt_values threw; on_ended is the base's no-op.
+  EXPECT_EQ(host.observer_failures(), 3U);
+}
+
+TEST_F(SelectionHostTest, ANullObserverIsRefusedAtConstruction) {
+  EXPECT_THROW((WorkerSelectionPolicy{config_,
+                                      WorkerType::Aggregated,
+                                      {},
+                                      scorers_of(id_scorer()),
+                                      std::make_unique<LowestCostPicker>(),
+                                      {nullptr}}),
+               std::invalid_argument);
 }
 
 }  // namespace

@@ -493,5 +493,52 @@ TEST_F(PartitionRouterTest, NoKvUsageIsReportedWhileNoWorkerHasACapacity) {
   EXPECT_EQ(fleet.workers[0].total_kv_blocks(), std::nullopt);
 }
 
+TEST_F(PartitionRouterTest, ALearningPolicyIsToldOfEachBookingItsFirstTokenAndItsEnd) {
+  selection::RouterPolicyConfig config;
+  config.worker_selection[static_cast<std::size_t>(WorkerType::Aggregated)] = "predicted-ttft";
+  auto plugins = registry_.resolve_plugins(config);
+  ASSERT_TRUE(plugins) << plugins.error().message();
+  plugins_ = std::make_unique<plugins::RouterPlugins>(std::move(*plugins));
+  make();
+  add_worker(1);
+  add_worker(2);
+  const auto observations = [&] {
+    for (const auto& [role, value] : router_->state().learnt_values()) {
+      if (value.name == "observations") return value.value;
+    }
+    return -1.0;
+  };
+  EXPECT_EQ(observations(), 0.0);
+
+  const WorkerId chosen = worker_of(route(request("a", 10)));
+  effects_.clear();
+  ASSERT_TRUE(router_->change_booking({"a", false}, kStart + 120ms, effects_));
+  std::vector<partition_event::TtftPredicted> predicted;
+  for (const PartitionEvent& event : effects_.events) {
+    if (const auto* e = std::get_if<partition_event::TtftPredicted>(&event))
+      predicted.push_back(*e);
+  }
+  ASSERT_EQ(predicted.size(), 1U);
+  EXPECT_EQ(predicted[0].worker.worker_id, chosen);
+  EXPECT_DOUBLE_EQ(predicted[0].observed_seconds, 0.120);
+  EXPECT_GT(predicted[0].predicted_seconds, 0.0);
+  EXPECT_EQ(observations(), 1.0);
+  effects_.clear();
+  ASSERT_TRUE(router_->change_booking({"a", true}, kStart + 500ms, effects_));
+  EXPECT_EQ(count<partition_event::TtftPredicted>(effects_), 0U);
+
+  // Ended before its first token: forgotten, nothing learnt.
+  worker_of(route(request("b", 10)));
+  ASSERT_TRUE(router_->change_booking({"b", true}, kStart + 1s, effects_));
+  // Pinned: booked without the policy, so without the signals to learn from.
+  RouteRequest pinned = request("c", 10);
+  pinned.selection.pinned_worker = plugins::worker_selection::WorkerAffinityTarget{.worker_id = 2};
+  EXPECT_EQ(worker_of(route(std::move(pinned))), 2U);
+  effects_.clear();
+  ASSERT_TRUE(router_->change_booking({"c", false}, kStart + 2s, effects_));
+  EXPECT_EQ(count<partition_event::TtftPredicted>(effects_), 0U);
+  EXPECT_EQ(observations(), 1.0);
+}
+
 }  // namespace
 }  // namespace kvr

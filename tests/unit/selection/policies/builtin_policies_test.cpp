@@ -45,6 +45,12 @@ constexpr BuiltinCase kCases[] = {
      "margin"},
     {"bounded-load-hash", "{prefix_blocks: 2, load_factor: 1.5, virtual_nodes: 10}",
      "{virtual_nodes: 0}", "virtual_nodes"},
+    {"predicted-ttft",
+     "{prior_step_ms: 10, prior_prefill_ms_per_1k_tokens: 30, prior_decode_interference_ms: 20, "
+     "prior_decode_interference_ms_per_1k_tokens: 2, learn: false, memory: 500, "
+     "worker_factor_weight: 0.1, sticky_fraction: 0.8, sticky_margin: 0.5, sticky_margin_ms: 5, "
+     "seed: 4}",
+     "{sticky_fraction: 1.5}", "sticky_fraction"},
 };
 
 class BuiltinPoliciesTest : public ::testing::TestWithParam<BuiltinCase> {
