@@ -112,7 +112,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
       },
       [self](tick_atom) {
         self->state.router->tick(now(self), self->state.effects);
-        self->state.telemetry->write_learnt_values(*self->state.router);
+        self->state.telemetry->write_learnt_values(*self->state.router, now(self));
         carry_out(self, true);
         self->delayed_send(self, self->state.config.tick_interval, tick_atom::value);
       },

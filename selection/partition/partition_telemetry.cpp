@@ -144,7 +144,9 @@ void PartitionTelemetry::write_gauges(const PartitionRouter& router) const {
   }
 }
 
-void PartitionTelemetry::write_learnt_values(const PartitionRouter& router) const {
+void PartitionTelemetry::write_learnt_values(const PartitionRouter& router, TimePoint now) const {
+  if (learnt_written_at_ && now - *learnt_written_at_ < std::chrono::seconds{1}) return;
+  learnt_written_at_ = now;
   const auto values = router.state().learnt_values();
   if (values.empty()) return;
   const metrics::NodeMetrics node{*registry_};

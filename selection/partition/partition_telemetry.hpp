@@ -5,6 +5,7 @@
 
 #include <array>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,9 +28,10 @@ class PartitionTelemetry {
   void record(const PartitionEffects& effects) const;
   /// Sets the partition's gauges from the core's current state.
   void write_gauges(const PartitionRouter& router) const;
-  /// The policies' learnt values as gauges (only policies with observers have any); builds a
-  /// series per value, so the owner calls it on its tick, not per request.
-  void write_learnt_values(const PartitionRouter& router) const;
+  /// The policies' learnt values as gauges (only policies with observers have any), at most once
+  /// a second: it resolves a series per value (one per worker), so the owner calls it on its tick,
+  /// never per request.
+  void write_learnt_values(const PartitionRouter& router, TimePoint now) const;
   /// Cluster mode: a retired partition holds nothing here any more.
   void zero_gauges() const;
 
@@ -56,6 +58,8 @@ class PartitionTelemetry {
   metrics::ValueHandle routed_prompt_tokens_;
   metrics::ValueHandle workload_cached_tokens_;
   metrics::ValueHandle capacity_cached_tokens_;
+  /// When the learnt values were last written; empty: never.
+  mutable std::optional<TimePoint> learnt_written_at_;
   /// Per policy class (in queue order), when the queue runs.
   std::vector<metrics::ValueHandle> queue_depth_;
 };
