@@ -6,27 +6,18 @@
 #include <cstddef>
 #include <expected>
 #include <string>
-#include <string_view>
-#include <utility>
 
 #include <gtest/gtest.h>
 
-#include "deploy/examples/policies/example_catalog.hpp"
-#include "selection/config/router_policy_config.hpp"
-#include "selection/policies/builtin_policies.hpp"
-#include "selection/selection_host.hpp"
+#include "deploy/examples/policies/example_policy_test.hpp"
 #include "tests/testing/fake_worker_signals.hpp"
 
 namespace kvr::examples {
 namespace {
 
 using ::kvr::testing::FakeWorker;
-using plugins::worker_selection::RouterConfig;
-using plugins::worker_selection::RoutingPartition;
 using plugins::worker_selection::WorkerCacheInput;
 using plugins::worker_selection::WorkerLoadInput;
-using plugins::worker_selection::WorkerSelectionPolicy;
-using plugins::worker_selection::WorkerSelectionPolicyError;
 
 /// A worker holding `cached_blocks` of the prompt on its device, running `active_requests` with
 /// `queued_prefill_tokens` waiting for prefill.
@@ -41,47 +32,9 @@ FakeWorker worker(WorkerId id, double cached_blocks, std::size_t active_requests
   return fake;
 }
 
-class LMetricPolicyTest : public ::testing::Test {
+class LMetricPolicyTest : public ExamplePolicyTest {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(selection::register_builtin_policies(registry_));
-    ASSERT_TRUE(register_example_catalog(registry_));
-    auto configured = configure();
-    ASSERT_TRUE(configured.has_value()) << configured.error();
-  }
-
-  /// Gives the aggregated role an `lmetric` instance with `parameters` (a YAML flow mapping;
-  /// empty: the type itself, with its defaults); the registry's error when it refuses them.
-  std::expected<void, std::string> configure(std::string_view parameters = {}) {
-    std::string yaml = "worker_selection:\n  aggregated: lmetric\n";
-    if (!parameters.empty()) {
-      yaml =
-          "worker_selection:\n  aggregated: lm\n  instances:\n"
-          "    - {name: lm, type: lmetric, parameters: " +
-          std::string{parameters} + "}\n";
-    }
-    auto config = selection::parse_router_policy_config(yaml, "router.yaml");
-    if (!config) return std::unexpected(config.error());
-    auto plugins = registry_.resolve_plugins(*config);
-    if (!plugins) return std::unexpected(std::string{plugins.error().message()});
-    plugins_ = std::move(*plugins);
-    return {};
-  }
-
-  /// Routes a 256-token prompt (16 blocks of 16 tokens) over the fake fleet.
-  std::expected<selection::SelectionResult, WorkerSelectionPolicyError> select() {
-    WorkerSelectionPolicy policy = plugins_.selection_for(WorkerType::Aggregated)
-                                       .factory(RouterConfig{}, WorkerType::Aggregated, partition_);
-    selection::SelectionRequest request;
-    request.request_id = "r1";
-    request.prompt_tokens = 256;
-    return selection::select_worker(policy, request, partition_, signals_);
-  }
-
-  plugins::RouterPluginRegistry registry_;
-  plugins::RouterPlugins plugins_;
-  RoutingPartition partition_{"llama"};
-  ::kvr::testing::FakeWorkerSignals signals_;
+  LMetricPolicyTest() : ExamplePolicyTest("lmetric", "lm") {}
 };
 
 TEST_F(LMetricPolicyTest, ACachedWorkerWithASmallBatchBeatsAnIdleUncachedOne) {

@@ -1,32 +1,23 @@
 // The example policy `sticky-until-saturated`, run through the selection host as a node would run
-// it: a worker holding most of the prompt keeps it while its token load is below the saturation
-// point; past it, or without such a worker, the least uncached work wins.
+// it: a worker holding most of the prompt keeps it while the prefill queued on it is below the
+// saturation point; past it, or without such a worker, the least uncached work wins.
 #include "deploy/examples/policies/sticky_until_saturated_policy.hpp"
 
 #include <cstddef>
-#include <expected>
 #include <string>
 #include <string_view>
-#include <utility>
 
 #include <gtest/gtest.h>
 
-#include "deploy/examples/policies/example_catalog.hpp"
-#include "selection/config/router_policy_config.hpp"
-#include "selection/policies/builtin_policies.hpp"
-#include "selection/selection_host.hpp"
+#include "deploy/examples/policies/example_policy_test.hpp"
 #include "tests/testing/fake_worker_signals.hpp"
 
 namespace kvr::examples {
 namespace {
 
 using ::kvr::testing::FakeWorker;
-using plugins::worker_selection::RouterConfig;
-using plugins::worker_selection::RoutingPartition;
 using plugins::worker_selection::WorkerCacheInput;
 using plugins::worker_selection::WorkerLoadInput;
-using plugins::worker_selection::WorkerSelectionPolicy;
-using plugins::worker_selection::WorkerSelectionPolicyError;
 
 /// A worker holding `cached_blocks` of the prompt on its device, with `queued_prefill_tokens`
 /// waiting for prefill and a projected decode footprint of `decode_blocks` blocks (16 tokens each
@@ -43,54 +34,9 @@ FakeWorker worker(WorkerId id, double cached_blocks, std::size_t queued_prefill_
   return fake;
 }
 
-class StickyUntilSaturatedPolicyTest : public ::testing::Test {
+class StickyUntilSaturatedPolicyTest : public ExamplePolicyTest {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(selection::register_builtin_policies(registry_));
-    ASSERT_TRUE(register_example_catalog(registry_));
-    auto configured = configure();
-    ASSERT_TRUE(configured.has_value()) << configured.error();
-  }
-
-  /// Gives the aggregated role a `sticky-until-saturated` instance with `parameters` (a YAML flow
-  /// mapping; empty: the type itself, with its defaults); the registry's error when it refuses.
-  std::expected<void, std::string> configure(std::string_view parameters = {}) {
-    std::string yaml = "worker_selection:\n  aggregated: sticky-until-saturated\n";
-    if (!parameters.empty()) {
-      yaml =
-          "worker_selection:\n  aggregated: sticky\n  instances:\n"
-          "    - {name: sticky, type: sticky-until-saturated, parameters: " +
-          std::string{parameters} + "}\n";
-    }
-    auto config = selection::parse_router_policy_config(yaml, "router.yaml");
-    if (!config) return std::unexpected(config.error());
-    auto plugins = registry_.resolve_plugins(*config);
-    if (!plugins) return std::unexpected(std::string{plugins.error().message()});
-    plugins_ = std::move(*plugins);
-    return {};
-  }
-
-  /// Routes a 256-token prompt (16 blocks of 16 tokens) over the fake fleet.
-  std::expected<selection::SelectionResult, WorkerSelectionPolicyError> select() {
-    WorkerSelectionPolicy policy = plugins_.selection_for(WorkerType::Aggregated)
-                                       .factory(RouterConfig{}, WorkerType::Aggregated, partition_);
-    selection::SelectionRequest request;
-    request.request_id = "r1";
-    request.prompt_tokens = 256;
-    return selection::select_worker(policy, request, partition_, signals_);
-  }
-
-  /// The worker select() chooses (worker 0 when the selection fails).
-  WorkerWithDpRank chosen() {
-    auto result = select();
-    EXPECT_TRUE(result.has_value()) << result.error().message();
-    return result ? result->worker : WorkerWithDpRank{};
-  }
-
-  plugins::RouterPluginRegistry registry_;
-  plugins::RouterPlugins plugins_;
-  RoutingPartition partition_{"llama"};
-  ::kvr::testing::FakeWorkerSignals signals_;
+  StickyUntilSaturatedPolicyTest() : ExamplePolicyTest("sticky-until-saturated", "sticky") {}
 };
 
 TEST_F(StickyUntilSaturatedPolicyTest, AHolderKeepsThePromptBelowSaturation) {
