@@ -748,13 +748,10 @@ std::expected<void, discovery::LoadError> SelectorState::first_token(
     std::optional<plugins::worker_selection::TtftCalibration>* calibration) {
   auto reported = workers_.load().first_token(request_id);
   if (!reported) return reported;
-  for (auto& policy : policies_) {
-    if (!policy) continue;
-    selection::SelectionHost& host = selection::SelectionHost::of(*policy);
-    if (!host.has_observers()) continue;
+  for_each_observed_policy(policies_, [&](selection::SelectionHost& host) {
     auto told = host.notify_first_token(request_id, now);
     if (calibration != nullptr && told) *calibration = told;
-  }
+  });
   return reported;
 }
 
@@ -769,24 +766,20 @@ std::expected<void, discovery::LoadError> SelectorState::release(std::string_vie
       end == discovery::BookingEnd::completed   ? RoutedRequestEnd::Completed
       : end == discovery::BookingEnd::cancelled ? RoutedRequestEnd::Cancelled
                                                 : RoutedRequestEnd::Failed;
-  for (auto& policy : policies_) {
-    if (!policy) continue;
-    selection::SelectionHost& host = selection::SelectionHost::of(*policy);
-    if (host.has_observers()) host.notify_ended(request_id, ended, now);
-  }
+  for_each_observed_policy(policies_, [&](selection::SelectionHost& host) {
+    host.notify_ended(request_id, ended, now);
+  });
   return released;
 }
 
 std::vector<std::pair<WorkerType, plugins::worker_selection::LearntValue>>
 SelectorState::learnt_values() const {
   std::vector<std::pair<WorkerType, plugins::worker_selection::LearntValue>> values;
-  for (const auto& policy : policies_) {
-    if (!policy) continue;
-    const selection::SelectionHost& host = selection::SelectionHost::of(*policy);
-    if (!host.has_observers()) continue;
-    for (auto& value : host.learnt_values())
+  for_each_observed_policy(policies_, [&](const selection::SelectionHost& host) {
+    for (auto& value : host.learnt_values()) {
       values.emplace_back(host.worker_type(), std::move(value));
-  }
+    }
+  });
   return values;
 }
 

@@ -215,6 +215,16 @@ class SelectorState final : public selection::WorkerSignalSource {
   }
   /// Forgets the learnt block size and the policies built for it once the last worker has left.
   void forget_block_size_when_empty();
+  /// Calls `visit` with the host of each of `policies` that has observers (const with a const
+  /// array).
+  template <class Policies, class Visit>
+  static void for_each_observed_policy(Policies& policies, Visit&& visit) {
+    for (auto& policy : policies) {
+      if (!policy) continue;
+      auto& host = selection::SelectionHost::of(*policy);
+      if (host.has_observers()) visit(host);
+    }
+  }
   /// Fills the outcome's overlap by tier from the chosen worker's match.
   void set_overlap(RouteOutcome& outcome, const selection::SelectionRequest& request);
   void rebuild_rows() const;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "selection/policies/common/best_row.hpp"
+#include "selection/policies/common/worker_signals.hpp"
 
 namespace kvr::selection::policies {
 namespace {
@@ -13,11 +14,8 @@ namespace {
 // The prediction of one row; inlined into score() and score_all().
 inline double predicted_ms(const TtftModel& model, const WorkerSelectionContext& context,
                            const WorkerCandidate& candidate) {
-  const WorkerCacheInput& cache = *candidate.cache();
-  const TtftFeatures features = TtftModel::features(
-      context.prompt_tokens(), context.block_size(),
-      cache.device_overlap_blocks() + cache.host_overlap_blocks() + cache.disk_overlap_blocks(),
-      candidate.load());
+  const TtftFeatures features = TtftModel::features(context.prompt_tokens(), context.block_size(),
+                                                    *candidate.cache(), candidate.load());
   return model.predict_ms(candidate.worker(), features);
 }
 
@@ -93,8 +91,7 @@ PolicyResult<std::size_t> CacheStickyPicker::pick(const WorkerSelectionContext& 
   std::size_t holder = 0;
   double most_held = -1;
   for (std::size_t row = 0; row < candidates.size(); ++row) {
-    const double held = cache[row].device_overlap_blocks() + cache[row].host_overlap_blocks() +
-                        cache[row].disk_overlap_blocks();
+    const double held = total_overlap_blocks(cache[row]);
     if (held > most_held ||
         (held == most_held && candidates[row].cost() < candidates[holder].cost())) {
       holder = row;

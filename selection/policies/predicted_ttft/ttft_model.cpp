@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <iterator>
 #include <utility>
 
 #include <absl/strings/string_view.h>
+
+#include "selection/policies/common/worker_signals.hpp"
 
 namespace kvr::selection::policies {
 namespace {
@@ -45,8 +46,8 @@ TtftModel::TtftModel(const TtftRates& prior, const TtftLearning& learning)
 }
 
 TtftFeatures TtftModel::features(std::size_t prompt_tokens, std::size_t block_size,
-                                 double cached_blocks, const WorkerLoadInput* load) {
-  const double cached_tokens = cached_blocks * static_cast<double>(block_size);
+                                 const WorkerCacheInput& cache, const WorkerLoadInput* load) {
+  const double cached_tokens = total_overlap_blocks(cache) * static_cast<double>(block_size);
   double tokens = std::max(0.0, static_cast<double>(prompt_tokens) - cached_tokens);
   double kv_usage = 0;
   if (load != nullptr && load->is_available()) {
@@ -73,11 +74,8 @@ void TtftModel::on_routed(const RoutedRequest& request) {
     forget_older_than(request.routed_at - std::chrono::minutes{10});
     if (followed_.size() >= kMaxFollowed) return;
   }
-  const WorkerCacheInput& cache = *request.cache;
-  const TtftFeatures features = TtftModel::features(
-      request.prompt_tokens, request.block_size,
-      cache.device_overlap_blocks() + cache.host_overlap_blocks() + cache.disk_overlap_blocks(),
-      &*request.load);
+  const TtftFeatures features = TtftModel::features(request.prompt_tokens, request.block_size,
+                                                    *request.cache, &*request.load);
   followed_.insert_or_assign(std::string{request.request_id},
                              Followed{.worker = request.worker,
                                       .features = features,

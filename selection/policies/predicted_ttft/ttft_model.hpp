@@ -75,10 +75,10 @@ class TtftModel final : public WorkerSelectionObserver {
  public:
   TtftModel(const TtftRates& prior, const TtftLearning& learning);
 
-  /// The features of a candidate: `cached_blocks` of the prompt's are on the worker; `load` is
-  /// null or unavailable when the worker has reported nothing yet.
+  /// The features of a candidate holding `cache` of the prompt (any tier counts as cached);
+  /// `load` is null or unavailable when the worker has reported nothing yet.
   static TtftFeatures features(std::size_t prompt_tokens, std::size_t block_size,
-                               double cached_blocks, const WorkerLoadInput* load);
+                               const WorkerCacheInput& cache, const WorkerLoadInput* load);
 
   /// The predicted time to first token on `worker`, in milliseconds.
   double predict_ms(WorkerWithDpRank worker, const TtftFeatures& features) const {
