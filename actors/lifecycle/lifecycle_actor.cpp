@@ -19,6 +19,9 @@ namespace {
 
 using Self = lifecycle_actor::stateful_pointer<LifecycleActorState>;
 
+// A prefill hop answers with one token: a worker that streams more is misbehaving.
+constexpr std::size_t kMaxPrefillChunks = 4;
+
 std::string stream_subject(Self self, std::uint64_t stream_id) {
   return fmt::format("{}.{}", self->state.config.stream_inbox_prefix, stream_id);
 }
@@ -140,6 +143,9 @@ void apply(Self self, std::uint64_t stream_id, LifecycleResult result,
 }
 
 void route_flight(Self self, std::uint64_t stream_id);
+void cancel_prefill(Self self, GenerateFlight& flight);
+void fail_prefill(Self self, std::uint64_t stream_id, FailureCause cause, std::string_view reason,
+                  bool tell_worker);
 
 // Sends the request to the worker it was just routed to and arms its first-token deadline.
 void dispatch(Self self, std::uint64_t stream_id) {
@@ -148,12 +154,20 @@ void dispatch(Self self, std::uint64_t stream_id) {
   auto& config = self->state.config;
   const WorkerWithDpRank worker = *flight->lifecycle.worker();
   ++flight->attempt;
+  WorkerHop hop;
+  if (flight->transfer) hop.kv_transfer_params = flight->transfer->params;
   bool sent = false;
   if (!flight->generate_subject.empty()) {
-    sent = config.publisher->publish(flight->generate_subject,
-                                     encode_worker_generate_request(flight->request, worker.dp_rank,
-                                                                    stream_subject(self, stream_id))
-                                         .SerializeAsString());
+    sent = config.publisher->publish(
+        flight->generate_subject,
+        encode_worker_generate_request(flight->request, worker.dp_rank,
+                                       stream_subject(self, stream_id), hop)
+            .SerializeAsString());
+  }
+  if (flight->handoff_from) {
+    const std::chrono::duration<double> handoff = self->clock().now() - *flight->handoff_from;
+    node_metrics(self).decode_handoff().observe(handoff.count());
+    flight->handoff_from.reset();
   }
   if (!sent) {
     flight->failure_cause = FailureCause::dispatch_failed;
@@ -208,8 +222,9 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
                  ClassifierEvent{flight->request.route.partition.model, std::move(event)});
     }
   }
-  if (step.first_token && chunk != nullptr) {
-    // The worker's first chunk carries the prompt tokens its engine served from cache.
+  if (step.first_token && chunk != nullptr && !flight->transfer && !flight->served_by_prefill) {
+    // The worker's first chunk carries the prompt tokens its engine served from cache (after a
+    // prefill hop the prompt's KV was transferred: the prefill hop recorded its outcome).
     metrics::record_cache_outcome(node_metrics(self), *config.cache_mismatch, *config.log,
                                   flight->request.route.partition.model,
                                   flight->request.route.selection.prompt_tokens,
@@ -238,7 +253,199 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
     node_metrics(self).generate_retries().add();
     route_flight(self, stream_id);
   }
+  if (flight->lifecycle.ended() && flight->prefill) {
+    // Cancelled or aborted while its prefill hop ran: that worker stops, its booking ends.
+    cancel_prefill(self, *flight);
+  }
   maybe_forget(self, stream_id);
+}
+
+// ---- the prefill hop of a disaggregated request (docs/disaggregation.md) ----------------------
+
+// Ends the prefill hop's booking and forgets the hop; `health`: what it says of the worker.
+void end_prefill(Self self, GenerateFlight& flight, discovery::BookingEnd end,
+                 std::optional<WorkerHealthReport> health) {
+  send_booking(self, flight, true, end, AffinityAction::none, std::move(health));
+  flight.prefill.reset();
+}
+
+void cancel_prefill(Self self, GenerateFlight& flight) {
+  v1::GenerateCancel cancel;
+  cancel.set_request_id(flight.request.route.id());
+  self->state.config.publisher->publish(worker_cancel_subject(flight.prefill->generate_subject),
+                                        cancel.SerializeAsString());
+  end_prefill(self, flight, discovery::BookingEnd::cancelled, std::nullopt);
+}
+
+// The prefill hop failed: planned again without that worker (max_retries times), else the
+// request ends with an explicit error.
+void fail_prefill(Self self, std::uint64_t stream_id, FailureCause cause, std::string_view reason,
+                  bool tell_worker) {
+  GenerateFlight* flight = find_flight(self, stream_id);
+  if (flight == nullptr || !flight->prefill) return;
+  const WorkerId worker = flight->prefill->worker.worker_id;
+  if (tell_worker) {
+    v1::GenerateCancel cancel;
+    cancel.set_request_id(flight->request.route.id());
+    self->state.config.publisher->publish(worker_cancel_subject(flight->prefill->generate_subject),
+                                          cancel.SerializeAsString());
+  }
+  end_prefill(self, *flight, discovery::BookingEnd::failed, WorkerHealthReport{worker, cause});
+  flight->failed_prefill_workers.push_back(worker);
+  flight->prefill_chunks.clear();
+  if (flight->prefill_retries < self->state.config.lifecycle.max_retries) {
+    // Planned again without the failed worker: another prefill worker, or the decode worker alone
+    // when none is left.
+    ++flight->prefill_retries;
+    node_metrics(self).generate_retries().add();
+    route_flight(self, stream_id);
+    return;
+  }
+  apply(self, stream_id,
+        flight->lifecycle.route_failed(
+            Error::worker_failed,
+            fmt::format("the prefill hop failed on worker {}: {}", worker, reason)));
+}
+
+// Sends the prefill hop to its worker: one output token, the KV kept for the decode worker.
+void dispatch_prefill(Self self, std::uint64_t stream_id) {
+  GenerateFlight* flight = find_flight(self, stream_id);
+  if (flight == nullptr || !flight->prefill) return;
+  auto& config = self->state.config;
+  ++flight->attempt;
+  const PrefillHop& hop = *flight->prefill;
+  const bool sent =
+      !hop.generate_subject.empty() &&
+      config.publisher->publish(
+          hop.generate_subject,
+          encode_worker_generate_request(
+              flight->request, hop.worker.dp_rank, stream_subject(self, stream_id),
+              WorkerHop{.max_output_tokens = 1, .kv_transfer_params = kRemoteDecodeTransferParams})
+              .SerializeAsString());
+  if (!sent) {
+    fail_prefill(self, stream_id, FailureCause::dispatch_failed,
+                 hop.generate_subject.empty() ? "the worker registered no generate subject"
+                                              : "the request could not be published to the worker",
+                 false);
+    return;
+  }
+  self->delayed_send(self, config.first_token_timeout, deadline_atom::value, stream_id,
+                     flight->attempt);
+}
+
+void start_prefill(Self self, std::uint64_t stream_id, const SelectorReply& reply) {
+  GenerateFlight* flight = find_flight(self, stream_id);
+  if (flight == nullptr) return;
+  const RouteOutcome& outcome = *reply.result;
+  if (flight->lifecycle.ended()) {
+    // Cancelled while it was being routed: the late booking is undone.
+    send_booking(self, *flight, true, discovery::BookingEnd::cancelled, AffinityAction::none);
+    maybe_forget(self, stream_id);
+    return;
+  }
+  const std::uint64_t prompt_tokens = flight->request.route.selection.prompt_tokens;
+  flight->prefill = PrefillHop{
+      .worker = outcome.worker,
+      .generate_subject = reply.generate_subject,
+      .routed_at = self->clock().now(),
+      .predicted_cached_tokens =
+          prompt_tokens - std::min(prompt_tokens, outcome.uncached_prefill_tokens),
+  };
+  node_metrics(self).route_decisions(outcome.worker.worker_id).add();
+  // The client's decision names the worker that starts its request; its chunks name the decode
+  // worker that generates them.
+  publish_decision(self, *flight,
+                   encode_route_success(flight->request.route.id(), outcome,
+                                        RouteSuccessInfo{.booking_id = {},
+                                                         .booking_ttl = {},
+                                                         .policy = reply.policy,
+                                                         .generate_subject = reply.generate_subject,
+                                                         .http_url = reply.http_url}));
+  dispatch_prefill(self, stream_id);
+}
+
+// The prefill hop's one token ended the generation: the prefill worker served the request, and
+// its chunks are the client's stream (booking, classifier events and stream as for one hop).
+void serve_from_prefill(Self self, std::uint64_t stream_id) {
+  GenerateFlight* flight = find_flight(self, stream_id);
+  const PrefillHop hop = std::move(*flight->prefill);
+  flight->prefill.reset();
+  std::vector<v1::GenerateChunk> chunks = std::move(flight->prefill_chunks);
+  flight->prefill_chunks.clear();
+  flight->served_by_prefill = true;
+  flight->generate_subject = hop.generate_subject;
+  ++flight->attempt;  // the prefill's deadline no longer applies
+  auto step = flight->lifecycle.routed(hop.worker);
+  if (!step) {
+    apply(self, stream_id, std::move(step));
+    return;
+  }
+  step->dispatch = false;  // it has answered already
+  carry_out(self, stream_id, std::move(*step), nullptr);
+  for (const v1::GenerateChunk& chunk : chunks) {
+    flight = find_flight(self, stream_id);
+    if (flight == nullptr) return;
+    apply(self, stream_id, flight->lifecycle.on_chunk(decode_stream_chunk(chunk)), &chunk);
+  }
+}
+
+// A chunk of the prefill worker: its answer (the final chunk, with the transfer parameters)
+// sends the request on to a decode worker; its token never reaches the client, whose stream
+// starts with the decode worker's.
+void on_prefill_chunk(Self self, std::uint64_t stream_id, const v1::GenerateChunk& chunk) {
+  GenerateFlight* flight = find_flight(self, stream_id);
+  PrefillHop& hop = *flight->prefill;
+  if (chunk.worker_id() != hop.worker.worker_id || chunk.dp_rank() != hop.worker.dp_rank) {
+    node_metrics(self).generate_stale_chunks().add();
+    return;
+  }
+  if (chunk.has_error() || chunk.finish_reason() == "error") {
+    fail_prefill(
+        self, stream_id, FailureCause::worker_failed,
+        chunk.error().message().empty() ? "the worker reported an error" : chunk.error().message(),
+        false);
+    return;
+  }
+  const std::string& model = flight->request.route.partition.model;
+  if (!std::exchange(hop.responded, true)) {
+    auto& config = self->state.config;
+    metrics::record_cache_outcome(node_metrics(self), *config.cache_mismatch, *config.log, model,
+                                  flight->request.route.selection.prompt_tokens,
+                                  hop.predicted_cached_tokens, chunk.cached_prompt_tokens());
+    send_booking(self, *flight, false, discovery::BookingEnd::completed, AffinityAction::none,
+                 WorkerHealthReport{hop.worker.worker_id, {}});
+  }
+  flight->prefill_chunks.push_back(chunk);
+  if (!chunk.finished()) {
+    if (flight->prefill_chunks.size() > kMaxPrefillChunks) {
+      fail_prefill(self, stream_id, FailureCause::worker_failed,
+                   "it streamed more than the one token of a prefill", true);
+    }
+    return;
+  }
+  const std::string& params = chunk.kv_transfer_params();
+  if (params.empty() && chunk.finish_reason() == "stop") {
+    // Its one token ended the generation (an end-of-sequence or stop token): vLLM gives no
+    // transfer parameters then, and nothing is left for a decode worker.
+    serve_from_prefill(self, stream_id);
+    return;
+  }
+  std::optional<std::string> unusable = params.empty()
+                                            ? std::optional<std::string>{"it carries none"}
+                                            : kv_transfer_params_error(params);
+  if (unusable) {
+    fail_prefill(self, stream_id, FailureCause::worker_failed,
+                 fmt::format("its answer has no usable kv_transfer_params: {}", *unusable), false);
+    return;
+  }
+  const auto now = self->clock().now();
+  const std::chrono::duration<double> took = now - hop.routed_at;
+  node_metrics(self).prefill_hop(model).observe(took.count());
+  flight->transfer = KvTransfer{params, hop.worker.worker_id, now + flight->transfer_valid};
+  end_prefill(self, *flight, discovery::BookingEnd::completed, std::nullopt);
+  flight->prefill_chunks.clear();
+  flight->handoff_from = now;
+  route_flight(self, stream_id);
 }
 
 void on_routed(Self self, std::uint64_t stream_id, SelectorReply& reply) {
@@ -254,6 +461,11 @@ void on_routed(Self self, std::uint64_t stream_id, SelectorReply& reply) {
     return;
   }
   const RouteOutcome& outcome = *reply.result;
+  if (reply.disaggregation) flight->transfer_valid = reply.disaggregation->transfer_valid;
+  if (reply.disaggregation && reply.disaggregation->prefill_hop()) {
+    start_prefill(self, stream_id, reply);
+    return;
+  }
   auto step = flight->lifecycle.routed(outcome.worker);
   if (!step) {
     // Booked where the lifecycle cannot go (an excluded worker): undo it and give up.
@@ -289,6 +501,18 @@ void route_flight(Self self, std::uint64_t stream_id) {
   RouteRequest request = flight->request.route;
   const auto excluded = flight->lifecycle.excluded_workers();
   request.selection.excluded_workers.assign(excluded.begin(), excluded.end());
+  request.selection.excluded_workers.insert(request.selection.excluded_workers.end(),
+                                            flight->failed_prefill_workers.begin(),
+                                            flight->failed_prefill_workers.end());
+  if (flight->transfer && self->clock().now() >= flight->transfer->valid_until) {
+    flight->transfer.reset();  // too old to pull: prefilled again
+  }
+  if (flight->transfer) {
+    request.worker_type = WorkerType::Decode;
+    request.hop = RouteHop::decode_after_transfer;
+  } else {
+    request.hop = RouteHop::plan;
+  }
   auto& config = self->state.config;
   const route_target_actor& selector = self->state.routes.selector_for(request.partition);
   self->request(selector, config.selector_timeout, route_atom::value, std::move(request))
@@ -431,6 +655,10 @@ lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfi
           node_metrics(self).generate_stale_chunks().add();
           return;
         }
+        if (flight->prefill) {
+          on_prefill_chunk(self, envelope.stream_id, envelope.chunk);
+          return;
+        }
         apply(self, envelope.stream_id,
               flight->lifecycle.on_chunk(decode_stream_chunk(envelope.chunk)), &envelope.chunk);
       },
@@ -442,7 +670,17 @@ lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfi
         for (const auto& [id, flight] : self->state.flights) ids.push_back(id);
         for (std::uint64_t id : ids) {
           for (WorkerId worker : removed) {
-            if (GenerateFlight* flight = find_flight(self, id)) {
+            GenerateFlight* flight = find_flight(self, id);
+            if (flight != nullptr && flight->transfer && flight->transfer->source == worker) {
+              flight->transfer->valid_until = {};  // the KV left with its prefill worker
+            }
+            if (flight != nullptr && flight->prefill &&
+                flight->prefill->worker.worker_id == worker) {
+              fail_prefill(self, id, FailureCause::worker_failed,
+                           fmt::format("worker {} left the fleet", worker), false);
+              continue;
+            }
+            if (flight != nullptr) {
               apply(self, id,
                     flight->lifecycle.worker_failed(
                         worker, fmt::format("worker {} left the fleet (booking expired or "
@@ -483,6 +721,14 @@ lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfi
       },
       [self](deadline_atom, std::uint64_t stream_id, std::uint32_t attempt) {
         GenerateFlight* flight = find_flight(self, stream_id);
+        if (flight != nullptr && flight->attempt == attempt && flight->prefill) {
+          node_metrics(self).generate_first_token_timeouts().add();
+          fail_prefill(
+              self, stream_id, FailureCause::first_token_timeout,
+              fmt::format("no answer within {} ms", self->state.config.first_token_timeout.count()),
+              true);
+          return;
+        }
         if (flight == nullptr || flight->attempt != attempt ||
             flight->lifecycle.state() != RequestState::Sent || !flight->lifecycle.worker()) {
           return;

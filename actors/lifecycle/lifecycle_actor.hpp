@@ -48,6 +48,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include <caf/actor_addr.hpp>
 #include <caf/actor_clock.hpp>
@@ -89,6 +90,26 @@ struct LifecycleActorConfig : NodeServices {
   std::shared_ptr<metrics::CacheMismatchDetector> cache_mismatch;
 };
 
+/// The prefill hop of a disaggregated request in flight (docs/disaggregation.md): a prefill
+/// worker computes the prompt's KV and answers with where a decode worker can pull it.
+struct PrefillHop {
+  WorkerWithDpRank worker;
+  std::string generate_subject;
+  /// When it was routed (CAF's clock), for kvr_prefill_hop_seconds.
+  caf::actor_clock::time_point routed_at{};
+  /// The prompt tokens the router predicted cached on the prefill worker.
+  std::uint64_t predicted_cached_tokens = 0;
+  /// The worker's first chunk came (its cache outcome is recorded once).
+  bool responded = false;
+};
+
+/// The prefill hop's answer: what the decode hop sends its worker, and while it may be reused.
+struct KvTransfer {
+  std::string params;
+  WorkerId source = 0;
+  caf::actor_clock::time_point valid_until{};
+};
+
 /// One generate request in flight.
 struct GenerateFlight {
   GenerateFlight(GenerateRequestData request_data, LifecycleOptions options)
@@ -121,6 +142,25 @@ struct GenerateFlight {
   /// The current attempt's route overlap in tokens (at most the prompt): what the router
   /// predicted cached, set against what the first chunk reports.
   std::uint64_t predicted_cached_tokens = 0;
+
+  // ---- disaggregated serving ----
+  /// The prefill hop while it runs.
+  std::optional<PrefillHop> prefill;
+  /// Prefill workers that failed this request (every later route excludes them), and the retries
+  /// of the prefill hop.
+  std::vector<WorkerId> failed_prefill_workers;
+  std::uint32_t prefill_retries = 0;
+  /// The prefill hop's answer, while the decode hop runs on it.
+  std::optional<KvTransfer> transfer;
+  /// The model's transfer validity, from the core's decision.
+  std::chrono::milliseconds transfer_valid{30'000};
+  /// When the prefill answered and the decode hop is yet to be dispatched (kvr_decode_handoff).
+  std::optional<caf::actor_clock::time_point> handoff_from;
+  /// The prefill hop's chunks, kept until its answer: relayed only when its one token ended the
+  /// generation (then the prefill worker served the whole request).
+  std::vector<v1::GenerateChunk> prefill_chunks;
+  /// The prefill worker served the whole request (its cache outcome is recorded already).
+  bool served_by_prefill = false;
 };
 
 /// The lifecycle actor's state.

@@ -165,6 +165,14 @@ std::expected<void, std::string> BridgeOptions::validate() const {
   if (max_concurrent_generates == 0 || max_concurrent_generates > 4096) {
     return std::unexpected("--max-concurrent-generates must be in [1, 4096]");
   }
+  // kvr's two hops pass vLLM's kv_transfer_params from the prefill's answer to the decode request;
+  // SGLang's P/D instead sends one request to both servers at once, which no kvr hop can do.
+  if (engine == EngineKind::sglang && (role == WorkerType::Prefill || role == WorkerType::Decode)) {
+    return std::unexpected("--role " + std::string{as_str(role)} +
+                           " needs --engine vllm: kvr's prefill/decode hops pass vLLM's "
+                           "kv_transfer_params, and SGLang's P/D exchange (bootstrap_host, "
+                           "bootstrap_port, bootstrap_room) is not supported");
+  }
   for (DpRank rank = 0; rank < data_parallel_size; ++rank) {
     if (auto endpoint = endpoint_for_rank(kv_events, rank); !endpoint) {
       return std::unexpected("--kv-events: " + endpoint.error());
@@ -746,6 +754,7 @@ std::expected<std::unique_ptr<EngineBridge>, std::string> EngineBridge::create(
   state->publisher.emplace(*state->nats, state->options.ns, "kvr bridge");
   auto generator = GenerateForwarder::start(
       GenerateForwarderOptions{.engine_url = raw->options.engine_url,
+                               .engine = raw->options.engine,
                                .worker_id = raw->worker_id,
                                .data_parallel_size = raw->options.data_parallel_size,
                                .concurrency = raw->options.max_concurrent_generates,

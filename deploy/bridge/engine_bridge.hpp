@@ -5,13 +5,15 @@
 // ZMQ sequence numbers went back or its process_start_time_seconds changed), publishes LoadMetrics
 // from the engine's /metrics, forwards the engine's ZMQ KV events as kvr KvEventBatches, serves KV
 // dumps from its own picture, and serves the worker's generate subject through the engine's
-// streaming /v1/completions (generate_forwarder.hpp). With --metrics-port it serves its own
-// Prometheus /metrics (kvr_bridge_*: ZMQ messages, malformed frames and payloads, sequence gaps,
-// replays, cleared ranks, engine restarts, unknown removals, published batches and blocks, generate
-// outcomes) and /healthz (200 while registered with a live engine). Threads: the run loop owns all
-// state; the ZMQ subscriber, the prober (which asks the engine's /health and /metrics, so the
-// loop forwarding KV events never waits on HTTP) and NATS callbacks only queue, except generate
-// requests and cancels, which go straight to the forwarder's own threads.
+// /v1/completions (generate_forwarder.hpp), passing vLLM's kv_transfer_params both ways for
+// disaggregated prefill/decode (vLLM only: with SGLang the prefill and decode roles are refused).
+// With --metrics-port it serves its own Prometheus /metrics (kvr_bridge_*: ZMQ messages,
+// malformed frames and payloads, sequence gaps, replays, cleared ranks, engine restarts, unknown
+// removals, published batches and blocks, generate outcomes) and /healthz (200 while registered
+// with a live engine). Threads: the run loop owns all state; the ZMQ subscriber, the prober (which
+// asks the engine's /health and /metrics, so the loop forwarding KV events never waits on HTTP)
+// and NATS callbacks only queue, except generate requests and cancels, which go straight to the
+// forwarder's own threads.
 #pragma once
 
 #include <chrono>
@@ -56,6 +58,7 @@ struct BridgeOptions {
   std::uint32_t data_parallel_size = 1;
   /// 0 picks a random id.
   WorkerId worker_id = 0;
+  /// Prefill and decode need a vLLM engine with a KV connector (e.g. NixlConnector).
   WorkerType role = WorkerType::Aggregated;
   std::string routing_group = "default";
   std::vector<std::string> taints;

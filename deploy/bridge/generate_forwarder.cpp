@@ -20,6 +20,33 @@ constexpr std::uint32_t kMaxOutputTokens = 1 << 20;
 constexpr std::size_t kMaxPromptTokens = 1 << 22;
 // An HTTP error body is quoted in the error chunk up to this length.
 constexpr std::size_t kMaxErrorBody = 512;
+// nlohmann copies and prints JSON recursively: a value nested deeper than this, from a request or
+// the engine, is refused rather than risk a pool thread's stack. vLLM's answers nest about 5 deep.
+constexpr int kMaxJsonDepth = 64;
+// A non-streaming answer may be this long, plus kAnswerBytesPerPromptToken per prompt token: with
+// return_token_ids vLLM echoes the prompt's ids, and kv_transfer_params list its KV blocks.
+constexpr std::size_t kMaxAnswerBytes = std::size_t{1} << 20;
+constexpr std::size_t kAnswerBytesPerPromptToken = 16;
+
+// Parses JSON no deeper than kMaxJsonDepth; throws nlohmann::json::exception when unreadable, and
+// std::nullopt when too deep.
+std::optional<nlohmann::json> parse_bounded_json(std::string_view text) {
+  bool too_deep = false;
+  nlohmann::json json =
+      nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+        too_deep = too_deep || depth > kMaxJsonDepth;
+        return !too_deep;
+      });
+  if (too_deep) return std::nullopt;
+  return json;
+}
+
+// True when vLLM's kv_transfer_params ask the engine to prefill and keep the KV for a remote
+// decode: the prefill hop.
+bool asks_remote_decode(const nlohmann::json& params) {
+  const auto flag = params.find("do_remote_decode");
+  return flag != params.end() && flag->is_boolean() && flag->get<bool>();
+}
 
 std::string_view trim_leading_space(std::string_view text) {
   if (!text.empty() && text.front() == ' ') text.remove_prefix(1);
@@ -80,9 +107,14 @@ CompletionEvent parse_completion_event(std::string_view data) {
     return event;
   }
   try {
-    const auto json = nlohmann::json::parse(data);
+    const auto parsed = parse_bounded_json(data);
+    if (!parsed) {
+      event.error = "the engine's JSON is nested more than 64 deep";
+      return event;
+    }
+    const nlohmann::json& json = *parsed;
     if (!json.is_object()) {
-      event.error = "a stream event is not a JSON object";
+      event.error = "the engine's JSON is not an object";
       return event;
     }
     if (const auto error = json.find("error"); error != json.end() && !error->is_null()) {
@@ -117,9 +149,14 @@ CompletionEvent parse_completion_event(std::string_view data) {
         }
       }
     }
+    // vLLM's answer has `"kv_transfer_params": null` when the connector returned none.
+    if (const auto params = json.find("kv_transfer_params");
+        params != json.end() && params->is_object()) {
+      event.kv_transfer_params = params->dump();
+    }
   } catch (const nlohmann::json::exception& error) {
     event = CompletionEvent{};
-    event.error = std::string{"unreadable stream event: "} + error.what();
+    event.error = std::string{"unreadable JSON from the engine: "} + error.what();
   }
   return event;
 }
@@ -152,8 +189,8 @@ bool SseReader::feed(std::string_view bytes,
   return buffer_.size() <= max_event_bytes_;
 }
 
-std::expected<std::string, std::string> completion_request_body(const v1::GenerateRequest& request,
-                                                                std::string_view model) {
+std::expected<CompletionCall, std::string> completion_call(const v1::GenerateRequest& request,
+                                                           std::string_view model) {
   const auto& route = request.route();
   if (!route.has_tokens() || route.tokens().ids().empty()) {
     return std::unexpected("the bridge needs the prompt as token ids");
@@ -168,16 +205,36 @@ std::expected<std::string, std::string> completion_request_body(const v1::Genera
   if (max_tokens == 0 || max_tokens > kMaxOutputTokens) {
     return std::unexpected("max_output_tokens must be in [1, 1048576]");
   }
+  std::optional<nlohmann::json> transfer;
+  if (!request.kv_transfer_params().empty()) {
+    try {
+      transfer = parse_bounded_json(request.kv_transfer_params());
+      if (!transfer) return std::unexpected("kv_transfer_params: nested more than 64 deep");
+    } catch (const nlohmann::json::exception& error) {
+      return std::unexpected(std::string{"kv_transfer_params: not valid JSON: "} + error.what());
+    }
+    if (!transfer->is_object()) return std::unexpected("kv_transfer_params: not a JSON object");
+  }
+  const bool prefill_hop = transfer && asks_remote_decode(*transfer);
   nlohmann::json body;
   body["model"] = route.cache_namespace().empty() ? std::string{model} : route.cache_namespace();
   body["prompt"] =
       std::vector<std::uint32_t>(route.tokens().ids().begin(), route.tokens().ids().end());
   body["max_tokens"] = max_tokens;
-  body["stream"] = true;
-  body["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
+  // vLLM refuses stream_options on a request that does not stream.
+  body["stream"] = !prefill_hop;
+  if (!prefill_hop) {
+    body["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
+  }
   body["return_token_ids"] = true;
   if (request.has_sampling()) add_sampling_params(request.sampling(), body);
-  return body.dump();
+  if (transfer) {
+    // The prefill hop generates one token; vLLM refuses a min_tokens above max_tokens, and its own
+    // P/D proxy leaves min_tokens to the decode hop.
+    if (prefill_hop) body.erase("min_tokens");
+    body["kv_transfer_params"] = std::move(*transfer);
+  }
+  return CompletionCall{.body = body.dump(), .stream = !prefill_hop};
 }
 
 namespace {
@@ -260,12 +317,44 @@ struct GenerateForwarder::State {
     publish_end(request, 0, "error", code, message);
   }
 
-  // Streams one request through the engine; returns once its last chunk is published.
+  // Publishes a non-streaming answer as chunks: the generated tokens, then the last one with the
+  // finish reason and the engine's kv_transfer_params. False (and `error` set) when the answer
+  // cannot be read or has no finish reason.
+  bool publish_answer(const v1::GenerateRequest& request, std::string_view answer,
+                      std::uint32_t& next_index, std::optional<std::string>& error) {
+    const CompletionEvent event = parse_completion_event(answer);
+    if (event.error) {
+      error = *event.error;
+      return false;
+    }
+    if (!event.has_choice || !event.finish_reason) {
+      error = "the engine's answer has no finish reason";
+      return false;
+    }
+    if (!event.token_ids.empty()) {
+      v1::GenerateChunk tokens = chunk_for(request, next_index++);
+      for (std::uint32_t token : event.token_ids) tokens.add_token_ids(token);
+      tokens.set_cached_prompt_tokens(event.cached_prompt_tokens.value_or(0));
+      publish(request.stream_subject(), tokens);
+    }
+    v1::GenerateChunk last = chunk_for(request, next_index);
+    if (next_index == 0) last.set_cached_prompt_tokens(event.cached_prompt_tokens.value_or(0));
+    ++next_index;
+    last.set_finished(true);
+    last.set_finish_reason(*event.finish_reason);
+    if (event.kv_transfer_params) last.set_kv_transfer_params(*event.kv_transfer_params);
+    ++completed;
+    publish(request.stream_subject(), last);
+    return true;
+  }
+
+  // Serves one request through the engine, streamed or (a prefill hop) as one answer; returns once
+  // its last chunk is published.
   void serve(Job& job) {
     const v1::GenerateRequest& request = job.request;
-    auto body = completion_request_body(request, current_model());
-    if (!body) {
-      refuse(request, v1::ROUTE_ERROR_INVALID_REQUEST, body.error());
+    auto call = completion_call(request, current_model());
+    if (!call) {
+      refuse(request, v1::ROUTE_ERROR_INVALID_REQUEST, call.error());
       return;
     }
     httplib::Client client{options.engine_url};
@@ -289,6 +378,11 @@ struct GenerateForwarder::State {
     int status = 0;
     std::string error_body;
     SseReader reader;
+    // A non-streaming answer, whole; bounded by the prompt's length (see kMaxAnswerBytes).
+    std::string answer;
+    const std::size_t max_answer_bytes =
+        kMaxAnswerBytes +
+        kAnswerBytesPerPromptToken * static_cast<std::size_t>(request.route().tokens().ids_size());
     auto on_event = [&](std::string_view data) {
       const CompletionEvent event = parse_completion_event(data);
       if (event.error) {
@@ -306,6 +400,9 @@ struct GenerateForwarder::State {
         chunk.set_finished(true);
         chunk.set_finish_reason(*event.finish_reason);
         finished = true;
+        // Counted before the last chunk is published, as every other end is: whoever sees it
+        // sees the counters final.
+        ++completed;
       }
       ++next_index;
       publish(request.stream_subject(), chunk);
@@ -315,13 +412,13 @@ struct GenerateForwarder::State {
     httplib::Request http;
     http.method = "POST";
     http.path = "/v1/completions";
-    http.headers = {{"Accept", "text/event-stream"},
+    http.headers = {{"Accept", call->stream ? "text/event-stream" : "application/json"},
                     {"X-Request-Id", request.route().request_id()}};
     if (options.data_parallel_size > 1) {
       http.headers.emplace("X-data-parallel-rank", std::to_string(request.dp_rank()));
     }
     http.set_header("Content-Type", "application/json");
-    http.body = std::move(*body);
+    http.body = std::move(call->body);
     http.response_handler = [&](const httplib::Response& response) {
       status = response.status;
       return true;
@@ -331,6 +428,15 @@ struct GenerateForwarder::State {
       if (status != 200) {
         error_body.append(data, std::min(size, kMaxErrorBody * 4 - error_body.size()));
         return error_body.size() < kMaxErrorBody * 4;
+      }
+      if (!call->stream) {
+        if (answer.size() + size > max_answer_bytes) {
+          engine_error =
+              "the engine's answer is longer than " + std::to_string(max_answer_bytes) + " bytes";
+          return false;
+        }
+        answer.append(data, size);
+        return true;
       }
       if (!reader.feed({data, size}, on_event)) {
         if (!engine_error) engine_error = "the engine sent an unreadable event stream";
@@ -344,10 +450,10 @@ struct GenerateForwarder::State {
       job.client = nullptr;
     }
 
-    if (finished) {
-      ++completed;
-      return;
+    if (!call->stream && result && status == 200 && !engine_error && !job.cancelled) {
+      finished = publish_answer(request, answer, next_index, engine_error);
     }
+    if (finished) return;
     if (job.cancelled) {
       publish_cancelled(request, next_index);
       return;
@@ -445,6 +551,12 @@ void GenerateForwarder::submit(v1::GenerateRequest request) {
   }
   if (request.route().request_id().empty()) {
     state.refuse(request, v1::ROUTE_ERROR_INVALID_REQUEST, "request_id is empty");
+    return;
+  }
+  if (state.options.engine == EngineKind::sglang && !request.kv_transfer_params().empty()) {
+    state.refuse(request, v1::ROUTE_ERROR_INVALID_REQUEST,
+                 "kv_transfer_params: the engine is SGLang, whose prefill/decode exchange "
+                 "(bootstrap_host, bootstrap_port, bootstrap_room) the bridge does not speak");
     return;
   }
   auto job = std::make_shared<Job>();

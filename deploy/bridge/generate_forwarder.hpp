@@ -21,6 +21,27 @@
 // cannot be reached or a stream that ends without a finish reason each end the stream with an
 // error chunk: a caller never waits on silence.
 //
+// Disaggregated prefill/decode (vLLM only): a request's `kv_transfer_params` (a JSON object) goes
+// into the body as its top-level `kv_transfer_params`, as vLLM's OpenAI server takes it (its
+// NixlConnector and the other connectors that exchange parameters over HTTP read it). vLLM puts
+// the prefill's answer (do_remote_prefill, remote_engine_id, remote_block_ids, remote_host,
+// remote_port, ...) only in the top-level `kv_transfer_params` of a non-streaming response, never
+// in a stream; so a request whose parameters say `"do_remote_decode": true` (the prefill hop) is
+// sent with "stream": false and no stream_options, and without min_tokens (vLLM refuses
+// min_tokens above max_tokens, and the prefill hop asks for one token), as vLLM's own P/D proxy
+// sends it. Its JSON answer becomes the chunks: one with the generated token(s) and the cached
+// prompt tokens, then the last, with the engine's finish reason and, when the answer carries
+// them, its kv_transfer_params (re-serialised compactly, the same JSON object). An answer without
+// them (vLLM gives none when the one token ended the request by a stop, or the engine has no KV
+// connector) is passed on as it is; the router decides. Parameters that are not a JSON object (or
+// nested deeper than 64) refuse the request with INVALID_REQUEST naming kv_transfer_params. The
+// decode hop (`"do_remote_prefill": true`) streams as any request. SGLang's P/D exchange is not
+// this one (the router sends the same request, with bootstrap_host, bootstrap_port and
+// bootstrap_room, to the prefill and the decode server at once), so with an SGLang engine a
+// request carrying kv_transfer_params is refused, and `kvr bridge` refuses to start in the prefill
+// or decode role (BridgeOptions::validate). vLLM's P2pNcclConnector, whose proxy names both peers
+// in the X-Request-Id before the prefill, is not supported either.
+//
 // Threads: a fixed pool of `concurrency` threads, each serving one HTTP stream at a time; further
 // requests wait in a bounded queue, beyond which they are refused with an error chunk.
 #pragma once
@@ -35,6 +56,7 @@
 #include <string_view>
 #include <vector>
 
+#include "deploy/bridge/engine_metrics.hpp"
 #include "kvr/v1/routing.pb.h"
 #include "messages/ids.hpp"
 
@@ -48,9 +70,12 @@ struct CompletionEvent {
   std::optional<std::uint32_t> cached_prompt_tokens;
   std::optional<std::string> error;  ///< the engine reported an error in the stream
   bool has_choice = false;           ///< the event carried a choice (not only usage)
+  /// The top-level `kv_transfer_params` object, serialised (vLLM's non-streaming answer).
+  std::optional<std::string> kv_transfer_params;
 };
 
-/// Parses the data of one event; an unreadable one is an error event naming why.
+/// Parses the data of one event, or a whole non-streaming answer (the same fields); an unreadable
+/// one (not JSON, not an object, nested deeper than 64) is an error event naming why.
 CompletionEvent parse_completion_event(std::string_view data);
 
 /// Splits a byte stream of server-sent events into their data fields (multi-line data joined with
@@ -72,13 +97,23 @@ class SseReader {
   std::size_t max_event_bytes_;
 };
 
-/// The JSON body of the completions request for `request`, or why it cannot be sent (no token
-/// ids, no output tokens).
-std::expected<std::string, std::string> completion_request_body(const v1::GenerateRequest& request,
-                                                                std::string_view model);
+/// One completions request to the engine.
+struct CompletionCall {
+  std::string body;  ///< the JSON body
+  /// Whether the answer is an event stream; false for a prefill hop (`"do_remote_decode": true`),
+  /// whose kv_transfer_params vLLM returns only in a whole JSON answer.
+  bool stream = true;
+};
+
+/// The completions request for `request`, or why it cannot be sent (no token ids, no output
+/// tokens, kv_transfer_params that are not a JSON object).
+std::expected<CompletionCall, std::string> completion_call(const v1::GenerateRequest& request,
+                                                           std::string_view model);
 
 struct GenerateForwarderOptions {
   std::string engine_url = "http://127.0.0.1:8000";
+  /// SGLang engines refuse requests with kv_transfer_params (vLLM's exchange, not theirs).
+  EngineKind engine = EngineKind::vllm;
   WorkerId worker_id = 0;
   std::uint32_t data_parallel_size = 1;
   /// HTTP streams at once (threads).

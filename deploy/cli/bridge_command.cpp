@@ -91,7 +91,10 @@ void add_bridge_command(CLI::App& app, int& exit_code) {
   command->add_option("--worker-id", options->worker_id, "worker id (0: random)")
       ->capture_default_str()
       ->envname("KVR_BRIDGE_WORKER_ID");
-  command->add_option("--role", *role, "aggregated, prefill, decode or encode")
+  command
+      ->add_option("--role", *role,
+                   "aggregated, prefill, decode or encode (prefill and decode: --engine vllm with "
+                   "a KV connector; the bridge passes its kv_transfer_params between the hops)")
       ->capture_default_str()
       ->envname("KVR_BRIDGE_ROLE")
       ->check(CLI::IsMember({"aggregated", "prefill", "decode", "encode"}));

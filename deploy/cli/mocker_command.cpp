@@ -192,6 +192,22 @@ void add_mocker_command(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(finite_range(0, 31'536'000));
   add_engine_options(*command, options->engine);
+  // Disaggregated serving: how long a decode worker waits for a prompt's KV, and how long a
+  // prefill worker holds it (both speaks).
+  command
+      ->add_option("--transfer-latency-ms", options->engine.transfer.latency_ms,
+                   "fixed cost of one KV transfer between a prefill and a decode worker (real ms, "
+                   "divided by --time-scale)")
+      ->group("Simulated engine")
+      ->capture_default_str()
+      ->check(finite_range(0, 1e6));
+  command
+      ->add_option("--transfer-ms-per-block", options->engine.transfer.ms_per_block,
+                   "KV transfer cost per block (real ms, divided by --time-scale; the default is "
+                   "an 8B model's 64-token block over a ~25 GB/s RDMA link)")
+      ->group("Simulated engine")
+      ->capture_default_str()
+      ->check(finite_range(0, 1e6));
   const std::string group = "Speaking vLLM (--speak vllm)";
   command
       ->add_option("--speak", *speak,

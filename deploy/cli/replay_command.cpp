@@ -33,6 +33,9 @@ struct ReplayCommandOptions {
   std::optional<double> queue_threshold;
   SessionAffinityFlags session_affinity;
   replay::ReplayOptions replay;
+  /// With --prefill-workers: override models.replay.disaggregation of the YAML.
+  std::optional<std::uint64_t> min_uncached_tokens;
+  bool prefill_queue_check = false;
 };
 
 std::vector<std::string> split_names(const std::string& text) {
@@ -86,6 +89,21 @@ int run_replay(const ReplayCommandOptions& options) {
   for (const std::string& name : names) {
     selection::RouterPolicyConfig config = base_config;
     config.worker_selection[static_cast<std::size_t>(WorkerType::Aggregated)] = name;
+    if (options.replay.prefill_workers > 0) {
+      // A disaggregated fleet: the policy serves the prefill and decode pools too, unless the
+      // YAML names theirs.
+      for (const WorkerType role : {WorkerType::Prefill, WorkerType::Decode}) {
+        auto& chosen = config.worker_selection[static_cast<std::size_t>(role)];
+        if (!chosen) chosen = name;
+      }
+      auto& disaggregation =
+          config.models[std::string{replay::TraceReplay::model()}].disaggregation;
+      if (!disaggregation) disaggregation.emplace();
+      if (options.min_uncached_tokens) {
+        disaggregation->min_uncached_tokens = *options.min_uncached_tokens;
+      }
+      if (options.prefill_queue_check) disaggregation->prefill_queue_check = true;
+    }
     auto plugins = registry.resolve_plugins(config);
     if (!plugins) {
       std::cerr << kCommand << ": --policies " << name << ": " << plugins.error().message() << '\n';
@@ -226,6 +244,20 @@ void add_replay_command(CLI::App& app, int& exit_code) {
                    "conversation's turns share their opening; 0: no sessions)")
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{0}, std::size_t{1'000'000}));
+  command
+      ->add_option("--prefill-workers", options->replay.prefill_workers,
+                   "disaggregated serving: this many of the --workers are prefill workers and the "
+                   "rest decode workers (0: all aggregated)")
+      ->capture_default_str();
+  command
+      ->add_option("--disaggregation-min-uncached-tokens", options->min_uncached_tokens,
+                   "with --prefill-workers: a request with fewer uncached prompt tokens on the "
+                   "best decode worker skips the prefill hop (the YAML's "
+                   "models.replay.disaggregation.min_uncached_tokens)")
+      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1} << 21));
+  command->add_flag("--disaggregation-prefill-queue-check", options->prefill_queue_check,
+                    "with --prefill-workers: skip the prefill hop when the prefill pool's queue "
+                    "costs more than prefilling on the decode worker");
   add_engine_options(*command, options->replay.engine);
   command->callback([options, &exit_code] {
     if (auto valid = options->replay.engine.validate(); !valid) {
@@ -237,6 +269,13 @@ void add_replay_command(CLI::App& app, int& exit_code) {
             check_simulated_blocks(options->replay.workers, options->replay.engine, "--workers");
         !valid) {
       std::cerr << kCommand << ": " << valid.error() << '\n';
+      exit_code = kUsageError;
+      return;
+    }
+    if (options->replay.prefill_workers > 0 &&
+        options->replay.prefill_workers >= options->replay.workers) {
+      std::cerr << kCommand << ": --prefill-workers: must leave at least one of the "
+                << options->replay.workers << " --workers for decode\n";
       exit_code = kUsageError;
       return;
     }

@@ -7,9 +7,11 @@
 #include <random>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "absl/container/flat_hash_map.h"
+#include "deploy/mocker/vllm_engine_server.hpp"
 #include "deploy/simulation/engine.hpp"
 #include "deploy/worker/worker_inbox.hpp"
 #include "deploy/worker/worker_publisher.hpp"
@@ -30,6 +32,8 @@ using simulation::StepResult;
 // Hard bounds on what one generate request may ask for; beyond them it is rejected as absurd.
 constexpr std::size_t kMaxPromptTokens = 1 << 22;
 constexpr std::uint32_t kMaxOutputTokens = 1 << 20;
+// GenerateRequest.kv_transfer_params' documented bound.
+constexpr std::size_t kMaxKvTransferParamsBytes = 64 * 1024;
 
 // What a NATS callback hands to the fleet thread.
 enum class InboxKind : std::uint8_t { Generate, Cancel, Dump, Discover };
@@ -45,6 +49,8 @@ struct RankState {
   EventId next_event_id = 1;
   // A step runs from its start to step_end_ms; its tokens appear (are published) at the end.
   std::optional<StepResult> in_flight;
+  // Prefill hops' held blocks: (when the modelled transfer is over, engine request id).
+  std::vector<std::pair<double, EngineRequestId>> pending_releases;
 };
 
 struct WorkerState {
@@ -64,6 +70,8 @@ struct Stream {
   DpRank rank = 0;
   std::uint32_t next_index = 0;
   std::uint64_t cached_prompt_tokens = 0;
+  // A prefill hop (do_remote_decode): its last chunk carries the decode hop's kv_transfer_params.
+  bool remote_decode = false;
 };
 
 }  // namespace
@@ -163,7 +171,8 @@ struct MockerFleet::State {
 
   void publish_chunk(const Stream& stream, std::uint32_t index, std::vector<std::uint32_t> tokens,
                      bool finished, std::string_view finish_reason,
-                     const v1::RouteError* error = nullptr) {
+                     const v1::RouteError* error = nullptr,
+                     std::string_view kv_transfer_params = {}) {
     v1::GenerateChunk chunk;
     chunk.set_request_id(stream.request_id);
     chunk.set_index(index);
@@ -175,6 +184,7 @@ struct MockerFleet::State {
     chunk.set_finished(finished);
     chunk.set_finish_reason(std::string{finish_reason});
     if (error != nullptr) *chunk.mutable_error() = *error;
+    if (!kv_transfer_params.empty()) chunk.set_kv_transfer_params(std::string{kv_transfer_params});
     publisher->publish(stream.stream_subject, chunk);
   }
 
@@ -211,16 +221,27 @@ struct MockerFleet::State {
       reject_generate(stream_subject, route.request_id(), worker.id, "dp_rank out of range");
       return;
     }
+    const auto kv_transfer = read_kv_transfer(request.kv_transfer_params());
+    if (!kv_transfer) {
+      reject_generate(stream_subject, route.request_id(), worker.id, kv_transfer.error());
+      return;
+    }
+    const bool remote_decode = kv_transfer->kv_transfer == simulation::KvTransfer::remote_decode;
     std::uint32_t output_tokens = request.max_output_tokens();
     if (output_tokens == 0 && route.has_expected_output_tokens()) {
       output_tokens = route.expected_output_tokens();
     }
+    // A prefill hop makes one token whatever it asks for.
+    if (remote_decode) output_tokens = 1;
     if (output_tokens == 0 || output_tokens > kMaxOutputTokens) {
       reject_generate(stream_subject, route.request_id(), worker.id,
                       "max_output_tokens must be in [1, 1048576]");
       return;
     }
-    EngineRequest engine_request{.id = next_request_id, .output_tokens = output_tokens};
+    EngineRequest engine_request{.id = next_request_id,
+                                 .output_tokens = output_tokens,
+                                 .kv_transfer = kv_transfer->kv_transfer,
+                                 .remote_blocks = kv_transfer->remote_blocks};
     if (route.has_tokens()) {
       const auto& ids = route.tokens().ids();
       if (ids.empty() || static_cast<std::size_t>(ids.size()) > kMaxPromptTokens) {
@@ -258,9 +279,23 @@ struct MockerFleet::State {
     streams.emplace(next_request_id, Stream{.request_id = route.request_id(),
                                             .stream_subject = stream_subject,
                                             .worker = worker.id,
-                                            .rank = request.dp_rank()});
+                                            .rank = request.dp_rank(),
+                                            .remote_decode = remote_decode});
     by_request_id.emplace(key, next_request_id);
     ++next_request_id;
+  }
+
+  // GenerateRequest.kv_transfer_params: empty for an ordinary request, else vLLM's JSON object.
+  static std::expected<KvTransferRequest, std::string> read_kv_transfer(std::string_view text) {
+    if (text.empty()) return KvTransferRequest{};
+    if (text.size() > kMaxKvTransferParamsBytes) {
+      return std::unexpected("kv_transfer_params exceeds 64 KiB");
+    }
+    const auto params = nlohmann::json::parse(text, nullptr, false);
+    if (params.is_discarded() || !params.is_object()) {
+      return std::unexpected("kv_transfer_params must be a JSON object");
+    }
+    return read_kv_transfer_params(params);
   }
 
   void handle_cancel(WorkerState& worker, const nats::NatsMessage& message) {
@@ -309,18 +344,42 @@ struct MockerFleet::State {
     return static_cast<std::uint32_t>((id * 7919 + index) % 32000);
   }
 
+  // What rank `rank` of `worker` names as the source of its prefill hops' KV.
+  static KvTransferSource transfer_source(WorkerId worker, DpRank rank) {
+    return KvTransferSource{.engine_id = fmt::format("kvr-mocker-{}-{}", worker, rank),
+                            .host = "127.0.0.1",
+                            .port = static_cast<std::uint16_t>(kNixlSideChannelPort + rank)};
+  }
+
   // Publishes what a finished step produced.
   void deliver(WorkerState& worker, DpRank rank_id, StepResult& result) {
+    RankState& rank = worker.ranks[rank_id];
     publish_kv_events(worker, rank_id, result.kv_events);
     absl::flat_hash_map<EngineRequestId, bool> finished;
-    for (const auto& done : result.completions) finished[done.id] = true;
+    for (const auto& done : result.completions) {
+      finished[done.id] = true;
+      // Held for the decode worker even when the caller cancelled meanwhile; with no side channel
+      // from it, released when the modelled transfer of that many blocks would be over.
+      if (done.held_blocks > 0) {
+        rank.pending_releases.emplace_back(
+            result.end_ms() + rank.engine.transfer_ms(done.held_blocks), done.id);
+      }
+    }
     auto emit = [&](EngineRequestId id, std::optional<std::uint64_t> cached) {
       auto stream = streams.find(id);
       if (stream == streams.end()) return;  // cancelled while the step ran
       if (cached) stream->second.cached_prompt_tokens = *cached;
       const std::uint32_t index = stream->second.next_index++;
       const bool last = finished.contains(id);
-      publish_chunk(stream->second, index, {token_for(id, index)}, last, last ? "length" : "");
+      std::string kv_transfer_params;
+      if (last && stream->second.remote_decode) {
+        kv_transfer_params =
+            kv_transfer_answer(transfer_source(worker.id, rank_id), stream->second.request_id,
+                               rank.engine.held_blocks(id))
+                .dump();
+      }
+      publish_chunk(stream->second, index, {token_for(id, index)}, last, last ? "length" : "",
+                    nullptr, kv_transfer_params);
       if (last) {
         by_request_id.erase(std::make_pair(worker.id, stream->second.request_id));
         streams.erase(stream);
@@ -331,12 +390,32 @@ struct MockerFleet::State {
     for (EngineRequestId id : result.next_tokens) emit(id, std::nullopt);
   }
 
-  // Advances every engine to `now`; returns when the next step ends (or nullopt when idle).
+  // Releases the rank's held blocks whose modelled transfer is over; returns when the next is.
+  static std::optional<double> release_transfers(RankState& rank, double now) {
+    std::optional<double> next;
+    std::size_t kept = 0;
+    for (const auto& [release_ms, id] : rank.pending_releases) {
+      if (release_ms <= now) {
+        rank.engine.release_transfer(id);
+        continue;
+      }
+      next = std::min(next.value_or(release_ms), release_ms);
+      rank.pending_releases[kept++] = {release_ms, id};
+    }
+    rank.pending_releases.resize(kept);
+    return next;
+  }
+
+  // Advances every engine to `now`; returns when the next step ends or held blocks are due for
+  // release (nullopt when idle).
   std::optional<double> advance(double now) {
     std::optional<double> next_wake;
     for (WorkerState& worker : workers) {
       for (std::size_t r = 0; r < worker.ranks.size(); ++r) {
         RankState& rank = worker.ranks[r];
+        if (const std::optional<double> release = release_transfers(rank, now)) {
+          next_wake = std::min(next_wake.value_or(*release), *release);
+        }
         double step_start = now;
         if (rank.in_flight) {
           if (rank.in_flight->end_ms() > now) {

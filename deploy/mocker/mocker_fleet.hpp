@@ -1,6 +1,24 @@
 // `kvr mocker`: a fleet of simulated inference workers in one process, speaking kvr's NATS
 // protocol for real: registration, heartbeats, load metrics, KV event batches, `generate` with
 // streamed chunks and cancellation, KV dumps, and deregistration on clean shutdown.
+//
+// Disaggregated serving follows vLLM's NixlConnector exchange, in GenerateRequest and
+// GenerateChunk's kv_transfer_params (JSON text, read by read_kv_transfer_params in
+// deploy/mocker/vllm_engine_server.hpp). A request with {"do_remote_decode": true} is a prefill
+// hop: one token (whatever max_output_tokens says), the prompt's blocks then held, and its last
+// chunk (finish_reason "length") carries {"do_remote_prefill": true, "do_remote_decode": false,
+// "remote_block_ids": [one engine block index per held block], "remote_engine_id":
+// "kvr-mocker-<worker id>-<rank>", "remote_request_id", "remote_host": "127.0.0.1",
+// "remote_port": 5600 + rank, "tp_size": 1}. A request with {"do_remote_prefill": true, ...} is a
+// decode hop: it pulls the prompt blocks its engine does not hold, at most len(remote_block_ids),
+// waits for the modelled transfer (EngineConfig::transfer), counts them as cached prompt tokens
+// and publishes them as stored. Mockers are separate processes with no side channel, so a prefill
+// worker frees its held blocks when the modelled transfer of that many blocks would be over
+// (its own TransferConfig: latency + per-block time from the hop's end), the very model the decode
+// side waits on; that bound always comes, so no other timeout is needed. A decode hop queued
+// before its transfer starts still waits the full transfer: the prefill side's hold is then
+// shorter than a real one. Bad kv_transfer_params are refused with an INVALID_REQUEST error chunk
+// naming the field. The worker's --role is not checked against the hop (vLLM does not either).
 #pragma once
 
 #include <chrono>

@@ -68,6 +68,8 @@ struct Channel {
   std::string refusal;       // non-empty: refused, why
   std::deque<Token> tokens;  // produced, not yet written
   std::uint64_t cached_tokens = 0;
+  // A prefill hop's answer for its decode hop, set before its last token (null otherwise).
+  nlohmann::json kv_transfer_params;
   bool closed = false;  // the server is stopping
 };
 
@@ -78,6 +80,7 @@ struct AddItem {
   std::vector<BlockHash> hashes;
   std::uint32_t max_tokens = 0;
   Sampling sampling;
+  KvTransferRequest kv_transfer;
   std::shared_ptr<Channel> channel;
 };
 struct AbortItem {
@@ -99,6 +102,7 @@ struct LiveRequest {
   std::uint64_t prompt_tokens = 0;
   std::uint64_t generated = 0;
   Sampling sampling;
+  bool remote_decode = false;  // a prefill hop: its answer carries kv_transfer_params
 };
 
 struct LoadSnapshot {
@@ -124,6 +128,7 @@ struct RequestBody {
 
 // What a body asks of the engine besides its prompt.
 struct Generation {
+  KvTransferRequest kv_transfer;
   std::uint32_t max_tokens = 16;
   Sampling sampling;
   bool stream = false;
@@ -213,6 +218,9 @@ struct VllmEngineServer::State {
   absl::flat_hash_map<BlockHash, BlockTokens> block_tokens;
   std::vector<BlockHash> sweep_candidates;
   std::optional<StepResult> in_flight;
+  // Prefill hops' held blocks: (when the modelled transfer is over, request). There is no side
+  // channel from the decode engine, so they are released on the model the decode side waits on.
+  std::vector<std::pair<double, EngineRequestId>> pending_releases;
 
   mutable std::mutex load_mutex;
   LoadSnapshot load;
@@ -382,7 +390,9 @@ struct VllmEngineServer::State {
     simulation::EngineRequest request{.id = item.id,
                                       .block_hashes = item.hashes,
                                       .prompt_tokens = item.tokens.size(),
-                                      .output_tokens = item.max_tokens};
+                                      .output_tokens = item.max_tokens,
+                                      .kv_transfer = item.kv_transfer.kv_transfer,
+                                      .remote_blocks = item.kv_transfer.remote_blocks};
     if (auto added = engine->add_request(std::move(request), now_ms()); !added) {
       answer(std::string{simulation::as_str(added.error())});
       return;
@@ -401,7 +411,9 @@ struct VllmEngineServer::State {
     live.emplace(item.id, LiveRequest{.channel = item.channel,
                                       .hashes = std::move(item.hashes),
                                       .prompt_tokens = item.tokens.size(),
-                                      .sampling = std::move(item.sampling)});
+                                      .sampling = std::move(item.sampling),
+                                      .remote_decode = item.kv_transfer.kv_transfer ==
+                                                       simulation::KvTransfer::remote_decode});
     answer({});
   }
 
@@ -429,10 +441,24 @@ struct VllmEngineServer::State {
     return kFirstWordToken + static_cast<std::uint32_t>((id * 7919 + index) % kWordTokens);
   }
 
+  // What this engine's prefill hops name as the source of their KV.
+  KvTransferSource transfer_source() const {
+    return KvTransferSource{.engine_id = fmt::format("kvr-mocker-{}-0", http_port),
+                            .host = options.host,
+                            .port = kNixlSideChannelPort};
+  }
+
   void deliver(StepResult& result) {
     publish_events(result.kv_events);
     absl::flat_hash_map<EngineRequestId, bool> finished;
-    for (const auto& done : result.completions) finished[done.id] = true;
+    for (const auto& done : result.completions) {
+      finished[done.id] = true;
+      // Even when the client left meanwhile: the blocks are held all the same.
+      if (done.held_blocks > 0) {
+        pending_releases.emplace_back(result.end_ms() + engine->transfer_ms(done.held_blocks),
+                                      done.id);
+      }
+    }
     std::uint64_t generated = 0;
     std::uint64_t queries = 0;
     std::uint64_t hits = 0;
@@ -453,6 +479,10 @@ struct VllmEngineServer::State {
         Channel& channel = *request.channel;
         std::lock_guard lock{channel.mutex};
         if (cached) channel.cached_tokens = *cached;
+        if (last && request.remote_decode) {
+          channel.kv_transfer_params = kv_transfer_answer(
+              transfer_source(), fmt::format("req-{:016x}", id), engine->held_blocks(id));
+        }
         channel.tokens.push_back(Token{token, last, stop});
         channel.changed.notify_all();
       }
@@ -479,7 +509,24 @@ struct VllmEngineServer::State {
     load.completed += result.completions.size() + stopped;
   }
 
-  std::optional<double> advance(double now) {
+  // Releases the held blocks whose modelled transfer is over; returns when the next one is.
+  std::optional<double> release_transfers(double now) {
+    std::optional<double> next;
+    std::size_t kept = 0;
+    for (const auto& [release_ms, id] : pending_releases) {
+      if (release_ms <= now) {
+        engine->release_transfer(id);
+        continue;
+      }
+      next = std::min(next.value_or(release_ms), release_ms);
+      pending_releases[kept++] = {release_ms, id};
+    }
+    pending_releases.resize(kept);
+    return next;
+  }
+
+  // Publishes the step that ended and starts the next; returns when the step in flight ends.
+  std::optional<double> step_engine(double now) {
     double step_start = now;
     if (in_flight) {
       if (in_flight->end_ms() > now) return in_flight->end_ms();
@@ -492,6 +539,14 @@ struct VllmEngineServer::State {
     if (!engine->has_work()) return std::nullopt;
     in_flight = engine->step(step_start);
     return in_flight->end_ms();
+  }
+
+  // Advances the engine to `now`; returns when something is next due (nullopt: nothing is).
+  std::optional<double> advance(double now) {
+    const std::optional<double> next_release = release_transfers(now);
+    const std::optional<double> step_end = step_engine(now);
+    if (!next_release) return step_end;
+    return std::min(step_end.value_or(*next_release), *next_release);
   }
 
   void update_load() {
@@ -902,6 +957,11 @@ struct VllmEngineServer::State {
       generation.include_usage = *include_usage;
       generation.continuous_usage = *include_usage && *continuous;
     }
+    if (const auto found = body.find("kv_transfer_params"); found != body.end()) {
+      auto kv_transfer = read_kv_transfer_params(*found);
+      if (!kv_transfer) return std::unexpected(bad_request(kv_transfer.error()));
+      generation.kv_transfer = *kv_transfer;
+    }
     return generation;
   }
 
@@ -915,6 +975,7 @@ struct VllmEngineServer::State {
     item.tokens = std::move(tokens);
     item.max_tokens = generation.max_tokens;
     item.sampling = generation.sampling;
+    item.kv_transfer = generation.kv_transfer;
     item.id = next_request_id++;
     item.channel = std::make_shared<Channel>();
     auto channel = item.channel;
@@ -1019,16 +1080,24 @@ struct VllmEngineServer::State {
       choice["finish_reason"] = finish_reason(final_token);
       choice["stop_reason"] = stop_reason(final_token);
       if (generation.return_token_ids) choice["token_ids"] = ids;
+      nlohmann::json kv_transfer_params;
+      {
+        std::lock_guard lock{channel->mutex};
+        kv_transfer_params = channel->kv_transfer_params;
+      }
       response.set_content(nlohmann::json{{"id", response_id},
                                           {"object", chat ? "chat.completion" : "text_completion"},
                                           {"created", created},
                                           {"model", model},
                                           {"choices", {choice}},
-                                          {"usage", usage_json(prompt_tokens, ids.size(), cached)}}
+                                          {"usage", usage_json(prompt_tokens, ids.size(), cached)},
+                                          {"kv_transfer_params", std::move(kv_transfer_params)}}
                                .dump(),
                            "application/json");
       return;
     }
+    // vLLM's stream responses have no kv_transfer_params field, so a streamed prefill hop's
+    // parameters are not sent (vLLM's proxies send the prefill hop with stream=false).
     auto generated = std::make_shared<std::uint64_t>(0);
     response.set_chunked_content_provider(
         "text/event-stream",
@@ -1294,6 +1363,87 @@ std::expected<void, std::string> check_lora_adapters(std::string_view model,
     }
   }
   return {};
+}
+
+std::expected<KvTransferRequest, std::string> read_kv_transfer_params(
+    const nlohmann::json& params) {
+  if (params.is_null()) return KvTransferRequest{};
+  if (!params.is_object()) return std::unexpected("kv_transfer_params must be a JSON object");
+  // A field that is absent or null is unset, as vLLM's router sends them on a prefill hop.
+  const auto given = [&](const char* field) -> const nlohmann::json* {
+    const auto found = params.find(field);
+    return found == params.end() || found->is_null() ? nullptr : &*found;
+  };
+  const auto flag = [&](const char* field) -> std::expected<bool, std::string> {
+    const nlohmann::json* value = given(field);
+    if (value == nullptr) return false;
+    if (!value->is_boolean()) {
+      return std::unexpected(fmt::format("kv_transfer_params.{} must be a boolean", field));
+    }
+    return value->get<bool>();
+  };
+  for (const char* field : {"remote_engine_id", "remote_request_id", "remote_host"}) {
+    if (const nlohmann::json* value = given(field); value != nullptr && !value->is_string()) {
+      return std::unexpected(fmt::format("kv_transfer_params.{} must be a string", field));
+    }
+  }
+  for (const char* field : {"remote_port", "tp_size"}) {
+    if (const nlohmann::json* value = given(field);
+        value != nullptr && !value->is_number_integer()) {
+      return std::unexpected(fmt::format("kv_transfer_params.{} must be an integer", field));
+    }
+  }
+  std::uint64_t remote_blocks = 0;
+  if (const nlohmann::json* ids = given("remote_block_ids")) {
+    // A flat list of block ids, or one list per KV-cache group (vLLM's current form): a group's
+    // list covers the prompt's blocks, so the longest bounds the pull.
+    const auto block_ids = [](const nlohmann::json& list) {
+      return list.is_array() && std::ranges::all_of(list, [](const nlohmann::json& id) {
+               return id.is_number_unsigned();
+             });
+    };
+    const bool grouped = ids->is_array() && !ids->empty() && ids->front().is_array();
+    const bool valid = grouped ? std::ranges::all_of(*ids, block_ids) : block_ids(*ids);
+    if (!valid) {
+      return std::unexpected(
+          "kv_transfer_params.remote_block_ids must be a list of block ids (or one per KV-cache "
+          "group)");
+    }
+    remote_blocks = ids->size();
+    if (grouped) {
+      remote_blocks = 0;
+      for (const nlohmann::json& group : *ids)
+        remote_blocks = std::max(remote_blocks, group.size());
+    }
+  }
+  const auto remote_decode = flag("do_remote_decode");
+  if (!remote_decode) return std::unexpected(remote_decode.error());
+  const auto remote_prefill = flag("do_remote_prefill");
+  if (!remote_prefill) return std::unexpected(remote_prefill.error());
+  if (*remote_decode && *remote_prefill) {
+    return std::unexpected(
+        "kv_transfer_params: do_remote_decode and do_remote_prefill are both true; the simulated "
+        "engine serves one hop of a request");
+  }
+  if (*remote_decode)
+    return KvTransferRequest{.kv_transfer = simulation::KvTransfer::remote_decode};
+  if (*remote_prefill) {
+    return KvTransferRequest{.kv_transfer = simulation::KvTransfer::remote_prefill,
+                             .remote_blocks = remote_blocks};
+  }
+  return KvTransferRequest{};
+}
+
+nlohmann::json kv_transfer_answer(const KvTransferSource& source, std::string_view request_id,
+                                  std::span<const simulation::BlockIndex> blocks) {
+  return {{"do_remote_prefill", true},
+          {"do_remote_decode", false},
+          {"remote_block_ids", std::vector<simulation::BlockIndex>(blocks.begin(), blocks.end())},
+          {"remote_engine_id", source.engine_id},
+          {"remote_request_id", request_id},
+          {"remote_host", source.host},
+          {"remote_port", source.port},
+          {"tp_size", 1}};
 }
 
 VllmEngineServer::VllmEngineServer(std::unique_ptr<State> state) : state_(std::move(state)) {}

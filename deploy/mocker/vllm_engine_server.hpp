@@ -23,6 +23,18 @@
 //      kvr_mock_render_requests_total{endpoint} counting render and tokenize calls).
 //    Sampling parameters are accepted with vLLM's type checks; seed (the tokens follow it),
 //    stop_token_ids (finish_reason "stop") and min_tokens are honoured, the rest ignored.
+//  - Disaggregated serving as vLLM's NixlConnector speaks it: /v1/completions and
+//    /v1/chat/completions take a top-level `kv_transfer_params` object. {"do_remote_decode": true}
+//    makes a prefill hop (one token; the prompt's blocks held for the decode worker) whose answer
+//    carries, at its top level, the parameters the decode hop passes on ({"do_remote_prefill":
+//    true, "remote_block_ids": [...], "remote_engine_id", ...}); every other non-streaming answer
+//    has "kv_transfer_params": null, as vLLM's. A streamed answer never carries them: vLLM's
+//    stream responses have no such field (its proxies send the prefill hop with stream=false).
+//    {"do_remote_prefill": true, ...} makes a decode hop that pulls the prompt's blocks it does not
+//    hold, at most len(remote_block_ids), waiting for the modelled transfer (TransferConfig) and
+//    counting them as cached. With no side channel between engines, a prefill engine releases its
+//    held blocks when the modelled transfer of that many blocks would be over. Roles are not
+//    checked (vLLM does not check them either).
 //  - ZMQ PUB: the engine's KV events as msgpack KVEventBatch in vLLM's three-frame messages
 //    (topic, 8-byte big-endian sequence from 0, payload), encoded as vLLM's msgspec Structs with
 //    array_like=True and omit_defaults=True: [ts, [events...], dp_rank], each event tagged by its
@@ -41,10 +53,14 @@
 #include <cstdint>
 #include <expected>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
+#include "deploy/simulation/engine.hpp"
 #include "deploy/simulation/engine_config.hpp"
 
 namespace kvr::tokenizer {
@@ -81,6 +97,39 @@ struct VllmEngineOptions {
   std::shared_ptr<const tokenizer::PromptTokenizer> tokenizer;
   simulation::EngineConfig engine;
 };
+
+/// What a request's kv_transfer_params (vLLM's NixlConnector exchange) asks of the engine; shared
+/// by both of `kvr mocker`'s speaks (kvr's GenerateRequest carries the same JSON as a string).
+struct KvTransferRequest {
+  /// do_remote_decode: remote_decode; do_remote_prefill: remote_prefill; neither: none.
+  simulation::KvTransfer kv_transfer = simulation::KvTransfer::none;
+  /// remote_prefill: len(remote_block_ids), the blocks the prefill worker holds (0 when null).
+  std::uint64_t remote_blocks = 0;
+};
+
+/// Reads kv_transfer_params: null for an ordinary request, else an object whose fields have
+/// vLLM's types (do_remote_decode and do_remote_prefill booleans, not both true; remote_block_ids
+/// a list of block ids; remote_engine_id, remote_request_id, remote_host strings; remote_port,
+/// tp_size integers; each may be null). The error names the offending field.
+std::expected<KvTransferRequest, std::string> read_kv_transfer_params(const nlohmann::json& params);
+
+/// vLLM's default NIXL side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT); data-parallel rank r
+/// listens on it + r.
+inline constexpr std::uint16_t kNixlSideChannelPort = 5600;
+
+/// Where a prefill worker's held KV can be pulled from, as its kv_transfer_params name it.
+struct KvTransferSource {
+  std::string engine_id;   ///< remote_engine_id
+  std::string host;        ///< remote_host
+  std::uint16_t port = 0;  ///< remote_port
+};
+
+/// The kv_transfer_params a finished do_remote_decode request answers with, as vLLM's
+/// NixlConnector returns them: {"do_remote_prefill": true, "do_remote_decode": false,
+/// "remote_block_ids": [one id per held block], "remote_engine_id", "remote_request_id",
+/// "remote_host", "remote_port", "tp_size": 1}.
+nlohmann::json kv_transfer_answer(const KvTransferSource& source, std::string_view request_id,
+                                  std::span<const simulation::BlockIndex> blocks);
 
 /// Adapter names must be non-empty, unique and other than the served model's; the error says
 /// which is not.

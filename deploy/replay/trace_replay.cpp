@@ -1,6 +1,7 @@
 #include "deploy/replay/trace_replay.hpp"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <deque>
@@ -23,6 +24,7 @@ namespace {
 
 namespace rc = plugins::request_classifier;
 using simulation::Engine;
+using simulation::EngineRequestId;
 using simulation::StepResult;
 
 constexpr std::string_view kReplayModel = "replay";
@@ -133,6 +135,7 @@ class PolicyRun {
     std::vector<std::uint32_t> arrivals(requests_.size());
     arrival_ms_.resize(requests_.size());
     predicted_cached_.assign(requests_.size(), 0);
+    if (disaggregated()) hops_.resize(requests_.size());
     for (std::size_t i = 0; i < arrivals.size(); ++i) {
       arrivals[i] = static_cast<std::uint32_t>(i);
       arrival_ms_[i] = static_cast<double>(requests_[i].timestamp_ms) / options_.speedup;
@@ -204,6 +207,8 @@ class PolicyRun {
     }
     return learnt;
   }
+  /// Disaggregated serving: the core's decisions, by reason.
+  const std::array<std::size_t, kDisaggregationReasons>& decisions() const { return decisions_; }
   /// Requests the router could not place, by message.
   const std::map<std::string, std::size_t>& failures() const { return failures_; }
   /// Requests admission or the queue refused: (trace index, error code), in the order refused.
@@ -232,6 +237,9 @@ class PolicyRun {
       registration.max_num_batched_tokens = options_.engine.max_num_batched_tokens;
       registration.max_num_seqs = options_.engine.max_num_seqs;
       registration.liveness_ttl = std::chrono::hours(24 * 365);
+      if (disaggregated()) {
+        registration.role = w < options_.prefill_workers ? WorkerType::Prefill : WorkerType::Decode;
+      }
       router_.register_worker(std::move(registration), zero, effects_);
       KVR_CHECK(router_.gauges().workers == w + 1);
       // Workers report their (empty) load at start, as a live worker does.
@@ -269,7 +277,8 @@ class PolicyRun {
         std::chrono::duration_cast<AdmissionState::Duration>(options_.admission_max_wait));
   }
 
-  void arrive(std::uint32_t index, double now) {
+  // The route request of trace index `index`.
+  RouteRequest make_request(std::uint32_t index) const {
     const simulation::TraceRequest& trace = requests_[index];
     RouteRequest request{.selection = {.request_id = request_id(index),
                                        .prompt_tokens = trace.input_length,
@@ -282,6 +291,11 @@ class PolicyRun {
                                           std::nullopt);
       }
     }
+    return request;
+  }
+
+  void arrive(std::uint32_t index, double now) {
+    RouteRequest request = make_request(index);
     // The node's tick: idle session bindings expire (bookings and workers' liveness never do here).
     if (router_.affinity().enabled() && now - last_tick_ms_ >= kTickMs) {
       last_tick_ms_ = now;
@@ -338,6 +352,7 @@ class PolicyRun {
   // An admitted request goes to its partition: the core routes it now, or it waits in the queue
   // and its answer comes with a later input's effects.
   void enter_partition(RouteRequest& request, std::uint32_t index, double now) {
+    if (disaggregated()) request.hop = RouteHop::plan;
     if (auto reply = router_.route(request, index, logical_time(now), effects_)) {
       answer(index, std::move(*reply), now);
     }
@@ -348,6 +363,7 @@ class PolicyRun {
   void answer(std::uint32_t index, RouteReply reply, double now) {
     const std::string id = request_id(index);
     if (!reply.result) {
+      release_prefilled(index);
       if (refused_by_queue(reply.result.error().code)) {
         refuse(id, index, reply.result.error());
       } else {
@@ -357,24 +373,75 @@ class PolicyRun {
     }
     const simulation::TraceRequest& trace = requests_[index];
     const WorkerWithDpRank worker = reply.result->worker;
-    // The router's overlap in tokens, capped at the prompt as the booking counts it.
-    predicted_cached_[index] =
-        trace.input_length -
-        std::min<std::uint64_t>(trace.input_length, reply.result->uncached_prefill_tokens);
+    simulation::EngineRequest engine_request{
+        .id = index,
+        .block_hashes = block_hashes_[index],
+        .prompt_tokens = trace.input_length,
+        .output_tokens = std::max<std::uint32_t>(1, trace.output_length)};
+    const bool prefill_hop = reply.disaggregation && reply.disaggregation->prefill_hop();
+    if (reply.disaggregation) ++decisions_[static_cast<std::size_t>(reply.disaggregation->reason)];
+    if (prefill_hop) {
+      hops_[index].stage = HopStage::prefill;
+      engine_request.kv_transfer = simulation::KvTransfer::remote_decode;
+      engine_request.output_tokens = 1;
+    } else if (disaggregated() && hops_[index].stage == HopStage::decode) {
+      engine_request.kv_transfer = simulation::KvTransfer::remote_prefill;
+      engine_request.remote_blocks = hops_[index].transfer_blocks;
+    }
+    if (!disaggregated() || hops_[index].stage != HopStage::decode) {
+      // The router's overlap in tokens, capped at the prompt as the booking counts it (for a
+      // disaggregated request: on its prefill worker).
+      predicted_cached_[index] =
+          trace.input_length -
+          std::min<std::uint64_t>(trace.input_length, reply.result->uncached_prefill_tokens);
+    }
     const std::size_t w = worker.worker_id - 1;
-    auto added = engines_[w].add_request(
-        simulation::EngineRequest{.id = index,
-                                  .block_hashes = block_hashes_[index],
-                                  .prompt_tokens = trace.input_length,
-                                  .output_tokens = std::max<std::uint32_t>(1, trace.output_length)},
-        now);
+    auto added = engines_[w].add_request(std::move(engine_request), now);
     if (!added) {
-      change_booking({id, true, discovery::BookingEnd::failed, AffinityAction::abandon}, now);
+      change_booking({id, true, discovery::BookingEnd::failed,
+                      prefill_hop ? AffinityAction::none : AffinityAction::abandon},
+                     now);
+      release_prefilled(index);
       fail(id, fmt::format("engine refused: {}", simulation::as_str(added.error())));
       return;
     }
-    if (admission_) admission_->on_event(rc::Sent{id, worker});
+    // Classifiers see the request once, on the worker that serves it: never the prefill hop.
+    if (admission_ && !prefill_hop) admission_->on_event(rc::Sent{id, worker});
     if (!stepping_[w]) start_step(w, now);
+  }
+
+  bool disaggregated() const { return options_.prefill_workers > 0; }
+
+  bool in_prefill_hop(EngineRequestId id) const {
+    return disaggregated() && hops_[id].stage == HopStage::prefill;
+  }
+
+  // The prefill hop of trace index `index` answered on worker `w`, holding `blocks` for the
+  // decode worker: the decode hop is routed at once, as a node does.
+  void start_decode_hop(std::uint32_t index, std::size_t w, std::uint64_t blocks, double now) {
+    Hops& hops = hops_[index];
+    hops.stage = HopStage::decode;
+    hops.prefill_worker = static_cast<std::uint32_t>(w + 1);
+    hops.transfer_blocks = blocks;
+    RouteRequest decode = make_request(index);
+    decode.worker_type = WorkerType::Decode;
+    decode.hop = RouteHop::decode_after_transfer;
+    if (auto reply = router_.route(decode, index, logical_time(now), effects_)) {
+      answer(index, std::move(*reply), now);
+    }
+  }
+
+  // The prefill worker of trace index `index` no longer holds its blocks for a decode worker
+  // (pulled, or the decode hop failed).
+  void release_prefilled(EngineRequestId index) {
+    if (!disaggregated()) return;
+    Hops& hops = hops_[index];
+    if (hops.prefill_worker == 0) return;
+    const std::size_t w = hops.prefill_worker - 1;
+    (void)engines_[w].release_transfer(index);
+    hops.prefill_worker = 0;
+    // Held blocks may have stalled it (a pool full of them): the freed ones let it run again.
+    if (!stepping_[w] && engines_[w].has_work()) start_step(w, now_ms_);
   }
 
   void change_booking(const BookingChange& change, double now) {
@@ -487,11 +554,21 @@ class PolicyRun {
     const WorkerWithDpRank worker{w + 1, 0};
     for (const auto& first : result.first_tokens) {
       std::string id = request_id(first.id);
+      if (in_prefill_hop(first.id)) {
+        hops_[first.id].prefill_cached_tokens = first.cached_prompt_tokens;
+        change_booking({id, false, discovery::BookingEnd::completed, AffinityAction::none}, now);
+        continue;
+      }
       change_booking({id, false, discovery::BookingEnd::completed, AffinityAction::commit}, now);
       if (admission_) admission_->on_event(rc::Responding{std::move(id), worker});
     }
     for (const auto& done : result.completions) {
       std::string id = request_id(done.id);
+      if (in_prefill_hop(done.id)) {
+        change_booking({id, true, discovery::BookingEnd::completed, AffinityAction::none}, now);
+        start_decode_hop(static_cast<std::uint32_t>(done.id), w, done.held_blocks, now);
+        continue;
+      }
       change_booking({id, true, discovery::BookingEnd::completed, AffinityAction::finish}, now);
       if (admission_) {
         admission_->on_event(
@@ -505,8 +582,15 @@ class PolicyRun {
       // arrival, admission and queue waits included (the same time when nothing waited).
       outcome.dispatched_ms = done.arrival_ms;
       outcome.stats.arrival_ms = arrival_ms_[done.id];
+      if (disaggregated() && hops_[done.id].stage == HopStage::decode) {
+        // What the prefill worker reused from its cache: the transferred KV is no cache hit.
+        outcome.stats.cached_prompt_tokens = hops_[done.id].prefill_cached_tokens;
+        outcome.dispatched_ms = arrival_ms_[done.id];
+      }
       outcomes_.push_back(std::move(outcome));
     }
+    // The decode workers have pulled these: their prefill workers let the blocks go.
+    for (const auto& transfer : result.transfers_done) release_prefilled(transfer.id);
     const double delivery = now + options_.kv_event_delay_ms;
     if (!result.kv_events.empty()) {
       pending_batches_[w].push_back(KvEventBatch{.worker = {w + 1, 0},
@@ -568,6 +652,18 @@ class PolicyRun {
   std::vector<double> arrival_ms_;  // per trace index
   // Per trace index: the prompt tokens the router predicted cached when it routed the request.
   std::vector<std::uint64_t> predicted_cached_;
+  // Disaggregated serving, per trace index: which hop runs, the prefill worker (1-based; 0:
+  // none) that holds the request's blocks until the decode worker pulled them, and what the
+  // prefill reused from its cache.
+  enum class HopStage : std::uint8_t { single, prefill, decode };
+  struct Hops {
+    HopStage stage = HopStage::single;
+    std::uint32_t prefill_worker = 0;
+    std::uint64_t transfer_blocks = 0;
+    std::uint64_t prefill_cached_tokens = 0;
+  };
+  std::vector<Hops> hops_;
+  std::array<std::size_t, kDisaggregationReasons> decisions_{};
   double now_ms_ = 0;  // the time of the arrival or event being handled
   std::map<std::string, std::size_t> failures_;
   std::vector<std::pair<std::uint32_t, Error>> rejections_;
@@ -657,6 +753,11 @@ simulation::PolicyReport TraceReplay::run(
   // make_policy_report counts every request without an outcome as failed; refusals are not.
   report.failed -= std::min(report.failed, run.rejections().size());
   if (!tenants_.empty()) report.tenants = tenant_reports(outcomes, run.rejections());
+  for (std::size_t reason = 0; reason < kDisaggregationReasons; ++reason) {
+    if (run.decisions()[reason] == 0) continue;
+    report.disaggregation.emplace_back(
+        std::string{as_str(static_cast<DisaggregationReason>(reason))}, run.decisions()[reason]);
+  }
   if (!run.ttft_predictions().empty()) {
     report.ttft_calibration =
         simulation::make_calibration_report(run.ttft_predictions(), run.learnt_values());

@@ -29,6 +29,10 @@ namespace kvr::replay {
 struct ReplayOptions {
   /// Simulated workers (one data-parallel rank each).
   std::size_t workers = 16;
+  /// Disaggregated serving: the first this many workers are prefill workers and the rest decode
+  /// workers, and each request's route is planned (the prefill hop, then decode, or decode alone:
+  /// the plugins' models.replay.disaggregation). 0: every worker is aggregated.
+  std::size_t prefill_workers = 0;
   /// Divides the trace's inter-arrival times (2: twice the request rate).
   double speedup = 1.0;
   /// Seeds every random choice of the policies.

@@ -1,6 +1,7 @@
 #include "deploy/simulation/engine.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "messages/check.hpp"
@@ -32,6 +33,8 @@ Engine::Engine(const EngineConfig& config)
     : config_(config), timing_(config.timing), pool_(config.num_gpu_blocks) {}
 
 std::expected<void, RequestError> Engine::add_request(EngineRequest request, double now_ms) {
+  // A prefill worker's hop: one token, then the KV is handed over.
+  if (request.kv_transfer == KvTransfer::remote_decode) request.output_tokens = 1;
   if (request.prompt_tokens == 0) return std::unexpected(RequestError::empty_prompt);
   if (request.output_tokens == 0) return std::unexpected(RequestError::no_output_tokens);
   if (request.block_hashes.size() > request.prompt_tokens / config_.block_size) {
@@ -42,6 +45,8 @@ std::expected<void, RequestError> Engine::add_request(EngineRequest request, dou
   if (blocks_for(request.prompt_tokens + request.output_tokens - 1) > config_.num_gpu_blocks) {
     return std::unexpected(RequestError::exceeds_kv_capacity);
   }
+  // Held blocks are released by id, so that id stays taken until then.
+  if (held_transfers_.contains(request.id)) return std::unexpected(RequestError::duplicate_id);
   auto [slot, inserted] = requests_.try_emplace(request.id);
   if (!inserted) return std::unexpected(RequestError::duplicate_id);
 
@@ -52,9 +57,13 @@ std::expected<void, RequestError> Engine::add_request(EngineRequest request, dou
   sequence.prompt_tokens = request.prompt_tokens;
   sequence.output_tokens = request.output_tokens;
   sequence.arrival_ms = now_ms;
+  sequence.kv_transfer = request.kv_transfer;
+  sequence.remote_blocks =
+      request.remote_blocks.value_or(std::numeric_limits<std::uint64_t>::max());
   sequence.blocks.reserve(blocks_for(sequence.prompt_tokens + sequence.output_tokens - 1));
   set_pending_prefill(sequence, estimate_pending_prefill(sequence));
   waiting_.push_back(&sequence);
+  stalled_ = false;
   return {};
 }
 
@@ -65,12 +74,43 @@ bool Engine::abort_request(EngineRequestId id) {
   if (const auto running = std::ranges::find(running_, sequence); running != running_.end()) {
     running_.erase(running);
     release_blocks(*sequence);
+  } else if (const auto transferring = std::ranges::find(transferring_, sequence);
+             transferring != transferring_.end()) {
+    transferring_.erase(transferring);
+    release_blocks(*sequence);
   } else {
     waiting_.erase(std::ranges::find(waiting_, sequence));
   }
   set_pending_prefill(*sequence, 0);
   requests_.erase(found);
+  stalled_ = false;
   return true;
+}
+
+bool Engine::release_transfer(EngineRequestId id) {
+  const auto found = held_transfers_.find(id);
+  if (found == held_transfers_.end()) return false;
+  // Tail first, as release_blocks does.
+  for (auto block = found->second.rbegin(); block != found->second.rend(); ++block) {
+    pool_.release(*block);
+  }
+  held_transfers_.erase(found);
+  stalled_ = false;
+  return true;
+}
+
+std::span<const BlockIndex> Engine::held_blocks(EngineRequestId id) const {
+  const auto found = held_transfers_.find(id);
+  if (found == held_transfers_.end()) return {};
+  return found->second;
+}
+
+std::optional<double> Engine::next_transfer_end_ms() const {
+  std::optional<double> earliest;
+  for (const Sequence* sequence : transferring_) {
+    earliest = std::min(earliest.value_or(sequence->transfer_end_ms), sequence->transfer_end_ms);
+  }
+  return earliest;
 }
 
 StepResult Engine::step(double now_ms) {
@@ -90,7 +130,13 @@ void Engine::step(double now_ms, StepResult& result) {
   result.next_tokens.clear();
   result.completions.clear();
   result.preempted.clear();
-  if (!has_work()) return;
+  result.transfers_done.clear();
+  // Transfers that ended while the caller was not stepping join this step.
+  complete_transfers(now_ms, result);
+  if (!has_work()) {
+    pool_.take_events(result.kv_events);
+    return;
+  }
 
   ++step_count_;
   scheduled_.clear();
@@ -100,8 +146,25 @@ void Engine::step(double now_ms, StepResult& result) {
   schedule_running_prefills(budget, result);
   // As in vLLM, a step that had to preempt admits nobody: the preempted requests are at the front
   // of the queue and would otherwise be readmitted into the very shortage that evicted them.
-  if (!preempted_this_step_) admit_waiting(budget);
-  KVR_ASSERT(!scheduled_.empty());
+  if (!preempted_this_step_) admit_waiting(budget, now_ms, result);
+  if (scheduled_.empty()) {
+    result.kv_utilisation =
+        static_cast<double>(pool_.active_blocks()) / static_cast<double>(pool_.total_blocks());
+    if (const std::optional<double> transfer_end = next_transfer_end_ms()) {
+      // Nothing to compute until a transfer ends: the step waits for it. Transfers that ended by
+      // now were completed above and those admitted now last a positive time, so this is > 0.
+      result.duration_ms = *transfer_end - now_ms;
+      // By the end itself, not end_ms(), which rounding may put an ulp before it.
+      complete_transfers(*transfer_end, result);
+    } else {
+      // Only blocks held for transfers out can leave no room at all; until one is released (or
+      // the requests change), stepping again would do nothing again. A step that preempted did
+      // change the queues, so the next one decides.
+      stalled_ = !preempted_this_step_;
+    }
+    pool_.take_events(result.kv_events);
+    return;
+  }
 
   for (const ScheduledWork& work : scheduled_) {
     if (work.prefill) {
@@ -116,13 +179,15 @@ void Engine::step(double now_ms, StepResult& result) {
   result.duration_ms =
       timing_.step_ms(result.prefill_tokens, result.decode_requests, result.kv_utilisation);
   finish_step(result.end_ms(), result);
+  complete_transfers(result.end_ms(), result);
   pool_.take_events(result.kv_events);
 }
 
 EngineLoad Engine::load() const {
   EngineLoad load;
   load.active_requests = running_.size();
-  load.waiting_requests = waiting_.size();
+  load.waiting_requests = waiting_.size() + transferring_.size();
+  load.transferring_requests = transferring_.size();
   load.active_decode_blocks = pool_.active_blocks();
   load.active_prefill_tokens = pending_prefill_tokens_;
   // As vLLM and SGLang report KV usage: evictable cached blocks count as free.
@@ -138,12 +203,16 @@ std::uint64_t Engine::cached_prefix_tokens(std::span<const BlockHash> block_hash
 
 ResetResult Engine::reset() {
   ResetResult result;
-  result.aborted.reserve(running_.size() + waiting_.size());
+  result.aborted.reserve(running_.size() + transferring_.size() + waiting_.size());
   for (const Sequence* sequence : running_) result.aborted.push_back(sequence->id);
+  for (const Sequence* sequence : transferring_) result.aborted.push_back(sequence->id);
   for (const Sequence* sequence : waiting_) result.aborted.push_back(sequence->id);
   running_.clear();
+  transferring_.clear();
   waiting_.clear();
   requests_.clear();
+  held_transfers_.clear();
+  stalled_ = false;
   pending_prefill_tokens_ = 0;
   pool_.clear();
   result.kv_events = pool_.take_events();
@@ -165,7 +234,34 @@ std::size_t Engine::max_reusable_blocks(const Sequence& sequence) const {
 std::uint64_t Engine::estimate_pending_prefill(const Sequence& sequence) const {
   const std::span<const BlockHash> reusable(sequence.block_hashes.data(),
                                             max_reusable_blocks(sequence));
-  return sequence.total_tokens() - pool_.match_prefix(reusable).blocks * config_.block_size;
+  const std::size_t cached_blocks = pool_.match_prefix(reusable).blocks;
+  return sequence.total_tokens() -
+         ready_tokens(sequence, cached_blocks, plan_transfer(sequence, cached_blocks));
+}
+
+Engine::TransferPlan Engine::plan_transfer(const Sequence& sequence,
+                                           std::size_t cached_blocks) const {
+  if (sequence.kv_transfer != KvTransfer::remote_prefill) return {};
+  // Every prompt block after the local prefix, the partial last one included (vLLM pulls all of
+  // them), as far as the prefill worker has them.
+  const std::uint64_t missing = blocks_for(sequence.prompt_tokens) - cached_blocks;
+  const std::uint64_t blocks = std::min(missing, sequence.remote_blocks);
+  return TransferPlan{.blocks = blocks,
+                      .kv_tokens = std::min<std::uint64_t>(
+                          sequence.prompt_tokens, (cached_blocks + blocks) * config_.block_size)};
+}
+
+std::uint64_t Engine::ready_tokens(const Sequence& sequence, std::size_t cached_blocks,
+                                   const TransferPlan& plan) const {
+  if (plan.blocks == 0) return cached_blocks * config_.block_size;
+  // The last prompt token is computed here for its logits, as vLLM recomputes it.
+  return std::min(plan.kv_tokens, sequence.total_tokens() - 1);
+}
+
+double Engine::transfer_ms(std::uint64_t blocks) const {
+  return (config_.transfer.latency_ms +
+          config_.transfer.ms_per_block * static_cast<double>(blocks)) /
+         config_.timing.time_scale;
 }
 
 void Engine::set_pending_prefill(Sequence& sequence, std::uint64_t tokens) {
@@ -203,15 +299,26 @@ void Engine::schedule_running_prefills(std::uint64_t& budget, StepResult& result
   }
 }
 
-void Engine::admit_waiting(std::uint64_t& budget) {
-  while (budget > 0 && !waiting_.empty() && running_.size() < config_.max_num_seqs) {
+void Engine::admit_waiting(std::uint64_t& budget, double now_ms, StepResult& result) {
+  // Requests in transfer will run, so they take their seats now.
+  while (budget > 0 && !waiting_.empty() &&
+         running_.size() + transferring_.size() < config_.max_num_seqs) {
     Sequence& sequence = *waiting_.front();
     const std::span<const BlockHash> reusable(sequence.block_hashes.data(),
                                               max_reusable_blocks(sequence));
     const PrefixMatch match = pool_.match_prefix(reusable, matched_blocks_);
-    const std::uint64_t cached_tokens = match.blocks * config_.block_size;
-    const std::uint64_t wanted = std::min(sequence.total_tokens() - cached_tokens, budget);
-    const std::uint64_t new_blocks = blocks_for(cached_tokens + wanted) - match.blocks;
+    const TransferPlan transfer = plan_transfer(sequence, match.blocks);
+    const std::uint64_t ready = ready_tokens(sequence, match.blocks, transfer);
+    const double transfer_end_ms =
+        now_ms + (transfer.blocks == 0 ? 0.0 : transfer_ms(transfer.blocks));
+    // A transfer of no measurable time ends at once and the request runs in this very step.
+    const bool waits_for_transfer = transfer_end_ms > now_ms;
+    const std::uint64_t wanted =
+        waits_for_transfer ? 0 : std::min(sequence.total_tokens() - ready, budget);
+    // A transfer fills whole blocks, the partial last one included.
+    const std::uint64_t new_blocks =
+        std::max<std::uint64_t>(match.blocks + transfer.blocks, blocks_for(ready + wanted)) -
+        match.blocks;
     // Reused blocks that are cached now stop being evictable once acquired, so they do not count
     // towards the room for new blocks. Admission never preempts: first come, first served.
     if (pool_.available_blocks() - match.unreferenced < new_blocks) break;
@@ -223,18 +330,53 @@ void Engine::admit_waiting(std::uint64_t& budget) {
     }
     [[maybe_unused]] const std::size_t allocated = pool_.allocate_run(new_blocks, sequence.blocks);
     KVR_ASSERT(allocated == new_blocks);
-    sequence.computed_tokens = cached_tokens;
+    sequence.computed_tokens = ready;
     sequence.committed_blocks = match.blocks;
     sequence.prefilling = true;
     if (!sequence.admitted_before) {
       sequence.admitted_before = true;
-      sequence.cached_prompt_tokens = cached_tokens;
+      // Transferred tokens count as cached: this engine computed none of them.
+      sequence.cached_prompt_tokens = ready;
     }
-    set_pending_prefill(sequence, sequence.total_tokens() - cached_tokens);
+    set_pending_prefill(sequence, sequence.total_tokens() - ready);
+    // The KV comes once: a recompute after preemption is local.
+    if (sequence.kv_transfer == KvTransfer::remote_prefill) sequence.kv_transfer = KvTransfer::none;
+    if (transfer.blocks > 0) {
+      sequence.transfer_end_ms = transfer_end_ms;
+      sequence.transfer_blocks = transfer.blocks;
+      sequence.transfer_kv_tokens = transfer.kv_tokens;
+      if (waits_for_transfer) {
+        transferring_.push_back(&sequence);
+        continue;
+      }
+      end_transfer(sequence, result);
+    }
     running_.push_back(&sequence);
     schedule(sequence, wanted, true);
     budget -= wanted;
   }
+}
+
+void Engine::end_transfer(Sequence& sequence, StepResult& result) {
+  // The transferred KV is as good as computed: a router learns from the Stored events that this
+  // engine now holds the prompt's blocks.
+  commit_full_blocks(sequence, sequence.transfer_kv_tokens);
+  result.transfers_done.push_back(TransferDone{sequence.id, sequence.transfer_blocks});
+}
+
+void Engine::complete_transfers(double until_ms, StepResult& result) {
+  // In admission order, so that requests join the running queue deterministically.
+  std::size_t kept = 0;
+  for (Sequence* sequence : transferring_) {
+    if (sequence->transfer_end_ms > until_ms) {
+      transferring_[kept++] = sequence;
+      continue;
+    }
+    end_transfer(*sequence, result);
+    running_.push_back(sequence);
+    stalled_ = false;
+  }
+  transferring_.resize(kept);
 }
 
 std::optional<std::uint64_t> Engine::reserve_slots(std::size_t running_index, std::uint64_t wanted,
@@ -301,10 +443,10 @@ void Engine::release_blocks(Sequence& sequence) {
   sequence.blocks.clear();
 }
 
-void Engine::commit_full_blocks(Sequence& sequence) {
+void Engine::commit_full_blocks(Sequence& sequence, std::uint64_t kv_tokens) {
   if (!config_.enable_prefix_caching) return;
-  const std::size_t full_blocks = static_cast<std::size_t>(std::min<std::uint64_t>(
-      sequence.computed_tokens / config_.block_size, sequence.block_hashes.size()));
+  const std::size_t full_blocks = static_cast<std::size_t>(
+      std::min<std::uint64_t>(kv_tokens / config_.block_size, sequence.block_hashes.size()));
   const std::size_t first = sequence.committed_blocks;
   if (first >= full_blocks) return;
   const std::optional<BlockHash> parent =
@@ -322,7 +464,7 @@ void Engine::finish_step(double end_ms, StepResult& result) {
     if (work.prefill) {
       // Blocks become reusable only once computed, so requests admitted in this same step could
       // not have matched them (vLLM caches blocks after the forward pass too).
-      commit_full_blocks(sequence);
+      commit_full_blocks(sequence, sequence.computed_tokens);
       set_pending_prefill(sequence, sequence.total_tokens() - sequence.computed_tokens);
     }
     if (sequence.computed_tokens < sequence.total_tokens()) continue;  // more prefill chunks
@@ -340,7 +482,15 @@ void Engine::finish_step(double end_ms, StepResult& result) {
     sequence.last_token_ms = end_ms;
     if (sequence.generated_tokens < sequence.output_tokens) continue;
 
-    release_blocks(sequence);
+    std::uint64_t held_blocks = 0;
+    if (sequence.kv_transfer == KvTransfer::remote_decode && !sequence.blocks.empty()) {
+      // Kept referenced for the decode worker to pull, until release_transfer.
+      held_blocks = sequence.blocks.size();
+      held_transfers_.emplace(sequence.id, std::move(sequence.blocks));
+      sequence.blocks.clear();
+    } else {
+      release_blocks(sequence);
+    }
     sequence.finished = true;
     any_finished = true;
     result.completions.push_back(RequestStats{
@@ -353,6 +503,7 @@ void Engine::finish_step(double end_ms, StepResult& result) {
         .output_tokens = sequence.generated_tokens,
         .max_inter_token_ms = sequence.max_inter_token_ms,
         .preemptions = sequence.preemptions,
+        .held_blocks = held_blocks,
     });
   }
   if (!any_finished) return;

@@ -29,6 +29,26 @@ namespace kvr::simulation {
 /// number standing in for the request's string id); unique among the engine's live requests.
 using EngineRequestId = std::uint64_t;
 
+/// A request's part in disaggregated serving, named after vLLM's kv_transfer_params.
+enum class KvTransfer : std::uint8_t {
+  /// An ordinary request: prefilled and decoded here.
+  none,
+  /// vLLM's do_remote_decode (this engine is a prefill worker): the request produces one token
+  /// (output_tokens is treated as 1) and completes as usual, but its blocks stay referenced, held
+  /// for a decode worker to pull, until Engine::release_transfer(id) (or reset()). Held blocks
+  /// count in kv_blocks_used and are never evicted; the request is no longer active or waiting.
+  remote_decode,
+  /// vLLM's do_remote_prefill (this engine is a decode worker): the prompt's KV arrives by
+  /// transfer. Admitted like any request (it reuses its cached prefix; when the pool cannot fit
+  /// the rest it waits in the queue), it then waits, neither running nor queued but with its
+  /// blocks allocated, for TransferConfig latency_ms + ms_per_block x the blocks it pulls (scaled
+  /// by time_scale). The transferred full hashed blocks are then committed (Stored events), they
+  /// count as cached prompt tokens, and the request computes only its last prompt token, as vLLM
+  /// does for the logits, before decoding normally. With nothing to pull it is an ordinary
+  /// request.
+  remote_prefill,
+};
+
 /// A request as the engine receives it.
 struct EngineRequest {
   EngineRequestId id = 0;
@@ -40,6 +60,12 @@ struct EngineRequest {
   std::uint64_t prompt_tokens = 0;
   /// Tokens to generate, the first included; at least 1.
   std::uint64_t output_tokens = 1;
+  /// The request's part in disaggregated serving.
+  KvTransfer kv_transfer = KvTransfer::none;
+  /// remote_prefill: the most blocks the prefill worker can send (len(remote_block_ids)): the
+  /// transfer brings the prompt blocks after the locally cached prefix, in order, up to this many
+  /// (tokens beyond them are prefilled here). nullopt: every prompt block.
+  std::optional<std::uint64_t> remote_blocks;
 };
 
 /// Why add_request refused a request.
@@ -59,7 +85,8 @@ struct FirstToken {
   EngineRequestId id = 0;
   /// When the token exists: the end of the step that completed the prefill.
   double time_ms = 0.0;
-  /// Prompt tokens reused from the pool at the request's first admission.
+  /// Prompt tokens reused from the pool at the request's first admission, plus those a
+  /// remote_prefill request received by transfer.
   std::uint64_t cached_prompt_tokens = 0;
 };
 
@@ -70,13 +97,17 @@ struct RequestStats {
   double first_token_ms = 0.0;
   double completion_ms = 0.0;
   std::uint64_t prompt_tokens = 0;
-  /// Prompt tokens reused from the pool at the first admission (what routing aimed to maximise).
+  /// Prompt tokens reused from the pool at the first admission (what routing aimed to maximise),
+  /// plus those a remote_prefill request received by transfer.
   std::uint64_t cached_prompt_tokens = 0;
   std::uint64_t output_tokens = 0;
   /// The longest gap between two consecutive tokens (0 with a single token).
   double max_inter_token_ms = 0.0;
   /// How often the request was preempted and recomputed.
   std::uint32_t preemptions = 0;
+  /// KvTransfer::remote_decode: the blocks it holds for the decode worker until
+  /// Engine::release_transfer (Engine::held_blocks gives them); 0 for other requests.
+  std::uint64_t held_blocks = 0;
 
   /// Time to first token.
   double ttft_ms() const { return first_token_ms - arrival_ms; }
@@ -88,10 +119,18 @@ struct RequestStats {
   }
 };
 
+/// A KV transfer into this engine (a remote_prefill request) that ended.
+struct TransferDone {
+  EngineRequestId id = 0;
+  /// The blocks pulled from the prefill worker: it may release the blocks it held for this
+  /// request (Engine::release_transfer there).
+  std::uint64_t blocks = 0;
+};
+
 /// Everything one scheduler iteration did. All tokens of a step appear at end_ms().
 struct StepResult {
   double start_ms = 0.0;
-  /// Scaled duration; 0 only when there was nothing to run.
+  /// Scaled duration; 0 only when there was nothing to run (see Engine::step).
   double duration_ms = 0.0;
   /// Uncached prompt tokens computed (T in the timing model), re-prefills after preemption
   /// included.
@@ -110,6 +149,8 @@ struct StepResult {
   std::vector<RequestStats> completions;
   /// Requests preempted back to the front of the waiting queue (their KV must be recomputed).
   std::vector<EngineRequestId> preempted;
+  /// KV transfers that ended by end_ms() (their Stored events are in kv_events).
+  std::vector<TransferDone> transfers_done;
 
   /// When the step's tokens exist and the next step can start.
   double end_ms() const { return start_ms + duration_ms; }
@@ -119,15 +160,20 @@ struct StepResult {
 struct EngineLoad {
   /// Requests in the running queue.
   std::uint64_t active_requests = 0;
-  /// Requests in the waiting queue.
+  /// Requests in the waiting queue, and those receiving their KV by transfer (vLLM keeps those in
+  /// its waiting queue too): they have no token yet.
   std::uint64_t waiting_requests = 0;
-  /// Blocks referenced by running requests, each counted once however many requests share it.
+  /// Of waiting_requests, those receiving their KV by transfer.
+  std::uint64_t transferring_requests = 0;
+  /// Blocks referenced by requests, each counted once however many requests share it: running
+  /// requests' blocks, and those allocated for a transfer or held for one (remote_decode).
   std::uint64_t active_decode_blocks = 0;
   /// Prompt tokens still to prefill: for running requests exactly; for waiting ones the prompt
-  /// minus the prefix that was cached when they arrived (or were preempted).
+  /// minus the prefix that was cached when they arrived (or were preempted) and what a transfer
+  /// brings.
   std::uint64_t active_prefill_tokens = 0;
-  /// Blocks held by requests (the referenced ones): the engine's KV usage as vLLM reports it,
-  /// where cached blocks that no request holds are free (evictable).
+  /// Blocks held by requests (the referenced ones, transfers' included): the engine's KV usage as
+  /// vLLM reports it, where cached blocks that no request holds are free (evictable).
   std::uint64_t kv_blocks_used = 0;
   /// Blocks in the pool.
   std::uint64_t total_blocks = 0;
@@ -141,7 +187,8 @@ discovery::ConfirmedLoad load_report(const EngineLoad& load);
 struct ResetResult {
   /// A single Cleared event.
   std::vector<KvEvent> kv_events;
-  /// The requests that were dropped, running ones first.
+  /// The requests that were dropped: running ones, then those receiving KV by transfer, then
+  /// waiting ones. Blocks held for transfers out (remote_decode) are dropped silently.
   std::vector<EngineRequestId> aborted;
 };
 
@@ -154,6 +201,14 @@ struct ResetResult {
 /// with no such victim preempts itself, a prefill chunk shrinks instead. A step costs
 /// prefill_ms(T) + decode_ms(u) (see TimingConfig::mixed_step_cost). Only full prompt blocks with a
 /// hash are cached: generated tokens occupy anonymous blocks that are never reused or announced.
+///
+/// KV transfers (KvTransfer): a remote_prefill request admitted from the waiting queue starts its
+/// transfer at the step's start and is done at the end of the step during which its transfer
+/// time runs out (or at the next step's start when the caller steps late); it runs from the next
+/// step on. A step with only transfers to wait for lasts exactly until the earliest ends, so
+/// drivers step as usual and need no timer of their own (next_transfer_end_ms() tells when that
+/// is). Admission counts requests in transfer against max_num_seqs; they are never preempted. A
+/// remote_decode request's blocks stay held after it completes until release_transfer().
 class Engine {
  public:
   /// An engine with the given parameters, or the first invalid field.
@@ -169,16 +224,39 @@ class Engine {
   /// Queues a request that arrived at now_ms; it is considered from the next step on.
   std::expected<void, RequestError> add_request(EngineRequest request, double now_ms);
 
-  /// Drops a waiting or running request without a completion; false when the id is unknown.
+  /// Drops a waiting, running or transferring request without a completion; false when the id is
+  /// unknown (blocks held after a remote_decode completion are released by release_transfer).
   /// Its blocks are released (hashed ones stay cached), so no KV event results.
   bool abort_request(EngineRequestId id);
 
-  /// Whether step() would do anything: a request is waiting or running.
-  bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+  /// Releases the blocks a completed remote_decode request held for its decode worker; they stay
+  /// cached (evictable) like any finished request's. False when no blocks are held for `id`.
+  bool release_transfer(EngineRequestId id);
+
+  /// The blocks a completed remote_decode request holds, in prompt order (empty when none): their
+  /// indexes stand for vLLM's remote_block_ids.
+  std::span<const BlockIndex> held_blocks(EngineRequestId id) const;
+
+  /// Whether step() would do anything: a KV transfer is in flight, or a request is waiting or
+  /// running and the engine has not stalled (see step()).
+  bool has_work() const {
+    return !transferring_.empty() || (!stalled_ && (!running_.empty() || !waiting_.empty()));
+  }
+
+  /// When the earliest KV transfer in flight ends (nullopt: none is).
+  std::optional<double> next_transfer_end_ms() const;
+
+  /// How long pulling `blocks` KV blocks takes on this engine's clock: TransferConfig's
+  /// latency_ms + ms_per_block x blocks, divided by time_scale.
+  double transfer_ms(std::uint64_t blocks) const;
 
   /// Runs one scheduler iteration starting at now_ms and reports what it did. When has_work(),
-  /// the step always makes progress and duration_ms > 0. The caller starts the next step no
-  /// earlier than this one's end_ms() (unchecked).
+  /// the step makes progress and duration_ms > 0: it computes tokens, or, when it has only KV
+  /// transfers to wait for, it lasts until the earliest ends (no tokens; the transfer ends at
+  /// end_ms()). One exception: blocks held for remote_decode transfers are never evicted, so they
+  /// can leave no room for any request; such a step does nothing (duration_ms 0), and has_work()
+  /// stays false (the engine has stalled) until a request is added or aborted or a transfer
+  /// released. The caller starts the next step no earlier than this one's end_ms() (unchecked).
   StepResult step(double now_ms);
 
   /// As above, into `result`, whose containers are cleared and their memory reused: a caller
@@ -191,7 +269,8 @@ class Engine {
   /// Prompt tokens of these block hashes that the pool would reuse now (full blocks only).
   std::uint64_t cached_prefix_tokens(std::span<const BlockHash> block_hashes) const;
 
-  /// Drops every request and empties the pool; the result carries the Cleared event.
+  /// Drops every request and held transfer and empties the pool; the result carries the Cleared
+  /// event.
   ResetResult reset();
 
   /// The current cache contents as Stored chains, for a router rebuilding its index.
@@ -229,8 +308,23 @@ class Engine {
     // its recompute after preemption); such tokens count as prefill tokens.
     bool prefilling = true;
     bool finished = false;
+    // remote_prefill until its transfer starts (then none: a recompute after preemption is local).
+    KvTransfer kv_transfer = KvTransfer::none;
+    std::uint64_t remote_blocks = 0;
+    // While in transfer: when it ends, the blocks pulled, and the prompt tokens whose KV the
+    // local prefix and the transfer together hold.
+    double transfer_end_ms = 0.0;
+    std::uint64_t transfer_blocks = 0;
+    std::uint64_t transfer_kv_tokens = 0;
 
     std::uint64_t total_tokens() const { return prompt_tokens + generated_tokens; }
+  };
+
+  // What a remote_prefill request pulls, given the blocks of its prefix cached here.
+  struct TransferPlan {
+    std::uint64_t blocks = 0;
+    // Prompt tokens whose KV is here once the transfer ends (the local prefix's included).
+    std::uint64_t kv_tokens = 0;
   };
 
   struct ScheduledWork {
@@ -244,11 +338,17 @@ class Engine {
   std::uint64_t blocks_for(std::uint64_t tokens) const;
   std::size_t max_reusable_blocks(const Sequence& sequence) const;
   std::uint64_t estimate_pending_prefill(const Sequence& sequence) const;
+  TransferPlan plan_transfer(const Sequence& sequence, std::size_t cached_blocks) const;
+  // The prompt tokens a request has KV for once admitted with this plan, its last always excluded.
+  std::uint64_t ready_tokens(const Sequence& sequence, std::size_t cached_blocks,
+                             const TransferPlan& plan) const;
   void set_pending_prefill(Sequence& sequence, std::uint64_t tokens);
 
   void schedule_decodes(std::uint64_t& budget, StepResult& result);
   void schedule_running_prefills(std::uint64_t& budget, StepResult& result);
-  void admit_waiting(std::uint64_t& budget);
+  void admit_waiting(std::uint64_t& budget, double now_ms, StepResult& result);
+  void end_transfer(Sequence& sequence, StepResult& result);
+  void complete_transfers(double until_ms, StepResult& result);
   void schedule(Sequence& sequence, std::uint64_t tokens, bool prefill);
   std::optional<std::uint64_t> reserve_slots(std::size_t running_index, std::uint64_t wanted,
                                              StepResult& result);
@@ -256,7 +356,8 @@ class Engine {
   void preempt(std::size_t running_index, StepResult& result);
   void release_blocks(Sequence& sequence);
   void finish_step(double end_ms, StepResult& result);
-  void commit_full_blocks(Sequence& sequence);
+  // Commits the hashed full blocks among the first kv_tokens tokens not yet committed.
+  void commit_full_blocks(Sequence& sequence, std::uint64_t kv_tokens);
 
   EngineConfig config_;
   TimingModel timing_;
@@ -266,6 +367,10 @@ class Engine {
   std::vector<Sequence*> running_;
   // Arrival order, except that preempted requests return to the front.
   std::deque<Sequence*> waiting_;
+  // remote_prefill requests receiving their KV, in admission order.
+  std::vector<Sequence*> transferring_;
+  // Blocks completed remote_decode requests hold for their decode workers, in prompt order.
+  absl::flat_hash_map<EngineRequestId, std::vector<BlockIndex>> held_transfers_;
   // This step's work in scheduling order, kept between steps to reuse its memory.
   std::vector<ScheduledWork> scheduled_;
   // The cached prefix of the request being admitted (scratch).
@@ -273,6 +378,8 @@ class Engine {
   std::uint64_t step_count_ = 0;
   std::uint64_t pending_prefill_tokens_ = 0;
   bool preempted_this_step_ = false;
+  // A step found nothing to run and no transfer to wait for (held blocks fill the pool).
+  bool stalled_ = false;
 };
 
 }  // namespace kvr::simulation

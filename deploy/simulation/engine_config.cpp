@@ -47,6 +47,16 @@ std::expected<void, EngineConfigError> validate_timing(const TimingConfig& timin
   return {};
 }
 
+std::expected<void, EngineConfigError> validate_transfer(const TransferConfig& transfer) {
+  if (!std::isfinite(transfer.latency_ms) || transfer.latency_ms < 0.0) {
+    return bad("transfer.latency_ms", "must be a finite number >= 0");
+  }
+  if (!std::isfinite(transfer.ms_per_block) || transfer.ms_per_block < 0.0) {
+    return bad("transfer.ms_per_block", "must be a finite number >= 0");
+  }
+  return {};
+}
+
 }  // namespace
 
 std::string EngineConfigError::message() const { return "engine config: " + field + " " + reason; }
@@ -60,7 +70,8 @@ std::expected<void, EngineConfigError> EngineConfig::validate() const {
   }
   if (max_num_batched_tokens == 0) return bad("max_num_batched_tokens", "must be > 0");
   if (max_num_seqs == 0) return bad("max_num_seqs", "must be > 0");
-  return validate_timing(timing);
+  if (auto valid = validate_timing(timing); !valid) return valid;
+  return validate_transfer(transfer);
 }
 
 }  // namespace kvr::simulation

@@ -47,9 +47,22 @@ struct TimingConfig {
   double time_scale = 1.0;
 };
 
+/// The cost of moving KV blocks between engines (disaggregated serving: a decode worker pulls a
+/// prompt's KV from the prefill worker that computed it). Like every engine time, these are
+/// unscaled real milliseconds, divided by TimingConfig::time_scale.
+struct TransferConfig {
+  /// Fixed cost of one transfer (handshake, descriptor setup, completion notification). Finite,
+  /// >= 0.
+  double latency_ms = 2.0;
+  /// Cost per KV block moved. The default is an 8B model (Llama-3.1-8B: 32 layers x 8 KV heads x
+  /// 128 dims x K and V x 2 bytes = 128 KiB of KV per token) with 64-token blocks, 8 MiB a block,
+  /// over a ~25 GB/s RDMA link: 8 MiB / 25 GB/s = 0.34 ms. Finite, >= 0.
+  double ms_per_block = 0.34;
+};
+
 /// A parameter outside its allowed range: names the field and says what is allowed.
 struct EngineConfigError {
-  /// The field's path, e.g. "block_size" or "timing.time_scale".
+  /// The field's path, e.g. "block_size", "timing.time_scale" or "transfer.ms_per_block".
   std::string field;
   /// What is allowed, e.g. "must be > 0".
   std::string reason;
@@ -72,6 +85,8 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
   /// The step-time model.
   TimingConfig timing;
+  /// The KV transfer model (requests with KvTransfer::remote_prefill).
+  TransferConfig transfer;
 
   /// Checks every field; the error names the first field out of range.
   std::expected<void, EngineConfigError> validate() const;

@@ -250,6 +250,11 @@ std::string format_table(const ReplayReport& report) {
         calibration.mean_observed_ms, calibration.median_absolute_error_ms,
         100 * calibration.median_relative_error, learnt);
   }
+  for (const PolicyReport& policy : report.policies) {
+    if (policy.disaggregation.empty()) continue;
+    table +=
+        fmt::format("{} disaggregation: {}\n", policy.policy, counts_text(policy.disaggregation));
+  }
   // Only runs with admission or tenants have these, so other tables stay as they were.
   const bool any_rejected = std::ranges::any_of(
       report.policies, [](const PolicyReport& policy) { return !policy.rejected.empty(); });
@@ -285,6 +290,9 @@ std::string to_json(const ReplayReport& report) {
   for (const PolicyReport& policy : report.policies) {
     nlohmann::ordered_json entry;
     entry["completed"] = policy.completed;
+    if (!policy.disaggregation.empty()) {
+      entry["disaggregation"] = counts_json(policy.disaggregation);
+    }
     entry["e2e_ms"] = latency_json(policy.e2e_ms);
     entry["failed"] = policy.failed;
     entry["failures"] = counts_json(policy.failures);

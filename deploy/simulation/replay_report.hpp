@@ -108,6 +108,9 @@ struct PolicyReport {
   double load_imbalance = 0;
   /// Mean share of the makespan the workers spent running engine steps (0..1).
   double utilization = 0;
+  /// Disaggregated serving: the router's decisions by reason (disaggregated, short_prompt, ...);
+  /// empty for an aggregated fleet.
+  NamedCounts disaggregation;
   /// Selection failures by message, for diagnosis.
   std::vector<std::pair<std::string, std::size_t>> failures;
   /// Only for a policy that predicts time to first token (predicted-ttft).

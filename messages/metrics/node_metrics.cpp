@@ -211,6 +211,20 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
      MetricType::Counter,
      "Requests that left or were refused by the queue, by partition, class and outcome.",
      {}},
+    {N::kDisaggregationDecisions,
+     MetricType::Counter,
+     "Generate requests of models served by prefill and decode workers, by partition and what "
+     "the router decided: disaggregated (the prefill hop, then decode), short_prompt, "
+     "prefill_queue or no_prefill_worker (decode alone).",
+     {}},
+    {N::kPrefillHop, MetricType::Histogram,
+     "Time from routing a prefill hop to its worker's answer carrying the KV transfer "
+     "parameters, by model.",
+     kTtftBuckets},
+    {N::kDecodeHandoff, MetricType::Histogram,
+     "Time the node takes from a prefill hop's answer to dispatching the decode hop (routing "
+     "the decode worker included).",
+     kLatencyBuckets},
     {N::kPolicyPredictedTtft, MetricType::Histogram,
      "Time to first token a learning policy predicted for the requests it routed, by partition.",
      kTtftBuckets},
@@ -445,6 +459,15 @@ ValueHandle NodeMetrics::generate_outcomes(std::string_view outcome) const {
   return counter(kGenerateOutcomes, "outcome", outcome);
 }
 ValueHandle NodeMetrics::generate_retries() const { return counter(kGenerateRetries); }
+ValueHandle NodeMetrics::disaggregation_decisions(std::string_view partition,
+                                                  std::string_view reason) const {
+  return registry_->counter(kDisaggregationDecisions, {{"partition", std::string{partition}},
+                                                       {"reason", std::string{reason}}});
+}
+HistogramHandle NodeMetrics::prefill_hop(std::string_view model) const {
+  return registry_->histogram(kPrefillHop, {{"model", std::string{model}}});
+}
+HistogramHandle NodeMetrics::decode_handoff() const { return registry_->histogram(kDecodeHandoff); }
 ValueHandle NodeMetrics::generate_first_token_timeouts() const {
   return counter(kGenerateFirstTokenTimeouts);
 }

@@ -98,6 +98,10 @@ class NodeMetrics {
   static constexpr std::string_view kGenerateNatsLosses = "kvr_generate_nats_losses_total";
   static constexpr std::string_view kGenerateStaleChunks = "kvr_generate_stale_chunks_total";
   static constexpr std::string_view kGenerateInFlight = "kvr_generate_in_flight";
+  // Disaggregated serving.
+  static constexpr std::string_view kDisaggregationDecisions = "kvr_disaggregation_decisions_total";
+  static constexpr std::string_view kPrefillHop = "kvr_prefill_hop_seconds";
+  static constexpr std::string_view kDecodeHandoff = "kvr_decode_handoff_seconds";
   // The hit-rate ladder (docs/hit-rate.md), per model, from both doors.
   static constexpr std::string_view kPromptTokens = "kvr_prompt_tokens_total";
   static constexpr std::string_view kPredictedCachedTokens = "kvr_predicted_cached_tokens_total";
@@ -225,6 +229,13 @@ class NodeMetrics {
   ValueHandle generate_nats_losses() const;
   ValueHandle generate_stale_chunks() const;
   ValueHandle generate_in_flight() const;
+  /// Generate requests of disaggregated partitions planned, by partition and reason
+  /// (DisaggregationReason: disaggregated, short_prompt, prefill_queue, no_prefill_worker).
+  ValueHandle disaggregation_decisions(std::string_view partition, std::string_view reason) const;
+  /// The prefill hop, from its routing to the prefill worker's answer (one attempt), by model.
+  HistogramHandle prefill_hop(std::string_view model) const;
+  /// The node's own part of the second hop: the prefill's answer to the decode dispatch.
+  HistogramHandle decode_handoff() const;
 
   // ---- the hit-rate ladder (label `model`) -----------------------------------------------------
   /// Counts one request whose engine reported its cached prompt tokens: its prompt tokens, the

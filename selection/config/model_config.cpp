@@ -21,6 +21,26 @@ std::string_view as_str(TokenizerMode mode) {
   return "engine";
 }
 
+std::expected<void, DisaggregationConfigError> DisaggregationConfig::validate() const {
+  // A prompt is at most 2^21 tokens: a larger threshold would silently mean "never disaggregate".
+  if (min_uncached_tokens > (std::uint64_t{1} << 21)) {
+    return std::unexpected(DisaggregationConfigError{
+        "min_uncached_tokens", "must be at most 2097152 (the longest prompt)"});
+  }
+  if (transfer_valid < std::chrono::milliseconds{1} || transfer_valid > std::chrono::hours{1}) {
+    return std::unexpected(
+        DisaggregationConfigError{"transfer_valid_ms", "must be between 1 and 3600000 ms"});
+  }
+  return {};
+}
+
+DisaggregationConfig disaggregation_of(
+    const std::map<std::string, ModelConfig, std::less<>>& models, std::string_view model) {
+  const auto found = models.find(model);
+  if (found == models.end() || !found->second.disaggregation) return {};
+  return *found->second.disaggregation;
+}
+
 std::string_view tokenizer_mode_names() { return "engine, estimate, native"; }
 
 TokenizerModes tokenizer_modes(TokenizerMode default_mode,

@@ -54,7 +54,9 @@ using classifiers::PolicyClassConfig;
 constexpr std::string_view kTopLevelKeys[] = {
     "worker_selection", "request_classifier", "policy_classes", "worker_health",
     "models",           "tokenizers",         "plugins"};
-constexpr std::string_view kModelKeys[] = {"tokenizer_mode"};
+constexpr std::string_view kModelKeys[] = {"tokenizer_mode", "disaggregation"};
+constexpr std::string_view kDisaggregationKeys[] = {"min_uncached_tokens", "prefill_queue_check",
+                                                    "transfer_valid_ms"};
 constexpr std::string_view kWorkerSelectionKeys[] = {"aggregated", "prefill", "decode", "encode",
                                                      "instances"};
 constexpr std::string_view kInstanceKeys[] = {"name", "type", "parameters"};
@@ -518,6 +520,12 @@ class Parser {
       if (!fields) return std::unexpected(std::move(fields.error()));
       for (const MappingEntry& field : *fields) {
         const std::string field_path = child_path(model_path, field.key);
+        if (field.key == "disaggregation") {
+          auto disaggregation = parse_disaggregation(field.value, field_path);
+          if (!disaggregation) return std::unexpected(std::move(disaggregation.error()));
+          settings.disaggregation = *disaggregation;
+          continue;
+        }
         auto name = name_value(field.value, field_path, "a tokenizer mode");
         if (!name) return std::unexpected(std::move(name.error()));
         settings.tokenizer_mode = tokenizer_mode_from(*name);
@@ -530,6 +538,46 @@ class Parser {
       config_.models.emplace(model, settings);
     }
     return {};
+  }
+
+  // `models.<model>.disaggregation`: when the model's requests take the prefill hop.
+  std::expected<DisaggregationConfig, std::string> parse_disaggregation(const YAML::Node& node,
+                                                                        const std::string& path) {
+    DisaggregationConfig disaggregation;
+    if (node.IsNull()) return disaggregation;
+    if (!node.IsMap()) {
+      return fail(node, path,
+                  fmt::format("expected a mapping with the keys {}, got {}",
+                              join(kDisaggregationKeys), describe_yaml(node)));
+    }
+    auto entries = mapping_entries(node, path, kDisaggregationKeys);
+    if (!entries) return std::unexpected(std::move(entries.error()));
+    auto source = ParameterSource::from_yaml(node, path);
+    if (!source) return fail(node, path, source.error());
+    for (const MappingEntry& entry : *entries) {
+      if (entry.key == "prefill_queue_check") {
+        auto value = number_value<bool>(**source, entry);
+        if (!value) return std::unexpected(std::move(value.error()));
+        disaggregation.prefill_queue_check = *value;
+        continue;
+      }
+      auto value = number_value<std::uint64_t>(**source, entry);
+      if (!value) return std::unexpected(std::move(value.error()));
+      // Clamped so that validate() names the key of a value too large for its field.
+      const std::uint64_t clamped = std::min<std::uint64_t>(*value, std::uint64_t{1} << 40);
+      if (entry.key == "min_uncached_tokens") {
+        disaggregation.min_uncached_tokens = clamped;
+      } else {
+        disaggregation.transfer_valid =
+            std::chrono::milliseconds{static_cast<std::int64_t>(clamped)};
+      }
+    }
+    if (auto valid = disaggregation.validate(); !valid) {
+      const auto entry = std::ranges::find(*entries, valid.error().key, &MappingEntry::key);
+      const YAML::Node& where = entry == entries->end() ? node : entry->value;
+      return fail(where, child_path(path, valid.error().key), valid.error().message);
+    }
+    return disaggregation;
   }
 
   RouterPolicyConfig& config_;

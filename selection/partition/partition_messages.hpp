@@ -15,6 +15,7 @@
 #include "classifiers/request_classifier.hpp"
 #include "discovery/load/predicted_load.hpp"
 #include "messages/ids.hpp"
+#include "selection/partition/disaggregation.hpp"
 #include "selection/partition/route_result.hpp"
 
 namespace kvr {
@@ -44,6 +45,9 @@ struct RouteReply {
   std::string policy;            ///< the instance name serving the request's worker type
   std::string generate_subject;  ///< the chosen worker's generate subject
   std::string http_url;          ///< the chosen worker's HTTP base URL (empty: none)
+  /// A RouteHop::plan request of a disaggregated partition: whether the worker is a prefill
+  /// worker (the decode hop follows) or a decode worker serving the request alone, and why.
+  std::optional<DisaggregationDecision> disaggregation;
 };
 
 /// What a booking change does to the request's session-affinity proposal (SessionAffinity).

@@ -22,6 +22,8 @@ PartitionRouter::PartitionRouter(PartitionRouterOptions options,
                                  const plugins::RouterPlugins& plugins)
     : options_(std::move(options)),
       selector_(options_.options, plugins),
+      disaggregation_(
+          selection::disaggregation_of(plugins.models, options_.options.partition.model)),
       affinity_(options_.affinity),
       label_(fmt::format("{}/{}", options_.options.partition.model,
                          options_.options.partition.routing_group)),
@@ -83,6 +85,7 @@ std::optional<RouteReply> PartitionRouter::route(RouteRequest& request, RouteTic
     return std::nullopt;
   }
   if (selector_.expire_bookings(now, kBookingExpiriesPerRoute) > 0) drain_queue(now, out);
+  if (request.hop == RouteHop::plan) resolve_hop(request);
   std::optional<RouteReply> reply = queue_ && !request.query_only
                                         ? offer_to_queue(request, ticket, now, out)
                                         : select(request, now, out);
@@ -124,13 +127,66 @@ void PartitionRouter::cancel(std::string_view request_id, TimePoint now, Partiti
                                        request_id)}));
 }
 
+void PartitionRouter::resolve_hop(RouteRequest& request) const {
+  if (request.worker_type == WorkerType::Aggregated &&
+      selector_.workers(WorkerType::Aggregated).empty() &&
+      !selector_.workers(WorkerType::Decode).empty()) {
+    // A client that names no role reaches a model served only by prefill and decode workers.
+    request.worker_type = WorkerType::Decode;
+  }
+  // A pin names the worker that serves the request: it runs there alone.
+  if (request.worker_type != WorkerType::Decode || request.selection.pinned_worker) {
+    request.hop = RouteHop::single;
+  }
+}
+
+std::expected<DisaggregationDecision, RouteFailure> PartitionRouter::plan_disaggregation(
+    RouteRequest& request, TimePoint now) {
+  // The decode worker the policy would choose, and what it would compute there: a probe books
+  // nothing.
+  request.query_only = true;
+  auto best_decode = selector_.route(request, now);
+  request.query_only = false;
+  if (!best_decode) return std::unexpected(std::move(best_decode.error()));
+  DisaggregationDecision decision{.decode_uncached_tokens = best_decode->uncached_prefill_tokens,
+                                  .transfer_valid = disaggregation_.transfer_valid};
+  request.worker_type = WorkerType::Prefill;
+  const std::optional<std::uint64_t> prefill_work = selector_.least_prefill_work(request);
+  request.worker_type = WorkerType::Decode;
+  if (!prefill_work) {
+    decision.reason = DisaggregationReason::no_prefill_worker;
+  } else if (decision.decode_uncached_tokens < disaggregation_.min_uncached_tokens) {
+    decision.reason = DisaggregationReason::short_prompt;
+  } else if (disaggregation_.prefill_queue_check &&
+             *prefill_work > selector_.queued_prefill_tokens(best_decode->worker) +
+                                 decision.decode_uncached_tokens) {
+    decision.reason = DisaggregationReason::prefill_queue;
+  } else {
+    decision.reason = DisaggregationReason::disaggregated;
+  }
+  return decision;
+}
+
 RouteReply PartitionRouter::select(RouteRequest& request, TimePoint now, PartitionEffects& out) {
   const auto started = options_.stopwatch ? options_.stopwatch->now() : TimePoint{};
-  auto routed = route_with_session_affinity(selector_, affinity_, request, now);
-  RouteReply reply{routed ? std::expected<RouteOutcome, RouteFailure>{std::move(routed->outcome)}
-                          : std::unexpected(std::move(routed.error())),
-                   selector_.policy_name(request.worker_type),
-                   {}};
+  std::optional<DisaggregationDecision> decision;
+  if (request.hop == RouteHop::plan && !request.query_only) {
+    auto planned = plan_disaggregation(request, now);
+    if (!planned) return failure(request, std::move(planned.error()));
+    decision = *planned;
+    out.events.emplace_back(partition_event::DisaggregationDecided{decision->reason});
+    // The prefill hop is no part of the session: affinity follows the decode worker.
+    if (decision->prefill_hop()) request.worker_type = WorkerType::Prefill;
+  }
+  std::expected<RouteOutcome, RouteFailure> routed = std::unexpected(RouteFailure{});
+  if (decision && decision->prefill_hop()) {
+    routed = selector_.route(request, now);
+  } else if (auto with_affinity = route_with_session_affinity(selector_, affinity_, request, now)) {
+    routed = std::move(with_affinity->outcome);
+  } else {
+    routed = std::unexpected(std::move(with_affinity.error()));
+  }
+  RouteReply reply{std::move(routed), selector_.policy_name(request.worker_type), {}, {}, decision};
   if (options_.stopwatch) {
     const std::chrono::duration<double> elapsed = options_.stopwatch->now() - started;
     out.events.emplace_back(partition_event::SelectionTimed{elapsed.count()});

@@ -37,6 +37,8 @@
 #include "messages/ids.hpp"
 #include "messages/kv_event.hpp"
 #include "messages/metrics/hit_rate_ceilings.hpp"
+#include "selection/config/model_config.hpp"
+#include "selection/partition/disaggregation.hpp"
 #include "selection/partition/partition_messages.hpp"
 #include "selection/partition/partition_queue.hpp"
 #include "selection/partition/rank_budget.hpp"
@@ -107,6 +109,10 @@ struct TtftPredicted {
   double predicted_seconds;
   double observed_seconds;
 };
+/// A generate request of a disaggregated partition was planned: the prefill hop or decode alone.
+struct DisaggregationDecided {
+  DisaggregationReason reason;
+};
 /// A routed request's prompt and its cached tokens under the hit-rate ceilings.
 struct CeilingsRecorded {
   std::uint64_t prompt_tokens;
@@ -115,13 +121,15 @@ struct CeilingsRecorded {
 };
 }  // namespace partition_event
 
-using PartitionEvent = std::variant<
-    partition_event::WorkerJoined, partition_event::WorkerLeft, partition_event::WorkerReturned,
-    partition_event::MessageRefused, partition_event::KvEventGap, partition_event::WorkerFailed,
-    partition_event::WorkerEjected, partition_event::EjectionCapped,
-    partition_event::SessionRebound, partition_event::QueueOutcome, partition_event::QueueWaited,
-    partition_event::LinkRestored, partition_event::SelectionTimed,
-    partition_event::CeilingsRecorded, partition_event::TtftPredicted>;
+using PartitionEvent =
+    std::variant<partition_event::WorkerJoined, partition_event::WorkerLeft,
+                 partition_event::WorkerReturned, partition_event::MessageRefused,
+                 partition_event::KvEventGap, partition_event::WorkerFailed,
+                 partition_event::WorkerEjected, partition_event::EjectionCapped,
+                 partition_event::SessionRebound, partition_event::QueueOutcome,
+                 partition_event::QueueWaited, partition_event::LinkRestored,
+                 partition_event::SelectionTimed, partition_event::CeilingsRecorded,
+                 partition_event::TtftPredicted, partition_event::DisaggregationDecided>;
 
 /// What one input asks of the core's owner. Reused across inputs: clear() keeps the capacity.
 struct PartitionEffects {
@@ -262,6 +270,9 @@ class PartitionRouter {
   const SelectorState& state() const { return selector_; }
   SelectorState& state() { return selector_; }
   const SessionAffinity& affinity() const { return affinity_; }
+  /// How this partition's model splits generate requests (the router-policy YAML's
+  /// models.<model>.disaggregation).
+  const selection::DisaggregationConfig& disaggregation() const { return disaggregation_; }
   /// The hit-rate ceilings of the requests routed here; null unless measured.
   const metrics::HitRateCeilings* ceilings() const { return ceilings_ ? &*ceilings_ : nullptr; }
 
@@ -273,6 +284,13 @@ class PartitionRouter {
   };
 
   RouteReply select(RouteRequest& request, TimePoint now, PartitionEffects& out);
+  /// A RouteHop::plan request: served by prefill and decode workers here (it then names the
+  /// decode role), or a single route (its hop is cleared).
+  void resolve_hop(RouteRequest& request) const;
+  /// Decides whether the prepared decode-role `request` takes the prefill hop (file comment of
+  /// disaggregation.hpp); fails as its route would when no decode worker may take it.
+  std::expected<DisaggregationDecision, RouteFailure> plan_disaggregation(RouteRequest& request,
+                                                                          TimePoint now);
   RouteReply failure(const RouteRequest& request, RouteFailure failure) const;
   RouteFailure not_owned() const;
   std::optional<RouteReply> offer_to_queue(RouteRequest& request, RouteTicket ticket, TimePoint now,
@@ -302,6 +320,7 @@ class PartitionRouter {
 
   PartitionRouterOptions options_;
   SelectorState selector_;
+  selection::DisaggregationConfig disaggregation_;
   SessionAffinity affinity_;
   std::optional<PartitionQueue> queue_;
   std::string label_;

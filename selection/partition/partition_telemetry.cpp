@@ -80,6 +80,11 @@ struct PartitionTelemetry::Writer {
     telemetry.predicted_ttft_.observe(e.predicted_seconds);
     telemetry.observed_ttft_.observe(e.observed_seconds);
   }
+  void operator()(const partition_event::DisaggregationDecided& e) const {
+    auto& series = telemetry.disaggregation_decisions_[static_cast<std::size_t>(e.reason)];
+    if (!series) series = metrics.disaggregation_decisions(partition, as_str(e.reason));
+    series->add();
+  }
   void operator()(const partition_event::CeilingsRecorded& e) const {
     telemetry.routed_prompt_tokens_.add(static_cast<double>(e.prompt_tokens));
     telemetry.workload_cached_tokens_.add(static_cast<double>(e.workload_cached_tokens));

@@ -54,6 +54,9 @@ class PartitionTelemetry {
   metrics::ValueHandle kv_dump_requests_;
   /// By FailureCause.
   std::array<metrics::ValueHandle, kFailureCauses> worker_failures_;
+  /// Resolved at a partition's first decision of each reason: aggregated partitions have none.
+  mutable std::array<std::optional<metrics::ValueHandle>, kDisaggregationReasons>
+      disaggregation_decisions_;
   /// The hit-rate ceilings, when the partition measures them.
   metrics::ValueHandle routed_prompt_tokens_;
   metrics::ValueHandle workload_cached_tokens_;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "messages/ids.hpp"
+#include "selection/partition/disaggregation.hpp"
 #include "selection/selection_request.hpp"
 #include "selection/worker_selection.hpp"
 
@@ -48,6 +49,8 @@ struct RouteRequest {
   /// A probe: the decision the request would get, with its overlap and costs, and nothing held
   /// (no booking, no session binding, no admission, no queue, no hit-rate ceiling).
   bool query_only = false;
+  /// Which hop of a generate request this is (disaggregated serving).
+  RouteHop hop = RouteHop::single;
 
   /// The id the node keys the request by (bookings, queue, classifier).
   const std::string& id() const { return selection.request_id; }

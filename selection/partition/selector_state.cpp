@@ -585,6 +585,37 @@ std::uint64_t SelectorState::fewest_uncached_tokens(const RouteRequest& request)
                                             block_size_);
 }
 
+std::optional<std::uint64_t> SelectorState::least_prefill_work(const RouteRequest& request) {
+  const auto descriptors = workers(request.worker_type);
+  const RoleRows& rows = rows_[static_cast<std::size_t>(request.worker_type)];
+  const discovery::MatchResult& matches = matches_for(request.selection);
+  const std::vector<discovery::SlotId>& slots = rows.slots_for(request.selection.prompt_keys);
+  std::optional<std::uint64_t> least;
+  for (std::size_t row = 0; row < descriptors.size(); ++row) {
+    const selection::WorkerDescriptor& descriptor = descriptors[row];
+    if (selection::violated_restriction(request.selection, descriptor.worker, descriptor.available,
+                                        descriptor.taints)) {
+      continue;
+    }
+    std::uint64_t cached_blocks = 0;
+    if (const discovery::WorkerMatch* match = matches.find(slots[row])) {
+      cached_blocks = std::uint64_t{match->device_blocks} + match->host_blocks + match->disk_blocks;
+    }
+    const std::uint64_t work = queued_prefill_tokens(descriptor.worker) +
+                               discovery::uncached_prefill_tokens(request.selection.prompt_tokens,
+                                                                  cached_blocks, block_size_);
+    least = std::min(least.value_or(work), work);
+  }
+  return least;
+}
+
+std::uint64_t SelectorState::queued_prefill_tokens(WorkerWithDpRank worker) const {
+  const auto view = workers_.load().rank_load(worker);
+  if (!view) return 0;
+  const discovery::ConfirmedLoad confirmed = view->confirmed.value_or(discovery::ConfirmedLoad{});
+  return plus_change(confirmed.active_prefill_tokens, view->prefill_tokens_since_report);
+}
+
 std::optional<std::string> SelectorState::unroutable_reason(const RouteRequest& request,
                                                             WorkerWithDpRank worker) const {
   const auto rows = workers(request.worker_type);
@@ -648,7 +679,9 @@ std::expected<RouteOutcome, RouteFailure> SelectorState::book(
       .request_id = input.request_id,
       .worker = outcome.worker,
       .prompt_blocks = {input.block_hashes.begin(), input.block_hashes.end()},
-      .uncached_prefill_tokens = outcome.uncached_prefill_tokens,
+      // After the prefill hop the prompt's KV arrives by transfer: nothing to prefill here.
+      .uncached_prefill_tokens =
+          request.hop == RouteHop::decode_after_transfer ? 0 : outcome.uncached_prefill_tokens,
       .expires_at = outcome.booking_expires_at,
       .client = std::string{client},
   });

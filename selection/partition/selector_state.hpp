@@ -156,6 +156,12 @@ class SelectorState final : public selection::WorkerSignalSource {
   /// The fewest prompt tokens an eligible worker rank would have to compute for the prepared
   /// `request` (its whole prompt when no eligible rank holds any of it): its queue cost.
   std::uint64_t fewest_uncached_tokens(const RouteRequest& request);
+  /// The least prefill work an eligible worker rank of the request's role has ahead of the
+  /// prepared `request`'s first token: its queued prefill tokens (bookings included) plus the
+  /// request's uncached tokens there. Empty when no rank of the role may take the request.
+  std::optional<std::uint64_t> least_prefill_work(const RouteRequest& request);
+  /// The prefill tokens queued on `worker` (bookings included); 0 for an unknown rank.
+  std::uint64_t queued_prefill_tokens(WorkerWithDpRank worker) const;
 
   // ---- selection::WorkerSignalSource ------------------------------------------------------
   std::span<const selection::WorkerDescriptor> workers(WorkerType worker_type) const override;

@@ -1,6 +1,7 @@
 #include "selection/wire/generate_messages.hpp"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace kvr {
 
@@ -28,6 +29,13 @@ std::expected<GenerateRequestData, RouteFailure> decode_generate_request(
   if (output_tokens == 0 || output_tokens > kMaxGenerateOutputTokens) {
     return invalid(fmt::format("max_output_tokens: must be in [1, {}]", kMaxGenerateOutputTokens));
   }
+  if (!wire.kv_transfer_params().empty()) {
+    // They name hosts a decode worker pulls KV from: only the router sets them (a client's would
+    // let it point an engine at any address).
+    return invalid(
+        "kv_transfer_params: set by the router for the hops of a disaggregated model; a client "
+        "may not send them");
+  }
   auto route = decode_route_request(wire.route(), limits);
   if (!route) return std::unexpected(std::move(route.error()));
   GenerateRequestData data;
@@ -37,11 +45,26 @@ std::expected<GenerateRequestData, RouteFailure> decode_generate_request(
   return data;
 }
 
+std::optional<std::string> kv_transfer_params_error(std::string_view params) {
+  if (params.size() > kMaxKvTransferParamsBytes) {
+    return fmt::format("longer than {} bytes", kMaxKvTransferParamsBytes);
+  }
+  const auto parsed = nlohmann::json::parse(params, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) return std::string{"not valid JSON"};
+  if (!parsed.is_object()) return std::string{"not a JSON object"};
+  return std::nullopt;
+}
+
 v1::GenerateRequest encode_worker_generate_request(const GenerateRequestData& request, DpRank rank,
-                                                   std::string_view stream_subject) {
+                                                   std::string_view stream_subject,
+                                                   const WorkerHop& hop) {
   v1::GenerateRequest dispatched = request.wire;
   dispatched.set_dp_rank(rank);
   dispatched.set_stream_subject(std::string{stream_subject});
+  if (hop.max_output_tokens) dispatched.set_max_output_tokens(*hop.max_output_tokens);
+  if (!hop.kv_transfer_params.empty()) {
+    dispatched.set_kv_transfer_params(std::string{hop.kv_transfer_params});
+  }
   return dispatched;
 }
 

@@ -35,7 +35,8 @@ enum class StreamTo : std::uint8_t {
   actor,    ///< the requesting actor (actor clients); stream_subject is ignored
 };
 
-/// Validates a wire request: its route as decode_route_request does, a non-empty bounded
+/// Validates a wire request: no kv_transfer_params (the router's own), its route as
+/// decode_route_request does, a non-empty bounded
 /// stream subject when streaming to a subject, and output tokens in [1, kMaxGenerateOutputTokens]
 /// (max_output_tokens, else route.expected_output_tokens). The failure's code is
 /// Error::invalid_request.
@@ -43,10 +44,33 @@ std::expected<GenerateRequestData, RouteFailure> decode_generate_request(
     const v1::GenerateRequest& wire, const RouteDecodeLimits& limits = {},
     StreamTo stream_to = StreamTo::subject);
 
+/// The largest kv_transfer_params accepted from a client or a prefill worker, in bytes.
+inline constexpr std::size_t kMaxKvTransferParamsBytes = 64 * 1024;
+
+/// What the node asks of a prefill worker (vLLM's NIXL exchange): prefill, keep the KV for a
+/// decode worker to pull, and answer with where it is.
+inline constexpr std::string_view kRemoteDecodeTransferParams =
+    R"({"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,)"
+    R"("remote_block_ids":null,"remote_host":null,"remote_port":null})";
+
+/// Why a prefill worker's `params` cannot be passed on to the decode hop (empty: they can): not a
+/// JSON object, or longer than kMaxKvTransferParamsBytes.
+std::optional<std::string> kv_transfer_params_error(std::string_view params);
+
+/// One hop of a disaggregated request, as the worker is sent it.
+struct WorkerHop {
+  /// Replaces the request's max_output_tokens (the prefill hop: 1).
+  std::optional<std::uint32_t> max_output_tokens;
+  /// Replaces the request's kv_transfer_params; empty: left as the client sent them.
+  std::string_view kv_transfer_params;
+};
+
 /// The request the node publishes on the chosen worker's generate subject: the client's request
-/// with the node's `stream_subject` and the chosen rank.
+/// with the node's `stream_subject`, the chosen rank and, for a hop of a disaggregated request,
+/// the hop's output tokens and transfer parameters.
 v1::GenerateRequest encode_worker_generate_request(const GenerateRequestData& request, DpRank rank,
-                                                   std::string_view stream_subject);
+                                                   std::string_view stream_subject,
+                                                   const WorkerHop& hop = {});
 
 /// A worker's chunk as the lifecycle needs it; an error chunk (finish_reason "error" or an error
 /// set) carries the error's message.

@@ -3,7 +3,9 @@
 // token ids the engine serves and publishes KV events for; chat completions, one answer and
 // streamed; cached prompt tokens in the usage; text prompts on /v1/completions; the render
 // endpoints switched off; vLLM's errors for an unknown model and bad bodies; LoRA adapters (listed,
-// served under their names, cached apart, named in KV events, checked by the command line).
+// served under their names, cached apart, named in KV events, checked by the command line);
+// disaggregated serving's kv_transfer_params (a prefill hop's answer, a decode hop's transfer,
+// malformed parameters, the transfer flags).
 #include <array>
 #include <filesystem>
 #include <string>
@@ -182,6 +184,13 @@ const json kChat = {{"model", "mock-model"},
                      {{{"role", "system"}, {"content", "You answer briefly."}},
                       {{"role", "user"}, {"content", "What is a KV cache?"}}}},
                     {"max_tokens", 4}};
+
+// Three full blocks and a partial one, over no other test's tokens.
+std::vector<std::uint32_t> testing_prompt() {
+  std::vector<std::uint32_t> ids(3 * kBlockSize + 5);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = 9000 + static_cast<std::uint32_t>(i);
+  return ids;
+}
 
 std::vector<std::uint32_t> chat_ids() {
   return render_chat(
@@ -629,6 +638,142 @@ TEST_F(MockerOpenAiTest, KvEventsOfAnAdapterCarryItsLoraIdAndName) {
     kvr_hashes.insert(kvr_hashes.end(), stored->block_hashes.begin(), stored->block_hashes.end());
   }
   EXPECT_EQ(kvr_hashes, discovery::BlockHasher(kBlockSize, "chat-lora").sequence_hashes(full));
+}
+
+// The parameters vLLM's disaggregated proxy sends with a prefill hop.
+const json kPrefillHop = {{"do_remote_decode", true},    {"do_remote_prefill", false},
+                          {"remote_engine_id", nullptr}, {"remote_block_ids", nullptr},
+                          {"remote_host", nullptr},      {"remote_port", nullptr}};
+
+TEST_F(MockerOpenAiTest, PrefillHopMakesOneTokenAndAnswersWithTheDecodeHopsParameters) {
+  json body = kChat;
+  body["max_tokens"] = 8;
+  body["kv_transfer_params"] = kPrefillHop;
+  const auto [status, answer] = post("/v1/chat/completions", body);
+  ASSERT_EQ(status, 200) << answer;
+  EXPECT_EQ(answer.at("choices")[0].at("finish_reason"), "length");
+  EXPECT_EQ(answer.at("usage").at("completion_tokens"), 1);
+  const json& params = answer.at("kv_transfer_params");
+  ASSERT_TRUE(params.is_object()) << answer;
+  EXPECT_EQ(params.at("do_remote_prefill"), true);
+  EXPECT_EQ(params.at("do_remote_decode"), false);
+  // One id per block of the prompt, the partial last one included.
+  const std::size_t prompt_blocks = (chat_ids().size() + kBlockSize - 1) / kBlockSize;
+  EXPECT_EQ(params.at("remote_block_ids").size(), prompt_blocks);
+  EXPECT_TRUE(params.at("remote_engine_id").is_string());
+  EXPECT_TRUE(params.at("remote_request_id").is_string());
+  EXPECT_EQ(params.at("remote_host"), "127.0.0.1");
+  EXPECT_TRUE(params.at("remote_port").is_number_integer());
+  EXPECT_EQ(params.at("tp_size"), 1);
+
+  // An ordinary answer has them null, as vLLM's.
+  const auto [plain_status, plain] = post("/v1/chat/completions", kChat);
+  ASSERT_EQ(plain_status, 200) << plain;
+  ASSERT_TRUE(plain.contains("kv_transfer_params"));
+  EXPECT_TRUE(plain.at("kv_transfer_params").is_null());
+}
+
+TEST_F(MockerOpenAiTest, DecodeHopServesTheWholeOutputCountingTheTransferredPromptAsCached) {
+  // The prefill engine apart, so that the decode engine holds nothing of the prompt.
+  VllmEngineOptions options;
+  options.http_port = 0;
+  options.kv_events_port = testing::free_port();
+  options.replay_port = 0;
+  options.http_threads = 4;
+  options.engine.block_size = kBlockSize;
+  options.engine.num_gpu_blocks = kGpuBlocks;
+  auto prefill_engine = VllmEngineServer::start(options);
+  ASSERT_TRUE(prefill_engine) << prefill_engine.error();
+  httplib::Client prefill_client{(*prefill_engine)->url()};
+  prefill_client.set_read_timeout(30, 0);
+
+  json body = {{"model", "mock-model"}, {"prompt", testing_prompt()}, {"max_tokens", 6}};
+  json prefill_body = body;
+  prefill_body["kv_transfer_params"] = kPrefillHop;
+  const auto prefill =
+      prefill_client.Post("/v1/completions", prefill_body.dump(), "application/json");
+  ASSERT_TRUE(prefill);
+  ASSERT_EQ(prefill->status, 200) << prefill->body;
+  const json params = json::parse(prefill->body).at("kv_transfer_params");
+  ASSERT_TRUE(params.is_object()) << prefill->body;
+
+  body["kv_transfer_params"] = params;
+  const auto [status, answer] = post("/v1/completions", body);
+  ASSERT_EQ(status, 200) << answer;
+  EXPECT_EQ(answer.at("usage").at("completion_tokens"), 6);
+  EXPECT_EQ(answer.at("choices")[0].at("finish_reason"), "length");
+  // Every prompt token but the last came by transfer; the last is computed for its logits.
+  EXPECT_EQ(answer.at("usage").at("prompt_tokens_details").at("cached_tokens"),
+            testing_prompt().size() - 1);
+  EXPECT_TRUE(answer.at("kv_transfer_params").is_null());
+  // The decode engine announced the transferred full blocks as stored, with their tokens.
+  std::vector<std::uint32_t> stored_tokens;
+  for (const auto& block : stored_blocks()) {
+    stored_tokens.insert(stored_tokens.end(), block.token_ids.begin(), block.token_ids.end());
+  }
+  const auto prompt = testing_prompt();
+  EXPECT_EQ(stored_tokens,
+            std::vector<std::uint32_t>(prompt.begin(),
+                                       prompt.begin() + (prompt.size() / kBlockSize) * kBlockSize));
+}
+
+TEST_F(MockerOpenAiTest, MalformedKvTransferParamsAre400NamingTheField) {
+  const std::vector<std::pair<json, std::string>> bad = {
+      {"yes", "kv_transfer_params"},
+      {{{"do_remote_decode", 1}}, "kv_transfer_params.do_remote_decode"},
+      {{{"do_remote_prefill", true}, {"remote_block_ids", "0,1"}},
+       "kv_transfer_params.remote_block_ids"},
+      {{{"do_remote_prefill", true}, {"remote_block_ids", {0, -1}}},
+       "kv_transfer_params.remote_block_ids"},
+      {{{"do_remote_prefill", true}, {"remote_port", "5600"}}, "kv_transfer_params.remote_port"}};
+  for (const auto& [params, field] : bad) {
+    for (const char* path : {"/v1/chat/completions", "/v1/completions"}) {
+      json body = std::string_view{path} == "/v1/completions"
+                      ? json{{"model", "mock-model"}, {"prompt", "hello"}}
+                      : kChat;
+      body["kv_transfer_params"] = params;
+      const auto [status, answer] = post(path, body);
+      EXPECT_EQ(status, 400) << path << " " << params;
+      ASSERT_TRUE(answer.is_object()) << path;
+      EXPECT_EQ(answer.at("error").at("type"), "BadRequestError") << answer;
+      EXPECT_NE(answer.at("error").at("message").get<std::string>().find(field), std::string::npos)
+          << answer;
+    }
+  }
+}
+
+TEST(MockerOpenAiCliTest, BadTransferFlagExitsWithTwoNamingTheFlag) {
+  const std::string binary = KVR_BINARY;
+  testing::TemporaryDirectory directory;
+  const std::vector<std::pair<std::string, std::string>> bad = {{"--transfer-latency-ms", "-1"},
+                                                                {"--transfer-latency-ms", "inf"},
+                                                                {"--transfer-ms-per-block", "nan"},
+                                                                {"--transfer-ms-per-block", "x"}};
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    const auto& [flag, value] = bad[i];
+    for (const char* speak : {"kvr", "vllm"}) {
+      const std::vector<std::string> argv = {binary,
+                                             "mocker",
+                                             "--speak",
+                                             speak,
+                                             "--http-port",
+                                             "0",
+                                             "--kv-events-port",
+                                             std::to_string(testing::free_port()),
+                                             "--kv-events-replay-port",
+                                             "0",
+                                             flag,
+                                             value};
+      const testing::ProcessRun run = testing::run_process(
+          argv, directory.path() / fmt::format("kvr-{}-{}.log", speak, i), 60s);
+      ASSERT_TRUE(run.exit_code.has_value()) << flag << " " << value << ": did not exit\n"
+                                             << run.output;
+      EXPECT_EQ(*run.exit_code, 2) << flag << " " << value << "\n" << run.output;
+      EXPECT_NE(run.output.find(flag), std::string::npos) << run.output;
+      // Refused for its value, not as an unknown flag.
+      EXPECT_EQ(run.output.find("not expected"), std::string::npos) << run.output;
+    }
+  }
 }
 
 TEST(MockerOpenAiCliTest, BadLoraAdapterExitsWithTwoNamingTheOption) {

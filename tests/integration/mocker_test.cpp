@@ -1,11 +1,14 @@
 // `kvr mocker` as a real process against a real nats-server, observed from the NATS side:
 // registration, heartbeats, load, KV events, generate (streaming, cancellation), dumps,
-// re-registration on discovery, bad input, and clean shutdown.
+// re-registration on discovery, bad input, clean shutdown, and disaggregated serving's prefill and
+// decode hops (kv_transfer_params).
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <set>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 
 #include "discovery/block_hash.hpp"
@@ -30,6 +33,13 @@ using testing::wait_until;
 constexpr std::string_view kNamespace = "mock";
 constexpr WorkerId kFirstWorker = 100;
 constexpr std::uint32_t kBlockSize = 16;
+// Real milliseconds of a transfer's fixed cost, 500 ms at the fixture's time scale of 20: long
+// enough for load reports to show a prefill worker holding the blocks.
+constexpr std::string_view kTransferLatencyMs = "10000";
+// The parameters a router sends with a prefill hop, as vLLM's disaggregated proxy does.
+constexpr std::string_view kPrefillHop =
+    R"({"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,)"
+    R"("remote_block_ids":null,"remote_host":null,"remote_port":null})";
 
 class MockerTest : public testing::KvrClusterTest {
  protected:
@@ -44,13 +54,15 @@ class MockerTest : public testing::KvrClusterTest {
     ASSERT_TRUE(deregistrations_.listen(*client_, subjects::worker_deregister(kNamespace)));
     ASSERT_TRUE(kv_events_.listen(*client_, subjects::kv_events_all(kNamespace)));
 
-    mocker_ = kvr_->start_mocker({.workers = 2,
-                                  .worker_id_base = kFirstWorker,
-                                  .block_size = kBlockSize,
-                                  .num_gpu_blocks = 512,
-                                  .time_scale = "20",
-                                  .liveness_ttl_ms = 600,
-                                  .load_interval_ms = 50});
+    mocker_ =
+        kvr_->start_mocker({.workers = 2,
+                            .worker_id_base = kFirstWorker,
+                            .block_size = kBlockSize,
+                            .num_gpu_blocks = 512,
+                            .time_scale = "20",
+                            .liveness_ttl_ms = 600,
+                            .load_interval_ms = 50,
+                            .extra = {"--transfer-latency-ms", std::string{kTransferLatencyMs}}});
     ASSERT_TRUE(mocker_);
     ASSERT_TRUE(registrations_.wait_for(2, 10s)) << mocker_->log();
   }
@@ -58,7 +70,8 @@ class MockerTest : public testing::KvrClusterTest {
   // Sends a generate request and collects its chunks until the finished one (or the timeout).
   std::vector<v1::GenerateChunk> generate(
       WorkerId worker, const std::string& request_id, const std::vector<std::uint32_t>& tokens,
-      std::uint32_t output_tokens, std::function<void(const v1::GenerateChunk&)> on_chunk = {}) {
+      std::uint32_t output_tokens, std::function<void(const v1::GenerateChunk&)> on_chunk = {},
+      std::string_view kv_transfer_params = {}) {
     ChunkStream stream;
     EXPECT_TRUE(stream.open(*client_, std::move(on_chunk)));
     v1::GenerateRequest request;
@@ -66,6 +79,7 @@ class MockerTest : public testing::KvrClusterTest {
     for (std::uint32_t token : tokens) request.mutable_route()->mutable_tokens()->add_ids(token);
     request.set_max_output_tokens(output_tokens);
     request.set_stream_subject(stream.subject());
+    request.set_kv_transfer_params(std::string{kv_transfer_params});
     EXPECT_TRUE(client_->publish(subjects::worker_generate(kNamespace, worker),
                                  request.SerializeAsString()));
     EXPECT_TRUE(wait_until([&] { return stream.finished(); }, 20s)) << mocker_->log();
@@ -187,6 +201,107 @@ TEST_F(MockerTest, BadInputIsDroppedAndServingContinues) {
   EXPECT_EQ(rejected.front().error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
   const auto served = generate(kFirstWorker, "after", prompt(20, 1), 3);
   EXPECT_EQ(served.size(), 3U);
+}
+
+TEST_F(MockerTest, PrefillHopMakesOneTokenAndAnswersWithTheDecodeHopsParameters) {
+  const auto tokens = prompt(40, 3000);  // two full blocks and a partial one
+  const auto chunks = generate(kFirstWorker, "p1", tokens, 8, {}, kPrefillHop);
+  ASSERT_EQ(chunks.size(), 1U);
+  EXPECT_TRUE(chunks[0].finished());
+  EXPECT_EQ(chunks[0].finish_reason(), "length");
+  EXPECT_EQ(chunks[0].token_ids_size(), 1);
+  const auto params = nlohmann::json::parse(chunks[0].kv_transfer_params(), nullptr, false);
+  ASSERT_TRUE(params.is_object()) << chunks[0].kv_transfer_params();
+  EXPECT_EQ(params.at("do_remote_prefill"), true);
+  EXPECT_EQ(params.at("do_remote_decode"), false);
+  EXPECT_EQ(params.at("remote_block_ids").size(), 3U);
+  EXPECT_EQ(params.at("remote_engine_id"), "kvr-mocker-" + std::to_string(kFirstWorker) + "-0");
+  EXPECT_EQ(params.at("remote_request_id"), "p1");
+  EXPECT_EQ(params.at("remote_host"), "127.0.0.1");
+  EXPECT_TRUE(params.at("remote_port").is_number_integer());
+  EXPECT_EQ(params.at("tp_size"), 1);
+}
+
+TEST_F(MockerTest, PrefillWorkerHoldsTheBlocksForTheModelledTransferThenFreesThem) {
+  const std::size_t loads_before = loads_.size();
+  generate(kFirstWorker, "held", prompt(40, 4000), 1, {}, kPrefillHop);
+  // Load reports of the prefill worker from the hop on, in order.
+  const auto blocks_used = [&] {
+    std::vector<std::uint64_t> used;
+    const auto loads = loads_.decoded<v1::LoadMetrics>();
+    for (std::size_t i = loads_before; i < loads.size(); ++i) {
+      if (loads[i].worker_id() == kFirstWorker) used.push_back(loads[i].ranks(0).kv_blocks_used());
+    }
+    return used;
+  };
+  ASSERT_TRUE(wait_until([&] { return std::ranges::count(blocks_used(), 3U) > 0; }, 10s))
+      << mocker_->log();
+  ASSERT_TRUE(wait_until(
+      [&] {
+        const auto used = blocks_used();
+        const auto held = std::ranges::find(used, 3U);
+        return std::find(held, used.end(), 0U) != used.end();
+      },
+      10s))
+      << mocker_->log();
+}
+
+TEST_F(MockerTest, DecodeHopServesTheWholeOutputCountingTheTransferredPromptAsCached) {
+  const auto tokens = prompt(40, 5000);
+  const auto prefill = generate(kFirstWorker, "d-prefill", tokens, 1, {}, kPrefillHop);
+  ASSERT_EQ(prefill.size(), 1U);
+  ASSERT_FALSE(prefill[0].kv_transfer_params().empty());
+  const std::size_t batches_before = kv_events_.size();
+
+  const auto chunks =
+      generate(kFirstWorker + 1, "d-decode", tokens, 5, {}, prefill[0].kv_transfer_params());
+  ASSERT_EQ(chunks.size(), 5U);
+  EXPECT_TRUE(chunks.back().finished());
+  EXPECT_EQ(chunks.back().finish_reason(), "length");
+  EXPECT_TRUE(chunks.back().kv_transfer_params().empty());
+  // Every prompt token but the last came by transfer; the last is computed for its logits.
+  EXPECT_EQ(chunks.front().cached_prompt_tokens(), tokens.size() - 1);
+
+  // The decode worker announced the transferred blocks as its own.
+  const auto expected = discovery::BlockHasher{kBlockSize}.sequence_hashes(tokens);
+  std::vector<BlockHash> stored;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        stored.clear();
+        const auto batches = kv_events_.decoded<v1::KvEventBatch>();
+        for (std::size_t i = batches_before; i < batches.size(); ++i) {
+          if (batches[i].worker_id() != kFirstWorker + 1) continue;
+          for (const auto& event : batches[i].events()) {
+            if (!event.has_stored()) continue;
+            stored.insert(stored.end(), event.stored().block_hashes().begin(),
+                          event.stored().block_hashes().end());
+          }
+        }
+        return stored == expected;
+      },
+      10s))
+      << "stored " << stored.size() << " of " << expected.size() << " blocks";
+}
+
+TEST_F(MockerTest, MalformedTransferParamsGetAnErrorChunkNamingTheField) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{not json", "kv_transfer_params"},
+      {"[1, 2]", "kv_transfer_params"},
+      {R"({"do_remote_prefill": true, "remote_block_ids": "0,1"})",
+       "kv_transfer_params.remote_block_ids"},
+      {R"({"do_remote_decode": "yes"})", "kv_transfer_params.do_remote_decode"}};
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    const auto& [params, field] = bad[i];
+    const auto chunks =
+        generate(kFirstWorker, "bad-" + std::to_string(i), prompt(20, 6000), 2, {}, params);
+    ASSERT_EQ(chunks.size(), 1U) << params;
+    EXPECT_EQ(chunks[0].finish_reason(), "error") << params;
+    EXPECT_EQ(chunks[0].error().code(), v1::ROUTE_ERROR_INVALID_REQUEST) << params;
+    EXPECT_NE(chunks[0].error().message().find(field), std::string::npos)
+        << params << ": " << chunks[0].error().message();
+  }
+  // The worker keeps serving.
+  EXPECT_EQ(generate(kFirstWorker, "after-bad", prompt(20, 6000), 2).size(), 2U);
 }
 
 TEST_F(MockerTest, ReRegistersWhenARouterAsksForDiscovery) {

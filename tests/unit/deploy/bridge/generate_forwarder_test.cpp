@@ -1,7 +1,9 @@
 // The generate forwarder against a stand-in engine: an HTTP server on 127.0.0.1 answering
 // POST /v1/completions with OpenAI's completions streaming format as vLLM writes it
 // (`data: {json}\n\n` events, the finish reason on the last choice, a usage-only event, then
-// `data: [DONE]\n\n`), and the ways an engine fails.
+// `data: [DONE]\n\n`), and the ways an engine fails. For disaggregated serving it answers as a
+// vLLM with NixlConnector does: a request with `"do_remote_decode": true` gets one non-streaming
+// CompletionResponse whose top-level `kv_transfer_params` says where the KV blocks wait.
 #include "deploy/bridge/generate_forwarder.hpp"
 
 #include <condition_variable>
@@ -15,6 +17,8 @@
 #include <nlohmann/json.hpp>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include "deploy/bridge/engine_bridge.hpp"
 
 namespace kvr::bridge {
 namespace {
@@ -57,6 +61,50 @@ std::string usage_event() {
          "\n\n";
 }
 
+// The parameters a vLLM prefill worker with NixlConnector answers with (the connector's
+// request_finished for a length-capped do_remote_decode request).
+const nlohmann::json kPrefillParams = {{"do_remote_prefill", true},
+                                       {"do_remote_decode", false},
+                                       {"remote_block_ids", {{7, 8, 9, 10}}},
+                                       {"remote_engine_id", "a1b2-prefill-engine"},
+                                       {"remote_request_id", "cmpl-req-1-0"},
+                                       {"remote_host", "10.0.0.7"},
+                                       {"remote_port", 5600},
+                                       {"tp_size", 1}};
+
+// What the router sends on a prefill hop.
+constexpr std::string_view kRemoteDecodeParams =
+    R"({"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,)"
+    R"("remote_block_ids":null,"remote_host":null,"remote_port":null})";
+
+// vLLM's non-streaming CompletionResponse for a one-token prefill, with return_token_ids (which
+// also echoes the prompt's ids) and prompt token details; `params` null when the connector gave
+// none.
+std::string prefill_answer(std::string_view finish_reason, const nlohmann::json& params) {
+  const nlohmann::json answer = {{"id", "cmpl-req-1"},
+                                 {"object", "text_completion"},
+                                 {"created", 1'700'000'000},
+                                 {"model", "mock-model"},
+                                 {"choices",
+                                  {{{"index", 0},
+                                    {"text", " t21"},
+                                    {"logprobs", nullptr},
+                                    {"finish_reason", finish_reason},
+                                    {"stop_reason", nullptr},
+                                    {"token_ids", {21}},
+                                    {"prompt_logprobs", nullptr},
+                                    {"prompt_token_ids", {1000, 1001, 1002}}}}},
+                                 {"service_tier", nullptr},
+                                 {"system_fingerprint", nullptr},
+                                 {"usage",
+                                  {{"prompt_tokens", 64},
+                                   {"total_tokens", 65},
+                                   {"completion_tokens", 1},
+                                   {"prompt_tokens_details", {{"cached_tokens", 32}}}}},
+                                 {"kv_transfer_params", params}};
+  return answer.dump();
+}
+
 // The stand-in engine. `behaviour` picks the answer to /v1/completions.
 class StandInEngine {
  public:
@@ -66,6 +114,9 @@ class StandInEngine {
     error_in_stream,  // 1 token, then an error event
     ends_early,       // 1 token, then the stream closes
     streams_forever,  // 1 token, then tokens until the client goes away
+    disaggregated,    // "stream": false: prefill_answer (settable), as vLLM checks the body;
+                      // streaming: as three_tokens
+    holds_answer,     // "stream": false: holds the answer until release(), then a prefill answer
   };
 
   explicit StandInEngine(Behaviour behaviour) : behaviour_(behaviour) {
@@ -75,6 +126,38 @@ class StandInEngine {
         std::lock_guard lock{mutex_};
         bodies_.push_back(request.body);
         request_ids_.push_back(request.get_header_value("X-Request-Id"));
+        changed_.notify_all();
+      }
+      const auto body = nlohmann::json::parse(request.body, nullptr, false);
+      const bool streams = body.is_object() && body.value("stream", false);
+      if (behaviour_ == Behaviour::holds_answer && !streams) {
+        std::unique_lock lock{mutex_};
+        changed_.wait(lock, [&] { return release_; });
+        response.set_content(prefill_answer("length", kPrefillParams), "application/json");
+        return;
+      }
+      if (behaviour_ == Behaviour::disaggregated && !streams) {
+        // The checks vLLM's CompletionRequest and SamplingParams make that a prefill hop's body
+        // could fail.
+        const char* refusal = nullptr;
+        if (body.contains("stream_options")) {
+          refusal = "Stream options can only be defined when `stream=True`.";
+        } else if (body.value("min_tokens", 0) > body.value("max_tokens", 16)) {
+          refusal = "min_tokens must be less than or equal to max_tokens";
+        }
+        if (refusal != nullptr) {
+          response.status = 400;
+          response.set_content(nlohmann::json{{"object", "error"},
+                                              {"message", refusal},
+                                              {"type", "BadRequestError"},
+                                              {"code", 400}}
+                                   .dump(),
+                               "application/json");
+          return;
+        }
+        std::lock_guard lock{mutex_};
+        response.set_content(prefill_answer_, "application/json");
+        return;
       }
       switch (behaviour_) {
         case Behaviour::bad_request:
@@ -85,6 +168,8 @@ class StandInEngine {
               "application/json");
           return;
         case Behaviour::three_tokens:
+        case Behaviour::disaggregated:
+        case Behaviour::holds_answer:
           response.set_chunked_content_provider(
               "text/event-stream", [](std::size_t, httplib::DataSink& sink) {
                 // Split mid-event, as TCP may deliver it.
@@ -175,6 +260,18 @@ class StandInEngine {
     return request_ids_;
   }
 
+  // Waits until `count` requests arrived; false at the deadline.
+  bool wait_requests(std::size_t count) {
+    std::unique_lock lock{mutex_};
+    return changed_.wait_for(lock, kDeadline, [&] { return bodies_.size() >= count; });
+  }
+
+  // The whole answer to a non-streaming request (Behaviour::disaggregated).
+  void set_prefill_answer(std::string answer) {
+    std::lock_guard lock{mutex_};
+    prefill_answer_ = std::move(answer);
+  }
+
   void release() {
     std::lock_guard lock{mutex_};
     release_ = true;
@@ -197,6 +294,7 @@ class StandInEngine {
   std::condition_variable changed_;
   std::vector<std::string> bodies_;
   std::vector<std::string> request_ids_;
+  std::string prefill_answer_ = prefill_answer("length", kPrefillParams);
   bool release_ = false;
   bool ended_ = false;
   bool aborted_ = false;
@@ -306,11 +404,12 @@ TEST(SseReader, RefusesAnEventBeyondItsBound) {
   EXPECT_FALSE(endless.feed(std::string(100, 'x'), [](std::string_view) { return true; }));
 }
 
-TEST(CompletionRequestBody, SendsTokenIdsStreamingAndMaxTokens) {
+TEST(CompletionCall, SendsTokenIdsStreamingAndMaxTokens) {
   v1::GenerateRequest request = make_request(4, 7);
-  auto body = completion_request_body(request, "served");
-  ASSERT_TRUE(body) << body.error();
-  const auto json = nlohmann::json::parse(*body);
+  auto call = completion_call(request, "served");
+  ASSERT_TRUE(call) << call.error();
+  EXPECT_TRUE(call->stream);
+  const auto json = nlohmann::json::parse(call->body);
   EXPECT_EQ(json["model"], "served");
   EXPECT_EQ(json["prompt"], nlohmann::json({1000, 1001, 1002, 1003}));
   EXPECT_EQ(json["max_tokens"], 7);
@@ -321,24 +420,23 @@ TEST(CompletionRequestBody, SendsTokenIdsStreamingAndMaxTokens) {
 
   // A cache namespace is the LoRA adapter's name, which the engines take as the model.
   request.mutable_route()->set_cache_namespace("sql-lora");
-  EXPECT_EQ(nlohmann::json::parse(*completion_request_body(request, "served"))["model"],
-            "sql-lora");
+  EXPECT_EQ(nlohmann::json::parse(completion_call(request, "served")->body)["model"], "sql-lora");
   // max_output_tokens 0 falls back to the route's expected output.
   request.set_max_output_tokens(0);
   request.mutable_route()->set_expected_output_tokens(9);
-  EXPECT_EQ(nlohmann::json::parse(*completion_request_body(request, "served"))["max_tokens"], 9);
+  EXPECT_EQ(nlohmann::json::parse(completion_call(request, "served")->body)["max_tokens"], 9);
   request.mutable_route()->clear_expected_output_tokens();
-  EXPECT_FALSE(completion_request_body(request, "served"));
+  EXPECT_FALSE(completion_call(request, "served"));
   // Block hashes cannot be sent to an engine.
   request.set_max_output_tokens(3);
   request.mutable_route()->mutable_block_hashes()->add_hashes(1);
-  EXPECT_FALSE(completion_request_body(request, "served"));
+  EXPECT_FALSE(completion_call(request, "served"));
 }
 
-TEST(CompletionRequestBody, SendsOnlyTheSamplingParametersThatAreSet) {
+TEST(CompletionCall, SendsOnlyTheSamplingParametersThatAreSet) {
   v1::GenerateRequest request = make_request(4, 7);
   // No sampling message: none of its fields, so the engine's defaults apply.
-  auto plain = nlohmann::json::parse(*completion_request_body(request, "served"));
+  auto plain = nlohmann::json::parse(completion_call(request, "served")->body);
   for (const char* field :
        {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
         "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "min_tokens",
@@ -357,7 +455,7 @@ TEST(CompletionRequestBody, SendsOnlyTheSamplingParametersThatAreSet) {
   sampling.set_repetition_penalty(1.25F);
   sampling.set_ignore_eos(false);
   sampling.set_min_tokens(3);
-  const auto json = nlohmann::json::parse(*completion_request_body(request, "served"));
+  const auto json = nlohmann::json::parse(completion_call(request, "served")->body);
   EXPECT_EQ(json["temperature"], 0.0);
   EXPECT_EQ(json["top_p"], 0.5);
   EXPECT_EQ(json["top_k"], 40);
@@ -531,6 +629,232 @@ TEST(GenerateForwarder, ShutdownEndsOpenStreamsWithAnError) {
   ASSERT_EQ(published.size(), 2U);
   EXPECT_EQ(published[1].finish_reason(), "error");
   EXPECT_NE(published[1].error().message().find("shut down"), std::string::npos);
+}
+
+TEST(CompletionEvent, ReadsTheKvTransferParamsOfANonStreamingAnswer) {
+  const CompletionEvent answer = parse_completion_event(prefill_answer("length", kPrefillParams));
+  EXPECT_FALSE(answer.error);
+  EXPECT_EQ(answer.token_ids, std::vector<std::uint32_t>{21});
+  EXPECT_EQ(answer.finish_reason, "length");
+  EXPECT_EQ(answer.cached_prompt_tokens, 32U);
+  ASSERT_TRUE(answer.kv_transfer_params);
+  EXPECT_EQ(nlohmann::json::parse(*answer.kv_transfer_params), kPrefillParams);
+  // vLLM writes null when the connector gave none.
+  EXPECT_FALSE(parse_completion_event(prefill_answer("stop", nullptr)).kv_transfer_params);
+  // A value nested past the bound is unreadable, not a stack overflow.
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  EXPECT_TRUE(parse_completion_event(R"({"kv_transfer_params":{"x":)" + deep + "}}").error);
+}
+
+TEST(CompletionCall, PutsTheDecodeHopsKvTransferParamsAtTheTopLevelAndStreams) {
+  v1::GenerateRequest request = make_request(4, 7);
+  request.set_kv_transfer_params(kPrefillParams.dump());
+  request.mutable_sampling()->set_min_tokens(3);
+  auto call = completion_call(request, "served");
+  ASSERT_TRUE(call) << call.error();
+  EXPECT_TRUE(call->stream);
+  const auto json = nlohmann::json::parse(call->body);
+  EXPECT_EQ(json["kv_transfer_params"], kPrefillParams);
+  EXPECT_EQ(json["stream"], true);
+  EXPECT_TRUE(json.contains("stream_options"));
+  EXPECT_EQ(json["max_tokens"], 7);
+  EXPECT_EQ(json["min_tokens"], 3);
+}
+
+TEST(CompletionCall, SendsThePrefillHopWithoutStreamingAsVllmsProxyDoes) {
+  v1::GenerateRequest request = make_request(4, 1);
+  request.set_kv_transfer_params(std::string{kRemoteDecodeParams});
+  request.mutable_sampling()->set_min_tokens(5);
+  request.mutable_sampling()->set_temperature(0.5F);
+  auto call = completion_call(request, "served");
+  ASSERT_TRUE(call) << call.error();
+  EXPECT_FALSE(call->stream);
+  const auto json = nlohmann::json::parse(call->body);
+  EXPECT_EQ(json["kv_transfer_params"], nlohmann::json::parse(kRemoteDecodeParams));
+  EXPECT_EQ(json["stream"], false);
+  // vLLM refuses stream_options without streaming, and min_tokens above max_tokens.
+  EXPECT_FALSE(json.contains("stream_options"));
+  EXPECT_FALSE(json.contains("min_tokens"));
+  EXPECT_EQ(json["max_tokens"], 1);
+  EXPECT_EQ(json["temperature"], 0.5);
+  EXPECT_EQ(json["return_token_ids"], true);
+  // Only a boolean true asks for a remote decode.
+  request.set_kv_transfer_params(R"({"do_remote_decode":"yes"})");
+  EXPECT_TRUE(completion_call(request, "served")->stream);
+}
+
+TEST(CompletionCall, RefusesKvTransferParamsThatAreNotAJsonObject) {
+  v1::GenerateRequest request = make_request(4, 1);
+  for (const std::string& params :
+       {std::string{R"({"do_remote_decode": tru)"}, std::string{"[1, 2]"}, std::string{"null"},
+        std::string{"\"text\""},
+        R"({"a":)" + std::string(1000, '[') + std::string(1000, ']') + "}"}) {
+    request.set_kv_transfer_params(params);
+    const auto call = completion_call(request, "served");
+    ASSERT_FALSE(call) << params;
+    EXPECT_TRUE(call.error().starts_with("kv_transfer_params: ")) << call.error();
+  }
+}
+
+TEST(GenerateForwarder, APrefillHopsLastChunkCarriesTheEnginesKvTransferParams) {
+  StandInEngine engine{StandInEngine::Behaviour::disaggregated};
+  Chunks chunks;
+  auto forwarder = start_forwarder(engine.url(), chunks);
+  v1::GenerateRequest request = make_request(64, 1);
+  request.set_kv_transfer_params(std::string{kRemoteDecodeParams});
+  request.mutable_sampling()->set_min_tokens(4);
+  forwarder->submit(std::move(request));
+  const auto published = chunks.wait();
+  ASSERT_EQ(published.size(), 2U);
+  EXPECT_EQ(published[0].index(), 0U);
+  ASSERT_EQ(published[0].token_ids_size(), 1);
+  EXPECT_EQ(published[0].token_ids(0), 21U);
+  EXPECT_EQ(published[0].cached_prompt_tokens(), 32U);
+  EXPECT_FALSE(published[0].finished());
+  EXPECT_TRUE(published[0].kv_transfer_params().empty());
+  EXPECT_EQ(published[1].index(), 1U);
+  EXPECT_TRUE(published[1].finished());
+  EXPECT_EQ(published[1].finish_reason(), "length");
+  EXPECT_FALSE(published[1].has_error());
+  EXPECT_EQ(published[1].worker_id(), kWorker);
+  EXPECT_EQ(nlohmann::json::parse(published[1].kv_transfer_params()), kPrefillParams);
+  ASSERT_EQ(engine.bodies().size(), 1U);
+  const auto body = nlohmann::json::parse(engine.bodies()[0]);
+  EXPECT_EQ(body["kv_transfer_params"], nlohmann::json::parse(kRemoteDecodeParams));
+  EXPECT_EQ(body["stream"], false);
+  EXPECT_EQ(engine.request_ids(), std::vector<std::string>{"req-1"});
+  EXPECT_EQ(forwarder->stats().completed, 1U);
+}
+
+TEST(GenerateForwarder, TheDecodeHopSendsThePrefillsParamsAndStreams) {
+  StandInEngine engine{StandInEngine::Behaviour::disaggregated};
+  Chunks chunks;
+  auto forwarder = start_forwarder(engine.url(), chunks);
+  v1::GenerateRequest request = make_request();
+  request.set_kv_transfer_params(kPrefillParams.dump());
+  forwarder->submit(std::move(request));
+  const auto published = chunks.wait();
+  ASSERT_EQ(published.size(), 3U);
+  EXPECT_EQ(published[2].finish_reason(), "length");
+  for (const auto& chunk : published) EXPECT_TRUE(chunk.kv_transfer_params().empty());
+  ASSERT_EQ(engine.bodies().size(), 1U);
+  const auto body = nlohmann::json::parse(engine.bodies()[0]);
+  EXPECT_EQ(body["kv_transfer_params"], kPrefillParams);
+  EXPECT_EQ(body["stream"], true);
+}
+
+TEST(GenerateForwarder, APrefillAnswerWithoutKvTransferParamsIsPassedOnUnchanged) {
+  StandInEngine engine{StandInEngine::Behaviour::disaggregated};
+  // The one token was a stop token: vLLM's connector gives no parameters then.
+  engine.set_prefill_answer(prefill_answer("stop", nullptr));
+  Chunks chunks;
+  auto forwarder = start_forwarder(engine.url(), chunks);
+  v1::GenerateRequest request = make_request(64, 1);
+  request.set_kv_transfer_params(std::string{kRemoteDecodeParams});
+  forwarder->submit(std::move(request));
+  const auto published = chunks.wait();
+  ASSERT_EQ(published.size(), 2U);
+  EXPECT_EQ(published[0].token_ids(0), 21U);
+  EXPECT_EQ(published[1].finish_reason(), "stop");
+  EXPECT_FALSE(published[1].has_error());
+  EXPECT_TRUE(published[1].kv_transfer_params().empty());
+}
+
+TEST(GenerateForwarder, AnUnreadablePrefillAnswerEndsWithAnErrorChunk) {
+  StandInEngine engine{StandInEngine::Behaviour::disaggregated};
+  Chunks chunks;
+  auto forwarder = start_forwarder(engine.url(), chunks);
+  // Cut short, and whole but without a finish reason.
+  const std::vector<std::string> answers = {std::string{R"({"choices": [{"token_ids": [21])"},
+                                            std::string{R"({"choices": [{"token_ids": [21]}]})"}};
+  for (std::size_t i = 0; i < answers.size(); ++i) {
+    engine.set_prefill_answer(answers[i]);
+    v1::GenerateRequest request = make_request(64, 1);
+    request.mutable_route()->set_request_id("req-" + std::to_string(i));
+    request.set_kv_transfer_params(std::string{kRemoteDecodeParams});
+    forwarder->submit(std::move(request));
+    // One error chunk per answer, nothing else.
+    const auto published = chunks.wait(i + 1);
+    ASSERT_EQ(published.size(), i + 1) << answers[i];
+    EXPECT_EQ(published[i].request_id(), "req-" + std::to_string(i));
+    EXPECT_EQ(published[i].index(), 0U);
+    EXPECT_EQ(published[i].finish_reason(), "error");
+    EXPECT_EQ(published[i].error().code(), v1::ROUTE_ERROR_WORKER_FAILED);
+    EXPECT_TRUE(published[i].kv_transfer_params().empty());
+  }
+  EXPECT_EQ(forwarder->stats().failed, 2U);
+}
+
+TEST(GenerateForwarder, MalformedKvTransferParamsGiveAnInvalidRequestErrorChunk) {
+  StandInEngine engine{StandInEngine::Behaviour::disaggregated};
+  Chunks chunks;
+  auto forwarder = start_forwarder(engine.url(), chunks);
+  v1::GenerateRequest request = make_request(64, 1);
+  request.set_kv_transfer_params(R"({"do_remote_decode": tru)");
+  forwarder->submit(std::move(request));
+  const auto published = chunks.wait();
+  ASSERT_EQ(published.size(), 1U);
+  EXPECT_EQ(published[0].index(), 0U);
+  EXPECT_TRUE(published[0].finished());
+  EXPECT_EQ(published[0].finish_reason(), "error");
+  EXPECT_EQ(published[0].error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
+  EXPECT_TRUE(published[0].error().message().starts_with("kv_transfer_params: not valid JSON"))
+      << published[0].error().message();
+  EXPECT_TRUE(engine.bodies().empty());
+  EXPECT_EQ(forwarder->stats().refused, 1U);
+}
+
+TEST(GenerateForwarder, ACancelEndsAPrefillHopTheEngineHasNotAnswered) {
+  StandInEngine engine{StandInEngine::Behaviour::holds_answer};
+  Chunks chunks;
+  auto forwarder = start_forwarder(engine.url(), chunks);
+  v1::GenerateRequest request = make_request(64, 1);
+  request.set_kv_transfer_params(std::string{kRemoteDecodeParams});
+  forwarder->submit(std::move(request));
+  // Cancel once the engine holds the request, silent until it answers.
+  ASSERT_TRUE(engine.wait_requests(1));
+  forwarder->cancel("req-1");
+  const auto published = chunks.wait();
+  ASSERT_EQ(published.size(), 1U);
+  EXPECT_EQ(published[0].finish_reason(), "cancelled");
+  EXPECT_TRUE(published[0].kv_transfer_params().empty());
+  EXPECT_EQ(forwarder->stats().cancelled, 1U);
+}
+
+TEST(GenerateForwarder, AnSglangEngineRefusesKvTransferParams) {
+  StandInEngine engine{StandInEngine::Behaviour::disaggregated};
+  Chunks chunks;
+  auto forwarder = GenerateForwarder::start(
+      GenerateForwarderOptions{
+          .engine_url = engine.url(), .engine = EngineKind::sglang, .worker_id = kWorker},
+      chunks.publisher());
+  ASSERT_TRUE(forwarder) << forwarder.error();
+  v1::GenerateRequest request = make_request(64, 1);
+  request.set_kv_transfer_params(std::string{kRemoteDecodeParams});
+  (*forwarder)->submit(std::move(request));
+  const auto published = chunks.wait();
+  ASSERT_EQ(published.size(), 1U);
+  EXPECT_EQ(published[0].error().code(), v1::ROUTE_ERROR_INVALID_REQUEST);
+  EXPECT_TRUE(
+      published[0].error().message().starts_with("kv_transfer_params: the engine is SGLang"));
+  EXPECT_TRUE(engine.bodies().empty());
+}
+
+TEST(BridgeOptions, RefusesThePrefillAndDecodeRolesForAnSglangEngine) {
+  BridgeOptions options;
+  options.engine = EngineKind::sglang;
+  for (WorkerType role : kAllWorkerTypes) {
+    options.role = role;
+    const bool disaggregated = role == WorkerType::Prefill || role == WorkerType::Decode;
+    const auto valid = options.validate();
+    EXPECT_EQ(valid.has_value(), !disaggregated) << as_str(role);
+    if (!valid) {
+      EXPECT_NE(valid.error().find("needs --engine vllm"), std::string::npos);
+    }
+  }
+  options.engine = EngineKind::vllm;
+  options.role = WorkerType::Prefill;
+  EXPECT_TRUE(options.validate());
 }
 
 }  // namespace

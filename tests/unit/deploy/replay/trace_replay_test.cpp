@@ -517,3 +517,75 @@ policy_classes:
 
 }  // namespace
 }  // namespace kvr::replay
+
+namespace kvr::replay {
+namespace {
+
+// Disaggregated serving in replay: every request takes the prefill hop to a prefill worker and
+// is decoded on a decode worker, later turns of a conversation are prefilled where the earlier
+// turns left their cache, and conditional disaggregation sends short remainders straight to a
+// decode worker.
+class DisaggregatedReplayTest : public TraceReplayTest {
+ protected:
+  plugins::RouterPlugins disaggregated_plugins(std::string_view disaggregation = "{}") {
+    return plugins_from_yaml(
+        fmt::format("worker_selection: {{aggregated: kv-cost, prefill: kv-cost, decode: kv-cost}}\n"
+                    "models: {{replay: {{disaggregation: {}}}}}\n",
+                    disaggregation));
+  }
+
+  static std::size_t decided(const simulation::PolicyReport& report, std::string_view reason) {
+    return count_of(report.disaggregation, reason);
+  }
+};
+
+TEST_F(DisaggregatedReplayTest, EveryRequestIsPrefilledThenDecodedOnTheirOwnPools) {
+  ReplayOptions replay_options = options(4);
+  replay_options.prefill_workers = 2;
+  const TraceReplay replay{"conversations", conversation_trace(4, 5), replay_options};
+  std::vector<simulation::ReplayRequestOutcome> outcomes;
+  const auto report = replay.run("kv-cost", disaggregated_plugins(), 0, &outcomes);
+  EXPECT_EQ(report.completed, replay.size());
+  EXPECT_EQ(report.failed, 0U);
+  EXPECT_EQ(decided(report, "disaggregated"), replay.size());
+  ASSERT_EQ(outcomes.size(), replay.size());
+  for (const auto& outcome : outcomes) {
+    EXPECT_GT(outcome.worker.worker_id, 2U) << "decoded on a decode worker (3 or 4)";
+    EXPECT_EQ(outcome.stats.output_tokens, 32U) << "the whole output, from the decode worker";
+  }
+  // Later turns repeat the conversation so far: their prefill reuses the prefill worker's cache.
+  EXPECT_GT(report.hit_rate, 0.5 * replay.infinite_cache_hit_rate()) << report.hit_rate;
+}
+
+TEST_F(DisaggregatedReplayTest, ConditionalDisaggregationSendsShortRemaindersToDecode) {
+  ReplayOptions replay_options = options(4);
+  replay_options.prefill_workers = 2;
+  const TraceReplay replay{"random", random_trace(80, 11), replay_options};
+  // Prompts of 4 to 7 blocks of 512 tokens: a threshold of 3000 uncached tokens splits them.
+  const auto always = replay.run("kv-cost", disaggregated_plugins());
+  const auto conditional =
+      replay.run("kv-cost", disaggregated_plugins("{min_uncached_tokens: 3000}"));
+  EXPECT_EQ(always.completed, replay.size());
+  EXPECT_EQ(conditional.completed, replay.size());
+  EXPECT_EQ(decided(always, "disaggregated"), replay.size());
+  EXPECT_GT(decided(conditional, "short_prompt"), 0U);
+  EXPECT_GT(decided(conditional, "disaggregated"), 0U);
+  EXPECT_EQ(decided(conditional, "short_prompt") + decided(conditional, "disaggregated"),
+            replay.size());
+}
+
+TEST_F(DisaggregatedReplayTest, EqualInputsGiveByteIdenticalReports) {
+  ReplayOptions replay_options = options(4, 3);
+  replay_options.prefill_workers = 1;
+  const TraceReplay replay{"random", random_trace(60, 5), replay_options};
+  const auto json = [&] {
+    simulation::ReplayReport report;
+    report.policies.push_back(
+        replay.run("kv-cost", disaggregated_plugins("{min_uncached_tokens: 2500}")));
+    return simulation::to_json(report);
+  };
+  EXPECT_EQ(json(), json());
+}
+
+}  // namespace
+}  // namespace kvr::replay

@@ -21,6 +21,8 @@ TEST(EngineConfigTest, DefaultsAreValidAndDocumentedValues) {
   EXPECT_EQ(config.max_num_seqs, 256U);
   EXPECT_EQ(config.timing.time_scale, 1.0);
   EXPECT_EQ(config.timing.mixed_step_cost, MixedStepCost::Sum);
+  EXPECT_EQ(config.transfer.latency_ms, 2.0);
+  EXPECT_EQ(config.transfer.ms_per_block, 0.34);
 }
 
 TEST(EngineConfigTest, RejectsZeroSizesNamingTheField) {
@@ -53,6 +55,24 @@ TEST(EngineConfigTest, RejectsBadTimingNamingTheField) {
   config = EngineConfig{};
   config.timing.decode_floor_ms = 0.0;
   EXPECT_EQ(bad_field(config), "timing.decode_floor_ms");
+}
+
+TEST(EngineConfigTest, RejectsBadTransferNamingTheField) {
+  EngineConfig config;
+  config.transfer.latency_ms = -1.0;
+  EXPECT_EQ(bad_field(config), "transfer.latency_ms");
+  config.transfer.latency_ms = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_EQ(bad_field(config), "transfer.latency_ms");
+  config = EngineConfig{};
+  config.transfer.ms_per_block = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(bad_field(config), "transfer.ms_per_block");
+  config.transfer.ms_per_block = -0.5;
+  EXPECT_EQ(bad_field(config), "transfer.ms_per_block");
+  // Free transfers are allowed: they end at once.
+  config = EngineConfig{};
+  config.transfer.latency_ms = 0.0;
+  config.transfer.ms_per_block = 0.0;
+  EXPECT_TRUE(config.validate().has_value());
 }
 
 TEST(EngineConfigTest, ErrorMessageNamesFieldAndRule) {

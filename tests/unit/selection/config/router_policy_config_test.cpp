@@ -275,9 +275,11 @@ TEST(RouterPolicyConfigTest, RejectsABadModelsSectionNamingTheKey) {
             "router.yaml:2: models.llama.tokenizer_mode: 'turbo' is not a tokenizer mode; one "
             "of: engine, estimate, native");
   EXPECT_EQ(parse_error("models:\n  llama: {tokenizer: estimate}\n"),
-            "router.yaml:2: models.llama.tokenizer: unknown key; allowed: tokenizer_mode");
+            "router.yaml:2: models.llama.tokenizer: unknown key; allowed: tokenizer_mode, "
+            "disaggregation");
   EXPECT_EQ(parse_error("models:\n  llama: estimate\n"),
-            "router.yaml:2: models.llama: expected a mapping with the keys tokenizer_mode, got "
+            "router.yaml:2: models.llama: expected a mapping with the keys tokenizer_mode, "
+            "disaggregation, got "
             "'estimate'");
   EXPECT_EQ(parse_error("models:\n  llama: {}\n  llama: {}\n"),
             "router.yaml:3: models.llama: duplicate model");

@@ -92,6 +92,37 @@ TEST(GenerateMessagesTest, WorkerRequestKeepsTheSamplingParametersUnchanged) {
   EXPECT_FALSE(dispatched.sampling().has_top_p());
 }
 
+TEST(GenerateMessagesTest, TheHopsOfADisaggregatedRequestCarryTheirTransferParameters) {
+  auto decoded = decode_generate_request(generate_request(40, 8));
+  ASSERT_TRUE(decoded);
+  const auto prefill = encode_worker_generate_request(
+      *decoded, 0, "_INBOX.node.9",
+      WorkerHop{.max_output_tokens = 1, .kv_transfer_params = kRemoteDecodeTransferParams});
+  EXPECT_EQ(prefill.max_output_tokens(), 1U);
+  EXPECT_EQ(prefill.kv_transfer_params(), kRemoteDecodeTransferParams);
+  EXPECT_FALSE(kv_transfer_params_error(prefill.kv_transfer_params()));
+
+  const std::string answer = R"({"do_remote_prefill":true,"remote_block_ids":[4,5]})";
+  const auto decode = encode_worker_generate_request(*decoded, 1, "_INBOX.node.9",
+                                                     WorkerHop{.kv_transfer_params = answer});
+  EXPECT_EQ(decode.max_output_tokens(), 8U) << "the client's";
+  EXPECT_EQ(decode.kv_transfer_params(), answer);
+
+  EXPECT_TRUE(kv_transfer_params_error("[1,2]"));
+  EXPECT_TRUE(kv_transfer_params_error("{\"a\":"));
+  EXPECT_TRUE(
+      kv_transfer_params_error("{\"x\":\"" + std::string(kMaxKvTransferParamsBytes, 'a') + "\"}"));
+}
+
+TEST(GenerateMessagesTest, AClientMayNotSendTransferParameters) {
+  auto wire = generate_request(40, 8);
+  wire.set_kv_transfer_params(R"({"do_remote_prefill":true,"remote_host":"10.0.0.1"})");
+  auto refused = decode_generate_request(wire);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, Error::invalid_request);
+  EXPECT_NE(refused.error().message.find("kv_transfer_params"), std::string::npos);
+}
+
 TEST(GenerateMessagesTest, ChunksMapOntoStreamChunksWithErrors) {
   v1::GenerateChunk chunk;
   chunk.set_worker_id(5);
