@@ -37,6 +37,12 @@ echo "   (saved prefill compounds through the queues: time to first token drops 
 "$kvr" replay --workers 8 --speedup 6 --policies "$policies" \
   --json "$out_dir/replay_8_workers_6x.json" --plot "$out_dir/replay_8_workers_6x.png"
 
+echo
+echo "== 2b. the same 8 workers as 4 prefill + 4 decode, 4x the arrival rate (disaggregated) =="
+echo "   (decode workers never prefill between two tokens: inter-token p99 falls; docs/disaggregation.md)"
+"$kvr" replay --workers 8 --prefill-workers 4 --disaggregation-min-uncached-tokens 1024 \
+  --speedup 4 --policies kv-cost --json "$out_dir/replay_8_workers_disaggregated_4x.json"
+
 # ---- 3. live: a real cluster on loopback, torn down on exit, failure or Ctrl-C ----------------
 live_requests=${KVR_QUICKSTART_LIVE_REQUESTS:-200}
 live_dir=$(mktemp -d "${TMPDIR:-/tmp}/kvr-quickstart.XXXXXX")
