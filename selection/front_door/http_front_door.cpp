@@ -509,7 +509,23 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (!worker.http_url.empty()) engine_urls.push_back(worker.http_url);
     }
     std::shared_ptr<const tokenizer::PromptTokenizer> tokenizer;
-    if (engine_urls.empty()) {
+    if (disaggregated(target)) {
+      // Prefill and decode workers: the node's generate API runs both hops (its lifecycle), and
+      // the node's tokenizer turns the decode worker's token ids into the answer.
+      tokenizer = server_.renderer.native_tokenizer(parsed->model);
+      if (!tokenizer) {
+        return respond_error(
+            path,
+            HttpError{.status = 503,
+                      .message = fmt::format(
+                          "`{0}` is served by prefill and decode workers, whose two hops run "
+                          "through kvr's generate API (token ids in, token ids out), and the node "
+                          "has no tokenizer for `{0}`: give the node one (--tokenizer {0}=DIR, or "
+                          "`tokenizers` in the router-policy YAML)",
+                          parsed->model),
+                      .code = "service_unavailable"});
+      }
+    } else if (engine_urls.empty()) {
       tokenizer = server_.renderer.native_tokenizer(parsed->model);
       if (!tokenizer) {
         return respond_error(
@@ -574,6 +590,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
                               }
                               if (self->flight_) self->watch_client();
                             });
+  }
+
+  // True when prefill and decode workers serve the model and no aggregated worker does.
+  static bool disaggregated(const ModelTarget& target) {
+    const auto has = [&](WorkerType role) {
+      return std::ranges::any_of(target.workers,
+                                 [&](const DirectoryWorker& worker) { return worker.role == role; });
+    };
+    return !has(WorkerType::Aggregated) && has(WorkerType::Decode);
   }
 
   void route() {
@@ -667,8 +692,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     Flight& flight = *flight_;
     const ModelTarget target = server_.directory->target(flight.request.model);
     std::vector<WorkerId> eligible;
+    const bool two_hops = disaggregated(target);
     for (const auto& worker : target.workers) {
-      if (worker.http_url.empty()) eligible.push_back(worker.worker_id);
+      // A disaggregated model's workers are all reached over NATS, HTTP URL or not.
+      if (worker.http_url.empty() || two_hops) eligible.push_back(worker.worker_id);
     }
     if (eligible.empty() || flight.key.tokens.empty()) {
       return fail_flight(HttpError{.status = 503,

@@ -437,6 +437,43 @@ TEST_F(FrontDoorTest, WorkersWithoutAnHttpUrlAreServedThroughTheGenerateApi) {
   EXPECT_EQ(node_metric("kvr_http_clients_gone_total"), 1);
 }
 
+// A model of prefill and decode engines behind bridges: the front door serves it through the
+// node's generate API, which takes the prefill hop (the bridge sends vLLM's do_remote_decode
+// without streaming and returns the engine's kv_transfer_params) and then the decode hop (the
+// decode engine pulls the KV and streams).
+TEST_F(FrontDoorTest, APrefillAndADecodeEngineBehindBridgesServeOneAnswer) {
+  const std::string tokenizer = qwen3_tokenizer();
+  if (tokenizer.empty()) GTEST_SKIP() << "KVR_TOKENIZERS_DIR is not set";
+  start_node({"--tokenizer", "mock-model=" + tokenizer});
+  const auto start_role = [&](WorkerId worker, const std::string& role) {
+    auto pair = testing::start_engine_pair(
+        *kvr_, {.worker = worker, .block_size = kBlockSize, .bridge_args = {"--role", role}});
+    ASSERT_TRUE(pair) << pair.error();
+    pairs_.push_back(std::move(*pair));
+  };
+  start_role(kFirstWorker, "prefill");
+  start_role(kFirstWorker + 1, "decode");
+  wait_until_ready();
+  ASSERT_TRUE(wait_until([&] { return node_metric("kvr_workers") == 2; }, 10s));
+
+  const Answer answer = post("/v1/chat/completions", long_chat("two hops").dump());
+  ASSERT_EQ(answer.status, 200) << answer.body << testing::engine_pair_logs(pairs_);
+  const Json json = answer.json();
+  EXPECT_EQ(json["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(json["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(node_metric("kvr_disaggregation_decisions_total{partition=\"mock-model/default\","
+                        "reason=\"disaggregated\"}"),
+            1);
+  EXPECT_EQ(node_metric("kvr_prefill_hop_seconds_count{model=\"mock-model\"}"), 1);
+  // The prefill engine answered one token; the decode engine generated the answer.
+  // (Each engine counts its tokens as its step ends, which may follow the answer by a moment.)
+  EXPECT_TRUE(wait_until(
+      [&] { return engine_metric(*pairs_[0], "vllm:generation_tokens_total") == 1; }, 5s));
+  EXPECT_TRUE(wait_until(
+      [&] { return engine_metric(*pairs_[1], "vllm:generation_tokens_total") == 4; }, 5s));
+  EXPECT_TRUE(wait_until([&] { return node_metric("kvr_bookings_open") == 0; }, 5s));
+}
+
 TEST_F(FrontDoorTest, WorkersWithoutAnHttpUrlNeedATokenizerAndSaySo) {
   start_node();
   auto mocker = kvr_->start_mocker({.workers = 1, .block_size = kBlockSize});

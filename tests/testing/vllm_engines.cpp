@@ -59,6 +59,7 @@ std::expected<std::unique_ptr<EnginePair>, std::string> start_engine_pair(
     bridge_args.push_back("--kv-events-replay");
     bridge_args.push_back("tcp://127.0.0.1:" + std::to_string(pair->replay_port));
   }
+  bridge_args.insert(bridge_args.end(), options.bridge_args.begin(), options.bridge_args.end());
   pair->bridge = kvr.start({"bridge"}, bridge_args, "bridge-" + name + ".log");
   if (!pair->bridge) return std::unexpected("cannot start the bridge of engine " + name);
   return pair;

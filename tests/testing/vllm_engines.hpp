@@ -30,6 +30,8 @@ struct EnginePairOptions {
   int liveness_ttl_ms = 1500;
   /// Appended to the engine's arguments.
   std::vector<std::string> engine_args;
+  /// Appended to the bridge's arguments (e.g. --role prefill).
+  std::vector<std::string> bridge_args;
 };
 
 /// One engine and its bridge; the processes end with it.
