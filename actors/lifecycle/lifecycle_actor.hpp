@@ -12,6 +12,12 @@
 // At each request's first chunk it records the cache outcome (the route's predicted cached tokens
 // against the chunk's cached_prompt_tokens) in the node's metrics and the cache-mismatch
 // detector, which warns through the rate-limited log (docs/hit-rate.md).
+// Disaggregated serving (docs/disaggregation.md): a request's first route is planned by the
+// partition core; when it books a prefill worker, the actor runs the prefill hop itself (one
+// token, vLLM's do_remote_decode; its own booking, retried once without a failed worker, never
+// told to the classifier), then routes the decode hop with the transfer parameters the prefill
+// answered and hands it to the RequestLifecycle as an ordinary attempt. A decode attempt that
+// fails before its first token is retried on the same parameters while they are valid.
 //
 // State it owns: the requests in flight (stream id → RequestLifecycle, the decoded request, the
 // client's stream and reply subjects, the current worker's generate subject), request id →
