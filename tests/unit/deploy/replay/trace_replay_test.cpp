@@ -7,6 +7,7 @@
 #include "deploy/replay/trace_replay.hpp"
 
 #include <algorithm>
+#include <map>
 #include <random>
 
 #include <fmt/format.h>
@@ -572,6 +573,56 @@ TEST_F(DisaggregatedReplayTest, ConditionalDisaggregationSendsShortRemaindersToD
   EXPECT_GT(decided(conditional, "disaggregated"), 0U);
   EXPECT_EQ(decided(conditional, "short_prompt") + decided(conditional, "disaggregated"),
             replay.size());
+}
+
+// Records what a classifier is told; every request admitted at once.
+struct ClassifierLog {
+  std::map<std::string, std::vector<WorkerId>> sent;
+  std::map<std::string, int> ended;
+};
+
+class RecordingClassifier : public plugins::request_classifier::RequestClassifier {
+ public:
+  explicit RecordingClassifier(std::shared_ptr<ClassifierLog> log) : log_(std::move(log)) {}
+  void on_event(const plugins::request_classifier::ClassifyEvent& event) override {
+    namespace rc = plugins::request_classifier;
+    if (const auto* sent = std::get_if<rc::Sent>(&event)) {
+      log_->sent[sent->request_id].push_back(sent->worker.worker_id);
+    } else if (const auto* completed = std::get_if<rc::Completed>(&event)) {
+      ++log_->ended[completed->request_id];
+    } else if (const auto* aborted = std::get_if<rc::Aborted>(&event)) {
+      ++log_->ended[aborted->request_id];
+    }
+  }
+
+ private:
+  std::shared_ptr<ClassifierLog> log_;
+};
+
+TEST_F(DisaggregatedReplayTest, ClassifiersSeeEachRequestOnceOnItsDecodeWorkerNeverThePrefillHop) {
+  auto log = std::make_shared<ClassifierLog>();
+  ASSERT_TRUE(registry_.register_request_classifier(
+      "recording",
+      [log](const plugins::request_classifier::RequestClassifierParameters&)
+          -> std::expected<plugins::request_classifier::RequestClassifierFactory,
+                           plugins::request_classifier::RequestClassifierProviderError> {
+        return [log](const plugins::request_classifier::RequestClassifierContext&) {
+          return std::make_unique<RecordingClassifier>(log);
+        };
+      }));
+  ReplayOptions replay_options = options(4);
+  replay_options.prefill_workers = 2;
+  const TraceReplay replay{"conversations", conversation_trace(3, 4), replay_options};
+  const auto report =
+      replay.run("kv-cost", plugins_from_yaml("request_classifier: {type: recording}\n"
+                                              "models: {replay: {disaggregation: {}}}\n"));
+  EXPECT_EQ(report.completed, replay.size());
+  ASSERT_EQ(log->sent.size(), replay.size());
+  for (const auto& [id, workers] : log->sent) {
+    ASSERT_EQ(workers.size(), 1U) << id << " was sent more than once";
+    EXPECT_GT(workers.front(), 2U) << id << " was told on prefill worker " << workers.front();
+    EXPECT_EQ(log->ended[id], 1) << id;
+  }
 }
 
 TEST_F(DisaggregatedReplayTest, EqualInputsGiveByteIdenticalReports) {
