@@ -142,6 +142,15 @@ void apply(Self self, std::uint64_t stream_id, LifecycleResult result,
   carry_out(self, stream_id, std::move(*result), chunk);
 }
 
+// Tells the worker serving `generate_subject` to stop request `request_id`.
+void cancel_at_worker(Self self, const std::string& request_id,
+                      const std::string& generate_subject) {
+  v1::GenerateCancel cancel;
+  cancel.set_request_id(request_id);
+  self->state.config.publisher->publish(worker_cancel_subject(generate_subject),
+                                        cancel.SerializeAsString());
+}
+
 void route_flight(Self self, std::uint64_t stream_id);
 void cancel_prefill(Self self, GenerateFlight& flight);
 void fail_prefill(Self self, std::uint64_t stream_id, FailureCause cause, std::string_view reason,
@@ -190,10 +199,7 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
   const std::string& request_id = flight->request.route.id();
   const auto worker = flight->lifecycle.worker();
   if (step.cancel_at_worker && !flight->generate_subject.empty()) {
-    v1::GenerateCancel cancel;
-    cancel.set_request_id(request_id);
-    config.publisher->publish(worker_cancel_subject(flight->generate_subject),
-                              cancel.SerializeAsString());
+    cancel_at_worker(self, request_id, flight->generate_subject);
   }
   if (step.first_token) {
     send_booking(self, *flight, false, discovery::BookingEnd::completed,
@@ -222,9 +228,9 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
                  ClassifierEvent{flight->request.route.partition.model, std::move(event)});
     }
   }
-  if (step.first_token && chunk != nullptr && !flight->transfer && !flight->served_by_prefill) {
-    // The worker's first chunk carries the prompt tokens its engine served from cache (after a
-    // prefill hop the prompt's KV was transferred: the prefill hop recorded its outcome).
+  if (step.first_token && chunk != nullptr &&
+      !std::exchange(flight->cache_outcome_recorded, true)) {
+    // The worker's first chunk carries the prompt tokens its engine served from cache.
     metrics::record_cache_outcome(node_metrics(self), *config.cache_mismatch, *config.log,
                                   flight->request.route.partition.model,
                                   flight->request.route.selection.prompt_tokens,
@@ -270,10 +276,7 @@ void end_prefill(Self self, GenerateFlight& flight, discovery::BookingEnd end,
 }
 
 void cancel_prefill(Self self, GenerateFlight& flight) {
-  v1::GenerateCancel cancel;
-  cancel.set_request_id(flight.request.route.id());
-  self->state.config.publisher->publish(worker_cancel_subject(flight.prefill->generate_subject),
-                                        cancel.SerializeAsString());
+  cancel_at_worker(self, flight.request.route.id(), flight.prefill->generate_subject);
   end_prefill(self, flight, discovery::BookingEnd::cancelled, std::nullopt);
 }
 
@@ -285,14 +288,10 @@ void fail_prefill(Self self, std::uint64_t stream_id, FailureCause cause, std::s
   if (flight == nullptr || !flight->prefill) return;
   const WorkerId worker = flight->prefill->worker.worker_id;
   if (tell_worker) {
-    v1::GenerateCancel cancel;
-    cancel.set_request_id(flight->request.route.id());
-    self->state.config.publisher->publish(worker_cancel_subject(flight->prefill->generate_subject),
-                                          cancel.SerializeAsString());
+    cancel_at_worker(self, flight->request.route.id(), flight->prefill->generate_subject);
   }
   end_prefill(self, *flight, discovery::BookingEnd::failed, WorkerHealthReport{worker, cause});
   flight->failed_prefill_workers.push_back(worker);
-  flight->prefill_chunks.clear();
   if (flight->prefill_retries < self->state.config.lifecycle.max_retries) {
     // Planned again without the failed worker: another prefill worker, or the decode worker alone
     // when none is left.
@@ -370,9 +369,6 @@ void serve_from_prefill(Self self, std::uint64_t stream_id) {
   GenerateFlight* flight = find_flight(self, stream_id);
   const PrefillHop hop = std::move(*flight->prefill);
   flight->prefill.reset();
-  std::vector<v1::GenerateChunk> chunks = std::move(flight->prefill_chunks);
-  flight->prefill_chunks.clear();
-  flight->served_by_prefill = true;
   flight->generate_subject = hop.generate_subject;
   ++flight->attempt;  // the prefill's deadline no longer applies
   auto step = flight->lifecycle.routed(hop.worker);
@@ -382,7 +378,7 @@ void serve_from_prefill(Self self, std::uint64_t stream_id) {
   }
   step->dispatch = false;  // it has answered already
   carry_out(self, stream_id, std::move(*step), nullptr);
-  for (const v1::GenerateChunk& chunk : chunks) {
+  for (const v1::GenerateChunk& chunk : hop.chunks) {
     flight = find_flight(self, stream_id);
     if (flight == nullptr) return;
     apply(self, stream_id, flight->lifecycle.on_chunk(decode_stream_chunk(chunk)), &chunk);
@@ -408,16 +404,18 @@ void on_prefill_chunk(Self self, std::uint64_t stream_id, const v1::GenerateChun
   }
   const std::string& model = flight->request.route.partition.model;
   if (!std::exchange(hop.responded, true)) {
-    auto& config = self->state.config;
-    metrics::record_cache_outcome(node_metrics(self), *config.cache_mismatch, *config.log, model,
-                                  flight->request.route.selection.prompt_tokens,
-                                  hop.predicted_cached_tokens, chunk.cached_prompt_tokens());
+    if (!std::exchange(flight->cache_outcome_recorded, true)) {
+      auto& config = self->state.config;
+      metrics::record_cache_outcome(node_metrics(self), *config.cache_mismatch, *config.log, model,
+                                    flight->request.route.selection.prompt_tokens,
+                                    hop.predicted_cached_tokens, chunk.cached_prompt_tokens());
+    }
     send_booking(self, *flight, false, discovery::BookingEnd::completed, AffinityAction::none,
                  WorkerHealthReport{hop.worker.worker_id, {}});
   }
-  flight->prefill_chunks.push_back(chunk);
+  hop.chunks.push_back(chunk);
   if (!chunk.finished()) {
-    if (flight->prefill_chunks.size() > kMaxPrefillChunks) {
+    if (hop.chunks.size() > kMaxPrefillChunks) {
       fail_prefill(self, stream_id, FailureCause::worker_failed,
                    "it streamed more than the one token of a prefill", true);
     }
@@ -443,7 +441,6 @@ void on_prefill_chunk(Self self, std::uint64_t stream_id, const v1::GenerateChun
   node_metrics(self).prefill_hop(model).observe(took.count());
   flight->transfer = KvTransfer{params, hop.worker.worker_id, now + flight->transfer_valid};
   end_prefill(self, *flight, discovery::BookingEnd::completed, std::nullopt);
-  flight->prefill_chunks.clear();
   flight->handoff_from = now;
   route_flight(self, stream_id);
 }

@@ -105,8 +105,11 @@ struct PrefillHop {
   caf::actor_clock::time_point routed_at{};
   /// The prompt tokens the router predicted cached on the prefill worker.
   std::uint64_t predicted_cached_tokens = 0;
-  /// The worker's first chunk came (its cache outcome is recorded once).
+  /// The worker's first chunk came (its prefill tokens are released once).
   bool responded = false;
+  /// Its chunks, kept until its answer: relayed only when its one token ended the generation
+  /// (then the prefill worker served the whole request).
+  std::vector<v1::GenerateChunk> chunks;
 };
 
 /// The prefill hop's answer: what the decode hop sends its worker, and while it may be reused.
@@ -162,11 +165,9 @@ struct GenerateFlight {
   std::chrono::milliseconds transfer_valid{30'000};
   /// When the prefill answered and the decode hop is yet to be dispatched (kvr_decode_handoff).
   std::optional<caf::actor_clock::time_point> handoff_from;
-  /// The prefill hop's chunks, kept until its answer: relayed only when its one token ended the
-  /// generation (then the prefill worker served the whole request).
-  std::vector<v1::GenerateChunk> prefill_chunks;
-  /// The prefill worker served the whole request (its cache outcome is recorded already).
-  bool served_by_prefill = false;
+  /// The request's cache outcome is recorded (once: at the first chunk of its first hop that
+  /// responded; a decode hop's cached tokens count the transferred KV).
+  bool cache_outcome_recorded = false;
 };
 
 /// The lifecycle actor's state.

@@ -509,36 +509,30 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (!worker.http_url.empty()) engine_urls.push_back(worker.http_url);
     }
     std::shared_ptr<const tokenizer::PromptTokenizer> tokenizer;
-    if (disaggregated(target)) {
-      // Prefill and decode workers: the node's generate API runs both hops (its lifecycle), and
-      // the node's tokenizer turns the decode worker's token ids into the answer.
+    // Through kvr's generate API (token ids in, token ids out) when nothing can be forwarded to,
+    // or when prefill and decode workers serve the model (the node runs both hops): the node's
+    // tokenizer turns the ids into the answer.
+    const bool two_hops = disaggregated(target);
+    if (two_hops || engine_urls.empty()) {
       tokenizer = server_.renderer.native_tokenizer(parsed->model);
       if (!tokenizer) {
+        const std::string why =
+            two_hops ? fmt::format(
+                           "`{}` is served by prefill and decode workers, whose two hops "
+                           "run through kvr's generate API",
+                           parsed->model)
+                     : fmt::format("no worker of `{}` registered an HTTP URL to forward to",
+                                   parsed->model);
         return respond_error(
             path,
-            HttpError{.status = 503,
-                      .message = fmt::format(
-                          "`{0}` is served by prefill and decode workers, whose two hops run "
-                          "through kvr's generate API (token ids in, token ids out), and the node "
-                          "has no tokenizer for `{0}`: give the node one (--tokenizer {0}=DIR, or "
-                          "`tokenizers` in the router-policy YAML)",
-                          parsed->model),
-                      .code = "service_unavailable"});
-      }
-    } else if (engine_urls.empty()) {
-      tokenizer = server_.renderer.native_tokenizer(parsed->model);
-      if (!tokenizer) {
-        return respond_error(
-            path,
-            HttpError{.status = 503,
-                      .message = fmt::format(
-                          "no worker of `{0}` registered an HTTP URL to forward to, and the node "
-                          "has no tokenizer for `{0}` to serve it through kvr's generate API "
-                          "(token ids in, token ids out): give the node one (--tokenizer "
-                          "{0}=DIR, or `tokenizers` in the router-policy YAML), or run the "
-                          "engines behind `kvr bridge`",
-                          parsed->model),
-                      .code = "service_unavailable"});
+            HttpError{
+                .status = 503,
+                .message = fmt::format(
+                    "{0}, and the node has no tokenizer for `{1}` to serve it through "
+                    "kvr's generate API (token ids in, token ids out): give the node one "
+                    "(--tokenizer {1}=DIR, or `tokenizers` in the router-policy YAML){2}",
+                    why, parsed->model, two_hops ? "" : ", or run the engines behind `kvr bridge`"),
+                .code = "service_unavailable"});
       }
     }
     flight_.emplace();

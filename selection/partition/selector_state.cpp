@@ -21,6 +21,13 @@ std::uint64_t plus_change(std::uint64_t reported, std::int64_t change) {
   return total < 0 ? 0 : static_cast<std::uint64_t>(total);
 }
 
+// A rank's prefill tokens: the report's, plus the bookings' change since (until the first
+// report, the bookings' change is the whole estimate).
+std::uint64_t queued_prefill_of(const discovery::RankLoadView& view) {
+  const discovery::ConfirmedLoad confirmed = view.confirmed.value_or(discovery::ConfirmedLoad{});
+  return plus_change(confirmed.active_prefill_tokens, view.prefill_tokens_since_report);
+}
+
 // A rank's KV usage: the report's blocks plus the bookings' change since, over its capacity.
 // None until it reports or carries a booking, and none without a capacity: a worker whose engine
 // did not say is never busy by KV.
@@ -269,10 +276,7 @@ void SelectorState::refresh_busy_signals(RoleRows& rows) const {
     selection::WorkerDescriptor& descriptor = rows.descriptors[row];
     const auto view = workers_.load().rank_load(descriptor.worker);
     if (!view) continue;
-    // Until the first report the bookings' change is the whole estimate.
-    const discovery::ConfirmedLoad confirmed = view->confirmed.value_or(discovery::ConfirmedLoad{});
-    descriptor.active_prefill_tokens =
-        plus_change(confirmed.active_prefill_tokens, view->prefill_tokens_since_report);
+    descriptor.active_prefill_tokens = queued_prefill_of(*view);
     descriptor.kv_usage = kv_usage_of(*view);
   }
 }
@@ -552,10 +556,7 @@ void SelectorState::eligible_prefill_loads(const RouteRequest& request,
     }
     classifiers::WorkerPrefillLoad load{.max_batched_tokens = rows.max_batched_tokens[row]};
     if (const auto view = workers_.load().rank_load(descriptor.worker)) {
-      const discovery::ConfirmedLoad confirmed =
-          view->confirmed.value_or(discovery::ConfirmedLoad{});
-      load.active_prefill_tokens =
-          plus_change(confirmed.active_prefill_tokens, view->prefill_tokens_since_report);
+      load.active_prefill_tokens = queued_prefill_of(*view);
       // As the busy signals count it (none without a capacity: never busy by KV).
       load.kv_usage = kv_usage_of(*view);
     }
@@ -563,29 +564,9 @@ void SelectorState::eligible_prefill_loads(const RouteRequest& request,
   }
 }
 
-std::uint64_t SelectorState::fewest_uncached_tokens(const RouteRequest& request) {
-  const auto descriptors = workers(request.worker_type);
-  const RoleRows& rows = rows_[static_cast<std::size_t>(request.worker_type)];
-  const discovery::MatchResult& matches = matches_for(request.selection);
-  const std::vector<discovery::SlotId>& slots = rows.slots_for(request.selection.prompt_keys);
-  std::uint64_t most_cached = 0;
-  for (std::size_t row = 0; row < descriptors.size(); ++row) {
-    const selection::WorkerDescriptor& descriptor = descriptors[row];
-    if (selection::violated_restriction(request.selection, descriptor.worker, descriptor.available,
-                                        descriptor.taints)) {
-      continue;
-    }
-    if (const discovery::WorkerMatch* match = matches.find(slots[row])) {
-      most_cached =
-          std::max<std::uint64_t>(most_cached, std::uint64_t{match->device_blocks} +
-                                                   match->host_blocks + match->disk_blocks);
-    }
-  }
-  return discovery::uncached_prefill_tokens(request.selection.prompt_tokens, most_cached,
-                                            block_size_);
-}
-
-std::optional<std::uint64_t> SelectorState::least_prefill_work(const RouteRequest& request) {
+template <class Cost>
+std::optional<std::uint64_t> SelectorState::least_over_eligible_ranks(const RouteRequest& request,
+                                                                      Cost cost) {
   const auto descriptors = workers(request.worker_type);
   const RoleRows& rows = rows_[static_cast<std::size_t>(request.worker_type)];
   const discovery::MatchResult& matches = matches_for(request.selection);
@@ -601,19 +582,29 @@ std::optional<std::uint64_t> SelectorState::least_prefill_work(const RouteReques
     if (const discovery::WorkerMatch* match = matches.find(slots[row])) {
       cached_blocks = std::uint64_t{match->device_blocks} + match->host_blocks + match->disk_blocks;
     }
-    const std::uint64_t work = queued_prefill_tokens(descriptor.worker) +
-                               discovery::uncached_prefill_tokens(request.selection.prompt_tokens,
-                                                                  cached_blocks, block_size_);
-    least = std::min(least.value_or(work), work);
+    const std::uint64_t value =
+        cost(descriptor.worker, discovery::uncached_prefill_tokens(request.selection.prompt_tokens,
+                                                                   cached_blocks, block_size_));
+    least = std::min(least.value_or(value), value);
   }
   return least;
 }
 
+std::uint64_t SelectorState::fewest_uncached_tokens(const RouteRequest& request) {
+  return least_over_eligible_ranks(
+             request, [](WorkerWithDpRank, std::uint64_t uncached) { return uncached; })
+      .value_or(request.selection.prompt_tokens);
+}
+
+std::optional<std::uint64_t> SelectorState::least_prefill_work(const RouteRequest& request) {
+  return least_over_eligible_ranks(request, [&](WorkerWithDpRank worker, std::uint64_t uncached) {
+    return queued_prefill_tokens(worker) + uncached;
+  });
+}
+
 std::uint64_t SelectorState::queued_prefill_tokens(WorkerWithDpRank worker) const {
   const auto view = workers_.load().rank_load(worker);
-  if (!view) return 0;
-  const discovery::ConfirmedLoad confirmed = view->confirmed.value_or(discovery::ConfirmedLoad{});
-  return plus_change(confirmed.active_prefill_tokens, view->prefill_tokens_since_report);
+  return view ? queued_prefill_of(*view) : 0;
 }
 
 std::optional<std::string> SelectorState::unroutable_reason(const RouteRequest& request,

@@ -241,6 +241,10 @@ class SelectorState final : public selection::WorkerSignalSource {
   void hide_ramping(WorkerType worker_type, TimePoint now);
   void unhide_ramping(WorkerType worker_type);
   void refresh_busy_signals(RoleRows& rows) const;
+  /// The least `cost(rank, uncached tokens of the request there)` over the ranks of the prepared
+  /// request's role that pass its hard restrictions; empty when none does.
+  template <class Cost>
+  std::optional<std::uint64_t> least_over_eligible_ranks(const RouteRequest& request, Cost cost);
   /// The request's matched prefix on every rank: one index lookup per routed request, shared by
   /// the signal computation and the booking.
   const discovery::MatchResult& matches_for(const selection::SelectionRequest& request);
