@@ -258,6 +258,29 @@ void add_replay_command(CLI::App& app, int& exit_code) {
   command->add_flag("--disaggregation-prefill-queue-check", options->prefill_queue_check,
                     "with --prefill-workers: skip the prefill hop when the prefill pool's queue "
                     "costs more than prefilling on the decode worker");
+  command
+      ->add_option("--partition-shards", options->replay.sharding.shards,
+                   "split the model into this many shards, each routing its share of the workers; "
+                   "a request goes to its prompt prefix's shard unless another is the faster way")
+      ->check(CLI::Range(1U, 1024U))
+      ->capture_default_str();
+  command
+      ->add_option("--shard-prefix-tokens", options->replay.sharding.prefix_tokens,
+                   "with --partition-shards: the prompt prefix, in tokens, that picks a request's "
+                   "shard")
+      ->check(CLI::Range(1U, 1U << 20))
+      ->capture_default_str();
+  command
+      ->add_option("--shard-miss-cost", options->replay.sharding.miss_cost,
+                   "with --partition-shards: a request leaves its prefix's shard when another's "
+                   "least loaded worker is ahead by more than this many times its prompt tokens")
+      ->check(CLI::Range(0.0, 1000.0))
+      ->capture_default_str();
+  command
+      ->add_option("--shard-load-interval-ms", options->replay.sharding.load_interval_ms,
+                   "with --partition-shards: each shard publishes its load this often")
+      ->check(CLI::Range(1U, 60'000U))
+      ->capture_default_str();
   add_engine_options(*command, options->replay.engine);
   command->callback([options, &exit_code] {
     if (auto valid = options->replay.engine.validate(); !valid) {

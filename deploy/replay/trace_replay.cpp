@@ -18,6 +18,7 @@
 #include "messages/check.hpp"
 #include "selection/admission/admission_state.hpp"
 #include "selection/partition/partition_router.hpp"
+#include "selection/partition/shard_request.hpp"
 
 namespace kvr::replay {
 namespace {
@@ -123,7 +124,15 @@ class PolicyRun {
         block_hashes_(block_hashes),
         tenants_(replay.tenants()),
         plugins_(plugins),
-        router_(make_router_options(replay.options(), plugins), plugins) {}
+        shard_map_(replay.options().sharding.shards),
+        balancer_(replay.options().sharding.shards),
+        kv_usage_(replay.options().sharding.shards),
+        requests_per_shard_(replay.options().sharding.shards, 0) {
+    for (std::uint32_t shard = 0; shard < options_.sharding.shards; ++shard) {
+      routers_.push_back(std::make_unique<PartitionRouter>(
+          make_router_options(replay.options(), plugins), plugins));
+    }
+  }
 
   std::vector<simulation::ReplayRequestOutcome> run(std::size_t policy_index) {
     start_fleet();
@@ -136,6 +145,7 @@ class PolicyRun {
     arrival_ms_.resize(requests_.size());
     predicted_cached_.assign(requests_.size(), 0);
     if (disaggregated()) hops_.resize(requests_.size());
+    shard_of_request_.assign(requests_.size(), kNoShard);
     for (std::size_t i = 0; i < arrivals.size(); ++i) {
       arrivals[i] = static_cast<std::uint32_t>(i);
       arrival_ms_[i] = static_cast<double>(requests_[i].timestamp_ms) / options_.speedup;
@@ -173,9 +183,9 @@ class PolicyRun {
     // Every wait is bounded (admission_max_wait), so nothing is left; if something were, it
     // would be reported rather than lost.
     if (!deferred_.empty()) failures_["still deferred by admission at the end"] += deferred_.size();
-    if (const std::size_t queued = router_.gauges().queued; queued > 0) {
-      failures_["still queued at the end"] += queued;
-    }
+    std::size_t queued = 0;
+    for (const auto& router : routers_) queued += router->gauges().queued;
+    if (queued > 0) failures_["still queued at the end"] += queued;
     std::ranges::sort(outcomes_, {}, &simulation::ReplayRequestOutcome::trace_index);
     return std::move(outcomes_);
   }
@@ -186,19 +196,23 @@ class PolicyRun {
   const std::vector<std::pair<double, double>>& ttft_predictions() const {
     return ttft_predictions_;
   }
-  /// What the policy learnt by the end: partition-wide values by name, and the range of its
-  /// per-worker factors.
+  /// What the policy learnt by the end: partition-wide values by name (per shard when sharded),
+  /// and the range of its per-worker factors.
   std::vector<std::pair<std::string, double>> learnt_values() const {
     std::vector<std::pair<std::string, double>> learnt;
     std::optional<std::pair<double, double>> factors;
-    for (const auto& [role, value] : router_.state().learnt_values()) {
-      if (!value.worker) {
-        learnt.emplace_back(value.name, value.value);
-      } else if (!factors) {
-        factors.emplace(value.value, value.value);
-      } else {
-        factors->first = std::min(factors->first, value.value);
-        factors->second = std::max(factors->second, value.value);
+    for (std::size_t shard = 0; shard < routers_.size(); ++shard) {
+      for (const auto& [role, value] : routers_[shard]->state().learnt_values()) {
+        if (!value.worker) {
+          learnt.emplace_back(
+              routers_.size() == 1 ? value.name : fmt::format("shard{}.{}", shard, value.name),
+              value.value);
+        } else if (!factors) {
+          factors.emplace(value.value, value.value);
+        } else {
+          factors->first = std::min(factors->first, value.value);
+          factors->second = std::max(factors->second, value.value);
+        }
       }
     }
     if (factors) {
@@ -209,6 +223,10 @@ class PolicyRun {
   }
   /// Disaggregated serving: the core's decisions, by reason.
   const std::array<std::size_t, kDisaggregationReasons>& decisions() const { return decisions_; }
+  /// Sharded partitions: requests routed by each shard (a disaggregated request once), and those
+  /// that spilled from their prefix's shard to another.
+  const std::vector<std::size_t>& requests_per_shard() const { return requests_per_shard_; }
+  std::size_t spills() const { return spills_; }
   /// Requests the router could not place, by message.
   const std::map<std::string, std::size_t>& failures() const { return failures_; }
   /// Requests admission or the queue refused: (trace index, error code), in the order refused.
@@ -222,12 +240,23 @@ class PolicyRun {
                            worker});
   }
 
+  // Registers every worker with its shard's core, the prefill and decode workers each spread
+  // over the shards.
   void start_fleet() {
     KVR_CHECK(options_.workers < (std::size_t{1} << Event::kWorkerBits));
     pending_batches_.resize(options_.workers);
     pending_loads_.resize(options_.workers);
+    std::vector<cluster::ShardedWorker> fleet;
+    for (std::size_t w = 0; w < options_.workers; ++w) {
+      fleet.push_back({w + 1, static_cast<std::uint8_t>(role_of(w))});
+    }
+    (void)shard_map_.assign(fleet);
     const auto zero = logical_time(0);
     for (std::size_t w = 0; w < options_.workers; ++w) {
+      const std::uint32_t shard = *shard_map_.shard_of(w + 1);
+      shard_of_worker_.push_back(shard);
+      PartitionRouter& router = *routers_[shard];
+      const std::size_t registered = router.gauges().workers;
       discovery::WorkerRegistration registration;
       registration.worker_id = w + 1;
       registration.incarnation = 1;
@@ -237,13 +266,11 @@ class PolicyRun {
       registration.max_num_batched_tokens = options_.engine.max_num_batched_tokens;
       registration.max_num_seqs = options_.engine.max_num_seqs;
       registration.liveness_ttl = std::chrono::hours(24 * 365);
-      if (disaggregated()) {
-        registration.role = w < options_.prefill_workers ? WorkerType::Prefill : WorkerType::Decode;
-      }
-      router_.register_worker(std::move(registration), zero, effects_);
-      KVR_CHECK(router_.gauges().workers == w + 1);
+      registration.role = role_of(w);
+      router.register_worker(std::move(registration), zero, effects_);
+      KVR_CHECK(router.gauges().workers == registered + 1);
       // Workers report their (empty) load at start, as a live worker does.
-      router_.update_load({w + 1, 1, {{0, discovery::ConfirmedLoad{}}}}, zero, effects_);
+      router.update_load({w + 1, 1, {{0, discovery::ConfirmedLoad{}}}}, zero, effects_);
       effects_.clear();
       engines_.push_back(*Engine::create(options_.engine));
       stepping_.push_back(false);
@@ -277,6 +304,59 @@ class PolicyRun {
         std::chrono::duration_cast<AdmissionState::Duration>(options_.admission_max_wait));
   }
 
+  WorkerType role_of(std::size_t w) const {
+    if (!disaggregated()) return WorkerType::Aggregated;
+    return w < options_.prefill_workers ? WorkerType::Prefill : WorkerType::Decode;
+  }
+
+  PartitionRouter& router_of_request(std::uint32_t index) {
+    KVR_CHECK(shard_of_request_[index] != kNoShard);
+    return *routers_[shard_of_request_[index]];
+  }
+
+  // Takes what a core just put in the shared effects that is per shard: its queue's next
+  // wake-up (the earliest over all shards is kept) and its KV usage (summed for the classifier).
+  void absorb(std::uint32_t shard) {
+    if (const auto wake = std::exchange(effects_.wake_at, std::nullopt)) {
+      if (!router_wake_at_ || *wake < *router_wake_at_) router_wake_at_ = *wake;
+      arm_timer(*wake);
+    }
+    if (const auto usage = std::exchange(effects_.kv_usage, std::nullopt)) {
+      kv_usage_[shard] = *usage;
+      kv_usage_changed_ = true;
+    }
+  }
+
+  // The shard a new request goes to: its prompt prefix's, unless another is the faster way, as
+  // the shards last published their load (every load_interval_ms, as their owners do).
+  std::uint32_t enter_shard(const RouteRequest& request, std::uint32_t index) {
+    if (now_ms_ - last_load_publish_ms_ >= options_.sharding.load_interval_ms) {
+      last_load_publish_ms_ = now_ms_;
+      publish_shard_loads();
+    }
+    const cluster::ShardChoice choice = balancer_.choose(
+        shard_map_, options_.sharding, shard_request_of(request, options_.engine.block_size));
+    shard_of_request_[index] = choice.shard;
+    ++requests_per_shard_[choice.shard];
+    if (choice.spilled()) ++spills_;
+    return choice.shard;
+  }
+
+  // Each shard's load as its owner publishes it: per worker, queued prefill and held KV tokens.
+  void publish_shard_loads() {
+    std::vector<std::vector<std::uint64_t>> loads(routers_.size());
+    for (std::size_t w = 0; w < options_.workers; ++w) {
+      const SelectorState& state = routers_[shard_of_worker_[w]]->state();
+      const WorkerWithDpRank rank{w + 1, 0};
+      loads[shard_of_worker_[w]].push_back(state.queued_prefill_tokens(rank) +
+                                           state.active_kv_blocks(rank) *
+                                               options_.engine.block_size);
+    }
+    for (std::uint32_t shard = 0; shard < loads.size(); ++shard) {
+      balancer_.set_load(shard, std::move(loads[shard]));
+    }
+  }
+
   // The route request of trace index `index`.
   RouteRequest make_request(std::uint32_t index) const {
     const simulation::TraceRequest& trace = requests_[index];
@@ -285,7 +365,7 @@ class PolicyRun {
                                        .block_hashes = block_hashes_[index],
                                        .expected_output_tokens = trace.output_length}};
     if (!tenants_.empty()) request.tenant = tenants_.names[tenants_.of_request[index]];
-    if (router_.affinity().enabled()) {
+    if (routers_.front()->affinity().enabled()) {
       if (auto session = session_of(trace)) {
         request.selection.session.emplace(std::move(*session), std::nullopt, std::nullopt,
                                           std::nullopt);
@@ -297,9 +377,12 @@ class PolicyRun {
   void arrive(std::uint32_t index, double now) {
     RouteRequest request = make_request(index);
     // The node's tick: idle session bindings expire (bookings and workers' liveness never do here).
-    if (router_.affinity().enabled() && now - last_tick_ms_ >= kTickMs) {
+    if (routers_.front()->affinity().enabled() && now - last_tick_ms_ >= kTickMs) {
       last_tick_ms_ = now;
-      router_.tick(logical_time(now), effects_);
+      for (std::uint32_t shard = 0; shard < routers_.size(); ++shard) {
+        routers_[shard]->tick(logical_time(now), effects_);
+        absorb(shard);
+      }
     }
     if (!admission_failure_.empty()) {
       fail(request.id(), admission_failure_);
@@ -353,9 +436,10 @@ class PolicyRun {
   // and its answer comes with a later input's effects.
   void enter_partition(RouteRequest& request, std::uint32_t index, double now) {
     if (disaggregated()) request.hop = RouteHop::plan;
-    if (auto reply = router_.route(request, index, logical_time(now), effects_)) {
-      answer(index, std::move(*reply), now);
-    }
+    const std::uint32_t shard = enter_shard(request, index);
+    auto reply = routers_[shard]->route(request, index, logical_time(now), effects_);
+    absorb(shard);
+    if (reply) answer(index, std::move(*reply), now);
   }
 
   // The core's answer for the request of trace index `index`: it starts on its engine, or fails
@@ -426,9 +510,11 @@ class PolicyRun {
     RouteRequest decode = make_request(index);
     decode.worker_type = WorkerType::Decode;
     decode.hop = RouteHop::decode_after_transfer;
-    if (auto reply = router_.route(decode, index, logical_time(now), effects_)) {
-      answer(index, std::move(*reply), now);
-    }
+    // The decode hop stays on the request's shard, which has decode workers as well.
+    const std::uint32_t shard = shard_of_request_[index];
+    auto reply = router_of_request(index).route(decode, index, logical_time(now), effects_);
+    absorb(shard);
+    if (reply) answer(index, std::move(*reply), now);
   }
 
   // The prefill worker of trace index `index` no longer holds its blocks for a decode worker
@@ -446,7 +532,10 @@ class PolicyRun {
 
   void change_booking(const BookingChange& change, double now) {
     const std::size_t earlier_events = effects_.events.size();
-    (void)router_.change_booking(change, logical_time(now), effects_);
+    const std::uint32_t index = trace_index_of(change.request_id);
+    const std::uint32_t shard = shard_of_request_[index];
+    (void)router_of_request(index).change_booking(change, logical_time(now), effects_);
+    absorb(shard);
     for (std::size_t i = earlier_events; i < effects_.events.size(); ++i) {
       if (const auto* predicted =
               std::get_if<partition_event::TtftPredicted>(&effects_.events[i])) {
@@ -460,19 +549,21 @@ class PolicyRun {
   // the classifier, the queue's next wake-up. Returns whether any request was answered.
   bool carry_out(double now) {
     bool answered = false;
-    while (!effects_.answers.empty() || effects_.kv_usage || effects_.wake_at) {
+    while (!effects_.answers.empty() || kv_usage_changed_) {
       auto answers = std::move(effects_.answers);
       effects_.answers.clear();
-      const auto kv_usage = std::exchange(effects_.kv_usage, std::nullopt);
-      if (const auto wake = std::exchange(effects_.wake_at, std::nullopt)) {
-        router_wake_at_ = *wake;
-        arm_timer(*wake);
-      }
-      if (kv_usage && admission_) {
-        admission_->on_fleet_load(rc::FleetLoad{
-            .kv_usage = std::min(
-                1.0, static_cast<double>(kv_usage->used) / static_cast<double>(kv_usage->total)),
-            .at = logical_time(now)});
+      if (std::exchange(kv_usage_changed_, false) && admission_) {
+        std::uint64_t used = 0;
+        std::uint64_t total = 0;
+        for (const auto& usage : kv_usage_) {
+          used += usage.used;
+          total += usage.total;
+        }
+        if (total > 0) {
+          admission_->on_fleet_load(rc::FleetLoad{
+              .kv_usage = std::min(1.0, static_cast<double>(used) / static_cast<double>(total)),
+              .at = logical_time(now)});
+        }
       }
       for (auto& [ticket, reply] : answers) {
         answer(static_cast<std::uint32_t>(ticket), std::move(reply), now);
@@ -535,7 +626,11 @@ class PolicyRun {
     }
     if (router_wake_at_ && *router_wake_at_ <= at) {
       router_wake_at_.reset();
-      router_.wake(at, effects_);
+      // Waking a core whose own deadline is later only re-arms it.
+      for (std::uint32_t shard = 0; shard < routers_.size(); ++shard) {
+        routers_[shard]->wake(at, effects_);
+        absorb(shard);
+      }
     }
     settle(now);
     // Later deadlines than the one handled: armed again.
@@ -617,13 +712,17 @@ class PolicyRun {
   // Every delivery comes kv_event_delay_ms after its step ended, and steps end in time order, so
   // each worker's batches and reports arrive in the order they were sent: the front is due.
   void deliver_kv(std::uint32_t w, double now) {
-    router_.apply_kv_events(pending_batches_[w].front(), logical_time(now), effects_);
+    routers_[shard_of_worker_[w]]->apply_kv_events(pending_batches_[w].front(), logical_time(now),
+                                                   effects_);
+    absorb(shard_of_worker_[w]);
     pending_batches_[w].pop_front();
     effects_.clear();
   }
 
   void deliver_load(std::uint32_t w, double now) {
-    router_.update_load({w + 1, 1, {{0, pending_loads_[w].front()}}}, logical_time(now), effects_);
+    routers_[shard_of_worker_[w]]->update_load({w + 1, 1, {{0, pending_loads_[w].front()}}},
+                                               logical_time(now), effects_);
+    absorb(shard_of_worker_[w]);
     pending_loads_[w].pop_front();
     // A report may show a worker less busy than the router predicted.
     settle(now);
@@ -634,7 +733,20 @@ class PolicyRun {
   const std::vector<std::vector<BlockHash>>& block_hashes_;
   const TenantAssignment& tenants_;
   const plugins::RouterPlugins& plugins_;
-  PartitionRouter router_;
+  // One core per shard (one when unsharded), and which shard owns each worker (by index).
+  std::vector<std::unique_ptr<PartitionRouter>> routers_;
+  cluster::ShardMap shard_map_;
+  cluster::ShardBalancer balancer_;
+  double last_load_publish_ms_ = -std::numeric_limits<double>::infinity();
+  std::vector<std::uint32_t> shard_of_worker_;
+  // Per shard: its latest KV usage, and whether one changed since the classifier was told.
+  std::vector<PartitionKvUsage> kv_usage_;
+  bool kv_usage_changed_ = false;
+  // Per trace index: the shard routing it (kNoShard: not routed yet).
+  static constexpr std::uint32_t kNoShard = std::numeric_limits<std::uint32_t>::max();
+  std::vector<std::uint32_t> shard_of_request_;
+  std::vector<std::size_t> requests_per_shard_;
+  std::size_t spills_ = 0;
   std::vector<std::pair<double, double>> ttft_predictions_;
   PartitionEffects effects_;
   std::vector<Engine> engines_;
@@ -757,6 +869,10 @@ simulation::PolicyReport TraceReplay::run(
     if (run.decisions()[reason] == 0) continue;
     report.disaggregation.emplace_back(
         std::string{as_str(static_cast<DisaggregationReason>(reason))}, run.decisions()[reason]);
+  }
+  if (options_.sharding.shards > 1) {
+    report.shard_requests = run.requests_per_shard();
+    report.shard_spills = run.spills();
   }
   if (!run.ttft_predictions().empty()) {
     report.ttft_calibration =

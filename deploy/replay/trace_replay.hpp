@@ -20,6 +20,7 @@
 #include "deploy/simulation/mooncake_trace.hpp"
 #include "deploy/simulation/replay_report.hpp"
 #include "messages/error.hpp"
+#include "selection/cluster/sharding.hpp"
 #include "selection/partition/session_affinity.hpp"
 #include "selection/plugin_registry.hpp"
 
@@ -33,6 +34,10 @@ struct ReplayOptions {
   /// workers, and each request's route is planned (the prefill hop, then decode, or decode alone:
   /// the plugins' models.replay.disaggregation). 0: every worker is aggregated.
   std::size_t prefill_workers = 0;
+  /// Sharded partitions: the model's workers split over this many shards, each routed by its own
+  /// partition core, and each request sent to its prompt prefix's shard with bounded load
+  /// (selection/cluster/sharding.hpp), as a cluster of nodes routes a sharded model.
+  cluster::ShardingConfig sharding;
   /// Divides the trace's inter-arrival times (2: twice the request rate).
   double speedup = 1.0;
   /// Seeds every random choice of the policies.

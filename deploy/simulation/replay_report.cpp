@@ -255,6 +255,17 @@ std::string format_table(const ReplayReport& report) {
     table +=
         fmt::format("{} disaggregation: {}\n", policy.policy, counts_text(policy.disaggregation));
   }
+  for (const PolicyReport& policy : report.policies) {
+    if (policy.shard_requests.empty()) continue;
+    std::string shards;
+    for (std::size_t shard = 0; shard < policy.shard_requests.size(); ++shard) {
+      shards += fmt::format("{}{} {}", shard == 0 ? "" : ", ", shard, policy.shard_requests[shard]);
+    }
+    table += fmt::format("{} shards: {}; spilled {} ({:.1f}%)\n", policy.policy, shards,
+                         policy.shard_spills,
+                         100.0 * static_cast<double>(policy.shard_spills) /
+                             static_cast<double>(std::max<std::size_t>(1, policy.requests)));
+  }
   // Only runs with admission or tenants have these, so other tables stay as they were.
   const bool any_rejected = std::ranges::any_of(
       report.policies, [](const PolicyReport& policy) { return !policy.rejected.empty(); });
@@ -309,6 +320,9 @@ std::string to_json(const ReplayReport& report) {
     entry["rejected"] = counts_json(policy.rejected);
     entry["requests"] = policy.requests;
     entry["requests_per_s"] = rounded(policy.requests_per_s);
+    if (!policy.shard_requests.empty()) {
+      entry["shards"] = {{"requests", policy.shard_requests}, {"spilled", policy.shard_spills}};
+    }
     nlohmann::ordered_json tenants = nlohmann::ordered_json::array();
     for (const TenantReport& tenant : policy.tenants) {
       nlohmann::ordered_json tenant_entry;

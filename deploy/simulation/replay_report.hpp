@@ -111,6 +111,10 @@ struct PolicyReport {
   /// Disaggregated serving: the router's decisions by reason (disaggregated, short_prompt, ...);
   /// empty for an aggregated fleet.
   NamedCounts disaggregation;
+  /// Sharded partitions: requests routed by each shard, and how many of them spilled from their
+  /// prompt prefix's shard to another; empty for an unsharded model.
+  std::vector<std::size_t> shard_requests;
+  std::size_t shard_spills = 0;
   /// Selection failures by message, for diagnosis.
   std::vector<std::pair<std::string, std::size_t>> failures;
   /// Only for a policy that predicts time to first token (predicted-ttft).

@@ -607,6 +607,13 @@ std::uint64_t SelectorState::queued_prefill_tokens(WorkerWithDpRank worker) cons
   return view ? queued_prefill_of(*view) : 0;
 }
 
+std::uint64_t SelectorState::active_kv_blocks(WorkerWithDpRank worker) const {
+  const auto view = workers_.load().rank_load(worker);
+  if (!view) return 0;
+  const std::uint64_t reported = view->confirmed ? view->confirmed->kv_blocks_used : 0;
+  return plus_change(reported, view->blocks_since_report);
+}
+
 std::optional<std::string> SelectorState::unroutable_reason(const RouteRequest& request,
                                                             WorkerWithDpRank worker) const {
   const auto rows = workers(request.worker_type);

@@ -162,6 +162,9 @@ class SelectorState final : public selection::WorkerSignalSource {
   std::optional<std::uint64_t> least_prefill_work(const RouteRequest& request);
   /// The prefill tokens queued on `worker` (bookings included); 0 for an unknown rank.
   std::uint64_t queued_prefill_tokens(WorkerWithDpRank worker) const;
+  /// The KV blocks `worker`'s running requests hold (its report plus the bookings since); 0 for
+  /// an unknown rank.
+  std::uint64_t active_kv_blocks(WorkerWithDpRank worker) const;
 
   // ---- selection::WorkerSignalSource ------------------------------------------------------
   std::span<const selection::WorkerDescriptor> workers(WorkerType worker_type) const override;

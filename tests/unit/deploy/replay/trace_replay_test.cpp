@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -636,6 +637,117 @@ TEST_F(DisaggregatedReplayTest, EqualInputsGiveByteIdenticalReports) {
     return simulation::to_json(report);
   };
   EXPECT_EQ(json(), json());
+}
+
+}  // namespace
+}  // namespace kvr::replay
+
+namespace kvr::replay {
+namespace {
+
+// Sharded partitions in replay: each shard's core routes only its own workers, a conversation
+// stays on its prefix's shard and keeps its cache, a hot prefix spills to other shards, and a
+// disaggregated model has prefill and decode workers in every shard.
+class ShardedReplayTest : public TraceReplayTest {
+ protected:
+  static ReplayOptions sharded(std::size_t workers, std::uint32_t shards) {
+    ReplayOptions replay_options = options(workers);
+    replay_options.sharding.shards = shards;
+    return replay_options;
+  }
+
+  // The shard owning each worker, as the replay assigns them.
+  static cluster::ShardMap shard_map(std::size_t workers, std::uint32_t shards,
+                                     std::size_t prefill_workers = 0) {
+    std::vector<cluster::ShardedWorker> fleet;
+    for (std::size_t w = 0; w < workers; ++w) {
+      const WorkerType role = prefill_workers == 0  ? WorkerType::Aggregated
+                              : w < prefill_workers ? WorkerType::Prefill
+                                                    : WorkerType::Decode;
+      fleet.push_back({w + 1, static_cast<std::uint8_t>(role)});
+    }
+    cluster::ShardMap map{shards};
+    (void)map.assign(fleet);
+    return map;
+  }
+};
+
+TEST_F(ShardedReplayTest, AConversationStaysOnItsPrefixsShardAndKeepsItsCache) {
+  constexpr std::uint32_t kConversations = 8;
+  const TraceReplay replay{"conversations", conversation_trace(kConversations, 5), sharded(8, 4)};
+  std::vector<simulation::ReplayRequestOutcome> outcomes;
+  const auto report = replay.run("kv-cost", plugins_for("kv-cost"), 0, &outcomes);
+  EXPECT_EQ(report.completed, replay.size());
+  EXPECT_EQ(report.shard_spills, 0U) << "the fleet is never saturated";
+  ASSERT_EQ(report.shard_requests.size(), 4U);
+  std::size_t routed = 0;
+  std::size_t shards_used = 0;
+  for (const std::size_t requests : report.shard_requests) {
+    routed += requests;
+    shards_used += requests > 0 ? 1 : 0;
+  }
+  EXPECT_EQ(routed, replay.size());
+  EXPECT_GE(shards_used, 2U) << "conversations spread over the shards";
+  // Every turn of a conversation (trace index turn * conversations + c) ran on a worker of one
+  // shard.
+  const cluster::ShardMap map = shard_map(8, 4);
+  std::map<std::size_t, std::set<std::uint32_t>> shards_of_conversation;
+  for (const auto& outcome : outcomes) {
+    shards_of_conversation[outcome.trace_index % kConversations].insert(
+        *map.shard_of(outcome.worker.worker_id));
+  }
+  for (const auto& [conversation, shards] : shards_of_conversation) {
+    EXPECT_EQ(shards.size(), 1U) << "conversation " << conversation;
+  }
+  EXPECT_GT(report.hit_rate, 0.9 * replay.infinite_cache_hit_rate()) << report.hit_rate;
+}
+
+TEST_F(ShardedReplayTest, AHotPrefixSpillsToOtherShardsAndEveryRequestCompletes) {
+  // 64 requests sharing their first three blocks arrive within 64 ms: their prefix's shard
+  // cannot take them all sooner than the other shards could compute them afresh.
+  std::vector<TraceRequest> trace;
+  for (std::uint32_t i = 0; i < 64; ++i) {
+    TraceRequest request;
+    request.timestamp_ms = i;
+    request.hash_ids = {1, 2, 3, 1000 + i};
+    request.input_length = 4 * simulation::kMooncakeTraceBlockSize;
+    request.output_length = 16;
+    trace.push_back(std::move(request));
+  }
+  const TraceReplay replay{"hot", std::move(trace), sharded(8, 4)};
+  const auto report = replay.run("kv-cost", plugins_for("kv-cost"));
+  EXPECT_EQ(report.completed, replay.size());
+  EXPECT_GT(report.shard_spills, 0U);
+  const auto used = std::ranges::count_if(report.shard_requests,
+                                          [](std::size_t requests) { return requests > 0; });
+  EXPECT_GT(used, 1);
+}
+
+TEST_F(ShardedReplayTest, EveryShardOfADisaggregatedModelPrefillsAndDecodes) {
+  ReplayOptions replay_options = sharded(8, 2);
+  replay_options.prefill_workers = 4;
+  const TraceReplay replay{"conversations", conversation_trace(6, 4), replay_options};
+  std::vector<simulation::ReplayRequestOutcome> outcomes;
+  const auto report = replay.run(
+      "kv-cost",
+      plugins_from_yaml("worker_selection: {aggregated: kv-cost, prefill: kv-cost, decode: "
+                        "kv-cost}\nmodels: {replay: {disaggregation: {}}}\n"),
+      0, &outcomes);
+  EXPECT_EQ(report.completed, replay.size());
+  EXPECT_EQ(count_of(report.disaggregation, "disaggregated"), replay.size());
+  const cluster::ShardMap map = shard_map(8, 2, 4);
+  std::set<std::uint32_t> decoding_shards;
+  for (const auto& outcome : outcomes) {
+    EXPECT_GT(outcome.worker.worker_id, 4U) << "decoded on a decode worker";
+    decoding_shards.insert(*map.shard_of(outcome.worker.worker_id));
+  }
+  EXPECT_EQ(decoding_shards.size(), 2U);
+}
+
+TEST_F(ShardedReplayTest, EqualInputsGiveByteIdenticalReports) {
+  const TraceReplay replay{"random", random_trace(150, 4), sharded(6, 3)};
+  EXPECT_EQ(replay_json(replay, {"kv-cost"}), replay_json(replay, {"kv-cost"}));
+  EXPECT_NE(replay_json(replay, {"kv-cost"}).find("\"shards\""), std::string::npos);
 }
 
 }  // namespace
