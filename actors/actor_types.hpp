@@ -32,11 +32,13 @@
 #include "kvr/v1/routing.pb.h"
 #include "messages/clock.hpp"
 #include "selection/cluster/cluster_values.hpp"
+#include "selection/cluster/sharding.hpp"
 #include "selection/front_door/routing_gateway.hpp"
 #include "selection/partition/partition_messages.hpp"
 #include "selection/partition/route_request.hpp"
 #include "selection/wire/generate_messages.hpp"
 #include "selection/wire/route_messages.hpp"
+#include "selection/wire/shard_messages.hpp"
 #include "selection/wire/worker_messages.hpp"
 
 namespace kvr {
@@ -128,6 +130,16 @@ struct ClusterView {
   std::vector<cluster::MemberRecord> members;
 };
 
+/// Sharded partitions: the workers of one sharded model (model, routing group) as the discovery
+/// actor last saw them, from which the forwarder computes the same shard of every worker
+/// (cluster::ShardMap) and learns the block size a prompt's shard key is hashed at.
+struct ShardFleet {
+  std::string model;
+  std::string routing_group;
+  std::uint32_t block_size = 0;
+  std::vector<cluster::ShardedWorker> workers;
+};
+
 /// Where the front door's gateway actor hands a route decision back to the HTTP server (whose
 /// callback posts it to the connection's strand).
 struct DecisionCallback {
@@ -165,6 +177,8 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::DecisionCallback)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::GenerateRelayStart)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::PartitionFleet)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ClusterView)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::actors::ShardFleet)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::ShardLoadData)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::RouteRequest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::WorkerLiveness)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(kvr::WorkerLoadReport)
@@ -209,6 +223,7 @@ CAF_ADD_ATOM(kvr_actors, kvr::actors, fence_atom, "fence")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, partition_atom, "partition")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, handover_atom, "handover")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, ready_atom, "ready")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, shard_atom, "shard")
 
 namespace kvr::actors {
 
@@ -266,6 +281,11 @@ using selector_subscriber_actor = caf::typed_actor<
     // the selector of partition (model, routing group); an invalid handle: it was retired
     caf::reacts_to<selector_atom, std::string, std::string, selector_actor>>;
 
+/// An actor told of every sharded model's fleet (the forwarder, which chooses shards).
+using shard_watcher_actor = caf::typed_actor<
+    // a sharded model's workers, now and whenever they change
+    caf::reacts_to<shard_atom, ShardFleet>>;
+
 /// The discovery actor (actors/discovery/discovery_actor.hpp).
 using discovery_actor = worker_feed_actor::extend_with<route_target_actor>::extend<
     // cluster mode: what this node owns, warms up or drops, from the cluster actor
@@ -283,7 +303,9 @@ using discovery_actor = worker_feed_actor::extend_with<route_target_actor>::exte
     // the given actor gets every removal from now on
     caf::reacts_to<watch_atom, removal_watcher_actor>,
     // the given actor gets every partition's selector, now and when one is spawned or retired
-    caf::reacts_to<watch_atom, selector_subscriber_actor>>;
+    caf::reacts_to<watch_atom, selector_subscriber_actor>,
+    // the given actor gets every sharded model's fleet, now and whenever it changes
+    caf::reacts_to<watch_atom, shard_watcher_actor>>;
 
 /// The reservation actor (actors/reservation/reservation_actor.hpp).
 using reservation_actor = caf::typed_actor<
@@ -373,7 +395,11 @@ using forwarder_actor =
                      // a forwarded generate request's chunk, from the owner's ingress actor
                      caf::reacts_to<chunk_atom, GenerateChunkMessage>,
                      // the cluster actor's last step
-                     caf::reacts_to<ownership_atom, ClusterView>>;
+                     caf::reacts_to<ownership_atom, ClusterView>,
+                     // from the discovery actor: a sharded model's workers
+                     caf::reacts_to<shard_atom, ShardFleet>,
+                     // from the NATS bridge: a shard's published load
+                     caf::reacts_to<shard_atom, ShardLoadData>>;
 
 // ---- the entry ----------------------------------------------------------------------------------
 // The first stage a request meets is the forwarder (cluster mode), else the classifier (the node

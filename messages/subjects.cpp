@@ -25,6 +25,7 @@ std::string kv_events(std::string_view ns, WorkerId worker) {
 }
 std::string kv_events_all(std::string_view ns) { return under(ns, "kv.*"); }
 std::string router_route(std::string_view ns) { return under(ns, "router.route"); }
+std::string router_shard_load(std::string_view ns) { return under(ns, "router.shard_load"); }
 std::string router_partition_route(std::string_view ns, std::string_view partition) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   std::string token;

@@ -29,6 +29,9 @@ std::string router_route(std::string_view ns);
 /// cluster, so that a client that knows the model skips the forwarding hop. `partition` is
 /// "<model>/<routing group>" with every byte outside [-/_A-Za-z0-9] written as =XX (hex).
 std::string router_partition_route(std::string_view ns, std::string_view partition);
+/// ShardLoad: kvr.<ns>.router.shard_load, published by the owner of each shard of a sharded
+/// partition and read by every node (no queue group).
+std::string router_shard_load(std::string_view ns);
 /// GenerateRequest → stream of GenerateChunk on the request's stream subject (request/reply, queue
 /// group "kvr-router"; the reply is the first RouteDecision, whose booking id is empty because the
 /// node manages the booking itself).

@@ -12,7 +12,9 @@
 #include "messages/metrics/node_metrics.hpp"
 #include "messages/subjects.hpp"
 #include "selection/cluster/placement.hpp"
+#include "selection/cluster/sharding.hpp"
 #include "selection/lifecycle/request_lifecycle.hpp"
+#include "selection/partition/shard_request.hpp"
 #include "selection/wire/generate_messages.hpp"
 #include "selection/wire/route_messages.hpp"
 
@@ -124,6 +126,40 @@ void route_locally(Self self, RouteJob job, int waits) {
 }
 
 void forward_route(Self self, RouteJob job, const cluster::ForwardDecision& target, int waits);
+
+ForwarderActorState::ShardedModel& sharded_model(Self self, const std::string& model,
+                                                 const std::string& group, std::uint32_t shards) {
+  auto& state = self->state;
+  auto it = state.sharded.find({model, group});
+  if (it == state.sharded.end() || it->second.map.shards() != shards) {
+    it = state.sharded.insert_or_assign({model, group}, ForwarderActorState::ShardedModel{shards})
+             .first;
+  }
+  return it->second;
+}
+
+// A request of a sharded model gets its shard, which names its partition ("<group>#<shard>"); a
+// request whose group names a shard already (forwarded by another node, or a client's choice)
+// keeps it.
+void choose_shard(Self self, RouteRequest& request) {
+  auto& state = self->state;
+  const auto config = state.config.sharding.find(request.partition.model);
+  if (config == state.config.sharding.end() || config->second.shards <= 1) return;
+  std::string& group = request.partition.routing_group;
+  if (cluster::split_shard_group(group).shard) return;
+  auto& model = sharded_model(self, request.partition.model, group, config->second.shards);
+  cluster::ShardRequest view = shard_request_of(request, model.block_size);
+  view.block_hashes = shard_key_hashes(request, model.block_size, config->second.prefix_tokens,
+                                       state.shard_key_scratch);
+  const cluster::ShardChoice choice = model.balancer.choose(model.map, config->second, view);
+  auto& series = choice.spilled() ? model.spilled[choice.shard] : model.home[choice.shard];
+  if (!series) {
+    series = node_metrics(self).shard_routes(cluster::partition_key(request.partition.model, group),
+                                             choice.shard, choice.spilled() ? "spilled" : "home");
+  }
+  series->add();
+  group = cluster::shard_group(group, choice.shard);
+}
 
 // Serves a route request here, forwards it to its partition's owner, or holds it for the next
 // view, as the table says.
@@ -400,6 +436,7 @@ forwarder_actor::behavior_type forwarder_behavior(Self self, ForwarderActorConfi
       // ingress for an actor client (answered to it).
       [self](route_atom, RouteEnvelope& envelope) -> caf::result<RouteDecisionMessage> {
         auto promise = self->make_response_promise<RouteDecisionMessage>();
+        choose_shard(self, envelope.request);
         dispatch_route(self, RouteJob{std::move(envelope), promise}, 0);
         return promise;
       },
@@ -410,6 +447,7 @@ forwarder_actor::behavior_type forwarder_behavior(Self self, ForwarderActorConfi
       },
       [self](generate_atom, GenerateEnvelope& envelope) -> caf::result<RouteDecisionMessage> {
         auto promise = self->make_response_promise<RouteDecisionMessage>();
+        choose_shard(self, envelope.request.route);
         route_generate(self, GenerateJob{std::move(envelope), promise}, false);
         return promise;
       },
@@ -436,6 +474,37 @@ forwarder_actor::behavior_type forwarder_behavior(Self self, ForwarderActorConfi
         stream->second.first_chunk_seen = true;
         relay_chunk(self, stream->second, chunk.value);
         if (chunk.value.finished()) state.streams.erase(stream);
+      },
+      [self](shard_atom, ShardFleet& fleet) {
+        const auto sharding = self->state.config.sharding.find(fleet.model);
+        if (sharding == self->state.config.sharding.end()) return;
+        auto& model =
+            sharded_model(self, fleet.model, fleet.routing_group, sharding->second.shards);
+        (void)model.map.assign(fleet.workers);
+        model.block_size = fleet.block_size;
+      },
+      [self](shard_atom, ShardLoadData& load) {
+        const auto sharding = self->state.config.sharding.find(load.model);
+        // A node configured with another shard count: its loads describe other shards.
+        if (sharding == self->state.config.sharding.end() ||
+            sharding->second.shards != load.shards) {
+          return;
+        }
+        auto& model = sharded_model(self, load.model, load.routing_group, load.shards);
+        std::uint64_t tokens = 0;
+        for (const std::uint64_t worker : load.worker_tokens) tokens += worker;
+        model.published[load.shard] = tokens;
+        model.balancer.set_load(load.shard, std::move(load.worker_tokens));
+        std::uint64_t total = 0;
+        for (const std::uint64_t shard : model.published) total += shard;
+        const std::string partition = cluster::partition_key(load.model, load.routing_group);
+        for (std::uint32_t shard = 0; shard < load.shards; ++shard) {
+          node_metrics(self)
+              .shard_load_share(partition, shard)
+              .set(total == 0
+                       ? 0.0
+                       : static_cast<double>(model.published[shard]) / static_cast<double>(total));
+        }
       },
       [self](ownership_atom, ClusterView& view) {
         update_view(self, view);

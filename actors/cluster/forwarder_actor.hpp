@@ -22,7 +22,12 @@
 //                         — from this node's published ingress, for actor clients (a generate
 //                           request's chunks go to the client's actor);
 //   chunk(GenerateChunkMessage) — a forwarded generate request's chunk, from the owner's ingress;
-//   ownership(ClusterView)     — the cluster actor's last step.
+//   ownership(ClusterView)     — the cluster actor's last step;
+//   shard(ShardFleet)          — a sharded model's workers, from the discovery actor;
+//   shard(ShardLoadData)       — a shard's published load, from the NATS bridge.
+// A request of a sharded model (one whose routing group names no shard yet) first gets its shard
+// (cluster::ShardBalancer: its prompt prefix's, or another that is the faster way), which names
+// the partition it is then served or forwarded by.
 #pragma once
 
 #include <chrono>
@@ -61,6 +66,8 @@ struct ForwarderActorConfig : NodeServices {
   /// Bound on a forward's answer (a generate request's first decision) and on connecting a peer.
   std::chrono::milliseconds forward_timeout{5000};
   std::chrono::milliseconds connect_timeout{1000};
+  /// The models split into shards: their requests go to a shard chosen here (sharding.hpp).
+  std::map<std::string, cluster::ShardingConfig, std::less<>> sharding;
 };
 
 /// A request the forwarder serves, answered on the envelope's NATS subjects (a NATS client's)
@@ -115,6 +122,24 @@ struct ForwarderActorState {
   std::vector<std::pair<RouteJob, int>> awaiting_view;  // with the views waited so far
   /// Reports naming a lease prefix no member of the last view has, waiting likewise.
   std::vector<std::pair<ReportJob, int>> awaiting_reports;
+
+  /// A sharded model (model, routing group) as this node sees it: which shard owns each worker
+  /// (from the discovery actor), the shards' published loads, this node's series.
+  struct ShardedModel {
+    explicit ShardedModel(std::uint32_t shards)
+        : map(shards), balancer(shards), published(shards, 0), home(shards), spilled(shards) {}
+    cluster::ShardMap map;
+    cluster::ShardBalancer balancer;
+    std::uint32_t block_size = 0;
+    /// Each shard's last published load, in tokens (for its share of the model's).
+    std::vector<std::uint64_t> published;
+    /// kvr_shard_routes_total by shard, resolved on first use.
+    std::vector<std::optional<metrics::ValueHandle>> home;
+    std::vector<std::optional<metrics::ValueHandle>> spilled;
+  };
+  std::map<std::pair<std::string, std::string>, ShardedModel> sharded;
+  /// Scratch for a prompt's shard key hashes.
+  std::vector<BlockHash> shard_key_scratch;
 };
 
 /// The forwarder's behaviour.

@@ -8,6 +8,7 @@
 #include "actors/actor_types.hpp"
 #include "messages/metrics/node_metrics.hpp"
 #include "selection/cluster/placement.hpp"
+#include "selection/cluster/sharding.hpp"
 
 namespace kvr::actors {
 namespace {
@@ -46,11 +47,26 @@ selector_actor selector_of_partition(Self self, const PartitionKey& key) {
   return it == self->state.selectors.end() ? selector_actor{} : it->second;
 }
 
+// The sharding of `model`, when it is split into shards (cluster mode only); else null.
+const cluster::ShardingConfig* sharding_of(Self self, std::string_view model) {
+  auto& state = self->state;
+  if (!state.config.cluster) return nullptr;
+  const auto it = state.config.sharding.find(model);
+  return it == state.config.sharding.end() || it->second.shards <= 1 ? nullptr : &it->second;
+}
+
 selector_actor spawn_selector(Self self, const PartitionKey& key) {
   auto& state = self->state;
   SelectorActorConfig config = state.config.selector;
   config.options.partition = {key.first, key.second};
   config.discovery = self;
+  if (cluster::split_shard_group(key.second).shard) {
+    if (const cluster::ShardingConfig* sharding = sharding_of(self, key.first)) {
+      config.shard_load_subject = state.config.shard_load_subject;
+      config.shards = sharding->shards;
+      config.shard_load_interval = std::chrono::milliseconds{sharding->load_interval_ms};
+    }
+  }
   // Linked: a failing selector takes the node's discovery down visibly, and discovery's exit
   // ends every selector.
   auto selector = self->spawn<caf::linked>(selector_behavior, std::move(config));
@@ -79,10 +95,130 @@ void retire_selector(Self self, const PartitionKey& key) {
   spdlog::info("kvr node: no longer serving partition {}/{}", key.first, key.second);
 }
 
+// Cluster mode: tells the cluster actor of a partition seen for the first time; a sharded
+// model's routing group is its S shards' partitions.
+void announce_partition(Self self, const PartitionKey& key) {
+  auto& state = self->state;
+  const auto announce = [&](PartitionKey partition_key) {
+    std::string partition = cluster::partition_key(partition_key.first, partition_key.second);
+    if (state.known_partitions.emplace(partition, std::move(partition_key)).second) {
+      self->send(state.config.cluster, partition_atom::value, std::move(partition));
+    }
+  };
+  const cluster::ShardingConfig* sharding = sharding_of(self, key.first);
+  if (sharding == nullptr) return announce(key);
+  for (std::uint32_t shard = 0; shard < sharding->shards; ++shard) {
+    announce({key.first, cluster::shard_group(key.second, shard)});
+  }
+}
+
+// The workers of sharded model `key` (model, routing group) as registered.
+ShardFleet shard_fleet_of(Self self, const PartitionKey& key) {
+  ShardFleet fleet{key.first, key.second, 0, {}};
+  for (const auto& [id, registration] : self->state.registrations) {
+    if (registration.model != key.first || registration.routing_group != key.second) continue;
+    fleet.workers.push_back({id, static_cast<std::uint8_t>(registration.role)});
+    fleet.block_size = registration.block_size;
+  }
+  return fleet;
+}
+
+// The fleet of sharded model `key` changed: its workers are assigned to shards again, a worker
+// whose shard changed moves (from the old shard's selector to the new one's, each if served
+// here), and the shard watchers learn the fleet.
+void reshard(Self self, const PartitionKey& key) {
+  auto& state = self->state;
+  const cluster::ShardingConfig* sharding = sharding_of(self, key.first);
+  if (sharding == nullptr) return;
+  ShardFleet fleet = shard_fleet_of(self, key);
+  cluster::ShardMap& map = state.shard_maps.try_emplace(key, sharding->shards).first->second;
+  for (const WorkerId worker : map.assign(fleet.workers)) {
+    const discovery::WorkerRegistration& registration = state.registrations.at(worker);
+    PartitionKey to{key.first, cluster::shard_group(key.second, *map.shard_of(worker))};
+    if (const auto from = state.worker_partition.find(worker);
+        from != state.worker_partition.end() && from->second != to) {
+      if (auto old = selector_of_partition(self, from->second)) {
+        self->send(old, worker_down_atom::value, WorkerLiveness{worker, registration.incarnation});
+      }
+    }
+    if (auto selector = selector_of_partition(self, to)) {
+      self->send(selector, worker_up_atom::value, registration);
+    }
+    state.worker_partition[worker] = std::move(to);
+  }
+  for (const shard_watcher_actor& watcher : state.shard_watchers) {
+    self->send(watcher, shard_atom::value, fleet);
+  }
+}
+
+// A registration of a sharded model's worker: it joins its shard's partition (its selector when
+// served here), and a change of the model's fleet reassigns the shards.
+void register_sharded(Self self, discovery::WorkerRegistration registration) {
+  auto& state = self->state;
+  const PartitionKey key{registration.model, registration.routing_group};
+  const WorkerId id = registration.worker_id;
+  state.last_heard[id] = state.config.selector.clock->now();
+  announce_partition(self, key);
+  std::optional<PartitionKey> left;
+  bool changed = true;
+  if (const auto previous = state.registrations.find(id); previous != state.registrations.end()) {
+    const discovery::WorkerRegistration& before = previous->second;
+    const PartitionKey before_key{before.model, before.routing_group};
+    changed = before_key != key || before.role != registration.role ||
+              before.block_size != registration.block_size;
+    if (before_key != key) left = before_key;
+  }
+  state.registrations.insert_or_assign(id, registration);
+  if (changed) reshard(self, key);
+  if (left) reshard(self, *left);
+  PartitionKey shard{key.first,
+                     cluster::shard_group(key.second, *state.shard_maps.at(key).shard_of(id))};
+  if (auto selector = selector_of_partition(self, shard)) {
+    self->send(selector, worker_up_atom::value, std::move(registration));
+  }
+  state.worker_partition[id] = std::move(shard);
+}
+
+// A worker of a sharded model left (deregistered, expired): the model's shards are reassigned.
+void forget_sharded(Self self, WorkerId worker, const PartitionKey& key) {
+  self->state.last_heard.erase(worker);
+  reshard(self, key);
+}
+
+// Sharded models' workers whose liveness ran out (no heartbeat within their TTL) leave this
+// node's view of the fleet: their shard's owner, which may be another node, expires them too.
+// Nothing expires while the node is cut off from NATS.
+void expire_sharded(Self self) {
+  auto& state = self->state;
+  if (!state.nats_connected) return;
+  const auto now = state.config.selector.clock->now();
+  const auto default_ttl = state.config.selector.options.registration.default_liveness_ttl;
+  std::set<PartitionKey> changed;
+  for (auto it = state.last_heard.begin(); it != state.last_heard.end();) {
+    const auto registration = state.registrations.find(it->first);
+    if (registration != state.registrations.end()) {
+      const auto ttl = registration->second.liveness_ttl.count() > 0
+                           ? registration->second.liveness_ttl
+                           : default_ttl;
+      if (now - it->second <= ttl) {
+        ++it;
+        continue;
+      }
+      changed.insert({registration->second.model, registration->second.routing_group});
+      state.registrations.erase(registration);
+      state.worker_partition.erase(it->first);
+    }
+    state.last_heard.erase(it++);
+  }
+  for (const PartitionKey& key : changed) reshard(self, key);
+}
+
 // Cluster mode: runs a selector for every partition owned or warming up, passes each owned
 // one its fence, retires the rest, and asks the workers to register again for new selectors.
 void apply_ownership(Self self, const ClusterView& view) {
   auto& state = self->state;
+  // The cluster steps periodically: the sharded models' liveness is checked as often.
+  expire_sharded(self);
   std::map<PartitionKey, std::chrono::steady_clock::time_point> wanted;
   bool unknown = false;
   const auto key_of = [&](const std::string& partition) -> std::optional<PartitionKey> {
@@ -145,6 +281,9 @@ discovery_actor::behavior_type discovery_behavior(Self self, DiscoveryActorConfi
   return {
       [self](worker_up_atom, discovery::WorkerRegistration& registration) {
         auto& state = self->state;
+        if (sharding_of(self, registration.model) != nullptr) {
+          return register_sharded(self, std::move(registration));
+        }
         PartitionKey key{registration.model, registration.routing_group};
         // A worker that moved to another partition (restarted with a new model or group) stops
         // renewing its old registration there, which then expires with its liveness.
@@ -152,10 +291,7 @@ discovery_actor::behavior_type discovery_behavior(Self self, DiscoveryActorConfi
         state.worker_partition[registration.worker_id] = key;
         if (state.config.cluster) {
           state.registrations.insert_or_assign(registration.worker_id, registration);
-          std::string partition = cluster::partition_key(key.first, key.second);
-          if (state.known_partitions.emplace(partition, key).second) {
-            self->send(state.config.cluster, partition_atom::value, std::move(partition));
-          }
+          announce_partition(self, key);
           // A partition another node owns: its workers' messages stop here.
           if (!selector) return;
         } else if (!selector) {
@@ -164,20 +300,33 @@ discovery_actor::behavior_type discovery_behavior(Self self, DiscoveryActorConfi
         self->send(selector, worker_up_atom::value, std::move(registration));
       },
       [self](heartbeat_atom, const WorkerLiveness& heartbeat) {
+        auto& state = self->state;
+        if (const auto heard = state.last_heard.find(heartbeat.worker_id);
+            heard != state.last_heard.end()) {
+          heard->second = state.config.selector.clock->now();
+        }
         if (auto selector = selector_of_worker(self, heartbeat.worker_id)) {
           self->send(selector, heartbeat_atom::value, heartbeat);
         }
       },
       [self](worker_down_atom, const WorkerLiveness& deregistration) {
         auto& state = self->state;
+        std::optional<PartitionKey> sharded;
         if (const auto known = state.registrations.find(deregistration.worker_id);
             known != state.registrations.end() &&
             known->second.incarnation == deregistration.incarnation) {
+          if (sharding_of(self, known->second.model) != nullptr) {
+            sharded.emplace(known->second.model, known->second.routing_group);
+          }
           state.registrations.erase(known);
         }
         if (auto selector = selector_of_worker(self, deregistration.worker_id)) {
           self->send(selector, worker_down_atom::value, deregistration);
           state.worker_partition.erase(deregistration.worker_id);
+        }
+        if (sharded) {
+          state.worker_partition.erase(deregistration.worker_id);
+          forget_sharded(self, deregistration.worker_id, *sharded);
         }
       },
       [self](load_atom, WorkerLoadReport& report) {
@@ -237,6 +386,11 @@ discovery_actor::behavior_type discovery_behavior(Self self, DiscoveryActorConfi
       [self](nats_link_atom, bool connected) {
         auto& state = self->state;
         state.nats_connected = connected;
+        // Back after an outage: sharded models' workers get one TTL from now, as selectors do.
+        if (connected) {
+          const auto now = state.config.selector.clock->now();
+          for (auto& [worker, heard] : state.last_heard) heard = now;
+        }
         for (const auto& [key, selector] : state.selectors) {
           self->send(selector, nats_link_atom::value, connected);
         }
@@ -256,20 +410,45 @@ discovery_actor::behavior_type discovery_behavior(Self self, DiscoveryActorConfi
       [self](removed_atom, const std::vector<WorkerId>& removed) {
         auto& state = self->state;
         const auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+        // A worker that moved to another shard left the sender's partition but not the fleet:
+        // its requests in flight go on.
+        std::vector<WorkerId> gone;
+        std::set<PartitionKey> resharded;
         for (WorkerId id : removed) {
           const auto it = state.worker_partition.find(id);
-          if (it != state.worker_partition.end() &&
-              selector_of_partition(self, it->second) == sender) {
-            state.worker_partition.erase(it);
-            state.registrations.erase(id);
+          if (it == state.worker_partition.end()) {
+            gone.push_back(id);
+            continue;
+          }
+          if (selector_of_partition(self, it->second) != sender) {
+            if (!state.last_heard.contains(id)) gone.push_back(id);
+            continue;
+          }
+          gone.push_back(id);
+          state.worker_partition.erase(it);
+          if (const auto known = state.registrations.find(id); known != state.registrations.end()) {
+            if (sharding_of(self, known->second.model) != nullptr) {
+              resharded.insert({known->second.model, known->second.routing_group});
+              state.last_heard.erase(id);
+            }
+            state.registrations.erase(known);
           }
         }
+        for (const PartitionKey& key : resharded) reshard(self, key);
+        if (gone.empty()) return;
         for (const removal_watcher_actor& watcher : state.watchers) {
-          self->send(watcher, removed_atom::value, removed);
+          self->send(watcher, removed_atom::value, gone);
         }
       },
       [self](watch_atom, const removal_watcher_actor& watcher) {
         if (watcher) self->state.watchers.push_back(watcher);
+      },
+      [self](watch_atom, const shard_watcher_actor& watcher) {
+        if (!watcher) return;
+        self->state.shard_watchers.push_back(watcher);
+        for (const auto& [key, map] : self->state.shard_maps) {
+          self->send(watcher, shard_atom::value, shard_fleet_of(self, key));
+        }
       },
       [self](watch_atom, const selector_subscriber_actor& subscriber) {
         if (!subscriber) return;

@@ -37,7 +37,13 @@
 // In cluster mode it runs selectors only for the partitions the cluster actor says this node owns
 // or warms up (ownership, with each owned partition's fence passed to its selector), drops the
 // worker messages of the others early, retires a selector whose partition it lost, and tells the
-// cluster actor of every partition it sees.
+// cluster actor of every partition it sees. A sharded model's routing group is S partitions, one
+// per shard: it assigns each worker to its shard (cluster::ShardMap, from every registration it
+// has heard, whichever node owns the shard), moves workers between shards when the fleet changes
+// (a move is no removal: requests in flight on the worker go on), tracks the liveness of workers
+// whose shards it does not serve, and tells the shard watchers (the forwarder) every change:
+//   watch(shard_watcher_actor)                       — `actor` gets shard(ShardFleet) for every
+//                                                      sharded model, now and on every change.
 // Messages from a worker it does not know (heartbeat, load, KV events) make it ask the workers to
 // register again (at most once per throttle period). Spawned by the router node. It must never
 // block, throw, touch a selector's state, or call NATS request().
@@ -69,6 +75,11 @@ struct DiscoveryActorConfig {
   /// Cluster mode: told of every partition; a selector runs only for the partitions this node
   /// owns or warms up (its ownership messages). Null: a node that owns every partition.
   cluster_actor cluster;
+  /// Cluster mode: the models split into shards (selection/cluster/sharding.hpp), each of whose
+  /// routing groups is then S partitions "<group>#<shard>", leased and served like any other.
+  std::map<std::string, cluster::ShardingConfig, std::less<>> sharding;
+  /// Where the shards publish their load (subjects::router_shard_load).
+  std::string shard_load_subject;
 };
 
 /// The discovery actor's state.
@@ -91,6 +102,13 @@ struct DiscoveryActorState {
   absl::flat_hash_map<WorkerId, discovery::WorkerRegistration> registrations;
   /// Cluster mode: the partitions owned at the last ownership message.
   std::set<std::pair<std::string, std::string>> owned;
+  /// Sharded models, by (model, routing group): which shard owns each of their workers.
+  std::map<std::pair<std::string, std::string>, cluster::ShardMap> shard_maps;
+  /// Workers of sharded models: when each was last heard from (a registration or heartbeat),
+  /// for their liveness, which this node tracks itself since it may own none of their shards.
+  absl::flat_hash_map<WorkerId, std::chrono::steady_clock::time_point> last_heard;
+  /// Told of every sharded model's fleet.
+  std::vector<shard_watcher_actor> shard_watchers;
 };
 
 /// The discovery actor's behaviour.

@@ -34,6 +34,7 @@
 #include "messages/metrics/metrics_http.hpp"
 #include "messages/metrics/node_metrics.hpp"
 #include "messages/nats/redact.hpp"
+#include "messages/subjects.hpp"
 #include "selection/wire/nats_bridge.hpp"
 
 namespace kvr::actors {
@@ -54,8 +55,15 @@ std::string random_booking_id_prefix() {
 // worker messages too.
 BridgeSinks make_bridge_sinks(const discovery_actor& discovery, const RequestEntry& entry,
                               const lifecycle_actor& lifecycle,
-                              const std::shared_ptr<front_door::FleetDirectory>& directory) {
+                              const std::shared_ptr<front_door::FleetDirectory>& directory,
+                              const forwarder_actor& shard_chooser) {
   BridgeSinks sinks;
+  // Sharded partitions: the shards' loads go to the forwarder, which chooses shards.
+  if (shard_chooser) {
+    sinks.shard_load = [shard_chooser](ShardLoadData load) {
+      caf::anon_send(shard_chooser, shard_atom::value, std::move(load));
+    };
+  }
   sinks.registration = [discovery, directory](discovery::WorkerRegistration registration) {
     if (directory) directory->registered(registration);
     caf::anon_send(discovery, worker_up_atom::value, std::move(registration));
@@ -352,7 +360,12 @@ struct RouterNode::Impl {
     settings.ns = options.ns;
     // A forwarded request may wait in its owner's queue as long as a local one would.
     settings.forward_timeout = selector_answer_timeout() + std::chrono::seconds(1);
+    settings.sharding = options.cluster.sharding;
     forwarder = system->spawn(forwarder_behavior, std::move(settings));
+    // It chooses the shards of sharded models: the discovery actor tells it their fleets.
+    if (!options.cluster.sharding.empty()) {
+      caf::anon_send(discovery, watch_atom::value, shard_watcher_actor{forwarder});
+    }
   }
 
   // Publishes the ingress actor on the cluster address (peers forward to it) and starts the
@@ -462,8 +475,12 @@ struct RouterNode::Impl {
     selector.ownership_wait = options.cluster.lease_ttl;
     // The re-registration throttle keeps its default: a flood of messages from unknown workers
     // asks the fleet to register again at most once per throttle.
-    discovery = system->spawn(discovery_behavior,
-                              DiscoveryActorConfig{.selector = selector, .cluster = cluster});
+    discovery = system->spawn(
+        discovery_behavior,
+        DiscoveryActorConfig{.selector = selector,
+                             .cluster = cluster,
+                             .sharding = options.cluster.sharding,
+                             .shard_load_subject = subjects::router_shard_load(options.ns)});
   }
 
   // Admission in front of the reservation and lifecycle actors, only with a configured
@@ -558,7 +575,9 @@ struct RouterNode::Impl {
     if (options.http || options.epp) {
       directory = std::make_shared<front_door::FleetDirectory>(options.clock);
     }
-    return bridge->start(make_bridge_sinks(discovery, entry(), lifecycle, directory));
+    const bool sharded = options.cluster.enabled && !options.cluster.sharding.empty();
+    return bridge->start(make_bridge_sinks(discovery, entry(), lifecycle, directory,
+                                           sharded ? forwarder : forwarder_actor{}));
   }
 
   // Serves the OpenAI-compatible API (--http-port) and the endpoint picker (--epp-port), when

@@ -19,6 +19,7 @@
 #include "messages/metrics/metrics_registry.hpp"
 #include "messages/nats/nats_client.hpp"
 #include "messages/peer_tls.hpp"
+#include "selection/cluster/sharding.hpp"
 #include "selection/front_door/endpoint_picker.hpp"
 #include "selection/front_door/http_front_door.hpp"
 #include "selection/partition/booking_caps.hpp"
@@ -44,6 +45,8 @@ struct ClusterNodeOptions {
   /// A lease not renewed for this long ages out; renewals every third of it, and a node stops
   /// serving a partition two thirds of it after its last successful renewal.
   std::chrono::milliseconds lease_ttl{3000};
+  /// The models split into shards (`--partition-shards`), each shard leased as a partition.
+  std::map<std::string, cluster::ShardingConfig, std::less<>> sharding;
 };
 
 /// How the peer ports (the actor port and the cluster port, both CAF's middleman) admit a peer

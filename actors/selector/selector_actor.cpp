@@ -4,6 +4,9 @@
 
 #include <caf/typed_event_based_actor.hpp>
 
+#include "selection/cluster/sharding.hpp"
+#include "selection/wire/shard_messages.hpp"
+
 namespace kvr::actors {
 namespace {
 
@@ -42,6 +45,25 @@ void carry_out(Self self, bool gauges) {
   state.telemetry->record(effects);
   if (gauges) state.telemetry->write_gauges(*state.router);
   effects.clear();
+}
+
+// A shard publishes its load for the nodes that choose shards, at most once per interval.
+void publish_shard_load(Self self) {
+  auto& state = self->state;
+  if (state.config.shard_load_subject.empty()) return;
+  const TimePoint at = now(self);
+  if (at - state.load_published < state.config.shard_load_interval) return;
+  state.load_published = at;
+  const auto& partition = state.config.options.partition;
+  const cluster::ShardedGroup group = cluster::split_shard_group(partition.routing_group);
+  if (!group.shard) return;
+  state.config.publisher->publish(
+      state.config.shard_load_subject,
+      encode_shard_load({.model = partition.model,
+                         .routing_group = std::string{group.routing_group},
+                         .shard = *group.shard,
+                         .shards = state.config.shards,
+                         .worker_tokens = state.router->state().work_ahead_tokens()}));
 }
 
 }  // namespace
@@ -114,6 +136,7 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
         self->state.router->tick(now(self), self->state.effects);
         self->state.telemetry->write_learnt_values(*self->state.router, now(self));
         carry_out(self, true);
+        publish_shard_load(self);
         self->delayed_send(self, self->state.config.tick_interval, tick_atom::value);
       },
       [self](nats_link_atom, bool connected) {

@@ -13,7 +13,8 @@
 //   cancel(model, group, request id): the caller gave up on a queued request;
 //   fence(owned until): cluster mode, the partition's lease fence;
 //   nats_link(bool connected): the node's NATS connection went down or came back;
-//   tick: internal, its own timer; wake: internal, the queue's next deadline.
+//   tick: internal, its own timer (a shard publishes its load then); wake: internal, the queue's
+//   next deadline.
 // Effects: answers go to their promises, dump requests to the RouterPublisher (never waiting),
 // workers that left to the discovery actor (which tells the lifecycle actor), the fleet and its KV
 // usage to the classifier actor, events to metrics and the log.
@@ -50,6 +51,12 @@ struct SelectorActorConfig : PartitionRouterOptions, NodeServices {
   /// The node's classifier actor, told the partition's fleet and KV usage; null (no classifier
   /// configured): nothing is sent.
   classifier_actor classifier;
+  /// A shard of a sharded partition (its routing group names the shard) publishes its load
+  /// (SelectorState::work_ahead_tokens) on this subject every shard_load_interval, so that every
+  /// node can choose shards; empty: not a shard.
+  std::string shard_load_subject;
+  std::uint32_t shards = 1;
+  std::chrono::milliseconds shard_load_interval{100};
 };
 
 /// The selector actor's state.
@@ -64,6 +71,8 @@ struct SelectorActorState {
   RouteTicket next_ticket = 1;
   /// The partition's metrics and log lines.
   std::optional<PartitionTelemetry> telemetry;
+  /// When the shard last published its load.
+  TimePoint load_published{};
 };
 
 /// The selector actor's behaviour.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "deploy/cli/cli_options.hpp"
 #include "deploy/cli/stop_signals.hpp"
 #include "discovery/catalog/worker_registration.hpp"
+#include "selection/cluster/sharding.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/config/selection_precedence.hpp"
 #include "selection/partition/partition_queue.hpp"
@@ -48,7 +50,33 @@ struct NodeCommandOptions {
   std::vector<std::string> tokenizers;
   std::optional<double> queue_threshold;  // unset: the class `default` never queues
   std::uint64_t cluster_lease_ttl_ms = 3000;
+  /// --partition-shards MODEL=S, repeatable.
+  std::vector<std::string> partition_shards;
+  cluster::ShardingConfig shard_settings;
 };
+
+// --partition-shards MODEL=S: the models split into shards, each with the --shard-* settings.
+std::expected<std::map<std::string, cluster::ShardingConfig, std::less<>>, std::string>
+parse_partition_shards(const std::vector<std::string>& flags, const cluster::ShardingConfig& base) {
+  std::map<std::string, cluster::ShardingConfig, std::less<>> sharding;
+  for (const std::string& flag : flags) {
+    const std::size_t equals = flag.rfind('=');
+    std::uint32_t shards = 0;
+    const char* digits = flag.data() + equals + 1;
+    if (equals == std::string::npos || equals == 0 ||
+        std::from_chars(digits, flag.data() + flag.size(), shards).ptr !=
+            flag.data() + flag.size()) {
+      return std::unexpected(fmt::format("--partition-shards: '{}' is not MODEL=SHARDS", flag));
+    }
+    cluster::ShardingConfig config = base;
+    config.shards = shards;
+    if (auto invalid = cluster::validate(config)) {
+      return std::unexpected(fmt::format("--partition-shards {}: {}", flag, *invalid));
+    }
+    sharding.insert_or_assign(flag.substr(0, equals), config);
+  }
+  return sharding;
+}
 
 // More scheduler threads than this only contend for the cores (and thousands take minutes to
 // start): four per hardware thread, at most 256.
@@ -181,6 +209,18 @@ int run_node(NodeCommandOptions options) {
         .max_renders_in_flight = options.http.max_renders_in_flight,
         .render_timeout = options.http.render_timeout};
   }
+  auto sharding = parse_partition_shards(options.partition_shards, options.shard_settings);
+  if (!sharding) {
+    spdlog::error("kvr node: {}", sharding.error());
+    return kUsageError;
+  }
+  if (!sharding->empty() && !options.node.cluster.enabled) {
+    spdlog::error(
+        "kvr node: --partition-shards: needs --cluster (each shard is leased as a "
+        "partition)");
+    return kUsageError;
+  }
+  options.node.cluster.sharding = std::move(*sharding);
   if (auto valid = options.node.validate(); !valid) {
     spdlog::error("kvr node: {}", valid.error());
     return kUsageError;
@@ -420,6 +460,29 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->envname("KVR_CLUSTER_LEASE_TTL_MS")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{300}, std::uint64_t{60'000}))
+      ->group(cluster_group);
+  command
+      ->add_option("--partition-shards", options->partition_shards,
+                   "MODEL=S: split the model into S shards, each a partition of its own that owns "
+                   "a share of the model's workers, so that several nodes decide its requests; "
+                   "repeatable (docs/cluster.md)")
+      ->envname("KVR_PARTITION_SHARDS")
+      ->delimiter(',')
+      ->group(cluster_group);
+  command
+      ->add_option("--shard-prefix-tokens", options->shard_settings.prefix_tokens,
+                   "a request's shard is its prompt prefix's of this many tokens")
+      ->envname("KVR_SHARD_PREFIX_TOKENS")
+      ->capture_default_str()
+      ->check(CLI::Range(1U, 1U << 20))
+      ->group(cluster_group);
+  command
+      ->add_option("--shard-miss-cost", options->shard_settings.miss_cost,
+                   "a request leaves its prefix's shard when another's least loaded worker is "
+                   "ahead by more than this many times its prompt tokens")
+      ->envname("KVR_SHARD_MISS_COST")
+      ->capture_default_str()
+      ->check(finite_range(0, 1000))
       ->group(cluster_group);
   command
       ->add_option("--metrics-port", options->metrics_port,

@@ -342,18 +342,10 @@ class PolicyRun {
     return choice.shard;
   }
 
-  // Each shard's load as its owner publishes it: per worker, queued prefill and held KV tokens.
+  // Each shard's load as its owner publishes it (SelectorState::work_ahead_tokens).
   void publish_shard_loads() {
-    std::vector<std::vector<std::uint64_t>> loads(routers_.size());
-    for (std::size_t w = 0; w < options_.workers; ++w) {
-      const SelectorState& state = routers_[shard_of_worker_[w]]->state();
-      const WorkerWithDpRank rank{w + 1, 0};
-      loads[shard_of_worker_[w]].push_back(state.queued_prefill_tokens(rank) +
-                                           state.active_kv_blocks(rank) *
-                                               options_.engine.block_size);
-    }
-    for (std::uint32_t shard = 0; shard < loads.size(); ++shard) {
-      balancer_.set_load(shard, std::move(loads[shard]));
+    for (std::uint32_t shard = 0; shard < routers_.size(); ++shard) {
+      balancer_.set_load(shard, routers_[shard]->state().work_ahead_tokens());
     }
   }
 

@@ -65,6 +65,10 @@ std::expected<WorkerRegistration, RegistrationError> validate_registration(
     registration.http_url = std::string{trim_trailing_slash(registration.http_url)};
   }
   if (registration.routing_group.empty()) registration.routing_group = "default";
+  // '#' names a shard of a routing group inside a node (selection/cluster/sharding.hpp).
+  if (registration.routing_group.find('#') != std::string::npos) {
+    return bad("routing_group", quoted(registration.routing_group) + " contains '#'");
+  }
   if (registration.block_size == 0) return bad("block_size", "must be positive");
   if (registration.block_size > limits.max_block_size) {
     return bad("block_size", std::to_string(registration.block_size) + " is more than " +

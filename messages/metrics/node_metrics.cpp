@@ -217,6 +217,16 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
      "the router decided: disaggregated (the prefill hop, then decode), short_prompt, "
      "prefill_queue or no_prefill_worker (decode alone).",
      {}},
+    {N::kShardRoutes,
+     MetricType::Counter,
+     "Requests of sharded partitions this node sent to a shard, by partition, shard and outcome: "
+     "home (the shard of the prompt's prefix) or spilled (another shard, the faster way).",
+     {}},
+    {N::kShardLoadShare,
+     MetricType::Gauge,
+     "A shard's part of its partition's load (queued prefill and held KV tokens), as its owner "
+     "last published it, by partition and shard.",
+     {}},
     {N::kPrefillHop, MetricType::Histogram,
      "Time from routing a prefill hop to its worker's answer carrying the KV transfer "
      "parameters, by model.",
@@ -463,6 +473,16 @@ ValueHandle NodeMetrics::disaggregation_decisions(std::string_view partition,
                                                   std::string_view reason) const {
   return registry_->counter(kDisaggregationDecisions, {{"partition", std::string{partition}},
                                                        {"reason", std::string{reason}}});
+}
+ValueHandle NodeMetrics::shard_routes(std::string_view partition, std::uint32_t shard,
+                                      std::string_view outcome) const {
+  return registry_->counter(kShardRoutes, {{"partition", std::string{partition}},
+                                           {"shard", std::to_string(shard)},
+                                           {"outcome", std::string{outcome}}});
+}
+ValueHandle NodeMetrics::shard_load_share(std::string_view partition, std::uint32_t shard) const {
+  return registry_->gauge(
+      kShardLoadShare, {{"partition", std::string{partition}}, {"shard", std::to_string(shard)}});
 }
 HistogramHandle NodeMetrics::prefill_hop(std::string_view model) const {
   return registry_->histogram(kPrefillHop, {{"model", std::string{model}}});

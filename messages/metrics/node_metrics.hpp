@@ -101,6 +101,9 @@ class NodeMetrics {
   // Disaggregated serving.
   static constexpr std::string_view kDisaggregationDecisions = "kvr_disaggregation_decisions_total";
   static constexpr std::string_view kPrefillHop = "kvr_prefill_hop_seconds";
+  // Sharded partitions.
+  static constexpr std::string_view kShardRoutes = "kvr_shard_routes_total";
+  static constexpr std::string_view kShardLoadShare = "kvr_shard_load_share";
   static constexpr std::string_view kDecodeHandoff = "kvr_decode_handoff_seconds";
   // The hit-rate ladder (docs/hit-rate.md), per model, from both doors.
   static constexpr std::string_view kPromptTokens = "kvr_prompt_tokens_total";
@@ -232,6 +235,12 @@ class NodeMetrics {
   /// Generate requests of disaggregated partitions planned, by partition and reason
   /// (DisaggregationReason: disaggregated, short_prompt, prefill_queue, no_prefill_worker).
   ValueHandle disaggregation_decisions(std::string_view partition, std::string_view reason) const;
+  /// Requests this node sent to a shard of a sharded partition ("<model>/<routing group>"), by
+  /// shard and outcome: home (its prefix's shard) or spilled (another, the faster way).
+  ValueHandle shard_routes(std::string_view partition, std::uint32_t shard,
+                           std::string_view outcome) const;
+  /// A shard's part of its partition's published load (0..1), as this node last saw it.
+  ValueHandle shard_load_share(std::string_view partition, std::uint32_t shard) const;
   /// The prefill hop, from its routing to the prefill worker's answer (one attempt), by model.
   HistogramHandle prefill_hop(std::string_view model) const;
   /// The node's own part of the second hop: the prefill's answer to the decode dispatch.

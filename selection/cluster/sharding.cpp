@@ -1,6 +1,7 @@
 #include "selection/cluster/sharding.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -54,6 +55,22 @@ std::optional<std::string> validate(const ShardingConfig& config) {
 std::string shard_key(std::string_view partition_key, std::uint32_t shard, std::uint32_t shards) {
   if (shards <= 1) return std::string{partition_key};
   return fmt::format("{}#{}", partition_key, shard);
+}
+
+std::string shard_group(std::string_view routing_group, std::uint32_t shard) {
+  return fmt::format("{}{}{}", routing_group, kShardSeparator, shard);
+}
+
+ShardedGroup split_shard_group(std::string_view group) {
+  const std::size_t separator = group.rfind(kShardSeparator);
+  if (separator == std::string_view::npos) return {group, std::nullopt};
+  std::uint32_t shard = 0;
+  const std::string_view digits = group.substr(separator + 1);
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), shard);
+  if (digits.empty() || error != std::errc{} || end != digits.data() + digits.size()) {
+    return {group, std::nullopt};
+  }
+  return {group.substr(0, separator), shard};
 }
 
 ShardMap::ShardMap(std::uint32_t shards) : workers_per_shard_(std::max<std::uint32_t>(1, shards)) {}

@@ -58,6 +58,17 @@ std::optional<std::string> validate(const ShardingConfig& config);
 /// unsharded model keeps the plain partition key.
 std::string shard_key(std::string_view partition_key, std::uint32_t shard, std::uint32_t shards);
 
+/// Inside a node a shard is a partition of its own, whose routing group names the shard:
+/// "<routing group>#<shard>" (workers register, and clients route, with the plain group).
+inline constexpr char kShardSeparator = '#';
+std::string shard_group(std::string_view routing_group, std::uint32_t shard);
+/// A partition's routing group without its shard, and the shard (none for an unsharded group).
+struct ShardedGroup {
+  std::string_view routing_group;
+  std::optional<std::uint32_t> shard;
+};
+ShardedGroup split_shard_group(std::string_view group);
+
 /// A worker as shard assignment sees it: its id and the group it is balanced within (its role:
 /// prefill and decode workers are spread over the shards separately, so that every shard of a
 /// disaggregated model has both).

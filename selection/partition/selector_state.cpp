@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "discovery/block_hash.hpp"
+#include "selection/cluster/sharding.hpp"
 
 namespace kvr {
 namespace {
@@ -82,8 +83,10 @@ SelectorState::SelectorState(SelectorOptions options, const plugins::RouterPlugi
 
 std::expected<discovery::RegistrationChange, discovery::RegistrationError>
 SelectorState::register_worker(discovery::WorkerRegistration registration, TimePoint now) {
+  // A shard's workers register with the model's plain routing group.
   if (registration.model != options_.partition.model ||
-      registration.routing_group != options_.partition.routing_group) {
+      registration.routing_group !=
+          cluster::split_shard_group(options_.partition.routing_group).routing_group) {
     return std::unexpected(discovery::RegistrationError{
         registration.model != options_.partition.model ? "model" : "routing_group",
         fmt::format("'{}' group '{}' belongs to another partition than '{}' group '{}'",
@@ -612,6 +615,21 @@ std::uint64_t SelectorState::active_kv_blocks(WorkerWithDpRank worker) const {
   if (!view) return 0;
   const std::uint64_t reported = view->confirmed ? view->confirmed->kv_blocks_used : 0;
   return plus_change(reported, view->blocks_since_report);
+}
+
+std::vector<std::uint64_t> SelectorState::work_ahead_tokens() const {
+  std::vector<std::uint64_t> tokens;
+  for (const WorkerType role : {WorkerType::Prefill, WorkerType::Aggregated, WorkerType::Decode}) {
+    const auto rows = workers(role);
+    if (rows.empty()) continue;
+    tokens.reserve(rows.size());
+    for (const selection::WorkerDescriptor& row : rows) {
+      tokens.push_back(queued_prefill_tokens(row.worker) +
+                       active_kv_blocks(row.worker) * block_size_);
+    }
+    break;
+  }
+  return tokens;
 }
 
 std::optional<std::string> SelectorState::unroutable_reason(const RouteRequest& request,

@@ -165,6 +165,10 @@ class SelectorState final : public selection::WorkerSignalSource {
   /// The KV blocks `worker`'s running requests hold (its report plus the bookings since); 0 for
   /// an unknown rank.
   std::uint64_t active_kv_blocks(WorkerWithDpRank worker) const;
+  /// The work ahead of each rank a request's prompt goes to first (the prefill workers when the
+  /// partition has some), in tokens: its queued prefill plus the KV its running requests hold. A
+  /// shard publishes it as its load (selection/cluster/sharding.hpp).
+  std::vector<std::uint64_t> work_ahead_tokens() const;
 
   // ---- selection::WorkerSignalSource ------------------------------------------------------
   std::span<const selection::WorkerDescriptor> workers(WorkerType worker_type) const override;

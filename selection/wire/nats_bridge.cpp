@@ -262,6 +262,15 @@ std::expected<void, std::string> NatsBridge::start(BridgeSinks sinks) {
         subjects::kRouterQueueGroup);
   }
   if (subscribed && sinks_.generate) subscribed = subscribe_generate();
+  if (subscribed && sinks_.shard_load) {
+    subject = subjects::router_shard_load(ns);
+    subscribed =
+        subscribe(subject, [this, bad = bad_message_counter(subject)](nats::NatsMessage message) {
+          auto load = decode_shard_load(message.data);
+          if (!load) return drop(bad, load.error());
+          sinks_.shard_load(std::move(*load));
+        });
+  }
   if (!subscribed) return std::unexpected(subscribed.error());
   if (!client_->flush(std::chrono::seconds(5))) {
     return std::unexpected("NATS server did not confirm the subscriptions");

@@ -27,6 +27,7 @@
 #include "messages/nats/nats_client.hpp"
 #include "selection/wire/generate_messages.hpp"
 #include "selection/wire/route_messages.hpp"
+#include "selection/wire/shard_messages.hpp"
 #include "selection/wire/worker_messages.hpp"
 
 namespace kvr {
@@ -73,6 +74,9 @@ struct BridgeSinks {
   std::function<void(std::string request_id)> generate_cancel;
   /// A worker's chunk on the stream inbox `<stream_inbox_prefix()>.<stream id>`.
   std::function<void(std::uint64_t stream_id, v1::GenerateChunk chunk)> chunk;
+  /// Sharded partitions: a shard's published load. Without this sink the subject is not
+  /// subscribed.
+  std::function<void(ShardLoadData)> shard_load;
   /// The connection was lost (the client reconnects by itself): what the node hears of its
   /// workers now says nothing about them.
   std::function<void()> disconnected;
