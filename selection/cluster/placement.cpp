@@ -109,9 +109,13 @@ std::map<std::string, std::string> assign(std::span<const std::string> partition
   std::vector<std::size_t> room(normalised.size());
   const auto count = static_cast<double>(order.size());
   for (std::size_t i = 0; i < normalised.size(); ++i) {
-    const double share = (1 + epsilon) * count * normalised[i].weight / total_weight;
+    const double fair = count * normalised[i].weight / total_weight;
+    const double slack = (1 + epsilon) * fair;
     // A share that is an integer up to rounding error (110.00000000000001) must not round up.
-    room[i] = static_cast<std::size_t>(std::ceil(share - 1e-9 * std::max(1.0, share)));
+    const double tolerance = 1e-9 * std::max(1.0, slack);
+    // The slack is whole partitions only: a few partitions (a model's shards) spread evenly.
+    room[i] = std::max(static_cast<std::size_t>(std::ceil(fair - tolerance)),
+                       static_cast<std::size_t>(std::floor(slack + tolerance)));
   }
 
   std::vector<double> scores(normalised.size());

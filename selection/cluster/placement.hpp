@@ -41,7 +41,9 @@ std::optional<std::string> desired_owner(std::string_view partition,
 
 /// Every partition's owner under a load bound: partitions are taken in an order fixed by their
 /// own hash, each goes to its highest-scoring member that still has room, a member's room being
-/// ⌈(1 + epsilon) · partitions · weight / total weight⌉. The result depends only on the sets
+/// its fair share (partitions · weight / total weight) rounded up, or (1 + epsilon) times it
+/// rounded down when that is more: the slack is whole partitions, so that a few partitions (a
+/// model's shards) spread evenly. The result depends only on the sets
 /// given (not their order; duplicate partitions count once, a duplicated node id keeps its
 /// largest weight). Empty when no member has a usable weight.
 std::map<std::string, std::string> assign(std::span<const std::string> partitions,
