@@ -15,6 +15,22 @@ std::string under(std::string_view ns, std::string_view suffix) {
 
 }  // namespace
 
+std::string partition_token(std::string_view partition) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string token;
+  token.reserve(partition.size());
+  for (const unsigned char c : partition) {
+    if (std::isalnum(c) != 0 || c == '-' || c == '/' || c == '_') {
+      token += static_cast<char>(c);
+    } else {
+      token += '=';
+      token += kHex[c >> 4];
+      token += kHex[c & 0xF];
+    }
+  }
+  return token;
+}
+
 std::string worker_register(std::string_view ns) { return under(ns, "workers.register"); }
 std::string worker_heartbeat(std::string_view ns) { return under(ns, "workers.heartbeat"); }
 std::string worker_deregister(std::string_view ns) { return under(ns, "workers.deregister"); }
@@ -27,18 +43,21 @@ std::string kv_events_all(std::string_view ns) { return under(ns, "kv.*"); }
 std::string router_route(std::string_view ns) { return under(ns, "router.route"); }
 std::string router_shard_load(std::string_view ns) { return under(ns, "router.shard_load"); }
 std::string router_partition_route(std::string_view ns, std::string_view partition) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string token;
-  for (const unsigned char c : partition) {
-    if (std::isalnum(c) != 0 || c == '-' || c == '/' || c == '_') {
-      token += static_cast<char>(c);
-    } else {
-      token += '=';
-      token += kHex[c >> 4];
-      token += kHex[c & 0xF];
-    }
-  }
-  return under(ns, "router." + token + ".route");
+  return under(ns, "router." + partition_token(partition) + ".route");
+}
+std::string partition_kv_events(std::string_view ns, std::string_view partition, WorkerId worker) {
+  return under(ns, "kv." + partition_token(partition) + "." + std::to_string(worker));
+}
+std::string partition_kv_events_all(std::string_view ns, std::string_view partition) {
+  return under(ns, "kv." + partition_token(partition) + ".*");
+}
+std::string partition_load(std::string_view ns, std::string_view partition, WorkerId worker) {
+  return under(ns, "load." + partition_token(partition) + "." + std::to_string(worker));
+}
+std::string every_load(std::string_view ns) { return under(ns, "load.>"); }
+std::string every_kv_events(std::string_view ns) { return under(ns, "kv.>"); }
+std::string partition_load_all(std::string_view ns, std::string_view partition) {
+  return under(ns, "load." + partition_token(partition) + ".*");
 }
 std::string router_generate(std::string_view ns) { return under(ns, "router.generate"); }
 std::string router_generate_cancel(std::string_view ns) {
@@ -78,7 +97,7 @@ std::string invalid_worker_subject(std::string_view subject) {
     if (dot != std::string_view::npos) {
       const std::string_view after_ns = rest.substr(dot + 1);
       const std::string_view kind = after_ns.substr(0, after_ns.find('.'));
-      if (kind == "router" || kind == "workers" || kind == "kv") {
+      if (kind == "router" || kind == "workers" || kind == "kv" || kind == "load") {
         return "is in the routers' own subject space (kvr.<namespace>." + std::string{kind} + ".)";
       }
     }

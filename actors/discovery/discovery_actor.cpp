@@ -55,6 +55,50 @@ const cluster::ShardingConfig* sharding_of(Self self, std::string_view model) {
   return it == state.config.sharding.end() || it->second.shards <= 1 ? nullptr : &it->second;
 }
 
+// The partition key the workers of `key` publish under: a shard's workers publish under their
+// model's plain routing group.
+std::string feed_partition(const PartitionKey& key) {
+  return cluster::partition_key(key.first, cluster::split_shard_group(key.second).routing_group);
+}
+
+// Follows the worker messages of a partition served here: all its workers, or for a shard each of
+// its workers.
+void follow_partition(Self self, const PartitionKey& key, bool follow) {
+  auto& state = self->state;
+  if (!state.config.feed) return;
+  const std::string label = cluster::partition_key(key.first, key.second);
+  if (!cluster::split_shard_group(key.second).shard) {
+    if (follow) {
+      state.config.feed->follow(label, std::nullopt, label);
+    } else {
+      state.config.feed->unfollow(label, std::nullopt);
+    }
+    return;
+  }
+  const std::string partition = feed_partition(key);
+  for (const auto& [worker, worker_key] : state.worker_partition) {
+    if (worker_key != key) continue;
+    if (follow) {
+      state.config.feed->follow(partition, worker, label);
+    } else {
+      state.config.feed->unfollow(partition, worker);
+    }
+  }
+}
+
+// A sharded model's worker now belongs to shard `key`: followed when the shard is served here,
+// else no longer.
+void follow_shard_worker(Self self, WorkerId worker, const PartitionKey& key) {
+  auto& state = self->state;
+  if (!state.config.feed) return;
+  if (state.selectors.contains(key)) {
+    state.config.feed->follow(feed_partition(key), worker,
+                              cluster::partition_key(key.first, key.second));
+  } else {
+    state.config.feed->unfollow(feed_partition(key), worker);
+  }
+}
+
 selector_actor spawn_selector(Self self, const PartitionKey& key) {
   auto& state = self->state;
   SelectorActorConfig config = state.config.selector;
@@ -76,6 +120,7 @@ selector_actor spawn_selector(Self self, const PartitionKey& key) {
   for (const selector_subscriber_actor& subscriber : state.selector_subscribers) {
     self->send(subscriber, selector_atom::value, key.first, key.second, selector);
   }
+  follow_partition(self, key, true);
   spdlog::info("kvr node: serving partition {}/{}", key.first, key.second);
   return selector;
 }
@@ -85,6 +130,7 @@ void retire_selector(Self self, const PartitionKey& key) {
   auto& state = self->state;
   const auto it = state.selectors.find(key);
   if (it == state.selectors.end()) return;
+  follow_partition(self, key, false);
   // Unlinked first: a retired selector's exit must not take the discovery actor with it.
   self->unlink_from(it->second);
   self->send_exit(it->second, caf::exit_reason::user_shutdown);
@@ -144,6 +190,7 @@ void reshard(Self self, const PartitionKey& key) {
     if (auto selector = selector_of_partition(self, to)) {
       self->send(selector, worker_up_atom::value, registration);
     }
+    follow_shard_worker(self, worker, to);
     state.worker_partition[worker] = std::move(to);
   }
   for (const shard_watcher_actor& watcher : state.shard_watchers) {
@@ -176,12 +223,16 @@ void register_sharded(Self self, discovery::WorkerRegistration registration) {
   if (auto selector = selector_of_partition(self, shard)) {
     self->send(selector, worker_up_atom::value, std::move(registration));
   }
+  follow_shard_worker(self, id, shard);
   state.worker_partition[id] = std::move(shard);
 }
 
 // A worker of a sharded model left (deregistered, expired): the model's shards are reassigned.
 void forget_sharded(Self self, WorkerId worker, const PartitionKey& key) {
   self->state.last_heard.erase(worker);
+  if (self->state.config.feed) {
+    self->state.config.feed->unfollow(cluster::partition_key(key.first, key.second), worker);
+  }
   reshard(self, key);
 }
 
@@ -205,6 +256,11 @@ void expire_sharded(Self self) {
         continue;
       }
       changed.insert({registration->second.model, registration->second.routing_group});
+      if (state.config.feed) {
+        state.config.feed->unfollow(
+            cluster::partition_key(registration->second.model, registration->second.routing_group),
+            it->first);
+      }
       state.registrations.erase(registration);
       state.worker_partition.erase(it->first);
     }
@@ -430,6 +486,10 @@ discovery_actor::behavior_type discovery_behavior(Self self, DiscoveryActorConfi
             if (sharding_of(self, known->second.model) != nullptr) {
               resharded.insert({known->second.model, known->second.routing_group});
               state.last_heard.erase(id);
+              if (state.config.feed) {
+                state.config.feed->unfollow(
+                    cluster::partition_key(known->second.model, known->second.routing_group), id);
+              }
             }
             state.registrations.erase(known);
           }

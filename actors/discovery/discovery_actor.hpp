@@ -44,6 +44,9 @@
 // whose shards it does not serve, and tells the shard watchers (the forwarder) every change:
 //   watch(shard_watcher_actor)                       — `actor` gets shard(ShardFleet) for every
 //                                                      sharded model, now and on every change.
+// It follows (WorkerFeed) the load and KV event subjects of the partitions whose selectors run
+// here, for a shard those of each of its workers, and stops when it retires the selector or the
+// worker leaves the shard, so that a node decodes only its share of the fleet's worker traffic.
 // Messages from a worker it does not know (heartbeat, load, KV events) make it ask the workers to
 // register again (at most once per throttle period). Spawned by the router node. It must never
 // block, throw, touch a selector's state, or call NATS request().
@@ -80,6 +83,9 @@ struct DiscoveryActorConfig {
   std::map<std::string, cluster::ShardingConfig, std::less<>> sharding;
   /// Where the shards publish their load (subjects::router_shard_load).
   std::string shard_load_subject;
+  /// The worker messages this node follows: the load and KV events of each partition it serves
+  /// (its selector runs), of each worker of a shard it serves; null: none are followed (tests).
+  std::shared_ptr<WorkerFeed> feed;
 };
 
 /// The discovery actor's state.

@@ -480,7 +480,8 @@ struct RouterNode::Impl {
         DiscoveryActorConfig{.selector = selector,
                              .cluster = cluster,
                              .sharding = options.cluster.sharding,
-                             .shard_load_subject = subjects::router_shard_load(options.ns)});
+                             .shard_load_subject = subjects::router_shard_load(options.ns),
+                             .feed = bridge});
   }
 
   // Admission in front of the reservation and lifecycle actors, only with a configured

@@ -57,12 +57,24 @@ std::expected<nats::NatsSubscription, std::string> WorkerPublisher::subscribe_di
                                                              nats::NatsMessage) { on_discover(); });
 }
 
+std::string WorkerPublisher::partition_of(WorkerId worker) const {
+  const std::lock_guard lock{partitions_mutex_};
+  const auto it = partitions_.find(worker);
+  return it == partitions_.end() ? std::string{} : it->second;
+}
+
 void WorkerPublisher::publish_registration(const WorkerInstance& worker,
                                            const WorkerDescription& description) {
   v1::WorkerRegistration registration;
   registration.set_worker_id(worker.id);
   registration.set_incarnation(worker.incarnation);
   registration.set_model(description.model);
+  {
+    const std::lock_guard lock{partitions_mutex_};
+    partitions_[worker.id] =
+        description.model + "/" +
+        (description.routing_group.empty() ? std::string{"default"} : description.routing_group);
+  }
   registration.set_role(to_wire(description.role));
   registration.set_routing_group(description.routing_group);
   registration.set_block_size(description.block_size);
@@ -104,7 +116,10 @@ void WorkerPublisher::publish_load(const WorkerInstance& worker,
     wire->set_active_prefill_tokens(load.active_prefill_tokens);
     wire->set_kv_blocks_used(load.kv_blocks_used);
   }
-  publish(subjects::worker_load(ns_), metrics);
+  const std::string partition = partition_of(worker.id);
+  publish(partition.empty() ? subjects::worker_load(ns_)
+                            : subjects::partition_load(ns_, partition, worker.id),
+          metrics);
 }
 
 void WorkerPublisher::publish_deregistration(const WorkerInstance& worker,
@@ -117,7 +132,10 @@ void WorkerPublisher::publish_deregistration(const WorkerInstance& worker,
 }
 
 void WorkerPublisher::publish_kv_batch(const KvEventBatch& batch) {
-  publish(subjects::kv_events(ns_, batch.worker.worker_id), encode_kv_event_batch(batch));
+  const std::string partition = partition_of(batch.worker.worker_id);
+  publish(partition.empty() ? subjects::kv_events(ns_, batch.worker.worker_id)
+                            : subjects::partition_kv_events(ns_, partition, batch.worker.worker_id),
+          encode_kv_event_batch(batch));
 }
 
 void WorkerPublisher::publish_dump(const std::string& reply_subject, const KvDump& dump) {

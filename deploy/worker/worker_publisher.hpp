@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <expected>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -128,11 +130,13 @@ class WorkerPublisher {
   /// One heartbeat of `worker`, stamped with the wall clock.
   void publish_heartbeat(const WorkerInstance& worker);
   /// The load of `worker`'s ranks, rank r at index r (fields a worker does not know left 0),
-  /// stamped with the wall clock.
+  /// stamped with the wall clock, on its partition's load subject (subjects::partition_load; the
+  /// previous release's shared subject before the worker registered).
   void publish_load(const WorkerInstance& worker, std::span<const discovery::ConfirmedLoad> ranks);
   /// `worker` leaves routing for `reason`.
   void publish_deregistration(const WorkerInstance& worker, std::string_view reason);
-  /// One KV event batch, on the KV event subject of the batch's worker.
+  /// One KV event batch, on the KV event subject of the batch's worker and its partition
+  /// (subjects::partition_kv_events).
   void publish_kv_batch(const KvEventBatch& batch);
   /// Answers a dump request on its reply subject.
   void publish_dump(const std::string& reply_subject, const KvDump& dump);
@@ -144,10 +148,16 @@ class WorkerPublisher {
 
  private:
   void warn(std::string_view error) const;
+  /// The partition key `worker` registered with; empty before its registration.
+  std::string partition_of(WorkerId worker) const;
 
   nats::NatsClient& nats_;
   std::string ns_;
   std::string log_prefix_;
+  /// Each worker's partition, from its registration: its load and KV events go on subjects that
+  /// name it, so that a node subscribes only to the partitions it serves.
+  mutable std::mutex partitions_mutex_;
+  std::map<WorkerId, std::string> partitions_;
 };
 
 }  // namespace kvr::worker

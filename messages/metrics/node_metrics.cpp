@@ -222,6 +222,15 @@ constexpr auto kFamilies = std::to_array<NodeMetricFamily>({
      "Requests of sharded partitions this node sent to a shard, by partition, shard and outcome: "
      "home (the shard of the prompt's prefix) or spilled (another shard, the faster way).",
      {}},
+    {N::kWorkerMessagesDecoded,
+     MetricType::Counter,
+     "Worker load reports and KV event batches this node decoded, by the partition or shard it "
+     "follows them for (previous_subjects: the previous release's shared subjects) and kind.",
+     {}},
+    {N::kKvBlocksDecoded,
+     MetricType::Counter,
+     "KV blocks stored or removed in the event batches this node decoded, by partition or shard.",
+     {}},
     {N::kShardLoadShare,
      MetricType::Gauge,
      "A shard's part of its partition's load (queued prefill and held KV tokens), as its owner "
@@ -479,6 +488,14 @@ ValueHandle NodeMetrics::shard_routes(std::string_view partition, std::uint32_t 
   return registry_->counter(kShardRoutes, {{"partition", std::string{partition}},
                                            {"shard", std::to_string(shard)},
                                            {"outcome", std::string{outcome}}});
+}
+ValueHandle NodeMetrics::worker_messages_decoded(std::string_view partition,
+                                                 std::string_view kind) const {
+  return registry_->counter(kWorkerMessagesDecoded,
+                            {{"partition", std::string{partition}}, {"kind", std::string{kind}}});
+}
+ValueHandle NodeMetrics::kv_blocks_decoded(std::string_view partition) const {
+  return registry_->counter(kKvBlocksDecoded, {{"partition", std::string{partition}}});
 }
 ValueHandle NodeMetrics::shard_load_share(std::string_view partition, std::uint32_t shard) const {
   return registry_->gauge(

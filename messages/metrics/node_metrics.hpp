@@ -104,6 +104,8 @@ class NodeMetrics {
   // Sharded partitions.
   static constexpr std::string_view kShardRoutes = "kvr_shard_routes_total";
   static constexpr std::string_view kShardLoadShare = "kvr_shard_load_share";
+  static constexpr std::string_view kWorkerMessagesDecoded = "kvr_worker_messages_decoded_total";
+  static constexpr std::string_view kKvBlocksDecoded = "kvr_kv_blocks_decoded_total";
   static constexpr std::string_view kDecodeHandoff = "kvr_decode_handoff_seconds";
   // The hit-rate ladder (docs/hit-rate.md), per model, from both doors.
   static constexpr std::string_view kPromptTokens = "kvr_prompt_tokens_total";
@@ -239,6 +241,12 @@ class NodeMetrics {
   /// shard and outcome: home (its prefix's shard) or spilled (another, the faster way).
   ValueHandle shard_routes(std::string_view partition, std::uint32_t shard,
                            std::string_view outcome) const;
+  /// Worker load reports and KV event batches this node decoded, by the partition (or shard) it
+  /// follows them for ("previous_subjects": the previous release's shared subjects), and kind
+  /// (load, kv_events).
+  ValueHandle worker_messages_decoded(std::string_view partition, std::string_view kind) const;
+  /// KV blocks stored or removed in the batches this node decoded, by partition (or shard).
+  ValueHandle kv_blocks_decoded(std::string_view partition) const;
   /// A shard's part of its partition's published load (0..1), as this node last saw it.
   ValueHandle shard_load_share(std::string_view partition, std::uint32_t shard) const;
   /// The prefill hop, from its routing to the prefill worker's answer (one attempt), by model.

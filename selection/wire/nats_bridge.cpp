@@ -1,5 +1,6 @@
 #include "selection/wire/nats_bridge.hpp"
 
+#include <algorithm>
 #include <charconv>
 
 #include <fmt/format.h>
@@ -11,6 +12,25 @@
 #include "messages/subjects.hpp"
 
 namespace kvr {
+namespace {
+
+// The label of what arrives on the previous release's shared load and KV event subjects.
+const std::string kPreviousSubjects = "previous_subjects";
+
+// The worker id a feed subject ends with; 0 when it ends with none.
+WorkerId worker_of_subject(std::string_view subject) {
+  const std::string_view last = subject.substr(subject.rfind('.') + 1);
+  WorkerId worker = 0;
+  const auto [end, error] = std::from_chars(last.data(), last.data() + last.size(), worker);
+  return error == std::errc{} && end == last.data() + last.size() ? worker : 0;
+}
+
+// kvr.<ns>.workers.load, or kvr.<ns>.kv.<worker id>.
+bool previous_subject(std::string_view subject, std::string_view ns) {
+  return subject == subjects::worker_load(ns) || std::ranges::count(subject, '.') == 3;
+}
+
+}  // namespace
 
 NatsBridge::NatsBridge(BridgeOptions options, std::shared_ptr<metrics::MetricsRegistry> registry,
                        std::shared_ptr<metrics::RateLimitedLog> log)
@@ -166,6 +186,123 @@ std::expected<void, std::string> NatsBridge::subscribe(
   return {};
 }
 
+NatsBridge::FeedCounters NatsBridge::feed_counters(const std::string& label) const {
+  const metrics::NodeMetrics metrics{*registry_};
+  return FeedCounters{.load = metrics.worker_messages_decoded(label, "load"),
+                      .kv_events = metrics.worker_messages_decoded(label, "kv_events"),
+                      .kv_blocks = metrics.kv_blocks_decoded(label)};
+}
+
+void NatsBridge::note_previous_subject(WorkerId worker, std::string_view subject) {
+  constexpr std::size_t kMaxRemembered = 4096;
+  {
+    const std::lock_guard lock{previous_subject_mutex_};
+    if (previous_subject_workers_.size() >= kMaxRemembered ||
+        !previous_subject_workers_.insert(worker).second) {
+      return;
+    }
+  }
+  spdlog::warn(
+      "kvr node: worker {} publishes on the previous release's subject {}; the next "
+      "release drops it: publish load on kvr.{}.load.<partition>.<worker id> and KV "
+      "events on kvr.{}.kv.<partition>.<worker id> (docs/protocol.md)",
+      worker, subject, options_.ns, options_.ns);
+}
+
+void NatsBridge::on_feed_load(const BadMessageCounter& bad, const FeedCounters& counters,
+                              const nats::NatsMessage& message) {
+  auto load = decode_worker_load(message.data, options_.worker_limits);
+  if (!load) return drop(bad, load.error());
+  const bool previous = previous_subject(message.subject, options_.ns);
+  if (!previous && worker_of_subject(message.subject) != load->worker_id) {
+    return drop(bad, fmt::format("LoadMetrics of worker {} arrived on {}", load->worker_id,
+                                 message.subject));
+  }
+  if (previous) note_previous_subject(load->worker_id, message.subject);
+  counters.load.add();
+  sinks_.load(std::move(*load));
+}
+
+void NatsBridge::on_feed_kv_events(const BadMessageCounter& bad, const FeedCounters& counters,
+                                   const nats::NatsMessage& message) {
+  auto batch = decode_kv_events(message.data, options_.worker_limits);
+  if (!batch) return drop(bad, batch.error());
+  // The subject names the publisher: a batch claiming another worker's id is refused.
+  if (worker_of_subject(message.subject) != batch->worker.worker_id) {
+    return drop(bad, fmt::format("KvEventBatch of worker {} arrived on {}", batch->worker.worker_id,
+                                 message.subject));
+  }
+  if (previous_subject(message.subject, options_.ns)) {
+    note_previous_subject(batch->worker.worker_id, message.subject);
+  }
+  std::size_t blocks = 0;
+  for (const KvEvent& event : batch->events) {
+    if (const auto* stored = std::get_if<KvStoredEvent>(&event)) {
+      blocks += stored->block_hashes.size();
+    } else if (const auto* removed = std::get_if<KvRemovedEvent>(&event)) {
+      blocks += removed->block_hashes.size();
+    }
+  }
+  counters.kv_events.add();
+  counters.kv_blocks.add(static_cast<double>(blocks));
+  sinks_.kv_events(std::move(*batch));
+}
+
+void NatsBridge::follow(const std::string& partition, std::optional<WorkerId> worker,
+                        const std::string& label) {
+  const std::pair<std::string, WorkerId> key{partition, worker.value_or(0)};
+  const std::lock_guard lock{feed_mutex_};
+  if (!started_.load(std::memory_order_acquire) || stopping_.load(std::memory_order_acquire)) {
+    return;
+  }
+  if (const auto it = followed_.find(key); it != followed_.end() && it->second.label == label) {
+    return;
+  }
+  const std::string& ns = options_.ns;
+  const std::string load_subject = worker ? subjects::partition_load(ns, partition, *worker)
+                                          : subjects::partition_load_all(ns, partition);
+  const std::string kv_subject = worker ? subjects::partition_kv_events(ns, partition, *worker)
+                                        : subjects::partition_kv_events_all(ns, partition);
+  const FeedCounters counters = feed_counters(label);
+  Followed followed{label, {}};
+  // Bad messages are counted per partition (its wildcard subject), never per worker.
+  auto load = client_->subscribe(
+      load_subject,
+      [this, bad = bad_message_counter(subjects::partition_load_all(ns, partition)),
+       counters](nats::NatsMessage message) { on_feed_load(bad, counters, message); });
+  auto kv = client_->subscribe(
+      kv_subject,
+      [this, bad = bad_message_counter(subjects::partition_kv_events_all(ns, partition)),
+       counters](nats::NatsMessage message) { on_feed_kv_events(bad, counters, message); });
+  if (!load || !kv) {
+    log_->warn("follow", fmt::format("kvr node: cannot subscribe {}: {}", kv_subject,
+                                     !load ? load.error() : kv.error()));
+    return;
+  }
+  followed.subscriptions.push_back(std::move(*load));
+  followed.subscriptions.push_back(std::move(*kv));
+  followed_.insert_or_assign(key, std::move(followed));
+}
+
+void NatsBridge::unfollow(const std::string& partition, std::optional<WorkerId> worker) {
+  std::optional<Followed> ended;
+  {
+    const std::lock_guard lock{feed_mutex_};
+    const auto it = followed_.find({partition, worker.value_or(0)});
+    if (it == followed_.end()) return;
+    ended.emplace(std::move(it->second));
+    followed_.erase(it);
+  }
+  // Destroyed here, outside the lock: it waits for a running callback.
+}
+
+std::vector<std::pair<std::string, WorkerId>> NatsBridge::followed() const {
+  const std::lock_guard lock{feed_mutex_};
+  std::vector<std::pair<std::string, WorkerId>> keys;
+  for (const auto& [key, followed] : followed_) keys.push_back(key);
+  return keys;
+}
+
 std::expected<void, std::string> NatsBridge::start(BridgeSinks sinks) {
   sinks_ = std::move(sinks);
   started_.store(true, std::memory_order_release);
@@ -198,28 +335,20 @@ std::expected<void, std::string> NatsBridge::start(BridgeSinks sinks) {
           sinks_.deregistration(*deregistration);
         });
   }
+  // The previous release's shared load and KV event subjects: every node decodes them.
   if (subscribed) {
     subject = subjects::worker_load(ns);
     subscribed = subscribe(
-        subject, [this, bad = bad_message_counter(subject), &limits](nats::NatsMessage message) {
-          auto load = decode_worker_load(message.data, limits);
-          if (!load) return drop(bad, load.error());
-          sinks_.load(std::move(*load));
-        });
+        subject,
+        [this, bad = bad_message_counter(subject), counters = feed_counters(kPreviousSubjects)](
+            nats::NatsMessage message) { on_feed_load(bad, counters, message); });
   }
   if (subscribed) {
     subject = subjects::kv_events_all(ns);
     subscribed = subscribe(
-        subject, [this, bad = bad_message_counter(subject), &limits](nats::NatsMessage message) {
-          auto batch = decode_kv_events(message.data, limits);
-          if (!batch) return drop(bad, batch.error());
-          // The subject names the publisher: a batch claiming another worker's id is refused.
-          if (message.subject != subjects::kv_events(options_.ns, batch->worker.worker_id)) {
-            return drop(bad, fmt::format("KvEventBatch of worker {} arrived on {}",
-                                         batch->worker.worker_id, message.subject));
-          }
-          sinks_.kv_events(std::move(*batch));
-        });
+        subject,
+        [this, bad = bad_message_counter(subject), counters = feed_counters(kPreviousSubjects)](
+            nats::NatsMessage message) { on_feed_kv_events(bad, counters, message); });
   }
   if (subscribed) {
     subject = dump_inbox_prefix_ + ".*";
@@ -388,6 +517,12 @@ void NatsBridge::stop() {
     std::lock_guard lock{route_subjects_mutex_};
     route_subjects_.clear();
   }
+  std::map<std::pair<std::string, WorkerId>, Followed> followed;
+  {
+    const std::lock_guard lock{feed_mutex_};
+    followed.swap(followed_);
+  }
+  followed.clear();
   started_.store(false, std::memory_order_release);
 }
 

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,6 +50,22 @@ class RouterPublisher {
   virtual bool request_dump(std::string_view dump_subject, WorkerWithDpRank worker) = 0;
   /// Asks every worker to register again (subjects::worker_discover).
   virtual bool request_reregistration() = 0;
+};
+
+/// The worker messages a node follows: each partition it serves, or for a sharded partition each
+/// worker of the shards it serves, has its load and KV event subjects subscribed (worker
+/// registrations and heartbeats reach every node). An interface so that actor tests can use a
+/// fake; thread-safe.
+class WorkerFeed {
+ public:
+  virtual ~WorkerFeed() = default;
+  /// Subscribes the load and KV events of every worker of `partition` ("<model>/<routing
+  /// group>"), or of `worker` only, counting what is decoded under `label` (the partition served,
+  /// a shard's "<model>/<group>#<shard>"). Following again changes nothing but the label.
+  virtual void follow(const std::string& partition, std::optional<WorkerId> worker,
+                      const std::string& label) = 0;
+  /// Ends a follow() of the same partition and worker; nothing when there is none.
+  virtual void unfollow(const std::string& partition, std::optional<WorkerId> worker) = 0;
 };
 
 /// Where decoded messages go. Each runs on a NATS delivery thread and must not block.
@@ -94,7 +111,7 @@ struct BridgeOptions {
 };
 
 /// One NATS connection with the router's subscriptions.
-class NatsBridge final : public RouterPublisher {
+class NatsBridge final : public RouterPublisher, public WorkerFeed {
  public:
   /// Connects; subscribes nothing yet. Counts reconnects and bad messages in `registry`.
   static std::expected<std::unique_ptr<NatsBridge>, std::string> connect(
@@ -140,6 +157,12 @@ class NatsBridge final : public RouterPublisher {
   /// safe; serving a subject twice is a no-op.
   std::expected<void, std::string> serve_route_subject(const std::string& subject);
   void stop_route_subject(const std::string& subject);
+
+  void follow(const std::string& partition, std::optional<WorkerId> worker,
+              const std::string& label) override;
+  void unfollow(const std::string& partition, std::optional<WorkerId> worker) override;
+  /// The partitions and workers followed, as (partition, worker or 0), for tests.
+  std::vector<std::pair<std::string, WorkerId>> followed() const;
 
  private:
   NatsBridge(BridgeOptions options, std::shared_ptr<metrics::MetricsRegistry> registry,
@@ -188,6 +211,31 @@ class NatsBridge final : public RouterPublisher {
   std::vector<bool> intake_;
   std::mutex route_subjects_mutex_;
   std::map<std::string, nats::NatsSubscription> route_subjects_;
+
+  /// What is decoded on a followed subject, counted under its label.
+  struct FeedCounters {
+    metrics::ValueHandle load;
+    metrics::ValueHandle kv_events;
+    metrics::ValueHandle kv_blocks;
+  };
+  FeedCounters feed_counters(const std::string& label) const;
+  /// A load report or KV event batch received on `subject`: decoded, checked against the worker
+  /// the subject names, counted and handed to its sink.
+  void on_feed_load(const BadMessageCounter& bad, const FeedCounters& counters,
+                    const nats::NatsMessage& message);
+  void on_feed_kv_events(const BadMessageCounter& bad, const FeedCounters& counters,
+                         const nats::NatsMessage& message);
+  /// A worker publishing on the previous release's subjects is logged once (the first few
+  /// thousand such workers).
+  void note_previous_subject(WorkerId worker, std::string_view subject);
+  struct Followed {
+    std::string label;
+    std::vector<nats::NatsSubscription> subscriptions;
+  };
+  mutable std::mutex feed_mutex_;
+  std::map<std::pair<std::string, WorkerId>, Followed> followed_;
+  std::mutex previous_subject_mutex_;
+  std::set<WorkerId> previous_subject_workers_;
 };
 
 }  // namespace kvr

@@ -295,7 +295,7 @@ TEST_F(BridgeTest, RegistersPublishesLoadAndRoutesToTheEngineHoldingThePrefix) {
   testing::NatsRecorder registrations;
   ASSERT_TRUE(registrations.listen(*client_, subjects::worker_register(kNamespace)));
   testing::NatsRecorder loads;
-  ASSERT_TRUE(loads.listen(*client_, subjects::worker_load(kNamespace)));
+  ASSERT_TRUE(loads.listen(*client_, subjects::every_load(kNamespace)));
   start_bridge(first, kFirstWorker);
   start_bridge(second, kFirstWorker + 1);
 
@@ -454,7 +454,7 @@ TEST_F(BridgeTest, AnEngineWithoutCacheConfigRegistersWithoutCapacityAndIsRouted
   testing::NatsRecorder registrations;
   ASSERT_TRUE(registrations.listen(*client_, subjects::worker_register(kNamespace)));
   testing::NatsRecorder loads;
-  ASSERT_TRUE(loads.listen(*client_, subjects::worker_load(kNamespace)));
+  ASSERT_TRUE(loads.listen(*client_, subjects::every_load(kNamespace)));
   start_bridge(engine, kFirstWorker, std::nullopt, {"--block-size", std::to_string(kBlockSize)});
 
   std::optional<v1::WorkerRegistration> registration;

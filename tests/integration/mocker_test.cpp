@@ -50,9 +50,9 @@ class MockerTest : public testing::KvrClusterTest {
     if (HasFatalFailure()) return;
     ASSERT_TRUE(registrations_.listen(*client_, subjects::worker_register(kNamespace)));
     ASSERT_TRUE(heartbeats_.listen(*client_, subjects::worker_heartbeat(kNamespace)));
-    ASSERT_TRUE(loads_.listen(*client_, subjects::worker_load(kNamespace)));
+    ASSERT_TRUE(loads_.listen(*client_, subjects::every_load(kNamespace)));
     ASSERT_TRUE(deregistrations_.listen(*client_, subjects::worker_deregister(kNamespace)));
-    ASSERT_TRUE(kv_events_.listen(*client_, subjects::kv_events_all(kNamespace)));
+    ASSERT_TRUE(kv_events_.listen(*client_, subjects::every_kv_events(kNamespace)));
 
     mocker_ =
         kvr_->start_mocker({.workers = 2,

@@ -123,7 +123,7 @@ class NodeGenerateTest : public testing::KvrClusterTest {
   // request, so that the node's view of their load has drained too.
   bool wait_for_idle_load(const std::set<WorkerId>& workers) {
     NatsRecorder loads;
-    if (!loads.listen(*client_, subjects::worker_load(kNamespace))) return false;
+    if (!loads.listen(*client_, subjects::every_load(kNamespace))) return false;
     return wait_until(
         [&] {
           // Consecutive idle reports per worker, counted from the last busy one.

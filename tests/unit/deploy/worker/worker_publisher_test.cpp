@@ -156,6 +156,26 @@ TEST_F(WorkerPublisherTest, PublishesKvBatchesOnTheSubjectOfTheirWorker) {
   EXPECT_EQ(wire.events_size(), 1);
 }
 
+TEST_F(WorkerPublisherTest, ARegisteredWorkersLoadAndKvEventsGoOnItsPartitionsSubjects) {
+  // Published on subjects that name the partition, so that a node follows only its own.
+  publisher_->publish_registration({9, 5},
+                                   WorkerDescription{.model = "llama-3.1", .block_size = 16});
+  const discovery::ConfirmedLoad ranks[] = {{.active_requests = 2}};
+  const auto load =
+      first_on<v1::LoadMetrics>(subjects::partition_load(kNamespace, "llama-3.1/default", 9), [&] {
+        publisher_->publish_load({9, 5}, ranks);
+      });
+  EXPECT_EQ(load.worker_id(), 9U);
+  EXPECT_EQ(load.ranks(0).active_requests(), 2U);
+  const KvEventBatch batch{.worker = {9, 0}, .incarnation = 5, .event_id = 1};
+  const auto wire =
+      first_on<v1::KvEventBatch>(subjects::partition_kv_events(kNamespace, "llama-3.1/default", 9),
+                                 [&] { publisher_->publish_kv_batch(batch); });
+  EXPECT_EQ(wire.worker_id(), 9U);
+  EXPECT_EQ(subjects::partition_kv_events(kNamespace, "llama-3.1/default", 9),
+            "kvr." + std::string{kNamespace} + ".kv.llama-3=2E1/default.9");
+}
+
 TEST_F(WorkerPublisherTest, AnswersDumpRequestsOnTheirReplySubject) {
   std::promise<std::optional<DpRank>> read;
   auto subscriptions = publisher_->subscribe_worker(

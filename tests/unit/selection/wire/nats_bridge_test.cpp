@@ -4,12 +4,14 @@
 // and their replies come back to the kv_dump sink.
 #include "selection/wire/nats_bridge.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <ostream>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -21,6 +23,7 @@
 #include "kvr/v1/worker.pb.h"
 #include "messages/metrics/node_metrics.hpp"
 #include "messages/subjects.hpp"
+#include "tests/testing/child_process.hpp"
 #include "tests/testing/nats_server.hpp"
 
 namespace kvr {
@@ -566,6 +569,95 @@ std::string kind_name(const ::testing::TestParamInfo<MessageKind>& param) {
 
 INSTANTIATE_TEST_SUITE_P(EveryKind, NatsBridgeMalformedTest, ::testing::ValuesIn(message_kinds()),
                          kind_name);
+
+}  // namespace
+}  // namespace kvr
+
+namespace kvr {
+namespace {
+
+// The worker feed: a node decodes the load and KV events of what it follows (a partition, or one
+// worker of it), and nothing of the rest; the previous release's shared subjects still arrive.
+class NatsBridgeFeedTest : public NatsBridgeTest {
+ protected:
+  // Published after the messages under test: once it arrives, the server has routed them.
+  void publish_marker_and_wait(WorkerId marker) {
+    publish(subjects::worker_load(ns()), load_bytes(marker));
+    ASSERT_TRUE(recorder_.wait_for([&] {
+      return std::ranges::any_of(
+          recorder_.loads, [&](const WorkerLoadReport& load) { return load.worker_id == marker; });
+    }));
+  }
+
+  std::set<WorkerId> loads_of() {
+    return recorder_.read([&] {
+      std::set<WorkerId> workers;
+      for (const auto& load : recorder_.loads) workers.insert(load.worker_id);
+      return workers;
+    });
+  }
+
+  double decoded(std::string_view partition, std::string_view kind) const {
+    return registry_->value(metrics::NodeMetrics::kWorkerMessagesDecoded,
+                            {{"partition", std::string{partition}}, {"kind", std::string{kind}}});
+  }
+};
+
+TEST_F(NatsBridgeFeedTest, AFollowedPartitionsMessagesArriveAndOtherPartitionsDoNot) {
+  bridge_->follow("model-a/group-a", std::nullopt, "model-a/group-a");
+  ASSERT_TRUE(bridge_->flush(kDeadline));
+  publish(subjects::partition_load(ns(), "model-a/group-a", 7), load_bytes(7));
+  publish(subjects::partition_kv_events(ns(), "model-a/group-a", 7), kv_batch_bytes(7, 1));
+  publish(subjects::partition_load(ns(), "model-b/default", 9), load_bytes(9));
+  ASSERT_TRUE(recorder_.wait_for([&] { return !recorder_.kv_batches.empty(); }));
+  ASSERT_NO_FATAL_FAILURE(publish_marker_and_wait(99));
+  EXPECT_EQ(loads_of(), (std::set<WorkerId>{7, 99}));
+  EXPECT_EQ(decoded("model-a/group-a", "load"), 1);
+  EXPECT_EQ(decoded("model-a/group-a", "kv_events"), 1);
+  EXPECT_EQ(
+      registry_->value(metrics::NodeMetrics::kKvBlocksDecoded, {{"partition", "model-a/group-a"}}),
+      2);
+  EXPECT_EQ(decoded("previous_subjects", "load"), 1) << "the marker";
+}
+
+TEST_F(NatsBridgeFeedTest, AFollowedWorkerIsTheOnlyOneOfItsPartitionThatArrives) {
+  bridge_->follow("model-a/default", 7, "model-a/default#1");
+  ASSERT_TRUE(bridge_->flush(kDeadline));
+  publish(subjects::partition_load(ns(), "model-a/default", 8), load_bytes(8));
+  publish(subjects::partition_load(ns(), "model-a/default", 7), load_bytes(7));
+  ASSERT_NO_FATAL_FAILURE(publish_marker_and_wait(99));
+  ASSERT_TRUE(recorder_.wait_for([&] { return recorder_.loads.size() >= 2; }));
+  EXPECT_EQ(loads_of(), (std::set<WorkerId>{7, 99}));
+  EXPECT_EQ(decoded("model-a/default#1", "load"), 1);
+  EXPECT_EQ(bridge_->followed(),
+            (std::vector<std::pair<std::string, WorkerId>>{{"model-a/default", 7}}));
+}
+
+TEST_F(NatsBridgeFeedTest, AnUnfollowedPartitionIsNoLongerDecoded) {
+  bridge_->follow("model-a/default", std::nullopt, "model-a/default");
+  bridge_->unfollow("model-a/default", std::nullopt);
+  ASSERT_TRUE(bridge_->flush(kDeadline));
+  publish(subjects::partition_load(ns(), "model-a/default", 7), load_bytes(7));
+  ASSERT_NO_FATAL_FAILURE(publish_marker_and_wait(99));
+  EXPECT_EQ(loads_of(), (std::set<WorkerId>{99}));
+  EXPECT_TRUE(bridge_->followed().empty());
+}
+
+TEST_F(NatsBridgeFeedTest, AMessageOnAnotherWorkersSubjectIsCountedAndDropped) {
+  bridge_->follow("model-a/default", std::nullopt, "model-a/default");
+  ASSERT_TRUE(bridge_->flush(kDeadline));
+  publish(subjects::partition_load(ns(), "model-a/default", 8), load_bytes(7));
+  publish(subjects::partition_kv_events(ns(), "model-a/default", 8), kv_batch_bytes(7, 1));
+  ASSERT_NO_FATAL_FAILURE(publish_marker_and_wait(99));
+  ASSERT_TRUE(testing::wait_until(
+      [&] {
+        return bad_messages(subjects::partition_load_all(ns(), "model-a/default")) == 1 &&
+               bad_messages(subjects::partition_kv_events_all(ns(), "model-a/default")) == 1;
+      },
+      kDeadline));
+  EXPECT_EQ(loads_of(), (std::set<WorkerId>{99}));
+  EXPECT_TRUE(recorder_.read([&] { return recorder_.kv_batches.empty(); }));
+}
 
 }  // namespace
 }  // namespace kvr
