@@ -135,7 +135,7 @@ class Bench {
       return false;
     }
     client_ = std::move(*client);
-    auto subscription = client_->subscribe(subjects::kv_events(kNamespace, kWorker),
+    auto subscription = client_->subscribe(subjects::every_kv_events(kNamespace),
                                            [this](nats::NatsMessage) { arrivals_->record(); });
     if (!subscription) {
       *error = subscription.error();

@@ -158,7 +158,12 @@ void register_fleet(NodeEnvironment& environment, nats::NatsClient& client) {
     load.set_worker_id(registration.worker_id());
     load.set_incarnation(registration.incarnation());
     load.add_ranks()->set_dp_rank(0);
-    (void)client.publish(subjects::worker_load(kNamespace), load.SerializeAsString());
+    const std::string partition =
+        registration.model() + "/" +
+        (registration.routing_group().empty() ? std::string{"default"}
+                                              : registration.routing_group());
+    (void)client.publish(subjects::partition_load(kNamespace, partition, registration.worker_id()),
+                         load.SerializeAsString());
   }
   (void)client.flush(5s);
   registered = true;

@@ -122,9 +122,10 @@ NodeEnvironment::NodeEnvironment() {
   }
   for (std::size_t w = 0; w < kWorkers; ++w) {
     const auto registration = workload_.registration(w);
-    (void)fleet_->publish(subjects::worker_load(kNamespace),
+    const std::string key = registration.model + "/" + registration.routing_group;
+    (void)fleet_->publish(subjects::partition_load(kNamespace, key, registration.worker_id),
                           idle_load_wire(registration).SerializeAsString());
-    (void)fleet_->publish(subjects::kv_events(kNamespace, registration.worker_id),
+    (void)fleet_->publish(subjects::partition_kv_events(kNamespace, key, registration.worker_id),
                           encode_kv_event_batch(workload_.kv_events(w)).SerializeAsString());
   }
   (void)fleet_->flush(5s);
