@@ -29,11 +29,17 @@ struct NamedHarness {
 };
 
 constexpr NamedHarness kHarnesses[] = {
-    {"route_request", route_request},       {"generate_request", generate_request},
-    {"lifecycle_report", lifecycle_report}, {"worker_registration", worker_registration},
-    {"worker_heartbeat", worker_heartbeat}, {"load_metrics", load_metrics},
-    {"kv_event_batch", kv_event_batch},     {"router_policy_yaml", router_policy_yaml},
-    {"engine_kv_events", engine_kv_events}, {"peer_port_handshake", peer_port_handshake},
+    {"route_request", route_request},
+    {"generate_request", generate_request},
+    {"lifecycle_report", lifecycle_report},
+    {"worker_registration", worker_registration},
+    {"worker_heartbeat", worker_heartbeat},
+    {"load_metrics", load_metrics},
+    {"shard_load", shard_load},
+    {"kv_event_batch", kv_event_batch},
+    {"router_policy_yaml", router_policy_yaml},
+    {"engine_kv_events", engine_kv_events},
+    {"peer_port_handshake", peer_port_handshake},
 };
 
 const std::filesystem::path kCorpus{KVR_FUZZ_CORPUS_DIR};

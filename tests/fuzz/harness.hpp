@@ -34,6 +34,7 @@ void lifecycle_report(Input input);     ///< kvr.v1.LifecycleReport on <ns>.rout
 void worker_registration(Input input);  ///< kvr.v1.WorkerRegistration
 void worker_heartbeat(Input input);     ///< kvr.v1.WorkerHeartbeat and WorkerDeregistration
 void load_metrics(Input input);         ///< kvr.v1.LoadMetrics
+void shard_load(Input input);           ///< kvr.v1.ShardLoad on <ns>.router.shard_load
 void kv_event_batch(Input input);       ///< kvr.v1.KvEventBatch and KvDumpReply
 void router_policy_yaml(Input input);   ///< the router-policy YAML, parsed and resolved
 void engine_kv_events(Input input);     ///< an engine's msgpack KVEventBatch (kvr bridge)

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 
+#include "kvr/v1/cluster.pb.h"
 #include "kvr/v1/kv_events.pb.h"
 #include "kvr/v1/routing.pb.h"
 #include "kvr/v1/worker.pb.h"
@@ -193,6 +194,22 @@ void load_seeds() {
   write("load_metrics", "refused_rank_twice", load);
 }
 
+void shard_seeds() {
+  kvr::v1::ShardLoad load;
+  load.set_model("mock-model");
+  load.set_routing_group("default");
+  load.set_shard(2);
+  load.set_shards(4);
+  for (const std::uint64_t tokens : {0ULL, 8192ULL, 123456ULL, 4ULL})
+    load.add_worker_tokens(tokens);
+  write("shard_load", "four_workers", load);
+  load.clear_routing_group();
+  load.clear_worker_tokens();
+  write("shard_load", "default_group_no_workers", load);
+  load.set_shard(4);
+  write("shard_load", "refused_shard_past_count", load);
+}
+
 void kv_seeds() {
   kvr::KvEventBatch batch;
   batch.worker = {42, 1};
@@ -230,6 +247,7 @@ int main(int argc, char** argv) {
   registration_seeds();
   liveness_seeds();
   load_seeds();
+  shard_seeds();
   kv_seeds();
   return 0;
 }

@@ -30,6 +30,7 @@ namespace {
 using namespace std::chrono_literals;
 using testing::ChildProcess;
 using testing::free_port;
+using testing::metric;
 using testing::wait_until;
 
 constexpr std::string_view kNamespace = "sharded";
@@ -37,16 +38,6 @@ constexpr std::string_view kModel = "shard-model";
 constexpr std::uint32_t kShards = 4;
 constexpr int kWorkers = 8;
 constexpr WorkerId kFirstWorker = 500;
-
-// The value of one series in a /metrics text; 0 when absent.
-double metric(const std::string& text, const std::string& series) {
-  const std::string line_start = series + " ";
-  for (std::size_t at = text.find(line_start); at != std::string::npos;
-       at = text.find(line_start, at + 1)) {
-    if (at == 0 || text[at - 1] == '\n') return std::stod(text.substr(at + line_start.size()));
-  }
-  return 0;
-}
 
 std::string shard_partition(std::uint32_t shard) {
   return fmt::format("{}/default#{}", kModel, shard);
@@ -253,6 +244,55 @@ TEST_F(NodeShardedTest, EachShardHasOneOwnerItsWorkersAndEveryConversationItsSha
   }
   EXPECT_GE(chosen, 4 * kConversations);
   EXPECT_EQ(bookings, 0);
+}
+
+// The load and KV event messages decoded per shard, on `node`, since the node started.
+std::map<std::uint32_t, double> decoded_per_shard(const std::string& metrics) {
+  std::map<std::uint32_t, double> decoded;
+  for (std::uint32_t shard = 0; shard < kShards; ++shard) {
+    for (const std::string_view kind : {"load", "kv_events"}) {
+      decoded[shard] += metric(
+          metrics, fmt::format("kvr_worker_messages_decoded_total{{partition=\"{}\",kind=\"{}\"}}",
+                               shard_partition(shard), kind));
+    }
+  }
+  return decoded;
+}
+
+TEST_F(NodeShardedTest, EachNodeDecodesOnlyTheWorkerMessagesOfItsShards) {
+  ASSERT_TRUE(evenly_owned({0, 1}, 20s));
+  (void)warm_up(8);  // every owner has its workers
+  const auto owned = owners({0, 1});
+  std::vector<std::map<std::uint32_t, double>> before;
+  for (int n = 0; n < 2; ++n) before.push_back(decoded_per_shard(metrics_of(n)));
+  // The workers report their load ten times a second: within a few seconds every owner has
+  // decoded more of its shards' messages, and neither node any of the other's.
+  ASSERT_TRUE(wait_until(
+      [&] {
+        for (int n = 0; n < 2; ++n) {
+          const auto now = decoded_per_shard(metrics_of(n));
+          for (std::uint32_t shard = 0; shard < kShards; ++shard) {
+            if (owned.at(shard).front() == n && now.at(shard) <= before[n].at(shard) + 10) {
+              return false;
+            }
+          }
+        }
+        return true;
+      },
+      10s));
+  for (int n = 0; n < 2; ++n) {
+    const auto now = decoded_per_shard(metrics_of(n));
+    for (std::uint32_t shard = 0; shard < kShards; ++shard) {
+      if (owned.at(shard).front() == n) continue;
+      EXPECT_EQ(now.at(shard), before[n].at(shard))
+          << "node-" << n << " decoded messages of " << shard_partition(shard);
+    }
+    EXPECT_EQ(metric(metrics_of(n),
+                     "kvr_worker_messages_decoded_total{partition=\"previous_subjects\","
+                     "kind=\"load\"}"),
+              0)
+        << "kvr mocker publishes on the partition's subjects";
+  }
 }
 
 TEST_F(NodeShardedTest, AKilledOwnersShardsAreServedAgainWhileTheOthersNeverFail) {
