@@ -8,37 +8,49 @@ std::expected<std::unique_ptr<EnginePair>, std::string> start_engine_pair(
     const KvrProcesses& kvr, const EnginePairOptions& options, std::chrono::milliseconds timeout) {
   auto pair = std::make_unique<EnginePair>();
   pair->worker = options.worker;
-  pair->http_port = free_port();
-  pair->kv_port = free_port();
-  pair->replay_port = options.replay ? free_port() : 0;
-  pair->bridge_metrics_port = free_port();
-  std::vector<std::string> args = {"--speak",
-                                   "vllm",
-                                   "--workers",
-                                   "1",
-                                   "--model",
-                                   options.model,
-                                   "--http-port",
-                                   std::to_string(pair->http_port),
-                                   "--kv-events-port",
-                                   std::to_string(pair->kv_port),
-                                   "--kv-events-replay-port",
-                                   std::to_string(pair->replay_port),
-                                   "--block-size",
-                                   std::to_string(options.block_size),
-                                   "--num-gpu-blocks",
-                                   std::to_string(options.num_gpu_blocks),
-                                   "--time-scale",
-                                   options.time_scale};
-  args.insert(args.end(), options.engine_args.begin(), options.engine_args.end());
-  pair->engine_args = args;
   const std::string name = std::to_string(options.worker);
-  pair->engine = kvr.start({"mocker"}, args, "engine-" + name + ".log");
-  if (!pair->engine) return std::unexpected("cannot start engine " + name);
-  const bool up = wait_until(
-      [&] { return http_get(pair->http_port, "/health").starts_with("HTTP/1.1 200"); }, timeout);
-  if (!up)
-    return std::unexpected("engine " + name + " never answered /health:\n" + pair->engine->log());
+  // A port free a moment ago may be taken by another test before the engine binds it: an engine
+  // that exits before it answers /health is started again on fresh ports.
+  constexpr int kAttempts = 3;
+  for (int attempt = 1;; ++attempt) {
+    pair->http_port = free_port();
+    pair->kv_port = free_port();
+    pair->replay_port = options.replay ? free_port() : 0;
+    std::vector<std::string> args = {"--speak",
+                                     "vllm",
+                                     "--workers",
+                                     "1",
+                                     "--model",
+                                     options.model,
+                                     "--http-port",
+                                     std::to_string(pair->http_port),
+                                     "--kv-events-port",
+                                     std::to_string(pair->kv_port),
+                                     "--kv-events-replay-port",
+                                     std::to_string(pair->replay_port),
+                                     "--block-size",
+                                     std::to_string(options.block_size),
+                                     "--num-gpu-blocks",
+                                     std::to_string(options.num_gpu_blocks),
+                                     "--time-scale",
+                                     options.time_scale};
+    args.insert(args.end(), options.engine_args.begin(), options.engine_args.end());
+    pair->engine_args = args;
+    pair->engine = kvr.start({"mocker"}, args, "engine-" + name + ".log");
+    if (!pair->engine) return std::unexpected("cannot start engine " + name);
+    bool healthy = false;
+    (void)wait_until(
+        [&] {
+          healthy = http_get(pair->http_port, "/health").starts_with("HTTP/1.1 200");
+          return healthy || !pair->engine->running();
+        },
+        timeout);
+    if (healthy) break;
+    if (pair->engine->running() || attempt == kAttempts) {
+      return std::unexpected("engine " + name + " never answered /health:\n" + pair->engine->log());
+    }
+  }
+  pair->bridge_metrics_port = free_port();
   std::vector<std::string> bridge_args = {"--engine",
                                           "vllm",
                                           "--engine-url",
