@@ -237,7 +237,9 @@ void forget_sharded(Self self, WorkerId worker, const PartitionKey& key) {
 }
 
 // Sharded models' workers whose liveness ran out (no heartbeat within their TTL) leave this
-// node's view of the fleet: their shard's owner, which may be another node, expires them too.
+// node's view of the fleet: their shard's owner, another node, expires them too. A worker of a
+// shard served here is left to its selector, which expires it and reports it removed, so that no
+// selector keeps a worker the fleet view has dropped (and reassigned when it registers again).
 // Nothing expires while the node is cut off from NATS.
 void expire_sharded(Self self) {
   auto& state = self->state;
@@ -246,6 +248,11 @@ void expire_sharded(Self self) {
   const auto default_ttl = state.config.selector.options.registration.default_liveness_ttl;
   std::set<PartitionKey> changed;
   for (auto it = state.last_heard.begin(); it != state.last_heard.end();) {
+    if (const auto partition = state.worker_partition.find(it->first);
+        partition != state.worker_partition.end() && state.selectors.contains(partition->second)) {
+      ++it;
+      continue;
+    }
     const auto registration = state.registrations.find(it->first);
     if (registration != state.registrations.end()) {
       const auto ttl = registration->second.liveness_ttl.count() > 0
