@@ -74,11 +74,13 @@ class NodeShardedTest : public testing::KvrClusterTest {
 
   void SetUp() override {
     KvrClusterTest::SetUp();
+    // The workers' liveness is the default 3 s: a loaded machine can hold a heartbeat past a
+    // shorter one, and a worker that drops out of the fleet reassigns the shards until it is back.
     auto mocker = kvr_->start_mocker({.workers = kWorkers,
                                       .worker_id_base = kFirstWorker,
                                       .block_size = 16,
                                       .num_gpu_blocks = 512,
-                                      .liveness_ttl_ms = 1000,
+                                      .liveness_ttl_ms = 3000,
                                       .extra = {"--model", std::string{kModel}}},
                                      "mocker.log");
     ASSERT_TRUE(mocker);
