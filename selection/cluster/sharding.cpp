@@ -3,9 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <limits>
 #include <map>
-#include <numeric>
 
 #include <fmt/format.h>
 #include <xxhash.h>

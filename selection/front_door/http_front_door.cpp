@@ -589,8 +589,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // True when prefill and decode workers serve the model and no aggregated worker does.
   static bool disaggregated(const ModelTarget& target) {
     const auto has = [&](WorkerType role) {
-      return std::ranges::any_of(target.workers,
-                                 [&](const DirectoryWorker& worker) { return worker.role == role; });
+      return std::ranges::any_of(
+          target.workers, [&](const DirectoryWorker& worker) { return worker.role == role; });
     };
     return !has(WorkerType::Aggregated) && has(WorkerType::Decode);
   }
