@@ -38,6 +38,7 @@ struct NodeCommandOptions {
   std::uint64_t first_token_timeout_ms = 30'000;
   std::uint64_t stream_stall_timeout_ms = 30'000;
   std::uint64_t drain_timeout_ms = 20'000;
+  std::int64_t engine_idle_ms = 4'000;
   std::optional<std::uint32_t> block_size;  // unset: each partition learns its workers' size
   std::optional<std::uint16_t> metrics_port;
   std::optional<std::uint16_t> actor_port;
@@ -187,6 +188,7 @@ int run_node(NodeCommandOptions options) {
       std::min<std::uint64_t>(options.stream_stall_timeout_ms, std::uint64_t{1} << 40)));
   options.node.drain_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(
       std::min<std::uint64_t>(options.drain_timeout_ms, std::uint64_t{1} << 40)));
+  options.http.engine_connections.idle_limit = std::chrono::milliseconds(options.engine_idle_ms);
   if (options.http_port) {
     options.node.http = options.http;
     options.node.http->port = *options.http_port;
@@ -563,6 +565,20 @@ void add_node_command(CLI::App& app, int& exit_code) {
                    "client connections beyond this are closed when accepted")
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{1}, std::size_t{1'000'000}))
+      ->group(http_group);
+  command
+      ->add_option("--http-engine-idle-connections", options->http.engine_connections.per_engine,
+                   "idle keep-alive connections kept per engine for the next requests forwarded "
+                   "to it (0: a new connection per request)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{0}, std::size_t{100'000}))
+      ->group(http_group);
+  command
+      ->add_option("--http-engine-idle-ms", options->engine_idle_ms,
+                   "an engine connection idle longer is closed, not reused (below the engine's "
+                   "own keep-alive timeout: vLLM's is 5 s)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3'600'000))
       ->group(http_group);
   command
       ->add_option("--http-session-header", options->http.session_header,

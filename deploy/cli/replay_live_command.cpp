@@ -30,6 +30,7 @@ struct ReplayLiveCommandOptions {
   std::vector<std::string> openai_urls;
   replay::OpenAiApi openai_api = replay::OpenAiApi::chat;
   bool measure_from_send = false;
+  std::size_t warmup = 0;
 };
 
 std::chrono::milliseconds seconds_to_ms(double seconds) {
@@ -60,6 +61,7 @@ int run_openai_replay(const ReplayLiveCommandOptions& options,
   openai.speedup = options.output.speedup;
   openai.concurrency = options.live.concurrency;
   openai.measure_from_send = options.measure_from_send;
+  openai.warmup = options.warmup;
   openai.request_timeout = seconds_to_ms(options.timeout_s);
   openai.tenant = options.live.tenant;
   openai.tenants = options.live.tenants;
@@ -231,6 +233,9 @@ void add_replay_live_command(CLI::App& app, int& exit_code) {
   command->add_flag("--measure-from-send", options->measure_from_send,
                     "with --openai-url: latencies from each request's sending, not its arrival "
                     "(with a high --speedup: closed-loop load at --concurrency streams)");
+  command->add_option("--warmup", options->warmup,
+                      "with --openai-url: leave the first N requests out of the front door's "
+                      "added latency (a closed loop sends its first --concurrency at once)");
   command
       ->add_option("--openai-api", options->openai_api,
                    "with --openai-url: chat (the prompt as text in a user message) or "

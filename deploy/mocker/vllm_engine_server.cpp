@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -1307,6 +1308,10 @@ struct VllmEngineServer::State {
     // As vLLM's server (uvicorn on asyncio) does: streamed tokens are small writes, which Nagle's
     // algorithm would hold back.
     http.set_tcp_nodelay(true);
+    // uvicorn serves any number of requests on a kept-alive connection (cpp-httplib's default
+    // closes it after 5) and closes one idle for 5 s.
+    http.set_keep_alive_max_count(std::numeric_limits<std::size_t>::max());
+    http.set_keep_alive_timeout(5);
     http.Get("/health",
              [](const httplib::Request&, httplib::Response& response) { response.status = 200; });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {

@@ -16,6 +16,7 @@
 #include <boost/beast/http.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <simdjson.h>
 
 #include "messages/http_url.hpp"
 
@@ -33,11 +34,13 @@ double ms_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
 }
 
-// One base URL, split once.
+// One base URL, split and resolved once (as a client with a DNS cache would).
 struct Target {
   std::string host;
   std::string port;
   std::string path;  // ends in /v1
+  tcp::resolver::results_type endpoints;
+  std::string unresolved;  // why `endpoints` is empty
 };
 
 class Replay;
@@ -45,38 +48,55 @@ class Replay;
 // One request: its connection, its streamed answer and what was measured of it.
 class Call : public std::enable_shared_from_this<Call> {
  public:
-  Call(Replay& replay, std::size_t index, const Target& target, std::string body,
-       std::string tenant)
+  Call(Replay& replay, std::size_t index, std::size_t target_index, const Target& target,
+       std::string body, std::string tenant)
       : replay_(replay),
         index_(index),
+        target_index_(target_index),
         target_(target),
         body_(std::move(body)),
-        tenant_(std::move(tenant)),
-        stream_(executor_of(replay)),
-        resolver_(stream_.get_executor()) {}
+        tenant_(std::move(tenant)) {}
 
   void start(Clock::time_point arrival);
 
  private:
-  static net::any_io_executor executor_of(Replay& replay);
+  void connect();
+  void send();
+  // A kept-alive connection the server closed meanwhile fails before any answer byte: the
+  // request is sent again on a new connection (what HTTP clients do with idempotent retries).
+  bool retry_on_new_connection();
   void fail(std::string why, bool timeout = false);
   void on_bytes(std::string_view bytes);
+  struct Usage {
+    std::uint64_t completion_tokens = 0;
+    std::uint64_t cached_tokens = 0;
+  };
+  struct Event {
+    bool has_token = false;
+    std::optional<Usage> usage;
+  };
+  std::optional<Event> read_event(std::string_view data);
   void read_body();
   void finish();
 
   Replay& replay_;
   std::size_t index_;
+  std::size_t target_index_;
   const Target& target_;
   std::string body_;
   std::string tenant_;
-  beast::tcp_stream stream_;
-  tcp::resolver resolver_;
+  std::unique_ptr<beast::tcp_stream> stream_;
+  bool reused_ = false;  // the connection served an earlier request
   beast::flat_buffer buffer_;
   http::request<http::string_body> request_;
   std::optional<http::response_parser<http::buffer_body>> parser_;
   std::array<char, 8192> chunk_{};
   std::string pending_;  // SSE bytes not yet split into events
+  simdjson::ondemand::parser events_parser_;
   Clock::time_point arrival_;
+  // When the request was handed to the connection: a late client's own delay (an open-loop
+  // arrival it could not keep) is not counted against the node.
+  Clock::time_point sent_;
   std::optional<Clock::time_point> first_token_;
   Clock::time_point last_token_;
   double max_gap_ms_ = 0;
@@ -109,10 +129,15 @@ class Replay {
  public:
   Replay(const OpenAiReplayOptions& options, const std::vector<simulation::TraceRequest>& trace)
       : options_(options), trace_(trace), timer_(io_) {
+    tcp::resolver resolver{io_};
     for (const std::string& url : options.base_urls) {
       const auto parts = split_http_url(url);
-      targets_.push_back(Target{parts->host, parts->port, parts->path});
+      beast::error_code error;
+      auto endpoints = resolver.resolve(parts->host, parts->port, error);
+      targets_.push_back(Target{parts->host, parts->port, parts->path, std::move(endpoints),
+                                error ? "cannot resolve: " + error.message() : std::string{}});
     }
+    idle_.resize(targets_.size());
   }
 
   OpenAiReplayResult run() {
@@ -132,11 +157,24 @@ class Replay {
   }
 
   net::io_context& io() { return io_; }
+
+  // Keep-alive connections, per target, as the OpenAI SDKs keep them: a request takes an idle
+  // one when there is one, and a finished answer gives its connection back.
+  std::unique_ptr<beast::tcp_stream> take_idle(std::size_t target) {
+    if (idle_[target].empty()) return nullptr;
+    auto stream = std::move(idle_[target].back());
+    idle_[target].pop_back();
+    return stream;
+  }
+  void park(std::size_t target, std::unique_ptr<beast::tcp_stream> stream) {
+    idle_[target].push_back(std::move(stream));
+  }
   const OpenAiReplayOptions& options() const { return options_; }
 
-  void completed(std::size_t index, Clock::time_point arrival, Clock::time_point first_token,
-                 Clock::time_point last_token, double max_gap_ms, std::uint64_t output_tokens,
-                 std::uint64_t cached_tokens, std::optional<std::uint64_t> predicted_cached_tokens,
+  void completed(std::size_t index, Clock::time_point arrival, Clock::time_point sent,
+                 Clock::time_point first_token, Clock::time_point last_token, double max_gap_ms,
+                 std::uint64_t output_tokens, std::uint64_t cached_tokens,
+                 std::optional<std::uint64_t> predicted_cached_tokens,
                  std::optional<double> engine_first_byte_ms, const std::string& worker) {
     simulation::RequestStats stats;
     stats.id = index;
@@ -147,8 +185,9 @@ class Replay {
     stats.cached_prompt_tokens = cached_tokens;
     stats.output_tokens = output_tokens;
     stats.max_inter_token_ms = max_gap_ms;
-    if (engine_first_byte_ms)
-      front_door_added_ms_.push_back(stats.ttft_ms() - *engine_first_byte_ms);
+    if (engine_first_byte_ms && index >= options_.warmup) {
+      front_door_added_ms_.push_back(ms_between(sent, first_token) - *engine_first_byte_ms);
+    }
     const auto [slot, inserted] = workers_.emplace(worker, workers_.size() + 1);
     ++result_.requests_per_worker[worker];
     outcomes_.push_back(
@@ -214,8 +253,8 @@ class Replay {
     }
     std::string tenant =
         options_.tenants > 0 ? fmt::format("t{}", index % options_.tenants) : options_.tenant;
-    const Target& target = targets_[index % targets_.size()];
-    std::make_shared<Call>(*this, index, target, body.dump(), std::move(tenant))
+    const std::size_t target = index % targets_.size();
+    std::make_shared<Call>(*this, index, target, targets_[target], body.dump(), std::move(tenant))
         ->start(options_.measure_from_send ? Clock::now() : std::max(due(index), start_));
   }
 
@@ -235,6 +274,7 @@ class Replay {
   net::io_context io_;
   net::steady_timer timer_;
   std::vector<Target> targets_;
+  std::vector<std::vector<std::unique_ptr<beast::tcp_stream>>> idle_;
   Clock::time_point start_;
   std::size_t next_ = 0;
   std::size_t in_flight_ = 0;
@@ -246,10 +286,9 @@ class Replay {
   std::vector<double> front_door_added_ms_;
 };
 
-net::any_io_executor Call::executor_of(Replay& replay) { return replay.io().get_executor(); }
-
 void Call::start(Clock::time_point arrival) {
   arrival_ = arrival;
+  sent_ = Clock::now();
   const std::string path =
       target_.path +
       (replay_.options().api == OpenAiApi::chat ? "/chat/completions" : "/completions");
@@ -260,41 +299,65 @@ void Call::start(Clock::time_point arrival) {
   if (!tenant_.empty()) request_.set("x-kvr-tenant", tenant_);
   request_.body() = std::move(body_);
   request_.prepare_payload();
-  stream_.expires_after(replay_.options().request_timeout);
-  resolver_.async_resolve(
-      target_.host, target_.port,
-      [self = shared_from_this()](beast::error_code error, tcp::resolver::results_type found) {
-        if (error) return self->fail("cannot resolve: " + error.message());
-        self->stream_.async_connect(found, [self](beast::error_code connect_error,
-                                                  const tcp::endpoint&) {
-          if (connect_error) return self->fail("cannot connect: " + connect_error.message());
-          http::async_write(
-              self->stream_, self->request_, [self](beast::error_code write_error, std::size_t) {
-                if (write_error) {
-                  return self->fail("cannot send: " + write_error.message());
-                }
-                self->parser_.emplace();
-                self->parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
-                // A fresh buffer reads 512 bytes at a time; a stream's events come in bursts.
-                self->buffer_.reserve(16 * 1024);
-                http::async_read_header(self->stream_, self->buffer_, *self->parser_,
-                                        [self](beast::error_code read_error, std::size_t) {
-                                          if (read_error) {
-                                            return self->fail("no answer: " + read_error.message(),
-                                                              read_error == beast::error::timeout);
-                                          }
-                                          self->read_body();
-                                        });
-              });
-        });
-      });
+  if ((stream_ = replay_.take_idle(target_index_))) {
+    reused_ = true;
+    return send();
+  }
+  connect();
+}
+
+void Call::connect() {
+  if (!target_.unresolved.empty()) return fail(target_.unresolved);
+  stream_ = std::make_unique<beast::tcp_stream>(replay_.io());
+  stream_->expires_after(replay_.options().request_timeout);
+  stream_->async_connect(target_.endpoints, [self = shared_from_this()](beast::error_code error,
+                                                                        const tcp::endpoint&) {
+    if (error) return self->fail("cannot connect: " + error.message());
+    self->send();
+  });
+}
+
+void Call::send() {
+  stream_->expires_after(replay_.options().request_timeout);
+  http::async_write(*stream_, request_,
+                    [self = shared_from_this()](beast::error_code error, std::size_t) {
+                      if (error) {
+                        if (self->retry_on_new_connection()) return;
+                        return self->fail("cannot send: " + error.message());
+                      }
+                      self->parser_.emplace();
+                      self->parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
+                      // A fresh buffer reads 512 bytes at a time; a stream's events come in bursts.
+                      self->buffer_.reserve(16 * 1024);
+                      http::async_read_header(
+                          *self->stream_, self->buffer_, *self->parser_,
+                          [self](beast::error_code read_error, std::size_t) {
+                            if (read_error) {
+                              if (!self->parser_->got_some() && self->retry_on_new_connection())
+                                return;
+                              return self->fail("no answer: " + read_error.message(),
+                                                read_error == beast::error::timeout);
+                            }
+                            self->read_body();
+                          });
+                    });
+}
+
+bool Call::retry_on_new_connection() {
+  if (!reused_ || done_) return false;
+  reused_ = false;
+  beast::error_code ignored;
+  stream_->socket().close(ignored);
+  buffer_.clear();
+  connect();
+  return true;
 }
 
 void Call::read_body() {
   auto& body = parser_->get().body();
   body.data = chunk_.data();
   body.size = chunk_.size();
-  http::async_read_some(stream_, buffer_, *parser_,
+  http::async_read_some(*stream_, buffer_, *parser_,
                         [self = shared_from_this()](beast::error_code error, std::size_t) {
                           if (error == http::error::need_buffer) error = {};
                           const std::size_t bytes =
@@ -327,33 +390,24 @@ void Call::on_bytes(std::string_view bytes) {
     }
     engine_first_byte_ms_ = server_timing_ms(parser_->get()["server-timing"], "engine");
   }
-  std::size_t end = 0;
-  while ((end = pending_.find("\n\n")) != std::string::npos) {
-    const std::string event = pending_.substr(0, end);
-    pending_.erase(0, end + 2);
+  std::size_t begin = 0;
+  for (std::size_t end = 0; (end = pending_.find("\n\n", begin)) != std::string::npos;
+       begin = end + 2) {
+    const std::string_view event = std::string_view{pending_}.substr(begin, end - begin);
     if (!event.starts_with("data: ")) continue;
-    const std::string_view data = std::string_view{event}.substr(6);
+    const std::string_view data = event.substr(6);
     if (data == "[DONE]") continue;
-    const Json json = Json::parse(data, nullptr, false);
-    if (json.is_discarded() || json.contains("error")) {
+    const auto read = read_event(data);
+    if (!read) {
       done_ = true;
       return replay_.failed(index_, fmt::format("error event: {}", data.substr(0, 200)), 0, false,
                             true);
     }
-    if (const auto usage = json.find("usage"); usage != json.end() && usage->is_object()) {
-      completion_tokens_ = usage->value("completion_tokens", std::uint64_t{0});
-      const Json details = usage->value("prompt_tokens_details", Json());
-      if (details.is_object()) cached_tokens_ = details.value("cached_tokens", std::uint64_t{0});
+    if (read->usage) {
+      completion_tokens_ = read->usage->completion_tokens;
+      cached_tokens_ = read->usage->cached_tokens;
     }
-    const Json choices = json.value("choices", Json::array());
-    if (choices.empty()) continue;
-    const Json& choice = choices[0];
-    const Json delta = choice.value("delta", Json::object());
-    const bool has_token = (choice.contains("text") && choice["text"].is_string() &&
-                            !choice["text"].get_ref<const std::string&>().empty()) ||
-                           (delta.contains("content") && delta["content"].is_string() &&
-                            !delta["content"].get_ref<const std::string&>().empty());
-    if (!has_token) continue;
+    if (!read->has_token) continue;
     const auto now = Clock::now();
     if (!first_token_) {
       first_token_ = now;
@@ -363,13 +417,80 @@ void Call::on_bytes(std::string_view bytes) {
     last_token_ = now;
     ++output_events_;
   }
+  pending_.erase(0, begin);
+}
+
+// What one streamed event says: a token (a non-empty `text` or `delta.content` in its first
+// choice) and the usage; nullopt for an error event or one that is not JSON. simdjson's on-demand
+// parser: a client that spends more per event than the node would blur what the node adds.
+std::optional<Call::Event> Call::read_event(std::string_view data) {
+  namespace ondemand = simdjson::ondemand;
+  const simdjson::padded_string padded{data};
+  ondemand::document document;
+  ondemand::object object;
+  if (events_parser_.iterate(padded).get(document) || document.get_object().get(object)) {
+    return std::nullopt;
+  }
+  Event event;
+  for (auto field : object) {
+    std::string_view key;
+    if (field.unescaped_key().get(key)) return std::nullopt;
+    ondemand::value value;
+    if (field.value().get(value)) return std::nullopt;
+    if (key == "error") return std::nullopt;
+    if (key == "usage") {
+      ondemand::object usage;
+      if (value.get_object().get(usage)) continue;  // null before the last event
+      Usage read;
+      for (auto usage_field : usage) {
+        std::string_view name;
+        if (usage_field.unescaped_key().get(name)) return std::nullopt;
+        ondemand::value usage_value;
+        if (usage_field.value().get(usage_value)) return std::nullopt;
+        std::uint64_t count = 0;
+        ondemand::object details;
+        if (name == "completion_tokens" && !usage_value.get_uint64().get(count)) {
+          read.completion_tokens = count;
+        } else if (name == "prompt_tokens_details" && !usage_value.get_object().get(details) &&
+                   !details.find_field_unordered("cached_tokens").get_uint64().get(count)) {
+          read.cached_tokens = count;
+        }
+      }
+      event.usage = read;
+    } else if (key == "choices") {
+      ondemand::array choices;
+      if (value.get_array().get(choices)) continue;
+      for (auto element : choices) {
+        ondemand::object choice;
+        if (element.get_object().get(choice)) break;
+        std::string_view text;
+        if (!choice.find_field_unordered("text").get_string().get(text) && !text.empty()) {
+          event.has_token = true;
+          break;
+        }
+        choice.reset();
+        ondemand::object delta;
+        if (!choice.find_field_unordered("delta").get_object().get(delta) &&
+            !delta.find_field_unordered("content").get_string().get(text) && !text.empty()) {
+          event.has_token = true;
+        }
+        break;  // the first choice only
+      }
+    }
+  }
+  return event;
 }
 
 void Call::finish() {
   done_ = true;
-  beast::error_code ignored;
-  stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
   const unsigned status = parser_->get().result_int();
+  if (status == 200 && parser_->keep_alive()) {
+    stream_->expires_never();
+    replay_.park(target_index_, std::move(stream_));
+  } else {
+    beast::error_code ignored;
+    stream_->socket().shutdown(tcp::socket::shutdown_both, ignored);
+  }
   if (status != 200) {
     const Json error = Json::parse(pending_, nullptr, false);
     const std::string message =
@@ -380,7 +501,7 @@ void Call::finish() {
                           false);
   }
   if (!first_token_) return replay_.failed(index_, "the stream carried no token", 0, false, true);
-  replay_.completed(index_, arrival_, *first_token_, last_token_, max_gap_ms_,
+  replay_.completed(index_, arrival_, sent_, *first_token_, last_token_, max_gap_ms_,
                     completion_tokens_ != 0 ? completion_tokens_ : output_events_, cached_tokens_,
                     predicted_cached_, engine_first_byte_ms_, worker_);
 }
@@ -388,9 +509,11 @@ void Call::finish() {
 void Call::fail(std::string why, bool timeout) {
   if (done_) return;
   done_ = true;
-  beast::error_code ignored;
-  stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-  stream_.close();
+  if (stream_) {
+    beast::error_code ignored;
+    stream_->socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_->close();
+  }
   replay_.failed(index_, timeout ? "timed out" : why, 0, timeout, false);
 }
 

@@ -37,6 +37,9 @@ struct OpenAiReplayOptions {
   /// at once (a high speedup), the load is closed-loop at `concurrency` streams and TTFT is the
   /// service's alone.
   bool measure_from_send = false;
+  /// The first this many requests are left out of the front door's added latency: a closed loop
+  /// sends its first `concurrency` at one instant, and they queue behind each other.
+  std::size_t warmup = 0;
   /// A request not finished this long after it was sent is abandoned and counted as failed.
   std::chrono::milliseconds request_timeout{60'000};
   /// Sent as x-kvr-tenant; empty: none. With `tenants` > 0, request i names "t{i mod tenants}".

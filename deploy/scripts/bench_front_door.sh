@@ -7,6 +7,9 @@
 # streams held open through the node at once (slow engines), with the node's memory per stream.
 # Usage: deploy/scripts/bench_front_door.sh [KVR_BINARY] (default build/release/deploy/cli/kvr).
 # KVR_BENCH_NODE_BINARY runs the node from another kvr build (the engines, bridges and client stay).
+# KVR_BENCH_TIME_SCALE (default 1e6) paces the engines: at 1e6 their answers come at once and
+# a closed loop saturates the machine's two cores; at 1-5 the tokens come as a GPU's would, and
+# 64 streams leave CPU to spare, so what the node adds is not the wait for a core.
 # KVR_BENCH_NODE_CPUS=1 gives the node CPU 1 and everything else (engines, bridges, nats-server, the
 # client) the other CPUs, as a node on its own host would be; unset, all share every CPU.
 set -euo pipefail
@@ -115,7 +118,8 @@ run() {
   if [[ $concurrency == open ]]; then
     load=(--speedup 6 --concurrency 1000 --limit "$open_requests")
   else
-    load=(--speedup 1e6 --concurrency "$concurrency" --measure-from-send --limit "$requests")
+    load=(--speedup 1e6 --concurrency "$concurrency" --measure-from-send --limit "$requests"
+      --warmup "$concurrency")
   fi
   node_before=$(cpu_ms "$node_pid")
   engines_before=$(cpu_ms "$engines_pid")
@@ -139,7 +143,7 @@ EOF
 
 echo "kvr front door: $engines engines (time scale 1e6), $requests requests of the bundled trace"
 echo "(completions with token-id prompts, streamed) per row, side by side in one run"
-start_fleet 1e6
+start_fleet "${KVR_BENCH_TIME_SCALE:-1e6}"
 printf '%7s %5s %13s %9s %9s %9s %9s %9s %10s %12s\n' target conc completed "req/s" "ttft p50" \
   "ttft p99" "added p50" "added p99" "node ms/req" "engines ms/req"
 for concurrency in ${KVR_BENCH_LOADS:-open 64 512}; do
@@ -152,6 +156,7 @@ curl -s "127.0.0.1:$metrics_port/metrics" | python3 -c '
 import sys
 lines = sys.stdin.readlines()
 for metric, what in (("kvr_http_added_latency_seconds", "body to forwarded"),
+                     ("kvr_http_relay_first_byte_seconds", "engine first byte to client"),
                      ("kvr_route_latency_seconds", "route request to decision"),
                      ("kvr_http_engine_first_byte_seconds", "forwarded to the engine first byte")):
     buckets = [(float(line.split("le=\"")[1].split("\"")[0].replace("+Inf", "inf")), float(line.split()[-1]))

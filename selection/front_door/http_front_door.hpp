@@ -22,6 +22,7 @@
 
 #include "messages/metrics/metrics_registry.hpp"
 #include "selection/config/model_config.hpp"
+#include "selection/front_door/engine_connections.hpp"
 #include "selection/front_door/fleet_directory.hpp"
 #include "selection/front_door/native_tokenizers.hpp"
 #include "selection/front_door/routing_gateway.hpp"
@@ -57,6 +58,8 @@ struct FrontDoorOptions {
   std::chrono::milliseconds stall_timeout{30'000};
   /// A client connection idle (between requests) this long is closed.
   std::chrono::milliseconds idle_timeout{60'000};
+  /// Idle keep-alive connections to each engine, reused by the next requests forwarded to it.
+  EngineConnectionsOptions engine_connections;
 
   /// Checks ranges; the error names the option.
   std::expected<void, std::string> validate() const;

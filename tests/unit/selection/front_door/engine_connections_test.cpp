@@ -1,0 +1,327 @@
+// The front door's kept-alive engine connections: the pool on its own (socket pairs, a manual
+// clock), then HttpFrontDoor forwarding to a hand-written engine over loopback, which shows each
+// request's connection (new, reused, or resent when the engine dropped a reused one).
+#include "selection/front_door/engine_connections.hpp"
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "messages/metrics/metrics_registry.hpp"
+#include "selection/front_door/http_front_door.hpp"
+
+namespace kvr::front_door {
+namespace {
+
+using namespace std::chrono_literals;
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+
+// ---- the pool ---------------------------------------------------------------------------------
+
+// One end of a connected socket pair is parked; the test holds the other (the "engine").
+struct SocketPair {
+  SocketPair() { EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, ends), 0); }
+  ~SocketPair() {
+    if (ends[1] >= 0) ::close(ends[1]);
+  }
+  EngineConnections::Parked parked() const { return {tcp::v4(), ends[0]}; }
+  void close_engine_side() {
+    ::close(ends[1]);
+    ends[1] = -1;
+  }
+  // Whether the parked end was closed by the pool: the engine's side reads its end (or, when
+  // the closed end had unread bytes, a reset).
+  bool closed_by_pool() const {
+    char byte = 0;
+    const ssize_t got = ::recv(ends[1], &byte, 1, MSG_DONTWAIT);
+    return got == 0 || (got < 0 && errno == ECONNRESET);
+  }
+  int ends[2]{-1, -1};
+};
+
+TEST(EngineConnectionsTest, GivesBackTheNewestIdleConnectionOfTheSameEngine) {
+  EngineConnections pool{{.per_engine = 4, .idle_limit = 4s}};
+  SocketPair older;
+  SocketPair newer;
+  pool.park("10.0.0.1:8000", older.parked());
+  pool.park("10.0.0.1:8000", newer.parked());
+  EXPECT_FALSE(pool.take("10.0.0.2:8000"));
+  const auto taken = pool.take("10.0.0.1:8000");
+  ASSERT_TRUE(taken);
+  EXPECT_EQ(taken->handle, newer.ends[0]);
+  const auto next = pool.take("10.0.0.1:8000");
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->handle, older.ends[0]);
+  EXPECT_FALSE(pool.take("10.0.0.1:8000"));
+  ::close(older.ends[0]);
+  ::close(newer.ends[0]);
+}
+
+TEST(EngineConnectionsTest, AConnectionTheEngineClosedOrWroteOnIsClosedNotGiven) {
+  EngineConnections pool{{.per_engine = 4, .idle_limit = 4s}};
+  SocketPair closed;
+  SocketPair chatty;
+  SocketPair good;
+  pool.park("e:1", good.parked());
+  pool.park("e:1", closed.parked());
+  pool.park("e:1", chatty.parked());
+  closed.close_engine_side();
+  ASSERT_EQ(::send(chatty.ends[1], "x", 1, 0), 1);
+  const auto taken = pool.take("e:1");
+  ASSERT_TRUE(taken);
+  EXPECT_EQ(taken->handle, good.ends[0]);
+  EXPECT_TRUE(chatty.closed_by_pool());
+  EXPECT_EQ(pool.idle(), 0u);
+  ::close(good.ends[0]);
+}
+
+TEST(EngineConnectionsTest, AConnectionIdlePastTheLimitIsClosed) {
+  auto clock = std::make_shared<ManualClock>();
+  EngineConnections pool{{.per_engine = 4, .idle_limit = 4s}, clock};
+  SocketPair old_one;
+  pool.park("e:1", old_one.parked());
+  clock->advance(3s);
+  SocketPair recent;
+  pool.park("e:1", recent.parked());
+  clock->advance(1500ms);  // old_one idle 4.5 s, recent 1.5 s
+  const auto taken = pool.take("e:1");
+  ASSERT_TRUE(taken);
+  EXPECT_EQ(taken->handle, recent.ends[0]);
+  EXPECT_TRUE(old_one.closed_by_pool());
+  EXPECT_EQ(pool.idle(), 0u);
+  ::close(recent.ends[0]);
+}
+
+TEST(EngineConnectionsTest, KeepsAtMostItsShareOfAnEngineAndClosesTheRest) {
+  EngineConnections pool{{.per_engine = 1, .idle_limit = 4s}};
+  SocketPair first;
+  SocketPair second;
+  pool.park("e:1", first.parked());
+  pool.park("e:1", second.parked());
+  EXPECT_EQ(pool.idle(), 1u);
+  EXPECT_TRUE(second.closed_by_pool());
+  EXPECT_FALSE(first.closed_by_pool());
+}
+
+// ---- forwarding over them ---------------------------------------------------------------------
+
+// An engine on loopback that answers non-streamed completions, counting connections and
+// requests. `drop_second_request_of_first_connection`: the first connection's second request is
+// read and the connection closed unanswered (an engine closing an idle connection as a request
+// arrives). `close_after_answer`: every answer says Connection: close.
+class EngineStandIn {
+ public:
+  struct Behaviour {
+    bool drop_second_request_of_first_connection = false;
+    bool close_after_answer = false;
+  };
+
+  explicit EngineStandIn(Behaviour behaviour) : behaviour_(behaviour) {
+    acceptor_.open(tcp::v4());
+    acceptor_.bind({net::ip::make_address("127.0.0.1"), 0});
+    acceptor_.listen();
+    accepting_ = std::thread{[this] { accept_loop(); }};
+  }
+
+  ~EngineStandIn() {
+    stopping_ = true;
+    // Wakes the accept loop: a connection it sees `stopping_` on.
+    tcp::socket poke{io_};
+    boost::system::error_code ignored;
+    poke.connect(acceptor_.local_endpoint(), ignored);
+    accepting_.join();
+    {
+      std::lock_guard lock{mutex_};
+      for (auto& socket : sockets_) socket->shutdown(tcp::socket::shutdown_both, ignored);
+    }
+    for (auto& thread : serving_) thread.join();
+  }
+
+  std::string url() const {
+    return "http://127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port());
+  }
+  int connections() const { return connections_.load(); }
+  int answered() const { return answered_.load(); }
+
+ private:
+  void accept_loop() {
+    for (int index = 0;; ++index) {
+      auto socket = std::make_shared<tcp::socket>(io_);
+      boost::system::error_code error;
+      acceptor_.accept(*socket, error);
+      if (error || stopping_) return;
+      ++connections_;
+      std::lock_guard lock{mutex_};
+      sockets_.push_back(socket);
+      serving_.emplace_back([this, socket, index] { serve(*socket, index); });
+    }
+  }
+
+  void serve(tcp::socket& socket, int connection) {
+    beast::flat_buffer buffer;
+    for (int request_index = 0;; ++request_index) {
+      http::request<http::string_body> request;
+      boost::system::error_code error;
+      http::read(socket, buffer, request, error);
+      if (error) return;
+      if (behaviour_.drop_second_request_of_first_connection && connection == 0 &&
+          request_index == 1) {
+        socket.shutdown(tcp::socket::shutdown_both, error);
+        return;
+      }
+      http::response<http::string_body> answer{http::status::ok, 11};
+      answer.set(http::field::content_type, "application/json");
+      answer.body() =
+          R"({"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"hi",)"
+          R"("finish_reason":"length"}],"usage":{"prompt_tokens":4,"completion_tokens":1,)"
+          R"("total_tokens":5}})";
+      answer.keep_alive(!behaviour_.close_after_answer);
+      answer.prepare_payload();
+      ++answered_;  // before the write: the client may have the answer before write returns
+      http::write(socket, answer, error);
+      if (error || behaviour_.close_after_answer) {
+        socket.shutdown(tcp::socket::shutdown_both, error);
+        return;
+      }
+    }
+  }
+
+  Behaviour behaviour_;
+  net::io_context io_;
+  tcp::acceptor acceptor_{io_};
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> connections_{0};
+  std::atomic<int> answered_{0};
+  std::thread accepting_;
+  std::mutex mutex_;
+  std::vector<std::shared_ptr<tcp::socket>> sockets_;
+  std::vector<std::thread> serving_;
+};
+
+// Routes every request to the one engine and records the bookings' reports.
+class OneEngineGateway final : public RoutingGateway {
+ public:
+  explicit OneEngineGateway(std::string url) : url_(std::move(url)) {}
+
+  void route(v1::RouteRequest request, std::function<void(v1::RouteDecision)> done) override {
+    v1::RouteDecision decision;
+    decision.set_request_id(request.request_id());
+    auto* success = decision.mutable_success();
+    success->set_worker_id(kWorker);
+    success->set_booking_id("booking-" + request.request_id());
+    success->set_worker_http_url(url_);
+    done(std::move(decision));
+  }
+
+  void report(v1::LifecycleReport report) override {
+    std::lock_guard lock{mutex_};
+    reports_.push_back(std::move(report));
+  }
+
+  std::shared_ptr<GenerateStream> generate(v1::GenerateRequest, GenerateCallbacks) override {
+    ADD_FAILURE() << "the engine has an HTTP URL: nothing goes through generate";
+    return nullptr;
+  }
+
+  int aborted() const {
+    std::lock_guard lock{mutex_};
+    return static_cast<int>(std::ranges::count_if(reports_, [](const v1::LifecycleReport& r) {
+      return r.event() == v1::LIFECYCLE_EVENT_ABORTED;
+    }));
+  }
+
+  static constexpr WorkerId kWorker = 7;
+
+ private:
+  std::string url_;
+  mutable std::mutex mutex_;
+  std::vector<v1::LifecycleReport> reports_;
+};
+
+class ForwardingTest : public testing::Test {
+ protected:
+  void start(EngineStandIn::Behaviour behaviour) {
+    engine_ = std::make_unique<EngineStandIn>(behaviour);
+    auto directory = std::make_shared<FleetDirectory>();
+    discovery::WorkerRegistration worker;
+    worker.worker_id = OneEngineGateway::kWorker;
+    worker.incarnation = 1;
+    worker.model = "m";
+    worker.block_size = 16;
+    worker.liveness_ttl = 600s;
+    worker.http_url = engine_->url();
+    directory->registered(worker);
+    gateway_ = std::make_shared<OneEngineGateway>(engine_->url());
+    auto started = HttpFrontDoor::start({}, gateway_, directory, metrics_);
+    ASSERT_TRUE(started) << started.error();
+    front_door_ = std::move(*started);
+  }
+
+  int post_completion() {
+    httplib::Client client{"127.0.0.1", front_door_->port()};
+    client.set_read_timeout(10s);
+    const auto answer =
+        client.Post("/v1/completions", R"({"model":"m","prompt":[1,2,3,4],"max_tokens":1})",
+                    "application/json");
+    return answer ? answer->status : 0;
+  }
+
+  double connections(const std::string& outcome) const {
+    return metrics_->value("kvr_http_engine_connections_total", {{"outcome", outcome}});
+  }
+
+  std::shared_ptr<metrics::MetricsRegistry> metrics_ = std::make_shared<metrics::MetricsRegistry>();
+  std::unique_ptr<EngineStandIn> engine_;
+  std::shared_ptr<OneEngineGateway> gateway_;
+  std::unique_ptr<HttpFrontDoor> front_door_;
+};
+
+TEST_F(ForwardingTest, RequestsForwardedOneAfterAnotherShareOneEngineConnection) {
+  start({});
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(post_completion(), 200);
+  EXPECT_EQ(engine_->connections(), 1);
+  EXPECT_EQ(engine_->answered(), 3);
+  EXPECT_EQ(connections("new"), 1);
+  EXPECT_EQ(connections("reused"), 2);
+}
+
+TEST_F(ForwardingTest, AReusedConnectionTheEngineDropsIsResentOnANewOneWithoutBlame) {
+  start({.drop_second_request_of_first_connection = true});
+  ASSERT_EQ(post_completion(), 200);
+  ASSERT_EQ(post_completion(), 200);
+  EXPECT_EQ(engine_->connections(), 2);
+  EXPECT_EQ(engine_->answered(), 2);
+  EXPECT_EQ(connections("reused"), 1);
+  EXPECT_EQ(connections("resent"), 1);
+  // Neither an engine failure nor a routing retry: the booking was never aborted.
+  EXPECT_EQ(metrics_->value("kvr_http_engine_failures_total", {{"phase", "first_byte"}}), 0);
+  EXPECT_EQ(metrics_->value("kvr_http_retries_total"), 0);
+  EXPECT_EQ(gateway_->aborted(), 0);
+}
+
+TEST_F(ForwardingTest, AnEngineThatClosesAfterEachAnswerGetsANewConnectionEachTime) {
+  start({.close_after_answer = true});
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(post_completion(), 200);
+  EXPECT_EQ(engine_->connections(), 2);
+  EXPECT_EQ(connections("new"), 2);
+  EXPECT_EQ(connections("reused"), 0);
+}
+
+}  // namespace
+}  // namespace kvr::front_door
