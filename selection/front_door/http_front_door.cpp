@@ -41,6 +41,7 @@ using Json = nlohmann::json;
 constexpr std::string_view kRequests = "kvr_http_requests_total";
 constexpr std::string_view kInFlight = "kvr_http_requests_in_flight";
 constexpr std::string_view kConnections = "kvr_http_connections_open";
+constexpr std::string_view kConnectionsAccepted = "kvr_http_connections_accepted_total";
 constexpr std::string_view kEngineFailures = "kvr_http_engine_failures_total";
 constexpr std::string_view kRetries = "kvr_http_retries_total";
 constexpr std::string_view kClientsGone = "kvr_http_clients_gone_total";
@@ -1336,6 +1337,7 @@ void HttpFrontDoor::State::accept() {
       } else {
         connection_count.fetch_add(1);
         connections_gauge.set(static_cast<double>(connection_count.load()));
+        metrics->add(kConnectionsAccepted);
         beast::error_code ignored;
         socket.set_option(tcp::no_delay(true), ignored);
         std::make_shared<Connection>(*this, std::move(socket))->start();
@@ -1358,6 +1360,9 @@ std::expected<std::unique_ptr<HttpFrontDoor>, std::string> HttpFrontDoor::start(
                     "Generation requests between their body and their answer's last byte");
   metrics->describe(std::string{kConnections}, metrics::MetricType::Gauge,
                     "Open client connections of the front door");
+  metrics->describe(std::string{kConnectionsAccepted}, metrics::MetricType::Counter,
+                    "Client connections the front door accepted (kept alive, one serves many "
+                    "requests)");
   metrics->describe(std::string{kEngineFailures}, metrics::MetricType::Counter,
                     "Forwarded requests an engine failed, before its first byte or after");
   metrics->describe(std::string{kRetries}, metrics::MetricType::Counter,

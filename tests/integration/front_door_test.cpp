@@ -152,9 +152,12 @@ class FrontDoorTest : public testing::KvrClusterTest {
     }
   }
 
-  EnginePair& start_pair(WorkerId worker, const std::string& time_scale = "20") {
-    auto pair = testing::start_engine_pair(
-        *kvr_, {.worker = worker, .block_size = kBlockSize, .time_scale = time_scale});
+  EnginePair& start_pair(WorkerId worker, const std::string& time_scale = "20",
+                         std::uint64_t num_gpu_blocks = 2048) {
+    auto pair = testing::start_engine_pair(*kvr_, {.worker = worker,
+                                                   .block_size = kBlockSize,
+                                                   .num_gpu_blocks = num_gpu_blocks,
+                                                   .time_scale = time_scale});
     EXPECT_TRUE(pair) << pair.error();
     if (!pair) pair = std::make_unique<EnginePair>();
     pairs_.push_back(std::move(*pair));
@@ -861,6 +864,47 @@ void FrontDoorTest::run_official_client() {
   ASSERT_TRUE(run.exit_code);
   EXPECT_EQ(*run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("cache hit: "), std::string::npos);
+}
+
+// `kvr replay-live`'s OpenAI client through the front door, as the quickstart and the benchmark
+// use it: every request answered, the engines' cached tokens read from their streamed usage, the
+// client's connections kept alive (one per stream, not one per request) and the node's to the
+// engines as well.
+TEST_F(FrontDoorTest, ReplayLiveThroughTheFrontDoorKeepsItsConnectionsAliveAndReadsTheUsage) {
+  start_node();
+  // Room for the trace's longest prompts (87,169 tokens among the first 40).
+  start_pair(kFirstWorker, "1000", 8192);
+  start_pair(kFirstWorker + 1, "1000", 8192);
+  wait_until_ready();
+  ASSERT_TRUE(wait_until([&] { return node_metric("kvr_workers") == 2; }, 10s));
+  const double accepted_before = node_metric("kvr_http_connections_accepted_total");
+  const auto json_path = directory_.path() / "openai.json";
+  constexpr int kRequests = 40;
+  constexpr int kStreams = 4;
+  auto process = kvr_->start(
+      {"replay-live"},
+      {"--quiet", "--openai-url", "http://127.0.0.1:" + std::to_string(http_port_) + "/v1",
+       "--openai-api", "completions", "--limit", std::to_string(kRequests), "--speedup", "1e6",
+       "--concurrency", std::to_string(kStreams), "--measure-from-send", "--warmup",
+       std::to_string(kStreams), "--timeout", "60", "--json", json_path.string()},
+      "replay.log");
+  ASSERT_TRUE(process);
+  const auto status = process->wait(120s);
+  ASSERT_EQ(status, 0) << process->log();
+  const Json report = Json::parse(testing::read_file(json_path), nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << testing::read_file(json_path);
+  const Json& policy = report["policies"][0];
+  EXPECT_EQ(policy["completed"], kRequests) << policy.dump(2);
+  EXPECT_EQ(policy["failed"], 0) << policy.dump(2);
+  // The trace's conversations share prefixes and the node routes them to their cache: the
+  // engines say so in `usage.prompt_tokens_details.cached_tokens`.
+  EXPECT_GT(policy["hit_rate"].get<double>(), 0.0) << policy.dump(2);
+  EXPECT_GT(policy["front_door_added_ms"]["p50"].get<double>(), 0.0) << policy.dump(2);
+  EXPECT_LE(node_metric("kvr_http_connections_accepted_total") - accepted_before, kStreams);
+  EXPECT_GT(node_metric("kvr_http_engine_connections_total"), 0);
+  EXPECT_GE(testing::metric(testing::http_get(metrics_port_, "/metrics"),
+                            "kvr_http_engine_connections_total{outcome=\"reused\"}"),
+            kRequests / 2);
 }
 
 }  // namespace

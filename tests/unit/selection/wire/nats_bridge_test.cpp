@@ -605,10 +605,17 @@ class NatsBridgeFeedTest : public NatsBridgeTest {
 TEST_F(NatsBridgeFeedTest, AFollowedPartitionsMessagesArriveAndOtherPartitionsDoNot) {
   bridge_->follow("model-a/group-a", std::nullopt, "model-a/group-a");
   ASSERT_TRUE(bridge_->flush(kDeadline));
+  // Worker 9's load goes out first: a subscription that (wrongly) took model-b's loads would
+  // deliver it before worker 7's.
+  publish(subjects::partition_load(ns(), "model-b/default", 9), load_bytes(9));
   publish(subjects::partition_load(ns(), "model-a/group-a", 7), load_bytes(7));
   publish(subjects::partition_kv_events(ns(), "model-a/group-a", 7), kv_batch_bytes(7, 1));
-  publish(subjects::partition_load(ns(), "model-b/default", 9), load_bytes(9));
-  ASSERT_TRUE(recorder_.wait_for([&] { return !recorder_.kv_batches.empty(); }));
+  // Loads and KV events come on subscriptions of their own, in no order between them.
+  ASSERT_TRUE(recorder_.wait_for([&] {
+    return !recorder_.kv_batches.empty() &&
+           std::ranges::any_of(recorder_.loads,
+                               [](const WorkerLoadReport& load) { return load.worker_id == 7; });
+  }));
   ASSERT_NO_FATAL_FAILURE(publish_marker_and_wait(99));
   EXPECT_EQ(loads_of(), (std::set<WorkerId>{7, 99}));
   EXPECT_EQ(decoded("model-a/group-a", "load"), 1);
