@@ -15,10 +15,12 @@
 
 #include <chrono>
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <expected>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "messages/metrics/metrics_registry.hpp"
 #include "selection/config/model_config.hpp"
@@ -33,8 +35,9 @@ struct FrontDoorOptions {
   std::string address = "127.0.0.1";
   /// 0: any free port (see HttpFrontDoor::port()).
   std::uint16_t port = 0;
-  /// Threads running the connections (each connection stays on one strand).
-  std::size_t threads = 1;
+  /// Threads running the connections (each connection stays on one strand): one per core, so
+  /// that new requests are not queued behind the relays of the streams in flight.
+  std::size_t threads = std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 64);
   /// A request body above this is refused with 413.
   std::size_t max_body_bytes = std::size_t{8} << 20;
   /// A non-streamed engine answer above this ends the request with 502.

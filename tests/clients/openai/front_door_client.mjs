@@ -53,17 +53,20 @@ async function main() {
     max_tokens: 2,
     messages: [{ role: 'system', content: system }, { role: 'user', content: 'Hello?' }],
   }).withResponse();
+  // A repeat sent before the first answer's KV events reached the node may go to another worker
+  // (which then holds the prompt too): the hit must come from a worker that served it before.
   const first = await ask();
-  const firstWorker = first.response.headers.get('x-kvr-worker-id');
+  const servedBy = new Set([first.response.headers.get('x-kvr-worker-id')]);
   let cached = 0;
   let worker = null;
   for (let attempt = 0; attempt < 50 && cached === 0; attempt += 1) {
     const again = await ask();
     cached = again.data.usage?.prompt_tokens_details?.cached_tokens ?? 0;
     worker = again.response.headers.get('x-kvr-worker-id');
+    if (cached === 0) servedBy.add(worker);
   }
   assert.ok(cached > 0, 'a repeated long prompt never hit the cache');
-  assert.equal(worker, firstWorker, 'the repeated prompt went to another worker');
+  assert.ok(servedBy.has(worker), `the hit came from worker ${worker}, which never served the prompt`);
   console.log(`cache hit: ${cached} cached prompt tokens on worker ${worker}`);
 
   await assert.rejects(
