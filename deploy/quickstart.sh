@@ -124,12 +124,16 @@ stop_cluster
 bridge_engines=${KVR_QUICKSTART_BRIDGE_ENGINES:-8}
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # Each engine takes three consecutive ports (HTTP, KV events, replay), then each bridge one for
-# its /healthz, then the node's HTTP API one: a base with all free (sets engine_base).
+# its /healthz, then the node's HTTP API one: a base with all free (sets engine_base). Below the
+# kernel's ephemeral range, where no outgoing connection (a bridge polling an engine that is still
+# binding its ports) can take one first.
 find_engine_ports() {
   engine_base=
-  local candidate all_free p
+  local candidate all_free p ephemeral_low span=$((4 * bridge_engines + 1))
+  ephemeral_low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+  ((ephemeral_low > 10000 + span)) || ephemeral_low=32768
   for _ in $(seq 50); do
-    candidate=$((20000 + RANDOM % 30000))
+    candidate=$((10000 + RANDOM % (ephemeral_low - 10000 - span)))
     all_free=1
     for ((p = candidate; p <= candidate + 4 * bridge_engines; p++)); do
       port_free "$p" || { all_free=0; break; }

@@ -48,8 +48,14 @@ free_base() {
   python3 -c '
 import random, socket, sys
 count = int(sys.argv[1])
+# Below the ephemeral port range: no outgoing connection can take one while they are bound.
+try:
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError):
+    low = 32768
+low = low if low > 10000 + count else 32768
 for _ in range(200):
-    base = random.randint(20000, 60000 - count)
+    base = random.randint(10000, low - count)
     sockets = []
     try:
         for port in range(base, base + count):
