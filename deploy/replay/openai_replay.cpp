@@ -458,24 +458,14 @@ std::optional<Call::Event> Call::read_event(std::string_view data) {
       }
       event.usage = read;
     } else if (key == "choices") {
-      ondemand::array choices;
-      if (value.get_array().get(choices)) continue;
-      for (auto element : choices) {
-        ondemand::object choice;
-        if (element.get_object().get(choice)) break;
-        std::string_view text;
-        if (!choice.find_field_unordered("text").get_string().get(text) && !text.empty()) {
-          event.has_token = true;
-          break;
-        }
-        choice.reset();
-        ondemand::object delta;
-        if (!choice.find_field_unordered("delta").get_object().get(delta) &&
-            !delta.find_field_unordered("content").get_string().get(text) && !text.empty()) {
-          event.has_token = true;
-        }
-        break;  // the first choice only
-      }
+      ondemand::object choice;  // the first one only
+      if (value.at(0).get_object().get(choice)) continue;
+      std::string_view text;
+      ondemand::object delta;
+      event.has_token =
+          (!choice.find_field_unordered("text").get_string().get(text) && !text.empty()) ||
+          (!choice.find_field_unordered("delta").get_object().get(delta) &&
+           !delta.find_field_unordered("content").get_string().get(text) && !text.empty());
     }
   }
   return event;

@@ -118,6 +118,14 @@ struct HttpFrontDoor::State {
   std::atomic<bool> accepting{true};
   metrics::ValueHandle in_flight_gauge = metrics->gauge(kInFlight);
   metrics::ValueHandle connections_gauge = metrics->gauge(kConnections);
+  metrics::ValueHandle connections_accepted = metrics->counter(kConnectionsAccepted);
+  // The engine connections requests go out on, by outcome.
+  metrics::ValueHandle engine_connection_new =
+      metrics->counter(kEngineConnections, {{"outcome", "new"}});
+  metrics::ValueHandle engine_connection_reused =
+      metrics->counter(kEngineConnections, {{"outcome", "reused"}});
+  metrics::ValueHandle engine_connection_resent =
+      metrics->counter(kEngineConnections, {{"outcome", "resent"}});
   metrics::HistogramHandle added_latency = metrics->histogram(kAddedLatency);
   metrics::HistogramHandle engine_first_byte = metrics->histogram(kEngineFirstByte);
   metrics::HistogramHandle relay_first_byte = metrics->histogram(kRelayFirstByte);
@@ -184,14 +192,15 @@ struct Upstream {
   std::optional<http::response_parser<http::buffer_body>> parser;
   std::string host;
   std::string port;
-  /// host:port, the key of the engine's kept-alive connections.
-  std::string address;
   /// The connection served an earlier request (taken from the kept-alive ones).
   bool reused = false;
   /// The engine's answer is read through it; held only while a request is in flight, so that an
   /// idle keep-alive connection costs a few hundred bytes.
   std::unique_ptr<char[]> chunk;
 };
+
+/// The key of an engine's kept-alive connections.
+std::string engine_address(const Upstream& upstream) { return upstream.host + ":" + upstream.port; }
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
@@ -823,28 +832,27 @@ class Connection : public std::enable_shared_from_this<Connection> {
     request->prepare_payload();
     upstream_->host = url->host;
     upstream_->port = url->port;
-    upstream_->address = url->host + ":" + url->port;
     arm_first_byte_deadline();
     // The node's part ends here: connecting and sending are what a client reaching the engine
     // directly pays as well, so they count as the engine's.
     flight.forwarded = std::chrono::steady_clock::now();
     server_.added_latency.observe(
         std::chrono::duration<double>(flight.forwarded - flight.received).count());
-    if (auto parked = server_.engine_connections.take(upstream_->address)) {
+    if (auto parked = server_.engine_connections.take(engine_address(*upstream_))) {
       beast::error_code error;
       upstream_->stream.socket().assign(parked->protocol, parked->handle, error);
       if (!error) {
         upstream_->reused = true;
-        server_.metrics->add(kEngineConnections, {{"outcome", "reused"}});
+        server_.engine_connection_reused.add();
         return send_upstream();
       }
       ::close(parked->handle);
     }
-    connect_upstream("new");
+    connect_upstream(server_.engine_connection_new);
   }
 
-  void connect_upstream(const char* outcome) {
-    server_.metrics->add(kEngineConnections, {{"outcome", outcome}});
+  void connect_upstream(const metrics::ValueHandle& outcome) {
+    outcome.add();
     connect_engine(
         upstream_->stream, upstream_->resolver, upstream_->host, upstream_->port,
         [self = shared_from_this(), up = upstream_, epoch = epoch_](beast::error_code error,
@@ -867,7 +875,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     up.stream.socket().close(ignored);
     up.buffer.clear();
     up.parser.reset();
-    connect_upstream("resent");
+    connect_upstream(server_.engine_connection_resent);
     return true;
   }
 
@@ -898,7 +906,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (error) return;
     const auto handle = up.stream.socket().release(error);
     if (error) return;
-    server_.engine_connections.park(up.address, {protocol, handle});
+    server_.engine_connections.park(engine_address(up), {protocol, handle});
     upstream_.reset();
   }
 
@@ -1337,7 +1345,7 @@ void HttpFrontDoor::State::accept() {
       } else {
         connection_count.fetch_add(1);
         connections_gauge.set(static_cast<double>(connection_count.load()));
-        metrics->add(kConnectionsAccepted);
+        connections_accepted.add();
         beast::error_code ignored;
         socket.set_option(tcp::no_delay(true), ignored);
         std::make_shared<Connection>(*this, std::move(socket))->start();

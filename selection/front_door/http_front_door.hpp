@@ -13,9 +13,9 @@
 // Plain C++ (no CAF); Beast stays inside the .cpp.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
-#include <algorithm>
 #include <cstdint>
 #include <expected>
 #include <memory>
