@@ -269,7 +269,9 @@ using selector_actor = worker_feed_actor::extend_with<route_target_actor>::exten
     // refills the KV dump budget; gauges)
     caf::reacts_to<tick_atom>,
     // internal: the queue's next due time or wait limit
-    caf::reacts_to<wake_atom>>;
+    caf::reacts_to<wake_atom>,
+    // internal: the hit-rate ceilings of the prompts routed since the last one
+    caf::reacts_to<flush_atom>>;
 
 /// An actor told of the workers that left (expired or deregistered).
 using removal_watcher_actor = caf::typed_actor<
@@ -378,7 +380,9 @@ using gateway_actor = caf::typed_actor<
     // a lifecycle report; a refused one is logged
     caf::reacts_to<report_atom, LifecycleReportMessage>,
     // a generate stream: spawns its relay, the actor client the answer streams to
-    caf::reacts_to<generate_atom, GenerateRelayStart>>;
+    caf::reacts_to<generate_atom, GenerateRelayStart>,
+    // the deadlines' sweep (the gateway's own timer)
+    caf::reacts_to<tick_atom>>;
 
 // ---- cluster mode -------------------------------------------------------------------------------
 

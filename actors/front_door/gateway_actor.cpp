@@ -111,51 +111,138 @@ class ActorGateway final : public front_door::RoutingGateway {
 
 }  // namespace
 
-gateway_actor::behavior_type gateway_behavior(gateway_actor::pointer self,
-                                              GatewayActorConfig config) {
+namespace {
+
+using GatewaySelf = gateway_actor::stateful_pointer<GatewayState>;
+
+v1::RouteDecision route_error(const std::string& request_id, v1::RouteErrorCode code,
+                              std::string message) {
+  v1::RouteDecision decision;
+  decision.set_request_id(request_id);
+  auto* failure = decision.mutable_error();
+  failure->set_code(code);
+  failure->set_message(std::move(message));
+  return decision;
+}
+
+// One sweep timer for every request in flight (armed while any is): a CAF timeout per request
+// would wake CAF's clock thread on each one's way in.
+void arm_sweep(GatewaySelf self) {
+  auto& state = self->state;
+  if (state.sweep_armed || state.deadlines.empty()) return;
+  state.sweep_armed = true;
+  self->delayed_send(self, state.config.sweep_interval, tick_atom::value);
+}
+
+// Starts the deadline of request `id`; the entry's own deadlines come first, so this one only
+// catches an answer that never comes.
+std::uint64_t track(GatewaySelf self) {
+  auto& state = self->state;
+  const std::uint64_t id = state.next_id++;
+  state.deadlines.emplace_back(state.config.clock->now() + state.config.route_timeout, id);
+  arm_sweep(self);
+  return id;
+}
+
+void abort_booking(GatewaySelf self, const v1::RouteSuccess& success) {
+  v1::LifecycleReport report;
+  report.set_booking_id(success.booking_id());
+  report.set_event(v1::LIFECYCLE_EVENT_ABORTED);
+  report.set_abort_cause(v1::ABORT_CAUSE_CLIENT_CANCELLED);
+  report.set_error("the front door stopped waiting for the decision");
+  self->send(self, report_atom::value, LifecycleReportMessage{std::move(report)});
+}
+
+void sweep(GatewaySelf self) {
+  auto& state = self->state;
+  state.sweep_armed = false;
+  const TimePoint now = state.config.clock->now();
+  const auto waited = fmt::format("no answer within {} ms", state.config.route_timeout.count());
+  while (!state.deadlines.empty() && state.deadlines.front().first <= now) {
+    const std::uint64_t id = state.deadlines.front().second;
+    state.deadlines.pop_front();
+    if (auto route = state.routes.extract(id); !route.empty()) {
+      auto& pending = route.mapped();
+      pending.done(route_error(pending.request_id, v1::ROUTE_ERROR_TIMEOUT,
+                               "the router did not decide: " + waited));
+    } else if (auto report = state.reports.extract(id); !report.empty()) {
+      state.config.log->warn(
+          "front-door-report",
+          fmt::format("front door: the report of booking {} failed: {}", report.mapped(), waited));
+    }
+  }
+  arm_sweep(self);
+}
+
+}  // namespace
+
+GatewayState::~GatewayState() {
+  // The gateway stopped (the node shuts down): every route still waiting gets its answer.
+  for (auto& [id, pending] : routes) {
+    pending.done(route_error(pending.request_id, v1::ROUTE_ERROR_UNAVAILABLE,
+                             "the router is shutting down"));
+  }
+}
+
+gateway_actor::behavior_type gateway_behavior(GatewaySelf self, GatewayActorConfig config) {
+  self->state.config = std::move(config);
   return {
-      [self, config](route_atom, RouteRequestMessage& message, DecisionCallback& callback) {
-        const std::string request_id = message.value.request_id();
-        self->request(config.ingress, config.route_timeout, route_atom::value, std::move(message))
-            .then([callback](
-                      RouteDecisionMessage& decision) { callback.done(std::move(decision.value)); },
-                  [self, callback, request_id](caf::error& error) {
-                    v1::RouteDecision decision;
-                    decision.set_request_id(request_id);
-                    auto* failure = decision.mutable_error();
-                    failure->set_code(error == caf::sec::request_timeout
-                                          ? v1::ROUTE_ERROR_TIMEOUT
-                                          : v1::ROUTE_ERROR_UNAVAILABLE);
-                    failure->set_message("the router did not decide: " +
-                                         self->system().render(error));
-                    callback.done(std::move(decision));
-                  });
-      },
-      [self, config](generate_atom, GenerateRelayStart& start) {
-        // Linked: a gateway that stops takes its relays with it, so that no callback runs into a
-        // front door that is gone.
-        auto relay = self->spawn<caf::linked>(relay_behavior, config.ingress, config.route_timeout,
-                                              std::move(start.request), std::move(start.callbacks));
-        start.relay(caf::actor_cast<caf::actor>(relay));
-      },
-      [self, config](report_atom, LifecycleReportMessage& message) {
-        const std::string booking_id = message.value.booking_id();
-        self->request(config.ingress, config.route_timeout, report_atom::value, std::move(message))
+      [self](route_atom, RouteRequestMessage& message, DecisionCallback& callback) {
+        const std::uint64_t id = track(self);
+        self->state.routes.emplace(
+            id, GatewayState::PendingRoute{message.value.request_id(), std::move(callback.done)});
+        self->request(self->state.config.ingress, caf::infinite, route_atom::value,
+                      std::move(message))
             .then(
-                [config, booking_id](LifecycleAckMessage& ack) {
-                  if (!ack.value.accepted()) {
-                    config.log->warn("front-door-report",
-                                     fmt::format("front door: the report of booking {} was "
-                                                 "refused: {}",
-                                                 booking_id, ack.value.message()));
-                  }
+                [self, id](RouteDecisionMessage& decision) {
+                  auto route = self->state.routes.extract(id);
+                  if (!route.empty()) return route.mapped().done(std::move(decision.value));
+                  // Answered after its deadline, which the front door has been told of: nobody
+                  // will report on this booking, so it ends now rather than at its expiry.
+                  if (decision.value.has_success()) abort_booking(self, decision.value.success());
                 },
-                [self, config, booking_id](caf::error& error) {
-                  config.log->warn("front-door-report",
-                                   fmt::format("front door: the report of booking {} failed: {}",
-                                               booking_id, self->system().render(error)));
+                [self, id](caf::error& error) {
+                  auto route = self->state.routes.extract(id);
+                  if (route.empty()) return;
+                  auto& pending = route.mapped();
+                  pending.done(
+                      route_error(pending.request_id, v1::ROUTE_ERROR_UNAVAILABLE,
+                                  "the router did not decide: " + self->system().render(error)));
                 });
       },
+      [self](generate_atom, GenerateRelayStart& start) {
+        // Linked: a gateway that stops takes its relays with it, so that no callback runs into a
+        // front door that is gone.
+        const auto& settings = self->state.config;
+        auto relay =
+            self->spawn<caf::linked>(relay_behavior, settings.ingress, settings.route_timeout,
+                                     std::move(start.request), std::move(start.callbacks));
+        start.relay(caf::actor_cast<caf::actor>(relay));
+      },
+      [self](report_atom, LifecycleReportMessage& message) {
+        const std::uint64_t id = track(self);
+        self->state.reports.emplace(id, message.value.booking_id());
+        self->request(self->state.config.ingress, caf::infinite, report_atom::value,
+                      std::move(message))
+            .then(
+                [self, id](LifecycleAckMessage& ack) {
+                  auto report = self->state.reports.extract(id);
+                  if (report.empty() || ack.value.accepted()) return;
+                  self->state.config.log->warn(
+                      "front-door-report",
+                      fmt::format("front door: the report of booking {} was refused: {}",
+                                  report.mapped(), ack.value.message()));
+                },
+                [self, id](caf::error& error) {
+                  auto report = self->state.reports.extract(id);
+                  if (report.empty()) return;
+                  self->state.config.log->warn(
+                      "front-door-report",
+                      fmt::format("front door: the report of booking {} failed: {}",
+                                  report.mapped(), self->system().render(error)));
+                });
+      },
+      [self](tick_atom) { sweep(self); },
   };
 }
 

@@ -396,6 +396,11 @@ struct RouterNode::Impl {
     // the node (about 180 → 80 µs, tests/bench/node) and stops idle workers from burning timer
     // wake-ups.
     config.set("work-stealing.moderate-poll-attempts", 0);
+    // An actor yields its thread after each message. A decision travels the reservation and
+    // gateway actors, which the selector's answer queues on the same thread: unbounded (CAF's
+    // default), they wait until the selector has emptied its mailbox (KV events, its own deferred
+    // work) first.
+    config.set("scheduler.max-throughput", 1);
     load_bounded_middleman(config);
     if (options.cluster.enabled) {
       // A hung peer (SIGSTOP) is detected within a second instead of never (CAF 0.17 has no

@@ -19,6 +19,13 @@ TimePoint now(Self self) { return self->state.config.clock->now(); }
 void carry_out(Self self, bool gauges) {
   auto& state = self->state;
   PartitionEffects& effects = state.effects;
+  if (effects.ceilings_due && !state.ceilings_flush_sent) {
+    // Recorded in a message of their own, after this one's answers have left: the node yields
+    // an actor's thread after each message (scheduler.max-throughput), so the answer's way back
+    // does not wait for them.
+    state.ceilings_flush_sent = true;
+    self->send(self, flush_atom::value);
+  }
   for (auto& [ticket, reply] : effects.answers) {
     auto promise = state.waiting.extract(ticket);
     if (!promise.empty()) promise.mapped().deliver(std::move(reply));
@@ -150,6 +157,11 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
       [self](wake_atom) {
         self->state.router->wake(now(self), self->state.effects);
         carry_out(self, true);
+      },
+      [self](flush_atom) {
+        self->state.ceilings_flush_sent = false;
+        self->state.router->record_due_ceilings(self->state.effects);
+        carry_out(self, false);
       },
       [self](cancel_atom, const std::string&, const std::string&, const std::string& request_id) {
         self->state.router->cancel(request_id, now(self), self->state.effects);

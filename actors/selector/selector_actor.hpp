@@ -14,7 +14,8 @@
 //   fence(owned until): cluster mode, the partition's lease fence;
 //   nats_link(bool connected): the node's NATS connection went down or came back;
 //   tick: internal, its own timer (a shard publishes its load then); wake: internal, the queue's
-//   next deadline.
+//   next deadline; flush: internal, the hit-rate ceilings of the prompts routed since the last
+//   one (sent to itself, so that they run after the answers have left).
 // Effects: answers go to their promises, dump requests to the RouterPublisher (never waiting),
 // workers that left to the discovery actor (which tells the lifecycle actor), the fleet and its KV
 // usage to the classifier actor, events to metrics and the log.
@@ -73,6 +74,8 @@ struct SelectorActorState {
   std::optional<PartitionTelemetry> telemetry;
   /// When the shard last published its load.
   TimePoint load_published{};
+  /// A flush message is on its way to record the routed prompts' hit-rate ceilings.
+  bool ceilings_flush_sent = false;
 };
 
 /// The selector actor's behaviour.

@@ -1012,14 +1012,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     Flight& flight = *flight_;
     Upstream& up = *upstream_;
     const bool done = up.parser->is_done();
+    bool first = false;
     if (bytes > 0) {
       flight.last_byte = std::chrono::steady_clock::now();
       if (!flight.first_byte) {
+        first = true;
         flight.first_byte = true;
         flight.engine_first_byte = flight.last_byte;
         server_.engine_first_byte.observe(
             std::chrono::duration<double>(flight.last_byte - flight.forwarded).count());
-        report(flight.booking_id, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
         // No retry after the first byte: a long stream keeps neither its prompt nor its body.
         up.request.reset();
         flight.key = {};
@@ -1027,6 +1028,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       }
     }
     if (!flight.streaming) {
+      if (first) report(flight.booking_id, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
       if (flight.answer.size() + bytes > server_.options.max_response_bytes) {
         return engine_failed(fmt::format("the engine's answer is larger than {} bytes",
                                          server_.options.max_response_bytes),
@@ -1041,6 +1043,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // Written straight from `chunk`, which nothing refills before the write completes.
     send_chunk(net::buffer(up.chunk.get(), bytes), upstream_, done,
                &Connection::read_upstream_body);
+    // After the write went out: the report wakes an actor thread, which must not delay the
+    // client's first token (the write's handler, where the completion is reported, runs later).
+    if (first) report(flight.booking_id, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
   }
 
   std::vector<std::pair<std::string, std::string>> kvr_headers() const {

@@ -16,6 +16,9 @@ constexpr std::size_t kBookingExpiriesPerRoute = 4;
 // Requests that may wait for the partition's lease at once; beyond it they are refused.
 constexpr std::size_t kMaxAwaitingOwnership = 10'000;
 
+// Routed prompts that may wait for the hit-rate ceilings; the next one records them all at once.
+constexpr std::size_t kMaxDueCeilings = 1'024;
+
 }  // namespace
 
 PartitionRouter::PartitionRouter(PartitionRouterOptions options,
@@ -208,6 +211,14 @@ RouteReply PartitionRouter::select(RouteRequest& request, TimePoint now, Partiti
 void PartitionRouter::record_ceilings(const RouteRequest& request, PartitionEffects& out) {
   const selection::SelectionRequest& selection = request.selection;
   if (!ceilings_ || selection.prompt_keys != selection::PromptKeys::kv_blocks) return;
+  due_ceilings_.push_back({selection.block_hashes, selection.prompt_tokens});
+  out.ceilings_due = true;
+  // An owner that never records them does not grow this without bound.
+  if (due_ceilings_.size() >= kMaxDueCeilings) record_due_ceilings(out);
+}
+
+void PartitionRouter::record_due_ceilings(PartitionEffects& out) {
+  if (due_ceilings_.empty()) return;
   if (!fleet_kv_blocks_) {
     // A worker that registered no capacity adds none: the capacity ceiling is that of the KV
     // memory the fleet announced (0 when no worker did).
@@ -218,10 +229,13 @@ void PartitionRouter::record_ceilings(const RouteRequest& request, PartitionEffe
     }
     fleet_kv_blocks_ = total;
   }
-  const auto cached = ceilings_->record(selection.block_hashes, selection.prompt_tokens,
-                                        selector_.block_size(), *fleet_kv_blocks_);
-  out.events.emplace_back(partition_event::CeilingsRecorded{
-      selection.prompt_tokens, cached.workload_tokens, cached.capacity_tokens});
+  for (const DueCeilings& due : due_ceilings_) {
+    const auto cached = ceilings_->record(due.block_hashes, due.prompt_tokens,
+                                          selector_.block_size(), *fleet_kv_blocks_);
+    out.events.emplace_back(partition_event::CeilingsRecorded{
+        due.prompt_tokens, cached.workload_tokens, cached.capacity_tokens});
+  }
+  due_ceilings_.clear();
 }
 
 void PartitionRouter::note_fleet_changed(PartitionEffects& out) {

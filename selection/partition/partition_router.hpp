@@ -146,6 +146,9 @@ struct PartitionEffects {
   /// The queue's next deadline, when it is earlier than any wake-up armed before: call wake()
   /// then.
   std::optional<TimePoint> wake_at;
+  /// Routed prompts wait for the hit-rate ceilings: call record_due_ceilings() once the answers
+  /// are on their way.
+  bool ceilings_due = false;
   std::vector<PartitionEvent> events;
 
   void clear() {
@@ -155,6 +158,7 @@ struct PartitionEffects {
     fleet_changed = false;
     kv_usage.reset();
     wake_at.reset();
+    ceilings_due = false;
     events.clear();
   }
 };
@@ -198,7 +202,8 @@ struct PartitionRouterOptions {
   /// never read it.
   std::shared_ptr<const Clock> stopwatch;
   /// When set, each routed request's prompt is run through the hit-rate ceilings measured so (a
-  /// CeilingsRecorded event).
+  /// CeilingsRecorded event), when the owner calls record_due_ceilings(): a diagnostic, kept off
+  /// the decision's way out.
   std::optional<metrics::HitRateCeilingsOptions> hit_rate_ceilings;
   /// A registration of a new worker beyond this many is refused; 0: no cap.
   std::size_t max_workers = 0;
@@ -256,6 +261,9 @@ class PartitionRouter {
   void set_owned_until(TimePoint owned_until, TimePoint now, PartitionEffects& out);
   /// The owner stops: every waiting request gets an explicit `unavailable` answer.
   void shut_down(PartitionEffects& out);
+  /// Runs the prompts routed since the last call through the hit-rate ceilings (effects'
+  /// ceilings_due said some wait), in the order they were routed.
+  void record_due_ceilings(PartitionEffects& out);
 
   // ---- reading ----------------------------------------------------------------------------
   PartitionGauges gauges() const;
@@ -346,6 +354,12 @@ class PartitionRouter {
   /// Every rank's registered KV blocks (none for a rank without a capacity), summed when a
   /// ceiling next needs it after the fleet changed.
   std::optional<std::uint64_t> fleet_kv_blocks_;
+  /// Routed prompts not yet through the ceilings.
+  struct DueCeilings {
+    std::vector<BlockHash> block_hashes;
+    std::uint64_t prompt_tokens = 0;
+  };
+  std::vector<DueCeilings> due_ceilings_;
   /// Ranks of this partition's workers taken from options_.rank_budget.
   std::uint64_t ranks_held_ = 0;
 };

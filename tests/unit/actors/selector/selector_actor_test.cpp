@@ -148,6 +148,44 @@ TEST_F(SelectorActorTest, AnAnswerNowIsTheReplyAndTheGaugesFollowTheBookings) {
   EXPECT_EQ(metric("kvr_bookings_open"), 0);
 }
 
+// The hit-rate ceilings are a diagnostic: a message of the selector's own records them, so that
+// the answer leaves before them (the node's scheduler yields an actor's thread after each message
+// and runs the actors the answer went to first; the test coordinator runs the selector on instead).
+TEST_F(SelectorActorTest, TheHitRateCeilingsAreRecordedInAMessageOfTheirOwn) {
+  SelectorActorConfig selector_config = config();
+  selector_config.hit_rate_ceilings = metrics::HitRateCeilingsOptions{};
+  spawn(std::move(selector_config));
+  add_worker(1);
+  const metrics::Labels model{{"model", "m"}};
+  RouteRequest request;
+  request.partition = {"m", "default"};
+  request.selection.request_id = "a";
+  request.selection.prompt_tokens = 4 * kBlockSize;
+  std::optional<BlockHash> parent;
+  for (std::size_t i = 0; i < 4; ++i) {
+    parent = discovery::BlockHasher::chain(parent, 100 + i);
+    request.selection.block_hashes.push_back(*parent);
+  }
+  system_.spawn(route_client, selector_, request, &answers_);
+  // Up to the route's own message: the request is booked, its ceilings not yet recorded.
+  while (metric("kvr_bookings_open") == 0 && scheduler_.try_run_once()) {
+  }
+  ASSERT_EQ(metric("kvr_bookings_open"), 1);
+  EXPECT_EQ(metrics_->value("kvr_routed_prompt_tokens_total", model), 0);
+  scheduler_.run();
+  ASSERT_EQ(answers_.routes.size(), 1U);
+  EXPECT_EQ(metrics_->value("kvr_routed_prompt_tokens_total", model), 4 * kBlockSize);
+
+  // The same prompt again: its first three blocks are reusable under the workload ceiling.
+  request.selection.request_id = "b";
+  system_.spawn(route_client, selector_, request, &answers_);
+  scheduler_.run();
+  ASSERT_EQ(answers_.routes.size(), 2U);
+  EXPECT_EQ(
+      metrics_->value("kvr_ceiling_cached_tokens_total", {{"model", "m"}, {"ceiling", "workload"}}),
+      3 * kBlockSize);
+}
+
 TEST_F(SelectorActorTest, AQueuedRequestIsAnsweredWhenAFirstTokenFreesItsWorker) {
   spawn(queueing_config());
   add_worker(1);

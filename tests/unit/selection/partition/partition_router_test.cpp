@@ -80,13 +80,18 @@ class PartitionRouterTest : public ::testing::Test {
   }
 
   // The CeilingsRecorded events of the effects, which are cleared.
+  // The ceilings of the prompts routed since the last call, recorded as the selector actor does
+  // once the answers have left (effects' ceilings_due says that some wait).
   std::vector<partition_event::CeilingsRecorded> ceilings_recorded() {
+    const bool due = effects_.ceilings_due;
+    router_->record_due_ceilings(effects_);
     std::vector<partition_event::CeilingsRecorded> recorded;
     for (const PartitionEvent& event : effects_.events) {
       if (const auto* e = std::get_if<partition_event::CeilingsRecorded>(&event)) {
         recorded.push_back(*e);
       }
     }
+    EXPECT_EQ(due, !recorded.empty()) << "ceilings_due tells whether any wait";
     effects_.clear();
     return recorded;
   }
@@ -410,6 +415,22 @@ TEST_F(PartitionRouterTest, RoutedTokenPromptsRunThroughTheHitRateCeilings) {
   options_.hit_rate_ceilings.reset();
   make();
   EXPECT_EQ(router_->ceilings(), nullptr) << "off unless asked for";
+}
+
+// Recorded later (the owner's call), the ceilings still see the prompts in the order they were
+// routed: the second sees the first's blocks.
+TEST_F(PartitionRouterTest, DueCeilingsAreRecordedInTheOrderTheirPromptsWereRouted) {
+  options_.hit_rate_ceilings = metrics::HitRateCeilingsOptions{};
+  make();
+  add_worker(1);
+  ASSERT_TRUE(route(request("a", 4)));
+  ASSERT_TRUE(route(request("b", 4, "a")));
+  EXPECT_TRUE(effects_.ceilings_due);
+  const auto recorded = ceilings_recorded();
+  ASSERT_EQ(recorded.size(), 2U);
+  EXPECT_EQ(recorded[0].workload_cached_tokens, 0);
+  EXPECT_EQ(recorded[1].workload_cached_tokens, 3 * kBlockSize);
+  EXPECT_TRUE(ceilings_recorded().empty()) << "each prompt once";
 }
 
 TEST_F(PartitionRouterTest, KvUsageIsReportedWhenItMovesByAPercent) {
