@@ -1,6 +1,12 @@
 // The front door's plain values: the fleet directory's liveness (registrations, heartbeats,
 // deregistrations, a NATS outage held), OpenAI request parsing and its errors, the HTTP status of
 // each route error, and the parts of an engine's URL.
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include "messages/http_url.hpp"
@@ -148,6 +154,51 @@ TEST(OpenAiApiTest, EachMalformedFieldIsA400NamingIt) {
                                          std::string{R"({"model":"m","prompt":)"} + prompt + "}"))
         << prompt;
   }
+}
+
+// Token ids are read eight digits at a time when written plainly, element by element otherwise:
+// either way a request gets the same ids, or the same 400.
+TEST(OpenAiApiTest, TokenIdPromptsAreReadExactlyHoweverTheyAreWritten) {
+  const auto ids_of = [](const std::string& prompt) -> std::optional<std::vector<std::uint32_t>> {
+    const auto request = parse_generation_request(
+        Endpoint::completions, R"({"model":"m","prompt":)" + prompt + R"(,"max_tokens":5})");
+    if (!request) {
+      EXPECT_EQ(request.error().param, "prompt") << prompt;
+      return std::nullopt;
+    }
+    // The fields around the prompt are read as well, however the prompt was.
+    EXPECT_EQ(request->model, "m");
+    EXPECT_EQ(request->max_tokens, std::optional<std::uint32_t>{5});
+    return request->prompt_token_ids;
+  };
+  using Ids = std::vector<std::uint32_t>;
+  EXPECT_EQ(ids_of("[0]"), Ids{0});
+  EXPECT_EQ(ids_of("[ 1 ,22,\n333\t, 4444 ]"), (Ids{1, 22, 333, 4444}));
+  EXPECT_EQ(ids_of("[12345678,123456789,1234567890]"), (Ids{12345678, 123456789, 1234567890}));
+  EXPECT_EQ(ids_of("[4294967295]"), Ids{4294967295U}) << "the largest 32-bit id";
+  EXPECT_EQ(ids_of("[[7,8],[9]]"), (Ids{7, 8})) << "the first list is routed";
+  const auto invalid_after = parse_generation_request(
+      Endpoint::completions, R"({"model":"m","prompt":[1,2],"max_tokens":})");
+  EXPECT_FALSE(invalid_after) << "what follows a prompt read ahead is still checked";
+  for (const char* refused : {"[4294967296]", "[12345678901]", "[01]", "[-1]", "[1.0]", "[1e3]",
+                              "[1,]", "[,1]", "[]", "[1 2]", "[1,\"x\"]", "[true]"}) {
+    EXPECT_EQ(ids_of(refused), std::nullopt) << refused;
+  }
+  // A long prompt of ids of every length, written as a client would.
+  std::mt19937_64 random{7};
+  Ids written;
+  std::string prompt = "[";
+  for (int i = 0; i < 20'000; ++i) {
+    const auto digits = 1 + random() % 10;
+    std::uint64_t id = random() % 10'000'000'000ULL;
+    while (id >= 10 && std::to_string(id).size() > digits) id /= 10;
+    if (id > UINT32_MAX) id = UINT32_MAX;
+    written.push_back(static_cast<std::uint32_t>(id));
+    if (i != 0) prompt += i % 3 == 0 ? ", " : ",";
+    prompt += std::to_string(id);
+  }
+  prompt += "]";
+  EXPECT_EQ(ids_of(prompt), written);
 }
 
 TEST(OpenAiApiTest, UsageAndSamplingParametersAreKeptForTheGenerateApi) {
