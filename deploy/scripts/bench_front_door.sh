@@ -147,7 +147,7 @@ print(f"{target:>7} {concurrency:>5} {done:>6}/{policy['requests']} {done / poli
 EOF
 }
 
-echo "kvr front door: $engines engines (time scale 1e6), $requests requests of the bundled trace"
+echo "kvr front door: $engines engines (time scale ${KVR_BENCH_TIME_SCALE:-1e6}), $requests requests of the bundled trace"
 echo "(completions with token-id prompts, streamed) per row, side by side in one run"
 start_fleet "${KVR_BENCH_TIME_SCALE:-1e6}"
 printf '%7s %5s %13s %9s %9s %9s %9s %9s %10s %12s\n' target conc completed "req/s" "ttft p50" \
