@@ -138,6 +138,12 @@ void arm_sweep(GatewaySelf self) {
 // catches an answer that never comes.
 std::uint64_t track(GatewaySelf self) {
   auto& state = self->state;
+  // Answers come mostly in order: the deadlines of those already answered leave from the front
+  // as new ones come, rather than a timeout later.
+  while (!state.deadlines.empty() && !state.routes.contains(state.deadlines.front().second) &&
+         !state.reports.contains(state.deadlines.front().second)) {
+    state.deadlines.pop_front();
+  }
   const std::uint64_t id = state.next_id++;
   state.deadlines.emplace_back(state.config.clock->now() + state.config.route_timeout, id);
   arm_sweep(self);

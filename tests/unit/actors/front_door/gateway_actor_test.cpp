@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <caf/send.hpp>
@@ -100,6 +101,14 @@ class GatewayActorTest : public testing::CoordinatedActorsTest {
     scheduler_.run();
   }
 
+  // The gateway's state, read between the scheduler's runs (nothing runs it meanwhile).
+  const GatewayState& gateway_state() {
+    auto* actor = caf::actor_cast<caf::abstract_actor*>(gateway_);
+    return dynamic_cast<std::remove_pointer_t<gateway_actor::stateful_pointer<GatewayState>>&>(
+               *actor)
+        .state;
+  }
+
   // The stand-in ingress answers `request_id` with `decision` now.
   void answer(const std::string& request_id, v1::RouteDecision decision) {
     ingress_log_.decisions[request_id] = std::move(decision);
@@ -160,6 +169,19 @@ TEST_F(GatewayActorTest, ARouteTheEntryNeverAnswersEndsWithATimeoutAndItsLateBoo
   ASSERT_EQ(decisions_.size(), 2U);
   EXPECT_EQ(decisions_[1].request_id(), "r2");
   EXPECT_EQ(decisions_[1].error().code(), v1::ROUTE_ERROR_TIMEOUT);
+}
+
+TEST_F(GatewayActorTest, AnsweredRequestsLeaveNoDeadlineBehind) {
+  for (int i = 0; i < 100; ++i) {
+    const std::string id = "r" + std::to_string(i);
+    route(id);
+    answer(id, booked(id, "b" + std::to_string(i)));
+  }
+  ASSERT_EQ(decisions_.size(), 100U);
+  route("last");
+  // Only the request still waiting keeps a deadline: the state does not grow with the traffic.
+  EXPECT_EQ(ingress_log_.routes.size(), 101U);
+  EXPECT_EQ(gateway_state().deadlines.size(), 1U);
 }
 
 TEST_F(GatewayActorTest, AReportGoesToTheEntry) {
