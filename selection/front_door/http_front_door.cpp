@@ -651,14 +651,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
         flight.request, flight.metadata, target, eligible, flight.key);
     request.mutable_excluded_workers()->Add(flight.failed_workers.begin(),
                                             flight.failed_workers.end());
-    const std::uint64_t epoch = epoch_;
-    auto self = shared_from_this();
-    server_.gateway->route(std::move(request), [self, epoch](v1::RouteDecision decision) {
-      self->server_.post(self->stream_.get_executor(),
-                         [self, epoch, decision = std::move(decision)]() mutable {
-                           self->on_decision(epoch, std::move(decision));
-                         });
-    });
+    // The decision holds the connection only weakly, and the connection holds itself while it
+    // waits (until the decision or the end of its flight): a connection that is gone (its client
+    // left, or the front door stopped while its actors still decided) is not kept alive by the
+    // actors beyond its io_context; its booking is then ended here.
+    routing_ = shared_from_this();
+    server_.gateway->route(
+        std::move(request), [weak = weak_from_this(), epoch = epoch_,
+                             gateway = server_.gateway](v1::RouteDecision decision) {
+          if (auto self = weak.lock()) {
+            self->server_.post(self->stream_.get_executor(),
+                               [self, epoch, decision = std::move(decision)]() mutable {
+                                 self->on_decision(epoch, std::move(decision));
+                               });
+          } else if (decision.has_success()) {
+            report_booking(*gateway, decision.success().booking_id(), v1::LIFECYCLE_EVENT_ABORTED,
+                           v1::ABORT_CAUSE_CLIENT_CANCELLED, "the client went away");
+          }
+        });
   }
 
   void on_decision(std::uint64_t epoch, v1::RouteDecision decision) {
@@ -670,6 +680,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       }
       return;
     }
+    routing_.reset();  // decided: the posted handler holds this connection now
     Flight& flight = *flight_;
     if (decision.has_error()) {
       HttpError error = error_for_route(decision.error());
@@ -1291,6 +1302,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       flight_->generation->cancel();
     }
     flight_.reset();
+    routing_.reset();
     ++epoch_;
     deadline_.cancel();
     close_upstream();
@@ -1336,6 +1348,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::shared_ptr<Upstream> upstream_;
   /// A streamed answer's response head, alive while it is written.
   std::string stream_head_;
+  // This connection while its route request waits for the decision (see route()).
+  std::shared_ptr<Connection> routing_;
 };
 
 }  // namespace

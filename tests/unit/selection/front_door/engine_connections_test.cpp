@@ -6,10 +6,13 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -22,6 +25,7 @@
 
 #include "messages/metrics/metrics_registry.hpp"
 #include "selection/front_door/http_front_door.hpp"
+#include "tests/testing/child_process.hpp"
 
 namespace kvr::front_door {
 namespace {
@@ -214,7 +218,8 @@ class EngineStandIn {
   std::vector<std::thread> serving_;
 };
 
-// Routes every request to the one engine and records the bookings' reports.
+// Routes every request to the one engine (at once, or when the test releases the routes it was
+// told to hold) and records the bookings' reports.
 class OneEngineGateway final : public RoutingGateway {
  public:
   explicit OneEngineGateway(std::string url) : url_(std::move(url)) {}
@@ -226,7 +231,33 @@ class OneEngineGateway final : public RoutingGateway {
     success->set_worker_id(kWorker);
     success->set_booking_id("booking-" + request.request_id());
     success->set_worker_http_url(url_);
+    {
+      std::lock_guard lock{mutex_};
+      if (hold_) {
+        held_.emplace_back(std::move(decision), std::move(done));
+        held_changed_.notify_all();
+        return;
+      }
+    }
     done(std::move(decision));
+  }
+
+  void hold_routes() {
+    std::lock_guard lock{mutex_};
+    hold_ = true;
+  }
+  bool wait_held(std::size_t count) {
+    std::unique_lock lock{mutex_};
+    return held_changed_.wait_for(lock, 10s, [&] { return held_.size() >= count; });
+  }
+  // Answers the held routes (from the test's thread, as an actor thread would).
+  void release_held() {
+    std::vector<std::pair<v1::RouteDecision, std::function<void(v1::RouteDecision)>>> held;
+    {
+      std::lock_guard lock{mutex_};
+      held.swap(held_);
+    }
+    for (auto& [decision, done] : held) done(std::move(decision));
   }
 
   void report(v1::LifecycleReport report) override {
@@ -251,10 +282,13 @@ class OneEngineGateway final : public RoutingGateway {
  private:
   std::string url_;
   mutable std::mutex mutex_;
+  std::condition_variable held_changed_;
+  bool hold_ = false;
+  std::vector<std::pair<v1::RouteDecision, std::function<void(v1::RouteDecision)>>> held_;
   std::vector<v1::LifecycleReport> reports_;
 };
 
-class ForwardingTest : public testing::Test {
+class ForwardingTest : public ::testing::Test {
  protected:
   void start(EngineStandIn::Behaviour behaviour) {
     engine_ = std::make_unique<EngineStandIn>(behaviour);
@@ -291,6 +325,32 @@ class ForwardingTest : public testing::Test {
   std::shared_ptr<OneEngineGateway> gateway_;
   std::unique_ptr<HttpFrontDoor> front_door_;
 };
+
+// A client that leaves while its request is routed: its connection ends at once (the pending
+// decision does not hold it, so it cannot outlive the front door either), and the decision that
+// comes later ends its booking.
+TEST_F(ForwardingTest, ADecisionForAConnectionThatIsGoneEndsItsBooking) {
+  start({});
+  gateway_->hold_routes();
+  {
+    net::io_context io;
+    tcp::socket client{io};
+    client.connect({net::ip::make_address("127.0.0.1"), front_door_->port()});
+    const std::string body = R"({"model":"m","prompt":[1,2,3,4],"max_tokens":1})";
+    const std::string request =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+        "Content-Type: application/json\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+    net::write(client, net::buffer(request));
+    ASSERT_TRUE(gateway_->wait_held(1));
+  }  // the client goes away
+  ASSERT_TRUE(kvr::testing::wait_until(
+      [&] { return metrics_->value("kvr_http_connections_open") == 0; }, 10s))
+      << "the connection ended while its decision was pending";
+  EXPECT_EQ(gateway_->aborted(), 0);
+  gateway_->release_held();
+  EXPECT_EQ(gateway_->aborted(), 1) << "the late decision's booking is ended";
+}
 
 TEST_F(ForwardingTest, RequestsForwardedOneAfterAnotherShareOneEngineConnection) {
   start({});
