@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <utility>
 
 #include <fmt/format.h>
 #include <simdjson.h>
@@ -373,8 +374,6 @@ std::expected<GenerationRequest, HttpError> parse_generation_request(Endpoint en
   const simdjson::padded_string padded{body};
   std::optional<PromptReadAhead> ahead;
   if (endpoint == Endpoint::completions) ahead = read_plain_prompt_ahead(parser, padded);
-  std::optional<std::vector<std::uint32_t>> prompt_ids;
-  if (ahead) prompt_ids = std::move(ahead->ids);
   ondemand::document document;
   ondemand::object object;
   if (parser.iterate(ahead ? ahead->rest : padded).get(document)) {
@@ -403,9 +402,9 @@ std::expected<GenerationRequest, HttpError> parse_generation_request(Endpoint en
       }
       request.model = model;
       has_model = true;
-    } else if (key == content_field && prompt_ids) {
-      request.prompt_token_ids = std::move(*prompt_ids);  // read ahead; the array is empty now
-      prompt_ids.reset();
+    } else if (key == content_field && ahead && !ahead->ids.empty()) {
+      // Read ahead (never empty); the array is empty in what is read now.
+      request.prompt_token_ids = std::exchange(ahead->ids, {});
       has_content = true;
     } else if (key == content_field) {
       std::string* text = text_use == PromptTextUse::keep ? &request.prompt_text : nullptr;

@@ -1,9 +1,9 @@
 // What reading an OpenAI request costs the front door before it can route (docs/performance.md,
 // "The front door"): a completion whose prompt is a typical request of the bundled trace as token
 // ids (the first as long as the trace's mean, about 12,000 ids, an 80 KB body), written as
-// `kvr replay-live` and the OpenAI SDKs write it. "plain" is that body (its ids read eight digits at a time); "nested" is the
-// same ids as a list of lists, which the front door reads element by element through simdjson: the
-// way every prompt was read before.
+// `kvr replay-live` and the OpenAI SDKs write it. "plain" is that body (its ids read eight digits
+// at a time); "nested" is the same ids as a list of lists, which the front door reads element by
+// element through simdjson: the way every prompt was read before.
 #include <cstdint>
 #include <string>
 #include <vector>
