@@ -17,6 +17,7 @@
 #include "deploy/cli/cli_options.hpp"
 #include "deploy/cli/stop_signals.hpp"
 #include "discovery/catalog/worker_registration.hpp"
+#include "messages/descriptor_limit.hpp"
 #include "selection/cluster/sharding.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/config/selection_precedence.hpp"
@@ -39,6 +40,11 @@ struct NodeCommandOptions {
   std::uint64_t stream_stall_timeout_ms = 30'000;
   std::uint64_t drain_timeout_ms = 20'000;
   std::int64_t engine_idle_ms = 4'000;
+  // The HTTP API's client timeouts (FrontDoorOptions).
+  std::int64_t http_idle_timeout_ms = 60'000;
+  std::int64_t http_header_timeout_ms = 30'000;
+  std::int64_t http_body_timeout_ms = 30'000;
+  std::int64_t http_send_timeout_ms = 60'000;
   std::optional<std::uint32_t> block_size;  // unset: each partition learns its workers' size
   std::optional<std::uint16_t> metrics_port;
   std::optional<std::uint16_t> actor_port;
@@ -193,6 +199,15 @@ int run_node(NodeCommandOptions options) {
     options.node.http = options.http;
     options.node.http->port = *options.http_port;
     options.node.http->first_byte_timeout = options.node.first_token_timeout;
+  options.http.idle_timeout = std::chrono::milliseconds(options.http_idle_timeout_ms);
+  options.http.header_timeout = std::chrono::milliseconds(options.http_header_timeout_ms);
+  options.http.body_timeout = std::chrono::milliseconds(options.http_body_timeout_ms);
+  options.http.send_timeout = std::chrono::milliseconds(options.http_send_timeout_ms);
+  // Every door's connection cap is set below the limit (HttpFrontDoor clamps to it): as high as
+  // the process may take it.
+  const DescriptorLimit descriptors = raise_descriptor_limit();
+  spdlog::info("kvr node: {} file descriptors (hard limit {})", descriptors.soft,
+               descriptors.hard);
     options.node.http->stall_timeout = options.node.stream_stall_timeout;
   }
   const auto tokenizer_mode = selection::tokenizer_mode_from(options.tokenizer_mode);
@@ -562,7 +577,9 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->group(http_group);
   command
       ->add_option("--http-max-connections", options->http.max_connections,
-                   "client connections beyond this are closed when accepted")
+                   "client connections at most (lowered to fit the descriptor limit, logged); "
+                   "at the cap a new client takes the slot of the connection idle longest, or "
+                   "is answered 503")
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{1}, std::size_t{1'000'000}))
       ->group(http_group);
@@ -576,6 +593,45 @@ void add_node_command(CLI::App& app, int& exit_code) {
   command
       ->add_option("--http-engine-idle-ms", options->engine_idle_ms,
                    "an engine connection idle longer is closed, not reused (below the engine's "
+  command
+      ->add_option("--http-idle-timeout-ms", options->http_idle_timeout_ms,
+                   "a kept-alive client connection idle this long between requests is closed")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86'400'000))
+      ->group(http_group);
+  command
+      ->add_option("--http-header-timeout-ms", options->http_header_timeout_ms,
+                   "a request's head must arrive whole within this (from a new connection's "
+                   "accept, or a kept-alive one's first byte)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86'400'000))
+      ->group(http_group);
+  command
+      ->add_option("--http-body-timeout-ms", options->http_body_timeout_ms,
+                   "a request body may take this long plus its size at --http-min-body-rate")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86'400'000))
+      ->group(http_group);
+  command
+      ->add_option("--http-min-body-rate", options->http.min_body_bytes_per_second,
+                   "bytes per second a request body must keep up after --http-body-timeout-ms")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30))
+      ->group(http_group);
+  command
+      ->add_option("--http-send-timeout-ms", options->http_send_timeout_ms,
+                   "a write to a client that does not complete within this closes its "
+                   "connection (and ends its request)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86'400'000))
+      ->group(http_group);
+  command
+      ->add_option("--http-max-pending-stream-bytes", options->http.max_pending_stream_bytes,
+                   "a stream through kvr's generate API whose client lags this many bytes "
+                   "behind is ended and its generation cancelled")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{4096}, std::size_t{1} << 30))
+      ->group(http_group);
                    "own keep-alive timeout: vLLM's is 5 s)")
       ->capture_default_str()
       ->check(CLI::Range(1, 3'600'000))

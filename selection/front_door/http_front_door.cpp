@@ -3,6 +3,7 @@
 #include <array>
 #include <condition_variable>
 #include <limits>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -15,10 +16,14 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <malloc.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include "messages/descriptor_limit.hpp"
 #include "messages/http_url.hpp"
 #include "messages/metrics/cache_mismatch_detector.hpp"
 #include "messages/metrics/node_metrics.hpp"
@@ -49,6 +54,11 @@ constexpr std::string_view kAddedLatency = "kvr_http_added_latency_seconds";
 constexpr std::string_view kEngineFirstByte = "kvr_http_engine_first_byte_seconds";
 constexpr std::string_view kRelayFirstByte = "kvr_http_relay_first_byte_seconds";
 constexpr std::string_view kEngineConnections = "kvr_http_engine_connections_total";
+constexpr std::string_view kClientTimeouts = "kvr_http_client_timeouts_total";
+constexpr std::string_view kConnectionsRefused = "kvr_http_connections_refused_total";
+constexpr std::string_view kIdleReclaimed = "kvr_http_idle_connections_reclaimed_total";
+constexpr std::string_view kAcceptErrors = "kvr_http_accept_errors_total";
+constexpr std::string_view kStreamsOverflowed = "kvr_http_streams_overflowed_total";
 // The node's own parts of a request's time, in seconds: fine below 5 ms, where they should be.
 const std::vector<double> kFrontDoorBuckets{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002,
                                             0.003,   0.005,  0.01,    0.025,  0.1,   1};
@@ -58,6 +68,15 @@ constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
 // stops reading it.
 constexpr std::size_t kMaxPipelinedBytes = 64 * 1024;
 constexpr std::size_t kChunkBytes = 16 * 1024;
+// The first read of a request: a whole head of most clients.
+constexpr std::size_t kFirstReadBytes = 4096;
+// Refusals (503 at the cap) still reading what their client sent, so that the answer is not
+// lost to a reset: beyond these, a refused client is closed at once.
+constexpr std::size_t kMaxLingeringRefusals = 64;
+// The longest pause between accepts while the process has no descriptor left.
+constexpr std::chrono::milliseconds kMaxAcceptBackoff{1000};
+// How often an idle front door gives the memory a burst of requests freed back to the system.
+constexpr std::chrono::seconds kMemoryTrimInterval{10};
 // Beast's largest single read (http::read's read_size limit).
 constexpr std::uint64_t kMaxReadBytes = 64 * 1024;
 
@@ -72,8 +91,16 @@ std::expected<void, std::string> FrontDoorOptions::validate() const {
   }
   if (session_header.empty()) return std::unexpected("--http-session-header: empty");
   if (max_renders_in_flight == 0) return std::unexpected("--http-max-renders-in-flight: >= 1");
-  for (const auto timeout : {render_timeout, first_byte_timeout, stall_timeout, idle_timeout}) {
+  if (max_connections == 0) return std::unexpected("--http-max-connections: >= 1");
+  for (const auto timeout : {render_timeout, first_byte_timeout, stall_timeout, idle_timeout,
+                             header_timeout, body_timeout, send_timeout}) {
     if (timeout < std::chrono::milliseconds(1)) return std::unexpected("HTTP timeouts: >= 1 ms");
+  }
+  if (min_body_bytes_per_second == 0) {
+    return std::unexpected("--http-min-body-rate: >= 1 byte per second");
+  }
+  if (max_pending_stream_bytes < 4096) {
+    return std::unexpected("--http-max-pending-stream-bytes: >= 4096");
   }
   if (engine_connections.per_engine > 100'000) {
     return std::unexpected("--http-engine-idle-connections: at most 100000");
@@ -126,6 +153,8 @@ struct HttpFrontDoor::State {
       metrics->counter(kEngineConnections, {{"outcome", "reused"}});
   metrics::ValueHandle engine_connection_resent =
       metrics->counter(kEngineConnections, {{"outcome", "resent"}});
+  metrics::ValueHandle idle_reclaimed = metrics->counter(kIdleReclaimed);
+  metrics::ValueHandle streams_overflowed = metrics->counter(kStreamsOverflowed);
   metrics::HistogramHandle added_latency = metrics->histogram(kAddedLatency);
   metrics::HistogramHandle engine_first_byte = metrics->histogram(kEngineFirstByte);
   metrics::HistogramHandle relay_first_byte = metrics->histogram(kRelayFirstByte);
@@ -141,14 +170,31 @@ struct HttpFrontDoor::State {
   std::mutex connections_mutex;
   std::condition_variable connections_gone;
   std::unordered_map<Connection*, std::weak_ptr<Connection>> connections;
+  // Connections waiting for a request's first byte, the longest-waiting first (by when they
+  // began): at the cap, the first gives its slot to a new client. Under connections_mutex.
+  std::map<std::uint64_t, std::weak_ptr<Connection>> idle;
+  std::uint64_t next_idle_key = 1;
+  // The cap in force: options.max_connections, clamped under the descriptor limit at start.
+  std::size_t max_connections = 0;
+  std::atomic<std::size_t> lingering_refusals{0};
+  // Held back for the moment the process has no descriptor left: closed, it lets one waiting
+  // client be accepted and answered 503 instead of left in the listen queue; then opened again.
+  int spare_descriptor = -1;
+  std::chrono::milliseconds accept_delay{0};
+  metrics::RateLimitedLog accept_log{std::chrono::seconds(30)};
+  metrics::RateLimitedLog client_log;
   EngineConnections engine_connections;
   // Everything above outlives the io_context (declared last, destroyed first): the connections
   // and renders its unrun handlers still hold release themselves into it.
   PromptRenderer renderer;
   net::io_context io;
   tcp::acceptor acceptor;
+  // On the acceptor's strand: the pause after an accept failed for want of descriptors.
+  net::steady_timer accept_backoff{acceptor.get_executor()};
   // Starts the native tokenizers' parity checks as models' first engines register.
   net::steady_timer parity_timer{io};
+  net::steady_timer memory_trim_timer{io};
+  std::atomic<std::uint64_t> requests_since_trim{0};
   std::vector<std::thread> threads;
 
   template <class Handler>
@@ -157,12 +203,37 @@ struct HttpFrontDoor::State {
     if (posting) net::post(executor, std::move(handler));
   }
 
+  ~State() {
+    if (spare_descriptor >= 0) ::close(spare_descriptor);
+  }
+
   void accept();
+  void accept_failed(const beast::error_code& error);
+  // A new client: served, given an idle connection's slot at the cap, or refused.
+  void admit(tcp::socket socket);
+  // Closes the connection idle the longest (on its strand); false when none is idle.
+  bool reclaim_idle();
+  // Answers `socket` 503 with `why` and closes it once its client has read it (or at once when
+  // `linger` is false or too many refusals linger).
+  void refuse(tcp::socket socket, std::string_view reason, std::string_view why, bool linger);
+  void count_timeout(std::string_view phase) {
+    metrics->add(kClientTimeouts, {{"phase", std::string{phase}}});
+  }
   void watch_parity() {
     renderer.check_new_models(*directory, io.get_executor());
     parity_timer.expires_after(std::chrono::seconds(1));
     parity_timer.async_wait([this](beast::error_code error) {
       if (!error && accepting.load()) watch_parity();
+    });
+  }
+  // glibc keeps what a burst of large bodies freed in its arenas (hundreds of MB after an
+  // attack); once no request is in flight after some were served, it is returned.
+  void trim_memory_when_idle() {
+    memory_trim_timer.expires_after(kMemoryTrimInterval);
+    memory_trim_timer.async_wait([this](beast::error_code error) {
+      if (error || !accepting.load()) return;
+      if (in_flight.load() == 0 && requests_since_trim.exchange(0) > 0) ::malloc_trim(0);
+      trim_memory_when_idle();
     });
   }
   void count(std::string_view endpoint, unsigned status) {
@@ -205,11 +276,15 @@ std::string engine_address(const Upstream& upstream) { return upstream.host + ":
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(HttpFrontDoor::State& server, tcp::socket socket)
-      : server_(server), stream_(std::move(socket)), deadline_(stream_.get_executor()) {}
+      : server_(server),
+        stream_(std::move(socket)),
+        deadline_(stream_.get_executor()),
+        accepted_(std::chrono::steady_clock::now()) {}
 
   ~Connection() {
     std::lock_guard lock{server_.connections_mutex};
     server_.connections.erase(this);
+    if (idle_key_ != 0) server_.idle.erase(idle_key_);
     server_.connection_count.fetch_sub(1);
     server_.connections_gauge.set(static_cast<double>(server_.connection_count.load()));
     server_.connections_gone.notify_all();
@@ -238,19 +313,69 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
   }
 
+  // At the cap: a new client takes this connection's slot if it still waits for a request.
+  void reclaim(std::uint64_t idle_key) {
+    if (idle_key_ != idle_key || closed_) return;
+    server_.idle_reclaimed.add();
+    close();
+  }
+
  private:
   // ---- reading requests ----------------------------------------------------------------------
+  // Each phase has its deadline, after which the connection closes: a new connection's first
+  // head within the header timeout of its accept; a kept-alive one's next request's first byte
+  // within the idle timeout, its head within the header timeout of that byte; a body at the
+  // minimum rate after a grace.
+
+  enum class ReadPhase : std::uint8_t { first_byte, header, body };
 
   void read_request() {
     if (closing_ || !server_.accepting.load()) return close();
+    const auto now = std::chrono::steady_clock::now();
+    // A pipelined request's bytes are here already.
+    if (buffer_.size() > 0) {
+      head_started_ = now;
+      return read_header();
+    }
+    phase_ = ReadPhase::first_byte;
+    stream_.expires_at(requests_ == 0 ? accepted_ + server_.options.header_timeout
+                                      : now + server_.options.idle_timeout);
+    enter_idle();
+    stream_.async_read_some(buffer_.prepare(kFirstReadBytes),
+                            [self = shared_from_this()](beast::error_code error, std::size_t n) {
+                              self->leave_idle();
+                              if (error) return self->read_failed(error);
+                              self->buffer_.commit(n);
+                              self->head_started_ = self->requests_ == 0
+                                                        ? self->accepted_
+                                                        : std::chrono::steady_clock::now();
+                              self->read_header();
+                            });
+  }
+
+  void read_header() {
+    phase_ = ReadPhase::header;
     parser_.emplace();
     parser_->header_limit(kMaxHeaderBytes);
     parser_->body_limit(server_.options.max_body_bytes);
-    stream_.expires_after(server_.options.idle_timeout);
+    stream_.expires_at(head_started_ + server_.options.header_timeout);
     http::async_read_header(stream_, buffer_, *parser_,
                             [self = shared_from_this()](beast::error_code error, std::size_t) {
                               self->on_header(error);
                             });
+  }
+
+  void enter_idle() {
+    std::lock_guard lock{server_.connections_mutex};
+    idle_key_ = server_.next_idle_key++;
+    server_.idle.emplace(idle_key_, weak_from_this());
+  }
+
+  void leave_idle() {
+    if (idle_key_ == 0) return;
+    std::lock_guard lock{server_.connections_mutex};
+    server_.idle.erase(idle_key_);
+    idle_key_ = 0;
   }
 
   void on_header(beast::error_code error) {
@@ -275,22 +400,51 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void read_body() {
+    phase_ = ReadPhase::body;
+    body_started_ = std::chrono::steady_clock::now();
+    body_bytes_ = 0;
     // A fresh buffer reads 512 bytes at a time: an 80 KB prompt would take 160 reads.
     if (const auto length = parser_->content_length(); length && *length > buffer_.size()) {
       buffer_.reserve(std::min<std::uint64_t>(*length, kMaxReadBytes));
     }
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code error, std::size_t) {
-                       if (error) return self->read_failed(error);
-                       self->body_received_ = std::chrono::steady_clock::now();
-                       self->stream_.expires_never();
-                       // A large body's capacity is not kept for the connection's lifetime.
-                       self->buffer_.shrink_to_fit();
-                       self->serve(self->parser_->release());
-                     });
+    read_body_part();
+  }
+
+  // Reads the body on, each part under a deadline that grows with the bytes already read: a body
+  // may take the body timeout plus its bytes at the minimum rate.
+  void read_body_part() {
+    if (parser_->is_done()) return body_done();
+    const auto allowance =
+        server_.options.body_timeout +
+        std::chrono::milliseconds(body_bytes_ * 1000 / server_.options.min_body_bytes_per_second);
+    stream_.expires_at(body_started_ + allowance);
+    http::async_read_some(stream_, buffer_, *parser_,
+                          [self = shared_from_this()](beast::error_code error, std::size_t n) {
+                            if (error) return self->read_failed(error);
+                            self->body_bytes_ += n;
+                            self->read_body_part();
+                          });
+  }
+
+  void body_done() {
+    body_received_ = std::chrono::steady_clock::now();
+    stream_.expires_never();
+    ++requests_;
+    server_.requests_since_trim.fetch_add(1, std::memory_order_relaxed);
+    // A large body's capacity is not kept for the connection's lifetime.
+    buffer_.shrink_to_fit();
+    serve(parser_->release());
   }
 
   void read_failed(beast::error_code error) {
+    if (error == beast::error::timeout) {
+      // A kept-alive connection idle past its timeout ends as expected; any other phase is a
+      // client too slow with its request.
+      const bool idle = phase_ == ReadPhase::first_byte && requests_ > 0;
+      const std::string_view phase = idle ? "idle" : phase_ == ReadPhase::body ? "body" : "header";
+      server_.count_timeout(phase);
+      return close();
+    }
     if (error == http::error::body_limit) {
       keep_alive_ = false;
       return respond_error(
@@ -394,11 +548,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
     response->keep_alive(keep_alive_ && !closing_);
     response->prepare_payload();
     writing_ = true;
-    stream_.expires_after(server_.options.idle_timeout);
+    stream_.expires_after(server_.options.send_timeout);
     http::async_write(stream_, *response,
                       [self = shared_from_this(), response](beast::error_code error, std::size_t) {
                         self->writing_ = false;
                         self->stream_.expires_never();
+                        if (error == beast::error::timeout) self->server_.count_timeout("send");
                         if (error) return self->close();
                         if (!response->keep_alive()) return self->close_after_reading();
                         self->next_request();
@@ -414,15 +569,26 @@ class Connection : public std::enable_shared_from_this<Connection> {
     respond(endpoint, error.status, error.body(), "application/json", std::move(headers));
   }
 
-  // After an answer: the next request, once a pending watch read (if any) has seen its bytes.
+  // After an answer: the next request, once a pending watch read (if any) has completed.
   void next_request() {
     request_id_.clear();
     if (watching_) {
-      // The watch read stays pending: its bytes start the next request, its end closes.
       awaiting_next_ = true;
+      if (buffer_.size() > 0) {
+        // A pipelined request is buffered already: the watch read gives way to it (its
+        // completion, aborted or with more bytes, starts the next request).
+        beast::error_code ignored;
+        stream_.socket().cancel(ignored);
+        return;
+      }
+      // The watch read stays pending: its bytes start the next request, its end closes.
+      enter_idle();
       deadline_.expires_after(server_.options.idle_timeout);
       deadline_.async_wait([self = shared_from_this()](beast::error_code error) {
-        if (!error && self->awaiting_next_) self->close();
+        if (!error && self->awaiting_next_) {
+          self->server_.count_timeout("idle");
+          self->close();
+        }
       });
       return;
     }
@@ -448,6 +614,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void close() {
     if (closed_) return;
     closed_ = true;
+    leave_idle();
     beast::error_code ignored;
     deadline_.cancel();
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
@@ -607,15 +774,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
     stream_.async_read_some(buffer_.prepare(4096),
                             [self = shared_from_this()](beast::error_code error, std::size_t n) {
                               self->watching_ = false;
+                              if (!error) self->buffer_.commit(n);
+                              if (self->awaiting_next_) {
+                                self->awaiting_next_ = false;
+                                self->leave_idle();
+                                self->deadline_.cancel();
+                                // Cancelled by next_request() for a pipelined request.
+                                const bool gave_way = error == net::error::operation_aborted &&
+                                                      self->buffer_.size() > 0 && !self->closed_;
+                                if (error && !gave_way) return self->close();
+                                return self->read_request();
+                              }
                               if (error) {
                                 if (self->flight_) return self->client_gone();
                                 return self->close();
-                              }
-                              self->buffer_.commit(n);
-                              if (self->awaiting_next_) {
-                                self->awaiting_next_ = false;
-                                self->deadline_.cancel();
-                                return self->read_request();
                               }
                               if (self->flight_) self->watch_client();
                             });
@@ -802,6 +974,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (answer.finished()) flight.generation.reset();
     flight.events += events;
     flight.events_end = answer.finished();
+    if (flight.events.size() > server_.options.max_pending_stream_bytes) {
+      // Nothing holds the worker back while the client does not read: the generation ends
+      // here rather than in the node's memory. The client, not reading, cannot be told.
+      server_.streams_overflowed.add();
+      server_.client_log.warn(
+          "overflow", fmt::format("front door: request {}: the client lags more than {} bytes "
+                                  "behind its stream; its generation is cancelled",
+                                  request_id_, server_.options.max_pending_stream_bytes));
+      end_flight();
+      return close();
+    }
     write_events();
   }
 
@@ -1129,12 +1312,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     auto after = [self = shared_from_this(), epoch, holder = std::move(holder), last, then](
                      beast::error_code error, std::size_t) {
       self->writing_ = false;
+      if (error == beast::error::timeout) self->server_.count_timeout("send");
       if (epoch != self->epoch_ || !self->flight_) return;
       if (error) return self->client_gone();
       if (last) return self->finish_stream();
       ((*self).*then)();
     };
     writing_ = true;
+    // The read timer is left alone while the client watch is pending.
+    stream_.expires_after(server_.options.send_timeout);
     if (!flight.header_sent) {
       flight.header_sent = true;
       http::response<http::empty_body> header{http::status::ok, version_};
@@ -1188,9 +1374,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     writing_ = true;
     const auto finish = [self = shared_from_this(), pending](beast::error_code error, std::size_t) {
       self->writing_ = false;
+      if (error == beast::error::timeout) self->server_.count_timeout("send");
       if (error || !self->keep_alive_ || self->closing_) return self->close();
       self->next_request();
     };
+    stream_.expires_after(server_.options.send_timeout);
     if (pending->empty()) {
       net::async_write(stream_, http::make_chunk_last(), finish);
       return;
@@ -1339,6 +1527,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool closing_ = false;
   bool closed_ = false;
   std::string request_id_;
+  const std::chrono::steady_clock::time_point accepted_;
+  ReadPhase phase_ = ReadPhase::first_byte;
+  /// Requests read whole on this connection.
+  std::uint64_t requests_ = 0;
+  /// When the request being read began (its head's deadline counts from it), and its body.
+  std::chrono::steady_clock::time_point head_started_;
+  std::chrono::steady_clock::time_point body_started_;
+  std::uint64_t body_bytes_ = 0;
+  /// The connection's key among the idle ones while it waits for a request's first byte; 0 else.
+  std::uint64_t idle_key_ = 0;
   /// When the body of the request being served was read whole.
   std::chrono::steady_clock::time_point body_received_;
   /// Advanced whenever an attempt or flight ends: a late handler of an older one does nothing.
@@ -1354,24 +1552,127 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 }  // namespace
 
+// A refused client's 503, read whole before the close (see refuse()).
+struct Refusal {
+  explicit Refusal(tcp::socket socket) : stream(std::move(socket)) {}
+  beast::tcp_stream stream;
+  std::array<char, 4096> discard{};
+};
+
+void drain_refusal(std::shared_ptr<Refusal> refusal, std::atomic<std::size_t>& lingering) {
+  auto& stream = refusal->stream;
+  stream.async_read_some(net::buffer(refusal->discard),
+                         [refusal, &lingering](beast::error_code error, std::size_t) mutable {
+                           if (!error) return drain_refusal(std::move(refusal), lingering);
+                           beast::error_code ignored;
+                           refusal->stream.socket().close(ignored);
+                           lingering.fetch_sub(1);
+                         });
+}
+
 void HttpFrontDoor::State::accept() {
   acceptor.async_accept(net::make_strand(io), [this](beast::error_code error, tcp::socket socket) {
     if (error == net::error::operation_aborted || !acceptor.is_open()) return;
-    if (!error) {
-      if (!accepting.load() || connection_count.load() >= options.max_connections) {
-        beast::error_code ignored;
-        socket.close(ignored);
-      } else {
-        connection_count.fetch_add(1);
-        connections_gauge.set(static_cast<double>(connection_count.load()));
-        connections_accepted.add();
-        beast::error_code ignored;
-        socket.set_option(tcp::no_delay(true), ignored);
-        std::make_shared<Connection>(*this, std::move(socket))->start();
-      }
-    }
+    if (error) return accept_failed(error);
+    accept_delay = {};
+    admit(std::move(socket));
     accept();
   });
+}
+
+void HttpFrontDoor::State::accept_failed(const beast::error_code& error) {
+  // A client that gave up in the listen queue: nothing to wait for.
+  if (error == net::error::connection_aborted) return accept();
+  const bool out_of_descriptors =
+      error == net::error::no_descriptors || error == std::errc::too_many_files_open_in_system;
+  metrics->add(kAcceptErrors, {{"error", out_of_descriptors ? "descriptors" : "other"}});
+  if (out_of_descriptors && spare_descriptor >= 0) {
+    // One waiting client is told, not left to time out in the listen queue.
+    ::close(spare_descriptor);
+    spare_descriptor = -1;
+    tcp::socket socket{io};
+    beast::error_code accept_error;
+    acceptor.accept(socket, accept_error);
+    if (!accept_error) {
+      refuse(std::move(socket), "descriptors", "the router has no file descriptor left",
+             /*linger=*/false);
+    }
+    spare_descriptor = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
+  // Accepting again at once would spin while the descriptors stay used up: the pause doubles
+  // up to a second, and the episode is logged once.
+  if (accept_delay.count() == 0) {
+    accept_log.warn("accept",
+                    fmt::format("front door: cannot accept connections: {} (open "
+                                "client connections: {}, cap {}); retrying",
+                                error.message(), connection_count.load(), max_connections));
+  }
+  accept_delay = std::clamp(accept_delay * 2, std::chrono::milliseconds(10), kMaxAcceptBackoff);
+  accept_backoff.expires_after(accept_delay);
+  accept_backoff.async_wait([this](beast::error_code wait_error) {
+    if (!wait_error && acceptor.is_open()) accept();
+  });
+}
+
+void HttpFrontDoor::State::admit(tcp::socket socket) {
+  if (!accepting.load()) {
+    return refuse(std::move(socket), "draining", "the router is draining", /*linger=*/true);
+  }
+  // Above the cap by a margin while reclaimed connections close on their strands.
+  const std::size_t margin = std::max<std::size_t>(1, max_connections / 16);
+  const std::size_t open = connection_count.load();
+  if (open >= max_connections && (open >= max_connections + margin || !reclaim_idle())) {
+    return refuse(std::move(socket), "limit",
+                  fmt::format("the router serves {} client connections, its limit", open),
+                  /*linger=*/true);
+  }
+  connection_count.fetch_add(1);
+  connections_gauge.set(static_cast<double>(connection_count.load()));
+  connections_accepted.add();
+  beast::error_code ignored;
+  socket.set_option(tcp::no_delay(true), ignored);
+  std::make_shared<Connection>(*this, std::move(socket))->start();
+}
+
+bool HttpFrontDoor::State::reclaim_idle() {
+  std::lock_guard lock{connections_mutex};
+  while (!idle.empty()) {
+    const auto oldest = idle.begin();
+    const std::uint64_t key = oldest->first;
+    auto connection = oldest->second.lock();
+    idle.erase(oldest);
+    if (!connection) continue;
+    net::post(connection->executor(), [connection, key] { connection->reclaim(key); });
+    return true;
+  }
+  return false;
+}
+
+void HttpFrontDoor::State::refuse(tcp::socket socket, std::string_view reason, std::string_view why,
+                                  bool linger) {
+  metrics->add(kConnectionsRefused, {{"reason", std::string{reason}}});
+  const std::string body =
+      HttpError{.status = 503, .message = std::string{why}, .code = "service_unavailable"}.body();
+  const std::string answer = fmt::format(
+      "HTTP/1.1 503 Service Unavailable\r\nServer: kvr\r\nContent-Type: application/json\r\n"
+      "Retry-After: 1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{}",
+      body.size(), body);
+  beast::error_code error;
+  // A new socket's send buffer takes the whole answer: the write does not wait.
+  socket.non_blocking(true, error);
+  if (!error) socket.write_some(net::buffer(answer), error);
+  if (!error) socket.shutdown(tcp::socket::shutdown_send, error);
+  if (error || !linger || lingering_refusals.fetch_add(1) >= kMaxLingeringRefusals) {
+    if (!error && linger) lingering_refusals.fetch_sub(1);
+    beast::error_code ignored;
+    socket.close(ignored);
+    return;
+  }
+  // Closed with the client's request unread, the socket would reset and the client could lose
+  // the answer: its bytes are read (a second at most) first.
+  auto refusal = std::make_shared<Refusal>(std::move(socket));
+  refusal->stream.expires_after(std::chrono::seconds(1));
+  drain_refusal(std::move(refusal), lingering_refusals);
 }
 
 HttpFrontDoor::HttpFrontDoor(std::shared_ptr<State> state) : state_(std::move(state)) {}
@@ -1396,6 +1697,23 @@ std::expected<std::unique_ptr<HttpFrontDoor>, std::string> HttpFrontDoor::start(
                     "Requests routed again after their engine failed before its first byte");
   metrics->describe(std::string{kClientsGone}, metrics::MetricType::Counter,
                     "Requests whose client went away before the answer ended");
+  metrics->describe(std::string{kClientTimeouts}, metrics::MetricType::Counter,
+                    "Client connections closed for a timeout, by phase: header (a request's "
+                    "head), body (below the minimum rate), idle (kept alive, no next request) "
+                    "or send (the client did not take an answer's bytes)");
+  metrics->describe(std::string{kConnectionsRefused}, metrics::MetricType::Counter,
+                    "Client connections answered 503 and closed when accepted, by reason: limit "
+                    "(the connection cap, no idle connection to reclaim), descriptors (the "
+                    "process had none left) or draining");
+  metrics->describe(std::string{kIdleReclaimed}, metrics::MetricType::Counter,
+                    "Idle client connections closed at the cap to give their slot to a new "
+                    "client");
+  metrics->describe(std::string{kAcceptErrors}, metrics::MetricType::Counter,
+                    "Failed accepts of client connections, by error (descriptors: the process "
+                    "or system had no file descriptor left)");
+  metrics->describe(std::string{kStreamsOverflowed}, metrics::MetricType::Counter,
+                    "Streams through kvr's generate API ended because their client lagged more "
+                    "than the pending-bytes limit behind");
   metrics->describe(std::string{kEngineConnections}, metrics::MetricType::Counter,
                     "Engine connections requests were forwarded on: new, reused (kept alive), "
                     "or resent (a reused one the engine had closed; sent again on a new one)");
@@ -1416,6 +1734,17 @@ std::expected<std::unique_ptr<HttpFrontDoor>, std::string> HttpFrontDoor::start(
   auto state = std::make_shared<State>(std::move(options), std::move(gateway), std::move(directory),
                                        std::move(metrics));
   const FrontDoorOptions& opts = state->options;
+  // Each client connection may hold an engine connection while its request is forwarded.
+  const DescriptorLimit limit = descriptor_limit();
+  state->max_connections = connections_within_limit(opts.max_connections, limit.soft, 2);
+  if (state->max_connections < opts.max_connections) {
+    spdlog::warn(
+        "front door: at most {} client connections, not {} (--http-max-connections): the "
+        "descriptor limit is {}, each client connection may hold an engine connection too, "
+        "and {} are kept for NATS, engines, peers and files; raise `ulimit -n` for more",
+        state->max_connections, opts.max_connections, limit.soft, descriptor_reserve(limit.soft));
+  }
+  state->spare_descriptor = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   beast::error_code error;
   const auto address = net::ip::make_address(opts.address, error);
   if (error)
@@ -1425,12 +1754,15 @@ std::expected<std::unique_ptr<HttpFrontDoor>, std::string> HttpFrontDoor::start(
   if (!error) state->acceptor.set_option(net::socket_base::reuse_address(true), error);
   if (!error) state->acceptor.bind(endpoint, error);
   if (!error) state->acceptor.listen(net::socket_base::max_listen_connections, error);
+  // The accept that refuses a client when descriptors ran out must not wait.
+  if (!error) state->acceptor.non_blocking(true, error);
   if (error) {
     return std::unexpected(
         fmt::format("cannot serve HTTP on {}:{}: {}", opts.address, opts.port, error.message()));
   }
   state->port = state->acceptor.local_endpoint().port();
   state->accept();
+  net::post(state->io, [raw = state.get()] { raw->trim_memory_when_idle(); });
   if (opts.native_tokenizers && !opts.native_tokenizers->empty()) {
     net::post(state->io, [raw = state.get()] { raw->watch_parity(); });
   }
@@ -1474,5 +1806,9 @@ void HttpFrontDoor::stop_intake() {
 }
 
 std::size_t HttpFrontDoor::in_flight() const { return state_->in_flight.load(); }
+
+std::size_t HttpFrontDoor::connections() const { return state_->connection_count.load(); }
+
+std::size_t HttpFrontDoor::max_connections() const { return state_->max_connections; }
 
 }  // namespace kvr::front_door

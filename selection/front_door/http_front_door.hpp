@@ -42,7 +42,9 @@ struct FrontDoorOptions {
   std::size_t max_body_bytes = std::size_t{8} << 20;
   /// A non-streamed engine answer above this ends the request with 502.
   std::size_t max_response_bytes = std::size_t{64} << 20;
-  /// Open client connections beyond this are closed as soon as they are accepted.
+  /// Open client connections at most; clamped at start so that each may hold an engine
+  /// connection too within the descriptor limit (less a reserve). At the cap a new client takes
+  /// the slot of the connection idle the longest, or is answered 503 and closed.
   std::size_t max_connections = 20'000;
   /// Header naming the session (session affinity).
   std::string session_header = "x-session-id";
@@ -59,8 +61,22 @@ struct FrontDoorOptions {
   std::chrono::milliseconds first_byte_timeout{30'000};
   /// A streamed answer with no byte for this long ends with an error event.
   std::chrono::milliseconds stall_timeout{30'000};
-  /// A client connection idle (between requests) this long is closed.
+  /// A kept-alive client connection idle this long between requests is closed (nginx's
+  /// keepalive_timeout is 75 s, Envoy's connection idle timeout an hour).
   std::chrono::milliseconds idle_timeout{60'000};
+  /// A request's head (a new connection's first one from the accept, a kept-alive connection's
+  /// from its first byte) must arrive whole within this (nginx's client_header_timeout is 60 s).
+  std::chrono::milliseconds header_timeout{30'000};
+  /// A request body must make progress: it may take this long plus its bytes at
+  /// `min_body_bytes_per_second` (nginx's client_body_timeout is 60 s between two reads).
+  std::chrono::milliseconds body_timeout{30'000};
+  std::size_t min_body_bytes_per_second = 8 * 1024;
+  /// A write to a client that does not complete within this closes the connection: a client that
+  /// stops reading holds neither its engine nor its booking (nginx's send_timeout is 60 s).
+  std::chrono::milliseconds send_timeout{60'000};
+  /// A stream through kvr's generate API (no engine to back-pressure) whose client lags this many
+  /// bytes of events behind is ended: its generation cancelled, its booking released.
+  std::size_t max_pending_stream_bytes = std::size_t{1} << 20;
   /// Idle keep-alive connections to each engine, reused by the next requests forwarded to it.
   EngineConnectionsOptions engine_connections;
 
@@ -85,6 +101,10 @@ class HttpFrontDoor {
   void stop_intake();
   /// Generation requests between their body and their last byte.
   std::size_t in_flight() const;
+  /// Open client connections.
+  std::size_t connections() const;
+  /// The connection cap in force (max_connections, clamped under the descriptor limit).
+  std::size_t max_connections() const;
 
   struct State;
 

@@ -75,7 +75,13 @@ std::optional<ChildProcess> KvrProcesses::start_node(const NodeOptions& options,
     arguments.emplace_back("--plaintext-peers");
   }
   arguments.insert(arguments.end(), options.extra.begin(), options.extra.end());
-  return start({"node"}, arguments, log_name);
+  if (!options.descriptor_limit) return start({"node"}, arguments, log_name);
+  std::vector<std::string> argv{
+      "bash", "-c", "ulimit -n " + std::to_string(*options.descriptor_limit) + " && exec \"$@\"",
+      "kvr", binary_, "node", "--nats", nats_url_, "--namespace", namespace_};
+  argv.insert(argv.end(), nats_flags_.begin(), nats_flags_.end());
+  argv.insert(argv.end(), arguments.begin(), arguments.end());
+  return ChildProcess::start(argv, log_path(log_name));
 }
 
 bool wait_until_healthy(std::uint16_t metrics_port, std::chrono::milliseconds timeout) {

@@ -37,6 +37,8 @@ struct NodeOptions {
   std::optional<std::uint16_t> actor_port;
   std::optional<std::string> booking_ttl_secs;
   std::optional<int> nats_reconnect_wait_ms;
+  /// Runs the node under this RLIMIT_NOFILE, soft and hard (`ulimit -n`).
+  std::optional<std::uint64_t> descriptor_limit;
   std::vector<std::string> extra;  ///< appended as given
 };
 
