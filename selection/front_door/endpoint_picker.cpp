@@ -4,9 +4,11 @@
 #include <atomic>
 #include <charconv>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -18,7 +20,9 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <fmt/format.h>
+#include <grpc/support/log.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
@@ -26,6 +30,7 @@
 
 #include "envoy/ext_proc.grpc.pb.h"
 #include "messages/http_url.hpp"
+#include "messages/metrics/rate_limited_log.hpp"
 #include "selection/front_door/openai_api.hpp"
 #include "selection/front_door/prompt_renderer.hpp"
 #include "selection/front_door/request_routing.hpp"
@@ -42,6 +47,21 @@ constexpr std::string_view kRequests = "kvr_epp_requests_total";
 constexpr std::string_view kStreamsOpen = "kvr_epp_streams_open";
 constexpr std::string_view kInFlight = "kvr_epp_requests_in_flight";
 constexpr std::string_view kAddedLatency = "kvr_epp_added_latency_seconds";
+constexpr std::string_view kStreamTimeouts = "kvr_epp_stream_timeouts_total";
+constexpr std::string_view kStreamsRefused = "kvr_epp_streams_refused_total";
+constexpr std::string_view kAcceptFailures = "kvr_epp_accept_failures_total";
+constexpr std::string_view kBufferedBody = "kvr_epp_buffered_body_bytes";
+
+// The connections' own bounds (gRPC's defaults are 120 s, none and 2 h). A peer that has not sent
+// HTTP/2's preface and SETTINGS this long after connecting is not Envoy, which sends them at once:
+// its descriptor is given back.
+constexpr std::chrono::milliseconds kHandshakeTimeout{10'000};
+// A connection without a stream this long is closed (GOAWAY; Envoy opens a new one for its next
+// request), so that idle connections do not hold descriptors for good.
+constexpr std::chrono::milliseconds kConnectionIdleLimit{300'000};
+// Pings find peers that vanished without closing (their streams end, bookings with them).
+constexpr std::chrono::milliseconds kKeepaliveInterval{60'000};
+constexpr std::chrono::milliseconds kKeepaliveTimeout{20'000};
 
 // Envoy's gRPC client takes messages up to 64 KiB unless configured otherwise: echoed body chunks
 // stay below (the reference endpoint picker's limit).
@@ -146,6 +166,24 @@ HttpError refusal(unsigned status, std::string message, std::string code = {}) {
                    .code = std::move(code)};
 }
 
+// A local reply: Envoy answers the client with `error` (OpenAI's error object) itself.
+ext::ProcessingResponse immediate_reply(const HttpError& error, std::string_view request_id) {
+  ext::ProcessingResponse reply;
+  auto& immediate = *reply.mutable_immediate_response();
+  immediate.mutable_status()->set_code(static_cast<ext::StatusCode>(error.status));
+  auto& headers = *immediate.mutable_headers();
+  set_header(headers, "content-type", "application/json");
+  if (!request_id.empty()) set_header(headers, "x-kvr-request-id", std::string{request_id});
+  if (error.retry_after) {
+    set_header(headers, "retry-after", std::to_string(error.retry_after->count()));
+  }
+  immediate.set_body(error.body());
+  // %RESPONSE_CODE_DETAILS% takes no whitespace.
+  immediate.set_details(
+      fmt::format("kvr_epp_{}", error.code.empty() ? std::to_string(error.status) : error.code));
+  return reply;
+}
+
 }  // namespace
 
 std::expected<void, std::string> EndpointPickerOptions::validate() const {
@@ -162,8 +200,51 @@ std::expected<void, std::string> EndpointPickerOptions::validate() const {
       health_interval < std::chrono::milliseconds(1)) {
     return std::unexpected("endpoint picker timeouts: >= 1 ms");
   }
+  if (request_timeout < std::chrono::milliseconds(1) || request_timeout > std::chrono::hours(1)) {
+    return std::unexpected("--epp-request-timeout-ms: between 1 ms and 1 hour");
+  }
+  if (response_timeout < request_timeout || response_timeout > std::chrono::hours(24 * 7)) {
+    return std::unexpected(
+        "--epp-response-timeout-ms: at least --epp-request-timeout-ms, at most a week");
+  }
+  // gRPC takes the stream limit as an int.
+  if (max_streams_per_connection == 0 || max_streams_per_connection > 1'000'000) {
+    return std::unexpected("--epp-max-streams-per-connection: between 1 and 1,000,000");
+  }
+  if (max_open_streams == 0 || max_open_streams > 10'000'000) {
+    return std::unexpected("--epp-max-open-streams: between 1 and 10,000,000");
+  }
+  if (max_buffered_body_bytes < max_body_bytes ||
+      max_buffered_body_bytes > (std::size_t{1} << 40)) {
+    return std::unexpected(
+        "--epp-max-buffered-body-bytes: at least --http-max-body-bytes, at most 1 TiB");
+  }
+  // Room for one whole BUFFERED body (a message of up to max_body_bytes + 1 MiB) and more.
+  if (grpc_memory_bytes < 2 * (max_body_bytes + (std::size_t{1} << 20)) ||
+      grpc_memory_bytes > (std::size_t{1} << 40)) {
+    return std::unexpected(
+        "--epp-grpc-memory-bytes: at least twice --http-max-body-bytes plus 2 MiB, at most 1 TiB");
+  }
   return {};
 }
+
+namespace {
+
+// gRPC 1.51's listener stops for good when accept4() fails (EMFILE when the process is out of
+// descriptors): it logs "Failed accept4" once and never polls its socket again, so new
+// connections wait in the kernel's backlog until the node restarts. Its log is the only sign;
+// this counts it, then writes the line as gRPC would have.
+std::atomic<std::uint64_t> grpc_accept_failures{0};
+
+void watch_grpc_log(gpr_log_func_args* args) {
+  if (std::string_view{args->message}.starts_with("Failed accept4")) {
+    grpc_accept_failures.fetch_add(1);
+  }
+  std::fprintf(stderr, "gRPC %s %s:%d] %s\n", gpr_log_severity_string(args->severity), args->file,
+               args->line, args->message);
+}
+
+}  // namespace
 
 // ---- the server's shared state ------------------------------------------------------------------
 
@@ -194,6 +275,16 @@ struct EndpointPicker::State {
   metrics::ValueHandle in_flight_gauge = metrics->gauge(kInFlight);
   metrics::ValueHandle streams_gauge = metrics->gauge(kStreamsOpen);
   metrics::HistogramHandle added_latency = metrics->histogram(kAddedLatency);
+  metrics::ValueHandle streams_refused = metrics->counter(kStreamsRefused);
+  // Request body bytes the streams hold (max_buffered_body_bytes).
+  std::atomic<std::size_t> buffered_body{0};
+  metrics::ValueHandle buffered_body_gauge = metrics->gauge(kBufferedBody);
+  metrics::ValueHandle accept_failures = metrics->counter(kAcceptFailures);
+  // The accept failures already counted (grpc_accept_failures is the process's).
+  std::uint64_t accept_failures_seen = grpc_accept_failures.load();
+  // Timeouts and refusals come in floods: a line per kind every 5 s, saying how many
+  // were left out.
+  metrics::RateLimitedLog log;
   std::uint16_t port = 0;
   // Open streams (reactors not yet destroyed): shutdown waits for them.
   std::mutex streams_mutex;
@@ -224,10 +315,52 @@ struct EndpointPicker::State {
     report_booking(*gateway, booking_id, event, cause, std::move(error));
   }
 
-  void stream_opened() {
-    std::lock_guard lock{streams_mutex};
-    ++streams;
-    streams_gauge.set(static_cast<double>(streams));
+  // A new stream's slot: false at max_open_streams (the stream is refused).
+  bool open_stream() {
+    {
+      std::lock_guard lock{streams_mutex};
+      if (streams < options.max_open_streams) {
+        ++streams;
+        streams_gauge.set(static_cast<double>(streams));
+        return true;
+      }
+    }
+    streams_refused.add();
+    log.warn("epp_streams_refused",
+             fmt::format("endpoint picker: {} streams are open (--epp-max-open-streams): new "
+                         "streams are answered 503",
+                         options.max_open_streams));
+    return false;
+  }
+
+  // Room for `bytes` more of request bodies: false (nothing taken) beyond max_buffered_body_bytes.
+  bool take_body(std::size_t bytes) {
+    std::size_t held = buffered_body.load();
+    do {
+      if (held + bytes > options.max_buffered_body_bytes) {
+        log.warn("epp_bodies_refused",
+                 fmt::format("endpoint picker: streams hold {} bytes of request bodies "
+                             "(--epp-max-buffered-body-bytes): new body bytes are answered 503",
+                             held));
+        return false;
+      }
+    } while (!buffered_body.compare_exchange_weak(held, held + bytes));
+    buffered_body_gauge.set(static_cast<double>(held + bytes));
+    return true;
+  }
+
+  void give_body(std::size_t bytes) {
+    if (bytes == 0) return;
+    buffered_body_gauge.set(static_cast<double>(buffered_body.fetch_sub(bytes) - bytes));
+  }
+
+  // A stream ended by its deadline: `phase` is request, routing or response.
+  void timed_out(std::string_view phase, std::chrono::milliseconds limit,
+                 const std::string& request_id) {
+    metrics->add(kStreamTimeouts, {{"phase", std::string{phase}}});
+    log.warn(fmt::format("epp_timeout_{}", phase),
+             fmt::format("endpoint picker: a stream ended in its {} phase after {} ms{}{}", phase,
+                         limit.count(), request_id.empty() ? "" : ", request ", request_id));
   }
 
   void stream_closed() {
@@ -246,6 +379,19 @@ struct EndpointPicker::State {
     in_flight_gauge.set(static_cast<double>(in_flight.load()));
   }
 
+  // The listener's failures that gRPC only logs (see watch_grpc_log).
+  void check_listener() {
+    const std::uint64_t failures = grpc_accept_failures.load();
+    if (failures == accept_failures_seen) return;
+    accept_failures.add(static_cast<double>(failures - accept_failures_seen));
+    accept_failures_seen = failures;
+    spdlog::error(
+        "endpoint picker: gRPC could not accept a connection on port {} (out of file "
+        "descriptors?) and, in gRPC 1.51, accepts none from now on: open connections are still "
+        "served; restart the node to take new ones",
+        port);
+  }
+
   // Readiness: a worker is live and the picker takes requests.
   void report_health() {
     const bool ready = accepting.load() && directory->any_live();
@@ -261,6 +407,7 @@ struct EndpointPicker::State {
   // The health service follows the directory; so do the native tokenizers' parity checks.
   void watch_health() {
     report_health();
+    check_listener();
     renderer.check_new_models(*directory, io.get_executor());
     health_timer.expires_after(options.health_interval);
     health_timer.async_wait([this](boost::system::error_code error) {
@@ -273,16 +420,20 @@ namespace {
 
 // ---- one ext_proc stream: one HTTP request ------------------------------------------------------
 // Envoy's messages arrive on gRPC's threads and are handled on the stream's strand, one at a time;
-// the replies leave in order, one write in flight.
+// the replies leave in order, one write in flight. A deadline bounds each stream: its request must
+// arrive whole within request_timeout, its answer end within response_timeout after that.
 
 class PickerStream final : public Reactor, public std::enable_shared_from_this<PickerStream> {
  public:
+  // Takes the slot State::open_stream() gave it.
   PickerStream(EndpointPicker::State& server, grpc::CallbackServerContext* context)
-      : server_(server), context_(context), strand_(net::make_strand(server.io)) {
-    server_.stream_opened();
-  }
+      : server_(server),
+        context_(context),
+        strand_(net::make_strand(server.io)),
+        deadline_(strand_) {}
 
   ~PickerStream() override {
+    server_.give_body(body_budget_);
     // Reached only when the stream's end was never handled (the node stopped first).
     if (!booking_id_.empty()) {
       server_.report(booking_id_, v1::LIFECYCLE_EVENT_ABORTED, v1::ABORT_CAUSE_UNSPECIFIED,
@@ -294,6 +445,10 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
 
   void start() {
     self_ = shared_from_this();
+    // On the strand before the first read's handler.
+    net::post(strand_, [self = shared_from_this()] {
+      self->arm_deadline(self->server_.options.request_timeout);
+    });
     StartRead(&incoming_);
   }
 
@@ -408,6 +563,13 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
                               .type = "invalid_request_error",
                               .code = "request_too_large"});
     }
+    if (!server_.take_body(chunk.body().size())) {
+      HttpError error = refusal(503, "the endpoint picker holds too many request bodies; try again",
+                                "service_unavailable");
+      error.retry_after = std::chrono::seconds{1};
+      return refuse(error);
+    }
+    body_budget_ += chunk.body().size();
     body_ += chunk.body();
     // BUFFERED sends the whole body in one message (trailers, if any, come after its answer).
     if (chunk.end_of_stream() || !full_duplex()) decide();
@@ -449,6 +611,7 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
   void decide() {
     phase_ = Phase::routing;
     body_complete_ = std::chrono::steady_clock::now();
+    arm_deadline(server_.options.response_timeout);
     auto parsed = parse_generation_request(endpoint_, body_, server_.renderer.text_use());
     if (!parsed) return refuse(parsed.error());
     auto metadata = read_metadata();
@@ -521,10 +684,11 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
 
   void on_decision(v1::RouteDecision decision) {
     if (finishing_) {
-      // Envoy went away while the request was routed: release what was booked for it.
+      // Envoy went away, or the deadline ended the stream, while the request was routed: release
+      // what was booked for it.
       if (decision.has_success()) {
         server_.report(decision.success().booking_id(), v1::LIFECYCLE_EVENT_ABORTED,
-                       v1::ABORT_CAUSE_CLIENT_CANCELLED, "Envoy closed the stream");
+                       v1::ABORT_CAUSE_CLIENT_CANCELLED, "the stream ended before its decision");
       }
       return;
     }
@@ -580,7 +744,7 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
       at += size;
     } while (at < body_.size());
     if (trailers_) send(trailers_reply(true));
-    body_ = std::string{};
+    drop_body();
   }
 
   // ---- the response phase ----------------------------------------------------------------------
@@ -683,25 +847,18 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
     return reply;
   }
 
-  // A local reply with OpenAI's error object; Envoy answers the client with it and ignores the
-  // stream from then on, so it ends here.
+  // A request refused: counted, and answered with a local reply.
   void refuse(const HttpError& error) {
     phase_ = Phase::refused;
     server_.count(false, error.status);
-    ext::ProcessingResponse reply;
-    auto& immediate = *reply.mutable_immediate_response();
-    immediate.mutable_status()->set_code(static_cast<ext::StatusCode>(error.status));
-    auto& headers = *immediate.mutable_headers();
-    set_header(headers, "content-type", "application/json");
-    if (!request_id_.empty()) set_header(headers, "x-kvr-request-id", request_id_);
-    if (error.retry_after) {
-      set_header(headers, "retry-after", std::to_string(error.retry_after->count()));
-    }
-    immediate.set_body(error.body());
-    // %RESPONSE_CODE_DETAILS% takes no whitespace.
-    immediate.set_details(
-        fmt::format("kvr_epp_{}", error.code.empty() ? std::to_string(error.status) : error.code));
-    send(std::move(reply));
+    local_reply(error);
+  }
+
+  // A local reply with OpenAI's error object; Envoy answers the client with it (or, once the
+  // answer's head went out, resets the client's stream) and ignores the stream from then on, so
+  // it ends here. Envoy takes it alike whatever its failure_mode_allow, unlike a gRPC error.
+  void local_reply(const HttpError& error) {
+    send(immediate_reply(error, request_id_));
     finish(grpc::Status::OK);
   }
 
@@ -717,11 +874,71 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
     pump();
   }
 
+  // Ends the stream once the replies already queued are written. What the request held goes now,
+  // not when gRPC is done with the stream.
   void finish(grpc::Status status) {
     if (finishing_) return;
     finishing_ = true;
     status_ = std::move(status);
+    deadline_.cancel();
+    drop_body();
+    headers_ = {};
     pump();
+  }
+
+  // The body is no longer needed (echoed, or the stream ends): its memory and its share of
+  // max_buffered_body_bytes go back.
+  void drop_body() {
+    body_ = std::string{};
+    server_.give_body(body_budget_);
+    body_budget_ = 0;
+  }
+
+  // ---- the deadline -----------------------------------------------------------------------------
+
+  // (Re)starts the stream's one timer; a handler of an earlier arming does nothing.
+  void arm_deadline(std::chrono::milliseconds after) {
+    if (finishing_) return;
+    const std::uint64_t arming = ++deadline_arming_;
+    deadline_.expires_after(after);
+    deadline_.async_wait([weak = weak_from_this(), arming](boost::system::error_code error) {
+      if (error) return;
+      // Held weakly: the timer never keeps an ended stream alive.
+      if (auto self = weak.lock(); self && self->deadline_arming_ == arming) self->on_deadline();
+    });
+  }
+
+  void on_deadline() {
+    if (finishing_) return;
+    const auto& options = server_.options;
+    switch (phase_) {
+      case Phase::headers:
+      case Phase::body:
+        server_.timed_out("request", options.request_timeout, request_id_);
+        return refuse(refusal(408,
+                              fmt::format("the request's headers and body did not arrive within "
+                                          "{} ms",
+                                          options.request_timeout.count()),
+                              "request_timeout"));
+      case Phase::routing:
+        // A late decision finds the stream finishing and releases its booking (on_decision).
+        server_.timed_out("routing", options.response_timeout, request_id_);
+        return refuse(refusal(504,
+                              fmt::format("the request was not routed within {} ms",
+                                          options.response_timeout.count()),
+                              "timeout"));
+      case Phase::routed:
+        server_.timed_out("response", options.response_timeout, request_id_);
+        release(v1::LIFECYCLE_EVENT_ABORTED, v1::ABORT_CAUSE_UNSPECIFIED,
+                fmt::format("the answer did not end within {} ms through Envoy",
+                            options.response_timeout.count()));
+        return local_reply(refusal(
+            504,
+            fmt::format("the answer did not end within {} ms", options.response_timeout.count()),
+            "timeout"));
+      case Phase::refused:
+        return;
+    }
   }
 
   // One write at a time (the reactor allows no more); the stream finishes once the outbox is
@@ -771,6 +988,9 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
   net::strand<net::io_context::executor_type> strand_;
   // Held from start() to OnDone(): gRPC needs the reactor until then.
   std::shared_ptr<PickerStream> self_;
+  net::steady_timer deadline_;
+  // Which arming of deadline_ is current.
+  std::uint64_t deadline_arming_ = 0;
   ext::ProcessingRequest incoming_;
   std::deque<ext::ProcessingResponse> outbox_;
   grpc::Status status_;
@@ -789,6 +1009,8 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
   std::optional<std::vector<HintedEndpoint>> subset_;
   Endpoint endpoint_ = Endpoint::chat_completions;
   std::string body_;
+  // Bytes of body_ taken from the picker's max_buffered_body_bytes.
+  std::size_t body_budget_ = 0;
   bool trailers_ = false;
   std::chrono::steady_clock::time_point body_complete_;
   GenerationRequest request_;
@@ -800,11 +1022,33 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
   unsigned response_status_ = 0;
 };
 
+// A stream beyond max_open_streams: answered 503 at once, without reading it; it holds nothing
+// but its reply until gRPC is done with it.
+class RefusedStream final : public Reactor {
+ public:
+  explicit RefusedStream(std::size_t max_open_streams) {
+    HttpError error = refusal(503,
+                              fmt::format("the endpoint picker has {} streams open, its limit; "
+                                          "try again",
+                                          max_open_streams),
+                              "service_unavailable");
+    error.retry_after = std::chrono::seconds{1};
+    reply_ = immediate_reply(error, {});
+    StartWriteAndFinish(&reply_, grpc::WriteOptions{}, grpc::Status::OK);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  ext::ProcessingResponse reply_;
+};
+
 class PickerService final : public ext::ExternalProcessor::CallbackService {
  public:
   explicit PickerService(EndpointPicker::State& state) : state_(state) {}
 
   Reactor* Process(grpc::CallbackServerContext* context) override {
+    if (!state_.open_stream()) return new RefusedStream(state_.options.max_open_streams);
     auto stream = std::make_shared<PickerStream>(state_, context);
     stream->start();
     return stream.get();
@@ -830,6 +1074,18 @@ std::expected<std::unique_ptr<EndpointPicker>, std::string> EndpointPicker::star
                     "Open ext_proc streams of the endpoint picker");
   metrics->describe(std::string{kInFlight}, metrics::MetricType::Gauge,
                     "Requests the endpoint picker routed whose answer has not ended");
+  metrics->describe(std::string{kStreamTimeouts}, metrics::MetricType::Counter,
+                    "Endpoint picker streams ended by their deadline, by phase: request (no whole "
+                    "request in --epp-request-timeout-ms, 408), routing (504) and response (the "
+                    "answer did not end in --epp-response-timeout-ms)");
+  metrics->describe(std::string{kStreamsRefused}, metrics::MetricType::Counter,
+                    "New ext_proc streams answered 503 at once: --epp-max-open-streams were open");
+  metrics->describe(std::string{kBufferedBody}, metrics::MetricType::Gauge,
+                    "Request body bytes the endpoint picker's streams hold while their requests "
+                    "arrive (--epp-max-buffered-body-bytes)");
+  metrics->describe(std::string{kAcceptFailures}, metrics::MetricType::Counter,
+                    "Connections gRPC failed to accept (out of file descriptors); with gRPC 1.51 "
+                    "the endpoint picker accepts no new connection after the first");
   metrics->describe(
       std::string{kAddedLatency}, metrics::MetricType::Histogram,
       "Time from a request's last body byte to the endpoint picker's destination (render and "
@@ -851,6 +1107,25 @@ std::expected<std::unique_ptr<EndpointPicker>, std::string> EndpointPicker::star
   builder.SetMaxReceiveMessageSize(static_cast<int>(opts.max_body_bytes + (std::size_t{1} << 20)));
   // gRPC shares ports by default: a port in use must stop startup.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS: a client holds its further streams until one ends.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             static_cast<int>(opts.max_streams_per_connection));
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(kHandshakeTimeout.count()));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             static_cast<int>(kConnectionIdleLimit.count()));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             static_cast<int>(kKeepaliveInterval.count()));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             static_cast<int>(kKeepaliveTimeout.count()));
+  // gRPC's own memory (its transports' buffers and its calls' arenas) is bounded apart from the
+  // streams' state above.
+  grpc::ResourceQuota quota{"kvr-endpoint-picker"};
+  quota.Resize(opts.grpc_memory_bytes);
+  builder.SetResourceQuota(quota);
+  // The listener's failures show only in gRPC's log (once per process: the hook is global).
+  static std::once_flag log_watched;
+  std::call_once(log_watched, [] { gpr_set_log_function(&watch_grpc_log); });
   state->server = builder.BuildAndStart();
   if (!state->server || bound_port == 0) {
     return std::unexpected(
@@ -893,5 +1168,10 @@ std::uint16_t EndpointPicker::port() const { return state_->port; }
 void EndpointPicker::stop_intake() { state_->accepting.store(false); }
 
 std::size_t EndpointPicker::in_flight() const { return state_->in_flight.load(); }
+
+std::size_t EndpointPicker::open_streams() const {
+  std::lock_guard lock{state_->streams_mutex};
+  return state_->streams;
+}
 
 }  // namespace kvr::front_door

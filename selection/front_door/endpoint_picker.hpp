@@ -47,6 +47,36 @@ struct EndpointPickerOptions {
   std::chrono::milliseconds render_timeout{10'000};
   /// How often the health service follows the directory (readiness: a worker is live).
   std::chrono::milliseconds health_interval{250};
+  /// A stream whose request (headers and body) has not arrived whole this long after the stream
+  /// opened is answered 408 and ended, its body and state released. 30 s,
+  /// as nginx's 60 s client_header_timeout plus client_body_timeout allow a slow client but not a
+  /// silent one: Envoy streams the body as its client sends it, and the 8 MiB body limit arrives
+  /// within it at 2.3 Mbit/s, while a stream that sends nothing costs its slot for seconds, not
+  /// for good. (Envoy's ext_proc message_timeout, 200 ms by default, does not apply to
+  /// FULL_DUPLEX_STREAMED bodies, so Envoy bounds nothing here itself.)
+  std::chrono::milliseconds request_timeout{30'000};
+  /// A stream whose request arrived whole but whose answer has not ended this long after is
+  /// ended: answered 504 while it is still being routed, else its booking released (aborted).
+  /// An hour: far beyond any answer an engine streams (the OpenAI clients give up after 10
+  /// minutes by default), so only a stream Envoy forgot meets it; such streams are small, so the
+  /// bound is about "eventually", not memory. (Routing has tighter bounds of its own: the render
+  /// timeout and the router's.)
+  std::chrono::milliseconds response_timeout{3'600'000};
+  /// Streams one HTTP/2 connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS; a
+  /// client waits, Envoy opens another connection). Envoy multiplexes a worker thread's requests
+  /// on one connection: generous, but bounded.
+  std::size_t max_streams_per_connection = 1024;
+  /// Streams open over every connection; a new stream beyond it is answered 503 at once (a few
+  /// KB each while the request is read, plus its body: bounded by request_timeout).
+  std::size_t max_open_streams = 10'000;
+  /// Request body bytes held over every stream while their requests arrive; a chunk beyond it
+  /// is answered 503, so that many streams each sending up to max_body_bytes cannot take the
+  /// node's memory. A gigabyte: 128 bodies of the 8 MiB limit at once, and thousands of ordinary
+  /// prompts.
+  std::size_t max_buffered_body_bytes = std::size_t{1} << 30;
+  /// The memory gRPC itself may use for its connections and calls (its ResourceQuota); under
+  /// pressure gRPC shrinks its buffers and cancels streams rather than grow.
+  std::size_t grpc_memory_bytes = std::size_t{1} << 30;
 
   /// Checks ranges; the error names the option.
   std::expected<void, std::string> validate() const;
@@ -70,6 +100,8 @@ class EndpointPicker {
   void stop_intake();
   /// Streams holding a booking (routed, their response not yet over).
   std::size_t in_flight() const;
+  /// Streams open (their state held, from their first byte to their end).
+  std::size_t open_streams() const;
 
   struct State;
 
