@@ -1,5 +1,6 @@
 #include "selection/tokenizer/tokenizer.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <mutex>
@@ -132,41 +133,54 @@ struct Tokenizer::Parts {
   TokenizerOptions options;
   std::unique_ptr<SegmentCache> cache;
 
-  void encode_text(std::string_view text, bool at_input_start, TokenIds& ids) const;
-  void encode_normalized(std::string_view text, bool at_input_start, TokenIds& ids) const;
+  // Both append the ids of `text` and return false once the ids are more than `max_ids` (the
+  // rest of the text left unencoded).
+  bool encode_text(std::string_view text, bool at_input_start, std::size_t max_ids,
+                   TokenIds& ids) const;
+  bool encode_normalized(std::string_view text, bool at_input_start, std::size_t max_ids,
+                         TokenIds& ids) const;
 };
 
-void Tokenizer::Parts::encode_normalized(std::string_view text, bool at_input_start,
-                                         TokenIds& ids) const {
+bool Tokenizer::Parts::encode_normalized(std::string_view text, bool at_input_start,
+                                         std::size_t max_ids, TokenIds& ids) const {
   PreTokenized pre_tokenized;
   pre_tokenized.at_input_start = at_input_start;
   pre_tokenized.pieces.emplace_back(text);
   if (pre_tokenizer) pre_tokenizer->pre_tokenize(pre_tokenized);
-  for (const std::string& piece : pre_tokenized.pieces) model->encode_piece(piece, ids);
+  for (const std::string& piece : pre_tokenized.pieces) {
+    model->encode_piece(piece, ids);
+    // One compare a piece: text past the limit costs no BPE work (its merges are the most of it).
+    if (ids.size() > max_ids) return false;
+  }
+  return true;
 }
 
-void Tokenizer::Parts::encode_text(std::string_view text, bool at_input_start,
+bool Tokenizer::Parts::encode_text(std::string_view text, bool at_input_start, std::size_t max_ids,
                                    TokenIds& ids) const {
   const bool cacheable = cache && !at_input_start && text.size() >= options.segment_cache_min_bytes;
-  if (cacheable && cache->append_cached(text, ids)) return;
+  if (cacheable && cache->append_cached(text, ids)) return ids.size() <= max_ids;
   const std::size_t first_id = ids.size();
   std::string normalized{text};
   if (normalizer) normalizer->normalize(normalized);
   if (added.normalized_matcher().empty()) {
-    encode_normalized(normalized, at_input_start, ids);
+    if (!encode_normalized(normalized, at_input_start, max_ids, ids)) return false;
   } else {
     std::vector<Segment> segments;
     added.normalized_matcher().split(normalized, segments);
     for (const Segment& segment : segments) {
       if (segment.token) {
         ids.push_back(*segment.token);
-      } else {
-        encode_normalized(segment.text, at_input_start && segment.text.data() == normalized.data(),
-                          ids);
+      } else if (!encode_normalized(segment.text,
+                                    at_input_start && segment.text.data() == normalized.data(),
+                                    max_ids, ids)) {
+        return false;
       }
+      if (ids.size() > max_ids) return false;
     }
   }
+  // Only whole segments are cached: one cut at the limit has only some of its ids.
   if (cacheable) cache->insert(text, std::span{ids}.subspan(first_id));
+  return true;
 }
 
 Tokenizer::Tokenizer(std::unique_ptr<Parts> parts) : parts_(std::move(parts)) {}
@@ -290,27 +304,36 @@ std::expected<Tokenizer, TokenizerError> Tokenizer::from_json(std::string_view t
 }
 
 std::expected<TokenIds, TokenizerError> Tokenizer::encode(std::string_view text,
-                                                          bool add_special_tokens) const {
+                                                          bool add_special_tokens,
+                                                          std::size_t max_ids) const {
   if (const std::size_t invalid = first_invalid_utf8(text); invalid != text.size()) {
     return std::unexpected(
         TokenizerError{fmt::format("the text is not UTF-8 (byte offset {})", invalid)});
   }
+  const auto over_limit = [&] {
+    return std::unexpected(
+        TokenizerError{.message = fmt::format("the text has more than {} tokens", max_ids),
+                       .over_id_limit = true});
+  };
   TokenIds ids;
-  ids.reserve(text.size() / 3 + 4);
+  ids.reserve(std::min(text.size() / 3, max_ids) + 4);
   if (parts_->added.raw_matcher().empty()) {
-    parts_->encode_text(text, true, ids);
+    if (!parts_->encode_text(text, true, max_ids, ids)) return over_limit();
   } else {
     std::vector<Segment> segments;
     parts_->added.raw_matcher().split(text, segments);
     for (const Segment& segment : segments) {
       if (segment.token) {
         ids.push_back(*segment.token);
-      } else {
-        parts_->encode_text(segment.text, segment.text.data() == text.data(), ids);
+      } else if (!parts_->encode_text(segment.text, segment.text.data() == text.data(), max_ids,
+                                      ids)) {
+        return over_limit();
       }
+      if (ids.size() > max_ids) return over_limit();
     }
   }
   if (add_special_tokens && parts_->post_processor) parts_->post_processor->add_special_tokens(ids);
+  if (ids.size() > max_ids) return over_limit();
   return ids;
 }
 
@@ -343,6 +366,25 @@ bool Tokenizer::is_special(TokenId id) const {
 
 std::size_t Tokenizer::vocab_size() const { return parts_->spelling_of_id.size(); }
 
+namespace {
+
+// What `after` (a window's text with the new ids) adds to `before` (its text without them).
+// Usually `before` is a prefix of `after`. Not always: a later id can change how earlier ids
+// decode (a byte-fallback run that stops being UTF-8 turns into one U+FFFD per byte), and what
+// was emitted cannot be taken back. The text from the first difference on is new then, cut at a
+// character's start, so that no chunk holds half a character.
+std::string added_text(const std::string& before, const std::string& after) {
+  if (after.starts_with(before)) return after.substr(before.size());
+  std::size_t common = 0;
+  while (common < before.size() && common < after.size() && before[common] == after[common]) {
+    ++common;
+  }
+  while (common > 0 && (static_cast<unsigned char>(after[common]) & 0xC0) == 0x80) --common;
+  return after.substr(common);
+}
+
+}  // namespace
+
 std::string IncrementalDecoder::push(TokenId id) {
   ids_.push_back(id);
   // Decode a short window twice, without and with the new ids: what the longer one adds is
@@ -354,7 +396,7 @@ std::string IncrementalDecoder::push(TokenId id) {
   if (after.size() <= before.size() || after.ends_with("\xEF\xBF\xBD")) return {};
   prefix_offset_ = read_offset_;
   read_offset_ = ids_.size();
-  return after.substr(before.size());
+  return added_text(before, after);
 }
 
 std::string IncrementalDecoder::finish() {
@@ -363,7 +405,7 @@ std::string IncrementalDecoder::finish() {
       all.subspan(prefix_offset_, read_offset_ - prefix_offset_), skip_special_tokens_);
   const std::string after = tokenizer_->decode(all.subspan(prefix_offset_), skip_special_tokens_);
   prefix_offset_ = read_offset_ = ids_.size();
-  return after.size() > before.size() ? after.substr(before.size()) : std::string{};
+  return after.size() > before.size() ? added_text(before, after) : std::string{};
 }
 
 }  // namespace kvr::tokenizer

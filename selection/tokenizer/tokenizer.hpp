@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <expected>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -15,6 +16,9 @@
 #include "selection/tokenizer/tokenizer_types.hpp"
 
 namespace kvr::tokenizer {
+
+/// No limit on the ids an encoding makes.
+inline constexpr std::size_t kNoIdLimit = std::numeric_limits<std::size_t>::max();
 
 /// How a tokenizer caches: the ids of text between added tokens (a chat turn, a system prompt)
 /// are kept by content, so a long conversation's next turn costs only its new text.
@@ -47,9 +51,11 @@ class Tokenizer {
 
   /// The ids of `text`; with `add_special_tokens`, the post-processor's tokens too (an engine's
   /// completions path), without them as a rendered chat is encoded. Added tokens in the text
-  /// are matched. Text that is not UTF-8 is an error naming the byte offset.
-  std::expected<TokenIds, TokenizerError> encode(std::string_view text,
-                                                 bool add_special_tokens) const;
+  /// are matched. Text that is not UTF-8 is an error naming the byte offset. Encoding stops once
+  /// the ids are more than `max_ids` (checked after each pre-tokenized piece, so one piece is
+  /// always encoded whole): the error then has `over_id_limit` set.
+  std::expected<TokenIds, TokenizerError> encode(std::string_view text, bool add_special_tokens,
+                                                 std::size_t max_ids = kNoIdLimit) const;
 
   /// The text of `ids`; with `skip_special_tokens`, special added tokens are left out. Bytes
   /// that do not form UTF-8 (a character cut between ids) become U+FFFD.

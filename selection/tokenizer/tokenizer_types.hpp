@@ -17,6 +17,9 @@ using TokenIds = std::vector<TokenId>;
 /// component, field or position at fault.
 struct TokenizerError {
   std::string message;
+  /// Encoding stopped because the ids ran past the caller's limit: the input may be well formed,
+  /// only too long.
+  bool over_id_limit = false;
 };
 
 }  // namespace kvr::tokenizer

@@ -232,6 +232,58 @@ TEST(TokenizerTest, SegmentCacheGivesTheSameIds) {
   EXPECT_EQ(encode(with_cache, text), expected);  // now from the cache
 }
 
+// "abc abc abc" is five ids: abc, Ġ, abc, Ġ, abc.
+TEST(TokenizerTest, TextOfExactlyTheIdLimitIsEncoded) {
+  const Tokenizer tokenizer = load(byte_level_file());
+  const auto ids = tokenizer.encode("abc abc abc", false, 5);
+  ASSERT_TRUE(ids.has_value()) << ids.error().message;
+  EXPECT_THAT(*ids, ElementsAre(5, 3, 5, 3, 5));
+}
+
+TEST(TokenizerTest, TextOneIdOverTheLimitIsAnOverLimitError) {
+  const Tokenizer tokenizer = load(byte_level_file());
+  const auto ids = tokenizer.encode("abc abc abc", false, 4);
+  ASSERT_FALSE(ids.has_value());
+  EXPECT_TRUE(ids.error().over_id_limit);
+  EXPECT_THAT(ids.error().message, HasSubstr("more than 4 tokens"));
+}
+
+TEST(TokenizerTest, AddedTokensCountTowardsTheIdLimit) {
+  const Tokenizer tokenizer = load(byte_level_file());
+  EXPECT_TRUE(tokenizer.encode("<|start|><|start|>", false, 2).has_value());
+  const auto ids = tokenizer.encode("<|start|><|start|><|start|>", false, 2);
+  ASSERT_FALSE(ids.has_value());
+  EXPECT_TRUE(ids.error().over_id_limit);
+}
+
+TEST(TokenizerTest, PostProcessorTokensCountTowardsTheIdLimit) {
+  auto file = byte_level_file();
+  file["post_processor"] = nlohmann::json::parse(R"({"type": "TemplateProcessing",
+    "single": [{"SpecialToken": {"id": "<|start|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+    "pair": [], "special_tokens": {"<|start|>": {"id": "<|start|>", "ids": [20], "tokens": ["<|start|>"]}}})");
+  const Tokenizer tokenizer = load(file);
+  EXPECT_TRUE(tokenizer.encode("abc", false, 1).has_value());
+  const auto ids = tokenizer.encode("abc", true, 1);
+  ASSERT_FALSE(ids.has_value());
+  EXPECT_TRUE(ids.error().over_id_limit);
+}
+
+TEST(TokenizerTest, ErrorsOtherThanTheLimitAreNotOverLimit) {
+  const Tokenizer tokenizer = load(byte_level_file());
+  const auto ids = tokenizer.encode("ab\xC3", false, 1);
+  ASSERT_FALSE(ids.has_value());
+  EXPECT_FALSE(ids.error().over_id_limit);
+}
+
+TEST(TokenizerTest, SegmentCutAtTheIdLimitIsNotCached) {
+  TokenizerOptions options;
+  options.segment_cache_min_bytes = 1;
+  const Tokenizer tokenizer = load(byte_level_file(), options);
+  // The segment after the added token is cacheable; cut at the limit, it has only some ids.
+  ASSERT_FALSE(tokenizer.encode("<|start|>abc abc abc", false, 3).has_value());
+  EXPECT_THAT(encode(tokenizer, "<|start|>abc abc abc"), ElementsAre(20, 5, 3, 5, 3, 5));
+}
+
 TEST(RegexTest, CharactersNewerThanPcre2sTablesKeepTheirCategory) {
   // 🫨 (U+1FAE8, Unicode 15) is a symbol, and CJK Extension H's 𱍐 (U+31350) a letter, whatever
   // Unicode version the installed PCRE2 was built with.
@@ -261,6 +313,19 @@ TEST(IncrementalDecoderTest, HoldsBackIncompleteCharacters) {
   EXPECT_EQ(decoder.push(6), " a");
   EXPECT_EQ(decoder.push(7), "");
   EXPECT_EQ(decoder.finish(), "\xEF\xBF\xBD");
+}
+
+// Found by the tokenizer_bytes fuzz harness: "A" is emitted, then <0xE2> makes the byte run
+// 41 E2, which is not UTF-8 and decodes to one U+FFFD per byte. The new text is both
+// replacement characters, not the bytes of the second window past the first one's length.
+TEST(IncrementalDecoderTest, NeverSplitsACharacterWhenALaterIdChangesEarlierText) {
+  auto file = sentencepiece_file();
+  file["model"]["vocab"]["<0x41>"] = 10;
+  const Tokenizer tokenizer = load(file);
+  IncrementalDecoder decoder{tokenizer, false};
+  EXPECT_EQ(decoder.push(10), "A");
+  EXPECT_EQ(decoder.push(2), "");
+  EXPECT_EQ(decoder.finish(), "\xEF\xBF\xBD\xEF\xBF\xBD");
 }
 
 }  // namespace
