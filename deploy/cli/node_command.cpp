@@ -52,6 +52,10 @@ struct NodeCommandOptions {
   front_door::FrontDoorOptions http;
   std::optional<std::uint16_t> epp_port;
   std::string epp_address = "127.0.0.1";
+  // The endpoint picker's stream bounds (the flags set the others' fields).
+  front_door::EndpointPickerOptions epp;
+  std::int64_t epp_request_timeout_ms = epp.request_timeout.count();
+  std::int64_t epp_response_timeout_ms = epp.response_timeout.count();
   std::string tokenizer_mode = "engine";
   /// --tokenizer MODEL=PATH, repeatable.
   std::vector<std::string> tokenizers;
@@ -195,10 +199,6 @@ int run_node(NodeCommandOptions options) {
   options.node.drain_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(
       std::min<std::uint64_t>(options.drain_timeout_ms, std::uint64_t{1} << 40)));
   options.http.engine_connections.idle_limit = std::chrono::milliseconds(options.engine_idle_ms);
-  if (options.http_port) {
-    options.node.http = options.http;
-    options.node.http->port = *options.http_port;
-    options.node.http->first_byte_timeout = options.node.first_token_timeout;
   options.http.idle_timeout = std::chrono::milliseconds(options.http_idle_timeout_ms);
   options.http.header_timeout = std::chrono::milliseconds(options.http_header_timeout_ms);
   options.http.body_timeout = std::chrono::milliseconds(options.http_body_timeout_ms);
@@ -208,6 +208,10 @@ int run_node(NodeCommandOptions options) {
   const DescriptorLimit descriptors = raise_descriptor_limit();
   spdlog::info("kvr node: {} file descriptors (hard limit {})", descriptors.soft,
                descriptors.hard);
+  if (options.http_port) {
+    options.node.http = options.http;
+    options.node.http->port = *options.http_port;
+    options.node.http->first_byte_timeout = options.node.first_token_timeout;
     options.node.http->stall_timeout = options.node.stream_stall_timeout;
   }
   const auto tokenizer_mode = selection::tokenizer_mode_from(options.tokenizer_mode);
@@ -224,7 +228,13 @@ int run_node(NodeCommandOptions options) {
         .max_body_bytes = options.http.max_body_bytes,
         .session_header = options.http.session_header,
         .max_renders_in_flight = options.http.max_renders_in_flight,
-        .render_timeout = options.http.render_timeout};
+        .render_timeout = options.http.render_timeout,
+        .request_timeout = std::chrono::milliseconds(options.epp_request_timeout_ms),
+        .response_timeout = std::chrono::milliseconds(options.epp_response_timeout_ms),
+        .max_streams_per_connection = options.epp.max_streams_per_connection,
+        .max_open_streams = options.epp.max_open_streams,
+        .max_buffered_body_bytes = options.epp.max_buffered_body_bytes,
+        .grpc_memory_bytes = options.epp.grpc_memory_bytes};
   }
   auto sharding = parse_partition_shards(options.partition_shards, options.shard_settings);
   if (!sharding) {
@@ -584,16 +594,6 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(std::size_t{1}, std::size_t{1'000'000}))
       ->group(http_group);
   command
-      ->add_option("--http-engine-idle-connections", options->http.engine_connections.per_engine,
-                   "idle keep-alive connections kept per engine for the next requests forwarded "
-                   "to it (0: a new connection per request)")
-      ->capture_default_str()
-      ->check(CLI::Range(std::size_t{0}, std::size_t{100'000}))
-      ->group(http_group);
-  command
-      ->add_option("--http-engine-idle-ms", options->engine_idle_ms,
-                   "an engine connection idle longer is closed, not reused (below the engine's "
-  command
       ->add_option("--http-idle-timeout-ms", options->http_idle_timeout_ms,
                    "a kept-alive client connection idle this long between requests is closed")
       ->capture_default_str()
@@ -632,6 +632,16 @@ void add_node_command(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{4096}, std::size_t{1} << 30))
       ->group(http_group);
+  command
+      ->add_option("--http-engine-idle-connections", options->http.engine_connections.per_engine,
+                   "idle keep-alive connections kept per engine for the next requests forwarded "
+                   "to it (0: a new connection per request)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{0}, std::size_t{100'000}))
+      ->group(http_group);
+  command
+      ->add_option("--http-engine-idle-ms", options->engine_idle_ms,
+                   "an engine connection idle longer is closed, not reused (below the engine's "
                    "own keep-alive timeout: vLLM's is 5 s)")
       ->capture_default_str()
       ->check(CLI::Range(1, 3'600'000))
@@ -679,6 +689,48 @@ void add_node_command(CLI::App& app, int& exit_code) {
                    "the address the endpoint picker binds (an IP address)")
       ->envname("KVR_EPP_ADDRESS")
       ->capture_default_str()
+      ->group(epp_group);
+  command
+      ->add_option("--epp-request-timeout-ms", options->epp_request_timeout_ms,
+                   "a stream whose request headers and body have not arrived whole this long "
+                   "after it opened is answered 408 and ended")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{3'600'000}))
+      ->group(epp_group);
+  command
+      ->add_option("--epp-response-timeout-ms", options->epp_response_timeout_ms,
+                   "a stream whose answer (routing, then the response through Envoy) has not "
+                   "ended this long after its request arrived is ended, its booking released")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{604'800'000}))
+      ->group(epp_group);
+  command
+      ->add_option("--epp-max-streams-per-connection", options->epp.max_streams_per_connection,
+                   "streams one gRPC connection may have open at once (HTTP/2 "
+                   "SETTINGS_MAX_CONCURRENT_STREAMS)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1'000'000}))
+      ->group(epp_group);
+  command
+      ->add_option("--epp-max-open-streams", options->epp.max_open_streams,
+                   "streams open over all connections; a new one beyond it is answered 503")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{10'000'000}))
+      ->group(epp_group);
+  command
+      ->add_option("--epp-max-buffered-body-bytes", options->epp.max_buffered_body_bytes,
+                   "request body bytes held over all streams while their requests arrive (at "
+                   "least --http-max-body-bytes); a body beyond it is answered 503")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1024}, std::size_t{1} << 40))
+      ->group(epp_group);
+  command
+      ->add_option("--epp-grpc-memory-bytes", options->epp.grpc_memory_bytes,
+                   "memory gRPC itself may take for the endpoint picker's connections and calls "
+                   "(at least twice --http-max-body-bytes plus 2 MiB); beyond it gRPC cancels "
+                   "streams")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1} << 20, std::size_t{1} << 40))
       ->group(epp_group);
   const std::size_t max_threads = max_scheduler_threads();
   command

@@ -5,8 +5,9 @@
 // FULL_DUPLEX_STREAMED the headers' answer names an engine (header and envoy.lb metadata) and the
 // body comes back whole; in BUFFERED the headers go on at once and the body's answer names the
 // engine; the response phase ends the booking; the subset hint restricts the choice; refusals are
-// local replies with OpenAI error objects; a cancelled stream releases its booking; the gRPC
-// health service follows the workers.
+// local replies with OpenAI error objects; a cancelled stream releases its booking; a stream
+// whose body never comes is answered 408 after --epp-request-timeout-ms; the gRPC health service
+// follows the workers.
 #include <csignal>
 #include <fstream>
 #include <optional>
@@ -541,6 +542,23 @@ TEST_F(EndpointPickerTest, AStreamEnvoyCancelsReleasesItsBooking) {
   EXPECT_EQ(node_metric("kvr_lifecycle_reports_total{event=\"completed\""), 0);
   EXPECT_TRUE(wait_until([&] { return node_metric("kvr_epp_streams_open") == 0; }, 5s));
   EXPECT_EQ(node_metric("kvr_epp_requests_in_flight"), 0);
+}
+
+TEST_F(EndpointPickerTest, AStreamWhoseBodyNeverComesIsAnswered408AfterTheRequestTimeoutFlag) {
+  start_node({"--epp-request-timeout-ms", "300"});
+  start_pair(kFirstWorker);
+  wait_until_ready();
+  EnvoyStream envoy{*stub_};
+  ASSERT_TRUE(envoy.send(request_headers(ext::ProcessingMode::FULL_DUPLEX_STREAMED)));
+  // Awaited: the node's deadline answers it.
+  const Refusal refused = refusal_of(envoy.next());
+  EXPECT_EQ(refused.status, 408);
+  EXPECT_EQ(refused.error["code"], "request_timeout");
+  EXPECT_EQ(refused.content_type, "application/json");
+  EXPECT_TRUE(envoy.close().ok());
+  EXPECT_TRUE(wait_until([&] { return node_metric("kvr_epp_streams_open") == 0; }, 5s));
+  EXPECT_EQ(node_metric("kvr_epp_stream_timeouts_total{phase=\"request\""), 1);
+  EXPECT_EQ(node_metric("kvr_route_bookings_open"), 0);
 }
 
 TEST_F(EndpointPickerTest, ADrainRefusesNewRequestsWhileRoutedAnswersEnd) {
