@@ -1,5 +1,6 @@
 #include "selection/tokenizer/bpe_model.hpp"
 
+#include <algorithm>
 #include <queue>
 
 #include <fmt/format.h>
@@ -153,6 +154,16 @@ std::optional<TokenId> BpeModel::id_of(std::string_view token) const {
 const std::string* BpeModel::token_of(TokenId id) const {
   if (id >= token_of_id_.size() || !known_id_[id]) return nullptr;
   return &token_of_id_[id];
+}
+
+bool BpeModel::spellings_bound_ids() const {
+  if (!continuing_subword_prefix_.empty() || !end_of_word_suffix_.empty()) return false;
+  // A character without an id becomes byte tokens when every byte has one (byte-level, byte
+  // fallback); else the unknown token, one per character unless fused, or nothing at all.
+  if (std::ranges::all_of(byte_token_, [](const auto& token) { return token.has_value(); })) {
+    return true;
+  }
+  return unk_id_ && !fuse_unk_;
 }
 
 const BpeModel::Merge* BpeModel::merge_of(TokenId left, TokenId right) const {

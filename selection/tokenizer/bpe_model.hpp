@@ -39,6 +39,12 @@ class BpeModel {
   /// One more than the largest id of the vocabulary.
   std::size_t id_bound() const { return token_of_id_.size(); }
 
+  /// Whether each id a piece encodes to spells the text it covers, or stands for one character
+  /// (byte fallback, an unknown token): then the fewest spellings a piece can be cut into bound
+  /// its ids from below (SpellingTrie). Not with affixes, fused unknown tokens, or characters
+  /// that would be dropped for want of any id.
+  bool spellings_bound_ids() const;
+
  private:
   struct Merge {
     std::uint32_t rank;

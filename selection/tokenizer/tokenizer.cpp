@@ -19,11 +19,16 @@
 #include "selection/tokenizer/normalizer.hpp"
 #include "selection/tokenizer/post_processor.hpp"
 #include "selection/tokenizer/pre_tokenizer.hpp"
+#include "selection/tokenizer/spelling_trie.hpp"
 #include "selection/tokenizer/string_map.hpp"
 #include "selection/tokenizer/utf8.hpp"
 
 namespace kvr::tokenizer {
 namespace {
+
+// Pieces at least this long that could pass the id limit alone are first cut into the fewest
+// spellings (SpellingTrie): far cheaper than BPE on them, whose time grows faster than the piece.
+constexpr std::size_t kBoundedPieceBytes = 1024;
 
 // Ids of segment text by content. Two generations approximate LRU at the cost of one map
 // swap: when the current one fills half the budget it becomes the previous one, and entries
@@ -132,6 +137,23 @@ struct Tokenizer::Parts {
   std::vector<bool> special_id;
   TokenizerOptions options;
   std::unique_ptr<SegmentCache> cache;
+  // The vocabulary's spellings, indexed at the first piece that needs them (most never do).
+  mutable std::once_flag spelling_trie_once;
+  mutable std::unique_ptr<SpellingTrie> spelling_trie;
+
+  const SpellingTrie& spellings() const {
+    std::call_once(spelling_trie_once, [this] {
+      std::vector<std::string> spelt;
+      spelt.reserve(model->id_bound());
+      for (std::size_t id = 0; id < model->id_bound(); ++id) {
+        if (const std::string* spelling = model->token_of(static_cast<TokenId>(id))) {
+          spelt.push_back(*spelling);
+        }
+      }
+      spelling_trie = std::make_unique<SpellingTrie>(spelt);
+    });
+    return *spelling_trie;
+  }
 
   // Both append the ids of `text` and return false once the ids are more than `max_ids` (the
   // rest of the text left unencoded).
@@ -148,6 +170,13 @@ bool Tokenizer::Parts::encode_normalized(std::string_view text, bool at_input_st
   pre_tokenized.pieces.emplace_back(text);
   if (pre_tokenizer) pre_tokenizer->pre_tokenize(pre_tokenized);
   for (const std::string& piece : pre_tokenized.pieces) {
+    // A piece longer than the ids still allowed may pass the limit alone (an id spells at least
+    // a byte): when even its fewest spellings do, it is refused without BPE.
+    if (piece.size() >= kBoundedPieceBytes && ids.size() <= max_ids &&
+        piece.size() > max_ids - ids.size() && model->spellings_bound_ids() &&
+        spellings().needs_more_than(piece, max_ids - ids.size())) {
+      return false;
+    }
     model->encode_piece(piece, ids);
     // One compare a piece: text past the limit costs no BPE work (its merges are the most of it).
     if (ids.size() > max_ids) return false;
