@@ -13,6 +13,7 @@
 #include "deploy/cli/cli_options.hpp"
 #include "selection/front_door/openai_api.hpp"
 #include "selection/tokenizer/prompt_tokenizer.hpp"
+#include "selection/tokenizer/request_json.hpp"
 
 namespace kvr::cli {
 namespace {
@@ -156,9 +157,18 @@ int run(const TokenizeOptions& options) {
     if (text.empty()) continue;
     ++inputs;
     Json out = Json::object();
-    const Json line = Json::parse(text, nullptr, false);
-    auto encoded = line.is_object() ? encode_line(tokenizer, line)
-                                    : std::unexpected(std::string{"not a JSON object"});
+    Json line;
+    std::expected<Encoded, std::string> encoded;
+    // Checked before nlohmann reads it: its ordered objects copy a member nested before another,
+    // recursively.
+    if (const auto fault = tokenizer::check_request_json(text, tokenizer::kDefaultMaxJsonDepth)) {
+      encoded =
+          std::unexpected(tokenizer::request_json_message(*fault, tokenizer::kDefaultMaxJsonDepth));
+    } else {
+      line = Json::parse(text, nullptr, false);
+      encoded = line.is_object() ? encode_line(tokenizer, line)
+                                 : std::unexpected(std::string{"not a JSON object"});
+    }
     if (!encoded) {
       out["error"] = fmt::format("line {}: {}", inputs, encoded.error());
       ++failures;

@@ -25,6 +25,7 @@
 #include "deploy/worker/vllm_kv_frames.hpp"
 #include "discovery/block_hash.hpp"
 #include "selection/tokenizer/prompt_tokenizer.hpp"
+#include "selection/tokenizer/request_json.hpp"
 
 namespace kvr::mocker {
 namespace {
@@ -772,6 +773,13 @@ struct VllmEngineServer::State {
 
   // The body as a JSON object naming the served model, one of its adapters, or none.
   std::expected<RequestBody, HttpError> read_body(const httplib::Request& http_request) const {
+    // Before nlohmann reads it: its ordered objects copy a member nested before another, and the
+    // chat template walks what it is given, both recursively.
+    if (const auto fault =
+            tokenizer::check_request_json(http_request.body, tokenizer::kDefaultMaxJsonDepth)) {
+      return std::unexpected(
+          bad_request(tokenizer::request_json_message(*fault, tokenizer::kDefaultMaxJsonDepth)));
+    }
     RequestBody body{.json = nlohmann::json::parse(http_request.body, nullptr, false)};
     if (body.json.is_discarded() || !body.json.is_object()) {
       return std::unexpected(bad_request("the body is not a JSON object"));

@@ -40,6 +40,9 @@ struct Expr {
 
   ExprKind kind;
   int line;
+  // The most nodes on a path from this one down to a leaf (a literal or a name is 1); the parser
+  // bounds it, so that evaluating and destroying the tree recurse a bounded depth.
+  int height = 1;
 };
 using ExprPtr = std::unique_ptr<Expr>;
 

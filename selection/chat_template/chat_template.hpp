@@ -25,6 +25,25 @@ namespace detail {
 struct Program;
 }  // namespace detail
 
+// What the renderer walks recursively is bounded, so that no template and no render context can
+// run a thread's stack out (an HTTP or gRPC thread renders clients' chats); past a bound, a parse
+// or render fails with a TemplateError. A thread's stack of 8 MB holds each bound many times over,
+// with AddressSanitizer's larger frames too (tests/unit/selection/chat_template/nesting_test.cpp).
+
+/// The deepest a value may nest (a list or dict is one level, its items the next) for the walks
+/// over it: tojson, printing a list or dict, ==, < and what use them. Requests nest far less: the
+/// front doors refuse bodies nested deeper than their own limit (128 levels by default).
+inline constexpr int kMaxValueDepth = 512;
+
+/// The deepest a template's source may nest: blocks inside blocks, brackets and parentheses inside
+/// each other, and operators, filters and attributes chained on one operand (`a - b - c`) all
+/// count. Real chat templates nest a few tens of levels at most.
+inline constexpr int kMaxTemplateNesting = 100;
+
+/// The deepest a render may nest: statements and expressions being evaluated inside each other,
+/// across macro calls (which also stop at 100 calls in each other).
+inline constexpr int kMaxRenderNesting = 500;
+
 /// Things a render may need from outside (injected so tests control time).
 struct RenderEnvironment {
   /// The clock strftime_now reads (its local time).

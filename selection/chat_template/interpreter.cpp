@@ -6,10 +6,12 @@
 #include <ctime>
 #include <deque>
 #include <memory>
+#include <unordered_set>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "selection/chat_template/chat_template.hpp"
 #include "selection/chat_template/template_error.hpp"
 
 namespace kvr::chat_template::detail {
@@ -229,6 +231,9 @@ class Interpreter {
  public:
   Interpreter(const Program& program, const NowFunction& now)
       : program_(program), now_(now), globals_(program.symbols.size()) {}
+  ~Interpreter() { release_containers(); }
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
 
   void bind(std::string_view name, Value value) {
     const auto& symbols = program_.symbols_by_name;
@@ -255,7 +260,28 @@ class Interpreter {
  private:
   Scope& new_scope(Scope* parent) { return scopes_.emplace_back(parent); }
 
+  // One level of the render's nesting while it lives: every body rendered and every expression
+  // evaluated inside another holds one, so that the stack the render uses stays bounded whatever
+  // the template recurses into.
+  class Nested {
+   public:
+    explicit Nested(int& nesting) : nesting_(nesting) {
+      if (nesting_ >= kMaxRenderNesting) {
+        fail(fmt::format("the template nests deeper than {} levels as it renders (recursion?)",
+                         kMaxRenderNesting));
+      }
+      ++nesting_;
+    }
+    ~Nested() { --nesting_; }
+    Nested(const Nested&) = delete;
+    Nested& operator=(const Nested&) = delete;
+
+   private:
+    int& nesting_;
+  };
+
   Flow render(const Body& body, Scope& scope, std::string& out) {
+    const Nested nested(nesting_);
     for (const StmtPtr& statement : body) {
       try {
         const Flow flow = render_statement(*statement, scope, out);
@@ -423,6 +449,58 @@ class Interpreter {
 
   // --- expressions ---
 
+  // Empties every list, dict and namespace the render's variables reach, then lets them go one at
+  // a time: a list made to hold itself (a.append(a)) is freed rather than leaked, and a long chain
+  // of lists in lists is freed without a recursion down its length.
+  void release_containers() {
+    std::vector<Value> reached;
+    std::vector<Value> pending(globals_.begin(), globals_.end());
+    for (const Scope& scope : scopes_) {
+      for (const auto& [symbol, value] : scope.variables) {
+        pending.push_back(value);
+      }
+    }
+    std::unordered_set<const void*> seen;
+    while (!pending.empty()) {
+      Value value = std::move(pending.back());
+      pending.pop_back();
+      switch (value.kind()) {
+        case Value::Kind::kArray:
+          if (seen.insert(&value.array_data()).second) {
+            pending.insert(pending.end(), value.array_data().items.begin(),
+                           value.array_data().items.end());
+            reached.push_back(std::move(value));
+          }
+          break;
+        case Value::Kind::kObject:
+        case Value::Kind::kNamespace:
+          if (seen.insert(value.object_data()).second) {
+            for (const auto& [key, item] : value.object_data()->entries) {
+              pending.push_back(item);
+            }
+            reached.push_back(std::move(value));
+          }
+          break;
+        case Value::Kind::kLoop:
+          if (seen.insert(&value.loop_data()).second) {
+            pending.insert(pending.end(), value.loop_data().items->begin(),
+                           value.loop_data().items->end());
+          }
+          break;
+        default:
+          break;
+      }
+    }
+    // All of them are held here: emptying one frees none of the others.
+    for (Value& container : reached) {
+      if (container.kind() == Value::Kind::kArray) {
+        container.array_data().items.clear();
+      } else {
+        container.object_data()->entries.clear();
+      }
+    }
+  }
+
   // The stored value of a variable, or nullptr when no scope holds it.
   static const Value* find_variable(const NameExpr& name, const Scope& scope) {
     for (const Scope* current = &scope; current != nullptr; current = current->parent) {
@@ -462,6 +540,7 @@ class Interpreter {
   }
 
   Value eval(const Expr& expr, Scope& scope) {
+    const Nested nested(nesting_);
     switch (expr.kind) {
       case ExprKind::kLiteral:
         return static_cast<const LiteralExpr&>(expr).value;
@@ -835,6 +914,8 @@ class Interpreter {
   // defined in.
   std::deque<Scope> scopes_;
   int depth_ = 0;
+  // Bodies and expressions being rendered inside each other (Nested).
+  int nesting_ = 0;
 };
 
 }  // namespace

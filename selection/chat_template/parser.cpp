@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "selection/chat_template/chat_template.hpp"
 #include "selection/chat_template/lexer.hpp"
 #include "selection/chat_template/template_error.hpp"
 
@@ -29,6 +30,110 @@ constexpr std::string_view kTestArgumentStops[] = {"else", "or", "and", "if", "i
 template <std::size_t N>
 bool one_of(std::string_view text, const std::string_view (&list)[N]) {
   return std::find(std::begin(list), std::end(list), text) != std::end(list);
+}
+
+// The height of the tallest direct child of `node` (0 for a leaf); each child's own height is
+// already set.
+int tallest_child(const Expr& node) {
+  int tallest = 0;
+  const auto see = [&tallest](const Expr* child) {
+    if (child != nullptr) {
+      tallest = std::max(tallest, child->height);
+    }
+  };
+  const auto see_args = [&see](const std::vector<Argument>& args) {
+    for (const Argument& argument : args) {
+      see(argument.value.get());
+    }
+  };
+  switch (node.kind) {
+    case ExprKind::kLiteral:
+    case ExprKind::kName:
+      break;
+    case ExprKind::kList:
+      for (const ExprPtr& item : static_cast<const ListExpr&>(node).items) {
+        see(item.get());
+      }
+      break;
+    case ExprKind::kDict:
+      for (const auto& [key, value] : static_cast<const DictExpr&>(node).entries) {
+        see(key.get());
+        see(value.get());
+      }
+      break;
+    case ExprKind::kAttribute:
+      see(static_cast<const AttributeExpr&>(node).object.get());
+      break;
+    case ExprKind::kSubscript: {
+      const auto& subscript = static_cast<const SubscriptExpr&>(node);
+      see(subscript.object.get());
+      see(subscript.key.get());
+      break;
+    }
+    case ExprKind::kSlice: {
+      const auto& slice = static_cast<const SliceExpr&>(node);
+      see(slice.object.get());
+      see(slice.start.get());
+      see(slice.stop.get());
+      see(slice.step.get());
+      break;
+    }
+    case ExprKind::kCall: {
+      const auto& call = static_cast<const CallExpr&>(node);
+      see(call.callee.get());
+      see_args(call.args);
+      break;
+    }
+    case ExprKind::kFilter: {
+      const auto& filter = static_cast<const FilterExpr&>(node);
+      see(filter.operand.get());
+      see_args(filter.args);
+      break;
+    }
+    case ExprKind::kTest: {
+      const auto& test = static_cast<const TestExpr&>(node);
+      see(test.operand.get());
+      see_args(test.args);
+      break;
+    }
+    case ExprKind::kUnary:
+      see(static_cast<const UnaryExpr&>(node).operand.get());
+      break;
+    case ExprKind::kBinary: {
+      const auto& binary = static_cast<const BinaryExpr&>(node);
+      see(binary.left.get());
+      see(binary.right.get());
+      break;
+    }
+    case ExprKind::kConcat:
+      for (const ExprPtr& operand : static_cast<const ConcatExpr&>(node).operands) {
+        see(operand.get());
+      }
+      break;
+    case ExprKind::kConditional: {
+      const auto& conditional = static_cast<const ConditionalExpr&>(node);
+      see(conditional.condition.get());
+      see(conditional.then_value.get());
+      see(conditional.else_value.get());
+      break;
+    }
+  }
+  return tallest;
+}
+
+[[noreturn]] void fail_nesting(int line) {
+  fail(fmt::format("the template nests deeper than {} levels", kMaxTemplateNesting), line);
+}
+
+// Gives a node the parser just completed its height, refusing a tree taller than the template may
+// nest.
+template <typename Node>
+std::unique_ptr<Node> sized(std::unique_ptr<Node> node) {
+  node->height = tallest_child(*node) + 1;
+  if (node->height > kMaxTemplateNesting) {
+    fail_nesting(node->line);
+  }
+  return node;
 }
 
 class Parser {
@@ -94,6 +199,24 @@ class Parser {
   [[noreturn]] void fail_here(std::string message) const {
     fail(std::move(message), current_line());
   }
+
+  // One level of the template's nesting while it lives: a statement inside a block, an
+  // expression inside brackets, an operand of `not` or a sign. The parse recurses once per level.
+  class Nested {
+   public:
+    explicit Nested(Parser& parser) : parser_(parser) {
+      if (parser_.nesting_ >= kMaxTemplateNesting) {
+        fail_nesting(parser_.current_line());
+      }
+      ++parser_.nesting_;
+    }
+    ~Nested() { --parser_.nesting_; }
+    Nested(const Nested&) = delete;
+    Nested& operator=(const Nested&) = delete;
+
+   private:
+    Parser& parser_;
+  };
 
   const Token& advance() {
     if (at_end()) {
@@ -181,6 +304,7 @@ class Parser {
   }
 
   StmtPtr parse_statement() {
+    const Nested nested(*this);
     const int line = current_line();
     const std::string& name = expect_name("a tag name after '{%'");
     if (name == "if") {
@@ -426,10 +550,11 @@ class Parser {
       }
       tuple->items.push_back(parse_expression());
     }
-    return tuple;
+    return sized(std::move(tuple));
   }
 
   ExprPtr parse_expression() {
+    const Nested nested(*this);
     const int line = current_line();
     ExprPtr value = parse_or();
     if (!at_name("if")) {
@@ -443,7 +568,7 @@ class Parser {
       ++pos_;
       node->else_value = parse_expression();
     }
-    return node;
+    return sized(std::move(node));
   }
 
   ExprPtr make_binary(BinaryOp op, ExprPtr left, ExprPtr right, int line) {
@@ -451,7 +576,7 @@ class Parser {
     node->op = op;
     node->left = std::move(left);
     node->right = std::move(right);
-    return node;
+    return sized(std::move(node));
   }
 
   ExprPtr parse_or() {
@@ -474,10 +599,11 @@ class Parser {
 
   ExprPtr parse_not() {
     if (at_name("not")) {
+      const Nested nested(*this);
       auto node = std::make_unique<UnaryExpr>(advance().line);
       node->op = UnaryOp::kNot;
       node->operand = parse_not();
-      return node;
+      return sized(std::move(node));
     }
     return parse_comparison();
   }
@@ -529,6 +655,11 @@ class Parser {
       }
       const bool tilde = op.text == "~";
       if (left->kind == ExprKind::kConcat && static_cast<ConcatExpr&>(*left).tilde == tilde) {
+        // Flat: a long chain only grows as tall as its tallest operand.
+        left->height = std::max(left->height, right->height + 1);
+        if (left->height > kMaxTemplateNesting) {
+          fail_nesting(op.line);
+        }
         static_cast<ConcatExpr&>(*left).operands.push_back(std::move(right));
         continue;
       }
@@ -536,7 +667,7 @@ class Parser {
       concat->tilde = tilde;
       concat->operands.push_back(std::move(left));
       concat->operands.push_back(std::move(right));
-      left = std::move(concat);
+      left = sized(std::move(concat));
     }
     return left;
   }
@@ -601,7 +732,7 @@ class Parser {
         node->args.push_back(std::move(argument));
       }
       node->operand = std::move(operand);
-      operand = std::move(node);
+      operand = sized(std::move(node));
     }
     return operand;
   }
@@ -620,7 +751,7 @@ class Parser {
     }
     check_named_arguments(*node);
     node->operand = std::move(operand);
-    return node;
+    return sized(std::move(node));
   }
 
   // Tests and filters named by string literals (select("odd"), map("upper")) are checked now.
@@ -676,11 +807,12 @@ class Parser {
   ExprPtr parse_unary() {
     if ((at(TokenKind::kUnary) || at(TokenKind::kOperator)) &&
         (tokens_[pos_].text == "-" || tokens_[pos_].text == "+")) {
+      const Nested nested(*this);
       const Token& op = advance();
       auto node = std::make_unique<UnaryExpr>(op.line);
       node->op = op.text == "-" ? UnaryOp::kNegate : UnaryOp::kPlus;
       node->operand = parse_unary();
-      return node;
+      return sized(std::move(node));
     }
     return parse_postfix(parse_primary());
   }
@@ -743,7 +875,7 @@ class Parser {
           node->method = find_method(node->name);
         }
         node->object = std::move(object);
-        object = std::move(node);
+        object = sized(std::move(node));
       } else if (at(TokenKind::kOpenBracket)) {
         ++pos_;
         object = parse_subscript(std::move(object), line);
@@ -751,7 +883,7 @@ class Parser {
         auto node = std::make_unique<CallExpr>(line);
         node->callee = std::move(object);
         node->args = parse_call_arguments();
-        object = std::move(node);
+        object = sized(std::move(node));
       } else {
         return object;
       }
@@ -788,7 +920,7 @@ class Parser {
       auto node = std::make_unique<SubscriptExpr>(line);
       node->object = std::move(object);
       node->key = std::move(parts[0]);
-      return node;
+      return sized(std::move(node));
     }
     if (parts.size() > 3) {
       fail("a slice has at most three parts", line);
@@ -799,7 +931,7 @@ class Parser {
     node->start = std::move(parts[0]);
     node->stop = std::move(parts[1]);
     node->step = std::move(parts[2]);
-    return node;
+    return sized(std::move(node));
   }
 
   ExprPtr literal(Value value, int line) {
@@ -872,7 +1004,7 @@ class Parser {
           ++pos_;
         }
         expect(TokenKind::kCloseBracket, "']'");
-        return node;
+        return sized(std::move(node));
       }
       case TokenKind::kOpenBrace: {
         ++pos_;
@@ -887,7 +1019,7 @@ class Parser {
           ++pos_;
         }
         expect(TokenKind::kCloseBrace, "'}'");
-        return node;
+        return sized(std::move(node));
       }
       default:
         fail_here(fmt::format("unexpected {} in an expression", describe_current()));
@@ -911,6 +1043,8 @@ class Parser {
   std::vector<Token> tokens_;
   std::size_t pos_ = 0;
   int loop_depth_ = 0;
+  // Levels of nesting the parse is inside (Nested).
+  int nesting_ = 0;
   std::vector<ImplicitArguments*> implicit_stack_;
   std::vector<std::string> symbols_;
   std::unordered_map<std::string, int> symbol_ids_;

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "selection/chat_template/chat_template.hpp"
 #include "selection/chat_template/template_error.hpp"
 #include "selection/chat_template/text.hpp"
 
@@ -29,6 +30,15 @@ void append_unsigned(std::string& out, std::uint64_t value) {
   out.append(buffer, result.ptr);
 }
 
+// A list or dict `depth` levels inside what a walk started from: past kMaxValueDepth the walk
+// stops (a list the template made to hold itself would never end).
+void check_depth(int depth, std::string_view walk) {
+  if (depth >= kMaxValueDepth) {
+    fail(fmt::format("cannot {} a value nested deeper than {} levels of lists and dicts", walk,
+                     kMaxValueDepth));
+  }
+}
+
 void append_newline_indent(std::string& out, const JsonFormat& format, int depth) {
   out.push_back('\n');
   for (int i = 0; i < depth; ++i) {
@@ -47,6 +57,7 @@ const Json::object_t::value_type& entry_at(const Json::object_t& entries, std::s
 template <typename Item>
 void append_json_list(std::string& out, std::size_t size, const JsonFormat& format, int depth,
                       Item&& item) {
+  check_depth(depth, "write");
   if (size == 0) {
     out.append("[]");
     return;
@@ -72,6 +83,7 @@ void append_json_list(std::string& out, std::size_t size, const JsonFormat& form
 template <typename Key, typename Item>
 void append_json_object(std::string& out, std::size_t size, const JsonFormat& format, int depth,
                         Key&& key, Item&& item) {
+  check_depth(depth, "write");
   if (size == 0) {
     out.append("{}");
     return;
@@ -275,7 +287,13 @@ bool truthy(const Value& value) {
   return false;
 }
 
-bool equals(const Value& left, const Value& right) {
+namespace {
+
+// equals and compare, `depth` levels inside the values they started from.
+bool equals_within(const Value& left, const Value& right, int depth);
+int compare_within(const Value& left, const Value& right, int depth);
+
+bool equals_within(const Value& left, const Value& right, int depth) {
   if (left.is_number() && right.is_number()) {
     if (left.is_int() && right.is_int()) {
       return left.as_int() == right.as_int();
@@ -293,8 +311,9 @@ bool equals(const Value& left, const Value& right) {
     if (left.same_object(right)) {
       return true;
     }
+    check_depth(depth, "compare");
     for (std::size_t i = 0; i < size; ++i) {
-      if (!equals(sequence_at(left, i), sequence_at(right, i))) {
+      if (!equals_within(sequence_at(left, i), sequence_at(right, i), depth + 1)) {
         return false;
       }
     }
@@ -307,11 +326,12 @@ bool equals(const Value& left, const Value& right) {
     if (left.same_object(right)) {
       return true;
     }
+    check_depth(depth, "compare");
     bool same = true;
     for_each_entry(left, [&](const Value& key, const Value& item) {
       if (same) {
         const Value other = mapping_get(right, key.as_string());
-        same = !other.is_undefined() && equals(item, other);
+        same = !other.is_undefined() && equals_within(item, other, depth + 1);
       }
     });
     return same;
@@ -330,7 +350,7 @@ bool equals(const Value& left, const Value& right) {
   }
 }
 
-int compare(const Value& left, const Value& right) {
+int compare_within(const Value& left, const Value& right, int depth) {
   if (left.is_number() && right.is_number()) {
     if (left.is_int() && right.is_int()) {
       return left.as_int() < right.as_int() ? -1 : (left.as_int() > right.as_int() ? 1 : 0);
@@ -344,13 +364,14 @@ int compare(const Value& left, const Value& right) {
     return result < 0 ? -1 : (result > 0 ? 1 : 0);
   }
   if (left.is_sequence() && right.is_sequence()) {
+    check_depth(depth, "compare");
     const std::size_t a = sequence_size(left);
     const std::size_t b = sequence_size(right);
     for (std::size_t i = 0; i < a && i < b; ++i) {
       const Value x = sequence_at(left, i);
       const Value y = sequence_at(right, i);
-      if (!equals(x, y)) {
-        return compare(x, y);
+      if (!equals_within(x, y, depth + 1)) {
+        return compare_within(x, y, depth + 1);
       }
     }
     return a < b ? -1 : (a > b ? 1 : 0);
@@ -358,6 +379,12 @@ int compare(const Value& left, const Value& right) {
   fail(fmt::format("'<' not supported between instances of '{}' and '{}'", type_name(left),
                    type_name(right)));
 }
+
+}  // namespace
+
+bool equals(const Value& left, const Value& right) { return equals_within(left, right, 0); }
+
+int compare(const Value& left, const Value& right) { return compare_within(left, right, 0); }
 
 std::string_view type_name(const Value& value) {
   switch (value.kind()) {

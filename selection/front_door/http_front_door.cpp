@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <malloc.h>
+#include <simdjson.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -82,6 +83,28 @@ constexpr std::uint64_t kMaxReadBytes = 64 * 1024;
 
 std::string str(beast::string_view view) { return {view.data(), view.size()}; }
 
+// OpenAI's `n`, the choices asked for each prompt (1 when the body names none); an error when it
+// is not a positive integer. The body is valid JSON here (parse_generation_request read it).
+std::expected<std::uint64_t, HttpError> requested_choices(std::string_view body) {
+  simdjson::ondemand::parser parser;
+  const simdjson::padded_string padded{body};
+  simdjson::ondemand::document document;
+  simdjson::ondemand::object object;
+  if (parser.iterate(padded).get(document) != simdjson::SUCCESS ||
+      document.get_object().get(object) != simdjson::SUCCESS) {
+    return 1;
+  }
+  simdjson::ondemand::value value;
+  const auto found = object.find_field_unordered("n").get(value);
+  if (found == simdjson::NO_SUCH_FIELD) return 1;
+  std::uint64_t choices = 0;
+  if (found != simdjson::SUCCESS || value.is_null()) return 1;
+  if (value.get_uint64().get(choices) != simdjson::SUCCESS || choices == 0) {
+    return std::unexpected(bad_request("n: a positive integer is required", "n"));
+  }
+  return choices;
+}
+
 }  // namespace
 
 std::expected<void, std::string> FrontDoorOptions::validate() const {
@@ -115,6 +138,16 @@ std::expected<void, std::string> FrontDoorOptions::validate() const {
 
 namespace {
 class Connection;
+
+// The whole answer to a client refused at accept: a 503 that closes the connection.
+std::string refusal_answer(std::string why) {
+  const std::string body =
+      HttpError{.status = 503, .message = std::move(why), .code = "service_unavailable"}.body();
+  return fmt::format(
+      "HTTP/1.1 503 Service Unavailable\r\nServer: kvr\r\nContent-Type: application/json\r\n"
+      "Retry-After: 1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{}",
+      body.size(), body);
+}
 }  // namespace
 
 struct HttpFrontDoor::State {
@@ -213,9 +246,12 @@ struct HttpFrontDoor::State {
   void admit(tcp::socket socket);
   // Closes the connection idle the longest (on its strand); false when none is idle.
   bool reclaim_idle();
-  // Answers `socket` 503 with `why` and closes it once its client has read it (or at once when
+  // Sends `socket` its refusal `answer` and closes it once its client has read it (or at once when
   // `linger` is false or too many refusals linger).
-  void refuse(tcp::socket socket, std::string_view reason, std::string_view why, bool linger);
+  void refuse(tcp::socket socket, std::string_view reason, std::string_view answer, bool linger);
+  // Built ahead: with no descriptor left, the refusal neither allocates nor formats.
+  const std::string out_of_descriptors_answer =
+      refusal_answer("the router has no file descriptor left");
   void count_timeout(std::string_view phase) {
     metrics->add(kClientTimeouts, {{"phase", std::string{phase}}});
   }
@@ -481,10 +517,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const auto method = request.method();
     const auto only = [&](http::verb allowed) {
       if (method == allowed) return true;
-      respond_error(path, HttpError{.status = 405,
-                                    .message = fmt::format("{} takes {} only", path,
-                                                           str(http::to_string(allowed))),
-                                    .type = "invalid_request_error"});
+      respond_error(path,
+                    HttpError{.status = 405,
+                              .message = fmt::format("{} takes {} only", quote_for_error(path),
+                                                     str(http::to_string(allowed))),
+                              .type = "invalid_request_error"});
       return false;
     };
     if (path == "/v1/chat/completions" || path == "/v1/completions") {
@@ -501,10 +538,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (only(http::verb::get)) serve_health();
       return;
     }
-    respond_error(path, HttpError{.status = 404,
-                                  .message = fmt::format("no endpoint {}", path),
-                                  .type = "invalid_request_error",
-                                  .code = "unknown_url"});
+    // Counted as "other": a label per unknown path would let a client grow the metrics at will.
+    respond_error("", HttpError{.status = 404,
+                                .message = fmt::format("no endpoint {}", quote_for_error(path)),
+                                .type = "invalid_request_error",
+                                .code = "unknown_url"});
   }
 
   void serve_models() {
@@ -699,7 +737,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
           path, HttpError{.status = 404,
                           .message = fmt::format("The model `{}` does not exist (no live worker "
                                                  "serves it).",
-                                                 parsed->model),
+                                                 quote_for_error(parsed->model)),
                           .type = "invalid_request_error",
                           .code = "model_not_found",
                           .param = "model"});
@@ -714,6 +752,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // tokenizer turns the ids into the answer.
     const bool two_hops = disaggregated(target);
     if (two_hops || engine_urls.empty()) {
+      // kvr's generate API runs one sequence a request: more choices would be silently lost.
+      const auto choices = requested_choices(request.body());
+      if (!choices) return respond_error(path, choices.error());
+      if (*choices > 1) {
+        return respond_error(
+            path, bad_request(fmt::format("n: {} choices were asked for; `{}` is served through "
+                                          "kvr's generate API, which answers one choice a "
+                                          "request (send n requests, or n: 1)",
+                                          *choices, quote_for_error(parsed->model)),
+                              "n"));
+      }
       tokenizer = server_.renderer.native_tokenizer(parsed->model);
       if (!tokenizer) {
         const std::string why =
@@ -1594,8 +1643,7 @@ void HttpFrontDoor::State::accept_failed(const beast::error_code& error) {
     beast::error_code accept_error;
     acceptor.accept(socket, accept_error);
     if (!accept_error) {
-      refuse(std::move(socket), "descriptors", "the router has no file descriptor left",
-             /*linger=*/false);
+      refuse(std::move(socket), "descriptors", out_of_descriptors_answer, /*linger=*/false);
     }
     spare_descriptor = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
@@ -1616,15 +1664,17 @@ void HttpFrontDoor::State::accept_failed(const beast::error_code& error) {
 
 void HttpFrontDoor::State::admit(tcp::socket socket) {
   if (!accepting.load()) {
-    return refuse(std::move(socket), "draining", "the router is draining", /*linger=*/true);
+    return refuse(std::move(socket), "draining", refusal_answer("the router is draining"),
+                  /*linger=*/true);
   }
   // Above the cap by a margin while reclaimed connections close on their strands.
   const std::size_t margin = std::max<std::size_t>(1, max_connections / 16);
   const std::size_t open = connection_count.load();
   if (open >= max_connections && (open >= max_connections + margin || !reclaim_idle())) {
-    return refuse(std::move(socket), "limit",
-                  fmt::format("the router serves {} client connections, its limit", open),
-                  /*linger=*/true);
+    return refuse(
+        std::move(socket), "limit",
+        refusal_answer(fmt::format("the router serves {} client connections, its limit", open)),
+        /*linger=*/true);
   }
   connection_count.fetch_add(1);
   connections_gauge.set(static_cast<double>(connection_count.load()));
@@ -1648,15 +1698,9 @@ bool HttpFrontDoor::State::reclaim_idle() {
   return false;
 }
 
-void HttpFrontDoor::State::refuse(tcp::socket socket, std::string_view reason, std::string_view why,
-                                  bool linger) {
+void HttpFrontDoor::State::refuse(tcp::socket socket, std::string_view reason,
+                                  std::string_view answer, bool linger) {
   metrics->add(kConnectionsRefused, {{"reason", std::string{reason}}});
-  const std::string body =
-      HttpError{.status = 503, .message = std::string{why}, .code = "service_unavailable"}.body();
-  const std::string answer = fmt::format(
-      "HTTP/1.1 503 Service Unavailable\r\nServer: kvr\r\nContent-Type: application/json\r\n"
-      "Retry-After: 1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{}",
-      body.size(), body);
   beast::error_code error;
   // A new socket's send buffer takes the whole answer: the write does not wait.
   socket.non_blocking(true, error);

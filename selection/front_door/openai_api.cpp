@@ -19,6 +19,9 @@ Json null_if_empty(const std::string& value) { return value.empty() ? Json() : J
 
 namespace ondemand = simdjson::ondemand;
 
+// A route error's message is cut to this many bytes (it quotes a model's name, say).
+constexpr std::size_t kMaxRouteErrorBytes = 1024;
+
 // A token id: an unsigned integer of 32 bits.
 bool read_token_id(ondemand::value value, std::vector<std::uint32_t>& into) {
   std::uint64_t id = 0;
@@ -169,6 +172,9 @@ const char* read_plain_token_ids(const char* begin, const char* end,
 struct PromptReadAhead {
   std::vector<std::uint32_t> ids;
   simdjson::padded_string rest;
+  // Where the ids were cut out of the body: from this position of `rest`, so many bytes.
+  std::size_t cut_at = 0;
+  std::size_t cut_bytes = 0;
 };
 std::optional<PromptReadAhead> read_plain_prompt_ahead(ondemand::parser& parser,
                                                        const simdjson::padded_string& padded) {
@@ -194,6 +200,8 @@ std::optional<PromptReadAhead> read_plain_prompt_ahead(ondemand::parser& parser,
     rest.append(body.substr(0, static_cast<std::size_t>(begin - padded.data()) + 1));
     rest.append(body.substr(static_cast<std::size_t>(after - padded.data()) - 1));
     ahead.rest = simdjson::padded_string{rest};
+    ahead.cut_at = static_cast<std::size_t>(begin - padded.data()) + 1;
+    ahead.cut_bytes = static_cast<std::size_t>(after - begin) - 2;
     return ahead;
   }
   return std::nullopt;
@@ -262,7 +270,8 @@ std::string HttpError::body() const {
                 {"type", type},
                 {"param", null_if_empty(param)},
                 {"code", null_if_empty(code)}}}}
-      .dump();
+      // A message may quote a client's bytes, which need not be UTF-8: never a throw.
+      .dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 HttpError bad_request(std::string message, std::string param) {
@@ -270,6 +279,16 @@ HttpError bad_request(std::string message, std::string param) {
                    .message = std::move(message),
                    .type = "invalid_request_error",
                    .param = std::move(param)};
+}
+
+std::string quote_for_error(std::string_view text, std::size_t max_bytes) {
+  if (text.size() <= max_bytes) return std::string{text};
+  std::size_t cut = max_bytes;
+  // Not inside a UTF-8 sequence: back to the start of the character that does not fit.
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0U) == 0x80U) --cut;
+  std::string quoted{text.substr(0, cut)};
+  quoted += "…";
+  return quoted;
 }
 
 std::string_view path_of(Endpoint endpoint) {
@@ -366,7 +385,8 @@ std::expected<void, HttpError> read_sampling_parameter(std::string_view key, ond
 
 std::expected<GenerationRequest, HttpError> parse_generation_request(Endpoint endpoint,
                                                                      std::string_view body,
-                                                                     PromptTextUse text_use) {
+                                                                     PromptTextUse text_use,
+                                                                     int max_json_depth) {
   GenerationRequest request;
   request.endpoint = endpoint;
   // One parser per thread: it keeps its buffers between requests.
@@ -374,10 +394,21 @@ std::expected<GenerationRequest, HttpError> parse_generation_request(Endpoint en
   const simdjson::padded_string padded{body};
   std::optional<PromptReadAhead> ahead;
   if (endpoint == Endpoint::completions) ahead = read_plain_prompt_ahead(parser, padded);
+  // The ids read ahead are checked already: what is left of the body is walked.
+  const std::string_view checked =
+      ahead ? std::string_view{ahead->rest.data(), ahead->rest.size()} : body;
+  max_json_depth = std::min(max_json_depth, tokenizer::kMaxJsonDepthCeiling);
+  if (auto fault = tokenizer::check_request_json(checked, max_json_depth)) {
+    // Bytes are counted in the body as the client sent it.
+    if (ahead && fault->offset >= ahead->cut_at) fault->offset += ahead->cut_bytes;
+    return std::unexpected(
+        bad_request(tokenizer::request_json_message(*fault, max_json_depth), fault->field));
+  }
   ondemand::document document;
   ondemand::object object;
-  if (parser.iterate(ahead ? ahead->rest : padded).get(document)) {
-    return std::unexpected(bad_request("the body is not valid JSON"));
+  if (const auto error = parser.iterate(ahead ? ahead->rest : padded).get(document)) {
+    return std::unexpected(
+        bad_request(fmt::format("invalid JSON: {}", simdjson::error_message(error))));
   }
   if (document.get_object().get(object)) {
     return std::unexpected(bad_request("the body is not a JSON object"));
@@ -423,8 +454,9 @@ std::expected<GenerationRequest, HttpError> parse_generation_request(Endpoint en
       std::uint64_t tokens = 0;
       if (value.get_uint64().get(tokens) || tokens == 0 || tokens > UINT32_MAX) {
         const std::string name{key};
-        return std::unexpected(
-            bad_request(fmt::format("{}: a positive integer is required", name), name));
+        return std::unexpected(bad_request(
+            fmt::format("{}: a positive integer no larger than {} is required", name, UINT32_MAX),
+            name));
       }
       request.max_tokens = static_cast<std::uint32_t>(tokens);
     } else if (key == "user") {
@@ -469,19 +501,19 @@ std::expected<GenerationRequest, HttpError> parse_generation_request(Endpoint en
 }
 
 HttpError error_for_route(const v1::RouteError& error) {
+  // A route error can name the request's model or routing group, which the client chose.
+  const std::string message = quote_for_error(error.message(), kMaxRouteErrorBytes);
   const auto server = [&](unsigned status, std::string code) {
-    return HttpError{.status = status,
-                     .message = error.message(),
-                     .type = "server_error",
-                     .code = std::move(code)};
+    return HttpError{
+        .status = status, .message = message, .type = "server_error", .code = std::move(code)};
   };
   switch (error.code()) {
     case v1::ROUTE_ERROR_INVALID_REQUEST:
-      return bad_request(error.message());
+      return bad_request(message);
     case v1::ROUTE_ERROR_REJECTED:
     case v1::ROUTE_ERROR_RATE_LIMITED: {
       HttpError limited{.status = 429,
-                        .message = error.message(),
+                        .message = message,
                         .type = "rate_limit_exceeded",
                         .code = "rate_limit_exceeded"};
       // Retry-After is in whole seconds: rounded up, so a client that waits it is admitted.

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvr/v1/routing.pb.h"
+#include "selection/tokenizer/request_json.hpp"
 
 namespace kvr::front_door {
 
@@ -37,6 +38,14 @@ struct HttpError {
 };
 
 HttpError bad_request(std::string message, std::string param = {});
+
+/// The most bytes of a client's input an error message quotes.
+inline constexpr std::size_t kMaxQuotedBytes = 256;
+
+/// `text` as an error message may quote it: whole when short, else its first `max_bytes` bytes
+/// (cut where a UTF-8 character starts) and "…". A client's input (a model name, a key) can run to
+/// megabytes, which its error must not echo.
+std::string quote_for_error(std::string_view text, std::size_t max_bytes = kMaxQuotedBytes);
 
 /// The two generation endpoints.
 enum class Endpoint : std::uint8_t { chat_completions, completions };
@@ -75,9 +84,14 @@ enum class PromptTextUse : std::uint8_t { skip, keep };
 /// token ids): a JSON object with a non-empty string `model`, `messages` (chat: a non-empty array
 /// of objects with a string `role`) or `prompt` (completions: a string, an array of strings, an
 /// array of token ids or an array of such arrays), and well-typed `stream`, `max_tokens`,
-/// `max_completion_tokens`, `user` and `stream_options`. The error names the field (400).
+/// `max_completion_tokens`, `user` and `stream_options`. The whole body is checked first, without
+/// recursion, as the strictest reader of it (nlohmann's, the native tokenizer's) would read it:
+/// valid JSON with every \u escape a whole UTF-16 character, nested no deeper than
+/// `max_json_depth` levels (the body itself the first; at most tokenizer::kMaxJsonDepthCeiling),
+/// tool-call arguments given as JSON strings included. The error names the field (400).
 std::expected<GenerationRequest, HttpError> parse_generation_request(
-    Endpoint endpoint, std::string_view body, PromptTextUse text_use = PromptTextUse::skip);
+    Endpoint endpoint, std::string_view body, PromptTextUse text_use = PromptTextUse::skip,
+    int max_json_depth = tokenizer::kDefaultMaxJsonDepth);
 
 /// The HTTP error a client gets for a route error: invalid request 400; rejected or rate-limited
 /// by admission 429; overloaded, no routable worker, unavailable or owner lost 503; policy failure

@@ -1,5 +1,9 @@
 #include "selection/front_door/prompt_renderer.hpp"
 
+#include <unordered_set>
+
+#include <boost/asio/execution_context.hpp>
+#include <boost/asio/post.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -8,11 +12,15 @@
 namespace kvr::front_door {
 namespace {
 
+namespace net = boost::asio;
 using Json = nlohmann::json;
 
 constexpr std::string_view kRenderCalls = "kvr_http_render_calls_total";
 constexpr std::string_view kParity = "kvr_tokenizer_parity";
 constexpr std::string_view kNativeRenders = "kvr_native_renders_total";
+constexpr std::string_view kRenderQueue = "kvr_native_render_queue";
+constexpr std::string_view kRendersRefused = "kvr_native_renders_refused_total";
+constexpr std::string_view kRenderSeconds = "kvr_native_render_seconds";
 // A parity check that could not finish (no engine answered) is tried again after this.
 constexpr std::chrono::seconds kParityRetry{10};
 
@@ -86,10 +94,129 @@ std::string engine_reason(const std::string& body) {
   if (parsed.is_object()) {
     const Json& error = parsed.contains("error") ? parsed["error"] : parsed;
     if (error.is_object() && error.contains("message") && error["message"].is_string()) {
-      return error["message"].get<std::string>();
+      // It may quote the client's request (a model's name, say).
+      return quote_for_error(error["message"].get_ref<const std::string&>(), 512);
     }
   }
-  return body.substr(0, 512);
+  return quote_for_error(body, 512);
+}
+
+class PendingAnswer;
+
+// The answers of one io_context's renders still on the pool.
+struct AnswerGateState {
+  std::mutex mutex;
+  bool open = true;
+  std::unordered_set<PendingAnswer*> pending;
+};
+
+// A service of the caller's io_context that closes when the io_context is destroyed, before any
+// of its other services: the answers still pending are dropped there, while the sockets their
+// callbacks hold (a client's connection) can still be closed, and a render that ends later finds
+// no one to answer. Without it, a render outliving the io_context would post into freed memory.
+class AnswerGate final : public net::execution_context::service {
+ public:
+  static inline net::execution_context::id id;
+
+  explicit AnswerGate(net::execution_context& context) : service(context) {}
+
+  const std::shared_ptr<AnswerGateState>& state() const { return state_; }
+
+ private:
+  void shutdown() override;
+
+  std::shared_ptr<AnswerGateState> state_ = std::make_shared<AnswerGateState>();
+};
+
+// A pooled render's way back: `done`, to run on the caller's executor. The executor tracks
+// work, so the io_context's run() does not return while the render is pending.
+class PendingAnswer {
+ public:
+  PendingAnswer(const net::any_io_executor& executor, std::function<void(RenderResult)> done)
+      : gate_(net::use_service<AnswerGate>(net::query(executor, net::execution::context)).state()),
+        executor_(net::prefer(executor, net::execution::outstanding_work.tracked)),
+        done_(std::move(done)) {
+    const std::lock_guard lock{gate_->mutex};
+    if (gate_->open) {
+      gate_->pending.insert(this);
+      pending_ = true;
+    } else {
+      release_locked();
+    }
+  }
+  PendingAnswer(const PendingAnswer&) = delete;
+  PendingAnswer& operator=(const PendingAnswer&) = delete;
+
+  ~PendingAnswer() {
+    const std::lock_guard lock{gate_->mutex};
+    release_locked();
+  }
+
+  // Whether no one waits for the answer any more (the io_context is gone).
+  bool abandoned() const {
+    const std::lock_guard lock{gate_->mutex};
+    return !pending_;
+  }
+
+  // Posts `done(result)` to the caller's executor, unless its io_context is gone.
+  void deliver(RenderResult result) {
+    const std::lock_guard lock{gate_->mutex};
+    if (!pending_) return;
+    net::post(executor_, [done = std::move(done_), result = std::move(result)]() mutable {
+      done(std::move(result));
+    });
+    // Under the lock: the io_context (whose work count this is) cannot be going meanwhile.
+    release_locked();
+  }
+
+  // Runs `done(result)` now, on this thread (a render refused before it was queued).
+  void answer_now(RenderResult result) {
+    std::function<void(RenderResult)> done;
+    {
+      const std::lock_guard lock{gate_->mutex};
+      if (!pending_) return;
+      done = std::move(done_);
+      release_locked();
+    }
+    done(std::move(result));
+  }
+
+ private:
+  friend class AnswerGate;
+
+  // Forgets the caller: its callback and its executor's work count go now.
+  void release_locked() {
+    if (pending_) gate_->pending.erase(this);
+    pending_ = false;
+    executor_ = net::any_io_executor{};
+    done_ = nullptr;
+  }
+
+  std::shared_ptr<AnswerGateState> gate_;
+  // Under gate_->mutex.
+  bool pending_ = false;
+  net::any_io_executor executor_;
+  std::function<void(RenderResult)> done_;
+};
+
+void AnswerGate::shutdown() {
+  const std::lock_guard lock{state_->mutex};
+  state_->open = false;
+  // Each release erases its answer from the set.
+  while (!state_->pending.empty()) (*state_->pending.begin())->release_locked();
+}
+
+HttpError render_refused(RenderPoolRefusal refusal, const RenderPoolOptions& options) {
+  return HttpError{
+      .status = 503,
+      .message = refusal == RenderPoolRefusal::queue_full
+                     ? fmt::format("{} prompts are waiting to be tokenized already; try again",
+                                   options.max_queued)
+                     : fmt::format("{} prompts of this client are waiting to be tokenized "
+                                   "already; try again",
+                                   options.max_queued_per_client),
+      .code = "service_unavailable",
+      .retry_after = std::chrono::seconds{1}};
 }
 
 }  // namespace
@@ -109,6 +236,25 @@ struct PromptRenderer::Attempt {
   ~Attempt() { owner->in_flight_.fetch_sub(1); }
 };
 
+struct PromptRenderer::NativeCore {
+  std::shared_ptr<metrics::MetricsRegistry> metrics;
+  metrics::HistogramHandle render_seconds;
+  std::size_t max_prompt_tokens = 0;
+
+  // The ids of `body`'s prompt by `tokenizer`, its time observed.
+  RenderResult render(const tokenizer::PromptTokenizer& tokenizer, Endpoint endpoint,
+                      const std::string& model, std::string_view body) const;
+  RenderResult render_untimed(const tokenizer::PromptTokenizer& tokenizer, Endpoint endpoint,
+                              const std::string& model, std::string_view body) const;
+};
+
+std::shared_ptr<RenderPool> make_native_render_pool(
+    const RenderPoolOptions& options, std::shared_ptr<metrics::MetricsRegistry> metrics) {
+  const metrics::ValueHandle queue = metrics->gauge(kRenderQueue);
+  return std::make_shared<RenderPool>(
+      options, [queue, metrics = std::move(metrics)](int change) { queue.add(change); });
+}
+
 struct PromptRenderer::ParityCheck {
   std::string model;
   std::shared_ptr<const tokenizer::PromptTokenizer> tokenizer;
@@ -121,12 +267,18 @@ struct PromptRenderer::ParityCheck {
 PromptRenderer::PromptRenderer(selection::TokenizerModes modes, std::size_t max_in_flight,
                                std::chrono::milliseconds timeout,
                                std::shared_ptr<metrics::MetricsRegistry> metrics,
-                               std::shared_ptr<const NativeTokenizers> native)
+                               std::shared_ptr<const NativeTokenizers> native,
+                               NativeRenderOptions native_render, std::shared_ptr<RenderPool> pool)
     : modes_(std::move(modes)),
       native_(std::move(native)),
       max_in_flight_(max_in_flight),
       timeout_(timeout),
-      metrics_(std::move(metrics)) {
+      metrics_(std::move(metrics)),
+      inline_below_bytes_(native_render.inline_below_bytes),
+      refused_queue_full_(metrics_->counter(kRendersRefused, {{"reason", "queue_full"}})),
+      refused_client_queue_full_(
+          metrics_->counter(kRendersRefused, {{"reason", "client_queue_full"}})),
+      pool_(pool ? std::move(pool) : make_native_render_pool(native_render.pool, metrics_)) {
   metrics_->describe(std::string{kRenderCalls}, metrics::MetricType::Counter,
                      "Render and tokenize calls to engines, by endpoint and outcome (ok, "
                      "refused: the engine rejected the request, failed: no usable answer)");
@@ -137,6 +289,23 @@ PromptRenderer::PromptRenderer(selection::TokenizerModes modes, std::size_t max_
   metrics_->describe(std::string{kNativeRenders}, metrics::MetricType::Counter,
                      "Prompts made into token ids by kvr's native tokenizer, by model and "
                      "outcome (ok, refused)");
+  metrics_->describe(std::string{kRenderQueue}, metrics::MetricType::Gauge,
+                     "Native renders (prompts for kvr's own tokenizer) waiting for a render "
+                     "thread");
+  metrics_->describe(std::string{kRendersRefused}, metrics::MetricType::Counter,
+                     "Native renders refused with 503 before they were queued, by reason "
+                     "(queue_full: too many wait in all; client_queue_full: too many of the "
+                     "same client wait)");
+  metrics_->describe(std::string{kRenderSeconds}, metrics::MetricType::Histogram,
+                     "Time kvr's native tokenizer took to render one prompt into token ids "
+                     "(parse, chat template and encoding; not the wait for a render thread)",
+                     {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                      0.5, 1, 2.5, 5, 10, 30});
+  native_core_ = std::make_shared<const NativeCore>(
+      NativeCore{.metrics = metrics_,
+                 // Resolved once described: a histogram's handle is a no-op before.
+                 .render_seconds = metrics_->histogram(kRenderSeconds),
+                 .max_prompt_tokens = native_render.max_prompt_tokens});
 }
 
 bool PromptRenderer::lacks_render(const std::string& url) const {
@@ -163,7 +332,7 @@ std::shared_ptr<const tokenizer::PromptTokenizer> PromptRenderer::native_tokeniz
 
 void PromptRenderer::render(boost::asio::any_io_executor executor, GenerationRequest& request,
                             std::string_view body, std::vector<std::string> engine_urls,
-                            std::function<void(RenderResult)> done) {
+                            std::function<void(RenderResult)> done, std::string_view client) {
   // A completions prompt of token ids needs no engine.
   if (!request.prompt_token_ids.empty()) {
     return done(RoutingKey{.tokens = std::move(request.prompt_token_ids)});
@@ -171,8 +340,9 @@ void PromptRenderer::render(boost::asio::any_io_executor executor, GenerationReq
   // Workers without an engine to ask take kvr's token ids over its generate API: the model's
   // tokenizer is the only one, so there is no parity to check.
   if (engine_urls.empty()) {
-    if (const auto tokenizer = native_tokenizer(request.model)) {
-      return done(render_natively(*tokenizer, request, body));
+    if (auto tokenizer = native_tokenizer(request.model)) {
+      return render_natively(std::move(executor), std::move(tokenizer), request, body, client,
+                             std::move(done));
     }
   }
   if (modes_.for_model(request.model) == selection::TokenizerMode::estimate) {
@@ -184,7 +354,8 @@ void PromptRenderer::render(boost::asio::any_io_executor executor, GenerationReq
   }
   if (modes_.for_model(request.model) == selection::TokenizerMode::native &&
       native_ready(request.model, engine_urls, executor)) {
-    return done(render_natively(*native_tokenizer(request.model), request, body));
+    return render_natively(std::move(executor), native_tokenizer(request.model), request, body,
+                           client, std::move(done));
   }
   if (engine_urls.empty()) {
     return done(std::unexpected(HttpError{.status = 503,
@@ -318,31 +489,93 @@ bool PromptRenderer::native_ready(const std::string& model,
   return false;  // this request is served in the engine mode
 }
 
-RenderResult PromptRenderer::render_natively(const tokenizer::PromptTokenizer& tokenizer,
-                                             const GenerationRequest& request,
-                                             std::string_view body) const {
+void PromptRenderer::render_natively(boost::asio::any_io_executor executor,
+                                     std::shared_ptr<const tokenizer::PromptTokenizer> tokenizer,
+                                     const GenerationRequest& request, std::string_view body,
+                                     std::string_view client,
+                                     std::function<void(RenderResult)> done) {
+  if (body.size() < inline_below_bytes_) {
+    return done(native_core_->render(*tokenizer, request.endpoint, request.model, body));
+  }
+  auto answer = std::make_shared<PendingAnswer>(executor, std::move(done));
+  // The task owns copies (the caller's request and body may be gone before it runs) and the core
+  // (a shared pool may outlive this renderer).
+  auto queued =
+      pool_->submit(client, [answer, core = native_core_, tokenizer = std::move(tokenizer),
+                             endpoint = request.endpoint, model = request.model,
+                             text = std::string{body}](TaskStart start) {
+        if (start == TaskStart::cancelled) {
+          return answer->deliver(std::unexpected(
+              HttpError{.status = 503,
+                        .message = "the router is stopping; the prompt was not tokenized",
+                        .code = "service_unavailable"}));
+        }
+        // The caller's io_context is gone: nothing would read the ids.
+        if (answer->abandoned()) return;
+        answer->deliver(core->render(*tokenizer, endpoint, model, text));
+      });
+  if (!queued) {
+    (queued.error() == RenderPoolRefusal::queue_full ? refused_queue_full_
+                                                     : refused_client_queue_full_)
+        .add();
+    answer->answer_now(std::unexpected(render_refused(queued.error(), pool_->options())));
+  }
+}
+
+RenderResult PromptRenderer::NativeCore::render(const tokenizer::PromptTokenizer& tokenizer,
+                                                Endpoint endpoint, const std::string& model,
+                                                std::string_view body) const {
+  const auto start = std::chrono::steady_clock::now();
+  RenderResult result = render_untimed(tokenizer, endpoint, model, body);
+  render_seconds.observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return result;
+}
+
+RenderResult PromptRenderer::NativeCore::render_untimed(const tokenizer::PromptTokenizer& tokenizer,
+                                                        Endpoint endpoint, const std::string& model,
+                                                        std::string_view body) const {
   const auto refused = [&](const std::string& why) -> RenderResult {
-    metrics_->add(kNativeRenders, {{"model", request.model}, {"outcome", "refused"}});
+    metrics->add(kNativeRenders, {{"model", model}, {"outcome", "refused"}});
     return std::unexpected(bad_request("cannot tokenize the prompt: " + why));
+  };
+  const auto too_long = [&](std::string param) -> RenderResult {
+    metrics->add(kNativeRenders, {{"model", model}, {"outcome", "refused"}});
+    return std::unexpected(
+        bad_request(fmt::format("the prompt has more than {} tokens, the longest the router takes",
+                                max_prompt_tokens),
+                    std::move(param)));
   };
   std::expected<tokenizer::TokenIds, tokenizer::TokenizerError> ids;
   // Ordered: the template sees the client's keys in the client's order.
-  const auto parsed = nlohmann::ordered_json::parse(body, nullptr, false);
-  if (request.endpoint == Endpoint::chat_completions) {
-    auto chat = tokenizer::PromptTokenizer::chat_from_openai(parsed);
+  nlohmann::ordered_json parsed;
+  try {
+    parsed = nlohmann::ordered_json::parse(body);
+  } catch (const nlohmann::json::exception& error) {
+    // parse_generation_request took the body, so this parser should too: say why it did not.
+    return refused(fmt::format("invalid JSON: {}", quote_for_error(error.what())));
+  }
+  if (endpoint == Endpoint::chat_completions) {
+    // The body's nesting was checked against the front door's limit (parse_generation_request):
+    // here only the ceiling applies.
+    auto chat =
+        tokenizer::PromptTokenizer::chat_from_openai(parsed, tokenizer::kMaxJsonDepthCeiling);
     if (!chat) return refused(chat.error().message);
-    auto rendered = tokenizer.encode_chat(*chat);
-    if (!rendered) return refused(rendered.error().message);
+    auto rendered = tokenizer.encode_chat(*chat, max_prompt_tokens);
+    if (!rendered) {
+      return rendered.error().over_id_limit ? too_long("messages")
+                                            : refused(rendered.error().message);
+    }
     ids = std::move(rendered->ids);
   } else {
     const auto& prompt = parsed.contains("prompt") ? parsed["prompt"] : nlohmann::ordered_json{};
     const auto& first = prompt.is_array() && !prompt.empty() ? prompt[0] : prompt;
     if (!first.is_string()) return refused("prompt: a string is expected");
-    ids = tokenizer.encode_prompt(first.get<std::string>());
-    if (!ids) return refused(ids.error().message);
+    ids = tokenizer.encode_prompt(first.get<std::string>(), max_prompt_tokens);
+    if (!ids) return ids.error().over_id_limit ? too_long("prompt") : refused(ids.error().message);
   }
   if (ids->empty()) return refused("the prompt has no tokens");
-  metrics_->add(kNativeRenders, {{"model", request.model}, {"outcome", "ok"}});
+  metrics->add(kNativeRenders, {{"model", model}, {"outcome", "ok"}});
   return RoutingKey{.tokens = std::move(*ids)};
 }
 

@@ -8,6 +8,8 @@
 // until then, and for good when it disagrees, the model is served as in `engine`.
 // A completions prompt of token ids needs no call in any mode. A model without engines (its
 // workers registered no HTTP URL) is tokenized by its native tokenizer, whatever its mode.
+// Native renders of all but small bodies run on a RenderPool (off the I/O threads, each client in
+// turn), and stop at the longest prompt the router takes.
 // Only included by the front door's .cpp files.
 #pragma once
 
@@ -30,6 +32,7 @@
 #include "selection/front_door/fleet_directory.hpp"
 #include "selection/front_door/native_tokenizers.hpp"
 #include "selection/front_door/openai_api.hpp"
+#include "selection/front_door/render_pool.hpp"
 #include "selection/front_door/request_routing.hpp"
 #include "selection/tokenizer/prompt_tokenizer.hpp"
 
@@ -37,24 +40,51 @@ namespace kvr::front_door {
 
 using RenderResult = std::expected<RoutingKey, HttpError>;
 
+/// How kvr's native tokenizer renders prompts.
+struct NativeRenderOptions {
+  /// The render threads and their queue limits (per client: a client connection's address, or
+  /// an Envoy stream's peer), when the renderer makes its own pool.
+  RenderPoolOptions pool;
+  /// Bodies shorter than this are rendered at once on the caller's (I/O) thread: about half a
+  /// millisecond there at most (some 110 ns a byte with Qwen3's template and tokenizer), which
+  /// spares them the hand-over to a render thread (0.1 ms and more) and any wait behind long
+  /// renders (kvr_native_render_bench).
+  std::size_t inline_below_bytes = 4096;
+  /// The most token ids a prompt may have: the route's own limit
+  /// (RouteDecodeLimits::max_prompt_tokens); encoding stops past it and the client gets a 400.
+  std::size_t max_prompt_tokens = std::size_t{1} << 21;
+};
+
+/// A pool for native renders whose waiting tasks count in `metrics`' kvr_native_render_queue
+/// (the pools of a process add up there); one can serve both front doors of a node.
+std::shared_ptr<RenderPool> make_native_render_pool(
+    const RenderPoolOptions& options, std::shared_ptr<metrics::MetricsRegistry> metrics);
+
 class PromptRenderer {
  public:
+  /// `pool`: the threads native renders run on, shared with other renderers; null: a pool of its
+  /// own, made from `native_render.pool`.
   PromptRenderer(selection::TokenizerModes modes, std::size_t max_in_flight,
                  std::chrono::milliseconds timeout,
                  std::shared_ptr<metrics::MetricsRegistry> metrics,
-                 std::shared_ptr<const NativeTokenizers> native = nullptr);
+                 std::shared_ptr<const NativeTokenizers> native = nullptr,
+                 NativeRenderOptions native_render = {},
+                 std::shared_ptr<RenderPool> pool = nullptr);
 
   /// Whether requests must be parsed with their prompt's text (some model uses `estimate`).
   PromptTextUse text_use() const;
 
   /// The routing key of `request` (its first prompt, for a batch; `body` is the request's body as
-  /// the client sent it): its token ids, its text in the `estimate` mode, else the ids one of
-  /// `engine_urls` renders; `done` runs once, on `executor` after an engine call, else at once.
-  /// The error: 400 with the engine's reason when it refuses the request, 503 when no engine
-  /// could render or too many renders are in flight.
+  /// the client sent it): its token ids, its text in the `estimate` mode, the ids kvr's native
+  /// tokenizer makes, else the ids one of `engine_urls` renders; `done` runs once, on `executor`
+  /// after an engine call or a render on the pool, else at once. `client` names the client (its
+  /// address) whose turn a pooled render waits for. The error: 400 with the engine's reason when
+  /// it refuses the request, or naming the limit when the prompt has more than
+  /// max_prompt_tokens tokens; 503 when no engine could render, too many renders are in flight
+  /// or too many wait for a render thread (the client's or all).
   void render(boost::asio::any_io_executor executor, GenerationRequest& request,
               std::string_view body, std::vector<std::string> engine_urls,
-              std::function<void(RenderResult)> done);
+              std::function<void(RenderResult)> done, std::string_view client = {});
 
   /// Starts the parity check of every native-mode model of `directory` that has engines and was
   /// not checked yet, so that it runs when a model's first engine registers; the front doors
@@ -70,14 +100,18 @@ class PromptRenderer {
 
   struct Attempt;
   struct ParityCheck;
+  struct NativeCore;
 
  private:
   enum class Parity : std::uint8_t { unchecked, checking, agrees, differs };
   /// Whether `model` is served natively now; starts its parity check on the first request.
   bool native_ready(const std::string& model, const std::vector<std::string>& engine_urls,
                     const boost::asio::any_io_executor& executor);
-  RenderResult render_natively(const tokenizer::PromptTokenizer& tokenizer,
-                               const GenerationRequest& request, std::string_view body) const;
+  /// A native render: at once when `body` is small, else on the pool and answered on `executor`.
+  void render_natively(boost::asio::any_io_executor executor,
+                       std::shared_ptr<const tokenizer::PromptTokenizer> tokenizer,
+                       const GenerationRequest& request, std::string_view body,
+                       std::string_view client, std::function<void(RenderResult)> done);
   void check_next_probe(std::shared_ptr<ParityCheck> check);
   void finish_parity(const std::string& model, Parity outcome, const std::string& detail);
   void attempt(std::shared_ptr<Attempt> attempt);
@@ -99,6 +133,13 @@ class PromptRenderer {
   mutable std::mutex mutex_;
   /// Engines that answered 404 to render (older vLLM, SGLang): asked /tokenize directly.
   std::set<std::string> without_render_;
+  /// What a native render needs, held by the renders on the pool (which may outlive this).
+  std::shared_ptr<const NativeCore> native_core_;
+  std::size_t inline_below_bytes_;
+  metrics::ValueHandle refused_queue_full_;
+  metrics::ValueHandle refused_client_queue_full_;
+  /// Last: when this holds the only reference, the pool is destroyed first.
+  std::shared_ptr<RenderPool> pool_;
 };
 
 }  // namespace kvr::front_door

@@ -1,5 +1,6 @@
 #include "selection/tokenizer/prompt_tokenizer.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 
@@ -27,6 +28,27 @@ std::expected<Json, TokenizerError> string_content(const Json& content, std::siz
     first = false;
   }
   return Json(text);
+}
+
+// Parses tool-call arguments given as a JSON string, `allowed` levels deep at most: the value
+// (discarded when the text is not JSON, which leaves the string as it is), or nullopt when it
+// nests deeper. The parse is nlohmann's, which does not recurse.
+std::optional<Json> parse_arguments(const std::string& text, int allowed) {
+  bool too_deep = false;
+  Json parsed = Json::parse(
+      text,
+      [&](int depth, Json::parse_event_t event, Json&) {
+        // `depth` counts the containers around the one that starts.
+        if ((event == Json::parse_event_t::object_start ||
+             event == Json::parse_event_t::array_start) &&
+            depth >= allowed) {
+          too_deep = true;
+        }
+        return !too_deep;
+      },
+      false);
+  if (too_deep) return std::nullopt;
+  return parsed;
 }
 
 }  // namespace
@@ -60,25 +82,30 @@ std::expected<std::shared_ptr<const PromptTokenizer>, TokenizerError> PromptToke
       new PromptTokenizer(std::move(*tokenizer), std::move(templates)));
 }
 
-std::expected<TokenIds, TokenizerError> PromptTokenizer::encode_prompt(
-    std::string_view prompt) const {
-  return tokenizer_.encode(prompt, true);
+std::expected<TokenIds, TokenizerError> PromptTokenizer::encode_prompt(std::string_view prompt,
+                                                                       std::size_t max_ids) const {
+  return tokenizer_.encode(prompt, true, max_ids);
 }
 
 std::expected<RenderedChat, TokenizerError> PromptTokenizer::encode_chat(
-    const chat_template::ChatRequest& chat) const {
+    const chat_template::ChatRequest& chat, std::size_t max_ids) const {
   auto text = chat_templates_.render_chat(chat);
   if (!text) {
     return std::unexpected(TokenizerError{
         fmt::format("chat template (line {}): {}", text.error().line, text.error().message)});
   }
-  auto ids = tokenizer_.encode(*text, false);
+  auto ids = tokenizer_.encode(*text, false, max_ids);
   if (!ids) return std::unexpected(ids.error());
   return RenderedChat{.text = std::move(*text), .ids = std::move(*ids)};
 }
 
 std::expected<chat_template::ChatRequest, TokenizerError> PromptTokenizer::chat_from_openai(
-    const Json& body) {
+    const Json& body, int max_depth) {
+  max_depth = std::min(max_depth, kMaxJsonDepthCeiling);
+  // Before anything is copied: nlohmann copies and prints recursively.
+  if (const auto field = field_nested_too_deep(body, max_depth)) {
+    return std::unexpected(TokenizerError{nested_too_deep_message(*field, max_depth)});
+  }
   if (!body.is_object() || !body.contains("messages") || !body["messages"].is_array()) {
     return std::unexpected(TokenizerError{"messages: an array of messages is required"});
   }
@@ -98,13 +125,21 @@ std::expected<chat_template::ChatRequest, TokenizerError> PromptTokenizer::chat_
     // Templates expect tool-call arguments as objects; OpenAI clients send JSON strings.
     if (const auto calls = converted.find("tool_calls");
         calls != converted.end() && calls->is_array()) {
+      std::size_t call_index = 0;
       for (Json& call : *calls) {
+        const std::size_t at = call_index++;
         if (!call.is_object() || !call.contains("function")) continue;
         Json& function = call["function"];
         if (function.is_object() && function.contains("arguments") &&
             function["arguments"].is_string()) {
-          Json parsed = Json::parse(function["arguments"].get<std::string>(), nullptr, false);
-          if (!parsed.is_discarded()) function["arguments"] = std::move(parsed);
+          auto parsed = parse_arguments(function["arguments"].get_ref<const std::string&>(),
+                                        max_depth - kToolCallArgumentsDepth);
+          if (!parsed) {
+            return std::unexpected(TokenizerError{nested_too_deep_message(
+                fmt::format("messages[{}].tool_calls[{}].function.arguments", index, at),
+                max_depth)});
+          }
+          if (!parsed->is_discarded()) function["arguments"] = std::move(*parsed);
         }
       }
     }
@@ -119,7 +154,13 @@ std::expected<chat_template::ChatRequest, TokenizerError> PromptTokenizer::chat_
       documents != body.end() && !documents->is_null()) {
     chat.documents = *documents;
   }
-  chat.add_generation_prompt = body.value("add_generation_prompt", true);
+  if (const auto prompt = body.find("add_generation_prompt");
+      prompt != body.end() && !prompt->is_null()) {
+    if (!prompt->is_boolean()) {
+      return std::unexpected(TokenizerError{"add_generation_prompt: must be a boolean"});
+    }
+    chat.add_generation_prompt = prompt->get<bool>();
+  }
   if (const auto kwargs = body.find("chat_template_kwargs");
       kwargs != body.end() && !kwargs->is_null()) {
     if (!kwargs->is_object()) {

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "selection/chat_template/chat_template.hpp"
+#include "selection/tokenizer/request_json.hpp"
 #include "selection/tokenizer/tokenizer.hpp"
 
 namespace kvr::tokenizer {
@@ -35,19 +36,24 @@ class PromptTokenizer {
   bool has_chat_template() const { return chat_templates_.has_template(); }
 
   /// A completions prompt's ids, with the post-processor's special tokens (as engines encode it).
-  std::expected<TokenIds, TokenizerError> encode_prompt(std::string_view prompt) const;
+  /// More than `max_ids` ids stop the encoding: an error with `over_id_limit` set.
+  std::expected<TokenIds, TokenizerError> encode_prompt(std::string_view prompt,
+                                                        std::size_t max_ids = kNoIdLimit) const;
 
   /// A chat rendered by the template, then encoded without added special tokens (the template
-  /// writes them), as vLLM and SGLang do.
-  std::expected<RenderedChat, TokenizerError> encode_chat(
-      const chat_template::ChatRequest& chat) const;
+  /// writes them), as vLLM and SGLang do. More than `max_ids` ids stop the encoding: an error
+  /// with `over_id_limit` set.
+  std::expected<RenderedChat, TokenizerError> encode_chat(const chat_template::ChatRequest& chat,
+                                                          std::size_t max_ids = kNoIdLimit) const;
 
   /// The chat of an OpenAI chat-completions body as an engine hands it to the template:
   /// `add_generation_prompt` defaults to true, text-only content parts are joined with
   /// newlines, tool-call arguments given as JSON strings become objects, and
-  /// `chat_template_kwargs` join the context. An error names the field at fault.
+  /// `chat_template_kwargs` join the context. An error names the field at fault; a body nested
+  /// deeper than `max_depth` levels (at most kMaxJsonDepthCeiling), tool-call arguments given as
+  /// strings included, is refused before anything of it is copied.
   static std::expected<chat_template::ChatRequest, TokenizerError> chat_from_openai(
-      const nlohmann::ordered_json& body);
+      const nlohmann::ordered_json& body, int max_depth = kDefaultMaxJsonDepth);
 
  private:
   PromptTokenizer(Tokenizer tokenizer, chat_template::ChatTemplateConfig chat_templates)

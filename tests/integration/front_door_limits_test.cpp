@@ -257,5 +257,30 @@ TEST_F(FrontDoorLimitsTest, ThreePipelinedPostsGetThreeAnswers) {
   }
 }
 
+TEST_F(FrontDoorLimitsTest, MoreThanOneChoiceThroughTheGenerateApiIsRefusedNotIgnored) {
+  start();
+  if (HasFatalFailure()) return;
+  httplib::Client client{"127.0.0.1", http_port_};
+  client.set_read_timeout(20s);
+  const auto chat = [&](int choices) {
+    return client.Post("/v1/chat/completions",
+                       Json{{"model", "mock-model"},
+                            {"max_tokens", 2},
+                            {"n", choices},
+                            {"messages", {{{"role", "user"}, {"content", "Hello"}}}}}
+                           .dump(),
+                       "application/json");
+  };
+  const auto two = chat(2);
+  ASSERT_TRUE(two);
+  EXPECT_EQ(two->status, 400) << two->body;
+  const Json error = Json::parse(two->body, nullptr, false);
+  EXPECT_EQ(error["error"]["param"], "n") << two->body;
+  const auto one = chat(1);
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200) << one->body;
+  EXPECT_EQ(Json::parse(one->body, nullptr, false)["choices"].size(), 1u);
+}
+
 }  // namespace
 }  // namespace kvr

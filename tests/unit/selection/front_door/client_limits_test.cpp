@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -124,6 +125,25 @@ class ClientLimitsTest : public ::testing::Test {
   std::shared_ptr<OneEngineGateway> gateway_;
   std::unique_ptr<HttpFrontDoor> front_door_;
 };
+
+TEST_F(ClientLimitsTest, APathThatIsNotUtf8IsAnswered404CountedAsOtherAndTheNextRequestServed) {
+  start();
+  auto client = connect();
+  net::write(client, net::buffer(std::string{"GET /\x97\xff HTTP/1.1\r\nHost: kvr\r\n\r\n"} +
+                                 completion_request(/*close=*/true)));
+  beast::flat_buffer buffer;
+  const auto refused = read_answer(client, buffer);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->result_int(), 404u);
+  const auto error = nlohmann::json::parse(refused->body(), nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(error.is_discarded()) << refused->body();
+  EXPECT_EQ(error["error"]["code"], "unknown_url");
+  const auto served = read_answer(client, buffer);
+  ASSERT_TRUE(served);
+  EXPECT_EQ(served->result_int(), 200u);
+  EXPECT_EQ(metrics_->value("kvr_http_requests_total", {{"endpoint", "other"}, {"code", "404"}}),
+            1);
+}
 
 TEST_F(ClientLimitsTest, ThreePipelinedPostsGetThreeAnswersInOrder) {
   start();
@@ -271,6 +291,17 @@ TEST_F(ClientLimitsTest, OutOfDescriptorsTheAcceptLoopBacksOffAndClientsAreToldW
   ASSERT_TRUE(clients);
   ASSERT_TRUE(kvr::testing::wait_until(
       [&] { return clients->log().find("waiting") != std::string::npos; }, 10s));
+  {
+    // A request served, and its connection closed, first; then nothing runs but the accept loop.
+    // UBSan's vptr check reads a type it meets for the first time through a pipe, which cannot
+    // be opened once the descriptors are gone (a false report).
+    auto client = connect();
+    net::write(client, net::buffer(completion_request(/*close=*/true)));
+    beast::flat_buffer buffer;
+    ASSERT_TRUE(read_answer(client, buffer));
+    ASSERT_TRUE(closed_by_server(client));
+  }
+  ASSERT_TRUE(wait_until([&] { return metrics_->value("kvr_http_connections_open") == 0; }));
   // No descriptor left below a lowered limit.
   rlimit saved{};
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
@@ -287,10 +318,13 @@ TEST_F(ClientLimitsTest, OutOfDescriptorsTheAcceptLoopBacksOffAndClientsAreToldW
   const auto errors = [&] {
     return metrics_->value("kvr_http_accept_errors_total", {{"error", "descriptors"}});
   };
-  const bool failed = wait_until([&] { return errors() >= 3; });
+  const auto refused = [&] {
+    return metrics_->value("kvr_http_connections_refused_total", {{"reason", "descriptors"}});
+  };
+  // (A failure is counted before its client's refusal.)
+  const bool failed = wait_until([&] { return errors() >= 3 && refused() >= 3; });
   const double seen = errors();
-  const double told =
-      metrics_->value("kvr_http_connections_refused_total", {{"reason", "descriptors"}});
+  const double told = refused();
   for (const int fd : fillers) ::close(fd);
   ::setrlimit(RLIMIT_NOFILE, &saved);
   ASSERT_TRUE(failed) << "the accept loop met no shortage of descriptors";
