@@ -3,8 +3,11 @@
 # a copy of its committed corpus in a temporary folder, so the repository is never written; new
 # inputs a run finds are dropped, crashes are kept in <build dir>/artifacts. See docs/fuzzing.md.
 #   deploy/scripts/fuzz.sh [--runs N] [--time SECONDS] [--corpus-out DIR] [harness...]
-# Defaults: every harness, 100000 executions each (15000 for peer_port_handshake, whose every
-# execution is a TLS handshake over a socket pair, about 300/s), at most 120 s each (CI). `--time 3600` alone
+# Defaults: every harness, 100000 executions each, at most 120 s each (CI); fewer for the harnesses
+# whose executions are slow by nature: peer_port_handshake 15000 (a TLS handshake over a socket
+# pair each, about 300/s), chat_template_source 5000 (a template of kilobytes parsed and rendered
+# twice, some nesting thousands of levels: 120-300/s), chat_request 50000 (a chat template rendered
+# and tokenized, about 1500/s after a few seconds loading three tokenizers). `--time 3600` alone
 # fuzzes each harness for an hour (`--runs 0`: no bound on executions); --corpus-out DIR keeps
 # the grown corpora there (e.g. to minimise and commit new seeds by hand).
 set -euo pipefail
@@ -33,7 +36,8 @@ if [[ -z $runs ]]; then
   if [[ -n $max_time ]]; then runs=0; else runs=100000; fi
 fi
 # The CI budget of the harnesses whose executions are slow by nature.
-declare -A default_runs=([peer_port_handshake]=15000)
+declare -A default_runs=([peer_port_handshake]=15000 [chat_template_source]=5000
+  [chat_request]=50000)
 max_time_given=$max_time
 max_time=${max_time:-120}
 if ((${#harnesses[@]} == 0)); then

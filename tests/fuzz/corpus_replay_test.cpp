@@ -40,6 +40,12 @@ constexpr NamedHarness kHarnesses[] = {
     {"router_policy_yaml", router_policy_yaml},
     {"engine_kv_events", engine_kv_events},
     {"peer_port_handshake", peer_port_handshake},
+    {"openai_request", openai_request},
+    {"epp_request", epp_request},
+    {"engine_answer", engine_answer},
+    {"chat_request", chat_request},
+    {"chat_template_source", chat_template_source},
+    {"tokenizer_bytes", tokenizer_bytes},
 };
 
 const std::filesystem::path kCorpus{KVR_FUZZ_CORPUS_DIR};

@@ -1,14 +1,22 @@
 // Writes the protobuf seeds of tests/fuzz/corpus/ with kvr's own encoders and the generated
 // protobuf classes: one small, valid message per shape a worker or client sends, plus a few that
-// each decoder must refuse. Run from the repository root after changing the wire contract:
+// each decoder must refuse, and the ext_proc streams Envoy sends the endpoint picker. Run from the
+// repository root after changing the wire contract:
 //   build/test/tests/fuzz/kvr_fuzz_seeds tests/fuzz/corpus
 // The msgpack seeds come from make_engine_seeds.py (Python's msgpack), the YAML seeds are the
-// documented router-policy examples.
+// documented router-policy examples; the JSON, template and text seeds are written by hand.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include <google/protobuf/util/delimited_message_util.h>
+
+#include "envoy/ext_proc.pb.h"
 #include "kvr/v1/cluster.pb.h"
 #include "kvr/v1/kv_events.pb.h"
 #include "kvr/v1/routing.pb.h"
@@ -233,6 +241,108 @@ void kv_seeds() {
   write("kv_event_batch", "refused_unknown_tier", unknown_tier);
 }
 
+namespace ext = envoy::service::ext_proc::v3;
+
+// One ext_proc stream: its messages in protobuf's delimited form (epp_request.cpp).
+void write_stream(const std::string& name, const std::vector<ext::ProcessingRequest>& messages) {
+  const std::filesystem::path folder = corpus / "epp_request";
+  std::filesystem::create_directories(folder);
+  std::ofstream out{folder / (name + ".pb"), std::ios::binary};
+  for (const auto& message : messages) {
+    google::protobuf::util::SerializeDelimitedToOstream(message, &out);
+  }
+}
+
+ext::ProcessingRequest request_headers(
+    std::initializer_list<std::pair<std::string, std::string>> headers, bool end_of_stream,
+    std::optional<ext::ProcessingMode::BodySendMode> body_mode) {
+  ext::ProcessingRequest message;
+  if (body_mode) message.mutable_protocol_config()->set_request_body_mode(*body_mode);
+  auto& sent = *message.mutable_request_headers();
+  sent.set_end_of_stream(end_of_stream);
+  bool raw = false;
+  for (const auto& [key, value] : headers) {
+    auto& header = *sent.mutable_headers()->add_headers();
+    header.set_key(key);
+    // Envoy before 1.32 filled value, later ones raw_value: both are read.
+    if (raw) {
+      header.set_raw_value(value);
+    } else {
+      header.set_value(value);
+    }
+    raw = !raw;
+  }
+  return message;
+}
+
+ext::ProcessingRequest request_body(std::string body, bool end_of_stream) {
+  ext::ProcessingRequest message;
+  message.mutable_request_body()->set_body(std::move(body));
+  message.mutable_request_body()->set_end_of_stream(end_of_stream);
+  return message;
+}
+
+ext::ProcessingRequest response_headers(std::string status) {
+  ext::ProcessingRequest message;
+  auto& header = *message.mutable_response_headers()->mutable_headers()->add_headers();
+  header.set_key(":status");
+  header.set_raw_value(std::move(status));
+  return message;
+}
+
+void picker_seeds() {
+  const auto buffered = ext::ProcessingMode::BUFFERED;
+  const auto duplex = ext::ProcessingMode::FULL_DUPLEX_STREAMED;
+  write_stream("buffered_chat",
+               {request_headers({{":method", "POST"},
+                                 {":path", "/v1/chat/completions"},
+                                 {"content-type", "application/json"},
+                                 {"X-Session-Id", "chat-7"},
+                                 {"x-kvr-tenant", "team-a"},
+                                 {"x-kvr-priority", "2"}},
+                                false, buffered),
+                request_body(R"({"model":"qwen3","messages":[{"role":"user","content":"Hello"}],)"
+                             R"("stream":true,"stream_options":{"include_usage":true}})",
+                             true),
+                response_headers("200")});
+  ext::ProcessingRequest trailers;
+  trailers.mutable_request_trailers();
+  write_stream("duplex_completion_chunks",
+               {request_headers({{":method", "POST"},
+                                 {":path", "/v1/completions?stream=1"},
+                                 {"x-kvr-routing-group", "canary"}},
+                                false, duplex),
+                request_body(R"({"model":"m","prompt":[1,22,)", false),
+                request_body(R"(333,4444],"max_tokens":16,"temperature":0.5})", false), trailers,
+                response_headers("503")});
+  write_stream(
+      "deep_tool_parameters",
+      {request_headers({{":method", "POST"}, {":path", "/v1/chat/completions"}}, false, buffered),
+       request_body("%nest 40000\t{\"a\":\t1\t}\n"
+                    R"({"model":"qwen3","messages":[{"role":"user","content":"hi"}],)"
+                    R"("tools":[{"type":"function","function":{"name":"f","parameters":%%}}]})",
+                    true)});
+  write_stream("refused_get", {request_headers({{":method", "GET"}, {":path", "/v1/completions"}},
+                                               false, std::nullopt)});
+  write_stream(
+      "refused_headers_only",
+      {request_headers({{":method", "POST"}, {":path", "/v1/chat/completions"}}, true, buffered)});
+  write_stream("refused_streamed_mode",
+               {request_headers({{":method", "POST"}, {":path", "/v1/chat/completions"}}, false,
+                                ext::ProcessingMode::STREAMED)});
+  ext::ProcessingRequest observed =
+      request_headers({{":path", "/v1/chat/completions"}}, false, buffered);
+  observed.set_observability_mode(true);
+  write_stream("observability_mode", {observed});
+  write_stream("refused_long_session",
+               {request_headers({{":method", "POST"},
+                                 {":path", "/v1/chat/completions"},
+                                 {"x-session-id", std::string(300, 's')},
+                                 {"x-kvr-priority", "-1"}},
+                                false, buffered),
+                request_body(R"({"model":"m","messages":[{"role":"user","content":"x"}]})", true)});
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -249,5 +359,6 @@ int main(int argc, char** argv) {
   load_seeds();
   shard_seeds();
   kv_seeds();
+  picker_seeds();
   return 0;
 }

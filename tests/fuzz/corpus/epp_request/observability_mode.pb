@@ -1,0 +1,4 @@
+)!
+
+
+:path/v1/chat/completionsPZ

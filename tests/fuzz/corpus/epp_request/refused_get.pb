@@ -1,0 +1,6 @@
+.,
+*
+
+:methodGET
+
+:path/v1/completions

@@ -1,0 +1,6 @@
+:4
+0
+
+:methodPOST
+
+:path/v1/chat/completionsZ
