@@ -259,6 +259,10 @@ void carry_out(Self self, std::uint64_t stream_id, LifecycleStep step,
     node_metrics(self).generate_retries().add();
     route_flight(self, stream_id);
   }
+  // A dispatch that failed at once (a generate request above NATS's payload limit, say) ended
+  // the flight through a nested carry_out, which may have forgotten it.
+  flight = find_flight(self, stream_id);
+  if (flight == nullptr) return;
   if (flight->lifecycle.ended() && flight->prefill) {
     // Cancelled or aborted while its prefill hop ran: that worker stops, its booking ends.
     cancel_prefill(self, *flight);

@@ -103,7 +103,8 @@ std::size_t max_scheduler_threads() {
 std::expected<std::shared_ptr<const front_door::NativeTokenizers>, std::string>
 load_native_tokenizers(const std::vector<std::string>& flags,
                        const std::map<std::string, std::string, std::less<>>& from_yaml,
-                       const selection::TokenizerModes& modes) {
+                       const selection::TokenizerModes& modes,
+                       const std::map<std::string, selection::ModelConfig, std::less<>>& models) {
   std::map<std::string, std::string, std::less<>> paths = from_yaml;
   for (const std::string& flag : flags) {
     const std::size_t equals = flag.find('=');
@@ -122,7 +123,13 @@ load_native_tokenizers(const std::vector<std::string>& flags,
   }
   auto native = std::make_shared<front_door::NativeTokenizers>();
   for (const auto& [model, path] : paths) {
-    auto loaded = tokenizer::PromptTokenizer::load(path);
+    const auto config = models.find(model);
+    const bool content_as_text =
+        config != models.end() && config->second.content_special_tokens_as_text;
+    auto loaded = tokenizer::PromptTokenizer::load(path, {},
+                                                   content_as_text
+                                                       ? tokenizer::ContentSpecialTokens::text
+                                                       : tokenizer::ContentSpecialTokens::special);
     if (!loaded) {
       return std::unexpected(fmt::format("--tokenizer {}: {}", model, loaded.error().message));
     }
@@ -206,8 +213,7 @@ int run_node(NodeCommandOptions options) {
   // Every door's connection cap is set below the limit (HttpFrontDoor clamps to it): as high as
   // the process may take it.
   const DescriptorLimit descriptors = raise_descriptor_limit();
-  spdlog::info("kvr node: {} file descriptors (hard limit {})", descriptors.soft,
-               descriptors.hard);
+  spdlog::info("kvr node: {} file descriptors (hard limit {})", descriptors.soft, descriptors.hard);
   if (options.http_port) {
     options.node.http = options.http;
     options.node.http->port = *options.http_port;
@@ -234,7 +240,9 @@ int run_node(NodeCommandOptions options) {
         .max_streams_per_connection = options.epp.max_streams_per_connection,
         .max_open_streams = options.epp.max_open_streams,
         .max_buffered_body_bytes = options.epp.max_buffered_body_bytes,
-        .grpc_memory_bytes = options.epp.grpc_memory_bytes};
+        .grpc_memory_bytes = options.epp.grpc_memory_bytes,
+        .max_json_depth = options.http.max_json_depth,
+        .render_pool = options.http.render_pool};
   }
   auto sharding = parse_partition_shards(options.partition_shards, options.shard_settings);
   if (!sharding) {
@@ -262,7 +270,8 @@ int run_node(NodeCommandOptions options) {
       selection::tokenizer_modes(*tokenizer_mode, plugins->models);
   if (options.node.http) options.node.http->tokenizer_modes = modes;
   if (options.node.epp) options.node.epp->tokenizer_modes = modes;
-  auto native = load_native_tokenizers(options.tokenizers, plugins->tokenizers, modes);
+  auto native =
+      load_native_tokenizers(options.tokenizers, plugins->tokenizers, modes, plugins->models);
   if (!native) {
     spdlog::error("kvr node: {}", native.error());
     return kUsageError;
@@ -674,6 +683,31 @@ void add_node_command(CLI::App& app, int& exit_code) {
                    "render calls to engines at once; beyond it a request is refused with 503")
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{1}, std::size_t{1'000'000}))
+      ->group(http_group);
+  command
+      ->add_option("--max-json-depth", options->http.max_json_depth,
+                   "the deepest a request body may nest (objects and arrays; the body is the "
+                   "first level); deeper bodies are refused with a 400 naming the field (both "
+                   "front doors)")
+      ->capture_default_str()
+      ->group(http_group);
+  command
+      ->add_option("--render-threads", options->http.render_pool.threads,
+                   "threads rendering prompts in the native tokenizer mode, per front door "
+                   "(0: one per core, at most 8)")
+      ->capture_default_str()
+      ->group(http_group);
+  command
+      ->add_option("--render-queue", options->http.render_pool.max_queued,
+                   "native renders that may wait for a render thread; beyond it a request is "
+                   "refused with 503")
+      ->capture_default_str()
+      ->group(http_group);
+  command
+      ->add_option("--render-queue-per-client", options->http.render_pool.max_queued_per_client,
+                   "native renders of one client (its IP address) that may wait; beyond it the "
+                   "client's request is refused with 503 (clients take turns)")
+      ->capture_default_str()
       ->group(http_group);
   const std::string epp_group = "Envoy endpoint picker (ext_proc)";
   command

@@ -6,6 +6,8 @@
 //   models:
 //     llama-3.1-8b:
 //       tokenizer_mode: estimate    # engine, estimate or native (the default: --tokenizer-mode)
+//       content_special_tokens: text  # native mode: `<|im_start|>` in a message is text, not
+//                                     # the token (default: special, as vLLM)
 //       disaggregation:
 //         min_uncached_tokens: 512  # fewer to compute on the best decode worker: decode alone
 //         prefill_queue_check: true # decode alone when the prefill pool is the slower way
@@ -75,6 +77,10 @@ struct ModelConfig {
   std::optional<TokenizerMode> tokenizer_mode;
   /// Unset: DisaggregationConfig's defaults.
   std::optional<DisaggregationConfig> disaggregation;
+  /// `content_special_tokens: text`: in the native mode, special tokens spelled in a chat
+  /// message's content are encoded as text rather than as the tokens (`special`, the default, as
+  /// vLLM and SGLang encode them). On kvr's generate path these ids are what the model runs.
+  bool content_special_tokens_as_text = false;
 };
 
 /// The disaggregation settings of `model` in `models` (the defaults when it has none).

@@ -54,7 +54,8 @@ using classifiers::PolicyClassConfig;
 constexpr std::string_view kTopLevelKeys[] = {
     "worker_selection", "request_classifier", "policy_classes", "worker_health",
     "models",           "tokenizers",         "plugins"};
-constexpr std::string_view kModelKeys[] = {"tokenizer_mode", "disaggregation"};
+constexpr std::string_view kModelKeys[] = {"tokenizer_mode", "disaggregation",
+                                           "content_special_tokens"};
 constexpr std::string_view kDisaggregationKeys[] = {"min_uncached_tokens", "prefill_queue_check",
                                                     "transfer_valid_ms"};
 constexpr std::string_view kWorkerSelectionKeys[] = {"aggregated", "prefill", "decode", "encode",
@@ -524,6 +525,16 @@ class Parser {
           auto disaggregation = parse_disaggregation(field.value, field_path);
           if (!disaggregation) return std::unexpected(std::move(disaggregation.error()));
           settings.disaggregation = *disaggregation;
+          continue;
+        }
+        if (field.key == "content_special_tokens") {
+          auto name = name_value(field.value, field_path, "special or text");
+          if (!name) return std::unexpected(std::move(name.error()));
+          if (*name != "special" && *name != "text") {
+            return fail(field.value, field_path,
+                        fmt::format("'{}' is not one of: special, text", *name));
+          }
+          settings.content_special_tokens_as_text = *name == "text";
           continue;
         }
         auto name = name_value(field.value, field_path, "a tokenizer mode");

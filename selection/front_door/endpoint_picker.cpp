@@ -246,7 +246,8 @@ std::expected<void, std::string> EndpointPickerOptions::validate() const {
     return std::unexpected(
         "--epp-grpc-memory-bytes: at least twice --http-max-body-bytes plus 2 MiB, at most 1 TiB");
   }
-  return {};
+  if (auto depth = tokenizer::validate_max_json_depth(max_json_depth); !depth) return depth;
+  return render_pool.validate();
 }
 
 namespace {
@@ -282,7 +283,8 @@ struct EndpointPicker::State {
         directory(std::move(fleet)),
         metrics(std::move(registry)),
         renderer(options.tokenizer_modes, options.max_renders_in_flight, options.render_timeout,
-                 metrics, options.native_tokenizers) {}
+                 metrics, options.native_tokenizers,
+                 NativeRenderOptions{.pool = options.render_pool}) {}
 
   EndpointPickerOptions options;
   std::shared_ptr<RoutingGateway> gateway;
@@ -652,6 +654,20 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
     return {};
   }
 
+  // Whose turn a render of this stream waits for: the last address of x-forwarded-for (the
+  // downstream client Envoy saw, when its use_remote_address appends it), else Envoy's own
+  // connection.
+  std::string client() const {
+    const std::string_view forwarded = header("x-forwarded-for");
+    if (!forwarded.empty()) {
+      std::string_view last = forwarded.substr(forwarded.rfind(',') + 1);
+      while (!last.empty() && last.front() == ' ') last.remove_prefix(1);
+      while (!last.empty() && last.back() == ' ') last.remove_suffix(1);
+      if (!last.empty()) return std::string{last.substr(0, 64)};
+    }
+    return context_->peer();
+  }
+
   std::expected<RequestMetadata, HttpError> read_metadata() const {
     return read_request_metadata([this](std::string_view name) { return header(name); },
                                  lower(server_.options.session_header));
@@ -672,7 +688,8 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
     phase_ = Phase::routing;
     body_complete_ = std::chrono::steady_clock::now();
     arm_deadline(server_.options.response_timeout);
-    auto parsed = parse_generation_request(endpoint_, body_, server_.renderer.text_use());
+    auto parsed = parse_generation_request(endpoint_, body_, server_.renderer.text_use(),
+                                           server_.options.max_json_depth);
     if (!parsed) return refuse(parsed.error());
     auto metadata = read_metadata();
     if (!metadata) return refuse(metadata.error());
@@ -706,12 +723,14 @@ class PickerStream final : public Reactor, public std::enable_shared_from_this<P
     }
     request_ = std::move(*parsed);
     metadata_ = std::move(*metadata);
-    server_.renderer.render(strand_, request_, body_, std::move(engine_urls),
-                            [self = shared_from_this()](RenderResult key) {
-                              if (self->finishing_) return;
-                              if (!key) return self->refuse(key.error());
-                              self->route(*key);
-                            });
+    server_.renderer.render(
+        strand_, request_, body_, std::move(engine_urls),
+        [self = shared_from_this()](RenderResult key) {
+          if (self->finishing_) return;
+          if (!key) return self->refuse(key.error());
+          self->route(*key);
+        },
+        client());
   }
 
   void route(const RoutingKey& key) {

@@ -24,7 +24,9 @@
 #include "selection/config/model_config.hpp"
 #include "selection/front_door/fleet_directory.hpp"
 #include "selection/front_door/native_tokenizers.hpp"
+#include "selection/front_door/render_pool.hpp"
 #include "selection/front_door/routing_gateway.hpp"
+#include "selection/tokenizer/request_json.hpp"
 
 namespace kvr::front_door {
 
@@ -77,6 +79,13 @@ struct EndpointPickerOptions {
   /// The memory gRPC itself may use for its connections and calls (its ResourceQuota); under
   /// pressure gRPC shrinks its buffers and cancels streams rather than grow.
   std::size_t grpc_memory_bytes = std::size_t{1} << 30;
+  /// The deepest a request body may nest (objects and arrays, the body itself the first level);
+  /// a deeper one is refused with a 400 naming the field, before anything walks it. At most
+  /// tokenizer::kMaxJsonDepthCeiling, what the chat template's own walks allow.
+  int max_json_depth = tokenizer::kDefaultMaxJsonDepth;
+  /// The threads the `native` tokenizer mode renders prompts on, and how many renders may wait
+  /// for them (in all, and of one client: its address).
+  RenderPoolOptions render_pool;
 
   /// Checks ranges; the error names the option.
   std::expected<void, std::string> validate() const;

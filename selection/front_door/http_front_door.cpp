@@ -83,6 +83,12 @@ constexpr std::uint64_t kMaxReadBytes = 64 * 1024;
 
 std::string str(beast::string_view view) { return {view.data(), view.size()}; }
 
+std::string address_of(const tcp::socket& socket) {
+  beast::error_code error;
+  const auto remote = socket.remote_endpoint(error);
+  return error ? std::string{} : remote.address().to_string();
+}
+
 // OpenAI's `n`, the choices asked for each prompt (1 when the body names none); an error when it
 // is not a positive integer. The body is valid JSON here (parse_generation_request read it).
 std::expected<std::uint64_t, HttpError> requested_choices(std::string_view body) {
@@ -114,6 +120,8 @@ std::expected<void, std::string> FrontDoorOptions::validate() const {
   }
   if (session_header.empty()) return std::unexpected("--http-session-header: empty");
   if (max_renders_in_flight == 0) return std::unexpected("--http-max-renders-in-flight: >= 1");
+  if (auto depth = tokenizer::validate_max_json_depth(max_json_depth); !depth) return depth;
+  if (auto pool = render_pool.validate(); !pool) return pool;
   if (max_connections == 0) return std::unexpected("--http-max-connections: >= 1");
   for (const auto timeout : {render_timeout, first_byte_timeout, stall_timeout, idle_timeout,
                              header_timeout, body_timeout, send_timeout}) {
@@ -160,7 +168,8 @@ struct HttpFrontDoor::State {
         metrics(std::move(registry)),
         engine_connections(options.engine_connections),
         renderer(options.tokenizer_modes, options.max_renders_in_flight, options.render_timeout,
-                 metrics, options.native_tokenizers),
+                 metrics, options.native_tokenizers,
+                 NativeRenderOptions{.pool = options.render_pool}),
         io(static_cast<int>(options.threads)),
         acceptor(net::make_strand(io)) {}
 
@@ -313,6 +322,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(HttpFrontDoor::State& server, tcp::socket socket)
       : server_(server),
+        client_address_(address_of(socket)),
         stream_(std::move(socket)),
         deadline_(stream_.get_executor()),
         accepted_(std::chrono::steady_clock::now()) {}
@@ -721,7 +731,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void start_flight(Endpoint endpoint, http::request<http::string_body> request) {
     request_id_ = fmt::format("kvr-{}-{}", server_.id_prefix, server_.next_request.fetch_add(1));
     const std::string_view path = path_of(endpoint);
-    auto parsed = parse_generation_request(endpoint, request.body(), server_.renderer.text_use());
+    auto parsed = parse_generation_request(endpoint, request.body(), server_.renderer.text_use(),
+                                           server_.options.max_json_depth);
     if (!parsed) return respond_error(path, parsed.error());
     auto metadata = read_request_metadata(
         [&request](std::string_view name) -> std::string_view {
@@ -804,14 +815,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     server_.in_flight_gauge.set(static_cast<double>(server_.in_flight.load()));
     watch_client();
     const std::uint64_t epoch = ++epoch_;
-    server_.renderer.render(stream_.get_executor(), flight_->request, flight_->body,
-                            std::move(engine_urls),
-                            [self = shared_from_this(), epoch](RenderResult key) {
-                              if (epoch != self->epoch_ || !self->flight_) return;
-                              if (!key) return self->fail_flight(key.error(), {});
-                              self->flight_->key = std::move(*key);
-                              self->route();
-                            });
+    server_.renderer.render(
+        stream_.get_executor(), flight_->request, flight_->body, std::move(engine_urls),
+        [self = shared_from_this(), epoch](RenderResult key) {
+          if (epoch != self->epoch_ || !self->flight_) return;
+          if (!key) return self->fail_flight(key.error(), {});
+          self->flight_->key = std::move(*key);
+          self->route();
+        },
+        client_address_);
   }
 
   // One read on the client's socket while its request is served: it ends when the client goes.
@@ -1564,6 +1576,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   HttpFrontDoor::State& server_;
+  // The client's IP address: its renders wait their turn behind those of other clients, however
+  // many connections it opens.
+  const std::string client_address_;
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -1854,5 +1869,10 @@ std::size_t HttpFrontDoor::in_flight() const { return state_->in_flight.load(); 
 std::size_t HttpFrontDoor::connections() const { return state_->connection_count.load(); }
 
 std::size_t HttpFrontDoor::max_connections() const { return state_->max_connections; }
+
+std::size_t HttpFrontDoor::idle_connections() const {
+  std::lock_guard lock{state_->connections_mutex};
+  return state_->idle.size();
+}
 
 }  // namespace kvr::front_door

@@ -27,7 +27,9 @@
 #include "selection/front_door/engine_connections.hpp"
 #include "selection/front_door/fleet_directory.hpp"
 #include "selection/front_door/native_tokenizers.hpp"
+#include "selection/front_door/render_pool.hpp"
 #include "selection/front_door/routing_gateway.hpp"
+#include "selection/tokenizer/request_json.hpp"
 
 namespace kvr::front_door {
 
@@ -79,6 +81,13 @@ struct FrontDoorOptions {
   std::size_t max_pending_stream_bytes = std::size_t{1} << 20;
   /// Idle keep-alive connections to each engine, reused by the next requests forwarded to it.
   EngineConnectionsOptions engine_connections;
+  /// The deepest a request body may nest (objects and arrays, the body itself the first level);
+  /// a deeper one is refused with a 400 naming the field, before anything walks it. At most
+  /// tokenizer::kMaxJsonDepthCeiling, what the chat template's own walks allow.
+  int max_json_depth = tokenizer::kDefaultMaxJsonDepth;
+  /// The threads the `native` tokenizer mode renders prompts on, and how many renders may wait
+  /// for them (in all, and of one client: its address).
+  RenderPoolOptions render_pool;
 
   /// Checks ranges; the error names the option.
   std::expected<void, std::string> validate() const;
@@ -105,6 +114,9 @@ class HttpFrontDoor {
   std::size_t connections() const;
   /// The connection cap in force (max_connections, clamped under the descriptor limit).
   std::size_t max_connections() const;
+  /// Open client connections waiting for a request's first byte (those a new client may take the
+  /// slot of at the cap).
+  std::size_t idle_connections() const;
 
   struct State;
 

@@ -4,6 +4,17 @@
 #include <utility>
 
 namespace kvr::front_door {
+
+std::expected<void, std::string> RenderPoolOptions::validate() const {
+  if (threads > 256) return std::unexpected("--render-threads: at most 256");
+  if (max_queued == 0 || max_queued > 1'000'000) {
+    return std::unexpected("--render-queue: between 1 and 1,000,000");
+  }
+  if (max_queued_per_client == 0 || max_queued_per_client > max_queued) {
+    return std::unexpected("--render-queue-per-client: between 1 and --render-queue");
+  }
+  return {};
+}
 namespace {
 
 std::size_t resolved_threads(std::size_t threads) {

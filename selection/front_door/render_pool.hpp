@@ -29,6 +29,9 @@ struct RenderPoolOptions {
   std::size_t max_queued = 256;
   /// Tasks of one client waiting for a thread; more of that client's are refused.
   std::size_t max_queued_per_client = 32;
+
+  /// Checks ranges; the error names the `kvr node` flag.
+  std::expected<void, std::string> validate() const;
 };
 
 /// Why submit refused a task.

@@ -54,7 +54,8 @@ std::optional<Json> parse_arguments(const std::string& text, int allowed) {
 }  // namespace
 
 std::expected<std::shared_ptr<const PromptTokenizer>, TokenizerError> PromptTokenizer::load(
-    const std::filesystem::path& path, const TokenizerOptions& options) {
+    const std::filesystem::path& path, const TokenizerOptions& options,
+    ContentSpecialTokens content_special_tokens) {
   auto tokenizer = Tokenizer::load(path, options);
   if (!tokenizer) return std::unexpected(tokenizer.error());
   std::error_code error;
@@ -79,7 +80,7 @@ std::expected<std::shared_ptr<const PromptTokenizer>, TokenizerError> PromptToke
     templates = std::move(*loaded);
   }
   return std::shared_ptr<const PromptTokenizer>(
-      new PromptTokenizer(std::move(*tokenizer), std::move(templates)));
+      new PromptTokenizer(std::move(*tokenizer), std::move(templates), content_special_tokens));
 }
 
 std::expected<TokenIds, TokenizerError> PromptTokenizer::encode_prompt(std::string_view prompt,
@@ -89,6 +90,9 @@ std::expected<TokenIds, TokenizerError> PromptTokenizer::encode_prompt(std::stri
 
 std::expected<RenderedChat, TokenizerError> PromptTokenizer::encode_chat(
     const chat_template::ChatRequest& chat, std::size_t max_ids) const {
+  if (content_special_tokens_ == ContentSpecialTokens::text) {
+    return encode_chat_spelling_content(chat, max_ids);
+  }
   auto text = chat_templates_.render_chat(chat);
   if (!text) {
     return std::unexpected(TokenizerError{
@@ -97,6 +101,76 @@ std::expected<RenderedChat, TokenizerError> PromptTokenizer::encode_chat(
   auto ids = tokenizer_.encode(*text, false, max_ids);
   if (!ids) return std::unexpected(ids.error());
   return RenderedChat{.text = std::move(*text), .ids = std::move(*ids)};
+}
+
+// Message content goes through the template with each special token's spelling (and any
+// U+E000, the marker's own first character) replaced by a marker: U+E000, the spelling's index,
+// U+E001. The rendered text gets the spellings back, their ranges encoded as text. Whatever the
+// template does with the content (trimming, splitting), a marker only stands for its spelling.
+std::expected<RenderedChat, TokenizerError> PromptTokenizer::encode_chat_spelling_content(
+    const chat_template::ChatRequest& chat, std::size_t max_ids) const {
+  constexpr std::string_view kOpen = "\uE000";
+  constexpr std::string_view kClose = "\uE001";
+  std::vector<std::string> spellings;
+  const auto escape = [&](const std::string& content) {
+    std::vector<ByteRange> spans = tokenizer_.find_special_tokens(content);
+    for (std::size_t at = content.find(kOpen); at != std::string::npos;
+         at = content.find(kOpen, at + kOpen.size())) {
+      spans.push_back({at, at + kOpen.size()});
+    }
+    std::sort(spans.begin(), spans.end(),
+              [](const ByteRange& a, const ByteRange& b) { return a.begin < b.begin; });
+    std::string escaped;
+    std::size_t copied = 0;
+    for (const ByteRange& span : spans) {
+      if (span.begin < copied) continue;
+      escaped.append(content, copied, span.begin - copied);
+      escaped += fmt::format("{}{}{}", kOpen, spellings.size(), kClose);
+      spellings.push_back(content.substr(span.begin, span.end - span.begin));
+      copied = span.end;
+    }
+    escaped.append(content, copied);
+    return escaped;
+  };
+  chat_template::ChatRequest escaped = chat;
+  for (auto& message : escaped.messages) {
+    if (!message.is_object()) continue;
+    if (const auto content = message.find("content");
+        content != message.end() && content->is_string()) {
+      *content = escape(content->get<std::string>());
+    }
+  }
+  auto rendered = chat_templates_.render_chat(escaped);
+  if (!rendered) {
+    return std::unexpected(TokenizerError{fmt::format(
+        "chat template (line {}): {}", rendered.error().line, rendered.error().message)});
+  }
+  std::string text;
+  std::vector<ByteRange> literal;
+  std::size_t copied = 0;
+  for (std::size_t at = rendered->find(kOpen); at != std::string::npos;
+       at = rendered->find(kOpen, at + 1)) {
+    const std::size_t digits = at + kOpen.size();
+    const std::size_t close = rendered->find(kClose, digits);
+    if (close == std::string::npos || close == digits || close - digits > 9) continue;
+    std::size_t index = 0;
+    bool number = true;
+    for (std::size_t i = digits; i < close; ++i) {
+      const char digit = (*rendered)[i];
+      number = number && digit >= '0' && digit <= '9';
+      index = index * 10 + static_cast<std::size_t>(digit - '0');
+    }
+    if (!number || index >= spellings.size()) continue;
+    text.append(*rendered, copied, at - copied);
+    literal.push_back({text.size(), text.size() + spellings[index].size()});
+    text += spellings[index];
+    copied = close + kClose.size();
+    at = close;
+  }
+  text.append(*rendered, copied);
+  auto ids = tokenizer_.encode(text, false, max_ids, literal);
+  if (!ids) return std::unexpected(ids.error());
+  return RenderedChat{.text = std::move(text), .ids = std::move(*ids)};
 }
 
 std::expected<chat_template::ChatRequest, TokenizerError> PromptTokenizer::chat_from_openai(

@@ -3,12 +3,14 @@
 // `kvr tokenize` and `kvr mocker --tokenizer`.
 #pragma once
 
+#include <cstdint>
 #include <expected>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -24,13 +26,24 @@ struct RenderedChat {
   TokenIds ids;
 };
 
+/// What a special token's spelling inside a chat message's content is encoded as.
+enum class ContentSpecialTokens : std::uint8_t {
+  /// That special token, as vLLM and SGLang encode a rendered chat by default: a user who writes
+  /// `<|im_start|>` in a message writes the token.
+  special,
+  /// The text it spells (HuggingFace's split_special_tokens, for message content only): the
+  /// template's own special tokens stay tokens.
+  text,
+};
+
 /// A model's tokenizer.json and tokenizer_config.json (its chat templates and special tokens).
 class PromptTokenizer {
  public:
   /// Loads `path`: a folder holding tokenizer.json and, for chats, tokenizer_config.json, or a
   /// tokenizer.json (completions prompts only). Errors name the file and what is wrong in it.
   static std::expected<std::shared_ptr<const PromptTokenizer>, TokenizerError> load(
-      const std::filesystem::path& path, const TokenizerOptions& options = {});
+      const std::filesystem::path& path, const TokenizerOptions& options = {},
+      ContentSpecialTokens content_special_tokens = ContentSpecialTokens::special);
 
   const Tokenizer& tokenizer() const { return tokenizer_; }
   bool has_chat_template() const { return chat_templates_.has_template(); }
@@ -56,11 +69,19 @@ class PromptTokenizer {
       const nlohmann::ordered_json& body, int max_depth = kDefaultMaxJsonDepth);
 
  private:
-  PromptTokenizer(Tokenizer tokenizer, chat_template::ChatTemplateConfig chat_templates)
-      : tokenizer_(std::move(tokenizer)), chat_templates_(std::move(chat_templates)) {}
+  PromptTokenizer(Tokenizer tokenizer, chat_template::ChatTemplateConfig chat_templates,
+                  ContentSpecialTokens content_special_tokens)
+      : tokenizer_(std::move(tokenizer)),
+        chat_templates_(std::move(chat_templates)),
+        content_special_tokens_(content_special_tokens) {}
+
+  /// encode_chat with special-token spellings in message content encoded as text.
+  std::expected<RenderedChat, TokenizerError> encode_chat_spelling_content(
+      const chat_template::ChatRequest& chat, std::size_t max_ids) const;
 
   Tokenizer tokenizer_;
   chat_template::ChatTemplateConfig chat_templates_;
+  ContentSpecialTokens content_special_tokens_;
 };
 
 }  // namespace kvr::tokenizer

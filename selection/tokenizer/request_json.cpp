@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <expected>
 #include <utility>
@@ -415,6 +417,7 @@ class JsonCheck {
       at_ = at;
       return any;
     };
+    const std::size_t start = at_;
     if (text_[at_] == '-') ++at_;
     if (at_ < text_.size() && text_[at_] == '0') {
       ++at_;
@@ -429,6 +432,15 @@ class JsonCheck {
       ++at_;
       if (at_ < text_.size() && (text_[at_] == '+' || text_[at_] == '-')) ++at_;
       if (!digits()) return invalid("an invalid number");
+    }
+    // Beyond a double's range (1e400) nlohmann, which the native renderer and engine calls use,
+    // refuses the body: so is it here. Only a long number or one with an exponent can be.
+    const std::string_view spelled = text_.substr(start, at_ - start);
+    if (spelled.size() > 300 || spelled.find_first_of("eE") != std::string_view::npos) {
+      const std::string copy{spelled};
+      if (!std::isfinite(std::strtod(copy.c_str(), nullptr))) {
+        return invalid("a number out of range");
+      }
     }
     return true;
   }
@@ -502,6 +514,13 @@ std::string nested_too_deep_message(std::string_view field, int max_depth) {
   return fmt::format(
       "{}: nested deeper than {} levels of objects and arrays (the most a request may nest)",
       field.empty() ? "the body" : field, max_depth);
+}
+
+std::expected<void, std::string> validate_max_json_depth(int max_depth) {
+  if (max_depth < 1 || max_depth > kMaxJsonDepthCeiling) {
+    return std::unexpected(fmt::format("--max-json-depth: between 1 and {}", kMaxJsonDepthCeiling));
+  }
+  return {};
 }
 
 }  // namespace kvr::tokenizer

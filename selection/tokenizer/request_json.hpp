@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <expected>
 #include <optional>
 #include <span>
 #include <string>
@@ -29,6 +30,10 @@ inline constexpr int kDefaultMaxJsonDepth = 128;
 /// The deepest a body may ever be let nest, whatever a setting says: what the chat template
 /// walks (chat_template::kMaxValueDepth).
 inline constexpr int kMaxJsonDepthCeiling = chat_template::kMaxValueDepth;
+
+/// Whether `max_depth` is a depth limit a front door may be given (1 to the ceiling); the error
+/// names the `kvr node` flag.
+std::expected<void, std::string> validate_max_json_depth(int max_depth);
 
 /// Where tool-call arguments sit in a chat body (messages[i].tool_calls[j].function.arguments):
 /// inside this many levels. Arguments given as a JSON string nest this much deeper once parsed.

@@ -332,9 +332,65 @@ std::expected<Tokenizer, TokenizerError> Tokenizer::from_json(std::string_view t
   return Tokenizer{std::move(parts)};
 }
 
+// `segments` of `text` with every special token that overlaps a `literal` range turned into text:
+// joined with the text around it (and the whitespace it stripped) into one segment.
+namespace {
+std::vector<Segment> spell_out(const Tokenizer& tokenizer, std::string_view text,
+                               std::vector<Segment> segments, std::span<const ByteRange> literal) {
+  std::vector<Segment> out;
+  out.reserve(segments.size());
+  std::size_t next_literal = 0;
+  // The text segment being built: [run_begin, run_end) of `text`; none when run_begin == npos.
+  std::size_t run_begin = std::string_view::npos;
+  std::size_t run_end = 0;
+  const auto close_run = [&] {
+    if (run_begin == std::string_view::npos) return;
+    out.push_back({text.substr(run_begin, run_end - run_begin), std::nullopt});
+    run_begin = std::string_view::npos;
+  };
+  for (const Segment& segment : segments) {
+    const auto begin = static_cast<std::size_t>(segment.text.data() - text.data());
+    const std::size_t end = begin + segment.text.size();
+    bool as_text = !segment.token;
+    if (segment.token && tokenizer.is_special(*segment.token)) {
+      while (next_literal < literal.size() && literal[next_literal].end <= begin) ++next_literal;
+      as_text = next_literal < literal.size() && literal[next_literal].begin < end;
+    }
+    if (!as_text) {
+      close_run();
+      out.push_back(segment);
+      continue;
+    }
+    if (run_begin == std::string_view::npos) run_begin = begin;
+    run_end = end;
+  }
+  close_run();
+  return out;
+}
+}  // namespace
+
 std::expected<TokenIds, TokenizerError> Tokenizer::encode(std::string_view text,
                                                           bool add_special_tokens,
                                                           std::size_t max_ids) const {
+  return encode(text, add_special_tokens, max_ids, {});
+}
+
+std::vector<ByteRange> Tokenizer::find_special_tokens(std::string_view text) const {
+  std::vector<ByteRange> found;
+  if (parts_->added.raw_matcher().empty()) return found;
+  std::vector<Segment> segments;
+  parts_->added.raw_matcher().split(text, segments);
+  for (const Segment& segment : segments) {
+    if (!segment.token || !is_special(*segment.token)) continue;
+    const auto begin = static_cast<std::size_t>(segment.text.data() - text.data());
+    found.push_back({begin, begin + segment.text.size()});
+  }
+  return found;
+}
+
+std::expected<TokenIds, TokenizerError> Tokenizer::encode(
+    std::string_view text, bool add_special_tokens, std::size_t max_ids,
+    std::span<const ByteRange> literal) const {
   if (const std::size_t invalid = first_invalid_utf8(text); invalid != text.size()) {
     return std::unexpected(
         TokenizerError{fmt::format("the text is not UTF-8 (byte offset {})", invalid)});
@@ -351,6 +407,7 @@ std::expected<TokenIds, TokenizerError> Tokenizer::encode(std::string_view text,
   } else {
     std::vector<Segment> segments;
     parts_->added.raw_matcher().split(text, segments);
+    if (!literal.empty()) segments = spell_out(*this, text, std::move(segments), literal);
     for (const Segment& segment : segments) {
       if (segment.token) {
         ids.push_back(*segment.token);

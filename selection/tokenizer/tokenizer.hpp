@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "selection/tokenizer/tokenizer_types.hpp"
 
@@ -19,6 +20,12 @@ namespace kvr::tokenizer {
 
 /// No limit on the ids an encoding makes.
 inline constexpr std::size_t kNoIdLimit = std::numeric_limits<std::size_t>::max();
+
+/// Bytes [begin, end) of a text.
+struct ByteRange {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+};
 
 /// How a tokenizer caches: the ids of text between added tokens (a chat turn, a system prompt)
 /// are kept by content, so a long conversation's next turn costs only its new text.
@@ -56,6 +63,16 @@ class Tokenizer {
   /// always encoded whole): the error then has `over_id_limit` set.
   std::expected<TokenIds, TokenizerError> encode(std::string_view text, bool add_special_tokens,
                                                  std::size_t max_ids = kNoIdLimit) const;
+
+  /// As encode, except that a special added token overlapping one of `literal` (byte ranges of
+  /// `text`, in order) is encoded as the text it spells, with the whitespace it would strip:
+  /// HuggingFace's split_special_tokens, for those ranges only.
+  std::expected<TokenIds, TokenizerError> encode(std::string_view text, bool add_special_tokens,
+                                                 std::size_t max_ids,
+                                                 std::span<const ByteRange> literal) const;
+
+  /// Where special added tokens are spelled in `text` (in order; no whitespace they would strip).
+  std::vector<ByteRange> find_special_tokens(std::string_view text) const;
 
   /// The text of `ids`; with `skip_special_tokens`, special added tokens are left out. Bytes
   /// that do not form UTF-8 (a character cut between ids) become U+FFFD.

@@ -8,9 +8,13 @@
 #include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <nlohmann/json.hpp>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
@@ -41,6 +45,49 @@ std::string random_words(std::size_t bytes, std::uint32_t seed) {
     text.push_back(' ');
   }
   return text;
+}
+
+// POSTs `body` to /v1/completions on 127.0.0.1:`port` from the loopback address `source` (the
+// front door tells clients apart by address) and returns the answer's status; 0: no answer.
+int post_from(const std::string& source, std::uint16_t port, const std::string& body) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source.c_str(), &local.sin_addr);
+  sockaddr_in remote{};
+  remote.sin_family = AF_INET;
+  remote.sin_port = htons(port);
+  ::inet_pton(AF_INET, "127.0.0.1", &remote.sin_addr);
+  const timeval bound{.tv_sec = 300, .tv_usec = 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &bound, sizeof bound);
+  std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: kvr\r\nContent-Type: application/json\r\n"
+      "Connection: close\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  std::string answer;
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&local), sizeof local) == 0 &&
+      ::connect(fd, reinterpret_cast<const sockaddr*>(&remote), sizeof remote) == 0) {
+    std::size_t sent = 0;
+    while (sent < request.size()) {
+      const ssize_t wrote = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+      if (wrote <= 0) break;
+      sent += static_cast<std::size_t>(wrote);
+    }
+    char bytes[4096];
+    for (ssize_t got; answer.size() < 12 && (got = ::recv(fd, bytes, sizeof bytes, 0)) > 0;) {
+      answer.append(bytes, static_cast<std::size_t>(got));
+    }
+  }
+  ::close(fd);
+  return answer.starts_with("HTTP/1.1 ") && answer.size() >= 12 ? std::stoi(answer.substr(9, 3))
+                                                                : 0;
+}
+
+std::string huge_completion(std::size_t bytes, std::uint32_t seed) {
+  return Json{{"model", "mock-model"}, {"prompt", random_words(bytes, seed)}, {"max_tokens", 1}}
+      .dump();
 }
 
 class FrontDoorRenderPoolTest : public testing::KvrClusterTest {
@@ -118,6 +165,44 @@ TEST_F(FrontDoorRenderPoolTest, HealthAnswersWhileHugePromptsRender) {
 
   node_.reset();  // ends the huge requests' connections
   for (std::thread& client : clients) client.join();
+}
+
+TEST_F(FrontDoorRenderPoolTest, AClientPastItsRenderQueueIsRefusedWhileAnotherClientIsServed) {
+  const char* tokenizers = testing::bundled_tokenizers_dir();
+  if (tokenizers == nullptr) GTEST_SKIP() << "KVR_TOKENIZERS_DIR is not set";
+  metrics_port_ = free_port();
+  http_port_ = free_port();
+  // One render thread, and one render of each client waiting for it.
+  node_ = kvr_->start_node({.block_size = kBlockSize,
+                            .metrics_port = metrics_port_,
+                            .extra = {"--http-port", std::to_string(http_port_), "--render-threads",
+                                      "1", "--render-queue-per-client", "1", "--tokenizer",
+                                      "mock-model=" + std::string{tokenizers} + "/qwen3"}});
+  ASSERT_TRUE(node_);
+  ASSERT_TRUE(testing::wait_until_healthy(metrics_port_, 20s)) << node_->log();
+  mocker_ = kvr_->start_mocker(
+      {.workers = 2, .worker_id_base = kFirstWorker, .block_size = kBlockSize, .time_scale = "20"});
+  ASSERT_TRUE(mocker_);
+  ASSERT_TRUE(wait_until([&] { return health_status() == 200; }, 20s));
+
+  // Client A (127.0.0.1): one huge prompt renders, the next waits its turn.
+  std::vector<std::thread> first_client;
+  for (std::uint32_t i = 0; i < 2; ++i) {
+    first_client.emplace_back([this, i] {
+      (void)post_from("127.0.0.1", http_port_, huge_completion(std::size_t{2} << 20, i));
+    });
+  }
+  ASSERT_TRUE(wait_until([&] { return node_metric("kvr_native_render_queue") == 1; }, 120s))
+      << "waiting renders: " << node_metric("kvr_native_render_queue");
+  // A third of A's is refused at once; client B (127.0.0.2) still gets its turn.
+  EXPECT_EQ(post_from("127.0.0.1", http_port_, huge_completion(64 << 10, 7)), 503);
+  EXPECT_EQ(node_metric("kvr_native_renders_refused_total{reason=\"client_queue_full\"}"), 1);
+  EXPECT_EQ(post_from("127.0.0.2", http_port_, huge_completion(64 << 10, 8)), 200);
+  EXPECT_EQ(node_metric("kvr_native_renders_refused_total{reason=\"client_queue_full\"}"), 1);
+
+  if (HasFailure()) std::cerr << "---- node log\n" << node_->log();
+  node_.reset();
+  for (std::thread& client : first_client) client.join();
 }
 
 }  // namespace

@@ -252,6 +252,7 @@ TEST(RouterPolicyConfigTest, ParsesEachModelsTokenizerMode) {
   llama-3.1-8b: {tokenizer_mode: estimate}
   "org/qwen:7b":
     tokenizer_mode: engine
+    content_special_tokens: text
   plain:
 )",
                                            "router.yaml");
@@ -260,6 +261,8 @@ TEST(RouterPolicyConfigTest, ParsesEachModelsTokenizerMode) {
   EXPECT_EQ(config->models.at("llama-3.1-8b").tokenizer_mode, TokenizerMode::estimate);
   EXPECT_EQ(config->models.at("org/qwen:7b").tokenizer_mode, TokenizerMode::engine);
   EXPECT_FALSE(config->models.at("plain").tokenizer_mode.has_value());
+  EXPECT_TRUE(config->models.at("org/qwen:7b").content_special_tokens_as_text);
+  EXPECT_FALSE(config->models.at("plain").content_special_tokens_as_text);
 
   // The CLI's default applies to every model the YAML leaves unset.
   const TokenizerModes modes = tokenizer_modes(TokenizerMode::engine, config->models);
@@ -276,11 +279,13 @@ TEST(RouterPolicyConfigTest, RejectsABadModelsSectionNamingTheKey) {
             "of: engine, estimate, native");
   EXPECT_EQ(parse_error("models:\n  llama: {tokenizer: estimate}\n"),
             "router.yaml:2: models.llama.tokenizer: unknown key; allowed: tokenizer_mode, "
-            "disaggregation");
+            "disaggregation, content_special_tokens");
   EXPECT_EQ(parse_error("models:\n  llama: estimate\n"),
             "router.yaml:2: models.llama: expected a mapping with the keys tokenizer_mode, "
-            "disaggregation, got "
-            "'estimate'");
+            "disaggregation, content_special_tokens, got 'estimate'");
+  EXPECT_EQ(parse_error("models:\n  llama: {content_special_tokens: plain}\n"),
+            "router.yaml:2: models.llama.content_special_tokens: 'plain' is not one of: special, "
+            "text");
   EXPECT_EQ(parse_error("models:\n  llama: {}\n  llama: {}\n"),
             "router.yaml:3: models.llama: duplicate model");
   EXPECT_THAT(parse_error("models: [llama]\n"),

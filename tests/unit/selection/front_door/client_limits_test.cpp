@@ -239,9 +239,10 @@ TEST_F(ClientLimitsTest, AtTheCapANewClientTakesTheSlotOfTheConnectionIdleLonges
 TEST_F(ClientLimitsTest, AtTheCapWithNoIdleConnectionANewClientIsAnswered503) {
   start({.max_connections = 1});
   auto busy = connect();
+  ASSERT_TRUE(wait_until([&] { return front_door_->idle_connections() == 1; }));
   // Half a head: the connection is reading a request, not idle.
   net::write(busy, net::buffer(std::string{"POST /v1/completions HTTP/1.1\r\nHo"}));
-  ASSERT_TRUE(wait_until([&] { return front_door_->connections() == 1; }));
+  ASSERT_TRUE(wait_until([&] { return front_door_->idle_connections() == 0; }));
   auto refused = connect();
   std::string received;
   EXPECT_TRUE(closed_by_server(refused, &received));

@@ -298,6 +298,22 @@ TEST(RequestJsonTest, ALoneSurrogateIsA400SayingSoAndNamingItsField) {
   EXPECT_EQ(unread->param, "metadata");
 }
 
+TEST(RequestJsonTest, ANumberBeyondADoublesRangeIsA400LikeNlohmannsRefusal) {
+  const std::string chat = R"({"model":"m","messages":[{"role":"user","content":"hi"}],"x":)";
+  for (const char* number : {"1e400", "-1e4007", "1E+309"}) {
+    const auto error = chat_error(chat + number + "}");
+    ASSERT_TRUE(error) << number;
+    EXPECT_EQ(error->status, 400u);
+    EXPECT_NE(error->message.find("a number out of range"), std::string::npos) << error->message;
+    EXPECT_TRUE(nlohmann::json::parse(chat + number + "}", nullptr, false).is_discarded());
+  }
+  // Within range, however spelled: both take it.
+  for (const char* number : {"1e308", "1e-400", "18446744073709551616", "-0.5E3"}) {
+    EXPECT_EQ(chat_error(chat + number + "}"), std::nullopt) << number;
+    EXPECT_FALSE(nlohmann::json::parse(chat + number + "}", nullptr, false).is_discarded());
+  }
+}
+
 // Each body is a request both readers would take but for what it shows; the front door takes it
 // exactly when nlohmann (the native tokenizer's reader) does.
 TEST(RequestJsonTest, TheFrontDoorAndTheNativeTokenizerTakeTheSameBodies) {
