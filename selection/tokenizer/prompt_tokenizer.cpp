@@ -11,6 +11,17 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
+// `chat` rendered by `templates`; a template's error names its line.
+std::expected<std::string, TokenizerError> render(
+    const chat_template::ChatTemplateConfig& templates, const chat_template::ChatRequest& chat) {
+  auto text = templates.render_chat(chat);
+  if (!text) {
+    return std::unexpected(TokenizerError{
+        fmt::format("chat template (line {}): {}", text.error().line, text.error().message)});
+  }
+  return std::move(*text);
+}
+
 // A message's content as string-format templates expect it: text parts joined with newlines.
 // Parts that are not text (images, audio) have no text to render and stop the conversion.
 std::expected<Json, TokenizerError> string_content(const Json& content, std::size_t index) {
@@ -93,11 +104,8 @@ std::expected<RenderedChat, TokenizerError> PromptTokenizer::encode_chat(
   if (content_special_tokens_ == ContentSpecialTokens::text) {
     return encode_chat_spelling_content(chat, max_ids);
   }
-  auto text = chat_templates_.render_chat(chat);
-  if (!text) {
-    return std::unexpected(TokenizerError{
-        fmt::format("chat template (line {}): {}", text.error().line, text.error().message)});
-  }
+  auto text = render(chat_templates_, chat);
+  if (!text) return std::unexpected(text.error());
   auto ids = tokenizer_.encode(*text, false, max_ids);
   if (!ids) return std::unexpected(ids.error());
   return RenderedChat{.text = std::move(*text), .ids = std::move(*ids)};
@@ -140,11 +148,8 @@ std::expected<RenderedChat, TokenizerError> PromptTokenizer::encode_chat_spellin
       *content = escape(content->get<std::string>());
     }
   }
-  auto rendered = chat_templates_.render_chat(escaped);
-  if (!rendered) {
-    return std::unexpected(TokenizerError{fmt::format(
-        "chat template (line {}): {}", rendered.error().line, rendered.error().message)});
-  }
+  auto rendered = render(chat_templates_, escaped);
+  if (!rendered) return std::unexpected(rendered.error());
   std::string text;
   std::vector<ByteRange> literal;
   std::size_t copied = 0;

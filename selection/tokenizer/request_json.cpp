@@ -12,6 +12,8 @@
 
 #include <fmt/format.h>
 
+#include "selection/tokenizer/utf8.hpp"
+
 namespace kvr::tokenizer {
 namespace {
 
@@ -94,24 +96,6 @@ std::size_t find_string_stop(std::string_view text, std::size_t at) {
     ++at;
   }
   return at;
-}
-
-void append_utf8(std::string& out, unsigned code_point) {
-  if (code_point < 0x80) {
-    out.push_back(static_cast<char>(code_point));
-  } else if (code_point < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (code_point >> 6)));
-    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  } else if (code_point < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (code_point >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((code_point >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (code_point >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((code_point >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((code_point >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  }
 }
 
 // The text of a string the checker has found valid (between its quotes), its escapes resolved.

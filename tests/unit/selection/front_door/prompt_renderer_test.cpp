@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "selection/wire/route_messages.hpp"
+#include "tests/unit/selection/front_door/render_pool_blocker.hpp"
 
 namespace kvr::front_door {
 namespace {
@@ -47,24 +48,7 @@ std::string chat_body(const std::string& content) {
       .dump();
 }
 
-// A task that holds a pool's thread until released.
-class Blocker {
- public:
-  RenderPool::Task task() {
-    return [this](TaskStart start) {
-      if (start == TaskStart::cancelled) return;
-      started_.set_value();
-      release_future_.wait();
-    };
-  }
-  void wait_started() { started_.get_future().wait(); }
-  void release() { release_.set_value(); }
-
- private:
-  std::promise<void> started_;
-  std::promise<void> release_;
-  std::shared_future<void> release_future_ = release_.get_future().share();
-};
+using render_tests::Blocker;
 
 class PromptRendererTest : public ::testing::Test {
  protected:

@@ -15,29 +15,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/unit/selection/front_door/render_pool_blocker.hpp"
+
 namespace kvr::front_door {
 namespace {
 
 using ::testing::ElementsAre;
 
-// A task that holds a worker until released: started() resolves once it runs.
-class Blocker {
- public:
-  RenderPool::Task task() {
-    return [this](TaskStart start) {
-      if (start == TaskStart::cancelled) return;
-      started_.set_value();
-      release_future_.wait();
-    };
-  }
-  void wait_started() { started_.get_future().wait(); }
-  void release() { release_.set_value(); }
-
- private:
-  std::promise<void> started_;
-  std::promise<void> release_;
-  std::shared_future<void> release_future_ = release_.get_future().share();
-};
+using render_tests::Blocker;
 
 // Records the names of the tasks in the order workers ran them.
 class RunOrder {
