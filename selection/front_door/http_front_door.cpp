@@ -19,7 +19,6 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <malloc.h>
-#include <simdjson.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -87,28 +86,6 @@ std::string address_of(const tcp::socket& socket) {
   beast::error_code error;
   const auto remote = socket.remote_endpoint(error);
   return error ? std::string{} : remote.address().to_string();
-}
-
-// OpenAI's `n`, the choices asked for each prompt (1 when the body names none); an error when it
-// is not a positive integer. The body is valid JSON here (parse_generation_request read it).
-std::expected<std::uint64_t, HttpError> requested_choices(std::string_view body) {
-  simdjson::ondemand::parser parser;
-  const simdjson::padded_string padded{body};
-  simdjson::ondemand::document document;
-  simdjson::ondemand::object object;
-  if (parser.iterate(padded).get(document) != simdjson::SUCCESS ||
-      document.get_object().get(object) != simdjson::SUCCESS) {
-    return 1;
-  }
-  simdjson::ondemand::value value;
-  const auto found = object.find_field_unordered("n").get(value);
-  if (found == simdjson::NO_SUCH_FIELD) return 1;
-  std::uint64_t choices = 0;
-  if (found != simdjson::SUCCESS || value.is_null()) return 1;
-  if (value.get_uint64().get(choices) != simdjson::SUCCESS || choices == 0) {
-    return std::unexpected(bad_request("n: a positive integer is required", "n"));
-  }
-  return choices;
 }
 
 }  // namespace
@@ -764,14 +741,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const bool two_hops = disaggregated(target);
     if (two_hops || engine_urls.empty()) {
       // kvr's generate API runs one sequence a request: more choices would be silently lost.
-      const auto choices = requested_choices(request.body());
-      if (!choices) return respond_error(path, choices.error());
-      if (*choices > 1) {
+      const std::uint64_t choices = parsed->choices.value_or(1);
+      if (choices == 0) {
+        return respond_error(path, bad_request("n: a positive integer is required", "n"));
+      }
+      if (choices > 1) {
         return respond_error(
             path, bad_request(fmt::format("n: {} choices were asked for; `{}` is served through "
                                           "kvr's generate API, which answers one choice a "
                                           "request (send n requests, or n: 1)",
-                                          *choices, quote_for_error(parsed->model)),
+                                          choices, quote_for_error(parsed->model)),
                               "n"));
       }
       tokenizer = server_.renderer.native_tokenizer(parsed->model);

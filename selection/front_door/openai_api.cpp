@@ -459,6 +459,9 @@ std::expected<GenerationRequest, HttpError> parse_generation_request(Endpoint en
             name));
       }
       request.max_tokens = static_cast<std::uint32_t>(tokens);
+    } else if (key == "n") {
+      std::uint64_t choices = 0;
+      request.choices = value.get_uint64().get(choices) ? 0 : choices;
     } else if (key == "user") {
       std::string_view user;
       if (value.get_string().get(user)) {

@@ -71,6 +71,9 @@ struct GenerationRequest {
   std::string prompt_text;
   /// stream_options.include_usage: a streamed answer ends with a usage event.
   bool include_usage = false;
+  /// OpenAI's `n`, the choices asked for, when given; 0 when it is not a positive integer (an
+  /// engine judges it; kvr's generate API, which answers one choice, refuses it).
+  std::optional<std::uint64_t> choices;
   /// The sampling parameters the body names (temperature, top_p, top_k, min_p, seed, stop,
   /// stop_token_ids, presence/frequency/repetition_penalty, ignore_eos, min_tokens,
   /// skip_special_tokens), for workers served through kvr's generate API.
