@@ -618,6 +618,10 @@ lifecycle_actor::behavior_type lifecycle_behavior(Self self, LifecycleActorConfi
           return refuse(self, envelope, Error::invalid_request,
                         fmt::format("request '{}' is already being served", request_id));
         }
+        if (auto too_large =
+                too_large_for_workers(envelope.request, state.config.publisher->max_payload())) {
+          return refuse(self, envelope, Error::invalid_request, *too_large);
+        }
         const std::uint64_t stream_id = state.next_stream_id++;
         auto [it, inserted] = state.flights.try_emplace(stream_id, std::move(envelope.request),
                                                         state.config.lifecycle);

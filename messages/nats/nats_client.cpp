@@ -420,6 +420,11 @@ bool NatsClient::connected() const {
   return natsConnection_Status(connection_) == NATS_CONN_STATUS_CONNECTED;
 }
 
+std::size_t NatsClient::max_payload() const {
+  const std::int64_t limit = natsConnection_GetMaxPayload(connection_);
+  return limit > 0 ? static_cast<std::size_t>(limit) : 0;
+}
+
 std::uint64_t NatsClient::reconnects() const {
   return callbacks_->reconnects.load(std::memory_order_relaxed);
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <expected>
 #include <functional>
@@ -127,6 +128,8 @@ class NatsClient {
   std::string new_inbox() const;
   /// True while connected (not while reconnecting or closed).
   bool connected() const;
+  /// The largest message the server accepts (its max_payload), as its last INFO said.
+  std::size_t max_payload() const;
   /// Successful reconnects since connect.
   std::uint64_t reconnects() const;
   /// The nats.c connection, for APIs this class does not wrap (JetStream key-value,

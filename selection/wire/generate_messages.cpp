@@ -68,6 +68,23 @@ v1::GenerateRequest encode_worker_generate_request(const GenerateRequestData& re
   return dispatched;
 }
 
+std::optional<std::string> too_large_for_workers(const GenerateRequestData& request,
+                                                 std::size_t max_payload) {
+  if (max_payload == 0) return std::nullopt;
+  const std::size_t limit = max_payload > kWorkerRequestHeadroom
+                                ? max_payload - kWorkerRequestHeadroom
+                                : std::size_t{0};
+  const std::size_t size = request.wire.ByteSizeLong();
+  if (size <= limit) return std::nullopt;
+  const auto ids = static_cast<std::size_t>(request.wire.route().tokens().ids_size());
+  const std::size_t tokens_that_fit = ids == 0 ? 0 : ids * limit / size;
+  return fmt::format(
+      "the request is {} bytes; a worker can be sent at most {} over NATS (the server's "
+      "max_payload {} less {} for the node's own fields), about {} prompt tokens: shorten the "
+      "prompt, raise nats-server's max_payload, or give the workers an HTTP URL",
+      size, limit, max_payload, kWorkerRequestHeadroom, tokens_that_fit);
+}
+
 StreamChunk decode_stream_chunk(const v1::GenerateChunk& chunk) {
   StreamChunk plain;
   plain.worker = WorkerWithDpRank{chunk.worker_id(), chunk.dp_rank()};

@@ -4,6 +4,7 @@
 // its callback) and the lifecycle actor; unit-tested without CAF.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <expected>
 #include <optional>
@@ -46,6 +47,17 @@ std::expected<GenerateRequestData, RouteFailure> decode_generate_request(
 
 /// The largest kv_transfer_params accepted from a client or a prefill worker, in bytes.
 inline constexpr std::size_t kMaxKvTransferParamsBytes = 64 * 1024;
+
+/// What a worker's copy of a request may add to the client's: the node's stream subject, the
+/// rank, a hop's output tokens and a decode hop's kv_transfer_params.
+inline constexpr std::size_t kWorkerRequestHeadroom = kMaxKvTransferParamsBytes + 1024;
+
+/// Why `request` cannot be sent to a worker when a message is at most `max_payload` bytes (NATS's
+/// max_payload; 0: no limit), naming the limit and about how many prompt tokens fit; nullopt
+/// when it can. Checked before routing, so that such a request is refused up front rather than
+/// failing at dispatch (where it would be taken for the worker's fault).
+std::optional<std::string> too_large_for_workers(const GenerateRequestData& request,
+                                                 std::size_t max_payload);
 
 /// What the node asks of a prefill worker (vLLM's NIXL exchange): prefill, keep the KV for a
 /// decode worker to pull, and answer with where it is.

@@ -532,6 +532,8 @@ bool NatsBridge::publish(std::string_view subject, std::string_view data) {
   return sent.has_value();
 }
 
+std::size_t NatsBridge::max_payload() const { return client_->max_payload(); }
+
 bool NatsBridge::publish_deferred(std::string_view subject, std::string_view data) {
   auto sent = client_->publish_deferred(subject, data);
   if (!sent) log_->warn("publish", fmt::format("kvr node: {}", sent.error()));

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <expected>
 #include <functional>
@@ -46,6 +47,8 @@ class RouterPublisher {
   }
   /// Sends every message published deferred so far.
   virtual void flush_deferred() {}
+  /// The largest message publish() can send; 0: no limit known.
+  virtual std::size_t max_payload() const { return 0; }
   /// Asks one worker rank for a KV dump on its dump subject; the reply reaches the kv_dump sink.
   virtual bool request_dump(std::string_view dump_subject, WorkerWithDpRank worker) = 0;
   /// Asks every worker to register again (subjects::worker_discover).
@@ -133,6 +136,7 @@ class NatsBridge final : public RouterPublisher, public WorkerFeed {
   void stop_intake();
 
   bool publish(std::string_view subject, std::string_view data) override;
+  std::size_t max_payload() const override;
   bool publish_deferred(std::string_view subject, std::string_view data) override;
   void flush_deferred() override;
   bool request_dump(std::string_view dump_subject, WorkerWithDpRank worker) override;

@@ -1,5 +1,6 @@
 #include "selection/wire/generate_messages.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 namespace kvr {
@@ -49,6 +50,24 @@ TEST(GenerateMessagesTest, RefusesMissingStreamSubjectOutputTokensAndBadRoutes) 
   auto query = decode_generate_request(wire);
   ASSERT_FALSE(query);
   EXPECT_NE(query.error().message.find("query_only"), std::string::npos);
+}
+
+TEST(GenerateMessagesTest, ARequestAWorkerCannotBeSentIsNamedWithTheLimitAndWhatFits) {
+  auto decoded = decode_generate_request(generate_request(400'000, 8));
+  ASSERT_TRUE(decoded) << decoded.error().message;
+  const std::size_t size = decoded->wire.ByteSizeLong();
+  EXPECT_FALSE(too_large_for_workers(*decoded, 0));  // no limit known
+  EXPECT_FALSE(too_large_for_workers(*decoded, size + kWorkerRequestHeadroom));
+  // NATS's default max_payload: 1 MiB.
+  const auto refused = too_large_for_workers(*decoded, 1 << 20);
+  ASSERT_TRUE(refused);
+  EXPECT_NE(refused->find(std::to_string(size) + " bytes"), std::string::npos) << *refused;
+  EXPECT_NE(refused->find("max_payload 1048576"), std::string::npos) << *refused;
+  // Ids 0..399,999 take 1-3 bytes each (about 1.1 MiB): about 340,000 of them fit.
+  const std::size_t fit = 400'000 * ((1 << 20) - kWorkerRequestHeadroom) / size;
+  EXPECT_NE(refused->find(fmt::format("about {} prompt tokens", fit)), std::string::npos)
+      << *refused;
+  EXPECT_TRUE(too_large_for_workers(*decoded, size + kWorkerRequestHeadroom - 1));
 }
 
 TEST(GenerateMessagesTest, AnActorStreamNeedsNoStreamSubject) {
