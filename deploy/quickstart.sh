@@ -18,7 +18,7 @@ jobs=${KVR_BUILD_JOBS:-$(nproc)}
 "$root/deploy/install_deps.sh"
 
 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DKVR_BUILD_TESTS=OFF -DKVR_BUILD_BENCHMARKS=OFF >/dev/null
+  -DKVR_BUILD_TESTS=OFF -DKVR_BUILD_BENCHMARKS=OFF -DCMAKE_UNITY_BUILD=ON >/dev/null
 cmake --build "$build_dir" --target kvr -j "$jobs"
 kvr="$build_dir/deploy/cli/kvr"
 mkdir -p "$out_dir"

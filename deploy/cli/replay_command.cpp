@@ -18,7 +18,7 @@
 namespace kvr::cli {
 namespace {
 
-constexpr std::string_view kCommand = "kvr replay";
+constexpr std::string_view kReplayCommand = "kvr replay";
 
 struct ReplayCommandOptions {
   ReplayOutputOptions output;
@@ -53,35 +53,35 @@ std::vector<std::string> split_names(const std::string& text) {
 }
 
 int run_replay(const ReplayCommandOptions& options) {
-  auto trace = load_trace(kCommand, options.output);
+  auto trace = load_trace(kReplayCommand, options.output);
   if (!trace) return kUsageError;
   plugins::RouterPluginRegistry registry;
   if (auto registered = selection::register_builtin_policies(registry); !registered) {
-    std::cerr << kCommand << ": " << registered.error().message() << '\n';
+    std::cerr << kReplayCommand << ": " << registered.error().message() << '\n';
     return kUsageError;
   }
   selection::RouterPolicyConfig base_config;
   if (!options.router_policy_config.empty()) {
     auto loaded = selection::load_router_policy_config(options.router_policy_config);
     if (!loaded) {
-      std::cerr << kCommand << ": " << loaded.error() << '\n';
+      std::cerr << kReplayCommand << ": " << loaded.error() << '\n';
       return kUsageError;
     }
     base_config = std::move(*loaded);
   }
   // Before --policies is resolved: it may name a plugin's types.
   if (auto loaded = plugins::load_plugins(options.plugin_paths, registry); !loaded) {
-    std::cerr << kCommand << ": --plugin: " << loaded.error() << '\n';
+    std::cerr << kReplayCommand << ": --plugin: " << loaded.error() << '\n';
     return kUsageError;
   }
   if (auto loaded = plugins::load_plugins(base_config.plugins, registry); !loaded) {
-    std::cerr << kCommand << ": --router-policy-config: plugins: " << loaded.error() << '\n';
+    std::cerr << kReplayCommand << ": --router-policy-config: plugins: " << loaded.error() << '\n';
     return kUsageError;
   }
   // Replay runs the request classifier and the policy-class queue, so nothing is left unapplied.
   const std::vector<std::string> names = split_names(options.policies);
   if (names.empty()) {
-    std::cerr << kCommand << ": --policies names no policy\n";
+    std::cerr << kReplayCommand << ": --policies names no policy\n";
     return kUsageError;
   }
   // Every name is resolved before anything runs, so a typo stops the run at once.
@@ -106,7 +106,8 @@ int run_replay(const ReplayCommandOptions& options) {
     }
     auto plugins = registry.resolve_plugins(config);
     if (!plugins) {
-      std::cerr << kCommand << ": --policies " << name << ": " << plugins.error().message() << '\n';
+      std::cerr << kReplayCommand << ": --policies " << name << ": " << plugins.error().message()
+                << '\n';
       return kUsageError;
     }
     resolved.push_back(std::move(*plugins));
@@ -116,7 +117,7 @@ int run_replay(const ReplayCommandOptions& options) {
   if (!options.tenants.empty()) {
     auto weights = replay::parse_tenant_weights(options.tenants);
     if (!weights) {
-      std::cerr << kCommand << ": --tenants: " << weights.error() << '\n';
+      std::cerr << kReplayCommand << ": --tenants: " << weights.error() << '\n';
       return kUsageError;
     }
     tenants = replay::assign_tenants(*weights, trace->size(), options.replay.seed);
@@ -125,7 +126,7 @@ int run_replay(const ReplayCommandOptions& options) {
     // The tenant's own requests at their own arrival times: the baseline of it running alone.
     const auto chosen = std::ranges::find(tenants.names, options.only_tenant);
     if (chosen == tenants.names.end()) {
-      std::cerr << kCommand << ": --only-tenant: '" << options.only_tenant
+      std::cerr << kReplayCommand << ": --only-tenant: '" << options.only_tenant
                 << "' is not one of the --tenants\n";
       return kUsageError;
     }
@@ -179,8 +180,9 @@ int run_replay(const ReplayCommandOptions& options) {
   }
 
   std::cout << simulation::format_table(report);
-  if (!write_decisions(kCommand, options.output, decisions)) return 1;
-  return write_report(kCommand, options.output, report, simulation::to_json(report), "not routed");
+  if (!write_decisions(kReplayCommand, options.output, decisions)) return 1;
+  return write_report(kReplayCommand, options.output, report, simulation::to_json(report),
+                      "not routed");
 }
 
 }  // namespace
@@ -284,20 +286,20 @@ void add_replay_command(CLI::App& app, int& exit_code) {
   add_engine_options(*command, options->replay.engine);
   command->callback([options, &exit_code] {
     if (auto valid = options->replay.engine.validate(); !valid) {
-      std::cerr << kCommand << ": " << valid.error().message() << '\n';
+      std::cerr << kReplayCommand << ": " << valid.error().message() << '\n';
       exit_code = kUsageError;
       return;
     }
     if (auto valid =
             check_simulated_blocks(options->replay.workers, options->replay.engine, "--workers");
         !valid) {
-      std::cerr << kCommand << ": " << valid.error() << '\n';
+      std::cerr << kReplayCommand << ": " << valid.error() << '\n';
       exit_code = kUsageError;
       return;
     }
     if (options->replay.prefill_workers > 0 &&
         options->replay.prefill_workers >= options->replay.workers) {
-      std::cerr << kCommand << ": --prefill-workers: must leave at least one of the "
+      std::cerr << kReplayCommand << ": --prefill-workers: must leave at least one of the "
                 << options->replay.workers << " --workers for decode\n";
       exit_code = kUsageError;
       return;
@@ -307,7 +309,8 @@ void add_replay_command(CLI::App& app, int& exit_code) {
       if (auto valid = classifiers::validate_policy_class(
               classifiers::default_policy_class(*options->queue_threshold));
           !valid) {
-        std::cerr << kCommand << ": --router-queue-threshold: " << valid.error().message << '\n';
+        std::cerr << kReplayCommand << ": --router-queue-threshold: " << valid.error().message
+                  << '\n';
         exit_code = kUsageError;
         return;
       }

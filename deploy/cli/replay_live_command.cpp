@@ -16,7 +16,7 @@
 namespace kvr::cli {
 namespace {
 
-constexpr std::string_view kCommand = "kvr replay-live";
+constexpr std::string_view kReplayLiveCommand = "kvr replay-live";
 
 struct ReplayLiveCommandOptions {
   ReplayOutputOptions output;
@@ -89,18 +89,18 @@ int run_openai_replay(const ReplayLiveCommandOptions& options,
   }
   report.policies.push_back(result.report);
   std::cout << live_table(report) << replay::format_openai_summary(result);
-  if (!write_decisions(kCommand, options.output,
+  if (!write_decisions(kReplayLiveCommand, options.output,
                        {PolicyDecisions{result.report.policy, std::move(result.outcomes)}})) {
     return 1;
   }
-  const int written =
-      write_report(kCommand, options.output, report, simulation::to_json(report), "failed");
+  const int written = write_report(kReplayLiveCommand, options.output, report,
+                                   simulation::to_json(report), "failed");
   if (written != 0) return written;
   return result.report.failed == 0 ? 0 : 1;
 }
 
 int run_live_replay(const ReplayLiveCommandOptions& options) {
-  auto trace = load_trace(kCommand, options.output);
+  auto trace = load_trace(kReplayLiveCommand, options.output);
   if (!trace) return kUsageError;
   if (!options.openai_urls.empty()) return run_openai_replay(options, *trace);
   replay::LiveReplayOptions live_options = options.live;
@@ -113,7 +113,7 @@ int run_live_replay(const ReplayLiveCommandOptions& options) {
   live_options.on_progress = [&progress](std::size_t done) { progress.update(0, done); };
   auto live = replay::LiveReplay::connect(live_options);
   if (!live) {
-    std::cerr << kCommand << ": " << live.error() << '\n';
+    std::cerr << kReplayLiveCommand << ": " << live.error() << '\n';
     return kUsageError;
   }
   if (!options.output.quiet) {
@@ -144,11 +144,11 @@ int run_live_replay(const ReplayLiveCommandOptions& options) {
   report.policies.push_back(result.report);
 
   std::cout << live_table(report) << replay::format_live_summary(result);
-  if (!write_decisions(kCommand, options.output,
+  if (!write_decisions(kReplayLiveCommand, options.output,
                        {PolicyDecisions{result.report.policy, std::move(result.outcomes)}})) {
     return 1;
   }
-  const int written = write_report(kCommand, options.output, report,
+  const int written = write_report(kReplayLiveCommand, options.output, report,
                                    replay::live_report_json(report, result), "failed");
   if (written != 0) return written;
   // The report is out either way; a failed request makes the run fail.

@@ -29,9 +29,6 @@ using simulation::EngineRequest;
 using simulation::EngineRequestId;
 using simulation::StepResult;
 
-// Hard bounds on what one generate request may ask for; beyond them it is rejected as absurd.
-constexpr std::size_t kMaxPromptTokens = 1 << 22;
-constexpr std::uint32_t kMaxOutputTokens = 1 << 20;
 // GenerateRequest.kv_transfer_params' documented bound.
 constexpr std::size_t kMaxKvTransferParamsBytes = 64 * 1024;
 
@@ -233,7 +230,7 @@ struct MockerFleet::State {
     }
     // A prefill hop makes one token whatever it asks for.
     if (remote_decode) output_tokens = 1;
-    if (output_tokens == 0 || output_tokens > kMaxOutputTokens) {
+    if (output_tokens == 0 || output_tokens > simulation::kMaxOutputTokens) {
       reject_generate(stream_subject, route.request_id(), worker.id,
                       "max_output_tokens must be in [1, 1048576]");
       return;
@@ -244,7 +241,7 @@ struct MockerFleet::State {
                                  .remote_blocks = kv_transfer->remote_blocks};
     if (route.has_tokens()) {
       const auto& ids = route.tokens().ids();
-      if (ids.empty() || static_cast<std::size_t>(ids.size()) > kMaxPromptTokens) {
+      if (ids.empty() || static_cast<std::size_t>(ids.size()) > simulation::kMaxPromptTokens) {
         reject_generate(stream_subject, route.request_id(), worker.id, "prompt is empty or absurd");
         return;
       }
@@ -256,7 +253,8 @@ struct MockerFleet::State {
       const auto& hashes = route.block_hashes();
       engine_request.prompt_tokens = hashes.prompt_tokens();
       engine_request.block_hashes.assign(hashes.hashes().begin(), hashes.hashes().end());
-      if (engine_request.prompt_tokens == 0 || engine_request.prompt_tokens > kMaxPromptTokens) {
+      if (engine_request.prompt_tokens == 0 ||
+          engine_request.prompt_tokens > simulation::kMaxPromptTokens) {
         reject_generate(stream_subject, route.request_id(), worker.id,
                         "prompt_tokens is 0 or absurd");
         return;

@@ -37,8 +37,6 @@ using simulation::StepResult;
 
 // An odd multiplier: a bijection of 64-bit values, so engine hashes differ from kvr's.
 constexpr std::uint64_t kEngineHashMultiplier = 0x9E3779B97F4A7C15ULL;
-constexpr std::size_t kMaxPromptTokens = 1 << 22;
-constexpr std::uint32_t kMaxOutputTokens = 1 << 20;
 // The ids the engine generates: the mock tokenizer's words.
 constexpr std::uint32_t kWordTokens = kVocabSize - kFirstWordToken;
 
@@ -88,7 +86,7 @@ struct AddItem {
 struct AbortItem {
   EngineRequestId id = 0;
 };
-using InboxItem = std::variant<AddItem, AbortItem>;
+using EngineInboxItem = std::variant<AddItem, AbortItem>;
 
 // A block's tokens, for the BlockStored events that must carry them.
 struct BlockTokens {
@@ -209,7 +207,7 @@ struct VllmEngineServer::State {
 
   std::mutex inbox_mutex;
   std::condition_variable inbox_signal;
-  std::deque<InboxItem> inbox;
+  std::deque<EngineInboxItem> inbox;
   bool engine_done = false;  // guarded by inbox_mutex
   std::atomic<EngineRequestId> next_request_id{1};
   std::atomic<std::uint64_t> next_render_id{1};
@@ -232,7 +230,7 @@ struct VllmEngineServer::State {
   }
 
   // False once the engine thread has ended: nobody would answer.
-  bool enqueue(InboxItem item) {
+  bool enqueue(EngineInboxItem item) {
     {
       std::lock_guard lock{inbox_mutex};
       if (engine_done) return false;
@@ -563,13 +561,13 @@ struct VllmEngineServer::State {
   }
 
   void run_engine() {
-    std::deque<InboxItem> batch;
+    std::deque<EngineInboxItem> batch;
     while (!stopping) {
       {
         std::lock_guard lock{inbox_mutex};
         batch.swap(inbox);
       }
-      for (InboxItem& item : batch) {
+      for (EngineInboxItem& item : batch) {
         if (auto* add_item = std::get_if<AddItem>(&item)) {
           add(*add_item);
         } else {
@@ -599,7 +597,7 @@ struct VllmEngineServer::State {
     for (auto& [id, request] : live) close(*request.channel);
     std::lock_guard lock{inbox_mutex};
     engine_done = true;
-    for (InboxItem& item : inbox) {
+    for (EngineInboxItem& item : inbox) {
       if (auto* add_item = std::get_if<AddItem>(&item)) close(*add_item->channel);
     }
     inbox.clear();
@@ -758,7 +756,7 @@ struct VllmEngineServer::State {
       }
     }
     if (const auto min = body.find("min_tokens"); min != body.end() && !min->is_null()) {
-      if (!min->is_number_unsigned() || min->get<std::uint64_t>() > kMaxOutputTokens) {
+      if (!min->is_number_unsigned() || min->get<std::uint64_t>() > simulation::kMaxOutputTokens) {
         return std::unexpected("min_tokens must be in [0, 1048576]");
       }
       sampling.min_tokens = min->get<std::uint32_t>();
@@ -853,7 +851,7 @@ struct VllmEngineServer::State {
           "prompt must be a text, a list of unsigned 32-bit token ids, or a list of either"));
     }
     for (const auto& ids : prompts) {
-      if (ids.empty() || ids.size() > kMaxPromptTokens) {
+      if (ids.empty() || ids.size() > simulation::kMaxPromptTokens) {
         return std::unexpected(bad_request("a prompt must have 1 to 4194304 tokens"));
       }
     }
@@ -870,7 +868,7 @@ struct VllmEngineServer::State {
       if (!chat) return std::unexpected(bad_request(chat.error().message));
       auto rendered = options.tokenizer->encode_chat(*chat);
       if (!rendered) return std::unexpected(bad_request(rendered.error().message));
-      if (rendered->ids.empty() || rendered->ids.size() > kMaxPromptTokens) {
+      if (rendered->ids.empty() || rendered->ids.size() > simulation::kMaxPromptTokens) {
         return std::unexpected(bad_request("a prompt must have 1 to 4194304 tokens"));
       }
       return std::move(rendered->ids);
@@ -921,7 +919,7 @@ struct VllmEngineServer::State {
     }
     std::vector<std::uint32_t> ids = render_chat(chat, *generation_prompt);
     if (*add_bos) ids.insert(ids.begin(), kBosToken);
-    if (ids.size() > kMaxPromptTokens) {
+    if (ids.size() > simulation::kMaxPromptTokens) {
       return std::unexpected(bad_request("a prompt must have 1 to 4194304 tokens"));
     }
     return ids;
@@ -942,7 +940,7 @@ struct VllmEngineServer::State {
     const nlohmann::json max_tokens =
         max_tokens_field ? *max_tokens_field : nlohmann::json(std::uint64_t{16});
     if (!max_tokens.is_number_unsigned() || max_tokens.get<std::uint64_t>() == 0 ||
-        max_tokens.get<std::uint64_t>() > kMaxOutputTokens) {
+        max_tokens.get<std::uint64_t>() > simulation::kMaxOutputTokens) {
       return std::unexpected(bad_request("max_tokens must be in [1, 1048576]"));
     }
     generation.max_tokens = max_tokens.get<std::uint32_t>();

@@ -58,9 +58,7 @@ struct LiveRequest {
   std::uint64_t output_tokens = 0;
 };
 
-double ms_between(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double, std::milli>(to - from).count();
-}
+using simulation::ms_between;
 
 std::string random_run_id() {
   std::random_device entropy;

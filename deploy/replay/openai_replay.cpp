@@ -30,9 +30,7 @@ using tcp = net::ip::tcp;
 using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-double ms_between(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double, std::milli>(to - from).count();
-}
+using simulation::ms_between;
 
 // One base URL, split and resolved once (as a client with a DNS cache would).
 struct Target {

@@ -56,6 +56,7 @@ if command -v ccache >/dev/null; then
 fi
 build_start=$SECONDS
 cmake -S "$root" -B "$build_dir" -G Ninja -DKVR_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_UNITY_BUILD=ON \
   -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_C_COMPILER="$cc" "${launcher[@]}" >/dev/null
 cmake --build "$build_dir" -j "$jobs"
 echo "kvr fuzz: harnesses built in $((SECONDS - build_start)) s"

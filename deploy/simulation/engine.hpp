@@ -29,6 +29,11 @@ namespace kvr::simulation {
 /// number standing in for the request's string id); unique among the engine's live requests.
 using EngineRequestId = std::uint64_t;
 
+/// Hard bounds on what one request may ask of a simulated engine (the mocker's fleet and its
+/// vLLM-compatible server); beyond them it is refused as absurd.
+inline constexpr std::size_t kMaxPromptTokens = 1 << 22;
+inline constexpr std::uint32_t kMaxOutputTokens = 1 << 20;
+
 /// A request's part in disaggregated serving, named after vLLM's kv_transfer_params.
 enum class KvTransfer : std::uint8_t {
   /// An ordinary request: prefilled and decoded here.

@@ -3,6 +3,7 @@
 // by `kvr replay` (offline and live).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -13,6 +14,12 @@
 #include "messages/metrics/hit_rate_ladder.hpp"
 
 namespace kvr::simulation {
+
+/// Milliseconds from one steady-clock instant to another: the unit of every time in a report.
+inline double ms_between(std::chrono::steady_clock::time_point from,
+                         std::chrono::steady_clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
 
 /// Mean and percentiles of one latency, in milliseconds.
 struct LatencySummary {

@@ -16,7 +16,7 @@ std::uint64_t plus_change(std::uint64_t reported, std::int64_t change) {
 }
 
 // Prompt blocks are looked up this many positions ahead, so that the ledger's misses overlap.
-constexpr std::size_t kPrefetchDistance = 8;
+constexpr std::size_t kLedgerPrefetchDistance = 8;
 // A shared block's holder list is fetched this many positions ahead: its slot is in cache by
 // then, and the list is a second, separate miss.
 constexpr std::size_t kListPrefetchDistance = 4;
@@ -98,8 +98,8 @@ std::expected<void, LoadError> PredictedLoad::book(BookingRequest request) {
   // A block shared with requests already active on the rank is counted once.
   const std::span<const BlockHash> blocks = request.prompt_blocks;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    if (i + kPrefetchDistance < blocks.size())
-      active_blocks_.prefetch(blocks[i + kPrefetchDistance]);
+    if (i + kLedgerPrefetchDistance < blocks.size())
+      active_blocks_.prefetch(blocks[i + kLedgerPrefetchDistance]);
     if (activate(blocks[i], state.slot)) {
       ++state.view.booked_blocks;
       ++state.view.blocks_since_report;
@@ -164,8 +164,8 @@ void PredictedLoad::release_booking(
   --rank.view.requests_since_report;
   const std::span<const BlockHash> blocks = state.prompt_blocks;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    if (i + kPrefetchDistance < blocks.size())
-      active_blocks_.prefetch(blocks[i + kPrefetchDistance]);
+    if (i + kLedgerPrefetchDistance < blocks.size())
+      active_blocks_.prefetch(blocks[i + kLedgerPrefetchDistance]);
     if (i + kListPrefetchDistance < blocks.size()) {
       prefetch_holders(blocks[i + kListPrefetchDistance]);
     }
@@ -278,8 +278,8 @@ void PredictedLoad::prepare(std::span<const BlockHash> prompt_blocks,
   // block move on, so the others keep the depth they reached. Marks instead of a merge of sorted
   // lists: holder lists are long when many open bookings share a prefix.
   for (std::size_t depth = 0; depth < prompt_blocks.size(); ++depth) {
-    if (depth + kPrefetchDistance < prompt_blocks.size()) {
-      active_blocks_.prefetch(prompt_blocks[depth + kPrefetchDistance]);
+    if (depth + kLedgerPrefetchDistance < prompt_blocks.size()) {
+      active_blocks_.prefetch(prompt_blocks[depth + kLedgerPrefetchDistance]);
     }
     if (depth + kListPrefetchDistance < prompt_blocks.size()) {
       prefetch_holders(prompt_blocks[depth + kListPrefetchDistance]);

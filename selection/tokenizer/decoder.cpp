@@ -9,6 +9,7 @@
 #include "selection/tokenizer/utf8.hpp"
 
 namespace kvr::tokenizer {
+namespace decoders {
 namespace {
 
 // Byte-level spellings are raw bytes already (respelt at load): joining them and repairing
@@ -168,31 +169,33 @@ class Sequence final : public Decoder {
 TokenizerError error(const std::string& what) { return TokenizerError{"decoder " + what}; }
 
 }  // namespace
+}  // namespace decoders
 
 std::expected<std::unique_ptr<Decoder>, TokenizerError> make_decoder(const nlohmann::json& spec) {
   if (spec.is_null()) return nullptr;
   if (!spec.is_object() || !spec.contains("type") || !spec["type"].is_string()) {
-    return std::unexpected(error(": an object with a \"type\" is expected"));
+    return std::unexpected(decoders::error(": an object with a \"type\" is expected"));
   }
   const std::string type = spec["type"].get<std::string>();
-  if (type == "ByteLevel") return std::make_unique<ByteLevel>();
-  if (type == "ByteFallback") return std::make_unique<ByteFallback>();
-  if (type == "Fuse") return std::make_unique<Fuse>();
+  if (type == "ByteLevel") return std::make_unique<decoders::ByteLevel>();
+  if (type == "ByteFallback") return std::make_unique<decoders::ByteFallback>();
+  if (type == "Fuse") return std::make_unique<decoders::Fuse>();
   if (type == "Strip") {
-    return std::make_unique<Strip>(spec.value("content", std::string{" "}),
-                                   spec.value("start", std::size_t{0}),
-                                   spec.value("stop", std::size_t{0}));
+    return std::make_unique<decoders::Strip>(spec.value("content", std::string{" "}),
+                                             spec.value("start", std::size_t{0}),
+                                             spec.value("stop", std::size_t{0}));
   }
   if (type == "Replace") {
     auto replacement = Replacement::from_json(spec);
-    if (!replacement) return std::unexpected(error(replacement.error().message));
-    return std::make_unique<Replace>(std::move(*replacement));
+    if (!replacement) return std::unexpected(decoders::error(replacement.error().message));
+    return std::make_unique<decoders::Replace>(std::move(*replacement));
   }
   if (type == "Metaspace") {
     const std::string scheme = spec.value("prepend_scheme", std::string{"always"});
     const bool strip =
         spec.contains("prepend_scheme") ? scheme != "never" : spec.value("add_prefix_space", true);
-    return std::make_unique<Metaspace>(spec.value("replacement", std::string{"\u2581"}), strip);
+    return std::make_unique<decoders::Metaspace>(spec.value("replacement", std::string{"\u2581"}),
+                                                 strip);
   }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<Decoder>> steps;
@@ -201,12 +204,13 @@ std::expected<std::unique_ptr<Decoder>, TokenizerError> make_decoder(const nlohm
       if (!step) return std::unexpected(step.error());
       if (*step) steps.push_back(std::move(*step));
     }
-    return std::make_unique<Sequence>(std::move(steps));
+    return std::make_unique<decoders::Sequence>(std::move(steps));
   }
-  return std::unexpected(error(fmt::format(
-      "type \"{}\" is not supported (supported: ByteLevel, ByteFallback, Fuse, Strip, Replace, "
-      "Metaspace, Sequence)",
-      type)));
+  return std::unexpected(decoders::error(
+      fmt::format("type \"{}\" is not supported (supported: decoders::ByteLevel, "
+                  "decoders::ByteFallback, decoders::Fuse, decoders::Strip, decoders::Replace, "
+                  "Metaspace, Sequence)",
+                  type)));
 }
 
 }  // namespace kvr::tokenizer

@@ -12,6 +12,7 @@
 #include "selection/tokenizer/utf8.hpp"
 
 namespace kvr::tokenizer {
+namespace normalizers {
 namespace {
 
 bool is_ascii(const std::string& text) {
@@ -119,6 +120,7 @@ std::string string_field(const nlohmann::json& spec, const char* key) {
 }
 
 }  // namespace
+}  // namespace normalizers
 
 std::expected<std::unique_ptr<Normalizer>, TokenizerError> make_normalizer(
     const nlohmann::json& spec) {
@@ -128,25 +130,31 @@ std::expected<std::unique_ptr<Normalizer>, TokenizerError> make_normalizer(
   }
   const std::string type = spec["type"].get<std::string>();
   constexpr int kStable = UTF8PROC_STABLE;
-  if (type == "NFC") return std::make_unique<UnicodeNormalForm>(kStable | UTF8PROC_COMPOSE);
-  if (type == "NFD") return std::make_unique<UnicodeNormalForm>(kStable | UTF8PROC_DECOMPOSE);
+  if (type == "NFC")
+    return std::make_unique<normalizers::UnicodeNormalForm>(kStable | UTF8PROC_COMPOSE);
+  if (type == "NFD")
+    return std::make_unique<normalizers::UnicodeNormalForm>(kStable | UTF8PROC_DECOMPOSE);
   if (type == "NFKC") {
-    return std::make_unique<UnicodeNormalForm>(kStable | UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
+    return std::make_unique<normalizers::UnicodeNormalForm>(kStable | UTF8PROC_COMPOSE |
+                                                            UTF8PROC_COMPAT);
   }
   if (type == "NFKD") {
-    return std::make_unique<UnicodeNormalForm>(kStable | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+    return std::make_unique<normalizers::UnicodeNormalForm>(kStable | UTF8PROC_DECOMPOSE |
+                                                            UTF8PROC_COMPAT);
   }
-  if (type == "Lowercase") return std::make_unique<Lowercase>();
-  if (type == "Prepend") return std::make_unique<Prepend>(string_field(spec, "prepend"));
+  if (type == "Lowercase") return std::make_unique<normalizers::Lowercase>();
+  if (type == "Prepend")
+    return std::make_unique<normalizers::Prepend>(normalizers::string_field(spec, "prepend"));
   if (type == "Strip") {
-    return std::make_unique<Strip>(spec.value("strip_left", true), spec.value("strip_right", true));
+    return std::make_unique<normalizers::Strip>(spec.value("strip_left", true),
+                                                spec.value("strip_right", true));
   }
   if (type == "Replace") {
     auto replacement = Replacement::from_json(spec);
     if (!replacement) {
       return std::unexpected(TokenizerError{"normalizer " + replacement.error().message});
     }
-    return std::make_unique<Replace>(std::move(*replacement));
+    return std::make_unique<normalizers::Replace>(std::move(*replacement));
   }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<Normalizer>> parts;
@@ -155,12 +163,13 @@ std::expected<std::unique_ptr<Normalizer>, TokenizerError> make_normalizer(
       if (!part) return std::unexpected(part.error());
       if (*part) parts.push_back(std::move(*part));
     }
-    return std::make_unique<Sequence>(std::move(parts));
+    return std::make_unique<normalizers::Sequence>(std::move(parts));
   }
-  return std::unexpected(TokenizerError{fmt::format(
-      "normalizer type \"{}\" is not supported (supported: NFC, NFD, NFKC, NFKD, Lowercase, "
-      "Replace, Prepend, Strip, Sequence)",
-      type)});
+  return std::unexpected(
+      TokenizerError{fmt::format("normalizer type \"{}\" is not supported (supported: NFC, NFD, "
+                                 "NFKC, NFKD, normalizers::Lowercase, "
+                                 "Replace, normalizers::Prepend, normalizers::Strip, Sequence)",
+                                 type)});
 }
 
 }  // namespace kvr::tokenizer

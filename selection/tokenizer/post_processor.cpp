@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 namespace kvr::tokenizer {
+namespace processors {
 namespace {
 
 // The ids around the sequence: what TemplateProcessing's `single` and the CLS/SEP processors
@@ -77,25 +78,26 @@ std::expected<std::unique_ptr<PostProcessor>, TokenizerError> template_processin
 }
 
 }  // namespace
+}  // namespace processors
 
 std::unique_ptr<PostProcessor> make_surrounding_post_processor(TokenIds before, TokenIds after) {
-  return std::make_unique<Surround>(std::move(before), std::move(after));
+  return std::make_unique<processors::Surround>(std::move(before), std::move(after));
 }
 
 std::expected<std::unique_ptr<PostProcessor>, TokenizerError> make_post_processor(
     const nlohmann::json& spec) {
   if (spec.is_null()) return nullptr;
   if (!spec.is_object() || !spec.contains("type") || !spec["type"].is_string()) {
-    return std::unexpected(error(": an object with a \"type\" is expected"));
+    return std::unexpected(processors::error(": an object with a \"type\" is expected"));
   }
   const std::string type = spec["type"].get<std::string>();
   try {
-    if (type == "TemplateProcessing") return template_processing(spec);
-    if (type == "ByteLevel") return std::make_unique<NoTokens>();
+    if (type == "TemplateProcessing") return processors::template_processing(spec);
+    if (type == "ByteLevel") return std::make_unique<processors::NoTokens>();
     if (type == "RobertaProcessing" || type == "BertProcessing") {
       // [cls] A [sep]: each is a [content, id] pair.
-      return std::make_unique<Surround>(TokenIds{spec.at("cls").at(1).get<TokenId>()},
-                                        TokenIds{spec.at("sep").at(1).get<TokenId>()});
+      return std::make_unique<processors::Surround>(TokenIds{spec.at("cls").at(1).get<TokenId>()},
+                                                    TokenIds{spec.at("sep").at(1).get<TokenId>()});
     }
     if (type == "Sequence") {
       std::vector<std::unique_ptr<PostProcessor>> steps;
@@ -104,12 +106,12 @@ std::expected<std::unique_ptr<PostProcessor>, TokenizerError> make_post_processo
         if (!step) return std::unexpected(step.error());
         if (*step) steps.push_back(std::move(*step));
       }
-      return std::make_unique<Sequence>(std::move(steps));
+      return std::make_unique<processors::Sequence>(std::move(steps));
     }
   } catch (const nlohmann::json::exception& failure) {
-    return std::unexpected(error(fmt::format("{}: {}", type, failure.what())));
+    return std::unexpected(processors::error(fmt::format("{}: {}", type, failure.what())));
   }
-  return std::unexpected(error(fmt::format(
+  return std::unexpected(processors::error(fmt::format(
       "type \"{}\" is not supported (supported: TemplateProcessing, ByteLevel, RobertaProcessing, "
       "BertProcessing, Sequence)",
       type)));

@@ -11,6 +11,7 @@
 #include "selection/tokenizer/utf8.hpp"
 
 namespace kvr::tokenizer {
+namespace pre_tokenizers {
 namespace {
 
 enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
@@ -251,6 +252,7 @@ TokenizerError field_error(const std::string& type, const std::string& what) {
 }
 
 }  // namespace
+}  // namespace pre_tokenizers
 
 std::expected<std::unique_ptr<PreTokenizer>, TokenizerError> make_pre_tokenizer(
     const nlohmann::json& spec) {
@@ -266,12 +268,13 @@ std::expected<std::unique_ptr<PreTokenizer>, TokenizerError> make_pre_tokenizer(
       if (!step) return std::unexpected(step.error());
       if (*step) steps.push_back(std::move(*step));
     }
-    return std::make_unique<Sequence>(std::move(steps));
+    return std::make_unique<pre_tokenizers::Sequence>(std::move(steps));
   }
   if (type == "Split") {
-    const auto behavior = split_behavior_from(spec.value("behavior", std::string{}));
+    const auto behavior =
+        pre_tokenizers::split_behavior_from(spec.value("behavior", std::string{}));
     if (!behavior) {
-      return std::unexpected(field_error(
+      return std::unexpected(pre_tokenizers::field_error(
           type, fmt::format("behavior \"{}\" is not one of Removed, Isolated, MergedWithPrevious, "
                             "MergedWithNext, Contiguous",
                             spec.value("behavior", std::string{}))));
@@ -279,59 +282,68 @@ std::expected<std::unique_ptr<PreTokenizer>, TokenizerError> make_pre_tokenizer(
     const bool invert = spec.value("invert", false);
     const auto& pattern = spec.contains("pattern") ? spec["pattern"] : nlohmann::json{};
     if (pattern.contains("Regex")) {
-      auto split = regex_split(pattern["Regex"].get<std::string>(), *behavior, invert);
-      if (!split) return std::unexpected(field_error(type, split.error().message));
+      auto split =
+          pre_tokenizers::regex_split(pattern["Regex"].get<std::string>(), *behavior, invert);
+      if (!split) return std::unexpected(pre_tokenizers::field_error(type, split.error().message));
       return split;
     }
     if (pattern.contains("String")) {
-      return std::make_unique<Split>(Delimiter{pattern["String"].get<std::string>()}, *behavior,
-                                     invert);
+      return std::make_unique<pre_tokenizers::Split>(
+          pre_tokenizers::Delimiter{pattern["String"].get<std::string>()}, *behavior, invert);
     }
-    return std::unexpected(field_error(type, "pattern needs String or Regex"));
+    return std::unexpected(pre_tokenizers::field_error(type, "pattern needs String or Regex"));
   }
   if (type == "ByteLevel") {
     std::optional<Regex> gpt2_split;
     if (spec.value("use_regex", true)) {
       auto regex = Regex::compile(kGpt2SplitPattern);
-      if (!regex) return std::unexpected(field_error(type, regex.error().message));
+      if (!regex) return std::unexpected(pre_tokenizers::field_error(type, regex.error().message));
       gpt2_split = std::move(*regex);
     }
-    return std::make_unique<ByteLevel>(spec.value("add_prefix_space", true), std::move(gpt2_split));
+    return std::make_unique<pre_tokenizers::ByteLevel>(spec.value("add_prefix_space", true),
+                                                       std::move(gpt2_split));
   }
   if (type == "Metaspace") {
     const std::string scheme_name = spec.value("prepend_scheme", std::string{"always"});
-    PrependScheme scheme = PrependScheme::kAlways;
+    pre_tokenizers::PrependScheme scheme = pre_tokenizers::PrependScheme::kAlways;
     if (scheme_name == "first") {
-      scheme = PrependScheme::kFirst;
+      scheme = pre_tokenizers::PrependScheme::kFirst;
     } else if (scheme_name == "never") {
-      scheme = PrependScheme::kNever;
+      scheme = pre_tokenizers::PrependScheme::kNever;
     } else if (scheme_name != "always") {
-      return std::unexpected(field_error(type, "prepend_scheme must be always, first or never"));
+      return std::unexpected(
+          pre_tokenizers::field_error(type, "prepend_scheme must be always, first or never"));
     }
     // Older files spell the scheme as add_prefix_space.
     if (!spec.contains("prepend_scheme") && !spec.value("add_prefix_space", true)) {
-      scheme = PrependScheme::kNever;
+      scheme = pre_tokenizers::PrependScheme::kNever;
     }
-    return std::make_unique<Metaspace>(spec.value("replacement", std::string{"\u2581"}), scheme,
-                                       spec.value("split", true));
+    return std::make_unique<pre_tokenizers::Metaspace>(
+        spec.value("replacement", std::string{"\u2581"}), scheme, spec.value("split", true));
   }
-  if (type == "Whitespace") return regex_split(R"(\w+|[^\w\s]+)", SplitBehavior::kRemoved, true);
-  if (type == "WhitespaceSplit") return regex_split(R"(\s+)", SplitBehavior::kRemoved, false);
+  if (type == "Whitespace")
+    return pre_tokenizers::regex_split(R"(\w+|[^\w\s]+)", pre_tokenizers::SplitBehavior::kRemoved,
+                                       true);
+  if (type == "WhitespaceSplit")
+    return pre_tokenizers::regex_split(R"(\s+)", pre_tokenizers::SplitBehavior::kRemoved, false);
   if (type == "Digits") {
-    return regex_split(R"(\p{N})",
-                       spec.value("individual_digits", false) ? SplitBehavior::kIsolated
-                                                              : SplitBehavior::kContiguous,
-                       false);
+    return pre_tokenizers::regex_split(R"(\p{N})",
+                                       spec.value("individual_digits", false)
+                                           ? pre_tokenizers::SplitBehavior::kIsolated
+                                           : pre_tokenizers::SplitBehavior::kContiguous,
+                                       false);
   }
   if (type == "Punctuation") {
-    const auto behavior = split_behavior_from(spec.value("behavior", std::string{"Isolated"}));
-    if (!behavior) return std::unexpected(field_error(type, "unknown behavior"));
-    return regex_split(R"([\p{P}!-/:-@\[-`{-~])", *behavior, false);
+    const auto behavior =
+        pre_tokenizers::split_behavior_from(spec.value("behavior", std::string{"Isolated"}));
+    if (!behavior) return std::unexpected(pre_tokenizers::field_error(type, "unknown behavior"));
+    return pre_tokenizers::regex_split(R"([\p{P}!-/:-@\[-`{-~])", *behavior, false);
   }
-  return std::unexpected(TokenizerError{fmt::format(
-      "pre_tokenizer type \"{}\" is not supported (supported: Sequence, Split, ByteLevel, "
-      "Metaspace, Whitespace, WhitespaceSplit, Digits, Punctuation)",
-      type)});
+  return std::unexpected(TokenizerError{
+      fmt::format("pre_tokenizer type \"{}\" is not supported (supported: "
+                  "pre_tokenizers::Sequence, pre_tokenizers::Split, pre_tokenizers::ByteLevel, "
+                  "Metaspace, Whitespace, WhitespaceSplit, Digits, Punctuation)",
+                  type)});
 }
 
 }  // namespace kvr::tokenizer

@@ -21,6 +21,7 @@
 #include "kvr/v1/worker.pb.h"
 #include "messages/nats/nats_client.hpp"
 #include "messages/subjects.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_recorder.hpp"
@@ -195,7 +196,7 @@ class StandInEngine {
 
 class BridgeTest : public testing::KvrClusterTest {
  protected:
-  BridgeTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+  BridgeTest() : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}) {}
 
   void TearDown() override {
     if (HasFailure()) {

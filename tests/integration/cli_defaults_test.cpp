@@ -4,6 +4,7 @@
 // first worker. `kvr route --query-only` answers the same question without booking.
 #include <gtest/gtest.h>
 
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/nats_server.hpp"
 #include "tests/testing/process_run.hpp"
 
@@ -24,10 +25,10 @@ TEST(CliDefaultsTest, MockerNodeAndRouteWithTheirDefaultsRouteToAWorker) {
   auto server = NatsServer::start(&error);
   ASSERT_TRUE(server) << error;
 
-  auto mocker = ChildProcess::start({KVR_BINARY, "mocker", "--nats", server->url()},
+  auto mocker = ChildProcess::start({kvr::testing::kvr_binary(), "mocker", "--nats", server->url()},
                                     directory.path() / "mocker.log");
   ASSERT_TRUE(mocker);
-  auto node = ChildProcess::start({KVR_BINARY, "node", "--nats", server->url()},
+  auto node = ChildProcess::start({kvr::testing::kvr_binary(), "node", "--nats", server->url()},
                                   directory.path() / "node.log");
   ASSERT_TRUE(node);
 
@@ -35,8 +36,9 @@ TEST(CliDefaultsTest, MockerNodeAndRouteWithTheirDefaultsRouteToAWorker) {
   ProcessRun route;
   const bool routed = wait_until(
       [&] {
-        route = run_process({KVR_BINARY, "route", "--nats", server->url(), "--text", "hello"},
-                            directory.path() / "route.log", 30s);
+        route = run_process(
+            {kvr::testing::kvr_binary(), "route", "--nats", server->url(), "--text", "hello"},
+            directory.path() / "route.log", 30s);
         return route.exit_code == 0 || !node->running() || !mocker->running();
       },
       60s);
@@ -47,9 +49,9 @@ TEST(CliDefaultsTest, MockerNodeAndRouteWithTheirDefaultsRouteToAWorker) {
   EXPECT_NE(route.output.find(": worker "), std::string::npos) << route.output;
 
   // `--query-only` asks what the request would get, with its overlap and costs, and books nothing.
-  const ProcessRun query =
-      run_process({KVR_BINARY, "route", "--nats", server->url(), "--text", "hello", "--query-only"},
-                  directory.path() / "query.log", 30s);
+  const ProcessRun query = run_process({kvr::testing::kvr_binary(), "route", "--nats",
+                                        server->url(), "--text", "hello", "--query-only"},
+                                       directory.path() / "query.log", 30s);
   ASSERT_EQ(query.exit_code, 0) << query.output;
   EXPECT_NE(query.output.find(": worker "), std::string::npos) << query.output;
   EXPECT_NE(query.output.find("no booking (query only)"), std::string::npos) << query.output;

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_server.hpp"
 #include "tests/testing/process_run.hpp"
@@ -48,7 +49,7 @@ class BadOptionTest : public ::testing::TestWithParam<BadOption> {
 
 TEST_P(BadOptionTest, ExitsWithTwoNamingTheOption) {
   const BadOption& bad = GetParam();
-  std::vector<std::string> argv{KVR_BINARY};
+  std::vector<std::string> argv{kvr::testing::kvr_binary()};
   argv.insert(argv.end(), bad.argv.begin(), bad.argv.end());
   // Nothing here is a reachable NATS server: a value the command line lets through would show up
   // as a connection error instead.
@@ -266,8 +267,8 @@ INSTANTIATE_TEST_SUITE_P(EverySubcommand, BadOptionTest, ::testing::ValuesIn(kBa
 class CliHelpTest : public ::testing::Test {
  protected:
   std::string help(const std::string& subcommand) {
-    const ProcessRun run =
-        run_process({KVR_BINARY, subcommand, "--help"}, directory_.path() / "help.log", 30s);
+    const ProcessRun run = run_process({kvr::testing::kvr_binary(), subcommand, "--help"},
+                                       directory_.path() / "help.log", 30s);
     EXPECT_EQ(run.exit_code, 0) << run.output;
     return run.output;
   }
@@ -341,8 +342,14 @@ class CliNodeTest : public ::testing::Test {
   // Starts `kvr node` with the server and a fixed block size, plus `extra`.
   std::optional<ChildProcess> start_node(const std::string& name,
                                          std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv{KVR_BINARY,    "node", "--nats",       server_->url(),
-                                  "--namespace", "cli",  "--block-size", "16"};
+    std::vector<std::string> argv{kvr::testing::kvr_binary(),
+                                  "node",
+                                  "--nats",
+                                  server_->url(),
+                                  "--namespace",
+                                  "cli",
+                                  "--block-size",
+                                  "16"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return ChildProcess::start(argv, directory_.path() / (name + ".log"));
   }
@@ -380,8 +387,8 @@ constexpr int kNoDecision = 4;
 
 // Runs `kvr route` in the fixture's namespace.
 ProcessRun run_route(const NatsServer& server, const std::filesystem::path& log) {
-  return run_process({KVR_BINARY, "route", "--nats", server.url(), "--namespace", "cli", "--text",
-                      "hello", "--timeout-ms", "1000"},
+  return run_process({kvr::testing::kvr_binary(), "route", "--nats", server.url(), "--namespace",
+                      "cli", "--text", "hello", "--timeout-ms", "1000"},
                      log, 30s);
 }
 
@@ -420,9 +427,9 @@ TEST_F(CliNodeTest, SigtermStopsARunningNodePromptly) {
 }
 
 TEST_F(CliNodeTest, SigintStopsARunningMockerPromptly) {
-  auto mocker = ChildProcess::start(
-      {KVR_BINARY, "mocker", "--nats", server_->url(), "--namespace", "cli", "--workers", "2"},
-      directory_.path() / "mocker.log");
+  auto mocker = ChildProcess::start({kvr::testing::kvr_binary(), "mocker", "--nats", server_->url(),
+                                     "--namespace", "cli", "--workers", "2"},
+                                    directory_.path() / "mocker.log");
   ASSERT_TRUE(mocker);
   ASSERT_TRUE(wait_until([&] { return mocker->log().find("serving") != std::string::npos; }, 30s))
       << mocker->log();
@@ -439,8 +446,8 @@ void expect_sigterm_stops_during_startup(const std::string& subcommand) {
   testing::SilentListener silent;
   ASSERT_NE(silent.port(), 0);
   auto process = ChildProcess::start(
-      {KVR_BINARY, subcommand, "--nats", "nats://127.0.0.1:" + std::to_string(silent.port()),
-       "--block-size", "16"},
+      {kvr::testing::kvr_binary(), subcommand, "--nats",
+       "nats://127.0.0.1:" + std::to_string(silent.port()), "--block-size", "16"},
       directory.path() / "kvr.log");
   ASSERT_TRUE(process);
   ASSERT_TRUE(silent.accept_one(30s)) << process->log();

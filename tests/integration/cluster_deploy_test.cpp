@@ -22,6 +22,7 @@
 #include "selection/plugin_registry.hpp"
 #include "selection/policies/builtin_policies.hpp"
 #include "tests/testing/child_process.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/process_run.hpp"
 
 namespace kvr {
@@ -59,7 +60,8 @@ HelpText help_of(const std::vector<std::string>& argv) {
 
 const HelpText& kvr_help(const std::string& subcommand) {
   static std::map<std::string, HelpText> cache;
-  if (!cache.contains(subcommand)) cache[subcommand] = help_of({KVR_BINARY, subcommand, "--help"});
+  if (!cache.contains(subcommand))
+    cache[subcommand] = help_of({kvr::testing::kvr_binary(), subcommand, "--help"});
   return cache[subcommand];
 }
 

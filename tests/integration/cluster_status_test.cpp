@@ -18,6 +18,7 @@
 #include <signal.h>
 
 #include "selection/cluster/placement.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/process_run.hpp"
@@ -41,7 +42,8 @@ class StatusRunner {
       : log_dir_(std::move(log_dir)), nats_url_(std::move(nats_url)) {}
 
   ProcessRun run(const std::vector<std::string>& arguments) {
-    std::vector<std::string> argv{KVR_BINARY, "cluster", "status", "--nats", nats_url_};
+    std::vector<std::string> argv{kvr::testing::kvr_binary(), "cluster", "status", "--nats",
+                                  nats_url_};
     argv.insert(argv.end(), arguments.begin(), arguments.end());
     return testing::run_process(argv, log_dir_ / fmt::format("status-{}.log", runs_++), 20s);
   }
@@ -74,7 +76,8 @@ bool settled(const nlohmann::json& status, std::size_t members, std::size_t part
 
 class ClusterStatusTest : public testing::KvrClusterTest {
  protected:
-  ClusterStatusTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}, {}, {"-js"}) {}
+  ClusterStatusTest()
+      : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}, {}, {"-js"}) {}
 
   void SetUp() override {
     KvrClusterTest::SetUp();
@@ -224,7 +227,7 @@ TEST_F(ClusterStatusTest, AfterANodeIsKilledTheSurvivorOwnsEveryPartition) {
 class ClusterStatusWithoutNodesTest : public testing::KvrClusterTest {
  protected:
   ClusterStatusWithoutNodesTest()
-      : KvrClusterTest(KVR_BINARY, std::string{kNamespace}, {}, {"-js"}) {}
+      : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}, {}, {"-js"}) {}
 };
 
 TEST_F(ClusterStatusWithoutNodesTest, ExitsOneWhenTheNamespaceHasNoCluster) {
@@ -243,7 +246,8 @@ TEST_F(ClusterStatusWithoutNodesTest, ExitsOneWhenTheNamespaceHasNoCluster) {
 // A nats-server started without -js.
 class ClusterStatusWithoutJetStreamTest : public testing::KvrClusterTest {
  protected:
-  ClusterStatusWithoutJetStreamTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+  ClusterStatusWithoutJetStreamTest()
+      : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}) {}
 };
 
 TEST_F(ClusterStatusWithoutJetStreamTest, ExitsOneSayingJetStreamIsNotEnabled) {
@@ -258,10 +262,13 @@ TEST(ClusterStatusUsageTest, BadOptionsAndAMissingSubcommandExitTwo) {
   testing::TemporaryDirectory directory;
   int runs = 0;
   for (const std::vector<std::string>& argv :
-       {std::vector<std::string>{KVR_BINARY, "cluster"},
-        std::vector<std::string>{KVR_BINARY, "cluster", "status", "--timeout-ms", "0"},
-        std::vector<std::string>{KVR_BINARY, "cluster", "status", "--namespace", "a.b"},
-        std::vector<std::string>{KVR_BINARY, "cluster", "status", "--no-such-flag"}}) {
+       {std::vector<std::string>{kvr::testing::kvr_binary(), "cluster"},
+        std::vector<std::string>{kvr::testing::kvr_binary(), "cluster", "status", "--timeout-ms",
+                                 "0"},
+        std::vector<std::string>{kvr::testing::kvr_binary(), "cluster", "status", "--namespace",
+                                 "a.b"},
+        std::vector<std::string>{kvr::testing::kvr_binary(), "cluster", "status",
+                                 "--no-such-flag"}}) {
     const ProcessRun run =
         testing::run_process(argv, directory.path() / fmt::format("usage-{}.log", runs++), 10s);
     EXPECT_EQ(run.exit_code, 2) << fmt::format("{}", fmt::join(argv, " ")) << "\n" << run.output;

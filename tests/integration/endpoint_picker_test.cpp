@@ -20,6 +20,7 @@
 
 #include "envoy/ext_proc.grpc.pb.h"
 #include "health/grpc_health.grpc.pb.h"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/vllm_engines.hpp"
@@ -210,7 +211,7 @@ std::string completion(std::uint32_t first_token) {
 
 class EndpointPickerTest : public testing::KvrClusterTest {
  protected:
-  EndpointPickerTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+  EndpointPickerTest() : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}) {}
 
   void TearDown() override {
     if (HasFailure()) {

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "envoy/ext_proc.grpc.pb.h"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/process_run.hpp"
@@ -160,7 +161,7 @@ ext::ProcessingResponse send_to_picker(ext::ExternalProcessor::Stub& stub,
 
 class FrontDoorHostileTest : public testing::KvrClusterTest {
  protected:
-  FrontDoorHostileTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+  FrontDoorHostileTest() : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}) {}
 
   void TearDown() override {
     if (HasFailure()) {
@@ -310,9 +311,10 @@ TEST_F(FrontDoorHostileTest, KvrTokenizeRefusesADeepLineAndEncodesTheNext) {
     for (const HostileChat& chat : hostile_chats()) lines << chat.body << "\n";
     lines << normal_chat() << "\n";
   }
-  const testing::ProcessRun run = testing::run_process(
-      {KVR_BINARY, "tokenize", "--tokenizer", qwen3_tokenizer(), "--input", input.string()},
-      directory_.path() / "tokenize.log", 60s);
+  const testing::ProcessRun run =
+      testing::run_process({kvr::testing::kvr_binary(), "tokenize", "--tokenizer",
+                            qwen3_tokenizer(), "--input", input.string()},
+                           directory_.path() / "tokenize.log", 60s);
   // 1: an input failed (a crash would be a negated signal).
   ASSERT_EQ(run.exit_code, std::optional<int>{1}) << run.output.substr(0, 2000);
   const std::vector<HostileChat> chats = hostile_chats();

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "messages/descriptor_limit.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/tokenizer_data.hpp"
@@ -72,7 +73,7 @@ bool closed_by_server(tcp::socket& socket, std::chrono::milliseconds bound = 20s
 
 class FrontDoorLimitsTest : public testing::KvrClusterTest {
  protected:
-  FrontDoorLimitsTest() : KvrClusterTest(KVR_BINARY, "front-door-limits") {}
+  FrontDoorLimitsTest() : KvrClusterTest(kvr::testing::kvr_binary(), "front-door-limits") {}
 
   void TearDown() override {
     if (HasFailure()) {

@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/process_run.hpp"
@@ -94,7 +95,7 @@ std::string huge_completion(std::size_t bytes, std::uint32_t seed) {
 
 class FrontDoorRenderPoolTest : public testing::KvrClusterTest {
  protected:
-  FrontDoorRenderPoolTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+  FrontDoorRenderPoolTest() : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}) {}
 
   void TearDown() override {
     if (HasFailure()) {

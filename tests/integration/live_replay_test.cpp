@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_processes.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_server.hpp"
@@ -29,7 +30,8 @@ class LiveReplayTest : public ::testing::Test {
     std::string error;
     server_ = NatsServer::start(&error);
     ASSERT_TRUE(server_) << error;
-    kvr_.emplace(KVR_BINARY, server_->url(), std::string{kNamespace}, directory_.path());
+    kvr_.emplace(kvr::testing::kvr_binary(), server_->url(), std::string{kNamespace},
+                 directory_.path());
   }
 
   void TearDown() override {
@@ -56,7 +58,7 @@ class LiveReplayTest : public ::testing::Test {
     arguments.insert(arguments.begin(), "--quiet");
     auto process = kvr_->start({"replay-live"}, arguments, "replay.log");
     if (!process) {
-      ADD_FAILURE() << "cannot start " << KVR_BINARY;
+      ADD_FAILURE() << "cannot start " << kvr::testing::kvr_binary();
       return std::nullopt;
     }
     const auto status = process->wait(150s);

@@ -13,6 +13,7 @@
 #include <signal.h>
 
 #include "tests/testing/child_process.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/process_run.hpp"
 
@@ -37,11 +38,12 @@ TEST(LocalClusterTest, CheckModeBringsUpThreeNodesOwningEveryPartitionAndStopsEv
   const fs::path run_dir = directory.path() / "run";
   const std::string ports =
       fmt::format("{},{},{}", testing::free_port(), testing::free_port(), testing::free_port());
-  const testing::ProcessRun run = testing::run_process(
-      {"bash", fs::path{KVR_SOURCE_DIR} / "deploy/cluster/local_cluster.sh", "--kvr", KVR_BINARY,
-       "--dir", run_dir.string(), "--namespace", "local-test", "--models", "4", "--metrics-ports",
-       ports, "--lease-ttl-ms", "1500", "--timeout", "40", "--check"},
-      directory.path() / "local_cluster.log", 60s);
+  const testing::ProcessRun run =
+      testing::run_process({"bash", fs::path{KVR_SOURCE_DIR} / "deploy/cluster/local_cluster.sh",
+                            "--kvr", kvr::testing::kvr_binary(), "--dir", run_dir.string(),
+                            "--namespace", "local-test", "--models", "4", "--metrics-ports", ports,
+                            "--lease-ttl-ms", "1500", "--timeout", "40", "--check"},
+                           directory.path() / "local_cluster.log", 60s);
   const std::vector<pid_t> pids = pids_in(run_dir / "pids");
   // Whatever happened, nothing the script started outlives the test.
   std::vector<pid_t> survivors;

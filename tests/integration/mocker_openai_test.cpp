@@ -26,6 +26,7 @@
 #include "deploy/worker/vllm_kv_frames.hpp"
 #include "discovery/block_hash.hpp"
 #include "tests/testing/child_process.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/process_run.hpp"
 
@@ -743,7 +744,7 @@ TEST_F(MockerOpenAiTest, MalformedKvTransferParamsAre400NamingTheField) {
 }
 
 TEST(MockerOpenAiCliTest, BadTransferFlagExitsWithTwoNamingTheFlag) {
-  const std::string binary = KVR_BINARY;
+  const std::string binary = kvr::testing::kvr_binary();
   testing::TemporaryDirectory directory;
   const std::vector<std::pair<std::string, std::string>> bad = {{"--transfer-latency-ms", "-1"},
                                                                 {"--transfer-latency-ms", "inf"},
@@ -777,7 +778,7 @@ TEST(MockerOpenAiCliTest, BadTransferFlagExitsWithTwoNamingTheFlag) {
 }
 
 TEST(MockerOpenAiCliTest, BadLoraAdapterExitsWithTwoNamingTheOption) {
-  const std::string binary = KVR_BINARY;
+  const std::string binary = kvr::testing::kvr_binary();
   testing::TemporaryDirectory directory;
   const std::vector<std::vector<std::string>> bad = {
       {"--lora-adapter", ""},

@@ -17,6 +17,7 @@
 #include "kvr/v1/worker.pb.h"
 #include "messages/nats/nats_client.hpp"
 #include "messages/subjects.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/nats_recorder.hpp"
 
@@ -43,7 +44,7 @@ constexpr std::string_view kPrefillHop =
 
 class MockerTest : public testing::KvrClusterTest {
  protected:
-  MockerTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+  MockerTest() : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}) {}
 
   void SetUp() override {
     KvrClusterTest::SetUp();

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "actors/actor_types.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_processes.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_server.hpp"
@@ -46,7 +47,7 @@ class NodeActorClientTest : public ::testing::Test {
     std::string error;
     server_ = NatsServer::start(&error);
     ASSERT_TRUE(server_) << error;
-    const KvrProcesses kvr{KVR_BINARY, server_->url(), ns, directory_.path()};
+    const KvrProcesses kvr{kvr::testing::kvr_binary(), server_->url(), ns, directory_.path()};
     mocker_ = kvr.start_mocker({.workers = 1,
                                 .worker_id_base = worker_id,
                                 .block_size = 16,

@@ -16,6 +16,7 @@
 #include "kvr/v1/routing.pb.h"
 #include "messages/nats/nats_client.hpp"
 #include "messages/subjects.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_recorder.hpp"
@@ -37,7 +38,7 @@ constexpr std::uint32_t kBlockSize = 16;
 
 class NodeAdmissionTest : public testing::KvrClusterTest {
  protected:
-  NodeAdmissionTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+  NodeAdmissionTest() : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}) {}
 
   void TearDown() override {
     if (HasFailure()) {
@@ -268,10 +269,10 @@ TEST_F(NodeAdmissionTest, TokenBucketRejectsTheTenantOverItsBudgetAndServesTheOt
   for (std::uint32_t token : prompt(kPromptTokens, 900)) {
     tokens += (tokens.empty() ? "" : ",") + std::to_string(token);
   }
-  const auto refused =
-      testing::run_process({KVR_BINARY, "route", "--nats", server_->url(), "--namespace",
-                            std::string{kNamespace}, "--tenant", "heavy", "--tokens", tokens},
-                           directory_.path() / "route.log", 20s);
+  const auto refused = testing::run_process(
+      {kvr::testing::kvr_binary(), "route", "--nats", server_->url(), "--namespace",
+       std::string{kNamespace}, "--tenant", "heavy", "--tokens", tokens},
+      directory_.path() / "route.log", 20s);
   EXPECT_EQ(refused.exit_code, 3) << refused.output;
   EXPECT_NE(refused.output.find("rejected by admission: ROUTE_ERROR_RATE_LIMITED"),
             std::string::npos)

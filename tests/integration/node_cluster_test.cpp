@@ -25,6 +25,7 @@
 #include "kvr/v1/routing.pb.h"
 #include "messages/nats/route_client.hpp"
 #include "messages/subjects.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_recorder.hpp"
@@ -60,7 +61,8 @@ std::string owned_series(int index) {
 
 class NodeClusterTest : public testing::KvrClusterTest {
  protected:
-  NodeClusterTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}, {}, {"-js"}) {}
+  NodeClusterTest()
+      : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}, {}, {"-js"}) {}
 
   void SetUp() override {
     KvrClusterTest::SetUp();
@@ -315,7 +317,8 @@ TEST(NodeClusterStartupTest, WithoutJetStreamTheNodeStopsNamingIt) {
   std::string error;
   auto server = testing::NatsServer::start(&error);
   ASSERT_TRUE(server) << error;
-  const testing::KvrProcesses kvr{KVR_BINARY, server->url(), "nojs", directory.path()};
+  const testing::KvrProcesses kvr{kvr::testing::kvr_binary(), server->url(), "nojs",
+                                  directory.path()};
   auto node = kvr.start_node({.extra = {"--cluster", "--node-id", "lonely"}});
   ASSERT_TRUE(node);
   const auto status = node->wait(20s);
@@ -507,7 +510,7 @@ TEST_F(NodeClusterTest, AnActorClientOfOneNodeIsServedForEveryPartition) {
 // holds its booking, and no booking left open on any node at the end.
 class LiveClusterTest : public testing::KvrClusterTest, public ::testing::WithParamInterface<int> {
  protected:
-  LiveClusterTest() : KvrClusterTest(KVR_BINARY, "livecluster", {}, {"-js"}) {}
+  LiveClusterTest() : KvrClusterTest(kvr::testing::kvr_binary(), "livecluster", {}, {"-js"}) {}
 };
 
 TEST_P(LiveClusterTest, EveryReportReachesItsBookingAndNoBookingIsLeftOpen) {

@@ -16,6 +16,7 @@
 #include "kvr/v1/routing.pb.h"
 #include "messages/nats/nats_client.hpp"
 #include "messages/subjects.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_recorder.hpp"
@@ -37,7 +38,7 @@ constexpr std::uint32_t kBlockSize = 16;
 
 class NodeDisaggregatedTest : public testing::KvrClusterTest {
  protected:
-  NodeDisaggregatedTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+  NodeDisaggregatedTest() : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}) {}
 
   void TearDown() override {
     if (HasFailure()) {

@@ -14,6 +14,7 @@
 #include "kvr/v1/worker.pb.h"
 #include "messages/nats/nats_client.hpp"
 #include "messages/subjects.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_recorder.hpp"
@@ -39,7 +40,7 @@ constexpr std::uint32_t kLongGeneration = 20'000;
 
 class NodeGenerateTest : public testing::KvrClusterTest {
  protected:
-  NodeGenerateTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+  NodeGenerateTest() : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}) {}
 
   void TearDown() override {
     if (HasFailure()) {

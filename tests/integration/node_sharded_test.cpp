@@ -19,6 +19,7 @@
 #include "messages/nats/route_client.hpp"
 #include "messages/subjects.hpp"
 #include "selection/cluster/sharding.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_recorder.hpp"
@@ -70,7 +71,8 @@ std::vector<std::uint32_t> conversation_prompt(int conversation, int turn) {
 
 class NodeShardedTest : public testing::KvrClusterTest {
  protected:
-  NodeShardedTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}, {}, {"-js"}) {}
+  NodeShardedTest()
+      : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}, {}, {"-js"}) {}
 
   void SetUp() override {
     KvrClusterTest::SetUp();

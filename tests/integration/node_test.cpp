@@ -16,6 +16,7 @@
 #include "kvr/v1/worker.pb.h"
 #include "messages/nats/nats_client.hpp"
 #include "messages/subjects.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_recorder.hpp"
@@ -40,7 +41,8 @@ constexpr std::uint32_t kBlockSize = 16;
 class NodeTest : public testing::KvrClusterTest {
  protected:
   NodeTest()
-      : KvrClusterTest(KVR_BINARY, std::string{kNamespace}, testing::reconnecting_client()) {}
+      : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace},
+                       testing::reconnecting_client()) {}
 
   void TearDown() override {
     // Log files help when something failed.

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_processes.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_server.hpp"
@@ -29,7 +30,8 @@ TEST(NodeTlsTest, MockerNodeAndRouteWorkOverVerifiedTls) {
       &error, std::nullopt,
       {"--tls", "--tlscert", ca, "--tlskey", (directory.path() / "key.pem").string()});
   ASSERT_TRUE(server) << error;
-  const KvrProcesses kvr{KVR_BINARY, server->url(), "tls", directory.path(), {"--nats-tls-ca", ca}};
+  const KvrProcesses kvr{
+      kvr::testing::kvr_binary(), server->url(), "tls", directory.path(), {"--nats-tls-ca", ca}};
 
   auto mocker = kvr.start_mocker({.workers = 2, .block_size = 16, .time_scale = "20"});
   ASSERT_TRUE(mocker);
@@ -55,7 +57,7 @@ TEST(NodeTlsTest, MockerNodeAndRouteWorkOverVerifiedTls) {
   EXPECT_TRUE(node->running());
 
   // Without the CA the client cannot verify the server and says so.
-  const KvrProcesses unverified{KVR_BINARY, server->url(), "tls", directory.path()};
+  const KvrProcesses unverified{kvr::testing::kvr_binary(), server->url(), "tls", directory.path()};
   auto refused = unverified.start({"route"}, {"--text", "hello"}, "refused.log");
   ASSERT_TRUE(refused);
   EXPECT_EQ(refused->wait(30s), 4);  // no decision: no connection

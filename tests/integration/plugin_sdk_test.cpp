@@ -21,6 +21,7 @@
 #include "kvr/version.hpp"
 #include "messages/nats/route_client.hpp"
 #include "messages/subjects.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 
@@ -133,50 +134,48 @@ std::optional<std::string> owning_package(const fs::path& library, const fs::pat
 // The SDK installed once for the suite, and the plugin projects built against it.
 class PluginSdkTest : public testing::KvrClusterTest {
  protected:
-  PluginSdkTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+  PluginSdkTest() : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}) {}
 
+  // The fixture's SDK (tests/integration/prepare_plugin_sdk.cmake, PluginSdkTest.Prepare) when
+  // ctest prepared it for this build; else, run alone, the same steps into a folder of its own.
   // A failure here is kept and fails every test (SetUp): ctest would count a suite whose
   // SetUpTestSuite failed as skipped, not failed.
   static void SetUpTestSuite() {
-    sdk_ = std::make_unique<testing::TemporaryDirectory>();
-    const fs::path root = sdk_->path();
-    const fs::path log = root / "sdk.log";
-    auto step = [&log](const std::vector<std::string>& argv) {
-      if (!setup_failure_.empty()) return;
-      fs::remove(log);
-      if (run(argv, log) != 0) setup_failure_ = argv[1] + " failed:\n" + read_file(log);
-    };
-    step({"cmake", "--install", KVR_BUILD_DIR, "--prefix", (root / "prefix").string(),
-          "--component", "sdk"});
-    // Against the prefix alone: nothing of the source tree is on the path but the project.
-    for (const auto& [project, build] :
-         {std::pair{fs::path{KVR_SOURCE_DIR} / "deploy/examples", root / "examples"},
-          std::pair{fs::path{KVR_SOURCE_DIR} / "deploy/examples/actor_client",
-                    root / "actor_client"},
-          std::pair{fs::path{KVR_SOURCE_DIR} / "tests/data/plugins", root / "test-plugins"}}) {
-      step({"cmake", "-S", project.string(), "-B", build.string(),
-            "-DCMAKE_PREFIX_PATH=" + (root / "prefix").string(),
-            "-DCMAKE_CXX_COMPILER=" KVR_CXX_COMPILER, "-DCMAKE_BUILD_TYPE=Release"});
-      step({"cmake", "--build", build.string()});
+    const fs::path prepared{KVR_PLUGIN_SDK_DIR};
+    if (fs::exists(prepared / "prepared") &&
+        fs::last_write_time(prepared / "prepared") >= fs::last_write_time(KVR_BINARY)) {
+      root_ = prepared;
+      return;
     }
+    own_ = std::make_unique<testing::TemporaryDirectory>();
+    root_ = own_->path();
+    const fs::path log = root_ / "sdk.log";
+    if (run({"cmake", "-DKVR_BUILD_DIR=" KVR_BUILD_DIR, "-DKVR_SOURCE_DIR=" KVR_SOURCE_DIR,
+             "-DKVR_CXX_COMPILER=" KVR_CXX_COMPILER, "-DOUT=" + (root_ / "sdk").string(), "-P",
+             KVR_SOURCE_DIR "/tests/integration/prepare_plugin_sdk.cmake"},
+            log, 600s) != 0) {
+      setup_failure_ = "preparing the SDK failed:\n" + read_file(log);
+    }
+    root_ /= "sdk";
   }
   void SetUp() override {
     ASSERT_EQ(setup_failure_, "") << "the SDK or a project built against it";
     KvrClusterTest::SetUp();
   }
-  static void TearDownTestSuite() { sdk_.reset(); }
+  static void TearDownTestSuite() { own_.reset(); }
 
-  static fs::path prefix() { return sdk_->path() / "prefix"; }
+  static fs::path prefix() { return root_ / "prefix"; }
   static std::string example_plugin() {
-    return (sdk_->path() / "examples" / "libkvr_example_policies.so").string();
+    return (root_ / "examples" / "libkvr_example_policies.so").string();
   }
   static std::string test_plugin(std::string_view name) {
-    return (sdk_->path() / "test-plugins" / ("lib" + std::string{name} + ".so")).string();
+    return (root_ / "test-plugins" / ("lib" + std::string{name} + ".so")).string();
   }
 
   // `kvr replay` of a few requests with these extra arguments: (exit code, its output).
   std::pair<std::optional<int>, std::string> replay(std::vector<std::string> arguments) {
-    std::vector<std::string> argv{KVR_BINARY, "replay", "--limit", "40", "--workers", "4"};
+    std::vector<std::string> argv{
+        kvr::testing::kvr_binary(), "replay", "--limit", "40", "--workers", "4"};
     argv.insert(argv.end(), arguments.begin(), arguments.end());
     const fs::path log = directory_.path() / "replay.log";
     fs::remove(log);
@@ -184,11 +183,13 @@ class PluginSdkTest : public testing::KvrClusterTest {
     return {status, read_file(log)};
   }
 
-  static std::unique_ptr<testing::TemporaryDirectory> sdk_;
+  static fs::path root_;
+  static std::unique_ptr<testing::TemporaryDirectory> own_;
   static std::string setup_failure_;
 };
 
-std::unique_ptr<testing::TemporaryDirectory> PluginSdkTest::sdk_;
+fs::path PluginSdkTest::root_;
+std::unique_ptr<testing::TemporaryDirectory> PluginSdkTest::own_;
 std::string PluginSdkTest::setup_failure_;
 
 TEST_F(PluginSdkTest, EveryPublicHeaderCompilesAloneAndNamesNoCafNatsOrProtobuf) {
@@ -386,7 +387,7 @@ TEST_F(PluginSdkTest, AnActorClientBuiltAgainstTheSdkRoutesReportsAndStreams) {
   ASSERT_TRUE(node);
   ASSERT_TRUE(testing::wait_until_healthy(metrics_port, 30s)) << node->log();
   const fs::path log = directory_.path() / "actor_client.log";
-  const auto status = run({(sdk_->path() / "actor_client" / "kvr_actor_client").string(),
+  const auto status = run({(root_ / "actor_client" / "kvr_actor_client").string(),
                            "127.0.0.1", std::to_string(actor_port), "mock-model"},
                           log, 120s);
   const std::string output = read_file(log);

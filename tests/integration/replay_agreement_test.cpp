@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/testing/child_process.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_processes.hpp"
 #include "tests/testing/nats_server.hpp"
 #include "tests/testing/process_run.hpp"
@@ -83,8 +84,8 @@ class ReplayAgreementTest : public ::testing::Test {
 TEST_F(ReplayAgreementTest, ANodeAndAReplayRouteEveryRequestOfAnIdleFleetToTheSameWorker) {
   const auto replayed = directory_.path() / "replay.tsv";
   const auto replay = testing::run_process(
-      {KVR_BINARY, "replay", "--quiet", "--trace", trace_path_.string(), "--workers",
-       std::to_string(kWorkers), "--block-size", "64", "--num-gpu-blocks", "4096",
+      {kvr::testing::kvr_binary(), "replay", "--quiet", "--trace", trace_path_.string(),
+       "--workers", std::to_string(kWorkers), "--block-size", "64", "--num-gpu-blocks", "4096",
        "--router-policy-config", policy_path_.string(), "--policies", "agree", "--decisions",
        replayed.string()},
       directory_.path() / "replay.log", 120s);
@@ -93,7 +94,7 @@ TEST_F(ReplayAgreementTest, ANodeAndAReplayRouteEveryRequestOfAnIdleFleetToTheSa
   std::string error;
   auto server = NatsServer::start(&error);
   ASSERT_TRUE(server) << error;
-  KvrProcesses kvr{KVR_BINARY, server->url(), "agree", directory_.path()};
+  KvrProcesses kvr{kvr::testing::kvr_binary(), server->url(), "agree", directory_.path()};
   auto mocker = kvr.start_mocker({.workers = kWorkers,
                                   .worker_id_base = 1,
                                   .block_size = 64,

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/testing/child_process.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_processes.hpp"
 
 namespace kvr {
@@ -23,10 +24,10 @@ class ReplayCliTest : public ::testing::Test {
   // Runs `kvr replay <arguments>` to completion; its exit code (nullopt: it did not end in time).
   // The output (stdout and stderr) is in log(name).
   std::optional<int> replay(const std::string& name, std::vector<std::string> arguments) {
-    arguments.insert(arguments.begin(), {KVR_BINARY, "replay"});
+    arguments.insert(arguments.begin(), {kvr::testing::kvr_binary(), "replay"});
     auto process = ChildProcess::start(arguments, log_path(name));
     if (!process) {
-      ADD_FAILURE() << "cannot start " << KVR_BINARY;
+      ADD_FAILURE() << "cannot start " << kvr::testing::kvr_binary();
       return std::nullopt;
     }
     const auto status = process->wait(120s);

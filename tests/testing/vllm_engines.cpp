@@ -62,7 +62,7 @@ std::expected<std::unique_ptr<EnginePair>, std::string> start_engine_pair(
                                           "--liveness-ttl-ms",
                                           std::to_string(options.liveness_ttl_ms),
                                           "--load-interval-ms",
-                                          "50",
+                                          options.load_interval_ms,
                                           "--health-interval-ms",
                                           options.health_interval_ms,
                                           "--metrics-port",

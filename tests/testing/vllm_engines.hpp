@@ -27,6 +27,8 @@ struct EnginePairOptions {
   /// Whether the bridge has the engine's replay endpoint.
   bool replay = true;
   std::string health_interval_ms = "50";
+  /// How often the bridge scrapes the engine's /metrics into load reports.
+  std::string load_interval_ms = "50";
   int liveness_ttl_ms = 1500;
   /// Appended to the engine's arguments.
   std::vector<std::string> engine_args;

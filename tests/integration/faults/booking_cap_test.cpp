@@ -11,6 +11,7 @@
 #include "kvr/v1/routing.pb.h"
 #include "messages/nats/nats_client.hpp"
 #include "messages/subjects.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 
@@ -45,7 +46,7 @@ double resident_bytes(pid_t pid) { return static_cast<double>(testing::resident_
 
 class BookingCapTest : public testing::KvrClusterTest {
  protected:
-  BookingCapTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+  BookingCapTest() : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}) {}
 
   void SetUp() override {
     KvrClusterTest::SetUp();

@@ -21,6 +21,7 @@
 
 #include "messages/nats/route_client.hpp"
 #include "messages/subjects.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_recorder.hpp"
@@ -60,7 +61,8 @@ double percentile(std::vector<double> values, double fraction) {
 
 class HungNodeTest : public testing::KvrClusterTest {
  protected:
-  HungNodeTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}, {}, {"-js"}) {}
+  HungNodeTest()
+      : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}, {}, {"-js"}) {}
 
   void SetUp() override {
     KvrClusterTest::SetUp();

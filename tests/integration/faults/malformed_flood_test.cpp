@@ -15,6 +15,7 @@
 
 #include "kvr/v1/routing.pb.h"
 #include "messages/subjects.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_recorder.hpp"
@@ -48,7 +49,7 @@ double percentile(std::vector<double> values, double q) {
 
 class MalformedFloodTest : public testing::KvrClusterTest {
  protected:
-  MalformedFloodTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+  MalformedFloodTest() : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}) {}
 
   void TearDown() override {
     if (HasFailure()) {

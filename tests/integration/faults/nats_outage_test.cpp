@@ -22,6 +22,7 @@
 #include "kvr/v1/routing.pb.h"
 #include "messages/nats/nats_client.hpp"
 #include "messages/subjects.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 
@@ -71,7 +72,8 @@ struct OutageResult {
 class NatsOutageTest : public testing::KvrClusterTest {
  protected:
   NatsOutageTest()
-      : KvrClusterTest(KVR_BINARY, std::string{kNamespace}, testing::reconnecting_client()) {}
+      : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace},
+                       testing::reconnecting_client()) {}
 
   void SetUp() override {
     KvrClusterTest::SetUp();

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "actors/actor_types.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 
@@ -126,7 +127,8 @@ std::vector<int> send_garbage(std::uint16_t port, const std::vector<std::string>
 // nodes.
 class PeerPortsFixture : public testing::KvrClusterTest {
  protected:
-  PeerPortsFixture() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}, {}, {"-js"}) {}
+  PeerPortsFixture()
+      : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}, {}, {"-js"}) {}
 
   void SetUp() override {
     KvrClusterTest::SetUp();

@@ -11,6 +11,7 @@
 #include "kvr/v1/worker.pb.h"
 #include "messages/nats/nats_client.hpp"
 #include "messages/subjects.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 
@@ -28,7 +29,7 @@ constexpr std::uint32_t kBlockSize = 16;
 
 class ProtocolHolesTest : public testing::KvrClusterTest {
  protected:
-  ProtocolHolesTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+  ProtocolHolesTest() : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}) {}
 
   void SetUp() override {
     KvrClusterTest::SetUp();

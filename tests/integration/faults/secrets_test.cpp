@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/testing/child_process.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_processes.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_server.hpp"
@@ -33,7 +34,7 @@ TEST(NoSecretsInLogsTest, APasswordInTheNatsUrlIsNeverLogged) {
                                            {"--user", "kvr", "--pass", std::string{kPassword}});
   ASSERT_TRUE(server) << error;
   testing::TemporaryDirectory directory;
-  const testing::KvrProcesses kvr{KVR_BINARY, url_with_password(server->port()),
+  const testing::KvrProcesses kvr{kvr::testing::kvr_binary(), url_with_password(server->port()),
                                   std::string{kNamespace}, directory.path()};
   const std::uint16_t metrics_port = free_port();
   auto node = kvr.start_node({.block_size = 16, .metrics_port = metrics_port});
@@ -45,8 +46,8 @@ TEST(NoSecretsInLogsTest, APasswordInTheNatsUrlIsNeverLogged) {
   // Authenticated: the node routes to the mocker's worker.
   const auto route = [&](const std::string& url, const std::string& log) {
     return testing::run_process(
-        {KVR_BINARY, "route", "--nats", url, "--namespace", std::string{kNamespace}, "--model",
-         "mock-model", "--text", "hello", "--timeout-ms", "1000"},
+        {kvr::testing::kvr_binary(), "route", "--nats", url, "--namespace", std::string{kNamespace},
+         "--model", "mock-model", "--text", "hello", "--timeout-ms", "1000"},
         directory.path() / log, 30s);
   };
   int attempt = 0;

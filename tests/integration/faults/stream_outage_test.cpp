@@ -13,6 +13,7 @@
 
 #include "kvr/v1/routing.pb.h"
 #include "messages/subjects.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_recorder.hpp"
@@ -35,7 +36,8 @@ constexpr auto kOutage = 5s;
 class StreamOutageTest : public testing::KvrClusterTest {
  protected:
   StreamOutageTest()
-      : KvrClusterTest(KVR_BINARY, std::string{kNamespace}, testing::reconnecting_client()) {}
+      : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace},
+                       testing::reconnecting_client()) {}
 
   void TearDown() override {
     if (HasFailure()) {

@@ -19,6 +19,7 @@
 
 #include "kvr/v1/routing.pb.h"
 #include "messages/subjects.hpp"
+#include "tests/testing/kvr_binary.hpp"
 #include "tests/testing/kvr_cluster_test.hpp"
 #include "tests/testing/loopback_http.hpp"
 #include "tests/testing/nats_recorder.hpp"
@@ -76,7 +77,7 @@ double ms_since(Clock::time_point from, Clock::time_point to) {
 class WorkerFailureTest : public testing::KvrClusterTest,
                           public ::testing::WithParamInterface<Fault> {
  protected:
-  WorkerFailureTest() : KvrClusterTest(KVR_BINARY, std::string{kNamespace}) {}
+  WorkerFailureTest() : KvrClusterTest(kvr::testing::kvr_binary(), std::string{kNamespace}) {}
 
   void TearDown() override {
     // A stopped worker cannot end on SIGTERM: end it now.
