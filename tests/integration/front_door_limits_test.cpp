@@ -233,7 +233,10 @@ TEST_F(FrontDoorLimitsTest, StreamsTheirClientsNeverReadDoNotGrowTheNodesMemory)
   std::cout << "node resident memory: " << before_kib / 1024 << " MiB before the streams, "
             << after_kib / 1024 << " MiB after\n";
   EXPECT_LT(after_kib, before_kib + 100 * 1024) << before_kib << " KiB, then " << after_kib;
-  for (auto& socket : readers) EXPECT_TRUE(closed_by_server(socket));
+  // Each connection is closed by the node. (Reading each to its end is no test of that: the
+  // node's kernel still sends what it had buffered, through the readers' tiny windows, at the
+  // pace of zero-window probes whose backoff can exceed any bound here.)
+  EXPECT_TRUE(wait_until([&] { return node_metric("kvr_http_connections_open") == 0; }, 10s));
   EXPECT_TRUE(wait_until([&] { return node_metric("kvr_http_requests_in_flight") == 0; }, 10s));
   EXPECT_EQ(health(), 200);
 }
