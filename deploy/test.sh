@@ -11,7 +11,8 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${KVR_TEST_BUILD_DIR:-"$root/build/test"}
-release_dir=${KVR_RELEASE_BUILD_DIR:-"$root/build/release"}
+# The quickstart's folder: the same Release build of kvr, built once for both.
+release_dir=${KVR_RELEASE_BUILD_DIR:-"$root/build/quickstart"}
 jobs=${KVR_BUILD_JOBS:-$(nproc)}
 
 "$root/deploy/install_deps.sh"
@@ -32,7 +33,8 @@ ctest --test-dir "$build_dir" --output-on-failure --no-tests=error -j "$jobs" "$
 if [[ ${KVR_SKIP_RELEASE:-0} == 1 ]]; then
   echo "kvr test: Release stage SKIPPED (KVR_SKIP_RELEASE=1)" >&2
 else
-  # The quickstart's build of kvr; the test programs stay the sanitizer build's.
+  # kvr as deploy/quickstart.sh builds it (same flags); the test programs stay the sanitizer
+  # build's.
   release_start=$SECONDS
   cmake -S "$root" -B "$release_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DKVR_BUILD_TESTS=OFF -DKVR_BUILD_BENCHMARKS=OFF -DCMAKE_UNITY_BUILD=ON >/dev/null

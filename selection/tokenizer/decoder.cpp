@@ -9,6 +9,8 @@
 #include "selection/tokenizer/utf8.hpp"
 
 namespace kvr::tokenizer {
+// Named after the kind, as tokenizer.json groups them: the kinds share component names
+// (Sequence, Strip, ...), and a unity build compiles their files together.
 namespace decoders {
 namespace {
 

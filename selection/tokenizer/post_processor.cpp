@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 namespace kvr::tokenizer {
+// Named after the kind, as tokenizer.json groups them: the kinds share component names
+// (Sequence, Strip, ...), and a unity build compiles their files together.
 namespace processors {
 namespace {
 
