@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # README command two: installs what is missing, builds a Debug build with AddressSanitizer and
 # UndefinedBehaviorSanitizer (warnings are errors), runs the whole ctest suite; then the Release
-# stage: kvr built as users run it (Release) and the integration suites labelled `release` run
-# again against it, where a faster node changes what races (KVR_SKIP_RELEASE=1 leaves it out,
+# stage: kvr built as users run it (Release) and the integration suites labelled
+# `integration-release` run again against it, where a faster node changes what races (KVR_SKIP_RELEASE=1 leaves it out,
 # saying so); then the fuzz stage: every libFuzzer harness built with clang-19 and run for
 # 100,000 executions (deploy/scripts/fuzz.sh; KVR_SKIP_FUZZ=1 leaves it out, saying so).
 # Extra arguments go to ctest, e.g. `./deploy/test.sh -L unit` or `-R Selection`; the Release
-# stage then runs only where they select release-labelled tests.
+# stage then runs only the integration-release tests they select.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -1,5 +1,7 @@
 #include "selection/wire/generate_messages.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -71,9 +73,7 @@ v1::GenerateRequest encode_worker_generate_request(const GenerateRequestData& re
 std::optional<std::string> too_large_for_workers(const GenerateRequestData& request,
                                                  std::size_t max_payload) {
   if (max_payload == 0) return std::nullopt;
-  const std::size_t limit = max_payload > kWorkerRequestHeadroom
-                                ? max_payload - kWorkerRequestHeadroom
-                                : std::size_t{0};
+  const std::size_t limit = max_payload - std::min(max_payload, kWorkerRequestHeadroom);
   const std::size_t size = request.wire.ByteSizeLong();
   if (size <= limit) return std::nullopt;
   const auto ids = static_cast<std::size_t>(request.wire.route().tokens().ids_size());

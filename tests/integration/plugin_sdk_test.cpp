@@ -387,8 +387,8 @@ TEST_F(PluginSdkTest, AnActorClientBuiltAgainstTheSdkRoutesReportsAndStreams) {
   ASSERT_TRUE(node);
   ASSERT_TRUE(testing::wait_until_healthy(metrics_port, 30s)) << node->log();
   const fs::path log = directory_.path() / "actor_client.log";
-  const auto status = run({(root_ / "actor_client" / "kvr_actor_client").string(),
-                           "127.0.0.1", std::to_string(actor_port), "mock-model"},
+  const auto status = run({(root_ / "actor_client" / "kvr_actor_client").string(), "127.0.0.1",
+                           std::to_string(actor_port), "mock-model"},
                           log, 120s);
   const std::string output = read_file(log);
   ASSERT_EQ(status, 0) << output << "\n---- node log\n" << node->log();
