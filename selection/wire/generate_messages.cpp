@@ -96,6 +96,12 @@ StreamChunk decode_stream_chunk(const v1::GenerateChunk& chunk) {
                       ? chunk.error().message()
                       : std::string{"the worker reported an error"};
   }
+  plain.finish_reason = chunk.finish_reason();
+  plain.cached_prompt_tokens = chunk.cached_prompt_tokens();
+  if (!chunk.kv_transfer_params().empty()) {
+    plain.kv_transfer_params = chunk.kv_transfer_params();
+    plain.kv_transfer_params_error = kv_transfer_params_error(plain.kv_transfer_params);
+  }
   return plain;
 }
 

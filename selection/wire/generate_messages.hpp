@@ -59,12 +59,6 @@ inline constexpr std::size_t kWorkerRequestHeadroom = kMaxKvTransferParamsBytes 
 std::optional<std::string> too_large_for_workers(const GenerateRequestData& request,
                                                  std::size_t max_payload);
 
-/// What the node asks of a prefill worker (vLLM's NIXL exchange): prefill, keep the KV for a
-/// decode worker to pull, and answer with where it is.
-inline constexpr std::string_view kRemoteDecodeTransferParams =
-    R"({"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,)"
-    R"("remote_block_ids":null,"remote_host":null,"remote_port":null})";
-
 /// Why a prefill worker's `params` cannot be passed on to the decode hop (empty: they can): not a
 /// JSON object, or longer than kMaxKvTransferParamsBytes.
 std::optional<std::string> kv_transfer_params_error(std::string_view params);
