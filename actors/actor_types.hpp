@@ -211,7 +211,6 @@ CAF_ADD_ATOM(kvr_actors, kvr::actors, kv_usage_atom, "kv_usage")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, fleet_atom, "fleet")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, removed_atom, "removed")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, deadline_atom, "deadline")
-CAF_ADD_ATOM(kvr_actors, kvr::actors, stall_atom, "stall")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, watch_atom, "watch")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, selector_atom, "selector")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, flush_atom, "flush")
@@ -337,10 +336,8 @@ using lifecycle_actor = caf::typed_actor<
     caf::reacts_to<removed_atom, std::vector<WorkerId>>,
     // from the discovery actor: the selector of partition (model, routing group)
     caf::reacts_to<selector_atom, std::string, std::string, selector_actor>,
-    // internal: the first-token timeout of (stream id, attempt)
+    // internal: the deadline of (stream id, timer): the request's flight is ticked
     caf::reacts_to<deadline_atom, std::uint64_t, std::uint32_t>,
-    // internal: the stall check of (stream id, attempt) once its response started
-    caf::reacts_to<stall_atom, std::uint64_t, std::uint32_t>,
     // the node's NATS connection went down (false: every stream in flight ends) or came back
     caf::reacts_to<nats_link_atom, bool>,
     // internal: write the decisions and chunks relayed to NATS clients
