@@ -41,8 +41,9 @@ void describe_fleet(Self self, const std::string& model, rc::RequestClassifierCo
   context.update(block_size, std::move(workers));
 }
 
-// The model's admission state, created at its first request with a context that follows the
-// model's fleet from then on (file comment of classifier_actor.hpp).
+// The model's admission state, created at its first partition's description (or its first
+// request or load report, should one come first) with a context that follows the model's fleet
+// from then on (file comment of classifier_actor.hpp).
 ClassifierActorState::Model& model_for(Self self, const std::string& model) {
   auto& models = self->state.models;
   auto it = models.find(model);
@@ -351,8 +352,12 @@ classifier_actor::behavior_type classifier_behavior(Self self, ClassifierActorCo
         auto& partitions = self->state.fleets[model];
         std::string group = fleet.routing_group;
         partitions.insert_or_assign(std::move(group), std::move(fleet));
-        if (const auto it = self->state.models.find(model);
-            it != self->state.models.end() && it->second.context) {
+        const auto it = self->state.models.find(model);
+        if (it == self->state.models.end()) {
+          // The model's first partition was just created: its classifier is built now, so that a
+          // factory that fails is reported before the model's first request.
+          (void)model_for(self, model);
+        } else if (it->second.context) {
           describe_fleet(self, model, *it->second.context);
         }
       },

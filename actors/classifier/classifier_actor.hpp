@@ -1,10 +1,11 @@
 // The classifier actor: one per node, in front of the reservation (route mode) and lifecycle
 // (generate mode) actors when the node runs a request classifier (`request_classifier` in the
-// router-policy YAML). It keeps one AdmissionState per routed model, created at the model's first
-// request from the resolved factory. Every route and generate request is classified; an admitted
-// one is handed on (its response promise delegated) with the classifier's decisions applied: the
-// worker-selection target as selection.affinity_target, the policy class, due time and scheduling
-// cost in the RouteRequest's fields of the same names. A rejected one gets an explicit
+// router-policy YAML). It keeps one AdmissionState per routed model, created from the resolved
+// factory when the model's first partition is created (its selector's first fleet message).
+// Every route and generate request is classified; an admitted one is handed on (its response
+// promise delegated) with the classifier's decisions applied: the worker-selection target as
+// selection.affinity_target, the policy class, due time and scheduling cost in the
+// RouteRequest's fields of the same names. A rejected one gets an explicit
 // RouteDecision error with the classifier's reason (overloaded, rate_limited, due_time_expired,
 // or rejected when the classifier failed), on the request's NATS reply subject or as the actor
 // client's response, and for generate also the final error chunk of its stream. A request still
@@ -32,14 +33,16 @@
 //   wake                             — internal: one delayed_send at the earliest wake time, due
 //                                      time or wait limit (re-armed when an earlier one appears),
 //                                      and one message per batch of fired Wakers.
-//   fleet(PartitionFleet)            — a selector's partition after a worker joined or left;
-//                                      updates the model's classifier context.
+//   fleet(PartitionFleet)            — a selector's partition when it is created and after a
+//                                      worker joined or left; creates the model's classifier (the
+//                                      first) or updates its context.
 //   classify(model, id, tokens)      — an admitted request's context grew (lifecycle actor's
 //                                      chunks, reservation actor's reports): its progress.
 // Undecided requests are re-polled only on a wake-up, never on a timer tick. A model's classifier
-// is created at its first request (or load report) with a context that describes the fleet its
-// selectors described by then (the block size of its first partition that has one, and every
-// worker rank of its partitions) and follows their later descriptions.
+// is created when its first partition is created (or at its first request or load report, should
+// one come first) with a context that describes the fleet its selectors described by then (the
+// block size of its first partition that has one, and every worker rank of its partitions) and
+// follows their later descriptions. A factory that fails is counted and logged once, then.
 // Spawned by the router node only when a classifier is configured; otherwise the node wires the
 // bridge and the ingress straight to the reservation and lifecycle actors, so pass-through costs
 // nothing. It must never block or throw.

@@ -453,16 +453,7 @@ struct RouterNode::Impl {
       selector.options.on_cap_refusal = [refusals](BookingCapKind kind) {
         refusals[static_cast<std::size_t>(kind)].add();
       };
-      selector.options.on_policy_build_failure =
-          [metrics](const plugins::worker_selection::RoutingPartition& partition,
-                    WorkerType worker_type, const std::string& reason) {
-            metrics
-                .policy_build_failures(
-                    fmt::format("{}/{}", partition.model, partition.routing_group),
-                    as_str(worker_type))
-                .add();
-            spdlog::error("kvr node: {}", reason);
-          };
+      // A policy that cannot be built is counted and logged by its selector (selector_actor.hpp).
     }
     selector.plugins = &plugins;
     selector.tick_interval = options.tick_interval;

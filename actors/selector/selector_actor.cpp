@@ -3,7 +3,10 @@
 #include <algorithm>
 
 #include <caf/typed_event_based_actor.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
+#include "messages/metrics/node_metrics.hpp"
 #include "selection/cluster/sharding.hpp"
 #include "selection/wire/shard_messages.hpp"
 
@@ -81,9 +84,27 @@ selector_actor::behavior_type selector_behavior(Self self, SelectorActorConfig c
     state.config = std::move(config);
     state.config.report_kv_usage = static_cast<bool>(state.config.classifier);
     state.config.stopwatch = state.config.clock;
+    // The factories run here, when the partition is created: a role whose policy cannot be built
+    // is counted and logged once now, not at each of its requests.
+    if (!state.config.options.on_policy_build_failure) {
+      state.config.options.on_policy_build_failure =
+          [registry = state.config.metrics](
+              const plugins::worker_selection::RoutingPartition& partition, WorkerType role,
+              const std::string& reason) {
+            metrics::NodeMetrics{*registry}
+                .policy_build_failures(
+                    fmt::format("{}/{}", partition.model, partition.routing_group), as_str(role))
+                .add();
+            spdlog::error("kvr node: {}", reason);
+          };
+    }
     state.router.emplace(state.config, *state.config.plugins);
     state.telemetry.emplace(*state.router, state.config.metrics, state.config.log);
     state.telemetry->write_gauges(*state.router);
+    // The classifier actor builds the model's classifier at its partition's first description.
+    if (state.config.classifier) {
+      self->send(state.config.classifier, fleet_atom::value, state.router->fleet());
+    }
     self->delayed_send(self, state.config.tick_interval, tick_atom::value);
   }
   // Shutdown: every waiting request gets an explicit answer.

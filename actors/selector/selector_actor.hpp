@@ -18,7 +18,9 @@
 //   one (sent to itself, so that they run after the answers have left).
 // Effects: answers go to their promises, dump requests to the RouterPublisher (never waiting),
 // workers that left to the discovery actor (which tells the lifecycle actor), the fleet and its KV
-// usage to the classifier actor, events to metrics and the log.
+// usage to the classifier actor, events to metrics and the log. At spawn (the partition's
+// creation) the policy factories run, a role whose policy cannot be built is counted in
+// kvr_policy_build_failures_total and logged once, and the classifier actor is told the fleet.
 // It must never block, throw, share its state, or call NATS request().
 #pragma once
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -19,6 +20,7 @@
 #include "discovery/catalog/worker_registration.hpp"
 #include "messages/descriptor_limit.hpp"
 #include "selection/cluster/sharding.hpp"
+#include "selection/config/plugin_factories.hpp"
 #include "selection/config/router_policy_config.hpp"
 #include "selection/config/selection_precedence.hpp"
 #include "selection/partition/partition_queue.hpp"
@@ -64,6 +66,7 @@ struct NodeCommandOptions {
   /// --partition-shards MODEL=S, repeatable.
   std::vector<std::string> partition_shards;
   cluster::ShardingConfig shard_settings;
+  bool check_config = false;  // --check-config: validate, build the factories, exit
 };
 
 // --partition-shards MODEL=S: the models split into shards, each with the --shard-* settings.
@@ -186,6 +189,28 @@ std::expected<plugins::RouterPlugins, std::string> resolve_policies(
   return std::move(*plugins);
 }
 
+// --check-config: every factory runs once for each model the configuration names (else for one
+// model named `*`), as each partition's would when it is created; 0, or 2 naming the failure.
+int check_config(const NodeCommandOptions& options, const plugins::RouterPlugins& plugins) {
+  std::set<std::string> names;
+  for (const auto& [model, config] : plugins.models) names.insert(model);
+  for (const auto& [model, path] : plugins.tokenizers) names.insert(model);
+  for (const auto& [model, sharding] : options.node.cluster.sharding) names.insert(model);
+  if (names.empty()) names.emplace(selection::kCheckConfigModel);
+  const std::vector<std::string> models(names.begin(), names.end());
+  plugins::worker_selection::RouterConfig router = options.node.router;
+  // Without --block-size a partition learns its workers' size; the default stands in for it.
+  if (router.block_size == 0)
+    router.block_size = plugins::worker_selection::RouterConfig{}.block_size;
+  if (auto checked = selection::check_plugin_factories(plugins, router, models); !checked) {
+    spdlog::error("kvr node: --check-config: {}", checked.error());
+    return kUsageError;
+  }
+  spdlog::info("kvr node: --check-config: the configuration is valid ({} model{} checked)",
+               models.size(), models.size() == 1 ? "" : "s");
+  return 0;
+}
+
 int run_node(NodeCommandOptions options) {
   // Before any thread starts, so that every thread inherits the blocked signals.
   auto signals = StopSignals::install("kvr node");
@@ -287,6 +312,7 @@ int run_node(NodeCommandOptions options) {
         "prefill_busy_threshold_frac or kv_busy_threshold (nor --router-queue-threshold): "
         "requests never queue");
   }
+  if (options.check_config) return check_config(options, *plugins);
   // A signal stops the node gracefully from the moment a client can see it: anyone who saw it
   // answer (a route, /healthz) may stop it and expect a clean exit.
   auto node = actors::RouterNode::start(options.node, std::move(*plugins),
@@ -329,6 +355,12 @@ void add_node_command(CLI::App& app, int& exit_code) {
                    "router-policy YAML: worker_selection per role, policy instances, classifier")
       ->envname("KVR_ROUTER_POLICY_CONFIG")
       ->check(CLI::ExistingFile);
+  command->add_flag(
+      "--check-config", options->check_config,
+      "check the configuration and exit without connecting: the flags, the "
+      "router-policy YAML, plugins and tokenizers, and every worker-selection and "
+      "request-classifier factory built once per model the configuration names; "
+      "exit 0 when valid, else 2 naming the failure (key, or model, role and plugin)");
   for (WorkerType role : kAllWorkerTypes) {
     const std::string flag{selection::role_selection_flag(role)};
     const std::string description =

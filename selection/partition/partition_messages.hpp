@@ -55,7 +55,8 @@ enum class AffinityAction : std::uint8_t {
   none,
   commit,   ///< the response stream started (first token)
   abandon,  ///< the attempt ended before its first token
-  finish,   ///< the request ended (before a commit this is abandon)
+  finish,   ///< the request ended; before a commit this is abandon, unless it completed (a
+            ///< completion commits first: a route-mode client may report no first token)
 };
 
 /// A booking change (first token or release) of one request, with what it means for its session

@@ -107,7 +107,7 @@ std::expected<void, std::string> PartitionRouter::change_booking(const BookingCh
         calibration->worker, calibration->predicted_seconds, calibration->observed_seconds});
   }
   // Even when the booking is gone (its worker left), the proposal must end.
-  apply_affinity(change.request_id, change.affinity, now, out);
+  apply_affinity(change, now, out);
   if (change.health) apply_health(*change.health, now, out);
   if (changed) drain_queue(now, out);
   finish(out);
@@ -314,22 +314,30 @@ void PartitionRouter::arm_wake(PartitionEffects& out) {
   out.wake_at = next;
 }
 
-void PartitionRouter::apply_affinity(const std::string& request_id, AffinityAction action,
-                                     TimePoint now, PartitionEffects& out) {
-  switch (action) {
+void PartitionRouter::apply_affinity(const BookingChange& change, TimePoint now,
+                                     PartitionEffects& out) {
+  const std::string& request_id = change.request_id;
+  AffinityCommit committed = AffinityCommit::untracked;
+  switch (change.affinity) {
     case AffinityAction::none:
       return;
     case AffinityAction::commit:
-      if (affinity_.commit(request_id, now) == AffinityCommit::rebound) {
-        out.events.emplace_back(partition_event::SessionRebound{});
-      }
-      return;
+      committed = affinity_.commit(request_id, now);
+      break;
     case AffinityAction::abandon:
       (void)affinity_.abandon(request_id, now);
       return;
     case AffinityAction::finish:
-      (void)affinity_.finish(request_id, now);
-      return;
+      // A route-mode client may report only its completion: that commits as a first token would.
+      if (change.release && change.end == discovery::BookingEnd::completed) {
+        committed = affinity_.complete(request_id, now);
+      } else {
+        (void)affinity_.finish(request_id, now);
+      }
+      break;
+  }
+  if (committed == AffinityCommit::rebound) {
+    out.events.emplace_back(partition_event::SessionRebound{});
   }
 }
 

@@ -306,8 +306,7 @@ class PartitionRouter {
   void drain_queue(TimePoint now, PartitionEffects& out);
   void expire_queue(TimePoint now, PartitionEffects& out);
   void arm_wake(PartitionEffects& out);
-  void apply_affinity(const std::string& request_id, AffinityAction action, TimePoint now,
-                      PartitionEffects& out);
+  void apply_affinity(const BookingChange& change, TimePoint now, PartitionEffects& out);
   void apply_health(const WorkerHealthReport& report, TimePoint now, PartitionEffects& out);
   void refuse(std::string_view kind, std::string reason, PartitionEffects& out);
   /// Why `registration` would exceed the partition's worker cap or the node's rank budget (its

@@ -7,6 +7,7 @@
 
 #include "discovery/block_hash.hpp"
 #include "selection/cluster/sharding.hpp"
+#include "selection/config/plugin_factories.hpp"
 
 namespace kvr {
 namespace {
@@ -205,31 +206,16 @@ void SelectorState::build_policies() {
     policies_[role].reset();
     scorer_names_[role].reset();
     policy_failures_[role].clear();
-    std::string failure;
-    // A plugin's fault fails its partition's requests, never the selector.
-    try {
-      policies_[role].emplace(
-          plugins_->selection_for(worker_type).factory(router, worker_type, options_.partition));
-      if (policies_[role]->worker_type() != worker_type) {
-        failure = fmt::format("returned a policy for {} requests",
-                              as_str(policies_[role]->worker_type()));
-      }
-    } catch (const std::exception& error) {
-      failure = fmt::format("threw: {}", error.what());
-    } catch (...) {
-      failure = "threw a non-standard exception";
-    }
-    if (!failure.empty()) {
-      policies_[role].reset();
-      policy_failures_[role] = fmt::format(
-          "policy '{}' for {} requests of model '{}' group '{}' could not be built: its factory {}",
-          policy_name(worker_type), as_str(worker_type), options_.partition.model,
-          options_.partition.routing_group, failure);
+    auto built = selection::build_policy(selection::selection_or_builtin(*plugins_, worker_type),
+                                         router, worker_type, options_.partition);
+    if (!built) {
+      policy_failures_[role] = std::move(built.error());
       if (options_.on_policy_build_failure) {
         options_.on_policy_build_failure(options_.partition, worker_type, policy_failures_[role]);
       }
       continue;
     }
+    policies_[role].emplace(std::move(*built));
     const auto names = selection::scorer_names(*policies_[role]);
     scorer_names_[role] =
         std::make_shared<const std::vector<std::string>>(names.begin(), names.end());
@@ -237,7 +223,7 @@ void SelectorState::build_policies() {
 }
 
 const std::string& SelectorState::policy_name(WorkerType worker_type) const {
-  return plugins_->selection_for(worker_type).instance_name;
+  return selection::selection_or_builtin(*plugins_, worker_type).instance_name;
 }
 
 void SelectorState::rebuild_rows() const {

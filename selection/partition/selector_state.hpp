@@ -66,7 +66,9 @@ class SelectorState final : public selection::WorkerSignalSource {
   /// block size is known (here when configured, else at the first registration), and again only
   /// when a later fleet brings another block size: a policy's state outlives its workers. A
   /// factory that throws, or returns a policy without a picker or for another role, fails that
-  /// role's requests with Error::policy_failed naming the reason (on_policy_build_failure).
+  /// role's requests with Error::policy_failed naming the reason (on_policy_build_failure). A
+  /// role the bundle holds no factory for (a default-constructed RouterPlugins) is served by the
+  /// built-in default policy.
 
   SelectorState(SelectorOptions options, const plugins::RouterPlugins& plugins);
 

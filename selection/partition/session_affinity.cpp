@@ -276,6 +276,12 @@ AffinityRelease SessionAffinity::finish(std::string_view request_id, TimePoint n
   return end_request(request_id, now);
 }
 
+AffinityCommit SessionAffinity::complete(std::string_view request_id, TimePoint now) {
+  const AffinityCommit committed = commit(request_id, now);
+  (void)end_request(request_id, now);
+  return committed;
+}
+
 std::size_t SessionAffinity::expire(TimePoint now) {
   if (!enabled()) return 0;
   while (!proposal_times_.empty() &&

@@ -2,7 +2,7 @@
 // to the (worker, rank) that serves it, with the rules that bind, rebind, expire and drop those
 // bindings. Owned by a selector next to its SelectorState (one table per partition); the selector
 // actor calls route_with_session_affinity() for each request and the lifecycle path reports
-// commit / abandon / finish. Plain C++, single-threaded, on an injected clock.
+// commit / abandon / finish / complete. Plain C++, single-threaded, on an injected clock.
 //
 // Semantics (off by default; on when a TTL is configured):
 //   - hard mode: a request of a bound session is booked on exactly the bound worker, without
@@ -19,9 +19,10 @@
 //   - soft mode: the binding is offered to the policy as the request's affinity target
 //     (WorkerSelectionContext::affinity_target()); the policy may choose another worker. Any
 //     change of the binding, including the first binding of a new session, is committed only when
-//     the response stream starts (commit, at the first token), so a binding always names a worker
-//     that has really started serving the session (and so holds its prefix); a request that fails
-//     before its first token (abandon) leaves the binding as it was. Concurrent requests commit
+//     the response stream starts (commit, at the first token) or, for a client that reports no
+//     first token, when the request completes (complete), so a binding always names a worker that
+//     has really served the session (and so holds its prefix); a request that fails before its
+//     first token (abandon) leaves the binding as it was. Concurrent requests commit
 //     optimistically: a commit moves the binding only if nobody moved it since the request was
 //     proposed (otherwise the newer binding stays).
 //   - TTL, sliding: a binding expires TTL after its last use (proposal, first token, end of a
@@ -171,6 +172,11 @@ class SessionAffinity {
   /// The request ended after its first token (completed, cancelled or failed). Before a commit
   /// this is abandon().
   AffinityRelease finish(std::string_view request_id, TimePoint now);
+  /// The request completed. A completion shows that its worker served the session as surely as a
+  /// first token does, and a route-mode client may report only its completion: a proposal no
+  /// first token committed is committed now, then the request ends as finish() ends it. Returns
+  /// what the commit did (untracked when the first token had committed it, or for an unknown id).
+  AffinityCommit complete(std::string_view request_id, TimePoint now);
 
   /// Ends requests older than max_request_age, then removes bindings idle for the TTL with no
   /// request in flight; returns how many bindings were removed.

@@ -3,6 +3,8 @@
 // (replay against replay-live) and `kvr route`'s exit codes; `kvr route` exits 4 when no node
 // answers and 1 when one answers with a route error; a --metrics-port in use stops a second node;
 // SIGTERM stops a node and a mocker promptly, during startup too.
+#include <filesystem>
+#include <fstream>
 #include <regex>
 
 #include <gtest/gtest.h>
@@ -327,6 +329,52 @@ TEST_F(CliHelpTest, RouteDocumentsEachExitCode) {
                            "3 rejected by admission", "4 no decision"}) {
     EXPECT_NE(text.find(code), std::string::npos) << code << "\n" << text;
   }
+}
+
+// ---- kvr node --check-config -----------------------------------------------------------------
+
+class CliCheckConfigTest : public ::testing::Test {
+ protected:
+  // Runs `kvr node --check-config` with a router-policy YAML of `yaml` and `extra`; nothing
+  // listens on its NATS port, so a node that tried to connect would fail.
+  ProcessRun check(const std::string& yaml, std::vector<std::string> extra = {}) {
+    const std::filesystem::path config = directory_.path() / "router.yaml";
+    std::ofstream{config} << yaml;
+    std::vector<std::string> argv{kvr::testing::kvr_binary(),
+                                  "node",
+                                  "--check-config",
+                                  "--nats",
+                                  "nats://127.0.0.1:" + std::to_string(testing::free_port()),
+                                  "--router-policy-config",
+                                  config.string()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return run_process(argv, directory_.path() / "kvr.log", 60s);
+  }
+
+  TemporaryDirectory directory_;
+};
+
+TEST_F(CliCheckConfigTest, AValidConfigurationExitsZeroWithoutConnecting) {
+  const ProcessRun run = check(R"(worker_selection: {decode: least-loaded}
+request_classifier: {type: max-in-flight, parameters: {max_in_flight: 4}}
+models: {llama: {tokenizer_mode: engine}, mistral: {}}
+)");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("the configuration is valid (2 models checked)"), std::string::npos)
+      << run.output;
+}
+
+// The plugin's provider runs (and passes) at startup; only its factory, which each partition
+// runs when it is created, throws: the check reports it before any traffic.
+TEST_F(CliCheckConfigTest, AThrowingPolicyFactoryExitsTwoNamingTheModelRoleAndPlugin) {
+  const ProcessRun run = check("worker_selection: {decode: unbuildable}\nmodels: {llama: {}}\n",
+                               {"--plugin", KVR_UNBUILDABLE_POLICY_PLUGIN});
+  EXPECT_EQ(run.exit_code, kUsageError) << run.output;
+  EXPECT_NE(run.output.find("--check-config: policy 'unbuildable' (type unbuildable) for decode "
+                            "requests of model 'llama' group 'default' could not be built: its "
+                            "factory threw: no GPU budget configured"),
+            std::string::npos)
+      << run.output;
 }
 
 // ---- a node against a real NATS server ------------------------------------------------------

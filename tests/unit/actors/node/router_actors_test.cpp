@@ -465,6 +465,39 @@ TEST_F(RouterActorsTest, RouteBooksAndCompletionReleasesExactlyOnce) {
   EXPECT_EQ(metrics_->value("kvr_lifecycle_reports_after_end_total", {{"event", "completed"}}), 1);
 }
 
+// The selector runs its partition's policy factories when it is spawned: a factory that throws is
+// counted and logged once then, before any request, and each request of that role is refused
+// naming the policy and the cause without running the factory again.
+TEST_F(RouterActorsTest, AThrowingPolicyFactoryIsCountedOnceWhenItsPartitionIsCreated) {
+  using plugins::worker_selection::WorkerSelectionPolicy;
+  auto calls = std::make_shared<int>(0);
+  plugins_.worker_selection[static_cast<std::size_t>(WorkerType::Aggregated)] =
+      plugins::RouterPlugins::WorkerSelection{
+          "fragile", "fragile",
+          [calls](const plugins::worker_selection::RouterConfig&, WorkerType,
+                  const plugins::worker_selection::RoutingPartition&) -> WorkerSelectionPolicy {
+            ++*calls;
+            throw std::runtime_error("no GPU budget");
+          }};
+  const metrics::Labels failures{{"partition", "m/default"}, {"role", "aggregated"}};
+  register_workers({11});
+  EXPECT_EQ(*calls, 1);
+  EXPECT_EQ(metrics_->value("kvr_policy_build_failures_total", failures), 1);
+
+  for (const char* id : {"r1", "r2"}) {
+    const auto decision = route(request(id));
+    ASSERT_TRUE(decision.has_error()) << id;
+    EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_POLICY_FAILED);
+    EXPECT_NE(decision.error().message().find("'fragile'"), std::string::npos)
+        << decision.error().message();
+    EXPECT_NE(decision.error().message().find("no GPU budget"), std::string::npos)
+        << decision.error().message();
+  }
+  EXPECT_EQ(*calls, 1);
+  EXPECT_EQ(metrics_->value("kvr_policy_build_failures_total", failures), 1);
+  EXPECT_EQ(bookings(), 0);
+}
+
 TEST_F(RouterActorsTest, APickIsInPredictedLoadBeforeTheNextSelection) {
   register_workers({11, 12});
   // Equal caches and no load reports: only the bookings tell the workers apart.
@@ -1381,6 +1414,38 @@ TEST_F(ClassifierActorsTest, AClassifierFactoryThatThrowsRefusesItsModelsRequest
             1);
 }
 
+// The classifier actor builds a model's classifier when the model's first selector describes its
+// partition: a factory that throws is counted and logged once then, before any request, and the
+// model's requests are refused naming the cause without running the factory again.
+TEST_F(ClassifierActorsTest, AThrowingClassifierFactoryIsCountedOnceWhenItsPartitionIsCreated) {
+  auto calls = std::make_shared<int>(0);
+  start(
+      {},
+      [calls](ClassifierActorConfig& settings) {
+        settings.factory =
+            [calls](const rc::RequestClassifierContext&) -> std::unique_ptr<rc::RequestClassifier> {
+          ++*calls;
+          throw std::runtime_error("no admission budget configured");
+        };
+      },
+      /*feed_fleet_load=*/true);
+  const metrics::Labels build{{"model", "m"}, {"stage", "build"}};
+  EXPECT_EQ(*calls, 0) << "no partition yet";
+  register_workers({11});
+  EXPECT_EQ(*calls, 1);
+  EXPECT_EQ(metrics_->value("kvr_classifier_faults_total", build), 1);
+
+  for (const char* id : {"r1", "r2"}) {
+    const v1::RouteDecision decision = route_via(classifier_, request(id));
+    ASSERT_TRUE(decision.has_error()) << id;
+    EXPECT_EQ(decision.error().code(), v1::ROUTE_ERROR_POLICY_FAILED);
+    EXPECT_NE(decision.error().message().find("no admission budget configured"), std::string::npos)
+        << decision.error().message();
+  }
+  EXPECT_EQ(*calls, 1);
+  EXPECT_EQ(metrics_->value("kvr_classifier_faults_total", build), 1);
+}
+
 // A classifier whose on_event throws loses that event, counted; requests are still served.
 TEST_F(ClassifierActorsTest, AnEventHookThatThrowsIsCountedAndServingGoesOn) {
   struct ThrowingOnEvents final : rc::RequestClassifier {
@@ -1683,8 +1748,9 @@ TEST_F(ClassifierActorsTest, APolicyReceivesTheTargetItsClassifierSet) {
 }
 
 // The selectors describe their partitions to the classifier actor: a model's classifier is created
-// at its first request with the block size and the worker ranks its selectors know by then, and
-// the context it may keep follows the fleet afterwards.
+// when its first partition is, with the block size and the worker ranks its selectors know by then
+// (the configured block size, no worker yet), and the context it may keep follows the fleet
+// afterwards.
 TEST_F(ClassifierActorsTest, AModelsClassifierContextFollowsTheFleetItsSelectorsDescribe) {
   auto contexts = std::make_shared<std::vector<std::pair<std::size_t, std::size_t>>>();
   auto kept = std::make_shared<const rc::RequestClassifierContext*>(nullptr);
@@ -1700,11 +1766,12 @@ TEST_F(ClassifierActorsTest, AModelsClassifierContextFollowsTheFleetItsSelectors
         },
         /*feed_fleet_load=*/true);
   register_workers({11, 12});
+  ASSERT_EQ(contexts->size(), 1U);
+  EXPECT_EQ((*contexts)[0], (std::pair<std::size_t, std::size_t>{4, 0}));
+  const rc::RequestClassifierContext& context = **kept;
+  EXPECT_EQ(context.workers().size(), 2U) << "two workers joined";
   const v1::RouteDecision decision = route_via(classifier_, request("r1"));
   ASSERT_TRUE(decision.has_success()) << decision.error().message();
-  ASSERT_EQ(contexts->size(), 1U);
-  EXPECT_EQ((*contexts)[0], (std::pair<std::size_t, std::size_t>{4, 2}));
-  const rc::RequestClassifierContext& context = **kept;
   send(discovery_, worker_up_atom::value, registration(13));
   EXPECT_EQ(context.workers().size(), 3U) << "a worker joined";
   send(discovery_, worker_down_atom::value, WorkerLiveness{11, 1});

@@ -309,6 +309,49 @@ TEST_F(PartitionRouterTest, HardSessionAffinityKeepsASessionOnItsWorker) {
   EXPECT_EQ(router_->gauges().session_bindings, 1U);
 }
 
+// Soft session affinity in route mode, where a client may report only its completion: a request
+// that completes without a first token binds the session and moves its binding, as a first token
+// would; one cancelled before a first token leaves the binding where it was.
+TEST_F(PartitionRouterTest, ACompletionWithoutAFirstTokenMovesTheSoftSessionBinding) {
+  options_.affinity.ttl = 60s;
+  options_.affinity.mode = SessionAffinityMode::soft;
+  make();
+  add_worker(1);
+  add_worker(2);
+  auto in_session = [&](std::string id, std::optional<WorkerId> pin = std::nullopt) {
+    RouteRequest input = request(std::move(id), 4);
+    input.selection.session.emplace("conversation", std::nullopt, std::nullopt, std::nullopt);
+    if (pin) {
+      input.selection.pinned_worker =
+          plugins::worker_selection::WorkerAffinityTarget{.worker_id = *pin};
+    }
+    return input;
+  };
+  const auto ended = [&](std::string id, discovery::BookingEnd end, TimePoint now) {
+    return router_->change_booking({std::move(id), true, end, AffinityAction::finish}, now,
+                                   effects_);
+  };
+  const auto bound_to = [&](TimePoint now) {
+    const auto binding = router_->affinity().binding("conversation", now);
+    return binding ? binding->worker_id : 0;
+  };
+
+  const WorkerId first = worker_of(route(in_session("a")));
+  ASSERT_TRUE(ended("a", discovery::BookingEnd::completed, kStart + 1s));
+  EXPECT_EQ(bound_to(kStart + 1s), first);
+
+  const WorkerId other = first == 1 ? 2 : 1;
+  ASSERT_EQ(worker_of(route(in_session("b", other), kStart + 2s)), other);
+  ASSERT_TRUE(ended("b", discovery::BookingEnd::cancelled, kStart + 3s));
+  EXPECT_EQ(bound_to(kStart + 3s), first);
+
+  effects_.clear();
+  ASSERT_EQ(worker_of(route(in_session("c", other), kStart + 4s)), other);
+  ASSERT_TRUE(ended("c", discovery::BookingEnd::completed, kStart + 5s));
+  EXPECT_EQ(bound_to(kStart + 5s), other);
+  EXPECT_EQ(count<partition_event::SessionRebound>(effects_), 1U);
+}
+
 TEST_F(PartitionRouterTest, ADeregisteredWorkerIsRemovedAndReportedOnce) {
   make();
   add_worker(5);

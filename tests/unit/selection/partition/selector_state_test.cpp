@@ -998,5 +998,39 @@ TEST_F(SelectorStateTest, AFactoryThatFailsFailsItsRolesRequestsNamingTheCause) 
   EXPECT_EQ(failures.size(), 3U) << "reported once, not per request";
 }
 
+// A bundle that nothing resolved (RouterPlugins{}) holds no factory: every role keeps the built-in
+// default policy (kv-cost, named `default`) instead of failing its requests.
+TEST_F(SelectorStateTest, AnEmptyPluginBundleRoutesEveryRoleWithTheBuiltInDefault) {
+  plugins_ = std::make_unique<plugins::RouterPlugins>();
+  std::vector<std::string> failures;
+  SelectorOptions options;
+  options.partition.model = std::string{kModel};
+  options.router.block_size = kBlockSize;
+  options.on_policy_build_failure = [&](const plugins::worker_selection::RoutingPartition&,
+                                        WorkerType,
+                                        const std::string& reason) { failures.push_back(reason); };
+  state_ = std::make_unique<SelectorState>(std::move(options), *plugins_);
+  EXPECT_EQ(failures, std::vector<std::string>{});
+
+  for (const WorkerType role : kAllWorkerTypes) {
+    auto worker = registration(10 + static_cast<WorkerId>(role));
+    worker.role = role;
+    ASSERT_TRUE(state_->register_worker(worker, kStart));
+    RouteRequest request;
+    request.worker_type = role;
+    request.selection.request_id = fmt::format("r-{}", as_str(role));
+    request.selection.prompt_tokens = 2 * kBlockSize;
+    request.selection.block_hashes = prompt_blocks(2, 3);
+    const auto routed = state_->route(request, kStart);
+    ASSERT_TRUE(routed) << as_str(role) << ": " << routed.error().message;
+    EXPECT_EQ(routed->worker.worker_id, worker.worker_id);
+    ASSERT_TRUE(routed->scorer_names);
+    ASSERT_EQ(routed->scorer_names->size(), 1U);
+    EXPECT_NE(routed->scorer_names->front().find("KvCostScorer"), std::string::npos)
+        << routed->scorer_names->front();
+    EXPECT_EQ(state_->policy_name(role), "default");
+  }
+}
+
 }  // namespace
 }  // namespace kvr

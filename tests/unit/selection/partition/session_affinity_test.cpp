@@ -107,6 +107,18 @@ TEST(SessionAffinityHardTest, ProvisionalBindingOfAFailedFirstRequestIsDropped) 
   EXPECT_EQ(affinity.stats().dropped_failed, 1U);
 }
 
+// A completion is evidence the worker served the session: a provisional binding whose request
+// completes without a reported first token is confirmed, not dropped as a failed one.
+TEST(SessionAffinityHardTest, CompletionWithoutAFirstTokenConfirmsTheProvisionalBinding) {
+  SessionAffinity affinity{options(SessionAffinityMode::hard)};
+  const auto s = session("s");
+  ASSERT_EQ(affinity.propose("r1", s, kA, kStart), AffinityProposal::bound);
+  EXPECT_EQ(affinity.complete("r1", kStart + 1s), AffinityCommit::confirmed);
+  EXPECT_EQ(affinity.hard_target(s, kStart + 1s), kA);
+  EXPECT_EQ(affinity.open_requests(), 0U);
+  EXPECT_EQ(affinity.stats().dropped_failed, 0U);
+}
+
 TEST(SessionAffinityHardTest, BindingConfirmedByAnotherRequestSurvivesTheCreatorsFailure) {
   SessionAffinity affinity{options(SessionAffinityMode::hard)};
   const auto s = session("s");
@@ -220,6 +232,28 @@ TEST(SessionAffinitySoftTest, CommitOfTheBoundWorkerConfirms) {
   EXPECT_EQ(affinity.propose("r2", s, kA, kStart), AffinityProposal::kept);
   EXPECT_EQ(affinity.commit("r2", kStart), AffinityCommit::confirmed);
   EXPECT_EQ(affinity.stats().rebinds, 0U);
+}
+
+// A route-mode client may report only its completion: that binds and moves the soft binding as a
+// first token does, and a completion after the first token commits nothing twice.
+TEST(SessionAffinitySoftTest, CompletionWithoutAFirstTokenBindsAndRebinds) {
+  SessionAffinity affinity{options(SessionAffinityMode::soft)};
+  const auto s = session("s");
+  ASSERT_EQ(affinity.propose("r1", s, kA, kStart), AffinityProposal::pending_bind);
+  EXPECT_EQ(affinity.complete("r1", kStart + 1s), AffinityCommit::bound);
+  EXPECT_EQ(affinity.binding("s", kStart + 1s), kA);
+
+  ASSERT_EQ(affinity.propose("r2", s, kB, kStart + 2s), AffinityProposal::pending_rebind);
+  EXPECT_EQ(affinity.complete("r2", kStart + 3s), AffinityCommit::rebound);
+  EXPECT_EQ(affinity.binding("s", kStart + 3s), kB);
+  EXPECT_EQ(affinity.stats().rebinds, 1U);
+
+  ASSERT_EQ(affinity.propose("r3", s, kC, kStart + 4s), AffinityProposal::pending_rebind);
+  ASSERT_EQ(affinity.commit("r3", kStart + 5s), AffinityCommit::rebound);
+  EXPECT_EQ(affinity.complete("r3", kStart + 6s), AffinityCommit::untracked);
+  EXPECT_EQ(affinity.binding("s", kStart + 6s), kC);
+  EXPECT_EQ(affinity.stats().rebinds, 2U);
+  EXPECT_EQ(affinity.open_requests(), 0U);
 }
 
 // ---- TTL, session_final, LRU --------------------------------------------------------------
