@@ -203,6 +203,9 @@ std::expected<void, std::string> NodeOptions::validate() const {
       stream_stall_timeout > std::chrono::hours(24)) {
     return std::unexpected("--router-stream-stall-timeout-ms: between 1 ms and 24 h");
   }
+  if (max_retries > kMaxRetries) {
+    return std::unexpected(fmt::format("--router-max-retries: between 0 and {}", kMaxRetries));
+  }
   if (drain_timeout < std::chrono::milliseconds(0) || drain_timeout > std::chrono::hours(1)) {
     return std::unexpected("--drain-timeout-ms: between 0 and 1 h");
   }
@@ -518,6 +521,7 @@ struct RouterNode::Impl {
     settings.selector_timeout = selector_answer_timeout();
     settings.first_token_timeout = options.first_token_timeout;
     settings.stream_stall_timeout = options.stream_stall_timeout;
+    settings.max_retries = options.max_retries;
     settings.classifier = classifier;
     lifecycle = system->spawn(lifecycle_behavior, std::move(settings));
   }

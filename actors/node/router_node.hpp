@@ -62,6 +62,10 @@ struct PeerPortOptions {
   PeerFrameLimits frames;
 };
 
+/// The most retries --router-max-retries allows: each excludes another worker, and a request
+/// that failed on this many is not the workers' fault.
+inline constexpr std::uint32_t kMaxRetries = 8;
+
 /// Default caps on what unreported bookings may hold (`--router-max-open-bookings`,
 /// `--router-max-booked-blocks`): each open booking costs about 1 KB plus 27 to 47 bytes per prompt
 /// block (docs/protocol.md), so the defaults bound the bookings to a few hundred MB.
@@ -127,6 +131,9 @@ struct NodeOptions {
   std::chrono::milliseconds first_token_timeout{30'000};
   /// Generate mode: a response with no chunk for this long ends with an explicit error.
   std::chrono::milliseconds stream_stall_timeout{30'000};
+  /// Generate mode and the HTTP front door: retries of a request whose worker failed before its
+  /// first token, each on another worker (at most kMaxRetries).
+  std::uint32_t max_retries = 1;
   /// On SIGTERM: how long the streams in flight may run on while no new request is taken.
   std::chrono::milliseconds drain_timeout{20'000};
   /// The default class's busy threshold (`--router-queue-threshold`): a fraction in (0, 1] of a

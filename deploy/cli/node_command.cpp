@@ -244,6 +244,7 @@ int run_node(NodeCommandOptions options) {
     options.node.http->port = *options.http_port;
     options.node.http->first_byte_timeout = options.node.first_token_timeout;
     options.node.http->stall_timeout = options.node.stream_stall_timeout;
+    options.node.http->max_retries = options.node.max_retries;
   }
   const auto tokenizer_mode = selection::tokenizer_mode_from(options.tokenizer_mode);
   if (!tokenizer_mode) {
@@ -452,10 +453,17 @@ void add_node_command(CLI::App& app, int& exit_code) {
   command
       ->add_option("--router-first-token-timeout-ms", options->first_token_timeout_ms,
                    "generate mode: a worker that sends no first chunk within this time has failed "
-                   "the request (retried once elsewhere)")
+                   "the request (retried elsewhere: --router-max-retries)")
       ->envname("KVR_ROUTER_FIRST_TOKEN_TIMEOUT_MS")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{86'400'000}));
+  command
+      ->add_option("--router-max-retries", options->node.max_retries,
+                   "generate mode and the HTTP front door: retries of a request whose worker "
+                   "failed before its first token, each on another worker")
+      ->envname("KVR_ROUTER_MAX_RETRIES")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint32_t{0}, actors::kMaxRetries));
   command
       ->add_option("--drain-timeout-ms", options->drain_timeout_ms,
                    "on SIGTERM/SIGINT: take no new request and let the generate streams in flight "

@@ -1432,8 +1432,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // ---- failures ------------------------------------------------------------------------------
 
-  // The engine failed the attempt: retried once elsewhere while the client has been sent nothing
-  // and the engine sent no byte; else the request ends with an explicit error.
+  // The engine failed the attempt: retried elsewhere (max_retries times) while the client has been
+  // sent nothing and the engine sent no byte; else the request ends with an explicit error.
   void engine_failed(std::string why, v1::AbortCause cause = v1::ABORT_CAUSE_WORKER_FAILED) {
     Flight& flight = *flight_;
     server_.metrics->add(kEngineFailures, {{"phase", flight.first_byte ? "answer" : "first_byte"}});
@@ -1445,7 +1445,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     report(flight.booking_id, v1::LIFECYCLE_EVENT_ABORTED, cause, why);
     flight.booking_id.clear();
     const bool retryable =
-        flight.attempt == 0 && !flight.first_byte && !flight.header_sent &&
+        flight.attempt < server_.options.max_retries && !flight.first_byte && !flight.header_sent &&
         (cause == v1::ABORT_CAUSE_WORKER_FAILED || cause == v1::ABORT_CAUSE_FIRST_TOKEN_TIMEOUT);
     if (retryable) {
       server_.metrics->add(kRetries);

@@ -63,6 +63,8 @@ struct FrontDoorOptions {
   std::chrono::milliseconds first_byte_timeout{30'000};
   /// A streamed answer with no byte for this long ends with an error event.
   std::chrono::milliseconds stall_timeout{30'000};
+  /// Retries of a request whose engine failed before its first byte, each on another worker.
+  std::uint32_t max_retries = 1;
   /// A kept-alive client connection idle this long between requests is closed (nginx's
   /// keepalive_timeout is 75 s, Envoy's connection idle timeout an hour).
   std::chrono::milliseconds idle_timeout{60'000};

@@ -131,6 +131,7 @@ const BadOption kBadOptions[] = {
     {"NodeZeroFirstTokenTimeout",
      {"node", "--router-first-token-timeout-ms", "0"},
      "--router-first-token-timeout-ms"},
+    {"NodeTooManyRetries", {"node", "--router-max-retries", "9"}, "--router-max-retries"},
     {"NodeAbsurdSessionAffinityTtl",
      {"node", "--router-session-affinity-ttl-secs", "99999999999"},
      "--router-session-affinity-ttl-secs"},

@@ -709,6 +709,20 @@ TEST_F(FrontDoorTest, AnEngineWithoutFirstByteInTimeIs504) {
   EXPECT_TRUE(wait_until([&] { return node_metric("kvr_route_bookings_open") == 0; }, 5s));
 }
 
+TEST_F(FrontDoorTest, TheRetriesOfAFailedEngineAreTheNodesSetting) {
+  start_node({"--router-first-token-timeout-ms", "300", "--router-max-retries", "0"});
+  start_pair(kFirstWorker, "0.001");
+  start_pair(kFirstWorker + 1, "0.001");
+  wait_until_ready();
+  ASSERT_TRUE(wait_until([&] { return node_metric("kvr_workers") == 2; }, 10s));
+  const Answer timed_out = post(
+      "/v1/completions", R"({"model":"mock-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":1})");
+  EXPECT_EQ(timed_out.status, 504) << timed_out.body;
+  // No retry: the other engine was never tried.
+  EXPECT_EQ(node_metric("kvr_http_retries_total"), 0);
+  EXPECT_TRUE(wait_until([&] { return node_metric("kvr_route_bookings_open") == 0; }, 5s));
+}
+
 TEST_F(FrontDoorTest, AClientThatGoesAwayCancelsTheEngineRequestAndReleasesTheBooking) {
   start_node();
   EnginePair& pair = start_pair(kFirstWorker, "1");
