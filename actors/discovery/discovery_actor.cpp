@@ -1,5 +1,7 @@
 #include "actors/discovery/discovery_actor.hpp"
 
+#include <span>
+
 #include <caf/spawn_options.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <fmt/format.h>
@@ -8,13 +10,14 @@
 #include "actors/actor_types.hpp"
 #include "messages/metrics/node_metrics.hpp"
 #include "selection/cluster/placement.hpp"
+#include "selection/cluster/sharded_fleet_view.hpp"
 #include "selection/cluster/sharding.hpp"
 
 namespace kvr::actors {
 namespace {
 
 using Self = discovery_actor::stateful_pointer<DiscoveryActorState>;
-using PartitionKey = std::pair<std::string, std::string>;
+using PartitionKey = cluster::PartitionKey;
 
 // Asks every worker to register again, at most once per throttle period.
 void request_reregistration(Self self, bool force) {
@@ -30,9 +33,13 @@ void request_reregistration(Self self, bool force) {
 // The selector of a known worker, or an invalid handle (and a discovery request).
 selector_actor selector_of_worker(Self self, WorkerId worker) {
   auto& state = self->state;
-  const auto partition = state.worker_partition.find(worker);
-  if (partition != state.worker_partition.end()) {
-    const auto selector = state.selectors.find(partition->second);
+  const PartitionKey* partition = state.fleet.shard_of(worker);
+  if (const auto unsharded = state.worker_partition.find(worker);
+      partition == nullptr && unsharded != state.worker_partition.end()) {
+    partition = &unsharded->second;
+  }
+  if (partition != nullptr) {
+    const auto selector = state.selectors.find(*partition);
     if (selector != state.selectors.end()) return selector->second;
     // Cluster mode: a worker of a partition another node owns.
     if (state.config.cluster) return {};
@@ -49,10 +56,7 @@ selector_actor selector_of_partition(Self self, const PartitionKey& key) {
 
 // The sharding of `model`, when it is split into shards (cluster mode only); else null.
 const cluster::ShardingConfig* sharding_of(Self self, std::string_view model) {
-  auto& state = self->state;
-  if (!state.config.cluster) return nullptr;
-  const auto it = state.config.sharding.find(model);
-  return it == state.config.sharding.end() || it->second.shards <= 1 ? nullptr : &it->second;
+  return self->state.fleet.sharding(model);
 }
 
 // The partition key the workers of `key` publish under: a shard's workers publish under their
@@ -76,12 +80,11 @@ void follow_partition(Self self, const PartitionKey& key, bool follow) {
     return;
   }
   const std::string partition = feed_partition(key);
-  for (const auto& [worker, worker_key] : state.worker_partition) {
-    if (worker_key != key) continue;
+  for (const discovery::WorkerRegistration& worker : state.fleet.registrations_in(key)) {
     if (follow) {
-      state.config.feed->follow(partition, worker, label);
+      state.config.feed->follow(partition, worker.worker_id, label);
     } else {
-      state.config.feed->unfollow(partition, worker);
+      state.config.feed->unfollow(partition, worker.worker_id);
     }
   }
 }
@@ -158,122 +161,70 @@ void announce_partition(Self self, const PartitionKey& key) {
   }
 }
 
-// The workers of sharded model `key` (model, routing group) as registered.
-ShardFleet shard_fleet_of(Self self, const PartitionKey& key) {
-  ShardFleet fleet{key.first, key.second, 0, {}};
-  for (const auto& [id, registration] : self->state.registrations) {
-    if (registration.model != key.first || registration.routing_group != key.second) continue;
-    fleet.workers.push_back({id, static_cast<std::uint8_t>(registration.role)});
-    fleet.block_size = registration.block_size;
-  }
-  return fleet;
+// What the shard watchers are told of a sharded model's fleet.
+ShardFleet shard_fleet_message(cluster::ShardedFleet fleet) {
+  return {std::move(fleet.model.first), std::move(fleet.model.second), fleet.block_size,
+          std::move(fleet.workers)};
 }
 
-// The fleet of sharded model `key` changed: its workers are assigned to shards again, a worker
-// whose shard changed moves (from the old shard's selector to the new one's, each if served
-// here), and the shard watchers learn the fleet.
-void reshard(Self self, const PartitionKey& key) {
+// Carries out what the sharded fleet view decided: a worker that left the fleet is no longer
+// followed; a worker that moved leaves its old shard's selector and joins its new one's (each if
+// served here; a move is no removal: its requests in flight go on); the shard watchers learn the
+// new fleets.
+void apply_fleet_changes(Self self, cluster::ShardedFleetChanges changes) {
   auto& state = self->state;
-  const cluster::ShardingConfig* sharding = sharding_of(self, key.first);
-  if (sharding == nullptr) return;
-  ShardFleet fleet = shard_fleet_of(self, key);
-  cluster::ShardMap& map = state.shard_maps.try_emplace(key, sharding->shards).first->second;
-  for (const WorkerId worker : map.assign(fleet.workers)) {
-    const discovery::WorkerRegistration& registration = state.registrations.at(worker);
-    PartitionKey to{key.first, cluster::shard_group(key.second, *map.shard_of(worker))};
-    if (const auto from = state.worker_partition.find(worker);
-        from != state.worker_partition.end() && from->second != to) {
-      if (auto old = selector_of_partition(self, from->second)) {
-        self->send(old, worker_down_atom::value, WorkerLiveness{worker, registration.incarnation});
+  for (const cluster::ShardLeave& leave : changes.left) {
+    if (state.config.feed) {
+      state.config.feed->unfollow(cluster::partition_key(leave.model.first, leave.model.second),
+                                  leave.worker);
+    }
+  }
+  for (cluster::ShardMove& move : changes.moved) {
+    const WorkerLiveness worker{move.registration.worker_id, move.registration.incarnation};
+    if (move.from) {
+      if (auto old = selector_of_partition(self, *move.from)) {
+        self->send(old, worker_down_atom::value, worker);
       }
     }
-    if (auto selector = selector_of_partition(self, to)) {
-      self->send(selector, worker_up_atom::value, registration);
+    if (auto selector = selector_of_partition(self, move.to)) {
+      self->send(selector, worker_up_atom::value, std::move(move.registration));
     }
-    follow_shard_worker(self, worker, to);
-    state.worker_partition[worker] = std::move(to);
+    follow_shard_worker(self, worker.worker_id, move.to);
   }
-  for (const shard_watcher_actor& watcher : state.shard_watchers) {
-    self->send(watcher, shard_atom::value, fleet);
+  for (cluster::ShardedFleet& fleet : changes.fleets) {
+    const ShardFleet message = shard_fleet_message(std::move(fleet));
+    for (const shard_watcher_actor& watcher : state.shard_watchers) {
+      self->send(watcher, shard_atom::value, message);
+    }
   }
+}
+
+// A sharded model's workers leave its fleet: their models' shards are reassigned.
+void remove_sharded(Self self, std::span<const WorkerId> workers) {
+  if (!workers.empty()) apply_fleet_changes(self, self->state.fleet.remove(workers));
 }
 
 // A registration of a sharded model's worker: it joins its shard's partition (its selector when
 // served here), and a change of the model's fleet reassigns the shards.
 void register_sharded(Self self, discovery::WorkerRegistration registration) {
   auto& state = self->state;
-  const PartitionKey key{registration.model, registration.routing_group};
-  const WorkerId id = registration.worker_id;
-  state.last_heard[id] = state.config.selector.clock->now();
-  announce_partition(self, key);
-  std::optional<PartitionKey> left;
-  bool changed = true;
-  if (const auto previous = state.registrations.find(id); previous != state.registrations.end()) {
-    const discovery::WorkerRegistration& before = previous->second;
-    const PartitionKey before_key{before.model, before.routing_group};
-    changed = before_key != key || before.role != registration.role ||
-              before.block_size != registration.block_size;
-    if (before_key != key) left = before_key;
-  }
-  state.registrations.insert_or_assign(id, registration);
-  if (changed) reshard(self, key);
-  if (left) reshard(self, *left);
-  PartitionKey shard{key.first,
-                     cluster::shard_group(key.second, *state.shard_maps.at(key).shard_of(id))};
-  if (auto selector = selector_of_partition(self, shard)) {
-    self->send(selector, worker_up_atom::value, std::move(registration));
-  }
-  follow_shard_worker(self, id, shard);
-  state.worker_partition[id] = std::move(shard);
+  announce_partition(self, {registration.model, registration.routing_group});
+  // It served an unsharded partition before: it left that one.
+  state.registrations.erase(registration.worker_id);
+  state.worker_partition.erase(registration.worker_id);
+  apply_fleet_changes(self, state.fleet.register_worker(std::move(registration),
+                                                        state.config.selector.clock->now()));
 }
 
-// A worker of a sharded model left (deregistered, expired): the model's shards are reassigned.
-void forget_sharded(Self self, WorkerId worker, const PartitionKey& key) {
-  self->state.last_heard.erase(worker);
-  if (self->state.config.feed) {
-    self->state.config.feed->unfollow(cluster::partition_key(key.first, key.second), worker);
-  }
-  reshard(self, key);
-}
-
-// Sharded models' workers whose liveness ran out (no heartbeat within their TTL) leave this
-// node's view of the fleet: their shard's owner, another node, expires them too. A worker of a
-// shard served here is left to its selector, which expires it and reports it removed, so that no
-// selector keeps a worker the fleet view has dropped (and reassigned when it registers again).
-// Nothing expires while the node is cut off from NATS.
+// Sharded models' workers whose liveness ran out leave this node's view of the fleet: their
+// shard's owner, another node, expires them too. A worker of a shard served here is left to its
+// selector, which expires it and reports it removed.
 void expire_sharded(Self self) {
   auto& state = self->state;
-  if (!state.nats_connected) return;
-  const auto now = state.config.selector.clock->now();
-  const auto default_ttl = state.config.selector.options.registration.default_liveness_ttl;
-  std::set<PartitionKey> changed;
-  for (auto it = state.last_heard.begin(); it != state.last_heard.end();) {
-    if (const auto partition = state.worker_partition.find(it->first);
-        partition != state.worker_partition.end() && state.selectors.contains(partition->second)) {
-      ++it;
-      continue;
-    }
-    const auto registration = state.registrations.find(it->first);
-    if (registration != state.registrations.end()) {
-      const auto ttl = registration->second.liveness_ttl.count() > 0
-                           ? registration->second.liveness_ttl
-                           : default_ttl;
-      if (now - it->second <= ttl) {
-        ++it;
-        continue;
-      }
-      changed.insert({registration->second.model, registration->second.routing_group});
-      if (state.config.feed) {
-        state.config.feed->unfollow(
-            cluster::partition_key(registration->second.model, registration->second.routing_group),
-            it->first);
-      }
-      state.registrations.erase(registration);
-      state.worker_partition.erase(it->first);
-    }
-    state.last_heard.erase(it++);
-  }
-  for (const PartitionKey& key : changed) reshard(self, key);
+  const auto served = [&state](const PartitionKey& shard) {
+    return state.selectors.contains(shard);
+  };
+  apply_fleet_changes(self, state.fleet.expire(state.config.selector.clock->now(), served));
 }
 
 // Cluster mode: runs a selector for every partition owned or warming up, passes each owned
@@ -325,6 +276,9 @@ void apply_ownership(Self self, const ClusterView& view) {
           self->send(selector, worker_up_atom::value, registration);
         }
       }
+      for (discovery::WorkerRegistration& registration : state.fleet.registrations_in(key)) {
+        self->send(selector, worker_up_atom::value, std::move(registration));
+      }
     }
     self->send(selector, fence_atom::value, owned_until);
   }
@@ -341,6 +295,11 @@ void apply_ownership(Self self, const ClusterView& view) {
 
 discovery_actor::behavior_type discovery_behavior(Self self, DiscoveryActorConfig config) {
   self->state.config = std::move(config);
+  const DiscoveryActorConfig& configured = self->state.config;
+  // Only a cluster splits models into shards.
+  self->state.fleet = cluster::ShardedFleetView{
+      configured.cluster ? configured.sharding : decltype(configured.sharding){},
+      configured.selector.options.registration.default_liveness_ttl};
   return {
       [self](worker_up_atom, discovery::WorkerRegistration& registration) {
         auto& state = self->state;
@@ -349,8 +308,12 @@ discovery_actor::behavior_type discovery_behavior(Self self, DiscoveryActorConfi
         }
         PartitionKey key{registration.model, registration.routing_group};
         // A worker that moved to another partition (restarted with a new model or group) stops
-        // renewing its old registration there, which then expires with its liveness.
+        // renewing its old registration there, which then expires with its liveness; it leaves
+        // a sharded model's fleet at once, so that the model's shards are reassigned.
         selector_actor selector = selector_of_partition(self, key);
+        if (state.fleet.registration(registration.worker_id) != nullptr) {
+          remove_sharded(self, std::span{&registration.worker_id, 1});
+        }
         state.worker_partition[registration.worker_id] = key;
         if (state.config.cluster) {
           state.registrations.insert_or_assign(registration.worker_id, registration);
@@ -364,32 +327,30 @@ discovery_actor::behavior_type discovery_behavior(Self self, DiscoveryActorConfi
       },
       [self](heartbeat_atom, const WorkerLiveness& heartbeat) {
         auto& state = self->state;
-        if (const auto heard = state.last_heard.find(heartbeat.worker_id);
-            heard != state.last_heard.end()) {
-          heard->second = state.config.selector.clock->now();
-        }
+        state.fleet.heartbeat(heartbeat.worker_id, state.config.selector.clock->now());
         if (auto selector = selector_of_worker(self, heartbeat.worker_id)) {
           self->send(selector, heartbeat_atom::value, heartbeat);
         }
       },
       [self](worker_down_atom, const WorkerLiveness& deregistration) {
         auto& state = self->state;
-        std::optional<PartitionKey> sharded;
-        if (const auto known = state.registrations.find(deregistration.worker_id);
+        const WorkerId id = deregistration.worker_id;
+        if (const discovery::WorkerRegistration* sharded = state.fleet.registration(id)) {
+          const bool current = sharded->incarnation == deregistration.incarnation;
+          if (auto selector = selector_of_partition(self, *state.fleet.shard_of(id))) {
+            self->send(selector, worker_down_atom::value, deregistration);
+          }
+          if (current) remove_sharded(self, std::span{&id, 1});
+          return;
+        }
+        if (const auto known = state.registrations.find(id);
             known != state.registrations.end() &&
             known->second.incarnation == deregistration.incarnation) {
-          if (sharding_of(self, known->second.model) != nullptr) {
-            sharded.emplace(known->second.model, known->second.routing_group);
-          }
           state.registrations.erase(known);
         }
-        if (auto selector = selector_of_worker(self, deregistration.worker_id)) {
+        if (auto selector = selector_of_worker(self, id)) {
           self->send(selector, worker_down_atom::value, deregistration);
-          state.worker_partition.erase(deregistration.worker_id);
-        }
-        if (sharded) {
-          state.worker_partition.erase(deregistration.worker_id);
-          forget_sharded(self, deregistration.worker_id, *sharded);
+          state.worker_partition.erase(id);
         }
       },
       [self](load_atom, WorkerLoadReport& report) {
@@ -449,11 +410,7 @@ discovery_actor::behavior_type discovery_behavior(Self self, DiscoveryActorConfi
       [self](nats_link_atom, bool connected) {
         auto& state = self->state;
         state.nats_connected = connected;
-        // Back after an outage: sharded models' workers get one TTL from now, as selectors do.
-        if (connected) {
-          const auto now = state.config.selector.clock->now();
-          for (auto& [worker, heard] : state.last_heard) heard = now;
-        }
+        state.fleet.set_link(connected, state.config.selector.clock->now());
         for (const auto& [key, selector] : state.selectors) {
           self->send(selector, nats_link_atom::value, connected);
         }
@@ -473,35 +430,27 @@ discovery_actor::behavior_type discovery_behavior(Self self, DiscoveryActorConfi
       [self](removed_atom, const std::vector<WorkerId>& removed) {
         auto& state = self->state;
         const auto sender = caf::actor_cast<caf::actor>(self->current_sender());
-        // A worker that moved to another shard left the sender's partition but not the fleet:
-        // its requests in flight go on.
         std::vector<WorkerId> gone;
-        std::set<PartitionKey> resharded;
+        std::vector<WorkerId> sharded;
         for (WorkerId id : removed) {
-          const auto it = state.worker_partition.find(id);
-          if (it == state.worker_partition.end()) {
+          if (const PartitionKey* shard = state.fleet.shard_of(id)) {
+            // A worker that moved to another shard left the sender's partition but not the
+            // fleet: its requests in flight go on.
+            if (selector_of_partition(self, *shard) != sender) continue;
             gone.push_back(id);
-            continue;
-          }
-          if (selector_of_partition(self, it->second) != sender) {
-            if (!state.last_heard.contains(id)) gone.push_back(id);
+            sharded.push_back(id);
             continue;
           }
           gone.push_back(id);
-          state.worker_partition.erase(it);
-          if (const auto known = state.registrations.find(id); known != state.registrations.end()) {
-            if (sharding_of(self, known->second.model) != nullptr) {
-              resharded.insert({known->second.model, known->second.routing_group});
-              state.last_heard.erase(id);
-              if (state.config.feed) {
-                state.config.feed->unfollow(
-                    cluster::partition_key(known->second.model, known->second.routing_group), id);
-              }
-            }
-            state.registrations.erase(known);
+          const auto it = state.worker_partition.find(id);
+          if (it == state.worker_partition.end() ||
+              selector_of_partition(self, it->second) != sender) {
+            continue;
           }
+          state.worker_partition.erase(it);
+          state.registrations.erase(id);
         }
-        for (const PartitionKey& key : resharded) reshard(self, key);
+        remove_sharded(self, sharded);
         if (gone.empty()) return;
         for (const removal_watcher_actor& watcher : state.watchers) {
           self->send(watcher, removed_atom::value, gone);
@@ -513,8 +462,8 @@ discovery_actor::behavior_type discovery_behavior(Self self, DiscoveryActorConfi
       [self](watch_atom, const shard_watcher_actor& watcher) {
         if (!watcher) return;
         self->state.shard_watchers.push_back(watcher);
-        for (const auto& [key, map] : self->state.shard_maps) {
-          self->send(watcher, shard_atom::value, shard_fleet_of(self, key));
+        for (cluster::ShardedFleet& fleet : self->state.fleet.fleets()) {
+          self->send(watcher, shard_atom::value, shard_fleet_message(std::move(fleet)));
         }
       },
       [self](watch_atom, const selector_subscriber_actor& subscriber) {

@@ -5,7 +5,8 @@
 // booking updates are delegated to the partition's selector.
 //
 // State it owns: partition → selector actor, worker id → partition, the actors watching worker
-// removals, and when it last asked the workers to register again.
+// removals, when it last asked the workers to register again, and in cluster mode the sharded
+// models' fleets (cluster::ShardedFleetView, whose changes it carries out).
 // Messages it handles (its typed interface, `discovery_actor`, in actors/actor_types.hpp):
 //   worker_up(WorkerRegistration), heartbeat(WorkerLiveness), worker_dn(WorkerLiveness),
 //   load(WorkerLoadReport), kv_events(KvEventBatch), kv_dump(KvDump)   — forwarded;
@@ -38,10 +39,11 @@
 // or warms up (ownership, with each owned partition's fence passed to its selector), drops the
 // worker messages of the others early, retires a selector whose partition it lost, and tells the
 // cluster actor of every partition it sees. A sharded model's routing group is S partitions, one
-// per shard: it assigns each worker to its shard (cluster::ShardMap, from every registration it
-// has heard, whichever node owns the shard), moves workers between shards when the fleet changes
-// (a move is no removal: requests in flight on the worker go on), tracks the liveness of workers
-// whose shards it does not serve, and tells the shard watchers (the forwarder) every change:
+// per shard: its cluster::ShardedFleetView assigns each worker to its shard (from every
+// registration it has heard, whichever node owns the shard) and tracks the liveness of workers
+// whose shards it does not serve; the actor moves workers between shards as the view says when
+// the fleet changes (a move is no removal: requests in flight on the worker go on), and tells the
+// shard watchers (the forwarder) every change:
 //   watch(shard_watcher_actor)                       — `actor` gets shard(ShardFleet) for every
 //                                                      sharded model, now and on every change.
 // It follows (WorkerFeed) the load and KV event subjects of the partitions whose selectors run
@@ -65,6 +67,7 @@
 
 #include "actors/actor_types.hpp"
 #include "actors/selector/selector_actor.hpp"
+#include "selection/cluster/sharded_fleet_view.hpp"
 
 namespace kvr::actors {
 
@@ -103,16 +106,15 @@ struct DiscoveryActorState {
   std::vector<selector_subscriber_actor> selector_subscribers;
   /// Cluster mode: every partition seen in a registration, by its placement key.
   std::map<std::string, std::pair<std::string, std::string>> known_partitions;
-  /// Cluster mode: each worker's last registration, whatever its partition, so that a selector
+  /// Cluster mode: each worker's last registration of an unsharded partition, so that a selector
   /// spawned to take a partition over knows its workers at once.
   absl::flat_hash_map<WorkerId, discovery::WorkerRegistration> registrations;
   /// Cluster mode: the partitions owned at the last ownership message.
   std::set<std::pair<std::string, std::string>> owned;
-  /// Sharded models, by (model, routing group): which shard owns each of their workers.
-  std::map<std::pair<std::string, std::string>, cluster::ShardMap> shard_maps;
-  /// Workers of sharded models: when each was last heard from (a registration or heartbeat),
-  /// for their liveness, which this node tracks itself since it may own none of their shards.
-  absl::flat_hash_map<WorkerId, std::chrono::steady_clock::time_point> last_heard;
+  /// Cluster mode: the sharded models' workers (their registrations, shards and liveness, which
+  /// this node tracks itself since it may own none of their shards); `worker_partition` and
+  /// `registrations` hold the other workers.
+  cluster::ShardedFleetView fleet;
   /// Told of every sharded model's fleet.
   std::vector<shard_watcher_actor> shard_watchers;
 };

@@ -11,7 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/container/flat_hash_map.h"
-#include "deploy/mocker/vllm_engine_server.hpp"
+#include "deploy/mocker/kv_transfer_params.hpp"
 #include "deploy/simulation/engine.hpp"
 #include "deploy/worker/worker_inbox.hpp"
 #include "deploy/worker/worker_publisher.hpp"

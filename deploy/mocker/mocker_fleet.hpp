@@ -4,7 +4,7 @@
 //
 // Disaggregated serving follows vLLM's NixlConnector exchange, in GenerateRequest and
 // GenerateChunk's kv_transfer_params (JSON text, read by read_kv_transfer_params in
-// deploy/mocker/vllm_engine_server.hpp). A request with {"do_remote_decode": true} is a prefill
+// deploy/mocker/kv_transfer_params.hpp). A request with {"do_remote_decode": true} is a prefill
 // hop: one token (whatever max_output_tokens says), the prompt's blocks then held, and its last
 // chunk (finish_reason "length") carries {"do_remote_prefill": true, "do_remote_decode": false,
 // "remote_block_ids": [one engine block index per held block], "remote_engine_id":

@@ -48,19 +48,20 @@
 // route nowhere. A request's `model` is the served model or one of its LoRA adapters (each answer
 // echoes it); as in vLLM, an adapter's blocks are cached apart from the base model's (their hashes
 // are kvr's in the adapter's namespace). Only text content is accepted.
+//
+// Where each part lives: the engine thread in vllm_engine_loop.hpp, the KV event encoding in
+// vllm_kv_events.hpp and its sockets in vllm_kv_event_sockets.hpp, kv_transfer_params in
+// kv_transfer_params.hpp, request reading in vllm_request.hpp, and the HTTP routes in groups
+// (vllm_route_context.hpp: vllm_info_routes, vllm_completion_routes, vllm_render_routes).
 #pragma once
 
 #include <cstdint>
 #include <expected>
 #include <memory>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
-#include "deploy/simulation/engine.hpp"
 #include "deploy/simulation/engine_config.hpp"
 
 namespace kvr::tokenizer {
@@ -97,39 +98,6 @@ struct VllmEngineOptions {
   std::shared_ptr<const tokenizer::PromptTokenizer> tokenizer;
   simulation::EngineConfig engine;
 };
-
-/// What a request's kv_transfer_params (vLLM's NixlConnector exchange) asks of the engine; shared
-/// by both of `kvr mocker`'s speaks (kvr's GenerateRequest carries the same JSON as a string).
-struct KvTransferRequest {
-  /// do_remote_decode: remote_decode; do_remote_prefill: remote_prefill; neither: none.
-  simulation::KvTransfer kv_transfer = simulation::KvTransfer::none;
-  /// remote_prefill: len(remote_block_ids), the blocks the prefill worker holds (0 when null).
-  std::uint64_t remote_blocks = 0;
-};
-
-/// Reads kv_transfer_params: null for an ordinary request, else an object whose fields have
-/// vLLM's types (do_remote_decode and do_remote_prefill booleans, not both true; remote_block_ids
-/// a list of block ids; remote_engine_id, remote_request_id, remote_host strings; remote_port,
-/// tp_size integers; each may be null). The error names the offending field.
-std::expected<KvTransferRequest, std::string> read_kv_transfer_params(const nlohmann::json& params);
-
-/// vLLM's default NIXL side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT); data-parallel rank r
-/// listens on it + r.
-inline constexpr std::uint16_t kNixlSideChannelPort = 5600;
-
-/// Where a prefill worker's held KV can be pulled from, as its kv_transfer_params name it.
-struct KvTransferSource {
-  std::string engine_id;   ///< remote_engine_id
-  std::string host;        ///< remote_host
-  std::uint16_t port = 0;  ///< remote_port
-};
-
-/// The kv_transfer_params a finished do_remote_decode request answers with, as vLLM's
-/// NixlConnector returns them: {"do_remote_prefill": true, "do_remote_decode": false,
-/// "remote_block_ids": [one id per held block], "remote_engine_id", "remote_request_id",
-/// "remote_host", "remote_port", "tp_size": 1}.
-nlohmann::json kv_transfer_answer(const KvTransferSource& source, std::string_view request_id,
-                                  std::span<const simulation::BlockIndex> blocks);
 
 /// Adapter names must be non-empty, unique and other than the served model's; the error says
 /// which is not.

@@ -543,20 +543,25 @@ void KvIndexer::finalize_dropouts(MatchResult& out, const HolderSet& parent, con
 
 void KvIndexer::count_offload(MatchResult& out, const HolderSet& holders) const {
   for (const std::uint32_t entry : holders.entries()) {
-    const std::uint32_t bits = holder_tiers(entry);
-    if (bits & kDeviceBit) continue;
-    out.any_offload_ = true;
-    MatchResult::SlotScratch& scratch = out.slots_[holder_slot(entry)];
-    if (scratch.offload_epoch != out.epoch_) {
-      scratch.offload_epoch = out.epoch_;
-      scratch.host_blocks = 0;
-      scratch.disk_blocks = 0;
-    }
-    if (bits & tier_bit(StorageTier::Host)) {
-      ++scratch.host_blocks;
-    } else {
-      ++scratch.disk_blocks;
-    }
+    count_offload_block(out, holder_slot(entry), holder_tiers(entry));
+  }
+}
+
+void KvIndexer::count_offload_block(MatchResult& out, SlotId slot, std::uint32_t tier_bits) {
+  if (tier_bits & kDeviceBit) return;
+  out.any_offload_ = true;
+  MatchResult::SlotScratch& scratch = out.slots_[slot];
+  // The first off-device block of this slot in this lookup: its counts from earlier lookups are
+  // stale.
+  if (scratch.offload_epoch != out.epoch_) {
+    scratch.offload_epoch = out.epoch_;
+    scratch.host_blocks = 0;
+    scratch.disk_blocks = 0;
+  }
+  if (tier_bits & tier_bit(StorageTier::Host)) {
+    ++scratch.host_blocks;
+  } else {
+    ++scratch.disk_blocks;
   }
 }
 
@@ -637,20 +642,7 @@ void KvIndexer::find_matches_explicit(std::span<const BlockHash> blocks, std::si
     }
     // Offload tiers only for the slots still active at this level.
     for (const SlotId slot : out.next_active_) {
-      const std::uint32_t bits = holder_tiers(holders.entry(holders.find(slot)));
-      if (bits & kDeviceBit) continue;
-      out.any_offload_ = true;
-      MatchResult::SlotScratch& scratch = out.slots_[slot];
-      if (scratch.offload_epoch != out.epoch_) {
-        scratch.offload_epoch = out.epoch_;
-        scratch.host_blocks = 0;
-        scratch.disk_blocks = 0;
-      }
-      if (bits & tier_bit(StorageTier::Host)) {
-        ++scratch.host_blocks;
-      } else {
-        ++scratch.disk_blocks;
-      }
+      count_offload_block(out, slot, holder_tiers(holders.entry(holders.find(slot))));
     }
     out.active_.swap(out.next_active_);
     if (out.active_.empty()) return;

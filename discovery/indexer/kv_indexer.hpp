@@ -263,6 +263,8 @@ class KvIndexer {
   void finalize_dropouts(MatchResult& out, const HolderSet& parent, const HolderSet& child,
                          std::uint32_t depth) const;
   void count_offload(MatchResult& out, const HolderSet& holders) const;
+  // Counts one off-device block of `slot` (nothing for a block held on the device).
+  static void count_offload_block(MatchResult& out, SlotId slot, std::uint32_t tier_bits);
   void find_matches_explicit(std::span<const BlockHash> blocks, std::size_t depth, NodeId prev,
                              MatchResult& out) const;
 

@@ -6,9 +6,8 @@
 #include <fmt/format.h>
 
 namespace kvr::metrics {
-namespace {
 
-std::string_view type_name(MetricType type) {
+std::string_view as_str(MetricType type) {
   switch (type) {
     case MetricType::Counter:
       return "counter";
@@ -19,6 +18,8 @@ std::string_view type_name(MetricType type) {
   }
   return "untyped";
 }
+
+namespace {
 
 std::string format_value(double value) {
   if (std::isnan(value)) return "NaN";
@@ -163,7 +164,7 @@ std::string MetricsRegistry::render() const {
   std::string out;
   for (const auto& [name, family] : families_) {
     if (!family.help.empty()) out += fmt::format("# HELP {} {}\n", name, family.help);
-    out += fmt::format("# TYPE {} {}\n", name, type_name(family.type));
+    out += fmt::format("# TYPE {} {}\n", name, as_str(family.type));
     for (const auto& [labels, series] : family.series) {
       if (family.type != MetricType::Histogram) {
         out += fmt::format("{}{} {}\n", name, format_labels(labels),

@@ -23,6 +23,9 @@ using Labels = std::vector<std::pair<std::string, std::string>>;
 /// What a metric family is; decides the `# TYPE` line and the rendering.
 enum class MetricType : std::uint8_t { Counter, Gauge, Histogram };
 
+/// The type's name on a family's `# TYPE` line ("counter", "gauge", "histogram").
+std::string_view as_str(MetricType type);
+
 class MetricsRegistry;
 
 /// A counter or gauge series resolved once. Lock-free; a default handle does nothing.

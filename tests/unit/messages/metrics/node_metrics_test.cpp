@@ -9,18 +9,6 @@
 namespace kvr::metrics {
 namespace {
 
-std::string_view type_name(MetricType type) {
-  switch (type) {
-    case MetricType::Counter:
-      return "counter";
-    case MetricType::Gauge:
-      return "gauge";
-    case MetricType::Histogram:
-      return "histogram";
-  }
-  return "untyped";
-}
-
 TEST(NodeMetricsTest, DescribesEveryFamilyOnceWithItsHelpAndType) {
   MetricsRegistry registry;
   NodeMetrics::describe(registry);
@@ -33,7 +21,7 @@ TEST(NodeMetricsTest, DescribesEveryFamilyOnceWithItsHelpAndType) {
     EXPECT_EQ(family.type == MetricType::Histogram, !family.buckets.empty()) << family.name;
     EXPECT_NE(text.find(fmt::format("# HELP {} {}\n", family.name, family.help)), std::string::npos)
         << family.name;
-    EXPECT_NE(text.find(fmt::format("# TYPE {} {}\n", family.name, type_name(family.type))),
+    EXPECT_NE(text.find(fmt::format("# TYPE {} {}\n", family.name, as_str(family.type))),
               std::string::npos)
         << family.name;
   }
