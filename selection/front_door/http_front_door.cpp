@@ -33,6 +33,7 @@
 #include "selection/front_door/prompt_renderer.hpp"
 #include "selection/front_door/request_routing.hpp"
 #include "selection/front_door/tcp_options.hpp"
+#include "selection/lifecycle/request_flight.hpp"
 
 namespace kvr::front_door {
 namespace {
@@ -662,17 +663,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::chrono::steady_clock::time_point received;
     // The attempt's forwarding began (its engine connection opened, the request sent from then).
     std::chrono::steady_clock::time_point forwarded;
+    // Decides the forwarded request's flight (retries, deadlines, one release per booking); the
+    // connection carries out its steps. Absent for a request served through the generate API,
+    // whose flight the node's lifecycle actor runs.
+    std::optional<RequestFlight> core;
+    // When the deadline timer wakes for the core.
+    std::optional<FlightTime> deadline_at;
+    // The byte runs relayed from the attempt's engine: the core's chunk indexes.
+    std::uint32_t runs = 0;
     // The attempt under way: its booking and worker.
-    std::uint32_t attempt = 0;
-    std::vector<std::uint64_t> failed_workers;
     std::string booking_id;
     std::uint64_t worker_id = 0;
     std::string worker_url;
     std::uint64_t predicted_cached_tokens = 0;
     bool first_byte = false;
-    // When the engine last sent a byte: the stall watch compares against it instead of being
-    // re-armed for every token.
-    std::chrono::steady_clock::time_point last_byte;
     std::chrono::steady_clock::time_point engine_first_byte;
     // What the client has been sent of the answer.
     bool header_sent = false;
@@ -845,6 +849,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void route() {
     Flight& flight = *flight_;
     if (flight.tokenizer) return generate();
+    flight.core.emplace(request_id_, flight.key.tokens.size(),
+                        FlightOptions{.max_retries = server_.options.max_retries,
+                                      .first_token_timeout = server_.options.first_byte_timeout,
+                                      .stall_timeout = server_.options.stall_timeout});
+    carry_out(flight.core->start(std::chrono::steady_clock::now()));
+  }
+
+  // Asks the node for a worker, excluding those that failed the request (each attempt is booked
+  // under its own id: the request's, then `<id>.<retry>`).
+  void request_route(const FlightRouteRequest& route) {
+    Flight& flight = *flight_;
     // Only workers whose engines the node can forward to (for an adapter: that serve it).
     const ModelTarget target = server_.directory->target(flight.request.model);
     std::vector<WorkerId> eligible;
@@ -858,11 +873,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                    .code = "service_unavailable"},
                          {});
     }
-    v1::RouteRequest request = make_route_request(
-        flight.attempt == 0 ? request_id_ : fmt::format("{}.{}", request_id_, flight.attempt),
-        flight.request, flight.metadata, target, eligible, flight.key);
-    request.mutable_excluded_workers()->Add(flight.failed_workers.begin(),
-                                            flight.failed_workers.end());
+    const std::uint32_t retry = flight.core->retries();
+    v1::RouteRequest request =
+        make_route_request(retry == 0 ? request_id_ : fmt::format("{}.{}", request_id_, retry),
+                           flight.request, flight.metadata, target, eligible, flight.key);
+    request.mutable_excluded_workers()->Add(route.excluded.begin(), route.excluded.end());
     // The decision holds the connection only weakly, and the connection holds itself while it
     // waits (until the decision or the end of its flight): a connection that is gone (its client
     // left, or the front door stopped while its actors still decided) is not kept alive by the
@@ -894,10 +909,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     routing_.reset();  // decided: the posted handler holds this connection now
     Flight& flight = *flight_;
+    const auto now = std::chrono::steady_clock::now();
     if (decision.has_error()) {
       HttpError error = error_for_route(decision.error());
-      if (flight.attempt > 0 && (decision.error().code() == v1::ROUTE_ERROR_NO_WORKERS ||
-                                 decision.error().code() == v1::ROUTE_ERROR_ALL_FILTERED)) {
+      if (flight.core->retries() > 0 && (decision.error().code() == v1::ROUTE_ERROR_NO_WORKERS ||
+                                         decision.error().code() == v1::ROUTE_ERROR_ALL_FILTERED)) {
         error = HttpError{.status = 502,
                           .message =
                               "the engine failed and no other worker can serve the "
@@ -905,7 +921,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
                               decision.error().message(),
                           .code = "worker_failed"};
       }
-      return fail_flight(error, {});
+      return carry_out(flight.core->route_failed(Error::unavailable, error.message, now), &error);
     }
     const v1::RouteSuccess& success = decision.success();
     flight.booking_id = success.booking_id();
@@ -917,17 +933,121 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (worker.worker_id == success.worker_id()) block_size = worker.block_size;
     }
     flight.predicted_cached_tokens = std::uint64_t{success.device_overlap_blocks()} * block_size;
-    if (flight.worker_url.empty()) {
-      report(flight.booking_id, v1::LIFECYCLE_EVENT_ABORTED, v1::ABORT_CAUSE_UNSPECIFIED,
-             "the worker has no HTTP URL");
-      flight.booking_id.clear();
-      return fail_flight(
-          HttpError{.status = 503,
-                    .message = fmt::format("worker {} registered no HTTP URL", success.worker_id()),
-                    .code = "service_unavailable"},
-          {});
+    // A worker without a URL (it re-registered meanwhile) fails at forward(), as an unreachable
+    // one.
+    carry_out(
+        flight.core->routed(FlightRoute{.worker = {success.worker_id(), success.dp_rank()},
+                                        .predicted_cached_tokens = flight.predicted_cached_tokens},
+                            now));
+  }
+
+  // Carries out what the core decided; `failure`: the answer a request it ends gets (the core's
+  // own words otherwise), `why`: what its booking's release reports.
+  void carry_out(FlightResult result, const HttpError* failure = nullptr,
+                 std::string_view why = {}) {
+    if (!result) return;  // an input the core refused (a late one) changes nothing
+    FlightStep& step = *result;
+    Flight& flight = *flight_;
+    std::string timeout;
+    if (step.timed_out) {
+      const bool first = step.timed_out == FlightTimeout::first_token;
+      timeout = first ? fmt::format("no first byte within {} ms",
+                                    server_.options.first_byte_timeout.count())
+                      : fmt::format("the answer stalled for {} ms",
+                                    server_.options.stall_timeout.count());
+      server_.metrics->add(kEngineFailures, {{"phase", first ? "first_byte" : "answer"}});
+      spdlog::warn("front door: request {}: worker {} ({}): {}", request_id_, flight.worker_id,
+                   flight.worker_url, timeout);
+      end_attempt();
+      why = timeout;
     }
-    forward();
+    if (step.first_token) report(flight.booking_id, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
+    if (step.release) report_release(*step.release, why);
+    if (step.end_stream) {
+      return fail_flight(
+          failure != nullptr ? *failure : error_for(*step.end_stream, step.timed_out, why), {});
+    }
+    if (step.route) {
+      if (step.route->retry) {
+        server_.metrics->add(kRetries);
+        ++epoch_;  // the failed attempt's late handlers do nothing
+      }
+      return request_route(*step.route);
+    }
+    if (step.dispatch) {
+      flight.runs = 0;
+      forward();
+    }
+    arm_deadline();
+  }
+
+  // One timer for the core's deadline (first byte, stall): re-armed only for an earlier one; a
+  // deadline that moved later (bytes kept coming) is found when the timer wakes.
+  void arm_deadline() {
+    if (!flight_ || !flight_->core) return;
+    Flight& flight = *flight_;
+    const auto due = flight.core->deadline();
+    if (!due || (flight.deadline_at && *flight.deadline_at <= *due)) return;
+    flight.deadline_at = *due;
+    deadline_.expires_at(*due);
+    deadline_.async_wait([self = shared_from_this()](beast::error_code error) {
+      if (error || !self->flight_ || !self->flight_->core) return;
+      self->flight_->deadline_at.reset();
+      self->carry_out(self->flight_->core->tick(std::chrono::steady_clock::now()));
+    });
+  }
+
+  // The answer of a request the core ended: a timeout in the front door's words, else the core's.
+  HttpError error_for(const StreamEnd& end, std::optional<FlightTimeout> timed_out,
+                      std::string_view timeout) const {
+    const bool first_byte = timed_out == FlightTimeout::first_token;
+    return HttpError{.status = first_byte ? 504u : 502u,
+                     .message = fmt::format("worker {} failed: {}", flight_->worker_id,
+                                            timed_out ? timeout : std::string_view{end.message}),
+                     .code = first_byte ? "timeout" : "worker_failed"};
+  }
+
+  // Reports the end of the attempt's booking. An engine's refusal (a 4xx answer, relayed as it
+  // is) blames nobody; a failure names its cause.
+  void report_release(const BookingChange& release, std::string_view why,
+                      v1::AbortCause otherwise = v1::ABORT_CAUSE_UNSPECIFIED) {
+    Flight& flight = *flight_;
+    if (release.end == discovery::BookingEnd::completed) {
+      if (flight.answer_status == 200) {
+        report(flight.booking_id, v1::LIFECYCLE_EVENT_COMPLETED);
+      } else {
+        report(flight.booking_id, v1::LIFECYCLE_EVENT_ABORTED, v1::ABORT_CAUSE_UNSPECIFIED,
+               fmt::format("the engine answered {}", flight.answer_status));
+      }
+    } else {
+      v1::AbortCause cause = otherwise;
+      if (release.end == discovery::BookingEnd::cancelled) {
+        cause = v1::ABORT_CAUSE_CLIENT_CANCELLED;
+      } else if (release.health && release.health->failure) {
+        switch (*release.health->failure) {
+          case FailureCause::first_token_timeout:
+            cause = v1::ABORT_CAUSE_FIRST_TOKEN_TIMEOUT;
+            break;
+          case FailureCause::stream_timeout:
+            cause = v1::ABORT_CAUSE_STREAM_TIMEOUT;
+            break;
+          case FailureCause::dispatch_failed:
+          case FailureCause::worker_failed:
+            cause = v1::ABORT_CAUSE_WORKER_FAILED;
+            break;
+        }
+      }
+      report(flight.booking_id, v1::LIFECYCLE_EVENT_ABORTED, cause, std::string{why});
+    }
+    flight.booking_id.clear();
+  }
+
+  // The attempt is over: its engine connection closes, and the request's body is taken back from
+  // it for a retry (a request is retried only before its first byte, when the body is still
+  // whole).
+  void end_attempt() {
+    if (upstream_ && upstream_->request) flight_->body = std::move(upstream_->request->body());
+    close_upstream();
   }
 
   // ---- through the node's generate API
@@ -1048,7 +1168,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return engine_failed(fmt::format("cannot reach '{}' (the front door forwards over http:// "
                                        "only)",
                                        flight.worker_url),
-                           v1::ABORT_CAUSE_UNSPECIFIED);
+                           std::nullopt);  // unreachable here: not the worker's fault
     }
     upstream_ = std::make_shared<Upstream>(stream_.get_executor());
     auto& request = upstream_->request;
@@ -1066,7 +1186,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
     request->prepare_payload();
     upstream_->host = url->host;
     upstream_->port = url->port;
-    arm_first_byte_deadline();
     // The node's part ends here: connecting and sending are what a client reaching the engine
     // directly pays as well, so they count as the engine's.
     flight.forwarded = std::chrono::steady_clock::now();
@@ -1207,7 +1326,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (error == http::error::need_more || error == http::error::need_buffer) break;
       if (error) {
         engine_failed("the answer is not valid HTTP: " + error.message(),
-                      v1::ABORT_CAUSE_WORKER_FAILED);
+                      FailureCause::worker_failed);
         return std::nullopt;
       }
       if (used == 0) break;
@@ -1221,7 +1340,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (room == 0) {
       return engine_failed(
           fmt::format("the answer's framing needs more than {} bytes", kChunkBytes),
-          v1::ABORT_CAUSE_WORKER_FAILED);
+          FailureCause::worker_failed);
     }
     const std::uint64_t epoch = epoch_;
     up.stream.async_read_some(
@@ -1236,7 +1355,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
             return self->engine_failed(self->flight_->first_byte
                                            ? "the answer broke off: " + error.message()
                                            : "no answer: " + error.message(),
-                                       v1::ABORT_CAUSE_WORKER_FAILED);
+                                       FailureCause::worker_failed);
           }
           self->read_upstream_body();
         });
@@ -1246,27 +1365,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
     Flight& flight = *flight_;
     Upstream& up = *upstream_;
     const bool done = up.parser->is_done();
+    const auto now = std::chrono::steady_clock::now();
     bool first = false;
-    if (bytes > 0) {
-      flight.last_byte = std::chrono::steady_clock::now();
-      if (!flight.first_byte) {
-        first = true;
-        flight.first_byte = true;
-        flight.engine_first_byte = flight.last_byte;
-        server_.engine_first_byte.observe(
-            std::chrono::duration<double>(flight.last_byte - flight.forwarded).count());
-        // No retry after the first byte: a long stream keeps neither its prompt nor its body.
-        up.request.reset();
-        flight.key = {};
-        watch_for_stall();
-      }
+    if (bytes > 0 && !flight.first_byte) {
+      first = true;
+      flight.first_byte = true;
+      flight.engine_first_byte = now;
+      server_.engine_first_byte.observe(
+          std::chrono::duration<double>(now - flight.forwarded).count());
+      // No retry after the first byte: a long stream keeps neither its prompt nor its body.
+      up.request.reset();
+      flight.key = {};
     }
     if (!flight.streaming) {
-      if (first) report(flight.booking_id, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
+      if (first) carry_out(flight.core->on_chunk(engine_run(false), now));
       if (flight.answer.size() + bytes > server_.options.max_response_bytes) {
         return engine_failed(fmt::format("the engine's answer is larger than {} bytes",
                                          server_.options.max_response_bytes),
-                             v1::ABORT_CAUSE_WORKER_FAILED);
+                             FailureCause::worker_failed);
       }
       flight.answer.append(up.chunk.get(), bytes);
       if (!done) return read_upstream_body();
@@ -1277,9 +1393,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // Written straight from `chunk`, which nothing refills before the write completes.
     send_chunk(net::buffer(up.chunk.get(), bytes), upstream_, done,
                &Connection::read_upstream_body);
-    // After the write went out: the report wakes an actor thread, which must not delay the
-    // client's first token (the write's handler, where the completion is reported, runs later).
-    if (first) report(flight.booking_id, v1::LIFECYCLE_EVENT_FIRST_TOKEN);
+    // After the write went out: the first token's report wakes an actor thread, which must not
+    // delay the client's first token (the end is fed when the last write completed).
+    carry_out(flight.core->on_chunk(engine_run(false), now));
+  }
+
+  // The next run of the engine's answer bytes, as the core counts a worker's chunks.
+  StreamChunk engine_run(bool last) {
+    Flight& flight = *flight_;
+    return StreamChunk{.worker = *flight.core->worker(), .index = flight.runs++, .finished = last};
   }
 
   std::vector<std::pair<std::string, std::string>> kvr_headers() const {
@@ -1327,14 +1449,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     Flight& flight = *flight_;
     park_upstream();
     const unsigned status = flight.answer_status;
-    if (status == 200) {
-      report(flight.booking_id, v1::LIFECYCLE_EVENT_COMPLETED);
-      record_cache_outcome(flight, flight.answer);
-    } else {
-      // The engine refused the request (4xx): its answer goes back as it is, nobody to blame.
-      report(flight.booking_id, v1::LIFECYCLE_EVENT_ABORTED, v1::ABORT_CAUSE_UNSPECIFIED,
-             fmt::format("the engine answered {}", status));
-    }
+    // A refusal (4xx) goes back as it is, blaming nobody (report_release).
+    carry_out(flight.core->on_chunk(engine_run(true), std::chrono::steady_clock::now()));
+    if (status == 200) record_cache_outcome(flight, flight.answer);
     auto headers = kvr_headers();
     std::string answer = std::move(flight.answer);
     std::string type = flight.answer_type.empty() ? "application/json" : flight.answer_type;
@@ -1397,7 +1514,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void finish_stream() {
     Flight& flight = *flight_;
     park_upstream();
-    report(flight.booking_id, v1::LIFECYCLE_EVENT_COMPLETED);
+    carry_out(flight.core->on_chunk(engine_run(true), std::chrono::steady_clock::now()));
     record_cache_outcome(flight, flight.stream_tail);
     server_.count(flight.endpoint_path, 200);
     end_stream();
@@ -1432,69 +1549,31 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // ---- failures ------------------------------------------------------------------------------
 
-  // The engine failed the attempt: retried elsewhere (max_retries times) while the client has been
-  // sent nothing and the engine sent no byte; else the request ends with an explicit error.
-  void engine_failed(std::string why, v1::AbortCause cause = v1::ABORT_CAUSE_WORKER_FAILED) {
+  // The engine failed the attempt: the core retries it elsewhere while nothing reached the
+  // client (max_retries times), else the request ends with an explicit error.
+  void engine_failed(std::string why,
+                     std::optional<FailureCause> cause = FailureCause::worker_failed) {
     Flight& flight = *flight_;
     server_.metrics->add(kEngineFailures, {{"phase", flight.first_byte ? "answer" : "first_byte"}});
     spdlog::warn("front door: request {}: worker {} ({}): {}", request_id_, flight.worker_id,
                  flight.worker_url, why);
-    // Kept for a retry until the first byte (its write is over or aborted).
-    if (upstream_ && upstream_->request) flight.body = std::move(upstream_->request->body());
-    close_upstream();
-    report(flight.booking_id, v1::LIFECYCLE_EVENT_ABORTED, cause, why);
-    flight.booking_id.clear();
-    const bool retryable =
-        flight.attempt < server_.options.max_retries && !flight.first_byte && !flight.header_sent &&
-        (cause == v1::ABORT_CAUSE_WORKER_FAILED || cause == v1::ABORT_CAUSE_FIRST_TOKEN_TIMEOUT);
-    if (retryable) {
-      server_.metrics->add(kRetries);
-      flight.failed_workers.push_back(flight.worker_id);
-      ++flight.attempt;
-      ++epoch_;
-      return route();
-    }
-    const bool timeout = cause == v1::ABORT_CAUSE_FIRST_TOKEN_TIMEOUT;
-    fail_flight(HttpError{.status = timeout ? 504u : 502u,
-                          .message = fmt::format("worker {} failed: {}", flight.worker_id, why),
-                          .code = timeout ? "timeout" : "worker_failed"},
-                {});
-  }
-
-  // Armed once an answer's first byte came: it wakes when the stall timeout would have passed
-  // since the last byte, and sleeps on while bytes keep coming.
-  void watch_for_stall() {
-    const auto timeout = server_.options.stall_timeout;
-    deadline_.expires_at(flight_->last_byte + timeout);
-    deadline_.async_wait(
-        [self = shared_from_this(), epoch = epoch_, timeout](beast::error_code error) {
-          if (error || epoch != self->epoch_ || !self->flight_) return;
-          if (std::chrono::steady_clock::now() - self->flight_->last_byte < timeout) {
-            return self->watch_for_stall();
-          }
-          self->engine_failed(fmt::format("the answer stalled for {} ms", timeout.count()),
-                              v1::ABORT_CAUSE_STREAM_TIMEOUT);
-        });
-  }
-
-  void arm_first_byte_deadline() {
-    const auto timeout = server_.options.first_byte_timeout;
-    deadline_.expires_after(timeout);
-    deadline_.async_wait(
-        [self = shared_from_this(), epoch = epoch_, timeout](beast::error_code error) {
-          if (error || epoch != self->epoch_ || !self->flight_) return;
-          self->engine_failed(fmt::format("no first byte within {} ms", timeout.count()),
-                              v1::ABORT_CAUSE_FIRST_TOKEN_TIMEOUT);
-        });
+    end_attempt();
+    const HttpError failure{.status = 502,
+                            .message = fmt::format("worker {} failed: {}", flight.worker_id, why),
+                            .code = "worker_failed"};
+    carry_out(flight.core->attempt_failed(cause, why, std::chrono::steady_clock::now()), &failure,
+              why);
   }
 
   // Ends the request in flight with `error`: an error answer, or an error event when the
   // answer's header went out already. Releases its booking with `cause`.
   void fail_flight(const HttpError& error, v1::AbortCause cause) {
     Flight& flight = *flight_;
-    if (!flight.booking_id.empty()) {
-      report(flight.booking_id, v1::LIFECYCLE_EVENT_ABORTED, cause, error.message);
-      flight.booking_id.clear();
+    if (flight.core) {
+      // Ended by the connection (shutdown, a render or write failure): the booking, if one is
+      // open, ends with it. After the core's own end this is refused and releases nothing.
+      auto aborted = flight.core->abort(Error::unavailable, error.message);
+      if (aborted && aborted->release) report_release(*aborted->release, error.message, cause);
     }
     close_upstream();
     if (flight.header_sent) {
@@ -1514,10 +1593,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void client_gone() {
     server_.metrics->add(kClientsGone);
-    if (flight_ && !flight_->booking_id.empty()) {
-      report(flight_->booking_id, v1::LIFECYCLE_EVENT_ABORTED, v1::ABORT_CAUSE_CLIENT_CANCELLED,
-             "the client went away");
-      flight_->booking_id.clear();
+    if (flight_ && flight_->core) {
+      auto cancelled = flight_->core->cancel("the client went away");
+      if (cancelled && cancelled->release) {
+        report_release(*cancelled->release, "the client went away");
+      }
     }
     end_flight();
     close();

@@ -86,18 +86,30 @@ FlightResult RequestFlight::route_failed(Error code, std::string_view message, F
 }
 
 FlightResult RequestFlight::dispatch_failed(std::string_view reason, FlightTime now) {
-  if (prefill_) return fail_prefill(FailureCause::dispatch_failed, reason, false, now);
-  const auto worker = lifecycle_.worker();
-  if (lifecycle_.state() != RequestState::Sent || !worker) {
+  if (!prefill_ && lifecycle_.state() != RequestState::Sent) {
     return std::unexpected(
         LifecycleError{LifecycleError::Kind::invalid_state,
                        fmt::format("request '{}': a dispatch failure reported while {}",
                                    request_id(), as_str(lifecycle_.state()))});
   }
-  FlightResult step = translate(lifecycle_.worker_failed(worker->worker_id, reason),
-                                FailureCause::dispatch_failed, now);
+  FlightResult step = attempt_failed(FailureCause::dispatch_failed, reason, now);
   if (step) step->cancel_at_worker.reset();  // it never got the request
   return step;
+}
+
+FlightResult RequestFlight::attempt_failed(std::optional<FailureCause> cause,
+                                           std::string_view reason, FlightTime now) {
+  if (prefill_) return fail_prefill(cause, reason, false, now);
+  const auto worker = lifecycle_.worker();
+  const bool at_worker =
+      lifecycle_.state() == RequestState::Sent || lifecycle_.state() == RequestState::Responding;
+  if (!at_worker || !worker) {
+    return std::unexpected(LifecycleError{
+        lifecycle_.ended() ? LifecycleError::Kind::after_end : LifecycleError::Kind::invalid_state,
+        fmt::format("request '{}': a failure of its worker reported while {}", request_id(),
+                    as_str(lifecycle_.state()))});
+  }
+  return translate(lifecycle_.worker_failed(worker->worker_id, reason), cause, now);
 }
 
 FlightResult RequestFlight::on_chunk(const StreamChunk& chunk, FlightTime now) {
@@ -169,7 +181,7 @@ FlightResult RequestFlight::prefill_chunk(const StreamChunk& chunk, FlightTime n
   return step;
 }
 
-FlightStep RequestFlight::fail_prefill(FailureCause cause, std::string_view reason,
+FlightStep RequestFlight::fail_prefill(std::optional<FailureCause> cause, std::string_view reason,
                                        bool tell_worker, FlightTime now) {
   const WorkerWithDpRank worker = prefill_->worker;
   FlightStep step;

@@ -163,6 +163,10 @@ class RequestFlight {
   FlightResult route_failed(Error code, std::string_view message, FlightTime now);
   /// The last dispatch could not be sent (it counts against the worker).
   FlightResult dispatch_failed(std::string_view reason, FlightTime now);
+  /// The worker of the hop under way failed it as the shell saw it (its connection broke, it
+  /// answered with an error): `cause` counts against the worker (none: not its fault).
+  FlightResult attempt_failed(std::optional<FailureCause> cause, std::string_view reason,
+                              FlightTime now);
   /// A chunk of the worker serving the current hop.
   FlightResult on_chunk(const StreamChunk& chunk, FlightTime now);
   /// `worker` left the fleet: the hop it serves fails, and a transfer it holds is no longer valid.
@@ -205,8 +209,8 @@ class RequestFlight {
   };
 
   FlightResult prefill_chunk(const StreamChunk& chunk, FlightTime now);
-  FlightStep fail_prefill(FailureCause cause, std::string_view reason, bool tell_worker,
-                          FlightTime now);
+  FlightStep fail_prefill(std::optional<FailureCause> cause, std::string_view reason,
+                          bool tell_worker, FlightTime now);
   FlightStep serve_from_prefill(FlightTime now);
   /// The route request for the current exclusions and transfer (a transfer too old is dropped).
   FlightRouteRequest route_request(bool retry, FlightTime now);

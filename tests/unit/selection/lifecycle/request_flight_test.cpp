@@ -208,6 +208,22 @@ TEST(RequestFlightTest, AFailedDispatchCountsAgainstTheWorkerAndRetries) {
   EXPECT_FALSE(flight.dispatch_failed("again", kStart));  // nothing is dispatched now
 }
 
+TEST(RequestFlightTest, AnAttemptFailedAfterTheFirstTokenEndsTheStreamWithItsCause) {
+  RequestFlight flight("r1", kPromptTokens);
+  (void)flight.start(kStart);
+  (void)ok(flight.routed({.worker = kA}, kStart));
+  (void)ok(flight.on_chunk(chunk(kA, 0), kStart));
+  const FlightStep failed =
+      ok(flight.attempt_failed(FailureCause::worker_failed, "the answer broke off", kStart));
+  ASSERT_TRUE(failed.end_stream);
+  EXPECT_NE(failed.end_stream->message.find("the answer broke off"), std::string::npos);
+  ASSERT_TRUE(failed.release);
+  ASSERT_TRUE(failed.release->health);
+  EXPECT_EQ(failed.release->health->failure, FailureCause::worker_failed);
+  EXPECT_FALSE(failed.route);
+  EXPECT_FALSE(flight.attempt_failed(FailureCause::worker_failed, "again", kStart));
+}
+
 TEST(RequestFlightTest, AWorkerLeavingAfterTheFirstTokenEndsTheStream) {
   RequestFlight flight("r1", kPromptTokens);
   (void)flight.start(kStart);
