@@ -223,6 +223,7 @@ CAF_ADD_ATOM(kvr_actors, kvr::actors, partition_atom, "partition")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, handover_atom, "handover")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, ready_atom, "ready")
 CAF_ADD_ATOM(kvr_actors, kvr::actors, shard_atom, "shard")
+CAF_ADD_ATOM(kvr_actors, kvr::actors, shard_load_atom, "shardload")
 
 namespace kvr::actors {
 
@@ -400,7 +401,7 @@ using forwarder_actor =
                      // from the discovery actor: a sharded model's workers
                      caf::reacts_to<shard_atom, ShardFleet>,
                      // from the NATS bridge: a shard's published load
-                     caf::reacts_to<shard_atom, ShardLoadData>>;
+                     caf::reacts_to<shard_load_atom, ShardLoadData>>;
 
 // ---- the entry ----------------------------------------------------------------------------------
 // The first stage a request meets is the forwarder (cluster mode), else the classifier (the node

@@ -483,7 +483,7 @@ forwarder_actor::behavior_type forwarder_behavior(Self self, ForwarderActorConfi
         (void)model.map.assign(fleet.workers);
         model.block_size = fleet.block_size;
       },
-      [self](shard_atom, ShardLoadData& load) {
+      [self](shard_load_atom, ShardLoadData& load) {
         const auto sharding = self->state.config.sharding.find(load.model);
         // A node configured with another shard count: its loads describe other shards.
         if (sharding == self->state.config.sharding.end() ||

@@ -24,7 +24,7 @@
 //   chunk(GenerateChunkMessage) — a forwarded generate request's chunk, from the owner's ingress;
 //   ownership(ClusterView)     — the cluster actor's last step;
 //   shard(ShardFleet)          — a sharded model's workers, from the discovery actor;
-//   shard(ShardLoadData)       — a shard's published load, from the NATS bridge.
+//   shard_load(ShardLoadData)  — a shard's published load, from the NATS bridge.
 // A request of a sharded model (one whose routing group names no shard yet) first gets its shard
 // (cluster::ShardBalancer: its prompt prefix's, or another that is the faster way), which names
 // the partition it is then served or forwarded by.

@@ -61,7 +61,7 @@ BridgeSinks make_bridge_sinks(const discovery_actor& discovery, const RequestEnt
   // Sharded partitions: the shards' loads go to the forwarder, which chooses shards.
   if (shard_chooser) {
     sinks.shard_load = [shard_chooser](ShardLoadData load) {
-      caf::anon_send(shard_chooser, shard_atom::value, std::move(load));
+      caf::anon_send(shard_chooser, shard_load_atom::value, std::move(load));
     };
   }
   sinks.registration = [discovery, directory](discovery::WorkerRegistration registration) {

@@ -1,5 +1,5 @@
 // The selector actor: one per routing partition (model x routing group), the mailbox and timers of
-// that partition's core (PartitionRouter, actors/selector/partition_router.hpp), which decides
+// that partition's core (PartitionRouter, selection/partition/partition_router.hpp), which decides
 // everything: routing, booking, session affinity, the policy-class queue, passive health, KV dumps
 // and the ownership fence. Spawned on demand (linked) by the discovery actor.
 //
