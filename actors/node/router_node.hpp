@@ -127,7 +127,7 @@ struct NodeOptions {
   /// Period of the selectors' and the ledger's expiry timers.
   std::chrono::milliseconds tick_interval{100};
   /// Generate mode: a dispatched request without a first chunk after this long counts as a
-  /// failure of its worker (retried once elsewhere).
+  /// failure of its worker (retried elsewhere: max_retries).
   std::chrono::milliseconds first_token_timeout{30'000};
   /// Generate mode: a response with no chunk for this long ends with an explicit error.
   std::chrono::milliseconds stream_stall_timeout{30'000};
