@@ -17,6 +17,7 @@
 #include "deploy/simulation/engine.hpp"
 #include "messages/check.hpp"
 #include "selection/admission/admission_state.hpp"
+#include "selection/lifecycle/request_flight.hpp"
 #include "selection/partition/partition_router.hpp"
 #include "selection/partition/shard_request.hpp"
 
@@ -77,6 +78,10 @@ double at_or_after(std::chrono::steady_clock::time_point at) {
 }
 
 std::string request_id(std::size_t index) { return fmt::format("r{}", index); }
+
+// A prefill hop's answer: the simulated engines need no parameters for the decode worker to pull
+// the KV (the replay knows where it is), but the flight passes an answer on only with some.
+constexpr std::string_view kReplayTransferParams = R"({"replay":true})";
 
 // The trace index request_id() encoded.
 std::uint32_t trace_index_of(std::string_view id) {
@@ -143,8 +148,6 @@ class PolicyRun {
     // had been scheduled first.
     std::vector<std::uint32_t> arrivals(requests_.size());
     arrival_ms_.resize(requests_.size());
-    predicted_cached_.assign(requests_.size(), 0);
-    if (disaggregated()) hops_.resize(requests_.size());
     shard_of_request_.assign(requests_.size(), kNoShard);
     for (std::size_t i = 0; i < arrivals.size(); ++i) {
       arrivals[i] = static_cast<std::uint32_t>(i);
@@ -233,6 +236,31 @@ class PolicyRun {
   const std::vector<std::pair<std::uint32_t, Error>>& rejections() const { return rejections_; }
 
  private:
+  // One replayed request from its admission to its end: its flight (the core a node's lifecycle
+  // actor keeps per request) and what the simulation keeps beside it.
+  struct ReplayedRequest {
+    // A node's default flight settings. Its deadlines are never ticked: the simulated engines
+    // never fail or fall silent, and the report shows waits however long they grow.
+    ReplayedRequest(std::uint32_t index, std::size_t prompt_tokens, RouteRequest admitted)
+        : flight(request_id(index), prompt_tokens), request(std::move(admitted)) {}
+
+    RequestFlight flight;
+    // As admission let it in: every route the flight asks for starts from it.
+    RouteRequest request;
+    bool route_pending = false;
+    // The last dispatch's hop, and the prefill worker of its prefill hop.
+    FlightHop hop = FlightHop::single;
+    std::optional<WorkerWithDpRank> prefill_worker;
+    // The worker (1-based; 0: none) whose engine holds the prompt's blocks for the decode hop
+    // until they are pulled, and how many.
+    std::uint32_t kv_holder = 0;
+    std::uint64_t held_blocks = 0;
+    std::optional<CacheOutcome> cache;
+    // What ended it without completing: the queue's refusal, else this failure message.
+    std::optional<Error> refused;
+    std::string failure;
+  };
+
   void schedule(double time_ms, EventKind kind, std::uint32_t worker) {
     queue_.push(
         Event{time_ms, (next_sequence_++ << Event::kSequenceShift) |
@@ -303,6 +331,8 @@ class PolicyRun {
         std::move(*classifier), [] {},
         std::chrono::duration_cast<AdmissionState::Duration>(options_.admission_max_wait));
   }
+
+  bool disaggregated() const { return options_.prefill_workers > 0; }
 
   WorkerType role_of(std::size_t w) const {
     if (!disaggregated()) return WorkerType::Aggregated;
@@ -377,7 +407,7 @@ class PolicyRun {
       }
     }
     if (!admission_failure_.empty()) {
-      fail(request.id(), admission_failure_);
+      ++failures_[admission_failure_];
     } else if (admission_) {
       const auto at = logical_time(now);
       auto outcome = admission_->admit(request.id(), classify_request(request, at), at);
@@ -424,102 +454,213 @@ class PolicyRun {
     decide(outcome, node.mapped(), index, now);
   }
 
-  // An admitted request goes to its partition: the core routes it now, or it waits in the queue
-  // and its answer comes with a later input's effects.
+  // An admitted request goes to its partition: its flight starts with a route, which the core
+  // answers now, or later with another input's effects when the request waits in the queue.
   void enter_partition(RouteRequest& request, std::uint32_t index, double now) {
-    if (disaggregated()) request.hop = RouteHop::plan;
-    const std::uint32_t shard = enter_shard(request, index);
+    const std::size_t prompt_tokens = request.selection.prompt_tokens;
+    auto [it, inserted] = flights_.try_emplace(index, index, prompt_tokens, std::move(request));
+    KVR_CHECK(inserted);
+    carry_out_flight(index, it->second.flight.start(logical_time(now)), now);
+  }
+
+  // Carries out what the request's flight decided, in FlightStep's order, as a node's lifecycle
+  // actor does. Replay has no client stream: held and forwarded chunks need nothing.
+  void carry_out_flight(std::uint32_t index, FlightResult result, double now,
+                        const simulation::RequestStats* done = nullptr) {
+    if (!result) {
+      // The simulation feeds only what happens in order: a refused input is a bug here, and the
+      // figures of a replay that went on would be wrong.
+      std::fprintf(stderr, "kvr replay: %s\n", result.error().message.c_str());
+      KVR_CHECK(result.has_value());
+    }
+    FlightStep& step = *result;
+    ReplayedRequest& replayed = flights_.at(index);
+    if (step.warning) replayed.failure = *step.warning;
+    if (step.cancel_at_worker) {
+      const std::size_t w = step.cancel_at_worker->worker_id - 1;
+      // A worker that holds KV for the request's decode hop has no request left to abort.
+      if (engines_[w].abort_request(index) && !stepping_[w] && engines_[w].has_work()) {
+        start_step(w, now);
+      }
+    }
+    if (step.first_token) change_booking(*step.first_token, now);
+    if (step.release) change_booking(*step.release, now);
+    if (admission_) {
+      if (step.context_tokens) {
+        admission_->observe_progress(replayed.flight.request_id(), *step.context_tokens);
+      }
+      for (const auto& event : step.classifier_events) admission_->on_event(event);
+    }
+    if (step.cache_outcome) replayed.cache = step.cache_outcome;
+    if (step.completed) {
+      KVR_CHECK(done != nullptr);
+      record_outcome(index, replayed, *done);
+    } else if (step.end_stream) {
+      // Ended without completing: a refusal is an answer, counted by its code; anything else
+      // fails the request, counted by what failed it.
+      if (replayed.refused) {
+        rejections_.emplace_back(index, *replayed.refused);
+      } else {
+        ++failures_[replayed.failure.empty() ? step.end_stream->message : replayed.failure];
+      }
+    }
+    // Both may end or forget the flight: each looks it up again.
+    if (step.dispatch) dispatch(index, *step.dispatch, now);
+    if (step.route) route_flight(index, *step.route, now);
+    forget_if_ended(index, now);
+  }
+
+  // The completed request's outcome: the engine's statistics, latencies from its arrival.
+  void record_outcome(std::uint32_t index, const ReplayedRequest& replayed,
+                      const simulation::RequestStats& done) {
+    KVR_CHECK(replayed.cache.has_value());
+    simulation::ReplayRequestOutcome outcome{
+        .trace_index = index, .worker = *replayed.flight.worker(), .stats = done};
+    // The flight's cache outcome: what the engine that computed the prompt reused (for a
+    // disaggregated request its prefill worker's: the transferred KV is no cache hit) against
+    // what the router predicted there.
+    outcome.predicted_cached_tokens = replayed.cache->predicted_cached_tokens;
+    outcome.stats.cached_prompt_tokens = replayed.cache->delivered_cached_tokens;
+    // The engine saw the request when the router dispatched it; its latencies count from its
+    // arrival, admission and queue waits included (the same time when nothing waited). A decode
+    // hop's request started at its prefill hop.
+    outcome.dispatched_ms =
+        replayed.hop == FlightHop::decode ? arrival_ms_[index] : done.arrival_ms;
+    outcome.stats.arrival_ms = arrival_ms_[index];
+    outcome.prefill_worker = replayed.prefill_worker;
+    outcome.retries = replayed.flight.retries();
+    outcomes_.push_back(std::move(outcome));
+  }
+
+  // Routes the request as its flight asks, from the admitted request: the first route picks the
+  // request's shard, the decode hop and any retry stay on it (it has decode workers as well).
+  void route_flight(std::uint32_t index, const FlightRouteRequest& route, double now) {
+    const auto it = flights_.find(index);
+    if (it == flights_.end()) return;
+    RouteRequest request = it->second.request;
+    request.selection.excluded_workers = route.excluded;
+    if (route.decode_after_transfer) {
+      request.worker_type = WorkerType::Decode;
+      request.hop = RouteHop::decode_after_transfer;
+    } else {
+      request.hop = RouteHop::plan;
+    }
+    it->second.route_pending = true;
+    const std::uint32_t shard = shard_of_request_[index] == kNoShard ? enter_shard(request, index)
+                                                                     : shard_of_request_[index];
     auto reply = routers_[shard]->route(request, index, logical_time(now), effects_);
     absorb(shard);
     if (reply) answer(index, std::move(*reply), now);
   }
 
-  // The core's answer for the request of trace index `index`: it starts on its engine, or fails
-  // (a queue's refusal is an answer, counted by its code).
+  // The core's answer to the route of trace index `index`, for its flight.
   void answer(std::uint32_t index, RouteReply reply, double now) {
-    const std::string id = request_id(index);
+    ReplayedRequest& replayed = flights_.at(index);
+    replayed.route_pending = false;
     if (!reply.result) {
-      release_prefilled(index);
-      if (refused_by_queue(reply.result.error().code)) {
-        refuse(id, index, reply.result.error());
+      const RouteFailure& failure = reply.result.error();
+      if (refused_by_queue(failure.code)) {
+        replayed.refused = failure.code;
       } else {
-        fail(id, reply.result.error().message);
+        replayed.failure = failure.message;
       }
+      carry_out_flight(
+          index, replayed.flight.route_failed(failure.code, failure.message, logical_time(now)),
+          now);
       return;
     }
-    const simulation::TraceRequest& trace = requests_[index];
-    const WorkerWithDpRank worker = reply.result->worker;
-    simulation::EngineRequest engine_request{
-        .id = index,
-        .block_hashes = block_hashes_[index],
-        .prompt_tokens = trace.input_length,
-        .output_tokens = std::max<std::uint32_t>(1, trace.output_length)};
-    const bool prefill_hop = reply.disaggregation && reply.disaggregation->prefill_hop();
     if (reply.disaggregation) ++decisions_[static_cast<std::size_t>(reply.disaggregation->reason)];
-    if (prefill_hop) {
-      hops_[index].stage = HopStage::prefill;
+    const std::uint64_t prompt_tokens = replayed.request.selection.prompt_tokens;
+    const FlightRoute route{
+        .worker = reply.result->worker,
+        .prefill_hop = reply.disaggregation && reply.disaggregation->prefill_hop(),
+        // The router's overlap in tokens, capped at the prompt as the booking counts it.
+        .predicted_cached_tokens =
+            prompt_tokens - std::min(prompt_tokens, reply.result->uncached_prefill_tokens),
+        .transfer_valid = reply.disaggregation ? std::optional{reply.disaggregation->transfer_valid}
+                                               : std::nullopt};
+    carry_out_flight(index, replayed.flight.routed(route, logical_time(now)), now);
+  }
+
+  // Sends the request to the engine of the worker its flight chose, for the hop it names.
+  void dispatch(std::uint32_t index, const FlightDispatch& hop, double now) {
+    ReplayedRequest& replayed = flights_.at(index);
+    const simulation::TraceRequest& trace = requests_[index];
+    simulation::EngineRequest engine_request{.id = index,
+                                             .block_hashes = block_hashes_[index],
+                                             .prompt_tokens = trace.input_length,
+                                             .output_tokens = hop.max_output_tokens.value_or(
+                                                 std::max<std::uint32_t>(1, trace.output_length))};
+    if (hop.hop == FlightHop::prefill) {
+      // A new prefill hop: KV that an earlier one holds is no longer wanted.
+      release_held_kv(replayed, index, now);
       engine_request.kv_transfer = simulation::KvTransfer::remote_decode;
-      engine_request.output_tokens = 1;
-    } else if (disaggregated() && hops_[index].stage == HopStage::decode) {
+      replayed.prefill_worker = hop.worker;
+    } else if (hop.hop == FlightHop::decode) {
+      // The decode worker pulls what the prefill worker's engine holds; the parameters (the
+      // flight's, kReplayTransferParams) stand for where that is.
       engine_request.kv_transfer = simulation::KvTransfer::remote_prefill;
-      engine_request.remote_blocks = hops_[index].transfer_blocks;
+      engine_request.remote_blocks = replayed.held_blocks;
     }
-    if (!disaggregated() || hops_[index].stage != HopStage::decode) {
-      // The router's overlap in tokens, capped at the prompt as the booking counts it (for a
-      // disaggregated request: on its prefill worker).
-      predicted_cached_[index] =
-          trace.input_length -
-          std::min<std::uint64_t>(trace.input_length, reply.result->uncached_prefill_tokens);
-    }
-    const std::size_t w = worker.worker_id - 1;
-    auto added = engines_[w].add_request(std::move(engine_request), now);
-    if (!added) {
-      change_booking({id, true, discovery::BookingEnd::failed,
-                      prefill_hop ? AffinityAction::none : AffinityAction::abandon},
-                     now);
-      release_prefilled(index);
-      fail(id, fmt::format("engine refused: {}", simulation::as_str(added.error())));
+    replayed.hop = hop.hop;
+    const std::size_t w = hop.worker.worker_id - 1;
+    if (auto added = engines_[w].add_request(std::move(engine_request), now); !added) {
+      // The request is at fault, not the worker: it needs more than an engine has, and every
+      // engine of the replay's fleet is alike. It ends unretried and blames no worker, as the
+      // front door treats an engine's 4xx answer.
+      replayed.failure = fmt::format("engine refused: {}", simulation::as_str(added.error()));
+      carry_out_flight(index, replayed.flight.abort(Error::invalid_request, replayed.failure), now);
       return;
     }
-    // Classifiers see the request once, on the worker that serves it: never the prefill hop.
-    if (admission_ && !prefill_hop) admission_->on_event(rc::Sent{id, worker});
     if (!stepping_[w]) start_step(w, now);
   }
 
-  bool disaggregated() const { return options_.prefill_workers > 0; }
-
-  bool in_prefill_hop(EngineRequestId id) const {
-    return disaggregated() && hops_[id].stage == HopStage::prefill;
+  // The engine's first token of trace index `index` on worker `w`: the worker's first chunk,
+  // with the prompt tokens its engine served from cache.
+  void first_chunk(std::size_t w, const simulation::FirstToken& first, double now) {
+    const auto index = static_cast<std::uint32_t>(first.id);
+    const StreamChunk chunk{.worker = {w + 1, 0},
+                            .index = 0,
+                            .tokens = 1,
+                            .cached_prompt_tokens = first.cached_prompt_tokens};
+    carry_out_flight(index, flights_.at(index).flight.on_chunk(chunk, logical_time(now)), now);
   }
 
-  // The prefill hop of trace index `index` answered on worker `w`, holding `blocks` for the
-  // decode worker: the decode hop is routed at once, as a node does.
-  void start_decode_hop(std::uint32_t index, std::size_t w, std::uint64_t blocks, double now) {
-    Hops& hops = hops_[index];
-    hops.stage = HopStage::decode;
-    hops.prefill_worker = static_cast<std::uint32_t>(w + 1);
-    hops.transfer_blocks = blocks;
-    RouteRequest decode = make_request(index);
-    decode.worker_type = WorkerType::Decode;
-    decode.hop = RouteHop::decode_after_transfer;
-    // The decode hop stays on the request's shard, which has decode workers as well.
-    const std::uint32_t shard = shard_of_request_[index];
-    auto reply = router_of_request(index).route(decode, index, logical_time(now), effects_);
-    absorb(shard);
-    if (reply) answer(index, std::move(*reply), now);
+  // The engine completed trace index `index` on worker `w`: the worker's final chunk; a prefill
+  // hop's carries its answer, the engine holding the prompt's blocks for a decode worker.
+  void last_chunk(std::size_t w, const simulation::RequestStats& done, double now) {
+    const auto index = static_cast<std::uint32_t>(done.id);
+    ReplayedRequest& replayed = flights_.at(index);
+    StreamChunk chunk{.worker = {w + 1, 0},
+                      .index = 1,
+                      .tokens = static_cast<std::size_t>(done.output_tokens - 1),
+                      .finished = true,
+                      .finish_reason = "length"};
+    if (replayed.hop == FlightHop::prefill) {
+      replayed.kv_holder = static_cast<std::uint32_t>(w + 1);
+      replayed.held_blocks = done.held_blocks;
+      chunk.kv_transfer_params = kReplayTransferParams;
+    }
+    carry_out_flight(index, replayed.flight.on_chunk(chunk, logical_time(now)), now, &done);
   }
 
-  // The prefill worker of trace index `index` no longer holds its blocks for a decode worker
-  // (pulled, or the decode hop failed).
-  void release_prefilled(EngineRequestId index) {
-    if (!disaggregated()) return;
-    Hops& hops = hops_[index];
-    if (hops.prefill_worker == 0) return;
-    const std::size_t w = hops.prefill_worker - 1;
+  // The prefill worker's engine no longer holds the request's blocks for a decode worker: they
+  // were pulled, a new prefill hop replaces them, or the request ended.
+  void release_held_kv(ReplayedRequest& replayed, std::uint32_t index, double now) {
+    if (replayed.kv_holder == 0) return;
+    const std::size_t w = replayed.kv_holder - 1;
     (void)engines_[w].release_transfer(index);
-    hops.prefill_worker = 0;
+    replayed.kv_holder = 0;
     // Held blocks may have stalled it (a pool full of them): the freed ones let it run again.
-    if (!stepping_[w] && engines_[w].has_work()) start_step(w, now_ms_);
+    if (!stepping_[w] && engines_[w].has_work()) start_step(w, now);
+  }
+
+  // Forgets a flight that ended and has no route in flight.
+  void forget_if_ended(std::uint32_t index, double now) {
+    const auto it = flights_.find(index);
+    if (it == flights_.end() || !it->second.flight.ended() || it->second.route_pending) return;
+    release_held_kv(it->second, index, now);
+    flights_.erase(it);
   }
 
   void change_booking(const BookingChange& change, double now) {
@@ -564,20 +705,6 @@ class PolicyRun {
     }
     effects_.clear();
     return answered;
-  }
-
-  // The router could not place a request: a failure; an admitted one is aborted for the
-  // classifier, which frees what it held for it.
-  void fail(const std::string& id, const std::string& message) {
-    ++failures_[message];
-    if (admission_) (void)admission_->cancel(id, message);
-  }
-
-  // The queue refused a request (over its limits, its due time or wait limit passed): an answer,
-  // counted by its code.
-  void refuse(const std::string& id, std::uint32_t index, const RouteFailure& failure) {
-    rejections_.emplace_back(index, failure.code);
-    if (admission_) (void)admission_->cancel(id, failure.message);
   }
 
   // After anything that may free capacity or wake the classifier: carries out the core's effects
@@ -638,46 +765,15 @@ class PolicyRun {
 
   void finish_step(std::uint32_t w, double now) {
     StepResult& result = in_flight_[w];
-    const WorkerWithDpRank worker{w + 1, 0};
-    for (const auto& first : result.first_tokens) {
-      std::string id = request_id(first.id);
-      if (in_prefill_hop(first.id)) {
-        hops_[first.id].prefill_cached_tokens = first.cached_prompt_tokens;
-        change_booking({id, false, discovery::BookingEnd::completed, AffinityAction::none}, now);
-        continue;
-      }
-      change_booking({id, false, discovery::BookingEnd::completed, AffinityAction::commit}, now);
-      if (admission_) admission_->on_event(rc::Responding{std::move(id), worker});
-    }
-    for (const auto& done : result.completions) {
-      std::string id = request_id(done.id);
-      if (in_prefill_hop(done.id)) {
-        change_booking({id, true, discovery::BookingEnd::completed, AffinityAction::none}, now);
-        start_decode_hop(static_cast<std::uint32_t>(done.id), w, done.held_blocks, now);
-        continue;
-      }
-      change_booking({id, true, discovery::BookingEnd::completed, AffinityAction::finish}, now);
-      if (admission_) {
-        admission_->on_event(
-            rc::Completed{std::move(id), worker,
-                          static_cast<std::size_t>(done.prompt_tokens + done.output_tokens)});
-      }
-      simulation::ReplayRequestOutcome outcome{
-          .trace_index = done.id, .worker = worker, .stats = done};
-      outcome.predicted_cached_tokens = predicted_cached_[done.id];
-      // The engine saw the request when the router dispatched it; its latencies count from its
-      // arrival, admission and queue waits included (the same time when nothing waited).
-      outcome.dispatched_ms = done.arrival_ms;
-      outcome.stats.arrival_ms = arrival_ms_[done.id];
-      if (disaggregated() && hops_[done.id].stage == HopStage::decode) {
-        // What the prefill worker reused from its cache: the transferred KV is no cache hit.
-        outcome.stats.cached_prompt_tokens = hops_[done.id].prefill_cached_tokens;
-        outcome.dispatched_ms = arrival_ms_[done.id];
-      }
-      outcomes_.push_back(std::move(outcome));
-    }
+    for (const auto& first : result.first_tokens) first_chunk(w, first, now);
+    for (const auto& done : result.completions) last_chunk(w, done, now);
     // The decode workers have pulled these: their prefill workers let the blocks go.
-    for (const auto& transfer : result.transfers_done) release_prefilled(transfer.id);
+    for (const auto& transfer : result.transfers_done) {
+      if (const auto it = flights_.find(static_cast<std::uint32_t>(transfer.id));
+          it != flights_.end()) {
+        release_held_kv(it->second, it->first, now);
+      }
+    }
     const double delivery = now + options_.kv_event_delay_ms;
     if (!result.kv_events.empty()) {
       pending_batches_[w].push_back(KvEventBatch{.worker = {w + 1, 0},
@@ -754,19 +850,8 @@ class PolicyRun {
   std::vector<std::deque<discovery::ConfirmedLoad>> pending_loads_;
   std::vector<simulation::ReplayRequestOutcome> outcomes_;
   std::vector<double> arrival_ms_;  // per trace index
-  // Per trace index: the prompt tokens the router predicted cached when it routed the request.
-  std::vector<std::uint64_t> predicted_cached_;
-  // Disaggregated serving, per trace index: which hop runs, the prefill worker (1-based; 0:
-  // none) that holds the request's blocks until the decode worker pulled them, and what the
-  // prefill reused from its cache.
-  enum class HopStage : std::uint8_t { single, prefill, decode };
-  struct Hops {
-    HopStage stage = HopStage::single;
-    std::uint32_t prefill_worker = 0;
-    std::uint64_t transfer_blocks = 0;
-    std::uint64_t prefill_cached_tokens = 0;
-  };
-  std::vector<Hops> hops_;
+  // Requests admitted and not yet ended (or with a route still in the core), by trace index.
+  std::unordered_map<std::uint32_t, ReplayedRequest> flights_;
   std::array<std::size_t, kDisaggregationReasons> decisions_{};
   double now_ms_ = 0;  // the time of the arrival or event being handled
   std::map<std::string, std::size_t> failures_;

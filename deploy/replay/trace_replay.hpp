@@ -4,7 +4,9 @@
 // Admission runs as in a router node when the plugins configure it: the request classifier
 // (selection/admission/admission_state.hpp) and the partition core (selection/partition/
 // partition_router.hpp: the policy-class queue, selection, booking, session affinity), their
-// timers on the same logical clock: a node's selector actor drives the same core.
+// timers on the same logical clock: a node's selector actor drives the same core. Each request's
+// flight (selection/lifecycle/request_flight.hpp: its hops, its bookings' first token and release,
+// the classifier's events) is decided by the core a node's lifecycle actor keeps per request.
 #pragma once
 
 #include <chrono>

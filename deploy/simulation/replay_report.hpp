@@ -45,6 +45,11 @@ struct ReplayRequestOutcome {
   /// The prompt tokens the router predicted cached when it routed the request (its overlap in
   /// tokens); unknown when the engines were reached without the router.
   std::optional<std::uint64_t> predicted_cached_tokens;
+  /// A request that took the prefill hop: its prefill worker (`worker` decoded it).
+  std::optional<WorkerWithDpRank> prefill_worker;
+  /// Retries its flight made before it completed (a worker that failed it before its first
+  /// token, a failed prefill hop).
+  std::uint32_t retries = 0;
 };
 
 /// Counts by name (an error code, a failure message), sorted by name.

@@ -576,6 +576,49 @@ TEST_F(DisaggregatedReplayTest, ConditionalDisaggregationSendsShortRemaindersToD
             replay.size());
 }
 
+TEST_F(DisaggregatedReplayTest, OutcomesNameThePrefillWorkerOfEachRequestThatTookTheHop) {
+  ReplayOptions replay_options = options(4);
+  replay_options.prefill_workers = 2;
+  const TraceReplay replay{"random", random_trace(80, 11), replay_options};
+  std::vector<simulation::ReplayRequestOutcome> outcomes;
+  const auto report =
+      replay.run("kv-cost", disaggregated_plugins("{min_uncached_tokens: 3000}"), 0, &outcomes);
+  ASSERT_EQ(outcomes.size(), replay.size());
+  std::size_t prefilled = 0;
+  for (const auto& outcome : outcomes) {
+    EXPECT_EQ(outcome.retries, 0U) << "request " << outcome.trace_index;
+    EXPECT_GT(outcome.worker.worker_id, 2U) << "request " << outcome.trace_index;
+    if (!outcome.prefill_worker) continue;
+    ++prefilled;
+    EXPECT_LE(outcome.prefill_worker->worker_id, 2U) << "request " << outcome.trace_index;
+  }
+  EXPECT_EQ(prefilled, decided(report, "disaggregated"));
+  EXPECT_GT(decided(report, "short_prompt"), 0U);
+}
+
+TEST_F(DisaggregatedReplayTest, ARequestNoEngineCanHoldFailsOnceWithoutARetryOrASecondPlan) {
+  ReplayOptions replay_options = options(4);
+  replay_options.prefill_workers = 2;
+  replay_options.engine.num_gpu_blocks = 64;  // 4096 tokens
+  auto trace = conversation_trace(2, 1);      // 1436-token prompts: they fit
+  TraceRequest huge;
+  huge.timestamp_ms = trace.back().timestamp_ms + 10;
+  huge.hash_ids = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  huge.input_length = 9 * simulation::kMooncakeTraceBlockSize;
+  huge.output_length = 4;
+  trace.push_back(huge);
+  const TraceReplay replay{"too-big", std::move(trace), replay_options};
+  const auto report = replay.run("kv-cost", disaggregated_plugins());
+  EXPECT_EQ(report.completed, 2U);
+  EXPECT_EQ(report.failed, 1U);
+  ASSERT_EQ(report.failures.size(), 1U);
+  EXPECT_EQ(report.failures.front(),
+            (std::pair<std::string, std::size_t>{"engine refused: exceeds_kv_capacity", 1}));
+  // The refusal is the request's fault, not its prefill worker's: it is not planned again.
+  EXPECT_EQ(decided(report, "disaggregated"), replay.size());
+  EXPECT_EQ(decided(report, "no_prefill_worker"), 0U);
+}
+
 // Records what a classifier is told; every request admitted at once.
 struct ClassifierLog {
   std::map<std::string, std::vector<WorkerId>> sent;
