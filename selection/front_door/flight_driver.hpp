@@ -64,6 +64,51 @@ class FlightClient {
   virtual void close() = 0;
 };
 
+/// One generation request in flight on a client connection (FlightDriver's).
+struct FrontDoorFlight {
+  Endpoint endpoint = Endpoint::chat_completions;
+  std::string endpoint_path;
+  GenerationRequest request;
+  std::string body;
+  std::string authorization;
+  std::string accept;
+  RequestMetadata metadata;
+  RoutingKey key;
+  std::chrono::steady_clock::time_point received;
+  // The attempt's forwarding began (its engine connection opened, the request sent from then).
+  std::chrono::steady_clock::time_point forwarded;
+  // Decides the forwarded request's flight (retries, deadlines, one release per booking); the
+  // connection carries out its steps. Absent for a request served through the generate API,
+  // whose flight the node's lifecycle actor runs.
+  std::optional<RequestFlight> core;
+  // When the deadline timer wakes for the core.
+  std::optional<FlightTime> deadline_at;
+  // The byte runs relayed from the attempt's engine: the core's chunk indexes.
+  std::uint32_t runs = 0;
+  // The attempt under way: its booking and worker.
+  std::string booking_id;
+  std::uint64_t worker_id = 0;
+  std::string worker_url;
+  std::uint64_t predicted_cached_tokens = 0;
+  bool first_byte = false;
+  std::chrono::steady_clock::time_point engine_first_byte;
+  // What the client has been sent of the answer.
+  bool header_sent = false;
+  bool streaming = false;
+  std::string answer;       // a non-streamed answer, gathered
+  std::string stream_tail;  // a streamed answer's last bytes: its usage, when it has one
+  unsigned answer_status = 200;
+  std::string answer_type;
+  // A model whose workers registered no HTTP URL is served through the node's generate API:
+  // tokenized and answered with its tokenizer.
+  std::shared_ptr<const tokenizer::PromptTokenizer> tokenizer;
+  std::shared_ptr<GenerateStream> generation;
+  std::optional<GeneratedAnswer> generated;
+  // Server-Sent Events waiting for the client while a write is under way.
+  std::string events;
+  bool events_end = false;
+};
+
 /// Runs the generation requests of one client connection, one at a time; every call and handler
 /// runs on the connection's strand.
 class FlightDriver : private EngineSink {
@@ -93,49 +138,7 @@ class FlightDriver : private EngineSink {
   void close_engine();
 
  private:
-  struct Flight {
-    Endpoint endpoint = Endpoint::chat_completions;
-    std::string endpoint_path;
-    GenerationRequest request;
-    std::string body;
-    std::string authorization;
-    std::string accept;
-    RequestMetadata metadata;
-    RoutingKey key;
-    std::chrono::steady_clock::time_point received;
-    // The attempt's forwarding began (its engine connection opened, the request sent from then).
-    std::chrono::steady_clock::time_point forwarded;
-    // Decides the forwarded request's flight (retries, deadlines, one release per booking); the
-    // connection carries out its steps. Absent for a request served through the generate API,
-    // whose flight the node's lifecycle actor runs.
-    std::optional<RequestFlight> core;
-    // When the deadline timer wakes for the core.
-    std::optional<FlightTime> deadline_at;
-    // The byte runs relayed from the attempt's engine: the core's chunk indexes.
-    std::uint32_t runs = 0;
-    // The attempt under way: its booking and worker.
-    std::string booking_id;
-    std::uint64_t worker_id = 0;
-    std::string worker_url;
-    std::uint64_t predicted_cached_tokens = 0;
-    bool first_byte = false;
-    std::chrono::steady_clock::time_point engine_first_byte;
-    // What the client has been sent of the answer.
-    bool header_sent = false;
-    bool streaming = false;
-    std::string answer;       // a non-streamed answer, gathered
-    std::string stream_tail;  // a streamed answer's last bytes: its usage, when it has one
-    unsigned answer_status = 200;
-    std::string answer_type;
-    // A model whose workers registered no HTTP URL is served through the node's generate API:
-    // tokenized and answered with its tokenizer.
-    std::shared_ptr<const tokenizer::PromptTokenizer> tokenizer;
-    std::shared_ptr<GenerateStream> generation;
-    std::optional<GeneratedAnswer> generated;
-    // Server-Sent Events waiting for the client while a write is under way.
-    std::string events;
-    bool events_end = false;
-  };
+  using Flight = FrontDoorFlight;
 
   template <typename Value>
   std::function<void(Value)> on_strand(void (FlightDriver::*handle)(std::uint64_t, Value));
