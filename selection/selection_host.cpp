@@ -152,18 +152,29 @@ std::size_t SelectionHost::collect_eligible_rows(const SelectionRequest& request
   const bool restricted = request.pinned_worker || !request.allowed_workers.empty() ||
                           !request.excluded_workers.empty() || !request.required_taints.empty() ||
                           config_.busy_kv_usage_threshold || config_.busy_prefill_tokens_threshold;
+  const WorkerDescriptor* descriptors = descriptors_.data();
   std::uint32_t* rows = rows_.data();
   WorkerCandidate* candidates = candidates_.data();
-  std::size_t count = 0;
-  for (std::size_t row = 0; row < total; ++row) {
-    const WorkerDescriptor& descriptor = descriptors_[row];
-    rows[count] = static_cast<std::uint32_t>(row);
-    candidates[count] =
-        WorkerCandidate{descriptor.worker, columns.cache + count * columns.cache_step,
-                        columns.load + count * columns.load_step, taint};
-    const bool keep = restricted ? eligible(request, descriptor) : descriptor.available;
-    count += keep ? 1 : 0;
-  }
+  // One loop per rule: with the out-of-line eligibility call in the same loop as the common
+  // availability test, the compiler ran out of registers and kept the row pointers on the stack,
+  // reloading them on every row.
+  const auto collect = [&](auto keep) {
+    std::size_t count = 0;
+    for (std::size_t row = 0; row < total; ++row) {
+      const WorkerDescriptor& descriptor = descriptors[row];
+      rows[count] = static_cast<std::uint32_t>(row);
+      candidates[count] =
+          WorkerCandidate{descriptor.worker, columns.cache + count * columns.cache_step,
+                          columns.load + count * columns.load_step, taint};
+      count += keep(descriptor) ? 1 : 0;
+    }
+    return count;
+  };
+  const auto available = [](const WorkerDescriptor& descriptor) { return descriptor.available; };
+  const auto passes_rules = [&](const WorkerDescriptor& descriptor) {
+    return eligible(request, descriptor);
+  };
+  const std::size_t count = restricted ? collect(passes_rules) : collect(available);
   exposed_ = taint_pending ? std::nullopt : std::optional<WorkerInputs>{inputs};
   return count;
 }
