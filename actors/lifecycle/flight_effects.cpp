@@ -1,9 +1,10 @@
+#include "actors/lifecycle/flight_effects.hpp"
+
 #include <caf/actor_system.hpp>
 #include <caf/delegated.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <fmt/format.h>
 
-#include "actors/lifecycle/flight_effects.hpp"
 #include "messages/metrics/node_metrics.hpp"
 
 namespace kvr::actors {

@@ -195,14 +195,7 @@ void route_flight(Self self, std::uint64_t stream_id, const FlightRouteRequest& 
   GenerateFlight* flight = find_flight(self, stream_id);
   if (flight == nullptr) return;
   flight->route_pending = true;
-  RouteRequest request = flight->request.route;
-  request.selection.excluded_workers = route.excluded;
-  if (route.decode_after_transfer) {
-    request.worker_type = WorkerType::Decode;
-    request.hop = RouteHop::decode_after_transfer;
-  } else {
-    request.hop = RouteHop::plan;
-  }
+  RouteRequest request = routed_as(flight->request.route, route);
   auto& config = self->state.config;
   const route_target_actor& selector = self->state.routes.selector_for(request.partition);
   self->request(selector, config.selector_timeout, route_atom::value, std::move(request))

@@ -537,14 +537,7 @@ class PolicyRun {
   void route_flight(std::uint32_t index, const FlightRouteRequest& route, double now) {
     const auto it = flights_.find(index);
     if (it == flights_.end()) return;
-    RouteRequest request = it->second.request;
-    request.selection.excluded_workers = route.excluded;
-    if (route.decode_after_transfer) {
-      request.worker_type = WorkerType::Decode;
-      request.hop = RouteHop::decode_after_transfer;
-    } else {
-      request.hop = RouteHop::plan;
-    }
+    RouteRequest request = routed_as(it->second.request, route);
     it->second.route_pending = true;
     const std::uint32_t shard = shard_of_request_[index] == kNoShard ? enter_shard(request, index)
                                                                      : shard_of_request_[index];

@@ -32,6 +32,7 @@
 
 #include "selection/lifecycle/request_lifecycle.hpp"
 #include "selection/partition/partition_messages.hpp"
+#include "selection/partition/route_request.hpp"
 
 namespace kvr {
 
@@ -90,6 +91,19 @@ struct FlightRouteRequest {
   /// A retry after a failure (counted), not the request's first route or its decode hop.
   bool retry = false;
 };
+
+/// `request` as the flight asks it routed: its exclusions, and the decode hop on the transfer or
+/// a plan.
+inline RouteRequest routed_as(RouteRequest request, const FlightRouteRequest& route) {
+  request.selection.excluded_workers = route.excluded;
+  if (route.decode_after_transfer) {
+    request.worker_type = WorkerType::Decode;
+    request.hop = RouteHop::decode_after_transfer;
+  } else {
+    request.hop = RouteHop::plan;
+  }
+  return request;
+}
 
 /// What the router predicted cached against what the worker's engine reported (docs/hit-rate.md).
 struct CacheOutcome {
